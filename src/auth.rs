@@ -1,0 +1,189 @@
+//! Credentials and tenants: the tokens file, and the interceptor that maps
+//! `authorization: Bearer <token>` to a [`Tenant`] before any request is read. It wraps the
+//! ledger service only; health and reflection stay open so load balancers and grpcurl need no
+//! secret.
+
+use std::collections::HashMap;
+use std::path::Path;
+use std::sync::Arc;
+
+use sha2::{Digest, Sha256};
+use tonic::{Request, Status};
+
+use crate::error::LedgerError;
+use crate::ledger::Tenant;
+
+/// How the server decides a call's tenant.
+#[derive(Clone, Debug)]
+pub enum Tenancy {
+    /// No credentials configured: every call is tenant `default`.
+    Single,
+    /// Each token maps to a tenant. Tokens are kept as sha256 digests, so the lookup does not
+    /// compare secrets byte by byte and a heap dump holds no token.
+    Tokens(Arc<HashMap<[u8; 32], Tenant>>),
+}
+
+impl Tenancy {
+    /// Reads a tokens file: one `<tenant> <token>` a line, `#` starts a comment, blank lines
+    /// are skipped.
+    ///
+    /// # Errors
+    /// A message naming the file and line of a malformed or duplicate entry, or an empty file.
+    pub fn from_file(path: &Path) -> Result<Tenancy, String> {
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| format!("cannot read tokens file {}: {e}", path.display()))?;
+        Tenancy::parse(&text).map_err(|e| format!("{}: {e}", path.display()))
+    }
+
+    /// Parses the text of a tokens file; see [`Tenancy::from_file`].
+    ///
+    /// # Errors
+    /// A message naming the line of a malformed or duplicate entry, or an empty file.
+    pub fn parse(text: &str) -> Result<Tenancy, String> {
+        let mut tokens = HashMap::new();
+        for (n, line) in text.lines().enumerate() {
+            let line = line.split('#').next().unwrap_or("").trim();
+            if line.is_empty() {
+                continue;
+            }
+            let mut parts = line.split_whitespace();
+            let (Some(tenant), Some(token), None) = (parts.next(), parts.next(), parts.next())
+            else {
+                return Err(format!(
+                    "line {}: expected `<tenant> <token>`",
+                    n + 1
+                ));
+            };
+            if tokens
+                .insert(digest(token), Tenant(tenant.to_string()))
+                .is_some()
+            {
+                return Err(format!("line {}: the same token is listed twice", n + 1));
+            }
+        }
+        if tokens.is_empty() {
+            return Err("no credentials in the tokens file".to_string());
+        }
+        Ok(Tenancy::Tokens(Arc::new(tokens)))
+    }
+
+    /// For the start-up log.
+    pub fn describe(&self) -> String {
+        match self {
+            Tenancy::Single => "single tenant `default` (no credentials required)".to_string(),
+            Tenancy::Tokens(map) => {
+                let mut tenants: Vec<&str> = map.values().map(|t| t.0.as_str()).collect();
+                tenants.sort_unstable();
+                tenants.dedup();
+                format!(
+                    "{} tenants by bearer token ({} credentials)",
+                    tenants.len(),
+                    map.len()
+                )
+            }
+        }
+    }
+
+    /// The tenant a call's metadata authenticates.
+    ///
+    /// # Errors
+    /// `UNAUTHENTICATED` for a missing, malformed or unknown credential. Every failure reads
+    /// alike apart from its message, so a caller cannot probe which tokens exist.
+    pub fn authenticate(&self, metadata: &tonic::metadata::MetadataMap) -> Result<Tenant, LedgerError> {
+        match self {
+            Tenancy::Single => Ok(Tenant::default_tenant()),
+            Tenancy::Tokens(map) => {
+                let header = metadata
+                    .get("authorization")
+                    .ok_or(LedgerError::Unauthenticated(
+                        "missing credential: send `authorization: Bearer <token>`",
+                    ))?;
+                let token = header
+                    .to_str()
+                    .ok()
+                    .and_then(|v| {
+                        v.strip_prefix("Bearer ")
+                            .or_else(|| v.strip_prefix("bearer "))
+                    })
+                    .map(str::trim)
+                    .ok_or(LedgerError::Unauthenticated(
+                        "malformed credential: send `authorization: Bearer <token>`",
+                    ))?;
+                map.get(&digest(token))
+                    .cloned()
+                    .ok_or(LedgerError::Unauthenticated("unknown credential"))
+            }
+        }
+    }
+
+    /// The interceptor for the ledger service: puts the [`Tenant`] in the request extensions.
+    pub fn interceptor(self) -> impl FnMut(Request<()>) -> Result<Request<()>, Status> + Clone {
+        move |mut request: Request<()>| {
+            let tenant = self.authenticate(request.metadata()).map_err(Status::from)?;
+            request.extensions_mut().insert(tenant);
+            Ok(request)
+        }
+    }
+}
+
+fn digest(token: &str) -> [u8; 32] {
+    Sha256::digest(token.as_bytes()).into()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tonic::metadata::MetadataMap;
+
+    fn with_auth(value: &str) -> MetadataMap {
+        let mut m = MetadataMap::new();
+        if let Ok(v) = value.parse() {
+            m.insert("authorization", v);
+        }
+        m
+    }
+
+    #[test]
+    fn tokens_map_to_tenants_and_comments_are_skipped() {
+        let t = Tenancy::parse("# ops\nacme tok-a  # the first\n\nglobex tok-b\n").ok();
+        let Some(t) = t else {
+            panic!("tokens file should parse")
+        };
+        assert_eq!(
+            t.authenticate(&with_auth("Bearer tok-a")).ok(),
+            Some(Tenant("acme".into()))
+        );
+        assert_eq!(
+            t.authenticate(&with_auth("Bearer tok-b")).ok(),
+            Some(Tenant("globex".into()))
+        );
+    }
+
+    #[test]
+    fn missing_malformed_and_unknown_credentials_are_refused() {
+        let Ok(t) = Tenancy::parse("acme tok-a\n") else {
+            panic!("tokens file should parse")
+        };
+        for md in [MetadataMap::new(), with_auth("tok-a"), with_auth("Bearer nope")] {
+            assert!(matches!(
+                t.authenticate(&md),
+                Err(LedgerError::Unauthenticated(_))
+            ));
+        }
+    }
+
+    #[test]
+    fn malformed_files_name_the_line() {
+        assert!(Tenancy::parse("acme\n").is_err_and(|e| e.contains("line 1")));
+        assert!(Tenancy::parse("a t\nb t\n").is_err_and(|e| e.contains("line 2")));
+        assert!(Tenancy::parse("# nothing\n").is_err());
+    }
+
+    #[test]
+    fn without_credentials_everyone_is_the_default_tenant() {
+        assert_eq!(
+            Tenancy::Single.authenticate(&MetadataMap::new()).ok(),
+            Some(Tenant::default_tenant())
+        );
+    }
+}

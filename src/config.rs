@@ -1,0 +1,259 @@
+//! The command line: `serve` (the default) and `migrate`, and every setting as a flag with an
+//! environment variable of the same meaning. The doc comment of each field is its `--help`
+//! text, so `idempotency-ledger --help` is the configuration reference.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::{Args, Parser, Subcommand};
+
+use crate::domain::canonical::JsonLimits;
+use crate::ledger::Limits;
+use crate::storage::PoolOptions;
+
+/// An idempotency ledger for AI agents' tool calls: claim a key before acting, complete it with
+/// the result, and get the stored result back on a repeat.
+#[derive(Parser, Debug, Clone)]
+#[command(name = "idempotency-ledger", version, about, long_about = None)]
+pub struct Cli {
+    /// What to do; `serve` when omitted.
+    #[command(subcommand)]
+    pub command: Option<Command>,
+    /// Settings shared by every subcommand.
+    #[command(flatten)]
+    pub settings: Settings,
+}
+
+/// The subcommands.
+#[derive(Subcommand, Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Command {
+    /// Run the gRPC server (the default). Migrations run first.
+    Serve,
+    /// Apply the database migrations and exit.
+    Migrate,
+}
+
+/// Every setting of the server.
+#[derive(Args, Debug, Clone)]
+pub struct Settings {
+    /// Address the gRPC server listens on (port 0 picks a free port; the log names it).
+    #[arg(long, env = "LEDGER_LISTEN", default_value = "127.0.0.1:50051", global = true)]
+    pub listen: SocketAddr,
+
+    /// The store: `sqlite://PATH` for the embedded file (created if missing), or
+    /// `postgres://USER:PASSWORD@HOST:PORT/DB` for PostgreSQL, the production store that
+    /// several servers may share.
+    #[arg(
+        long,
+        env = "DATABASE_URL",
+        default_value = "sqlite://ledger.db",
+        global = true
+    )]
+    pub database_url: String,
+
+    /// File of credentials, one per line: `<tenant> <token>`; `#` starts a comment. Callers
+    /// send `authorization: Bearer <token>`. Without it the server has one tenant, `default`,
+    /// and needs no credential. Health and reflection never need one.
+    #[arg(long, env = "LEDGER_AUTH_TOKENS_FILE", global = true)]
+    pub auth_tokens_file: Option<PathBuf>,
+
+    /// PEM certificate chain to serve TLS with (needs --tls-key). Plaintext without it.
+    #[arg(long, env = "LEDGER_TLS_CERT", requires = "tls_key", global = true)]
+    pub tls_cert: Option<PathBuf>,
+
+    /// PEM private key of --tls-cert.
+    #[arg(long, env = "LEDGER_TLS_KEY", requires = "tls_cert", global = true)]
+    pub tls_key: Option<PathBuf>,
+
+    /// Address of a Prometheus text endpoint (`GET /metrics`). Off when unset.
+    #[arg(long, env = "LEDGER_METRICS_LISTEN", global = true)]
+    pub metrics_listen: Option<SocketAddr>,
+
+    /// Lease of a claim that sets none: how long the claimant may take before its attempt
+    /// counts as unknown.
+    #[arg(long, env = "LEDGER_DEFAULT_LEASE", default_value = "60s", value_parser = parse_duration, global = true)]
+    pub default_lease: Duration,
+
+    /// Longest lease a claim may ask for; longer is INVALID_ARGUMENT.
+    #[arg(long, env = "LEDGER_MAX_LEASE", default_value = "1h", value_parser = parse_duration, global = true)]
+    pub max_lease: Duration,
+
+    /// How long a finished entry is kept (and replayed) when the claim sets no retention.
+    #[arg(long, env = "LEDGER_DEFAULT_RETENTION", default_value = "24h", value_parser = parse_duration, global = true)]
+    pub default_retention: Duration,
+
+    /// Longest retention a claim may ask for; longer is INVALID_ARGUMENT.
+    #[arg(long, env = "LEDGER_MAX_RETENTION", default_value = "30d", value_parser = parse_duration, global = true)]
+    pub max_retention: Duration,
+
+    /// Longest a claim may wait for an attempt in flight (a longer wait is shortened to this).
+    #[arg(long, env = "LEDGER_MAX_WAIT", default_value = "30s", value_parser = parse_duration, global = true)]
+    pub max_wait: Duration,
+
+    /// Largest `arguments_json`, in bytes; larger is INVALID_ARGUMENT (ARGUMENTS_TOO_LARGE).
+    #[arg(long, env = "LEDGER_MAX_ARGUMENTS_BYTES", default_value_t = 1_048_576, global = true)]
+    pub max_arguments_bytes: usize,
+
+    /// Largest result (and error text) a Complete may store, in bytes; larger is
+    /// INVALID_ARGUMENT (RESULT_TOO_LARGE) and changes nothing.
+    #[arg(long, env = "LEDGER_MAX_RESULT_BYTES", default_value_t = 1_048_576, global = true)]
+    pub max_result_bytes: usize,
+
+    /// Deepest nesting of objects and arrays in `arguments_json`; deeper is INVALID_ARGUMENT
+    /// (JSON_TOO_DEEP).
+    #[arg(long, env = "LEDGER_MAX_JSON_DEPTH", default_value_t = 64, global = true)]
+    pub max_json_depth: usize,
+
+    /// Prefix of every entry's `external_ref` (followed by 16 hex characters of the key).
+    #[arg(long, env = "LEDGER_EXTERNAL_REF_PREFIX", default_value = "idem-", global = true)]
+    pub external_ref_prefix: String,
+
+    /// Most database connections this server opens.
+    #[arg(long, env = "LEDGER_DB_MAX_CONNECTIONS", default_value_t = 16, global = true)]
+    pub db_max_connections: u32,
+
+    /// How long a call waits for a database connection before answering UNAVAILABLE.
+    #[arg(long, env = "LEDGER_DB_ACQUIRE_TIMEOUT", default_value = "3s", value_parser = parse_duration, global = true)]
+    pub db_acquire_timeout: Duration,
+
+    /// How often the health probe checks the database.
+    #[arg(long, env = "LEDGER_HEALTH_PROBE_INTERVAL", default_value = "1s", value_parser = parse_duration, global = true)]
+    pub health_probe_interval: Duration,
+
+    /// How long in-flight calls may finish after SIGTERM or SIGINT before the server exits.
+    #[arg(long, env = "LEDGER_SHUTDOWN_GRACE", default_value = "10s", value_parser = parse_duration, global = true)]
+    pub shutdown_grace: Duration,
+}
+
+impl Settings {
+    /// Settings as if no flag or variable were given (the documented defaults).
+    pub fn defaults() -> Settings {
+        Cli::parse_from(["idempotency-ledger"]).settings
+    }
+
+    /// The request limits these settings define.
+    pub fn limits(&self) -> Limits {
+        Limits {
+            default_lease: self.default_lease,
+            max_lease: self.max_lease,
+            default_retention: self.default_retention,
+            max_retention: self.max_retention,
+            max_wait: self.max_wait,
+            json: JsonLimits {
+                max_bytes: self.max_arguments_bytes,
+                max_depth: self.max_json_depth,
+            },
+            max_result_bytes: self.max_result_bytes,
+            external_ref_prefix: self.external_ref_prefix.clone(),
+        }
+    }
+
+    /// The store's pool settings.
+    pub fn pool(&self) -> PoolOptions {
+        PoolOptions {
+            max_connections: self.db_max_connections,
+            acquire_timeout: self.db_acquire_timeout,
+        }
+    }
+
+    /// Checks the settings that clap cannot: defaults within their maxima.
+    ///
+    /// # Errors
+    /// A message naming the inconsistent settings.
+    pub fn validate(&self) -> Result<(), String> {
+        if self.default_lease.is_zero() || self.default_lease > self.max_lease {
+            return Err("--default-lease must be positive and at most --max-lease".into());
+        }
+        if self.default_retention.is_zero() || self.default_retention > self.max_retention {
+            return Err("--default-retention must be positive and at most --max-retention".into());
+        }
+        if self.max_json_depth == 0 || self.max_arguments_bytes == 0 {
+            return Err("--max-json-depth and --max-arguments-bytes must be positive".into());
+        }
+        Ok(())
+    }
+}
+
+/// Parses `500ms`, `60s`, `15m`, `24h`, `30d` (an integer and a unit; a bare number is seconds).
+///
+/// # Errors
+/// A message naming the accepted forms.
+pub fn parse_duration(text: &str) -> Result<Duration, String> {
+    let text = text.trim();
+    let split = text
+        .find(|c: char| !c.is_ascii_digit())
+        .unwrap_or(text.len());
+    let (number, unit) = text.split_at(split);
+    let n: u64 = number
+        .parse()
+        .map_err(|_| format!("`{text}` is not a duration such as 500ms, 60s, 15m, 24h or 30d"))?;
+    let seconds = |factor: u64| {
+        n.checked_mul(factor)
+            .map(Duration::from_secs)
+            .ok_or_else(|| format!("`{text}` is too long"))
+    };
+    match unit {
+        "ms" => Ok(Duration::from_millis(n)),
+        "" | "s" => seconds(1),
+        "m" => seconds(60),
+        "h" => seconds(3600),
+        "d" => seconds(86_400),
+        _ => Err(format!(
+            "`{text}` has an unknown unit `{unit}`: use ms, s, m, h or d"
+        )),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durations_read_as_the_contract_writes_them() {
+        assert_eq!(parse_duration("60s"), Ok(Duration::from_secs(60)));
+        assert_eq!(parse_duration("24h"), Ok(Duration::from_secs(86_400)));
+        assert_eq!(parse_duration("30d"), Ok(Duration::from_secs(2_592_000)));
+        assert_eq!(parse_duration("250ms"), Ok(Duration::from_millis(250)));
+        assert_eq!(parse_duration("15m"), Ok(Duration::from_secs(900)));
+        assert_eq!(parse_duration("7"), Ok(Duration::from_secs(7)));
+        assert!(parse_duration("1.5h").is_err());
+        assert!(parse_duration("h").is_err());
+        assert!(parse_duration("10 years").is_err());
+    }
+
+    #[test]
+    fn the_defaults_are_the_contracts() {
+        let s = Settings::defaults();
+        assert_eq!(s.listen.to_string(), "127.0.0.1:50051");
+        assert_eq!(s.database_url, "sqlite://ledger.db");
+        assert_eq!(s.default_lease, Duration::from_secs(60));
+        assert_eq!(s.max_lease, Duration::from_secs(3600));
+        assert_eq!(s.default_retention, Duration::from_secs(86_400));
+        assert_eq!(s.max_retention, Duration::from_secs(30 * 86_400));
+        assert_eq!(s.max_wait, Duration::from_secs(30));
+        assert_eq!(
+            (s.max_arguments_bytes, s.max_result_bytes, s.max_json_depth),
+            (1_048_576, 1_048_576, 64)
+        );
+        assert_eq!(s.external_ref_prefix, "idem-");
+        assert!(s.auth_tokens_file.is_none() && s.tls_cert.is_none());
+        assert!(s.validate().is_ok());
+    }
+
+    #[test]
+    fn serve_is_the_default_subcommand_and_flags_work_on_either_side() {
+        let cli = Cli::parse_from(["idempotency-ledger", "--max-wait", "5s"]);
+        assert_eq!(cli.command, None);
+        assert_eq!(cli.settings.max_wait, Duration::from_secs(5));
+        let cli = Cli::parse_from(["idempotency-ledger", "migrate", "--database-url", "sqlite://x.db"]);
+        assert_eq!(cli.command, Some(Command::Migrate));
+        assert_eq!(cli.settings.database_url, "sqlite://x.db");
+    }
+
+    #[test]
+    fn a_default_above_its_maximum_is_refused() {
+        let cli = Cli::parse_from(["idempotency-ledger", "--default-lease", "2h"]);
+        assert!(cli.settings.validate().is_err());
+    }
+}

@@ -1,0 +1,436 @@
+//! The entry and its state machine: what a Claim or a Complete does to an entry as it stands.
+//!
+//! The stores only apply compare-and-set writes; every decision about which write to attempt is
+//! made here, from the entry the store returned, so the contract's state table is tested without
+//! a database.
+
+use super::time::Micros;
+
+/// An entry's status as stored. `Attempting` past its lease is *reported* as `Unknown`
+/// ([`Entry::effective_status`]) without any write.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Status {
+    /// Claimed; the attempt is in flight.
+    Attempting,
+    /// The effect happened; the result is stored.
+    Succeeded,
+    /// The effect did not happen (permanently, or retryably when `retryable`).
+    Failed,
+    /// Nobody knows whether the effect happened; it waits for a Complete or a reconciliation.
+    Unknown,
+}
+
+impl Status {
+    /// The name stored in the database and shown to operators.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Status::Attempting => "ATTEMPTING",
+            Status::Succeeded => "SUCCEEDED",
+            Status::Failed => "FAILED",
+            Status::Unknown => "UNKNOWN",
+        }
+    }
+
+    /// Parses a stored name; `None` for anything else.
+    pub fn parse(s: &str) -> Option<Status> {
+        Some(match s {
+            "ATTEMPTING" => Status::Attempting,
+            "SUCCEEDED" => Status::Succeeded,
+            "FAILED" => Status::Failed,
+            "UNKNOWN" => Status::Unknown,
+            _ => return None,
+        })
+    }
+
+    /// Whether the entry has an outcome (SUCCEEDED or FAILED), so retention applies.
+    pub fn is_resolved(self) -> bool {
+        matches!(self, Status::Succeeded | Status::Failed)
+    }
+}
+
+/// One intent of one tool call, as stored for one tenant.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Entry {
+    /// The derived or explicit key; unique per tenant.
+    pub key: String,
+    /// The run that made the current attempt; empty for an explicit key claimed without one.
+    pub run_id: String,
+    /// The tool's name.
+    pub tool: String,
+    /// hex(sha256) of tool and canonical arguments; an explicit key must keep it.
+    pub fingerprint: String,
+    /// The stored status; see [`Entry::effective_status`] for what callers are told.
+    pub status: Status,
+    /// 1 for the first attempt, one more after each retryable failure.
+    pub attempt: u32,
+    /// The fencing token of the current attempt; only its holder may complete.
+    pub claim_token: String,
+    /// The result (only when `Succeeded`), byte for byte.
+    pub result: Vec<u8>,
+    /// The error of a failure, or the claimant's note on an unknown outcome.
+    pub error: String,
+    /// With `Failed`: whether a new claim may try again.
+    pub retryable: bool,
+    /// Who claimed the current attempt.
+    pub principal: String,
+    /// When the current attempt was claimed.
+    pub started_at: Micros,
+    /// When the entry was resolved; `None` while unresolved.
+    pub finished_at: Option<Micros>,
+    /// When the current attempt's lease ends.
+    pub lease_expires_at: Micros,
+    /// How long the entry is kept once resolved (chosen at claim time).
+    pub retention: Micros,
+    /// `finished_at + retention`; `None` while unresolved, because unresolved entries never expire.
+    pub expires_at: Option<Micros>,
+    /// How many times the stored result was replayed.
+    pub replay_count: u64,
+}
+
+impl Entry {
+    /// What callers are told: an attempt past its lease is `Unknown`.
+    pub fn effective_status(&self, now: Micros) -> Status {
+        match self.status {
+            Status::Attempting if now >= self.lease_expires_at => Status::Unknown,
+            status => status,
+        }
+    }
+
+    /// A resolved entry past its retention counts as deleted, even before the pruner runs.
+    pub fn is_expired(&self, now: Micros) -> bool {
+        self.status.is_resolved() && self.expires_at.is_some_and(|at| now >= at)
+    }
+}
+
+/// The outcome a claimant (or a reconciler) reports.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FinalStatus {
+    /// The effect happened.
+    Succeeded,
+    /// The effect did not happen.
+    Failed,
+    /// The claimant does not know.
+    Unknown,
+}
+
+impl FinalStatus {
+    /// The stored status this outcome writes.
+    pub fn status(self) -> Status {
+        match self {
+            FinalStatus::Succeeded => Status::Succeeded,
+            FinalStatus::Failed => Status::Failed,
+            FinalStatus::Unknown => Status::Unknown,
+        }
+    }
+}
+
+/// A reported outcome with its payload. Construction is validated by the caller (result only
+/// with success, `retryable` only with failure).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Completion {
+    /// What happened.
+    pub status: FinalStatus,
+    /// The result, with `Succeeded`; empty otherwise.
+    pub result: Vec<u8>,
+    /// The error, with `Failed` or `Unknown`.
+    pub error: String,
+    /// With `Failed`: whether the intent may be tried again.
+    pub retryable: bool,
+}
+
+impl Completion {
+    /// The entry after this outcome is applied at `now`.
+    pub fn apply_to(&self, entry: &Entry, now: Micros) -> Entry {
+        let resolved = self.status != FinalStatus::Unknown;
+        Entry {
+            status: self.status.status(),
+            result: self.result.clone(),
+            error: self.error.clone(),
+            retryable: self.retryable,
+            finished_at: resolved.then_some(now),
+            expires_at: resolved.then(|| now.plus(entry.retention)),
+            ..entry.clone()
+        }
+    }
+
+    /// Whether `entry` already records exactly this outcome.
+    pub fn is_recorded_in(&self, entry: &Entry) -> bool {
+        entry.status == self.status.status()
+            && entry.result == self.result
+            && entry.error == self.error
+            && entry.retryable == self.retryable
+    }
+}
+
+/// What a Claim of an existing entry must do.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ClaimDecision {
+    /// The entry expired: the key is free, start over at attempt 1 (replacing the old row).
+    StartOver,
+    /// The last attempt failed retryably: start attempt + 1.
+    Retry,
+    /// Return the stored result.
+    Replay,
+    /// Return the stored permanent error.
+    PreviouslyFailed,
+    /// An attempt is in flight or its outcome unknown: do not act.
+    InProgress,
+    /// An explicit key came back with other arguments: a caller bug, refused.
+    KeyReused,
+}
+
+/// Decides what a Claim with `fingerprint` does to `existing` at `now`.
+pub fn decide_claim(existing: &Entry, fingerprint: &str, now: Micros) -> ClaimDecision {
+    if existing.is_expired(now) {
+        return ClaimDecision::StartOver;
+    }
+    if existing.fingerprint != fingerprint {
+        return ClaimDecision::KeyReused;
+    }
+    match existing.status {
+        Status::Succeeded => ClaimDecision::Replay,
+        Status::Failed if existing.retryable => ClaimDecision::Retry,
+        Status::Failed => ClaimDecision::PreviouslyFailed,
+        Status::Attempting | Status::Unknown => ClaimDecision::InProgress,
+    }
+}
+
+/// What a Complete does to `existing`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CompleteDecision {
+    /// The entry does not exist any more (it expired).
+    NotFound,
+    /// The token is not the current attempt's.
+    StaleToken,
+    /// This exact outcome is already stored: succeed without a write.
+    AlreadyCompleted,
+    /// A different outcome is already stored: refuse.
+    AlreadyResolved,
+    /// Write the outcome (compare-and-set on the token and an unresolved status).
+    Apply,
+}
+
+/// Decides what completing `existing` with `token` and `completion` does at `now`.
+pub fn decide_complete(
+    existing: &Entry,
+    token: &str,
+    completion: &Completion,
+    now: Micros,
+) -> CompleteDecision {
+    if existing.is_expired(now) {
+        return CompleteDecision::NotFound;
+    }
+    if existing.claim_token != token {
+        return CompleteDecision::StaleToken;
+    }
+    if existing.status.is_resolved() {
+        return if completion.is_recorded_in(existing) {
+            CompleteDecision::AlreadyCompleted
+        } else {
+            CompleteDecision::AlreadyResolved
+        };
+    }
+    // Unresolved (ATTEMPTING, possibly past its lease, or UNKNOWN): the claimant may still
+    // resolve it, or repeat its own UNKNOWN report.
+    if existing.status == Status::Unknown && completion.is_recorded_in(existing) {
+        CompleteDecision::AlreadyCompleted
+    } else {
+        CompleteDecision::Apply
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const NOW: Micros = Micros(1_000_000_000);
+
+    fn entry(status: Status) -> Entry {
+        Entry {
+            key: "k".into(),
+            run_id: "run".into(),
+            tool: "tool".into(),
+            fingerprint: "fp".into(),
+            status,
+            attempt: 1,
+            claim_token: "tok".into(),
+            result: Vec::new(),
+            error: String::new(),
+            retryable: false,
+            principal: String::new(),
+            started_at: NOW,
+            finished_at: None,
+            lease_expires_at: NOW.plus(Micros(60_000_000)),
+            retention: Micros(3_600_000_000),
+            expires_at: None,
+            replay_count: 0,
+        }
+    }
+
+    fn resolved(status: Status, retryable: bool) -> Entry {
+        let completion = Completion {
+            status: if status == Status::Succeeded {
+                FinalStatus::Succeeded
+            } else {
+                FinalStatus::Failed
+            },
+            result: b"r".to_vec(),
+            error: String::new(),
+            retryable,
+        };
+        completion.apply_to(&entry(Status::Attempting), NOW)
+    }
+
+    fn success(result: &[u8]) -> Completion {
+        Completion {
+            status: FinalStatus::Succeeded,
+            result: result.to_vec(),
+            error: String::new(),
+            retryable: false,
+        }
+    }
+
+    #[test]
+    fn an_attempt_past_its_lease_reads_as_unknown() {
+        let e = entry(Status::Attempting);
+        assert_eq!(e.effective_status(NOW), Status::Attempting);
+        assert_eq!(e.effective_status(e.lease_expires_at), Status::Unknown);
+    }
+
+    #[test]
+    fn each_row_of_the_state_table_decides_its_claim() {
+        assert_eq!(
+            decide_claim(&entry(Status::Attempting), "fp", NOW),
+            ClaimDecision::InProgress
+        );
+        assert_eq!(
+            decide_claim(&entry(Status::Unknown), "fp", NOW),
+            ClaimDecision::InProgress
+        );
+        let expired_lease = entry(Status::Attempting);
+        assert_eq!(
+            decide_claim(&expired_lease, "fp", expired_lease.lease_expires_at),
+            ClaimDecision::InProgress
+        );
+        assert_eq!(
+            decide_claim(&resolved(Status::Succeeded, false), "fp", NOW),
+            ClaimDecision::Replay
+        );
+        assert_eq!(
+            decide_claim(&resolved(Status::Failed, false), "fp", NOW),
+            ClaimDecision::PreviouslyFailed
+        );
+        assert_eq!(
+            decide_claim(&resolved(Status::Failed, true), "fp", NOW),
+            ClaimDecision::Retry
+        );
+    }
+
+    #[test]
+    fn a_reused_key_with_another_fingerprint_is_refused_unless_expired() {
+        let e = resolved(Status::Succeeded, false);
+        assert_eq!(decide_claim(&e, "other", NOW), ClaimDecision::KeyReused);
+        let after = e.expires_at.map(|at| at.plus(Micros(1))).unwrap_or(NOW);
+        assert_eq!(decide_claim(&e, "other", after), ClaimDecision::StartOver);
+        assert_eq!(decide_claim(&e, "fp", after), ClaimDecision::StartOver);
+    }
+
+    #[test]
+    fn unresolved_entries_never_expire() {
+        let mut e = entry(Status::Unknown);
+        e.expires_at = Some(NOW);
+        assert!(!e.is_expired(Micros(i64::MAX)));
+    }
+
+    #[test]
+    fn resolving_sets_finish_and_expiry_but_unknown_does_not() {
+        let e = success(b"ok").apply_to(&entry(Status::Attempting), NOW);
+        assert_eq!(e.finished_at, Some(NOW));
+        assert_eq!(e.expires_at, Some(NOW.plus(e.retention)));
+        let unknown = Completion {
+            status: FinalStatus::Unknown,
+            result: Vec::new(),
+            error: "timeout".into(),
+            retryable: false,
+        };
+        let u = unknown.apply_to(&entry(Status::Attempting), NOW);
+        assert_eq!((u.status, u.finished_at, u.expires_at), (Status::Unknown, None, None));
+    }
+
+    #[test]
+    fn only_the_current_token_may_complete() {
+        let e = entry(Status::Attempting);
+        assert_eq!(
+            decide_complete(&e, "old", &success(b"x"), NOW),
+            CompleteDecision::StaleToken
+        );
+        assert_eq!(
+            decide_complete(&e, "tok", &success(b"x"), NOW),
+            CompleteDecision::Apply
+        );
+    }
+
+    #[test]
+    fn a_claimant_may_complete_after_its_lease_expired() {
+        let e = entry(Status::Attempting);
+        assert_eq!(
+            decide_complete(&e, "tok", &success(b"x"), e.lease_expires_at.plus(Micros(1))),
+            CompleteDecision::Apply
+        );
+    }
+
+    #[test]
+    fn an_identical_complete_is_already_completed_and_a_different_one_is_refused() {
+        let done = success(b"r").apply_to(&entry(Status::Attempting), NOW);
+        assert_eq!(
+            decide_complete(&done, "tok", &success(b"r"), NOW),
+            CompleteDecision::AlreadyCompleted
+        );
+        assert_eq!(
+            decide_complete(&done, "tok", &success(b"other"), NOW),
+            CompleteDecision::AlreadyResolved
+        );
+    }
+
+    #[test]
+    fn an_unknown_entry_may_still_be_resolved_or_reported_again() {
+        let unknown = Completion {
+            status: FinalStatus::Unknown,
+            result: Vec::new(),
+            error: "timeout".into(),
+            retryable: false,
+        };
+        let u = unknown.apply_to(&entry(Status::Attempting), NOW);
+        assert_eq!(
+            decide_complete(&u, "tok", &unknown, NOW),
+            CompleteDecision::AlreadyCompleted
+        );
+        assert_eq!(
+            decide_complete(&u, "tok", &success(b"x"), NOW),
+            CompleteDecision::Apply
+        );
+    }
+
+    #[test]
+    fn completing_an_expired_entry_finds_nothing() {
+        let done = success(b"r").apply_to(&entry(Status::Attempting), NOW);
+        let later = done.expires_at.unwrap_or(NOW);
+        assert_eq!(
+            decide_complete(&done, "tok", &success(b"r"), later),
+            CompleteDecision::NotFound
+        );
+    }
+
+    #[test]
+    fn status_names_round_trip() {
+        for s in [
+            Status::Attempting,
+            Status::Succeeded,
+            Status::Failed,
+            Status::Unknown,
+        ] {
+            assert_eq!(Status::parse(s.as_str()), Some(s));
+        }
+        assert_eq!(Status::parse("attempting"), None);
+    }
+}

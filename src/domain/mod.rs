@@ -1,0 +1,14 @@
+//! The ledger's rules, free of transport and storage: canonical JSON and key derivation
+//! ([`canonical`], [`key`]), and the entry state machine ([`entry`]). Nothing here imports tonic
+//! or sqlx, so every rule is unit-tested without a server or a database.
+
+pub mod canonical;
+pub mod entry;
+pub mod key;
+pub mod time;
+
+pub use entry::{
+    ClaimDecision, CompleteDecision, Completion, Entry, FinalStatus, Status, decide_claim,
+    decide_complete,
+};
+pub use time::Micros;

@@ -1,0 +1,76 @@
+//! Instants and durations as whole microseconds: the one unit both stores keep, so PostgreSQL
+//! and SQLite compare times identically and tests can move a clock by hand.
+
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+/// Microseconds: an instant since the Unix epoch, or a duration, by context.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Micros(pub i64);
+
+impl Micros {
+    /// The current wall-clock instant.
+    pub fn now() -> Micros {
+        // A clock before 1970 is a broken machine; reading it as the epoch keeps us total.
+        let since = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .unwrap_or_default();
+        Micros::from_duration(since)
+    }
+
+    /// A duration in microseconds, saturating at `i64::MAX` (about 292,000 years).
+    pub fn from_duration(d: Duration) -> Micros {
+        Micros(i64::try_from(d.as_micros()).unwrap_or(i64::MAX))
+    }
+
+    /// The duration this value stands for; negative values read as zero.
+    pub fn to_duration(self) -> Duration {
+        Duration::from_micros(u64::try_from(self.0).unwrap_or(0))
+    }
+
+    /// `self + d`, saturating instead of overflowing.
+    pub fn plus(self, d: Micros) -> Micros {
+        Micros(self.0.saturating_add(d.0))
+    }
+
+    /// `self - other`, saturating instead of overflowing.
+    pub fn minus(self, other: Micros) -> Micros {
+        Micros(self.0.saturating_sub(other.0))
+    }
+}
+
+/// Where the ledger reads the time. Production uses the wall clock; tests move a manual one to
+/// expire leases and retention without sleeping.
+pub trait Clock: Send + Sync + 'static {
+    /// The current instant.
+    fn now(&self) -> Micros;
+}
+
+/// The system's wall clock. Servers sharing one database should keep their clocks in sync
+/// (NTP): leases and retention compare instants written by different processes.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct SystemClock;
+
+impl Clock for SystemClock {
+    fn now(&self) -> Micros {
+        Micros::now()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durations_round_trip_through_micros() {
+        let d = Duration::from_millis(1500);
+        assert_eq!(Micros::from_duration(d), Micros(1_500_000));
+        assert_eq!(Micros(1_500_000).to_duration(), d);
+        assert_eq!(Micros(-5).to_duration(), Duration::ZERO);
+    }
+
+    #[test]
+    fn arithmetic_saturates_instead_of_wrapping() {
+        assert_eq!(Micros(i64::MAX).plus(Micros(1)), Micros(i64::MAX));
+        assert_eq!(Micros(i64::MIN).minus(Micros(1)), Micros(i64::MIN));
+    }
+}

@@ -1,0 +1,182 @@
+//! The one error type of the ledger and the one place that turns it into a gRPC status: a code,
+//! a `google.rpc.ErrorInfo` (domain `idempotency.v1`, a SCREAMING_SNAKE reason) and, for a bad
+//! field, a `google.rpc.BadRequest` naming it. Internal details (SQL, paths) are logged here and
+//! never sent.
+
+use std::time::Duration;
+
+use tonic::{Code, Status};
+use tonic_types::{ErrorDetails, StatusExt};
+
+use crate::domain::canonical::CanonicalError;
+use crate::domain::key::InvalidField;
+use crate::storage::StoreError;
+
+/// The `ErrorInfo` domain of every error the ledger sends.
+pub const ERROR_DOMAIN: &str = "idempotency.v1";
+
+/// How long a client should wait before retrying when the store is unavailable.
+const UNAVAILABLE_RETRY_DELAY: Duration = Duration::from_secs(1);
+
+/// Everything that can go wrong in a ledger call.
+#[derive(Debug, thiserror::Error)]
+pub enum LedgerError {
+    /// Malformed input: the field it concerns, a stable reason and a message that names the
+    /// problem.
+    #[error("{field}: {message}")]
+    InvalidArgument {
+        /// The request field at fault, as named in the proto.
+        field: &'static str,
+        /// A SCREAMING_SNAKE reason, such as `DUPLICATE_MEMBER`.
+        reason: &'static str,
+        /// What is wrong, for a person.
+        message: String,
+    },
+    /// An explicit key came back with a different tool or arguments.
+    #[error(
+        "key was already used for a different request (another tool or other arguments); \
+         a reused key is refused, never replayed"
+    )]
+    KeyReused,
+    /// The claim token is not the current attempt's.
+    #[error(
+        "claim_token is not the current claim of this entry (a newer attempt holds it, or the \
+         token is wrong)"
+    )]
+    StaleClaimToken,
+    /// A different outcome is already recorded.
+    #[error("the entry is already resolved as {0} with a different outcome; nothing changed")]
+    AlreadyResolved(&'static str),
+    /// No such entry for this tenant (absent, expired, or another tenant's: indistinguishable).
+    #[error("no entry with this key")]
+    NotFound,
+    /// A missing or wrong credential.
+    #[error("{0}")]
+    Unauthenticated(&'static str),
+    /// The store cannot be reached; the detail is logged, not sent.
+    #[error("the ledger's database is unavailable; retry later")]
+    Unavailable(String),
+    /// The call's deadline passed before an answer.
+    #[error("the call's deadline passed before the ledger could answer")]
+    DeadlineExceeded,
+    /// A bug or an operator problem; the detail is logged, not sent.
+    #[error("internal error")]
+    Internal(String),
+}
+
+impl LedgerError {
+    /// A bad-field error with the generic reason `INVALID_FIELD`.
+    pub fn invalid(field: &'static str, message: impl Into<String>) -> LedgerError {
+        LedgerError::InvalidArgument {
+            field,
+            reason: "INVALID_FIELD",
+            message: message.into(),
+        }
+    }
+
+    /// The reason sent in `ErrorInfo`.
+    pub fn reason(&self) -> &'static str {
+        match self {
+            LedgerError::InvalidArgument { reason, .. } => reason,
+            LedgerError::KeyReused => "KEY_REUSED_WITH_DIFFERENT_REQUEST",
+            LedgerError::StaleClaimToken => "STALE_CLAIM_TOKEN",
+            LedgerError::AlreadyResolved(_) => "ALREADY_RESOLVED",
+            LedgerError::NotFound => "ENTRY_NOT_FOUND",
+            LedgerError::Unauthenticated(_) => "UNAUTHENTICATED",
+            LedgerError::Unavailable(_) => "STORE_UNAVAILABLE",
+            LedgerError::DeadlineExceeded => "DEADLINE_EXCEEDED",
+            LedgerError::Internal(_) => "INTERNAL",
+        }
+    }
+
+    /// The gRPC code this error is sent with.
+    pub fn code(&self) -> Code {
+        match self {
+            LedgerError::InvalidArgument { .. } => Code::InvalidArgument,
+            LedgerError::KeyReused
+            | LedgerError::StaleClaimToken
+            | LedgerError::AlreadyResolved(_) => Code::FailedPrecondition,
+            LedgerError::NotFound => Code::NotFound,
+            LedgerError::Unauthenticated(_) => Code::Unauthenticated,
+            LedgerError::Unavailable(_) => Code::Unavailable,
+            LedgerError::DeadlineExceeded => Code::DeadlineExceeded,
+            LedgerError::Internal(_) => Code::Internal,
+        }
+    }
+}
+
+impl From<StoreError> for LedgerError {
+    fn from(e: StoreError) -> LedgerError {
+        match e {
+            StoreError::Unavailable(detail) => LedgerError::Unavailable(detail),
+            StoreError::Internal(detail) => LedgerError::Internal(detail),
+        }
+    }
+}
+
+impl From<InvalidField> for LedgerError {
+    fn from(e: InvalidField) -> LedgerError {
+        LedgerError::invalid(e.field, e.message)
+    }
+}
+
+impl LedgerError {
+    /// A canonicalization refusal of `field` (`arguments_json`).
+    pub fn from_canonical(field: &'static str, e: CanonicalError) -> LedgerError {
+        LedgerError::InvalidArgument {
+            field,
+            reason: e.reason(),
+            message: e.to_string(),
+        }
+    }
+}
+
+impl From<LedgerError> for Status {
+    fn from(err: LedgerError) -> Status {
+        let mut details = ErrorDetails::new();
+        details.set_error_info(err.reason(), ERROR_DOMAIN, std::collections::HashMap::new());
+        match &err {
+            LedgerError::InvalidArgument { field, message, .. } => {
+                details.add_bad_request_violation(*field, message.clone());
+            }
+            LedgerError::Unavailable(detail) => {
+                tracing::warn!(error = %detail, "store unavailable");
+                details.set_retry_info(Some(UNAVAILABLE_RETRY_DELAY));
+            }
+            LedgerError::Internal(detail) => {
+                tracing::error!(error = %detail, "internal error");
+            }
+            _ => {}
+        }
+        Status::with_error_details(err.code(), err.to_string(), details)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn internal_details_are_never_sent() {
+        let status = Status::from(LedgerError::Internal(
+            "relation ledger_entries does not exist at /var/lib/x".into(),
+        ));
+        assert_eq!(status.code(), Code::Internal);
+        assert!(!status.message().contains("ledger_entries"));
+        assert!(!status.message().contains("/var/lib"));
+        let unavailable = Status::from(LedgerError::Unavailable("connection refused 10.0.0.1".into()));
+        assert!(!unavailable.message().contains("10.0.0.1"));
+        assert!(unavailable.get_details_retry_info().is_some());
+    }
+
+    #[test]
+    fn a_bad_field_carries_error_info_and_bad_request() {
+        let status = Status::from(LedgerError::invalid("tool", "must not be empty"));
+        assert_eq!(status.code(), Code::InvalidArgument);
+        let info = status.get_details_error_info().expect("error info");
+        assert_eq!(info.reason, "INVALID_FIELD");
+        assert_eq!(info.domain, ERROR_DOMAIN);
+        let bad = status.get_details_bad_request().expect("bad request");
+        assert_eq!(bad.field_violations[0].field, "tool");
+    }
+}

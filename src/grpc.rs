@@ -1,0 +1,337 @@
+//! The gRPC face of the ledger: the generated `idempotency.v1` types, the `LedgerService`
+//! implementation and the proto ↔ domain conversions. Each RPC converts its request, runs the
+//! use case to completion in its own task (so a cancelled call never abandons a write halfway),
+//! bounded by the call's deadline, and converts the answer back.
+
+use std::future::Future;
+use std::time::Duration;
+
+use tokio::time::Instant;
+use tonic::{Request, Response, Status};
+
+use crate::domain::canonical::Canonicalization;
+use crate::domain::{FinalStatus, Micros};
+use crate::error::LedgerError;
+use crate::ledger::{
+    ClaimInput, ClaimOutput, CompleteInput, EntryView, Ledger, LookupInput, Outcome, Tenant,
+};
+
+/// The generated protobuf types and service traits of `idempotency.v1`.
+#[allow(clippy::all, missing_docs)]
+pub mod pb {
+    tonic::include_proto!("idempotency.v1");
+
+    /// The encoded descriptors of `ledger.proto` and its imports, for server reflection.
+    pub const FILE_DESCRIPTOR_SET: &[u8] =
+        include_bytes!(concat!(env!("OUT_DIR"), "/ledger_descriptor.bin"));
+}
+
+pub use pb::ledger_service_server::{LedgerService, LedgerServiceServer};
+
+/// How much earlier than the caller's deadline the server answers DEADLINE_EXCEEDED (or a
+/// waiting claim answers IN_PROGRESS), so the answer arrives before the caller gives up.
+const DEADLINE_MARGIN_MAX: Duration = Duration::from_millis(50);
+
+/// The `LedgerService` implementation: a thin shell over [`Ledger`].
+#[derive(Clone)]
+pub struct LedgerApi {
+    /// The use cases.
+    ledger: Ledger,
+}
+
+impl LedgerApi {
+    /// The service over `ledger`.
+    pub fn new(ledger: Ledger) -> LedgerApi {
+        LedgerApi { ledger }
+    }
+}
+
+#[tonic::async_trait]
+impl LedgerService for LedgerApi {
+    async fn claim(
+        &self,
+        request: Request<pb::ClaimRequest>,
+    ) -> Result<Response<pb::ClaimResponse>, Status> {
+        let (tenant, deadline) = context(&request)?;
+        let r = request.into_inner();
+        let mut input = ClaimInput {
+            run_id: r.run_id,
+            tool: r.tool,
+            arguments_json: r.arguments_json,
+            key: r.key,
+            canonicalization: canonicalization(r.canonicalization)?,
+            lease: duration("lease", r.lease)?,
+            retention: duration("retention", r.retention)?,
+            wait: duration("wait", r.wait)?,
+            principal: r.principal,
+        };
+        // A wait ends a little before the call's deadline, so the caller gets IN_PROGRESS
+        // rather than an expired call.
+        if let (Some(wait), Some(deadline)) = (input.wait, deadline) {
+            let budget = deadline
+                .saturating_duration_since(Instant::now())
+                .saturating_sub(2 * margin(deadline));
+            input.wait = Some(wait.min(budget));
+        }
+        let ledger = self.ledger.clone();
+        let out = run(deadline, async move { ledger.claim(&tenant, input).await }).await?;
+        tracing::debug!(tool = %out.entry.entry.tool, key = %key_prefix(&out.entry.entry.key),
+            outcome = ?out.outcome, attempt = out.entry.entry.attempt, "claim");
+        Ok(Response::new(claim_response(out)))
+    }
+
+    async fn complete(
+        &self,
+        request: Request<pb::CompleteRequest>,
+    ) -> Result<Response<pb::CompleteResponse>, Status> {
+        let (tenant, deadline) = context(&request)?;
+        let r = request.into_inner();
+        let input = CompleteInput {
+            key: r.key,
+            claim_token: r.claim_token,
+            status: final_status(r.status)?,
+            result: r.result.to_vec(),
+            error: r.error,
+            retryable: r.retryable,
+        };
+        let ledger = self.ledger.clone();
+        let out = run(deadline, async move { ledger.complete(&tenant, input).await }).await?;
+        Ok(Response::new(pb::CompleteResponse {
+            entry: Some(entry(out.entry)),
+            already_completed: out.already_completed,
+        }))
+    }
+
+    async fn lookup(
+        &self,
+        request: Request<pb::LookupRequest>,
+    ) -> Result<Response<pb::LookupResponse>, Status> {
+        let (tenant, deadline) = context(&request)?;
+        let r = request.into_inner();
+        let input = LookupInput {
+            key: r.key,
+            run_id: r.run_id,
+            tool: r.tool,
+            arguments_json: r.arguments_json,
+            canonicalization: canonicalization(r.canonicalization)?,
+        };
+        let ledger = self.ledger.clone();
+        let view = run(deadline, async move { ledger.lookup(&tenant, input).await }).await?;
+        Ok(Response::new(pb::LookupResponse {
+            entry: Some(entry(view)),
+        }))
+    }
+
+    async fn reconcile(
+        &self,
+        _request: Request<pb::ReconcileRequest>,
+    ) -> Result<Response<pb::ReconcileResponse>, Status> {
+        Err(Status::unimplemented(
+            "Reconcile is not available in this version of the ledger",
+        ))
+    }
+}
+
+/// The call's tenant (set by the auth interceptor) and deadline (from `grpc-timeout`).
+fn context<T>(request: &Request<T>) -> Result<(Tenant, Option<Instant>), Status> {
+    let tenant = request
+        .extensions()
+        .get::<Tenant>()
+        .cloned()
+        .ok_or_else(|| Status::from(LedgerError::Internal("no tenant on the request".into())))?;
+    let deadline = request
+        .metadata()
+        .get("grpc-timeout")
+        .and_then(|v| v.to_str().ok())
+        .and_then(parse_grpc_timeout)
+        .map(|t| Instant::now() + t);
+    Ok((tenant, deadline))
+}
+
+fn margin(deadline: Instant) -> Duration {
+    (deadline.saturating_duration_since(Instant::now()) / 10).min(DEADLINE_MARGIN_MAX)
+}
+
+/// Runs `work` in its own task so that a cancelled or timed-out call never drops a write
+/// halfway, and answers DEADLINE_EXCEEDED shortly before the deadline if it is still running.
+async fn run<T, F>(deadline: Option<Instant>, work: F) -> Result<T, Status>
+where
+    T: Send + 'static,
+    F: Future<Output = Result<T, LedgerError>> + Send + 'static,
+{
+    let task = tokio::spawn(work);
+    let joined = match deadline {
+        None => task.await,
+        Some(deadline) => match tokio::time::timeout_at(deadline - margin(deadline), task).await {
+            Ok(joined) => joined,
+            Err(_) => return Err(LedgerError::DeadlineExceeded.into()),
+        },
+    };
+    joined
+        .map_err(|e| LedgerError::Internal(format!("request task failed: {e}")))?
+        .map_err(Status::from)
+}
+
+/// Parses a `grpc-timeout` header value: up to 8 digits and a unit (H, M, S, m, u, n).
+pub fn parse_grpc_timeout(value: &str) -> Option<Duration> {
+    let (digits, unit) = value.split_at(value.len().checked_sub(1)?);
+    if digits.is_empty() || digits.len() > 8 {
+        return None;
+    }
+    let n: u64 = digits.parse().ok()?;
+    Some(match unit {
+        "H" => Duration::from_secs(n * 3600),
+        "M" => Duration::from_secs(n * 60),
+        "S" => Duration::from_secs(n),
+        "m" => Duration::from_millis(n),
+        "u" => Duration::from_micros(n),
+        "n" => Duration::from_nanos(n),
+        _ => return None,
+    })
+}
+
+fn canonicalization(value: i32) -> Result<Canonicalization, Status> {
+    match pb::Canonicalization::try_from(value) {
+        Ok(pb::Canonicalization::Unspecified | pb::Canonicalization::Jcs) => {
+            Ok(Canonicalization::Jcs)
+        }
+        Ok(pb::Canonicalization::JcsLenient) => Ok(Canonicalization::JcsLenient),
+        Err(_) => Err(LedgerError::invalid(
+            "canonicalization",
+            format!("{value} is not a Canonicalization value"),
+        )
+        .into()),
+    }
+}
+
+fn final_status(value: i32) -> Result<FinalStatus, Status> {
+    match pb::Status::try_from(value) {
+        Ok(pb::Status::Succeeded) => Ok(FinalStatus::Succeeded),
+        Ok(pb::Status::Failed) => Ok(FinalStatus::Failed),
+        Ok(pb::Status::Unknown) => Ok(FinalStatus::Unknown),
+        _ => Err(LedgerError::invalid(
+            "status",
+            "must be STATUS_SUCCEEDED, STATUS_FAILED or STATUS_UNKNOWN",
+        )
+        .into()),
+    }
+}
+
+/// A proto duration as a std one; unset stays `None`, negative or malformed is refused.
+fn duration(
+    field: &'static str,
+    value: Option<prost_types::Duration>,
+) -> Result<Option<Duration>, Status> {
+    let Some(d) = value else { return Ok(None) };
+    if d.seconds < 0 || d.nanos < 0 || d.nanos >= 1_000_000_000 {
+        return Err(LedgerError::invalid(field, "must be a non-negative duration").into());
+    }
+    Ok(Some(
+        Duration::from_secs(d.seconds.unsigned_abs()) + Duration::from_nanos(d.nanos.unsigned_abs().into()),
+    ))
+}
+
+fn proto_duration(d: Duration) -> prost_types::Duration {
+    prost_types::Duration {
+        seconds: i64::try_from(d.as_secs()).unwrap_or(i64::MAX),
+        nanos: i32::try_from(d.subsec_nanos()).unwrap_or(0),
+    }
+}
+
+fn timestamp(m: Micros) -> prost_types::Timestamp {
+    prost_types::Timestamp {
+        seconds: m.0.div_euclid(1_000_000),
+        nanos: i32::try_from(m.0.rem_euclid(1_000_000) * 1000).unwrap_or(0),
+    }
+}
+
+fn status(s: crate::domain::Status) -> pb::Status {
+    match s {
+        crate::domain::Status::Attempting => pb::Status::Attempting,
+        crate::domain::Status::Succeeded => pb::Status::Succeeded,
+        crate::domain::Status::Failed => pb::Status::Failed,
+        crate::domain::Status::Unknown => pb::Status::Unknown,
+    }
+}
+
+fn entry(view: EntryView) -> pb::Entry {
+    let e = view.entry;
+    pb::Entry {
+        key: e.key,
+        run_id: e.run_id,
+        tool: e.tool,
+        fingerprint: e.fingerprint,
+        status: status(view.status).into(),
+        attempt: e.attempt,
+        result: e.result.into(),
+        error: e.error,
+        retryable: e.retryable,
+        principal: e.principal,
+        started_at: Some(timestamp(e.started_at)),
+        finished_at: e.finished_at.map(timestamp),
+        lease_expires_at: Some(timestamp(e.lease_expires_at)),
+        expires_at: e.expires_at.map(timestamp),
+        replay_count: e.replay_count,
+        external_ref: view.external_ref,
+    }
+}
+
+fn claim_response(out: ClaimOutput) -> pb::ClaimResponse {
+    let outcome = match out.outcome {
+        Outcome::Claimed => pb::Outcome::Claimed,
+        Outcome::Replayed => pb::Outcome::Replayed,
+        Outcome::InProgress => pb::Outcome::InProgress,
+        Outcome::PreviouslyFailed => pb::Outcome::PreviouslyFailed,
+    };
+    pb::ClaimResponse {
+        outcome: outcome.into(),
+        entry: Some(entry(out.entry)),
+        claim_token: out.claim_token.unwrap_or_default(),
+        note: out.note,
+        retry_after: out.retry_after.map(proto_duration),
+    }
+}
+
+/// The first 12 characters of a key: enough to find it in the store, short enough for logs.
+fn key_prefix(key: &str) -> &str {
+    key.get(..12).unwrap_or(key)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn grpc_timeouts_parse_in_every_unit() {
+        assert_eq!(parse_grpc_timeout("5S"), Some(Duration::from_secs(5)));
+        assert_eq!(parse_grpc_timeout("250m"), Some(Duration::from_millis(250)));
+        assert_eq!(parse_grpc_timeout("2M"), Some(Duration::from_secs(120)));
+        assert_eq!(parse_grpc_timeout("1H"), Some(Duration::from_secs(3600)));
+        assert_eq!(parse_grpc_timeout("100u"), Some(Duration::from_micros(100)));
+        assert_eq!(parse_grpc_timeout("100n"), Some(Duration::from_nanos(100)));
+        assert_eq!(parse_grpc_timeout("S"), None);
+        assert_eq!(parse_grpc_timeout("123456789S"), None);
+        assert_eq!(parse_grpc_timeout("5x"), None);
+        assert_eq!(parse_grpc_timeout(""), None);
+    }
+
+    #[test]
+    fn timestamps_split_micros_into_seconds_and_nanos() {
+        let t = timestamp(Micros(1_700_000_000_123_456));
+        assert_eq!((t.seconds, t.nanos), (1_700_000_000, 123_456_000));
+        let before_epoch = timestamp(Micros(-1));
+        assert_eq!((before_epoch.seconds, before_epoch.nanos), (-1, 999_999_000));
+    }
+
+    #[test]
+    fn negative_durations_are_refused_and_unset_ones_stay_unset() {
+        assert_eq!(duration("lease", None).ok(), Some(None));
+        let neg = prost_types::Duration { seconds: -1, nanos: 0 };
+        assert!(duration("lease", Some(neg)).is_err());
+        let ok = prost_types::Duration { seconds: 1, nanos: 500_000_000 };
+        assert_eq!(
+            duration("lease", Some(ok)).ok(),
+            Some(Some(Duration::from_millis(1500)))
+        );
+    }
+}

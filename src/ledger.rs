@@ -1,0 +1,686 @@
+//! The ledger's use cases, Claim, Complete and Lookup, driven over a [`Store`]: validate the
+//! input, derive the key, let the domain decide, apply the store's compare-and-set write, and
+//! start over from a fresh read when a concurrent writer won the race.
+//!
+//! Independent of gRPC, so the conformance suite runs the same calls against every backend.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use crate::domain::canonical::{self, Canonicalization, JsonLimits};
+use crate::domain::key::{self, ExplicitKey, Principal, RunId, ToolName};
+use crate::domain::time::Clock;
+use crate::domain::{
+    ClaimDecision, CompleteDecision, Completion, Entry, FinalStatus, Micros, Status,
+    decide_claim, decide_complete,
+};
+use crate::error::LedgerError;
+use crate::storage::Store;
+
+/// How often a lost compare-and-set race is retried before the call gives up. Each retry
+/// follows another writer's success, so reaching this means a pathological storm.
+const MAX_RACES: usize = 16;
+
+/// The longest a waiting claim sleeps between two reads of an entry in flight.
+const MAX_WAIT_POLL: Duration = Duration::from_millis(100);
+
+/// The retry hint for an entry whose outcome is unknown: reconciliation takes a while.
+const UNKNOWN_RETRY_AFTER: Duration = Duration::from_secs(30);
+
+/// The server's limits and defaults for requests.
+#[derive(Clone, Debug)]
+pub struct Limits {
+    /// Lease when a claim sets none.
+    pub default_lease: Duration,
+    /// Longest lease a claim may ask for.
+    pub max_lease: Duration,
+    /// Retention when a claim sets none.
+    pub default_retention: Duration,
+    /// Longest retention a claim may ask for.
+    pub max_retention: Duration,
+    /// Longest a claim may wait for an attempt in flight.
+    pub max_wait: Duration,
+    /// Size and depth limits of `arguments_json`.
+    pub json: JsonLimits,
+    /// Largest result (and error text) a completion may store.
+    pub max_result_bytes: usize,
+    /// Prefix of every entry's `external_ref`.
+    pub external_ref_prefix: String,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            default_lease: Duration::from_secs(60),
+            max_lease: Duration::from_secs(3600),
+            default_retention: Duration::from_secs(24 * 3600),
+            max_retention: Duration::from_secs(30 * 24 * 3600),
+            max_wait: Duration::from_secs(30),
+            json: JsonLimits::default(),
+            max_result_bytes: 1_048_576,
+            external_ref_prefix: "idem-".to_string(),
+        }
+    }
+}
+
+/// The tenant a call acts for, taken from its credential, never from the request body.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct Tenant(pub String);
+
+impl Tenant {
+    /// The only tenant of a server without credentials.
+    pub fn default_tenant() -> Tenant {
+        Tenant("default".to_string())
+    }
+}
+
+/// A Claim as the caller sent it (durations already converted; `None` means unset).
+#[derive(Clone, Debug, Default)]
+pub struct ClaimInput {
+    /// The run; required unless `key` is set.
+    pub run_id: String,
+    /// The tool; always required.
+    pub tool: String,
+    /// The arguments as JSON text; always required.
+    pub arguments_json: String,
+    /// An explicit key, or empty to derive one.
+    pub key: String,
+    /// How the arguments are canonicalized.
+    pub canonicalization: Canonicalization,
+    /// The lease asked for.
+    pub lease: Option<Duration>,
+    /// The retention asked for.
+    pub retention: Option<Duration>,
+    /// How long to wait for an attempt in flight (already bounded by the call's deadline).
+    pub wait: Option<Duration>,
+    /// Who asks.
+    pub principal: String,
+}
+
+/// A Complete as the caller sent it.
+#[derive(Clone, Debug)]
+pub struct CompleteInput {
+    /// The entry's key.
+    pub key: String,
+    /// The token from the claim.
+    pub claim_token: String,
+    /// The reported outcome.
+    pub status: FinalStatus,
+    /// The result, only with success.
+    pub result: Vec<u8>,
+    /// The error, with failure or unknown.
+    pub error: String,
+    /// With failure: may the intent be tried again.
+    pub retryable: bool,
+}
+
+/// A Lookup: either `key`, or `run_id` + `tool` + `arguments_json`.
+#[derive(Clone, Debug, Default)]
+pub struct LookupInput {
+    /// The key, or empty to derive it.
+    pub key: String,
+    /// The run, to derive the key.
+    pub run_id: String,
+    /// The tool, to derive the key.
+    pub tool: String,
+    /// The arguments, to derive the key.
+    pub arguments_json: String,
+    /// How the arguments are canonicalized.
+    pub canonicalization: Canonicalization,
+}
+
+/// What a Claim found.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Outcome {
+    /// The caller holds the claim and must act.
+    Claimed,
+    /// The stored result is returned; no action.
+    Replayed,
+    /// An attempt is in flight or unknown; no action.
+    InProgress,
+    /// The stored permanent error is returned; no action.
+    PreviouslyFailed,
+}
+
+/// An entry as a caller is shown it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct EntryView {
+    /// The stored entry.
+    pub entry: Entry,
+    /// The status callers are told (an attempt past its lease reads as unknown).
+    pub status: Status,
+    /// The deterministic reference for external systems.
+    pub external_ref: String,
+}
+
+/// The answer to a Claim.
+#[derive(Clone, Debug)]
+pub struct ClaimOutput {
+    /// What the caller should do.
+    pub outcome: Outcome,
+    /// The entry after the claim.
+    pub entry: EntryView,
+    /// The fencing token, with `Claimed` only.
+    pub claim_token: Option<String>,
+    /// A sentence for the model; empty with `Claimed`.
+    pub note: String,
+    /// With `InProgress`: when trying again is worthwhile.
+    pub retry_after: Option<Duration>,
+}
+
+/// The answer to a Complete.
+#[derive(Clone, Debug)]
+pub struct CompleteOutput {
+    /// The entry as stored.
+    pub entry: EntryView,
+    /// True when this outcome had already been recorded.
+    pub already_completed: bool,
+}
+
+/// The ledger: a cheap-to-clone handle over a store, a clock and the server's limits.
+#[derive(Clone)]
+pub struct Ledger {
+    /// Where entries live.
+    store: Arc<dyn Store>,
+    /// Where time comes from (manual in tests).
+    clock: Arc<dyn Clock>,
+    /// Defaults and limits for requests.
+    limits: Arc<Limits>,
+}
+
+impl Ledger {
+    /// A ledger over `store`.
+    pub fn new(store: Arc<dyn Store>, clock: Arc<dyn Clock>, limits: Limits) -> Ledger {
+        Ledger {
+            store,
+            clock,
+            limits: Arc::new(limits),
+        }
+    }
+
+    /// The store, for health probes and migrations.
+    pub fn store(&self) -> &Arc<dyn Store> {
+        &self.store
+    }
+
+    /// The limits this ledger enforces.
+    pub fn limits(&self) -> &Limits {
+        &self.limits
+    }
+
+    /// Claims a key before acting. With a wait, holds the call while the entry is in flight.
+    ///
+    /// # Errors
+    /// `InvalidArgument` for malformed input (nothing is written); `KeyReused` for an explicit
+    /// key with other arguments; `Unavailable`/`Internal` from the store.
+    pub async fn claim(&self, tenant: &Tenant, input: ClaimInput) -> Result<ClaimOutput, LedgerError> {
+        let request = self.prepare_claim(input)?;
+        let wait_until = request
+            .wait
+            .filter(|w| !w.is_zero())
+            .map(|w| Instant::now() + w);
+        let mut poll = Duration::from_millis(5);
+        loop {
+            let output = self.claim_once(tenant, &request).await?;
+            let in_flight = output.outcome == Outcome::InProgress
+                && output.entry.status == Status::Attempting;
+            match wait_until {
+                Some(until) if in_flight && Instant::now() < until => {
+                    let remaining = until.saturating_duration_since(Instant::now());
+                    tokio::time::sleep(poll.min(remaining)).await;
+                    poll = (poll * 2).min(MAX_WAIT_POLL);
+                }
+                _ => return Ok(output),
+            }
+        }
+    }
+
+    /// Records the outcome of a claimed attempt; answers after it is committed.
+    ///
+    /// # Errors
+    /// `InvalidArgument` for malformed input; `NotFound`, `StaleClaimToken` or
+    /// `AlreadyResolved` as the entry stands (nothing changes); `Unavailable`/`Internal` from
+    /// the store.
+    pub async fn complete(
+        &self,
+        tenant: &Tenant,
+        input: CompleteInput,
+    ) -> Result<CompleteOutput, LedgerError> {
+        let key = ExplicitKey::parse(&input.key)?;
+        if input.claim_token.is_empty() {
+            return Err(LedgerError::invalid("claim_token", "is required"));
+        }
+        self.check_completion(&input)?;
+        let completion = Completion {
+            status: input.status,
+            result: input.result,
+            error: input.error,
+            retryable: input.retryable,
+        };
+        for _ in 0..MAX_RACES {
+            let now = self.clock.now();
+            let Some(existing) = self.store.get(&tenant.0, key.as_str()).await? else {
+                return Err(LedgerError::NotFound);
+            };
+            match decide_complete(&existing, &input.claim_token, &completion, now) {
+                CompleteDecision::NotFound => return Err(LedgerError::NotFound),
+                CompleteDecision::StaleToken => return Err(LedgerError::StaleClaimToken),
+                CompleteDecision::AlreadyResolved => {
+                    return Err(LedgerError::AlreadyResolved(existing.status.as_str()));
+                }
+                CompleteDecision::AlreadyCompleted => {
+                    return Ok(CompleteOutput {
+                        entry: self.view(existing, now),
+                        already_completed: true,
+                    });
+                }
+                CompleteDecision::Apply => {
+                    let done = completion.apply_to(&existing, now);
+                    if self.store.finish(&tenant.0, &done).await? {
+                        return Ok(CompleteOutput {
+                            entry: self.view(done, now),
+                            already_completed: false,
+                        });
+                    }
+                }
+            }
+        }
+        Err(LedgerError::Internal(format!(
+            "complete of {} lost {MAX_RACES} races in a row",
+            key.as_str()
+        )))
+    }
+
+    /// Reads an entry by key, or by the fields Claim derives it from.
+    ///
+    /// # Errors
+    /// `InvalidArgument` for malformed input; `NotFound` when there is none (or it expired, or
+    /// it is another tenant's); `Unavailable`/`Internal` from the store.
+    pub async fn lookup(&self, tenant: &Tenant, input: LookupInput) -> Result<EntryView, LedgerError> {
+        let key = if input.key.is_empty() {
+            if input.run_id.is_empty() && input.tool.is_empty() && input.arguments_json.is_empty() {
+                return Err(LedgerError::invalid(
+                    "key",
+                    "give either key, or run_id, tool and arguments_json",
+                ));
+            }
+            let run_id = RunId::parse(&input.run_id)?;
+            let (_, canonical, tool) =
+                self.canonical_request(&input.tool, &input.arguments_json, input.canonicalization)?;
+            key::derive_key(&run_id, &tool, &canonical, input.canonicalization)
+        } else {
+            if !(input.run_id.is_empty() && input.tool.is_empty() && input.arguments_json.is_empty())
+            {
+                return Err(LedgerError::invalid(
+                    "key",
+                    "give either key, or run_id, tool and arguments_json, not both",
+                ));
+            }
+            ExplicitKey::parse(&input.key)?.as_str().to_string()
+        };
+        let now = self.clock.now();
+        match self.store.get(&tenant.0, &key).await? {
+            Some(entry) if !entry.is_expired(now) => Ok(self.view(entry, now)),
+            _ => Err(LedgerError::NotFound),
+        }
+    }
+
+    /// The deterministic external reference of `key`: the prefix plus 16 hex characters, the
+    /// key's own when it is a derived (64 lowercase hex) key, else those of sha256(key).
+    pub fn external_ref(&self, key: &str) -> String {
+        external_ref(&self.limits.external_ref_prefix, key)
+    }
+
+    fn view(&self, entry: Entry, now: Micros) -> EntryView {
+        EntryView {
+            status: entry.effective_status(now),
+            external_ref: self.external_ref(&entry.key),
+            entry,
+        }
+    }
+
+    /// Validates a claim and derives its key and fingerprint; nothing is written on error.
+    fn prepare_claim(&self, input: ClaimInput) -> Result<PreparedClaim, LedgerError> {
+        let (fingerprint, canonical, tool) =
+            self.canonical_request(&input.tool, &input.arguments_json, input.canonicalization)?;
+        let run_id = if input.key.is_empty() || !input.run_id.is_empty() {
+            Some(RunId::parse(&input.run_id)?)
+        } else {
+            None
+        };
+        let key = match (&run_id, input.key.is_empty()) {
+            (Some(run_id), true) => key::derive_key(run_id, &tool, &canonical, input.canonicalization),
+            _ => ExplicitKey::parse(&input.key)?.as_str().to_string(),
+        };
+        let principal = Principal::parse(&input.principal)?;
+        let lease = bounded(
+            "lease",
+            input.lease,
+            self.limits.default_lease,
+            self.limits.max_lease,
+        )?;
+        let retention = bounded(
+            "retention",
+            input.retention,
+            self.limits.default_retention,
+            self.limits.max_retention,
+        )?;
+        Ok(PreparedClaim {
+            key,
+            run_id: run_id.map(|r| r.as_str().to_string()).unwrap_or_default(),
+            tool: tool.as_str().to_string(),
+            fingerprint,
+            principal: principal.as_str().to_string(),
+            lease: Micros::from_duration(lease),
+            retention: Micros::from_duration(retention),
+            wait: input.wait.map(|w| w.min(self.limits.max_wait)),
+        })
+    }
+
+    /// Canonicalizes the arguments and returns (fingerprint, canonical text, tool).
+    fn canonical_request(
+        &self,
+        tool: &str,
+        arguments_json: &str,
+        mode: Canonicalization,
+    ) -> Result<(String, String, ToolName), LedgerError> {
+        let tool = ToolName::parse(tool)?;
+        if arguments_json.is_empty() {
+            return Err(LedgerError::InvalidArgument {
+                field: "arguments_json",
+                reason: "INVALID_FIELD",
+                message: "is required; a tool without arguments sends {}".to_string(),
+            });
+        }
+        let canonical = canonical::canonicalize(arguments_json, mode, &self.limits.json)
+            .map_err(|e| LedgerError::from_canonical("arguments_json", e))?;
+        Ok((key::fingerprint(&tool, &canonical, mode), canonical, tool))
+    }
+
+    fn check_completion(&self, input: &CompleteInput) -> Result<(), LedgerError> {
+        if !input.result.is_empty() && input.status != FinalStatus::Succeeded {
+            return Err(LedgerError::invalid(
+                "result",
+                "is stored only with STATUS_SUCCEEDED; describe a failure in error",
+            ));
+        }
+        if input.retryable && input.status != FinalStatus::Failed {
+            return Err(LedgerError::invalid(
+                "retryable",
+                "applies only to STATUS_FAILED",
+            ));
+        }
+        let max = self.limits.max_result_bytes;
+        if input.result.len() > max {
+            return Err(LedgerError::InvalidArgument {
+                field: "result",
+                reason: "RESULT_TOO_LARGE",
+                message: format!("is {} bytes; the limit is {max}", input.result.len()),
+            });
+        }
+        if input.error.len() > max {
+            return Err(LedgerError::InvalidArgument {
+                field: "error",
+                reason: "RESULT_TOO_LARGE",
+                message: format!("is {} bytes; the limit is {max}", input.error.len()),
+            });
+        }
+        Ok(())
+    }
+
+    /// One pass of the claim: insert, or read and act on what is there.
+    async fn claim_once(
+        &self,
+        tenant: &Tenant,
+        request: &PreparedClaim,
+    ) -> Result<ClaimOutput, LedgerError> {
+        for _ in 0..MAX_RACES {
+            let now = self.clock.now();
+            let fresh = request.new_entry(now, 1, new_claim_token()?);
+            if self.store.insert(&tenant.0, &fresh).await? {
+                return Ok(self.claimed(fresh, now));
+            }
+            // The row exists; read it in its own statement (a CTE on the insert would not see a
+            // row committed after its snapshot).
+            let Some(existing) = self.store.get(&tenant.0, &request.key).await? else {
+                continue; // pruned in between: insert again
+            };
+            match decide_claim(&existing, &request.fingerprint, now) {
+                ClaimDecision::KeyReused => return Err(LedgerError::KeyReused),
+                decision @ (ClaimDecision::StartOver | ClaimDecision::Retry) => {
+                    // A retry continues the entry's attempts; an expired entry starts over.
+                    let attempt = if decision == ClaimDecision::Retry {
+                        existing.attempt.saturating_add(1)
+                    } else {
+                        1
+                    };
+                    let next = request.new_entry(now, attempt, fresh.claim_token);
+                    if self
+                        .store
+                        .restart(&tenant.0, &existing.claim_token, &next)
+                        .await?
+                    {
+                        return Ok(self.claimed(next, now));
+                    }
+                }
+                ClaimDecision::Replay => {
+                    if let Some(count) = self
+                        .store
+                        .record_replay(&tenant.0, &existing.key, &existing.claim_token)
+                        .await?
+                    {
+                        let entry = Entry {
+                            replay_count: count,
+                            ..existing
+                        };
+                        let note = replay_note(&entry);
+                        return Ok(self.answer(Outcome::Replayed, entry, now, note, None));
+                    }
+                }
+                ClaimDecision::PreviouslyFailed => {
+                    let note = failed_note(&existing);
+                    return Ok(self.answer(Outcome::PreviouslyFailed, existing, now, note, None));
+                }
+                ClaimDecision::InProgress => {
+                    let status = existing.effective_status(now);
+                    let (note, retry_after) = if status == Status::Attempting {
+                        let remaining = existing.lease_expires_at.minus(now).to_duration();
+                        (
+                            IN_FLIGHT_NOTE.to_string(),
+                            remaining.clamp(Duration::from_millis(100), Duration::from_secs(1)),
+                        )
+                    } else {
+                        (UNKNOWN_NOTE.to_string(), UNKNOWN_RETRY_AFTER)
+                    };
+                    return Ok(self.answer(
+                        Outcome::InProgress,
+                        existing,
+                        now,
+                        note,
+                        Some(retry_after),
+                    ));
+                }
+            }
+        }
+        Err(LedgerError::Internal(format!(
+            "claim of {} lost {MAX_RACES} races in a row",
+            request.key
+        )))
+    }
+
+    fn claimed(&self, entry: Entry, now: Micros) -> ClaimOutput {
+        let token = entry.claim_token.clone();
+        ClaimOutput {
+            outcome: Outcome::Claimed,
+            entry: self.view(entry, now),
+            claim_token: Some(token),
+            note: String::new(),
+            retry_after: None,
+        }
+    }
+
+    fn answer(
+        &self,
+        outcome: Outcome,
+        entry: Entry,
+        now: Micros,
+        note: String,
+        retry_after: Option<Duration>,
+    ) -> ClaimOutput {
+        ClaimOutput {
+            outcome,
+            entry: self.view(entry, now),
+            claim_token: None,
+            note,
+            retry_after,
+        }
+    }
+}
+
+/// A validated claim with its derived key.
+#[derive(Clone, Debug)]
+struct PreparedClaim {
+    key: String,
+    run_id: String,
+    tool: String,
+    fingerprint: String,
+    principal: String,
+    lease: Micros,
+    retention: Micros,
+    wait: Option<Duration>,
+}
+
+impl PreparedClaim {
+    fn new_entry(&self, now: Micros, attempt: u32, claim_token: String) -> Entry {
+        Entry {
+            key: self.key.clone(),
+            run_id: self.run_id.clone(),
+            tool: self.tool.clone(),
+            fingerprint: self.fingerprint.clone(),
+            status: Status::Attempting,
+            attempt,
+            claim_token,
+            result: Vec::new(),
+            error: String::new(),
+            retryable: false,
+            principal: self.principal.clone(),
+            started_at: now,
+            finished_at: None,
+            lease_expires_at: now.plus(self.lease),
+            retention: self.retention,
+            expires_at: None,
+            replay_count: 0,
+        }
+    }
+}
+
+const IN_FLIGHT_NOTE: &str = "This action is already being performed by another attempt of the \
+    same request; do not repeat it. No new action was taken. Check again shortly for its result.";
+
+const UNKNOWN_NOTE: &str = "An earlier attempt of this action may or may not have taken effect: \
+    its outcome is unknown and is being reconciled. Do not repeat it. No new action was taken.";
+
+fn replay_note(entry: &Entry) -> String {
+    if entry.run_id.is_empty() {
+        "This action was already performed for this request; returning the earlier result. No \
+         new action was taken."
+            .to_string()
+    } else {
+        "This action was already performed in this run; returning the earlier result. No new \
+         action was taken."
+            .to_string()
+    }
+}
+
+fn failed_note(entry: &Entry) -> String {
+    let scope = if entry.run_id.is_empty() {
+        "for this request"
+    } else {
+        "in this run"
+    };
+    let error = if entry.error.is_empty() {
+        "no error was given".to_string()
+    } else {
+        entry.error.clone()
+    };
+    format!(
+        "This action already failed permanently {scope} ({error}). No new action was taken; \
+         do not retry it with the same arguments."
+    )
+}
+
+/// The requested duration, or the default when unset; zero and above-maximum are refused.
+fn bounded(
+    field: &'static str,
+    asked: Option<Duration>,
+    default: Duration,
+    max: Duration,
+) -> Result<Duration, LedgerError> {
+    match asked {
+        None => Ok(default),
+        Some(d) if d.is_zero() => Err(LedgerError::invalid(
+            field,
+            "must be positive; leave it unset for the server's default",
+        )),
+        Some(d) if d > max => Err(LedgerError::invalid(
+            field,
+            format!("{d:?} is above the server's maximum of {max:?}"),
+        )),
+        Some(d) => Ok(d),
+    }
+}
+
+/// A fresh 128-bit random claim token, hex.
+fn new_claim_token() -> Result<String, LedgerError> {
+    let mut bytes = [0u8; 16];
+    getrandom::fill(&mut bytes)
+        .map_err(|e| LedgerError::Internal(format!("no randomness for a claim token: {e}")))?;
+    Ok(hex::encode(bytes))
+}
+
+/// See [`Ledger::external_ref`].
+pub fn external_ref(prefix: &str, key: &str) -> String {
+    let derived = key.len() == 64 && key.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'));
+    if derived {
+        format!("{prefix}{}", &key[..16])
+    } else {
+        use sha2::Digest;
+        let digest = hex::encode(sha2::Sha256::digest(key.as_bytes()));
+        format!("{prefix}{}", &digest[..16])
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn external_refs_take_the_derived_keys_prefix_or_hash_an_explicit_key() {
+        let derived = "0123456789abcdef".repeat(4);
+        assert_eq!(external_ref("idem-", &derived), "idem-0123456789abcdef");
+        let explicit = external_ref("x-", "wf-1:step-2");
+        assert_eq!(explicit.len(), 2 + 16);
+        assert_eq!(explicit, external_ref("x-", "wf-1:step-2"));
+        assert_ne!(explicit, external_ref("x-", "wf-1:step-3"));
+    }
+
+    #[test]
+    fn durations_default_when_unset_and_are_refused_out_of_range() {
+        let d = Duration::from_secs(60);
+        let max = Duration::from_secs(3600);
+        assert_eq!(bounded("lease", None, d, max).ok(), Some(d));
+        assert!(bounded("lease", Some(Duration::ZERO), d, max).is_err());
+        assert!(bounded("lease", Some(max + Duration::from_micros(1)), d, max).is_err());
+        assert_eq!(bounded("lease", Some(max), d, max).ok(), Some(max));
+    }
+
+    #[test]
+    fn claim_tokens_are_fresh_each_time() {
+        let a = new_claim_token().ok();
+        let b = new_claim_token().ok();
+        assert_eq!(a.as_ref().map(String::len), Some(32));
+        assert_ne!(a, b);
+    }
+}

@@ -1,0 +1,27 @@
+//! # idempotency-ledger
+//!
+//! A gRPC service that lets an AI agent's side-effecting tool call happen once: the runtime
+//! **claims** a key before acting, **completes** it with the result, and a repeat of the same
+//! intent gets the stored result back with an honest "already done" note. The behaviour is
+//! specified in the project's contract; the README is the user's guide.
+//!
+//! # Layout
+//! - [`domain`]: keys (RFC 8785 canonical JSON, derivation, field validation) and the entry
+//!   state machine. No tonic, no sqlx: unit-tested on its own.
+//! - [`storage`]: the [`storage::Store`] trait and its PostgreSQL and SQLite implementations;
+//!   `sqlx::Error` never leaves it.
+//! - [`ledger`]: the use cases (Claim, Complete, Lookup) driving the domain over a store.
+//! - [`grpc`]: the generated `idempotency.v1` types and the service, converting proto ↔ domain.
+//! - [`error`]: the one error type and the one mapping to gRPC codes and details.
+//! - [`auth`]: bearer tokens to tenants, as an interceptor on the ledger service.
+//! - [`server`]: health, reflection, the readiness probe, graceful shutdown.
+//! - [`config`]: the command line; every flag has an environment variable.
+
+pub mod auth;
+pub mod config;
+pub mod domain;
+pub mod error;
+pub mod grpc;
+pub mod ledger;
+pub mod server;
+pub mod storage;

@@ -1,0 +1,52 @@
+//! The `idempotency-ledger` binary: sets up logging, parses the command line and hands over to
+//! the library.
+
+use std::process::ExitCode;
+use std::sync::Arc;
+
+use clap::Parser;
+use idempotency_ledger::config::{Cli, Command};
+use idempotency_ledger::domain::time::SystemClock;
+use idempotency_ledger::server;
+use tracing_subscriber::EnvFilter;
+
+#[tokio::main]
+async fn main() -> ExitCode {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info")),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let cli = Cli::parse();
+    let result = match cli.command.unwrap_or(Command::Serve) {
+        Command::Serve => server::run(cli.settings, Arc::new(SystemClock), shutdown_signal()).await,
+        Command::Migrate => server::migrate(&cli.settings).await,
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            tracing::error!(error = %e, "idempotency-ledger failed");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// Resolves on SIGTERM (orchestrators) or SIGINT (a terminal's Ctrl-C).
+async fn shutdown_signal() {
+    let terminate = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut sigterm) => {
+                sigterm.recv().await;
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot listen for SIGTERM");
+                std::future::pending::<()>().await;
+            }
+        }
+    };
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {}
+        () = terminate => {}
+    }
+}

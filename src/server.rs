@@ -1,0 +1,255 @@
+//! The running server: the store, the ledger service behind its auth interceptor, health,
+//! reflection, the background probe that runs migrations and keeps health honest, and the
+//! graceful, time-bounded shutdown.
+
+use std::future::Future;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+use tokio_stream::wrappers::TcpListenerStream;
+use tonic::Status;
+use tonic::transport::{Identity, Server, ServerTlsConfig};
+use tonic_health::ServingStatus;
+use tonic_health::server::HealthReporter;
+
+use crate::auth::Tenancy;
+use crate::config::Settings;
+use crate::domain::time::Clock;
+use crate::error::LedgerError;
+use crate::grpc::{LedgerApi, LedgerServiceServer, pb};
+use crate::ledger::Ledger;
+use crate::storage::{self, Store, redact_url};
+
+/// The fully qualified name of the ledger service, as health and reflection report it.
+pub const LEDGER_SERVICE: &str = "idempotency.v1.LedgerService";
+
+/// Why the server could not start or run.
+#[derive(Debug, thiserror::Error)]
+pub enum ServeError {
+    /// A setting is unusable (tokens file, TLS files, inconsistent limits).
+    #[error("configuration: {0}")]
+    Config(String),
+    /// The store could not be opened.
+    #[error("store: {0}")]
+    Store(#[from] storage::StoreError),
+    /// The listener or the HTTP/2 server failed.
+    #[error("transport: {0}")]
+    Transport(String),
+}
+
+/// Binds `settings.listen` and serves until `shutdown` resolves.
+///
+/// # Errors
+/// See [`ServeError`].
+pub async fn run(
+    settings: Settings,
+    clock: Arc<dyn Clock>,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> Result<(), ServeError> {
+    let listener = TcpListener::bind(settings.listen)
+        .await
+        .map_err(|e| ServeError::Transport(format!("cannot listen on {}: {e}", settings.listen)))?;
+    serve(listener, settings, clock, shutdown).await
+}
+
+/// Serves on an already bound listener (tests bind port 0) until `shutdown` resolves, then
+/// turns health NOT_SERVING, lets in-flight calls finish for up to `--shutdown-grace`, and
+/// returns.
+///
+/// # Errors
+/// See [`ServeError`].
+pub async fn serve(
+    listener: TcpListener,
+    settings: Settings,
+    clock: Arc<dyn Clock>,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> Result<(), ServeError> {
+    settings.validate().map_err(ServeError::Config)?;
+    let tenancy = match &settings.auth_tokens_file {
+        Some(path) => Tenancy::from_file(path).map_err(ServeError::Config)?,
+        None => Tenancy::Single,
+    };
+    let tls = tls_config(&settings)?;
+    let store = storage::open(&settings.database_url, &settings.pool()).await?;
+    let ledger = Ledger::new(store.clone(), clock, settings.limits());
+    let addr: SocketAddr = listener
+        .local_addr()
+        .map_err(|e| ServeError::Transport(e.to_string()))?;
+
+    let (reporter, health_service) = tonic_health::server::health_reporter();
+    // tonic-health reports "" as SERVING from the start; nothing is served until migrated.
+    set_health(&reporter, ServingStatus::NotServing).await;
+    let reflection_v1 = tonic_reflection::server::Builder::configure()
+        .register_encoded_file_descriptor_set(pb::FILE_DESCRIPTOR_SET)
+        .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+        .build_v1()
+        .map_err(|e| ServeError::Transport(format!("reflection: {e}")))?;
+    let reflection_v1alpha = tonic_reflection::server::Builder::configure()
+        .register_encoded_file_descriptor_set(pb::FILE_DESCRIPTOR_SET)
+        .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+        .build_v1alpha()
+        .map_err(|e| ServeError::Transport(format!("reflection: {e}")))?;
+
+    let state = Arc::new(Readiness::default());
+    let interceptor = {
+        let state = state.clone();
+        let mut authenticate = tenancy.clone().interceptor();
+        // Authentication comes first, so an unauthenticated caller learns nothing, not even
+        // whether the server is ready.
+        move |request| {
+            let request = authenticate(request)?;
+            if state.migrated.load(Ordering::Acquire) {
+                Ok(request)
+            } else {
+                Err(Status::from(LedgerError::Unavailable(
+                    "migrations have not run yet".into(),
+                )))
+            }
+        }
+    };
+    let ledger_service =
+        LedgerServiceServer::with_interceptor(LedgerApi::new(ledger), interceptor);
+
+    tracing::info!(
+        listen = %addr,
+        store = %redact_url(&settings.database_url),
+        backend = store.backend(),
+        tenancy = %tenancy.describe(),
+        tls = tls.is_some(),
+        "idempotency-ledger starting"
+    );
+
+    let (drain_tx, mut drain_rx) = watch::channel(false);
+    let probe = tokio::spawn(probe_loop(
+        store,
+        reporter.clone(),
+        state.clone(),
+        settings.health_probe_interval,
+    ));
+    let signal = {
+        let reporter = reporter.clone();
+        let state = state.clone();
+        let probe = probe.abort_handle();
+        async move {
+            shutdown.await;
+            // Health goes first, so load balancers stop sending before the listener closes; the
+            // probe is stopped before, so it cannot report SERVING again.
+            state.draining.store(true, Ordering::Release);
+            probe.abort();
+            set_health(&reporter, ServingStatus::NotServing).await;
+            tracing::info!("shutting down: draining in-flight calls");
+            let _ = drain_tx.send(true);
+        }
+    };
+
+    let mut builder = Server::builder();
+    if let Some(tls) = tls {
+        builder = builder
+            .tls_config(tls)
+            .map_err(|e| ServeError::Config(format!("TLS: {e}")))?;
+    }
+    let server = builder
+        .add_service(health_service)
+        .add_service(reflection_v1)
+        .add_service(reflection_v1alpha)
+        .add_service(ledger_service)
+        .serve_with_incoming_shutdown(TcpListenerStream::new(listener), signal);
+    let grace = settings.shutdown_grace;
+    let bounded_drain = async move {
+        while !*drain_rx.borrow() {
+            if drain_rx.changed().await.is_err() {
+                // The server ended on its own; the other branch finishes it.
+                std::future::pending::<()>().await;
+            }
+        }
+        tokio::time::sleep(grace).await;
+    };
+    let result = tokio::select! {
+        served = server => served.map_err(|e| ServeError::Transport(e.to_string())),
+        () = bounded_drain => {
+            tracing::warn!(grace = ?grace, "in-flight calls did not finish within the grace period");
+            Ok(())
+        }
+    };
+    probe.abort();
+    tracing::info!("idempotency-ledger stopped");
+    result
+}
+
+/// Applies the migrations of the store `settings` names, and returns.
+///
+/// # Errors
+/// The store cannot be opened or a migration fails.
+pub async fn migrate(settings: &Settings) -> Result<(), ServeError> {
+    let store = storage::open(&settings.database_url, &settings.pool()).await?;
+    store.migrate().await?;
+    tracing::info!(store = %redact_url(&settings.database_url), "migrations applied");
+    Ok(())
+}
+
+/// What the probe learned, shared with the interceptor and the shutdown.
+#[derive(Default)]
+struct Readiness {
+    /// Set once migrations ran; before that the ledger answers UNAVAILABLE.
+    migrated: AtomicBool,
+    /// Set when shutdown begins; the probe then never reports SERVING again.
+    draining: AtomicBool,
+}
+
+/// Runs migrations until they succeed, then pings the store every `interval` and reports
+/// SERVING only while it answers.
+async fn probe_loop(
+    store: Arc<dyn Store>,
+    reporter: HealthReporter,
+    state: Arc<Readiness>,
+    interval: std::time::Duration,
+) {
+    let mut serving = false;
+    loop {
+        let healthy = if state.migrated.load(Ordering::Acquire) {
+            tokio::time::timeout(interval.max(std::time::Duration::from_secs(1)), store.ping())
+                .await
+                .map_err(|_| storage::StoreError::Unavailable("ping timed out".into()))
+                .and_then(|r| r)
+        } else {
+            store.migrate().await.map(|()| {
+                state.migrated.store(true, Ordering::Release);
+                tracing::info!(backend = store.backend(), "store migrated");
+            })
+        };
+        let now_serving = healthy.is_ok() && !state.draining.load(Ordering::Acquire);
+        if now_serving != serving {
+            match &healthy {
+                Ok(()) => tracing::info!("store reachable: health SERVING"),
+                Err(e) => tracing::warn!(error = %e, "store unreachable: health NOT_SERVING"),
+            }
+            let status = if now_serving {
+                ServingStatus::Serving
+            } else {
+                ServingStatus::NotServing
+            };
+            set_health(&reporter, status).await;
+            serving = now_serving;
+        }
+        tokio::time::sleep(interval).await;
+    }
+}
+
+async fn set_health(reporter: &HealthReporter, status: ServingStatus) {
+    reporter.set_service_status("", status).await;
+    reporter.set_service_status(LEDGER_SERVICE, status).await;
+}
+
+fn tls_config(settings: &Settings) -> Result<Option<ServerTlsConfig>, ServeError> {
+    let (Some(cert), Some(key)) = (&settings.tls_cert, &settings.tls_key) else {
+        return Ok(None);
+    };
+    let read = |path: &std::path::Path| {
+        std::fs::read(path).map_err(|e| ServeError::Config(format!("{}: {e}", path.display())))
+    };
+    let identity = Identity::from_pem(read(cert)?, read(key)?);
+    Ok(Some(ServerTlsConfig::new().identity(identity)))
+}

@@ -1,0 +1,256 @@
+//! Durable entries behind one [`Store`] trait, implemented by [`postgres::PgStore`] (production;
+//! several servers may share one database) and [`sqlite::SqliteStore`] (the embedded default).
+//!
+//! A store makes no decisions: it applies the writes the domain chose, each one a single atomic
+//! statement whose `WHERE` clause is the compare-and-set condition. The claim itself is an
+//! `INSERT … ON CONFLICT DO NOTHING`: the primary key on (tenant, key) decides who wins, never a
+//! read-then-write. Every write is a plain data command (an [`Entry`], a token, a completion),
+//! so a later batching layer can collect many of them into one multi-row statement.
+//!
+//! `sqlx::Error` never leaves this module: it becomes [`StoreError`].
+
+pub mod postgres;
+pub mod sqlite;
+mod sql;
+
+use std::sync::Arc;
+
+use async_trait::async_trait;
+
+use crate::domain::{Entry, Micros};
+
+/// Why a store call failed. Details are for the log, never for the client.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    /// The database cannot be reached or did not answer in time: the caller may retry.
+    #[error("store unavailable: {0}")]
+    Unavailable(String),
+    /// Anything else (a constraint we did not expect, a corrupt row): a bug or an operator issue.
+    #[error("store error: {0}")]
+    Internal(String),
+}
+
+impl StoreError {
+    /// Classifies a sqlx error: connection-level trouble is `Unavailable`, the rest `Internal`.
+    pub(crate) fn from_sqlx(err: sqlx::Error) -> StoreError {
+        use sqlx::Error as E;
+        match &err {
+            E::Io(_) | E::PoolTimedOut | E::PoolClosed | E::Tls(_) | E::WorkerCrashed => {
+                StoreError::Unavailable(err.to_string())
+            }
+            E::Database(db) => {
+                // SQLSTATE class 08 (connection exception), 57P01-57P03 (admin shutdown, crash
+                // shutdown, cannot connect now), 53 (insufficient resources) and SQLite's
+                // SQLITE_BUSY (5) are transient: the same request may succeed later.
+                let code = db.code().map(|c| c.into_owned()).unwrap_or_default();
+                if code.starts_with("08")
+                    || code.starts_with("57P")
+                    || code.starts_with("53")
+                    || code == "5"
+                    || code == "517"
+                {
+                    StoreError::Unavailable(err.to_string())
+                } else {
+                    StoreError::Internal(err.to_string())
+                }
+            }
+            _ => StoreError::Internal(err.to_string()),
+        }
+    }
+}
+
+/// Result alias for store calls.
+pub type StoreResult<T> = Result<T, StoreError>;
+
+/// The ledger's durable state: one row per (tenant, key).
+#[async_trait]
+pub trait Store: Send + Sync + 'static {
+    /// `"postgres"` or `"sqlite"`, for logs.
+    fn backend(&self) -> &'static str;
+
+    /// Applies this backend's migrations (idempotent; safe with several servers starting at once).
+    ///
+    /// # Errors
+    /// `Unavailable` when the database cannot be reached; `Internal` when a migration fails.
+    async fn migrate(&self) -> StoreResult<()>;
+
+    /// Checks that the database answers (the health probe).
+    ///
+    /// # Errors
+    /// `Unavailable` when it does not.
+    async fn ping(&self) -> StoreResult<()>;
+
+    /// Inserts `entry` unless (tenant, key) exists. `true` when this call inserted it: the
+    /// unique constraint, not a prior read, decides among concurrent claimants.
+    ///
+    /// # Errors
+    /// `Unavailable` or `Internal` as the database fails.
+    async fn insert(&self, tenant: &str, entry: &Entry) -> StoreResult<bool>;
+
+    /// Reads the entry of (tenant, key), whatever its state.
+    ///
+    /// # Errors
+    /// `Unavailable` or `Internal` as the database fails.
+    async fn get(&self, tenant: &str, key: &str) -> StoreResult<Option<Entry>>;
+
+    /// Replaces a resolved entry with a new attempt (`next`, same key), only if the stored entry
+    /// is still resolved and still carries `expected_token`. A resolved entry's outcome never
+    /// changes under one token, so (token, resolved) identifies exactly the state the caller saw.
+    /// `true` when it replaced it.
+    ///
+    /// # Errors
+    /// `Unavailable` or `Internal` as the database fails.
+    async fn restart(&self, tenant: &str, expected_token: &str, next: &Entry) -> StoreResult<bool>;
+
+    /// Writes the outcome fields of `done` (status, result, error, retryable, finished_at,
+    /// expires_at) only if the stored entry still carries `done.claim_token` and is unresolved
+    /// (ATTEMPTING or UNKNOWN). `true` when it wrote them; committed before it returns.
+    ///
+    /// # Errors
+    /// `Unavailable` or `Internal` as the database fails.
+    async fn finish(&self, tenant: &str, done: &Entry) -> StoreResult<bool>;
+
+    /// Adds one to the replay count of a SUCCEEDED entry that still carries `token`, and returns
+    /// the new count; `None` when the entry changed or vanished meanwhile.
+    ///
+    /// # Errors
+    /// `Unavailable` or `Internal` as the database fails.
+    async fn record_replay(&self, tenant: &str, key: &str, token: &str)
+    -> StoreResult<Option<u64>>;
+}
+
+/// Opens the store a database URL names: `postgres://` or `postgresql://` for PostgreSQL,
+/// `sqlite://` (or `sqlite:`) for an embedded file, created if missing.
+///
+/// # Errors
+/// `Internal` for an unsupported or malformed URL; `Unavailable` when the database cannot be
+/// opened.
+pub async fn open(url: &str, options: &PoolOptions) -> StoreResult<Arc<dyn Store>> {
+    if url.starts_with("postgres://") || url.starts_with("postgresql://") {
+        Ok(Arc::new(postgres::PgStore::connect(url, options)?))
+    } else if url.starts_with("sqlite:") {
+        Ok(Arc::new(sqlite::SqliteStore::open(url, options).await?))
+    } else {
+        Err(StoreError::Internal(format!(
+            "unsupported database URL scheme in {}: use postgres:// or sqlite://",
+            redact_url(url)
+        )))
+    }
+}
+
+/// Connection pool settings shared by both backends.
+#[derive(Clone, Debug)]
+pub struct PoolOptions {
+    /// Most connections the pool opens.
+    pub max_connections: u32,
+    /// How long a call waits for a connection before the database counts as unavailable.
+    pub acquire_timeout: std::time::Duration,
+}
+
+impl Default for PoolOptions {
+    fn default() -> Self {
+        PoolOptions {
+            max_connections: 16,
+            acquire_timeout: std::time::Duration::from_secs(3),
+        }
+    }
+}
+
+/// The URL with any password replaced by `***`, for logs.
+pub fn redact_url(url: &str) -> String {
+    let Some((scheme, rest)) = url.split_once("://") else {
+        return url.to_string();
+    };
+    let (authority, tail) = match rest.find('/') {
+        Some(i) => rest.split_at(i),
+        None => (rest, ""),
+    };
+    match authority.rsplit_once('@') {
+        Some((userinfo, host)) => {
+            let user = userinfo.split(':').next().unwrap_or("");
+            if userinfo.contains(':') {
+                format!("{scheme}://{user}:***@{host}{tail}")
+            } else {
+                format!("{scheme}://{user}@{host}{tail}")
+            }
+        }
+        None => url.to_string(),
+    }
+}
+
+/// Converts a stored integer to the domain's `u32`/`u64`, refusing corrupt negatives.
+pub(crate) fn non_negative<T: TryFrom<i64>>(v: i64, what: &str) -> StoreResult<T> {
+    T::try_from(v).map_err(|_| StoreError::Internal(format!("stored {what} out of range: {v}")))
+}
+
+/// The stored row shape both backends read into; converted to [`Entry`] here, once.
+#[derive(sqlx::FromRow)]
+pub(crate) struct EntryRow {
+    pub key: String,
+    pub run_id: String,
+    pub tool: String,
+    pub fingerprint: String,
+    pub status: String,
+    pub attempt: i64,
+    pub claim_token: String,
+    pub result: Vec<u8>,
+    pub error: String,
+    pub retryable: bool,
+    pub principal: String,
+    pub started_at: i64,
+    pub finished_at: Option<i64>,
+    pub lease_expires_at: i64,
+    pub retention_us: i64,
+    pub expires_at: Option<i64>,
+    pub replay_count: i64,
+}
+
+impl TryFrom<EntryRow> for Entry {
+    type Error = StoreError;
+
+    fn try_from(r: EntryRow) -> StoreResult<Entry> {
+        let status = crate::domain::Status::parse(&r.status)
+            .ok_or_else(|| StoreError::Internal(format!("unknown stored status {}", r.status)))?;
+        Ok(Entry {
+            key: r.key,
+            run_id: r.run_id,
+            tool: r.tool,
+            fingerprint: r.fingerprint,
+            status,
+            attempt: non_negative(r.attempt, "attempt")?,
+            claim_token: r.claim_token,
+            result: r.result,
+            error: r.error,
+            retryable: r.retryable,
+            principal: r.principal,
+            started_at: Micros(r.started_at),
+            finished_at: r.finished_at.map(Micros),
+            lease_expires_at: Micros(r.lease_expires_at),
+            retention: Micros(r.retention_us),
+            expires_at: r.expires_at.map(Micros),
+            replay_count: non_negative(r.replay_count, "replay_count")?,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::redact_url;
+
+    #[test]
+    fn passwords_never_reach_the_log() {
+        assert_eq!(
+            redact_url("postgres://app:s3cret@db:5432/ledger"),
+            "postgres://app:***@db:5432/ledger"
+        );
+        assert_eq!(
+            redact_url("postgres://app@db/ledger"),
+            "postgres://app@db/ledger"
+        );
+        assert_eq!(redact_url("sqlite://ledger.db"), "sqlite://ledger.db");
+        assert_eq!(
+            redact_url("postgres://u:p@ss@h/d"),
+            "postgres://u:***@h/d"
+        );
+    }
+}

@@ -1,0 +1,141 @@
+//! The statements both backends run. PostgreSQL and SQLite (through sqlx, which maps `$N` to
+//! SQLite's numbered parameters) accept the same text, so the claim path is written once.
+//! Every statement is a single atomic statement; its `WHERE` clause is the compare-and-set.
+
+/// Claims a key: the primary key on (tenant, key) decides among concurrent claimants.
+pub(crate) const INSERT: &str = "INSERT INTO ledger_entries (tenant, key, run_id, tool, \
+    fingerprint, status, attempt, claim_token, result, error, retryable, principal, started_at, \
+    finished_at, lease_expires_at, retention_us, expires_at, replay_count) \
+    VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18) \
+    ON CONFLICT (tenant, key) DO NOTHING";
+
+/// Reads one entry.
+pub(crate) const GET: &str = "SELECT key, run_id, tool, fingerprint, status, attempt, \
+    claim_token, result, error, retryable, principal, started_at, finished_at, \
+    lease_expires_at, retention_us, expires_at, replay_count \
+    FROM ledger_entries WHERE tenant = $1 AND key = $2";
+
+/// Starts a new attempt on a resolved entry that still carries the token the caller saw.
+pub(crate) const RESTART: &str = "UPDATE ledger_entries SET run_id = $3, tool = $4, \
+    fingerprint = $5, status = $6, attempt = $7, claim_token = $8, result = $9, error = $10, \
+    retryable = $11, principal = $12, started_at = $13, finished_at = $14, \
+    lease_expires_at = $15, retention_us = $16, expires_at = $17, replay_count = $18 \
+    WHERE tenant = $1 AND key = $2 AND claim_token = $19 \
+    AND status IN ('SUCCEEDED', 'FAILED')";
+
+/// Records an outcome, fenced by the claim token and an unresolved status.
+pub(crate) const FINISH: &str = "UPDATE ledger_entries SET status = $4, result = $5, \
+    error = $6, retryable = $7, finished_at = $8, expires_at = $9 \
+    WHERE tenant = $1 AND key = $2 AND claim_token = $3 \
+    AND status IN ('ATTEMPTING', 'UNKNOWN')";
+
+/// Counts a replay of a result that is still the one the caller read.
+pub(crate) const RECORD_REPLAY: &str = "UPDATE ledger_entries \
+    SET replay_count = replay_count + 1 \
+    WHERE tenant = $1 AND key = $2 AND claim_token = $3 AND status = 'SUCCEEDED' \
+    RETURNING replay_count";
+
+/// Binds an [`Entry`](crate::domain::Entry)'s columns as `$1`..`$18` in [`INSERT`]'s order.
+macro_rules! bind_entry {
+    ($query:expr, $tenant:expr, $e:expr) => {
+        $query
+            .bind($tenant)
+            .bind(&$e.key)
+            .bind(&$e.run_id)
+            .bind(&$e.tool)
+            .bind(&$e.fingerprint)
+            .bind($e.status.as_str())
+            .bind(i64::from($e.attempt))
+            .bind(&$e.claim_token)
+            .bind(&$e.result)
+            .bind(&$e.error)
+            .bind($e.retryable)
+            .bind(&$e.principal)
+            .bind($e.started_at.0)
+            .bind($e.finished_at.map(|m| m.0))
+            .bind($e.lease_expires_at.0)
+            .bind($e.retention.0)
+            .bind($e.expires_at.map(|m| m.0))
+            .bind(i64::try_from($e.replay_count).unwrap_or(i64::MAX))
+    };
+}
+
+/// Implements [`Store`](super::Store) for a type with a `pool` field: the backend-specific
+/// methods given as `$own`, plus the methods whose SQL both backends share. A macro rather than
+/// generics over `sqlx::Database`: the bounds those need are longer than the code. It emits
+/// the whole `impl` so that `async_trait` sees every method.
+macro_rules! impl_store {
+    ($ty:ty, { $($own:tt)* }) => {
+        #[async_trait::async_trait]
+        impl super::Store for $ty {
+        $($own)*
+
+        async fn insert(&self, tenant: &str, entry: &Entry) -> StoreResult<bool> {
+            let done = bind_entry!(sqlx::query(sql::INSERT), tenant, entry)
+                .execute(&self.pool)
+                .await
+                .map_err(StoreError::from_sqlx)?;
+            Ok(done.rows_affected() == 1)
+        }
+
+        async fn get(&self, tenant: &str, key: &str) -> StoreResult<Option<Entry>> {
+            let row: Option<EntryRow> = sqlx::query_as(sql::GET)
+                .bind(tenant)
+                .bind(key)
+                .fetch_optional(&self.pool)
+                .await
+                .map_err(StoreError::from_sqlx)?;
+            row.map(Entry::try_from).transpose()
+        }
+
+        async fn restart(
+            &self,
+            tenant: &str,
+            expected_token: &str,
+            next: &Entry,
+        ) -> StoreResult<bool> {
+            let done = bind_entry!(sqlx::query(sql::RESTART), tenant, next)
+                .bind(expected_token)
+                .execute(&self.pool)
+                .await
+                .map_err(StoreError::from_sqlx)?;
+            Ok(done.rows_affected() == 1)
+        }
+
+        async fn finish(&self, tenant: &str, done: &Entry) -> StoreResult<bool> {
+            let written = sqlx::query(sql::FINISH)
+                .bind(tenant)
+                .bind(&done.key)
+                .bind(&done.claim_token)
+                .bind(done.status.as_str())
+                .bind(&done.result)
+                .bind(&done.error)
+                .bind(done.retryable)
+                .bind(done.finished_at.map(|m| m.0))
+                .bind(done.expires_at.map(|m| m.0))
+                .execute(&self.pool)
+                .await
+                .map_err(StoreError::from_sqlx)?;
+            Ok(written.rows_affected() == 1)
+        }
+
+        async fn record_replay(
+            &self,
+            tenant: &str,
+            key: &str,
+            token: &str,
+        ) -> StoreResult<Option<u64>> {
+            let count: Option<i64> = sqlx::query_scalar(sql::RECORD_REPLAY)
+                .bind(tenant)
+                .bind(key)
+                .bind(token)
+                .fetch_optional(&self.pool)
+                .await
+                .map_err(StoreError::from_sqlx)?;
+            count.map(|c| non_negative(c, "replay_count")).transpose()
+        }
+        }
+    };
+}
+
+pub(crate) use {bind_entry, impl_store};
