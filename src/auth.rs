@@ -49,10 +49,7 @@ impl Tenancy {
             let mut parts = line.split_whitespace();
             let (Some(tenant), Some(token), None) = (parts.next(), parts.next(), parts.next())
             else {
-                return Err(format!(
-                    "line {}: expected `<tenant> <token>`",
-                    n + 1
-                ));
+                return Err(format!("line {}: expected `<tenant> <token>`", n + 1));
             };
             if tokens
                 .insert(digest(token), Tenant(tenant.to_string()))
@@ -89,7 +86,10 @@ impl Tenancy {
     /// # Errors
     /// `UNAUTHENTICATED` for a missing, malformed or unknown credential. Every failure reads
     /// alike apart from its message, so a caller cannot probe which tokens exist.
-    pub fn authenticate(&self, metadata: &tonic::metadata::MetadataMap) -> Result<Tenant, LedgerError> {
+    pub fn authenticate(
+        &self,
+        metadata: &tonic::metadata::MetadataMap,
+    ) -> Result<Tenant, LedgerError> {
         match self {
             Tenancy::Single => Ok(Tenant::default_tenant()),
             Tenancy::Tokens(map) => {
@@ -119,7 +119,9 @@ impl Tenancy {
     /// The interceptor for the ledger service: puts the [`Tenant`] in the request extensions.
     pub fn interceptor(self) -> impl FnMut(Request<()>) -> Result<Request<()>, Status> + Clone {
         move |mut request: Request<()>| {
-            let tenant = self.authenticate(request.metadata()).map_err(Status::from)?;
+            let tenant = self
+                .authenticate(request.metadata())
+                .map_err(Status::from)?;
             request.extensions_mut().insert(tenant);
             Ok(request)
         }
@@ -164,7 +166,11 @@ mod tests {
         let Ok(t) = Tenancy::parse("acme tok-a\n") else {
             panic!("tokens file should parse")
         };
-        for md in [MetadataMap::new(), with_auth("tok-a"), with_auth("Bearer nope")] {
+        for md in [
+            MetadataMap::new(),
+            with_auth("tok-a"),
+            with_auth("Bearer nope"),
+        ] {
             assert!(matches!(
                 t.authenticate(&md),
                 Err(LedgerError::Unauthenticated(_))

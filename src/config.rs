@@ -38,7 +38,12 @@ pub enum Command {
 #[derive(Args, Debug, Clone)]
 pub struct Settings {
     /// Address the gRPC server listens on (port 0 picks a free port; the log names it).
-    #[arg(long, env = "LEDGER_LISTEN", default_value = "127.0.0.1:50051", global = true)]
+    #[arg(
+        long,
+        env = "LEDGER_LISTEN",
+        default_value = "127.0.0.1:50051",
+        global = true
+    )]
     pub listen: SocketAddr,
 
     /// The store: `sqlite://PATH` for the embedded file (created if missing), or
@@ -92,25 +97,50 @@ pub struct Settings {
     pub max_wait: Duration,
 
     /// Largest `arguments_json`, in bytes; larger is INVALID_ARGUMENT (ARGUMENTS_TOO_LARGE).
-    #[arg(long, env = "LEDGER_MAX_ARGUMENTS_BYTES", default_value_t = 1_048_576, global = true)]
+    #[arg(
+        long,
+        env = "LEDGER_MAX_ARGUMENTS_BYTES",
+        default_value_t = 1_048_576,
+        global = true
+    )]
     pub max_arguments_bytes: usize,
 
     /// Largest result (and error text) a Complete may store, in bytes; larger is
     /// INVALID_ARGUMENT (RESULT_TOO_LARGE) and changes nothing.
-    #[arg(long, env = "LEDGER_MAX_RESULT_BYTES", default_value_t = 1_048_576, global = true)]
+    #[arg(
+        long,
+        env = "LEDGER_MAX_RESULT_BYTES",
+        default_value_t = 1_048_576,
+        global = true
+    )]
     pub max_result_bytes: usize,
 
     /// Deepest nesting of objects and arrays in `arguments_json`; deeper is INVALID_ARGUMENT
     /// (JSON_TOO_DEEP).
-    #[arg(long, env = "LEDGER_MAX_JSON_DEPTH", default_value_t = 64, global = true)]
+    #[arg(
+        long,
+        env = "LEDGER_MAX_JSON_DEPTH",
+        default_value_t = 64,
+        global = true
+    )]
     pub max_json_depth: usize,
 
     /// Prefix of every entry's `external_ref` (followed by 16 hex characters of the key).
-    #[arg(long, env = "LEDGER_EXTERNAL_REF_PREFIX", default_value = "idem-", global = true)]
+    #[arg(
+        long,
+        env = "LEDGER_EXTERNAL_REF_PREFIX",
+        default_value = "idem-",
+        global = true
+    )]
     pub external_ref_prefix: String,
 
     /// Most database connections this server opens.
-    #[arg(long, env = "LEDGER_DB_MAX_CONNECTIONS", default_value_t = 16, global = true)]
+    #[arg(
+        long,
+        env = "LEDGER_DB_MAX_CONNECTIONS",
+        default_value_t = 16,
+        global = true
+    )]
     pub db_max_connections: u32,
 
     /// How long a call waits for a database connection before answering UNAVAILABLE.
@@ -246,7 +276,12 @@ mod tests {
         let cli = Cli::parse_from(["idempotency-ledger", "--max-wait", "5s"]);
         assert_eq!(cli.command, None);
         assert_eq!(cli.settings.max_wait, Duration::from_secs(5));
-        let cli = Cli::parse_from(["idempotency-ledger", "migrate", "--database-url", "sqlite://x.db"]);
+        let cli = Cli::parse_from([
+            "idempotency-ledger",
+            "migrate",
+            "--database-url",
+            "sqlite://x.db",
+        ]);
         assert_eq!(cli.command, Some(Command::Migrate));
         assert_eq!(cli.settings.database_url, "sqlite://x.db");
     }

@@ -164,7 +164,9 @@ mod tests {
         assert_eq!(status.code(), Code::Internal);
         assert!(!status.message().contains("ledger_entries"));
         assert!(!status.message().contains("/var/lib"));
-        let unavailable = Status::from(LedgerError::Unavailable("connection refused 10.0.0.1".into()));
+        let unavailable = Status::from(LedgerError::Unavailable(
+            "connection refused 10.0.0.1".into(),
+        ));
         assert!(!unavailable.message().contains("10.0.0.1"));
         assert!(unavailable.get_details_retry_info().is_some());
     }

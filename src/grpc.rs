@@ -4,6 +4,7 @@
 //! bounded by the call's deadline, and converts the answer back.
 
 use std::future::Future;
+use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::time::Instant;
@@ -15,6 +16,7 @@ use crate::error::LedgerError;
 use crate::ledger::{
     ClaimInput, ClaimOutput, CompleteInput, EntryView, Ledger, LookupInput, Outcome, Tenant,
 };
+use crate::metrics::{Metrics, Rpc};
 
 /// The generated protobuf types and service traits of `idempotency.v1`.
 #[allow(clippy::all, missing_docs)]
@@ -37,12 +39,23 @@ const DEADLINE_MARGIN_MAX: Duration = Duration::from_millis(50);
 pub struct LedgerApi {
     /// The use cases.
     ledger: Ledger,
+    /// What was answered, for the metrics endpoint.
+    metrics: Arc<Metrics>,
 }
 
 impl LedgerApi {
-    /// The service over `ledger`.
-    pub fn new(ledger: Ledger) -> LedgerApi {
-        LedgerApi { ledger }
+    /// The service over `ledger`, counting into `metrics`.
+    pub fn new(ledger: Ledger, metrics: Arc<Metrics>) -> LedgerApi {
+        LedgerApi { ledger, metrics }
+    }
+
+    /// Counts a call's gRPC code and passes its result on.
+    fn observe<T>(&self, rpc: Rpc, result: Result<T, Status>) -> Result<T, Status> {
+        let code = result
+            .as_ref()
+            .map_or_else(Status::code, |_| tonic::Code::Ok);
+        self.metrics.handled(rpc, code);
+        result
     }
 }
 
@@ -74,7 +87,9 @@ impl LedgerService for LedgerApi {
             input.wait = Some(wait.min(budget));
         }
         let ledger = self.ledger.clone();
-        let out = run(deadline, async move { ledger.claim(&tenant, input).await }).await?;
+        let out = run(deadline, async move { ledger.claim(&tenant, input).await }).await;
+        let out = self.observe(Rpc::Claim, out)?;
+        self.metrics.claim(out.outcome);
         tracing::debug!(tool = %out.entry.entry.tool, key = %key_prefix(&out.entry.entry.key),
             outcome = ?out.outcome, attempt = out.entry.entry.attempt, "claim");
         Ok(Response::new(claim_response(out)))
@@ -95,7 +110,12 @@ impl LedgerService for LedgerApi {
             retryable: r.retryable,
         };
         let ledger = self.ledger.clone();
-        let out = run(deadline, async move { ledger.complete(&tenant, input).await }).await?;
+        let out = run(
+            deadline,
+            async move { ledger.complete(&tenant, input).await },
+        )
+        .await;
+        let out = self.observe(Rpc::Complete, out)?;
         Ok(Response::new(pb::CompleteResponse {
             entry: Some(entry(out.entry)),
             already_completed: out.already_completed,
@@ -116,7 +136,8 @@ impl LedgerService for LedgerApi {
             canonicalization: canonicalization(r.canonicalization)?,
         };
         let ledger = self.ledger.clone();
-        let view = run(deadline, async move { ledger.lookup(&tenant, input).await }).await?;
+        let view = run(deadline, async move { ledger.lookup(&tenant, input).await }).await;
+        let view = self.observe(Rpc::Lookup, view)?;
         Ok(Response::new(pb::LookupResponse {
             entry: Some(entry(view)),
         }))
@@ -126,9 +147,12 @@ impl LedgerService for LedgerApi {
         &self,
         _request: Request<pb::ReconcileRequest>,
     ) -> Result<Response<pb::ReconcileResponse>, Status> {
-        Err(Status::unimplemented(
-            "Reconcile is not available in this version of the ledger",
-        ))
+        self.observe(
+            Rpc::Reconcile,
+            Err(Status::unimplemented(
+                "Reconcile is not available in this version of the ledger",
+            )),
+        )
     }
 }
 
@@ -227,7 +251,8 @@ fn duration(
         return Err(LedgerError::invalid(field, "must be a non-negative duration").into());
     }
     Ok(Some(
-        Duration::from_secs(d.seconds.unsigned_abs()) + Duration::from_nanos(d.nanos.unsigned_abs().into()),
+        Duration::from_secs(d.seconds.unsigned_abs())
+            + Duration::from_nanos(d.nanos.unsigned_abs().into()),
     ))
 }
 
@@ -320,15 +345,24 @@ mod tests {
         let t = timestamp(Micros(1_700_000_000_123_456));
         assert_eq!((t.seconds, t.nanos), (1_700_000_000, 123_456_000));
         let before_epoch = timestamp(Micros(-1));
-        assert_eq!((before_epoch.seconds, before_epoch.nanos), (-1, 999_999_000));
+        assert_eq!(
+            (before_epoch.seconds, before_epoch.nanos),
+            (-1, 999_999_000)
+        );
     }
 
     #[test]
     fn negative_durations_are_refused_and_unset_ones_stay_unset() {
         assert_eq!(duration("lease", None).ok(), Some(None));
-        let neg = prost_types::Duration { seconds: -1, nanos: 0 };
+        let neg = prost_types::Duration {
+            seconds: -1,
+            nanos: 0,
+        };
         assert!(duration("lease", Some(neg)).is_err());
-        let ok = prost_types::Duration { seconds: 1, nanos: 500_000_000 };
+        let ok = prost_types::Duration {
+            seconds: 1,
+            nanos: 500_000_000,
+        };
         assert_eq!(
             duration("lease", Some(ok)).ok(),
             Some(Some(Duration::from_millis(1500)))

@@ -13,8 +13,8 @@ use crate::domain::canonical::{self, Canonicalization, JsonLimits};
 use crate::domain::key::{self, ExplicitKey, Principal, RunId, ToolName};
 use crate::domain::time::Clock;
 use crate::domain::{
-    ClaimDecision, CompleteDecision, Completion, Entry, FinalStatus, Micros, Status,
-    decide_claim, decide_complete,
+    ClaimDecision, CompleteDecision, Completion, Entry, FinalStatus, Micros, Status, decide_claim,
+    decide_complete,
 };
 use crate::error::LedgerError;
 use crate::storage::Store;
@@ -215,7 +215,11 @@ impl Ledger {
     /// # Errors
     /// `InvalidArgument` for malformed input (nothing is written); `KeyReused` for an explicit
     /// key with other arguments; `Unavailable`/`Internal` from the store.
-    pub async fn claim(&self, tenant: &Tenant, input: ClaimInput) -> Result<ClaimOutput, LedgerError> {
+    pub async fn claim(
+        &self,
+        tenant: &Tenant,
+        input: ClaimInput,
+    ) -> Result<ClaimOutput, LedgerError> {
         let request = self.prepare_claim(input)?;
         let wait_until = request
             .wait
@@ -224,8 +228,8 @@ impl Ledger {
         let mut poll = Duration::from_millis(5);
         loop {
             let output = self.claim_once(tenant, &request).await?;
-            let in_flight = output.outcome == Outcome::InProgress
-                && output.entry.status == Status::Attempting;
+            let in_flight =
+                output.outcome == Outcome::InProgress && output.entry.status == Status::Attempting;
             match wait_until {
                 Some(until) if in_flight && Instant::now() < until => {
                     let remaining = until.saturating_duration_since(Instant::now());
@@ -298,7 +302,11 @@ impl Ledger {
     /// # Errors
     /// `InvalidArgument` for malformed input; `NotFound` when there is none (or it expired, or
     /// it is another tenant's); `Unavailable`/`Internal` from the store.
-    pub async fn lookup(&self, tenant: &Tenant, input: LookupInput) -> Result<EntryView, LedgerError> {
+    pub async fn lookup(
+        &self,
+        tenant: &Tenant,
+        input: LookupInput,
+    ) -> Result<EntryView, LedgerError> {
         let key = if input.key.is_empty() {
             if input.run_id.is_empty() && input.tool.is_empty() && input.arguments_json.is_empty() {
                 return Err(LedgerError::invalid(
@@ -311,7 +319,9 @@ impl Ledger {
                 self.canonical_request(&input.tool, &input.arguments_json, input.canonicalization)?;
             key::derive_key(&run_id, &tool, &canonical, input.canonicalization)
         } else {
-            if !(input.run_id.is_empty() && input.tool.is_empty() && input.arguments_json.is_empty())
+            if !(input.run_id.is_empty()
+                && input.tool.is_empty()
+                && input.arguments_json.is_empty())
             {
                 return Err(LedgerError::invalid(
                     "key",
@@ -351,7 +361,9 @@ impl Ledger {
             None
         };
         let key = match (&run_id, input.key.is_empty()) {
-            (Some(run_id), true) => key::derive_key(run_id, &tool, &canonical, input.canonicalization),
+            (Some(run_id), true) => {
+                key::derive_key(run_id, &tool, &canonical, input.canonicalization)
+            }
             _ => ExplicitKey::parse(&input.key)?.as_str().to_string(),
         };
         let principal = Principal::parse(&input.principal)?;

@@ -15,6 +15,7 @@
 //! - [`error`]: the one error type and the one mapping to gRPC codes and details.
 //! - [`auth`]: bearer tokens to tenants, as an interceptor on the ledger service.
 //! - [`server`]: health, reflection, the readiness probe, graceful shutdown.
+//! - [`metrics`]: counters and the optional Prometheus endpoint.
 //! - [`config`]: the command line; every flag has an environment variable.
 
 pub mod auth;
@@ -23,5 +24,6 @@ pub mod domain;
 pub mod error;
 pub mod grpc;
 pub mod ledger;
+pub mod metrics;
 pub mod server;
 pub mod storage;

@@ -21,6 +21,7 @@ use crate::domain::time::Clock;
 use crate::error::LedgerError;
 use crate::grpc::{LedgerApi, LedgerServiceServer, pb};
 use crate::ledger::Ledger;
+use crate::metrics::{self, Metrics};
 use crate::storage::{self, Store, redact_url};
 
 /// The fully qualified name of the ledger service, as health and reflection report it.
@@ -110,8 +111,22 @@ pub async fn serve(
             }
         }
     };
+    let metrics = Metrics::new();
+    let metrics_task = match settings.metrics_listen {
+        Some(addr) => {
+            let listener = metrics::bind(addr).await.map_err(|e| {
+                ServeError::Transport(format!("cannot listen on {addr} for metrics: {e}"))
+            })?;
+            tracing::info!(metrics = %addr, "metrics endpoint listening");
+            Some(tokio::spawn(metrics::serve_metrics(
+                listener,
+                metrics.clone(),
+            )))
+        }
+        None => None,
+    };
     let ledger_service =
-        LedgerServiceServer::with_interceptor(LedgerApi::new(ledger), interceptor);
+        LedgerServiceServer::with_interceptor(LedgerApi::new(ledger, metrics.clone()), interceptor);
 
     tracing::info!(
         listen = %addr,
@@ -127,6 +142,7 @@ pub async fn serve(
         store,
         reporter.clone(),
         state.clone(),
+        metrics,
         settings.health_probe_interval,
     ));
     let signal = {
@@ -175,6 +191,9 @@ pub async fn serve(
         }
     };
     probe.abort();
+    if let Some(task) = metrics_task {
+        task.abort();
+    }
     tracing::info!("idempotency-ledger stopped");
     result
 }
@@ -205,21 +224,26 @@ async fn probe_loop(
     store: Arc<dyn Store>,
     reporter: HealthReporter,
     state: Arc<Readiness>,
+    metrics: Arc<Metrics>,
     interval: std::time::Duration,
 ) {
     let mut serving = false;
     loop {
         let healthy = if state.migrated.load(Ordering::Acquire) {
-            tokio::time::timeout(interval.max(std::time::Duration::from_secs(1)), store.ping())
-                .await
-                .map_err(|_| storage::StoreError::Unavailable("ping timed out".into()))
-                .and_then(|r| r)
+            tokio::time::timeout(
+                interval.max(std::time::Duration::from_secs(1)),
+                store.ping(),
+            )
+            .await
+            .map_err(|_| storage::StoreError::Unavailable("ping timed out".into()))
+            .and_then(|r| r)
         } else {
             store.migrate().await.map(|()| {
                 state.migrated.store(true, Ordering::Release);
                 tracing::info!(backend = store.backend(), "store migrated");
             })
         };
+        metrics.set_store_up(healthy.is_ok());
         let now_serving = healthy.is_ok() && !state.draining.load(Ordering::Acquire);
         if now_serving != serving {
             match &healthy {

@@ -354,7 +354,10 @@ mod tests {
             retryable: false,
         };
         let u = unknown.apply_to(&entry(Status::Attempting), NOW);
-        assert_eq!((u.status, u.finished_at, u.expires_at), (Status::Unknown, None, None));
+        assert_eq!(
+            (u.status, u.finished_at, u.expires_at),
+            (Status::Unknown, None, None)
+        );
     }
 
     #[test]
@@ -374,7 +377,12 @@ mod tests {
     fn a_claimant_may_complete_after_its_lease_expired() {
         let e = entry(Status::Attempting);
         assert_eq!(
-            decide_complete(&e, "tok", &success(b"x"), e.lease_expires_at.plus(Micros(1))),
+            decide_complete(
+                &e,
+                "tok",
+                &success(b"x"),
+                e.lease_expires_at.plus(Micros(1))
+            ),
             CompleteDecision::Apply
         );
     }

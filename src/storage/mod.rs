@@ -10,8 +10,8 @@
 //! `sqlx::Error` never leaves this module: it becomes [`StoreError`].
 
 pub mod postgres;
-pub mod sqlite;
 mod sql;
+pub mod sqlite;
 
 use std::sync::Arc;
 
@@ -248,9 +248,6 @@ mod tests {
             "postgres://app@db/ledger"
         );
         assert_eq!(redact_url("sqlite://ledger.db"), "sqlite://ledger.db");
-        assert_eq!(
-            redact_url("postgres://u:p@ss@h/d"),
-            "postgres://u:***@h/d"
-        );
+        assert_eq!(redact_url("postgres://u:p@ss@h/d"), "postgres://u:***@h/d");
     }
 }

@@ -61,5 +61,4 @@ impl_store!(PgStore, {
             .map(|_| ())
             .map_err(StoreError::from_sqlx)
     }
-
 });

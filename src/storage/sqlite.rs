@@ -63,5 +63,4 @@ impl_store!(SqliteStore, {
             .map(|_| ())
             .map_err(StoreError::from_sqlx)
     }
-
 });
