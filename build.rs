@@ -10,9 +10,15 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     println!("cargo:rerun-if-changed={proto}");
     let fds = protox::compile([proto], ["proto"])?;
     let out_dir = PathBuf::from(std::env::var("OUT_DIR")?);
+    std::fs::write(out_dir.join("ledger_descriptor.bin"), fds.encode_to_vec())?;
+    // The error details are described to reflective clients only; tonic-types has their Rust
+    // types.
+    let details = "proto/google/rpc/error_details.proto";
+    println!("cargo:rerun-if-changed={details}");
+    let details_fds = protox::compile([details], ["proto"])?;
     std::fs::write(
-        out_dir.join("ledger_descriptor.bin"),
-        fds.encode_to_vec(),
+        out_dir.join("error_details_descriptor.bin"),
+        details_fds.encode_to_vec(),
     )?;
     tonic_prost_build::configure()
         // Results are opaque bytes end to end; `Bytes` avoids a copy per replay.

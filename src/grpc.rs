@@ -26,6 +26,11 @@ pub mod pb {
     /// The encoded descriptors of `ledger.proto` and its imports, for server reflection.
     pub const FILE_DESCRIPTOR_SET: &[u8] =
         include_bytes!(concat!(env!("OUT_DIR"), "/ledger_descriptor.bin"));
+
+    /// The descriptors of the `google.rpc` error details the ledger sends, so that reflective
+    /// clients (grpcurl) decode them.
+    pub const ERROR_DETAILS_DESCRIPTOR_SET: &[u8] =
+        include_bytes!(concat!(env!("OUT_DIR"), "/error_details_descriptor.bin"));
 }
 
 pub use pb::ledger_service_server::{LedgerService, LedgerServiceServer};

@@ -86,11 +86,13 @@ pub async fn serve(
     let reflection_v1 = tonic_reflection::server::Builder::configure()
         .register_encoded_file_descriptor_set(pb::FILE_DESCRIPTOR_SET)
         .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+        .register_encoded_file_descriptor_set(pb::ERROR_DETAILS_DESCRIPTOR_SET)
         .build_v1()
         .map_err(|e| ServeError::Transport(format!("reflection: {e}")))?;
     let reflection_v1alpha = tonic_reflection::server::Builder::configure()
         .register_encoded_file_descriptor_set(pb::FILE_DESCRIPTOR_SET)
         .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+        .register_encoded_file_descriptor_set(pb::ERROR_DETAILS_DESCRIPTOR_SET)
         .build_v1alpha()
         .map_err(|e| ServeError::Transport(format!("reflection: {e}")))?;
 

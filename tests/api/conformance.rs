@@ -1,0 +1,1117 @@
+//! The storage conformance suite: every row of the contract's state table and every bullet of
+//! Claim, Complete and Lookup, written once against the [`Ledger`] and run on SQLite and on
+//! PostgreSQL. A behaviour only one backend is tested for is not a behaviour of the product.
+
+use std::time::Duration;
+
+use idempotency_ledger::domain::canonical::Canonicalization;
+use idempotency_ledger::domain::{FinalStatus, Status};
+use idempotency_ledger::error::LedgerError;
+use idempotency_ledger::ledger::{
+    ClaimInput, ClaimOutput, CompleteInput, Ledger, Limits, LookupInput, Outcome, Tenant,
+};
+
+use crate::support::{Backend, TestLedger};
+
+/// Instantiates each listed test once per backend.
+macro_rules! on_every_backend {
+    ($($name:ident),* $(,)?) => {
+        mod sqlite {
+            $(#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn $name() { super::$name(crate::support::Backend::Sqlite).await })*
+        }
+        mod postgres {
+            $(#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn $name() { super::$name(crate::support::Backend::Postgres).await })*
+        }
+    };
+}
+
+on_every_backend!(
+    a_first_claim_is_claimed_with_attempt_one_and_a_token,
+    a_retry_with_reordered_arguments_replays_the_first_result,
+    a_new_run_is_a_new_intent_and_claims_again,
+    a_claim_while_attempting_is_in_progress_and_not_executed,
+    an_attempt_past_its_lease_reads_unknown_and_is_not_reexecuted,
+    a_reported_unknown_is_in_progress_until_the_claimant_resolves_it,
+    a_permanent_failure_is_previously_failed_with_its_error,
+    a_retryable_failure_is_claimed_again_with_attempt_two_and_a_new_token,
+    an_explicit_key_with_other_arguments_is_refused_and_changes_nothing,
+    an_explicit_key_with_the_same_arguments_replays,
+    the_lenient_form_trims_and_drops_nulls_and_never_shares_keys_with_jcs,
+    leases_and_retention_have_defaults_and_limits,
+    a_finished_entry_past_its_retention_is_a_new_claim,
+    unresolved_entries_never_expire,
+    bad_input_is_refused_and_stores_nothing,
+    a_stale_or_wrong_token_cannot_complete,
+    a_claimant_may_complete_after_its_lease_expired_unless_resolved_since,
+    an_identical_complete_is_already_completed_and_a_different_one_changes_nothing,
+    completing_an_absent_or_other_tenants_key_is_not_found,
+    nul_bytes_in_arguments_and_results_survive_byte_for_byte,
+    a_result_over_the_limit_is_refused_and_the_entry_unchanged,
+    result_and_retryable_only_go_with_their_status,
+    lookup_by_key_and_by_derivation_agree_and_change_nothing,
+    a_waiting_claim_returns_the_result_once_the_attempt_completes,
+    a_waiting_claim_takes_over_after_a_retryable_failure,
+    a_wait_ends_with_in_progress_when_nothing_happens,
+);
+
+const RUN: &str = "run-1";
+const TOOL: &str = "issue_credit";
+const ARGS: &str = r#"{"customer":"c-42","amount":200,"currency":"EUR"}"#;
+
+fn tenant() -> Tenant {
+    Tenant::default_tenant()
+}
+
+fn claim_input(run: &str, tool: &str, args: &str) -> ClaimInput {
+    ClaimInput {
+        run_id: run.into(),
+        tool: tool.into(),
+        arguments_json: args.into(),
+        ..Default::default()
+    }
+}
+
+async fn claim(ledger: &Ledger, run: &str, tool: &str, args: &str) -> ClaimOutput {
+    ledger
+        .claim(&tenant(), claim_input(run, tool, args))
+        .await
+        .expect("claim")
+}
+
+fn done(key: &str, token: &str, status: FinalStatus, result: &[u8]) -> CompleteInput {
+    CompleteInput {
+        key: key.into(),
+        claim_token: token.into(),
+        status,
+        result: result.to_vec(),
+        error: String::new(),
+        retryable: false,
+    }
+}
+
+fn failed(key: &str, token: &str, error: &str, retryable: bool) -> CompleteInput {
+    CompleteInput {
+        key: key.into(),
+        claim_token: token.into(),
+        status: FinalStatus::Failed,
+        result: Vec::new(),
+        error: error.into(),
+        retryable,
+    }
+}
+
+fn token(out: &ClaimOutput) -> String {
+    out.claim_token
+        .clone()
+        .expect("a claimed outcome carries a token")
+}
+
+async fn lookup_key(
+    ledger: &Ledger,
+    key: &str,
+) -> Result<idempotency_ledger::ledger::EntryView, LedgerError> {
+    ledger
+        .lookup(
+            &tenant(),
+            LookupInput {
+                key: key.into(),
+                ..Default::default()
+            },
+        )
+        .await
+}
+
+async fn a_first_claim_is_claimed_with_attempt_one_and_a_token(b: Backend) {
+    let t = TestLedger::new(b).await;
+    let out = claim(&t.ledger, RUN, TOOL, ARGS).await;
+    assert_eq!(out.outcome, Outcome::Claimed);
+    assert_eq!(out.entry.status, Status::Attempting);
+    assert_eq!(out.entry.entry.attempt, 1);
+    assert_eq!(out.entry.entry.key.len(), 64);
+    assert_eq!(out.entry.entry.run_id, RUN);
+    assert_eq!(out.entry.entry.tool, TOOL);
+    assert!(out.note.is_empty());
+    assert_eq!(token(&out).len(), 32);
+    assert_eq!(
+        out.entry.external_ref,
+        format!("idem-{}", &out.entry.entry.key[..16])
+    );
+    let lease = out.entry.entry.lease_expires_at.0 - out.entry.entry.started_at.0;
+    assert_eq!(lease, 60_000_000, "default lease is 60 s");
+}
+
+async fn a_retry_with_reordered_arguments_replays_the_first_result(b: Backend) {
+    let t = TestLedger::new(b).await;
+    let first = claim(&t.ledger, RUN, TOOL, ARGS).await;
+    let key = first.entry.entry.key.clone();
+    let completed = t
+        .ledger
+        .complete(
+            &tenant(),
+            done(
+                &key,
+                &token(&first),
+                FinalStatus::Succeeded,
+                b"{\"credit_id\":\"cr-1\"}",
+            ),
+        )
+        .await
+        .expect("complete");
+    assert!(!completed.already_completed);
+    assert_eq!(completed.entry.status, Status::Succeeded);
+
+    // Same intent, other key order, whitespace and number spelling.
+    let again = claim(
+        &t.ledger,
+        RUN,
+        TOOL,
+        r#"{ "currency": "EUR", "amount": 2e2, "customer": "c-42" }"#,
+    )
+    .await;
+    assert_eq!(again.outcome, Outcome::Replayed);
+    assert_eq!(again.entry.entry.key, key);
+    assert_eq!(again.entry.entry.result, b"{\"credit_id\":\"cr-1\"}");
+    assert_eq!(again.entry.entry.replay_count, 1);
+    assert!(again.claim_token.is_none());
+    assert!(
+        again.note.contains("already performed in this run"),
+        "{}",
+        again.note
+    );
+    assert!(
+        again.note.contains("No new action was taken"),
+        "{}",
+        again.note
+    );
+
+    let third = claim(
+        &t.ledger,
+        RUN,
+        TOOL,
+        r#"{"amount":200.0,"currency":"EUR","customer":"c-42"}"#,
+    )
+    .await;
+    assert_eq!(third.outcome, Outcome::Replayed);
+    assert_eq!(third.entry.entry.replay_count, 2);
+    assert_eq!(
+        lookup_key(&t.ledger, &key)
+            .await
+            .expect("lookup")
+            .entry
+            .replay_count,
+        2
+    );
+}
+
+async fn a_new_run_is_a_new_intent_and_claims_again(b: Backend) {
+    let t = TestLedger::new(b).await;
+    let first = claim(&t.ledger, "run-1", TOOL, ARGS).await;
+    t.ledger
+        .complete(
+            &tenant(),
+            done(
+                &first.entry.entry.key,
+                &token(&first),
+                FinalStatus::Succeeded,
+                b"ok",
+            ),
+        )
+        .await
+        .expect("complete");
+    let other_run = claim(&t.ledger, "run-2", TOOL, ARGS).await;
+    assert_eq!(other_run.outcome, Outcome::Claimed);
+    assert_ne!(other_run.entry.entry.key, first.entry.entry.key);
+    // A corrected amount is a new operation too.
+    let corrected = claim(
+        &t.ledger,
+        "run-1",
+        TOOL,
+        r#"{"customer":"c-42","amount":250,"currency":"EUR"}"#,
+    )
+    .await;
+    assert_eq!(corrected.outcome, Outcome::Claimed);
+    // And so is another tool with the same arguments.
+    let other_tool = claim(&t.ledger, "run-1", "open_ticket", ARGS).await;
+    assert_eq!(other_tool.outcome, Outcome::Claimed);
+}
+
+async fn a_claim_while_attempting_is_in_progress_and_not_executed(b: Backend) {
+    let t = TestLedger::new(b).await;
+    let first = claim(&t.ledger, RUN, TOOL, ARGS).await;
+    let second = claim(&t.ledger, RUN, TOOL, ARGS).await;
+    assert_eq!(second.outcome, Outcome::InProgress);
+    assert_eq!(second.entry.status, Status::Attempting);
+    assert!(second.claim_token.is_none());
+    assert!(second.note.contains("do not repeat it"), "{}", second.note);
+    let hint = second.retry_after.expect("retry_after with IN_PROGRESS");
+    assert!(
+        hint >= Duration::from_millis(100) && hint <= Duration::from_secs(1),
+        "{hint:?}"
+    );
+    // The in-flight claim is untouched: same token, same attempt.
+    let entry = lookup_key(&t.ledger, &first.entry.entry.key)
+        .await
+        .expect("lookup");
+    assert_eq!(entry.entry.claim_token, token(&first));
+    assert_eq!(entry.entry.attempt, 1);
+}
+
+async fn an_attempt_past_its_lease_reads_unknown_and_is_not_reexecuted(b: Backend) {
+    let t = TestLedger::new(b).await;
+    let mut input = claim_input(RUN, TOOL, ARGS);
+    input.lease = Some(Duration::from_secs(5));
+    let first = t.ledger.claim(&tenant(), input).await.expect("claim");
+    t.clock.advance(Duration::from_secs(6));
+    let again = claim(&t.ledger, RUN, TOOL, ARGS).await;
+    assert_eq!(again.outcome, Outcome::InProgress);
+    assert_eq!(again.entry.status, Status::Unknown);
+    assert!(again.note.contains("unknown"), "{}", again.note);
+    assert_eq!(again.retry_after, Some(Duration::from_secs(30)));
+    let seen = lookup_key(&t.ledger, &first.entry.entry.key)
+        .await
+        .expect("lookup");
+    assert_eq!(
+        seen.status,
+        Status::Unknown,
+        "Lookup reports it as unknown too"
+    );
+    assert_eq!(
+        seen.entry.status,
+        Status::Attempting,
+        "no background write was needed"
+    );
+}
+
+async fn a_reported_unknown_is_in_progress_until_the_claimant_resolves_it(b: Backend) {
+    let t = TestLedger::new(b).await;
+    let first = claim(&t.ledger, RUN, TOOL, ARGS).await;
+    let key = first.entry.entry.key.clone();
+    let mut unknown = done(&key, &token(&first), FinalStatus::Unknown, b"");
+    unknown.error = "timed out after 30s".into();
+    let out = t
+        .ledger
+        .complete(&tenant(), unknown.clone())
+        .await
+        .expect("complete unknown");
+    assert_eq!(out.entry.status, Status::Unknown);
+    assert!(out.entry.entry.expires_at.is_none());
+    let again = claim(&t.ledger, RUN, TOOL, ARGS).await;
+    assert_eq!(again.outcome, Outcome::InProgress);
+    assert_eq!(again.entry.status, Status::Unknown);
+    // Reporting the same unknown again is a no-op success.
+    let repeat = t
+        .ledger
+        .complete(&tenant(), unknown)
+        .await
+        .expect("repeat unknown");
+    assert!(repeat.already_completed);
+    // The same token may still resolve it.
+    let resolved = t
+        .ledger
+        .complete(
+            &tenant(),
+            done(&key, &token(&first), FinalStatus::Succeeded, b"found"),
+        )
+        .await
+        .expect("resolve");
+    assert_eq!(resolved.entry.status, Status::Succeeded);
+    let replay = claim(&t.ledger, RUN, TOOL, ARGS).await;
+    assert_eq!(replay.outcome, Outcome::Replayed);
+    assert_eq!(replay.entry.entry.result, b"found");
+}
+
+async fn a_permanent_failure_is_previously_failed_with_its_error(b: Backend) {
+    let t = TestLedger::new(b).await;
+    let first = claim(&t.ledger, RUN, TOOL, ARGS).await;
+    let key = first.entry.entry.key.clone();
+    t.ledger
+        .complete(
+            &tenant(),
+            failed(&key, &token(&first), "account closed", false),
+        )
+        .await
+        .expect("complete");
+    let again = claim(&t.ledger, RUN, TOOL, ARGS).await;
+    assert_eq!(again.outcome, Outcome::PreviouslyFailed);
+    assert_eq!(again.entry.status, Status::Failed);
+    assert_eq!(again.entry.entry.error, "account closed");
+    assert!(!again.entry.entry.retryable);
+    assert!(again.note.contains("account closed"), "{}", again.note);
+    assert!(again.claim_token.is_none());
+    assert_eq!(again.entry.entry.attempt, 1);
+}
+
+async fn a_retryable_failure_is_claimed_again_with_attempt_two_and_a_new_token(b: Backend) {
+    let t = TestLedger::new(b).await;
+    let first = claim(&t.ledger, RUN, TOOL, ARGS).await;
+    let key = first.entry.entry.key.clone();
+    t.ledger
+        .complete(
+            &tenant(),
+            failed(&key, &token(&first), "503 from the payment API", true),
+        )
+        .await
+        .expect("complete");
+    let second = claim(&t.ledger, RUN, TOOL, ARGS).await;
+    assert_eq!(second.outcome, Outcome::Claimed);
+    assert_eq!(second.entry.entry.attempt, 2);
+    assert_eq!(second.entry.status, Status::Attempting);
+    assert_ne!(token(&second), token(&first));
+    assert!(second.entry.entry.error.is_empty() && !second.entry.entry.retryable);
+    // The first claimant is fenced off now.
+    let stale = t
+        .ledger
+        .complete(
+            &tenant(),
+            done(&key, &token(&first), FinalStatus::Succeeded, b"late"),
+        )
+        .await;
+    assert!(
+        matches!(stale, Err(LedgerError::StaleClaimToken)),
+        "{stale:?}"
+    );
+    let ok = t
+        .ledger
+        .complete(
+            &tenant(),
+            done(&key, &token(&second), FinalStatus::Succeeded, b"second"),
+        )
+        .await
+        .expect("second completes");
+    assert_eq!(ok.entry.entry.attempt, 2);
+    assert_eq!(
+        claim(&t.ledger, RUN, TOOL, ARGS).await.entry.entry.result,
+        b"second"
+    );
+}
+
+async fn an_explicit_key_with_other_arguments_is_refused_and_changes_nothing(b: Backend) {
+    let t = TestLedger::new(b).await;
+    let mut input = claim_input("", TOOL, ARGS);
+    input.key = "wf-7:step-3".into();
+    let first = t
+        .ledger
+        .claim(&tenant(), input.clone())
+        .await
+        .expect("claim");
+    assert_eq!(first.outcome, Outcome::Claimed);
+    assert_eq!(first.entry.entry.key, "wf-7:step-3");
+    assert_eq!(first.entry.entry.fingerprint.len(), 64);
+    let mut other = input.clone();
+    other.arguments_json = r#"{"customer":"c-42","amount":999,"currency":"EUR"}"#.into();
+    let refused = t.ledger.claim(&tenant(), other).await;
+    assert!(
+        matches!(refused, Err(LedgerError::KeyReused)),
+        "{refused:?}"
+    );
+    let mut other_tool = input.clone();
+    other_tool.tool = "refund".into();
+    assert!(matches!(
+        t.ledger.claim(&tenant(), other_tool).await,
+        Err(LedgerError::KeyReused)
+    ));
+    let entry = lookup_key(&t.ledger, "wf-7:step-3").await.expect("lookup");
+    assert_eq!(
+        entry.entry, first.entry.entry,
+        "a refused reuse changes nothing"
+    );
+}
+
+async fn an_explicit_key_with_the_same_arguments_replays(b: Backend) {
+    let t = TestLedger::new(b).await;
+    let mut input = claim_input("", TOOL, ARGS);
+    input.key = "wf-7:step-4".into();
+    let first = t
+        .ledger
+        .claim(&tenant(), input.clone())
+        .await
+        .expect("claim");
+    t.ledger
+        .complete(
+            &tenant(),
+            done("wf-7:step-4", &token(&first), FinalStatus::Succeeded, b"r"),
+        )
+        .await
+        .expect("complete");
+    input.arguments_json = r#"{"currency":"EUR","customer":"c-42","amount":200}"#.into();
+    let again = t.ledger.claim(&tenant(), input).await.expect("claim again");
+    assert_eq!(again.outcome, Outcome::Replayed);
+    assert!(again.note.contains("already performed"), "{}", again.note);
+    assert_ne!(again.entry.external_ref, "");
+    assert!(again.entry.external_ref.starts_with("idem-"));
+}
+
+async fn the_lenient_form_trims_and_drops_nulls_and_never_shares_keys_with_jcs(b: Backend) {
+    let t = TestLedger::new(b).await;
+    let lenient = |args: &str| {
+        let mut i = claim_input(RUN, "send_reply", args);
+        i.canonicalization = Canonicalization::JcsLenient;
+        i
+    };
+    let first = t
+        .ledger
+        .claim(&tenant(), lenient(r#"{"to":"ana","body":"hello"}"#))
+        .await
+        .expect("claim");
+    t.ledger
+        .complete(
+            &tenant(),
+            done(
+                &first.entry.entry.key,
+                &token(&first),
+                FinalStatus::Succeeded,
+                b"sent",
+            ),
+        )
+        .await
+        .expect("complete");
+    let padded = t
+        .ledger
+        .claim(
+            &tenant(),
+            lenient(r#"{"body":"  hello\n","to":" ana","cc":null}"#),
+        )
+        .await
+        .expect("claim padded");
+    assert_eq!(padded.outcome, Outcome::Replayed);
+    assert_eq!(padded.entry.entry.key, first.entry.entry.key);
+    let strict = claim(
+        &t.ledger,
+        RUN,
+        "send_reply",
+        r#"{"to":"ana","body":"hello"}"#,
+    )
+    .await;
+    assert_eq!(
+        strict.outcome,
+        Outcome::Claimed,
+        "JCS and lenient keys never collide"
+    );
+    assert_ne!(strict.entry.entry.key, first.entry.entry.key);
+}
+
+async fn leases_and_retention_have_defaults_and_limits(b: Backend) {
+    let t = TestLedger::new(b).await;
+    let with = |lease: Option<Duration>, retention: Option<Duration>, run: &str| {
+        let mut i = claim_input(run, TOOL, ARGS);
+        i.lease = lease;
+        i.retention = retention;
+        i
+    };
+    for (field, input) in [
+        ("lease", with(Some(Duration::from_secs(3601)), None, "r-a")),
+        ("lease", with(Some(Duration::ZERO), None, "r-b")),
+        (
+            "retention",
+            with(None, Some(Duration::from_secs(31 * 86_400)), "r-c"),
+        ),
+        ("retention", with(None, Some(Duration::ZERO), "r-d")),
+    ] {
+        let run = input.run_id.clone();
+        match t.ledger.claim(&tenant(), input).await {
+            Err(LedgerError::InvalidArgument { field: f, .. }) => assert_eq!(f, field),
+            other => panic!("{field} out of range should be refused: {other:?}"),
+        }
+        let looked = t
+            .ledger
+            .lookup(
+                &tenant(),
+                LookupInput {
+                    run_id: run,
+                    tool: TOOL.into(),
+                    arguments_json: ARGS.into(),
+                    ..Default::default()
+                },
+            )
+            .await;
+        assert!(
+            matches!(looked, Err(LedgerError::NotFound)),
+            "nothing stored: {looked:?}"
+        );
+    }
+    let out = t
+        .ledger
+        .claim(
+            &tenant(),
+            with(
+                Some(Duration::from_secs(3600)),
+                Some(Duration::from_secs(30 * 86_400)),
+                "r-e",
+            ),
+        )
+        .await
+        .expect("the maxima are allowed");
+    let e = &out.entry.entry;
+    assert_eq!(e.lease_expires_at.0 - e.started_at.0, 3_600_000_000);
+    let finished = t
+        .ledger
+        .complete(
+            &tenant(),
+            done(&e.key, &token(&out), FinalStatus::Succeeded, b"x"),
+        )
+        .await
+        .expect("complete");
+    let f = &finished.entry.entry;
+    let kept = f.expires_at.expect("expires").0 - f.finished_at.expect("finished").0;
+    assert_eq!(kept, 30 * 86_400 * 1_000_000);
+    // Default retention: 24 h.
+    let plain = claim(&t.ledger, "r-f", TOOL, ARGS).await;
+    let plain_done = t
+        .ledger
+        .complete(
+            &tenant(),
+            done(
+                &plain.entry.entry.key,
+                &token(&plain),
+                FinalStatus::Succeeded,
+                b"x",
+            ),
+        )
+        .await
+        .expect("complete");
+    let p = &plain_done.entry.entry;
+    assert_eq!(
+        p.expires_at.expect("expires").0 - p.finished_at.expect("finished").0,
+        86_400_000_000
+    );
+}
+
+async fn a_finished_entry_past_its_retention_is_a_new_claim(b: Backend) {
+    let t = TestLedger::new(b).await;
+    let mut input = claim_input(RUN, TOOL, ARGS);
+    input.retention = Some(Duration::from_secs(60));
+    let first = t
+        .ledger
+        .claim(&tenant(), input.clone())
+        .await
+        .expect("claim");
+    let key = first.entry.entry.key.clone();
+    t.ledger
+        .complete(
+            &tenant(),
+            done(&key, &token(&first), FinalStatus::Succeeded, b"old"),
+        )
+        .await
+        .expect("complete");
+    t.clock.advance(Duration::from_secs(59));
+    assert_eq!(
+        t.ledger
+            .claim(&tenant(), input.clone())
+            .await
+            .expect("claim")
+            .outcome,
+        Outcome::Replayed
+    );
+    t.clock.advance(Duration::from_secs(2));
+    assert!(matches!(
+        lookup_key(&t.ledger, &key).await,
+        Err(LedgerError::NotFound)
+    ));
+    let fresh = t
+        .ledger
+        .claim(&tenant(), input)
+        .await
+        .expect("claim after expiry");
+    assert_eq!(fresh.outcome, Outcome::Claimed);
+    assert_eq!(fresh.entry.entry.attempt, 1);
+    assert_eq!(fresh.entry.entry.replay_count, 0);
+    assert!(fresh.entry.entry.result.is_empty());
+    let stale = t
+        .ledger
+        .complete(
+            &tenant(),
+            done(&key, &token(&first), FinalStatus::Succeeded, b"old"),
+        )
+        .await;
+    assert!(
+        matches!(stale, Err(LedgerError::StaleClaimToken)),
+        "{stale:?}"
+    );
+}
+
+async fn unresolved_entries_never_expire(b: Backend) {
+    let t = TestLedger::new(b).await;
+    let first = claim(&t.ledger, RUN, TOOL, ARGS).await;
+    let key = first.entry.entry.key.clone();
+    t.clock.advance(Duration::from_secs(365 * 86_400));
+    let seen = lookup_key(&t.ledger, &key)
+        .await
+        .expect("still there a year later");
+    assert_eq!(seen.status, Status::Unknown);
+    assert_eq!(
+        claim(&t.ledger, RUN, TOOL, ARGS).await.outcome,
+        Outcome::InProgress
+    );
+}
+
+async fn bad_input_is_refused_and_stores_nothing(b: Backend) {
+    let t = TestLedger::new(b).await;
+    let cases: Vec<(ClaimInput, &str, &str)> = vec![
+        (
+            claim_input(RUN, TOOL, r#"{"a":1,"a":2}"#),
+            "arguments_json",
+            "DUPLICATE_MEMBER",
+        ),
+        (
+            claim_input(RUN, TOOL, "{not json"),
+            "arguments_json",
+            "INVALID_JSON",
+        ),
+        (
+            claim_input(RUN, TOOL, r#"{"n":9007199254740993}"#),
+            "arguments_json",
+            "UNSAFE_INTEGER",
+        ),
+        (
+            claim_input(RUN, TOOL, r#"{"s":"\ud800"}"#),
+            "arguments_json",
+            "LONE_SURROGATE",
+        ),
+        (
+            claim_input(RUN, TOOL, ""),
+            "arguments_json",
+            "INVALID_FIELD",
+        ),
+        (claim_input(RUN, "", ARGS), "tool", "INVALID_FIELD"),
+        (claim_input(RUN, "bad\ntool", ARGS), "tool", "INVALID_FIELD"),
+        (claim_input("", TOOL, ARGS), "run_id", "INVALID_FIELD"),
+        (
+            claim_input(&"r".repeat(257), TOOL, ARGS),
+            "run_id",
+            "INVALID_FIELD",
+        ),
+        (
+            ClaimInput {
+                key: "has space".into(),
+                ..claim_input("", TOOL, ARGS)
+            },
+            "key",
+            "INVALID_FIELD",
+        ),
+        (
+            ClaimInput {
+                key: "k".repeat(256),
+                ..claim_input("", TOOL, ARGS)
+            },
+            "key",
+            "INVALID_FIELD",
+        ),
+        (
+            ClaimInput {
+                principal: "a\u{7}b".into(),
+                ..claim_input(RUN, TOOL, ARGS)
+            },
+            "principal",
+            "INVALID_FIELD",
+        ),
+    ];
+    for (input, want_field, want_reason) in cases {
+        match t.ledger.claim(&tenant(), input.clone()).await {
+            Err(LedgerError::InvalidArgument {
+                field,
+                reason,
+                message,
+            }) => {
+                assert_eq!((field, reason), (want_field, want_reason), "{message}");
+                assert!(!message.is_empty());
+            }
+            other => panic!("{input:?} should be refused: {other:?}"),
+        }
+    }
+    let deep = format!("{{\"a\":{}1{}}}", "[".repeat(64), "]".repeat(64));
+    match t
+        .ledger
+        .claim(&tenant(), claim_input(RUN, TOOL, &deep))
+        .await
+    {
+        Err(LedgerError::InvalidArgument { reason, .. }) => assert_eq!(reason, "JSON_TOO_DEEP"),
+        other => panic!("too deep should be refused: {other:?}"),
+    }
+    // Nothing was stored: the valid request still claims first.
+    assert_eq!(
+        claim(&t.ledger, RUN, TOOL, ARGS).await.outcome,
+        Outcome::Claimed
+    );
+}
+
+async fn a_stale_or_wrong_token_cannot_complete(b: Backend) {
+    let t = TestLedger::new(b).await;
+    let first = claim(&t.ledger, RUN, TOOL, ARGS).await;
+    let key = first.entry.entry.key.clone();
+    let wrong = t
+        .ledger
+        .complete(
+            &tenant(),
+            done(
+                &key,
+                "0123456789abcdef0123456789abcdef",
+                FinalStatus::Succeeded,
+                b"x",
+            ),
+        )
+        .await;
+    assert!(
+        matches!(wrong, Err(LedgerError::StaleClaimToken)),
+        "{wrong:?}"
+    );
+    let entry = lookup_key(&t.ledger, &key).await.expect("lookup");
+    assert_eq!(
+        entry.entry.status,
+        Status::Attempting,
+        "a refused complete changes nothing"
+    );
+    let empty = t
+        .ledger
+        .complete(&tenant(), done(&key, "", FinalStatus::Succeeded, b"x"))
+        .await;
+    assert!(matches!(
+        empty,
+        Err(LedgerError::InvalidArgument {
+            field: "claim_token",
+            ..
+        })
+    ));
+}
+
+async fn a_claimant_may_complete_after_its_lease_expired_unless_resolved_since(b: Backend) {
+    let t = TestLedger::new(b).await;
+    let first = claim(&t.ledger, RUN, TOOL, ARGS).await;
+    t.clock.advance(Duration::from_secs(120));
+    let late = t
+        .ledger
+        .complete(
+            &tenant(),
+            done(
+                &first.entry.entry.key,
+                &token(&first),
+                FinalStatus::Succeeded,
+                b"late but true",
+            ),
+        )
+        .await
+        .expect("a late complete still counts");
+    assert_eq!(late.entry.status, Status::Succeeded);
+    assert_eq!(
+        claim(&t.ledger, RUN, TOOL, ARGS).await.entry.entry.result,
+        b"late but true"
+    );
+    // Once resolved, a different late outcome is refused.
+    let conflicting = t
+        .ledger
+        .complete(
+            &tenant(),
+            failed(&first.entry.entry.key, &token(&first), "oops", true),
+        )
+        .await;
+    assert!(
+        matches!(conflicting, Err(LedgerError::AlreadyResolved(_))),
+        "{conflicting:?}"
+    );
+}
+
+async fn an_identical_complete_is_already_completed_and_a_different_one_changes_nothing(
+    b: Backend,
+) {
+    let t = TestLedger::new(b).await;
+    let first = claim(&t.ledger, RUN, TOOL, ARGS).await;
+    let key = first.entry.entry.key.clone();
+    let ok = done(&key, &token(&first), FinalStatus::Succeeded, b"result-1");
+    let once = t
+        .ledger
+        .complete(&tenant(), ok.clone())
+        .await
+        .expect("complete");
+    assert!(!once.already_completed);
+    let twice = t
+        .ledger
+        .complete(&tenant(), ok)
+        .await
+        .expect("identical repeat");
+    assert!(twice.already_completed);
+    assert_eq!(twice.entry.entry, once.entry.entry);
+    for different in [
+        done(&key, &token(&first), FinalStatus::Succeeded, b"result-2"),
+        failed(&key, &token(&first), "nope", false),
+        done(&key, &token(&first), FinalStatus::Unknown, b""),
+    ] {
+        let refused = t.ledger.complete(&tenant(), different).await;
+        assert!(
+            matches!(refused, Err(LedgerError::AlreadyResolved("SUCCEEDED"))),
+            "{refused:?}"
+        );
+    }
+    assert_eq!(
+        lookup_key(&t.ledger, &key).await.expect("lookup").entry,
+        once.entry.entry
+    );
+}
+
+async fn completing_an_absent_or_other_tenants_key_is_not_found(b: Backend) {
+    let t = TestLedger::new(b).await;
+    let first = claim(&t.ledger, RUN, TOOL, ARGS).await;
+    let key = first.entry.entry.key.clone();
+    let absent = t
+        .ledger
+        .complete(
+            &tenant(),
+            done(
+                &"0".repeat(64),
+                &token(&first),
+                FinalStatus::Succeeded,
+                b"x",
+            ),
+        )
+        .await;
+    assert!(matches!(absent, Err(LedgerError::NotFound)), "{absent:?}");
+    let other = Tenant("globex".into());
+    let theirs = t
+        .ledger
+        .complete(
+            &other,
+            done(&key, &token(&first), FinalStatus::Succeeded, b"x"),
+        )
+        .await;
+    assert!(matches!(theirs, Err(LedgerError::NotFound)), "{theirs:?}");
+    let looked = t
+        .ledger
+        .lookup(
+            &other,
+            LookupInput {
+                key: key.clone(),
+                ..Default::default()
+            },
+        )
+        .await;
+    assert!(matches!(looked, Err(LedgerError::NotFound)));
+    // The other tenant's own claim of the same intent is independent.
+    let own = t
+        .ledger
+        .claim(&other, claim_input(RUN, TOOL, ARGS))
+        .await
+        .expect("claim");
+    assert_eq!(own.outcome, Outcome::Claimed);
+    assert_eq!(own.entry.entry.key, key, "same derivation, separate entry");
+    assert_eq!(
+        lookup_key(&t.ledger, &key)
+            .await
+            .expect("lookup")
+            .entry
+            .claim_token,
+        token(&first)
+    );
+}
+
+async fn nul_bytes_in_arguments_and_results_survive_byte_for_byte(b: Backend) {
+    let t = TestLedger::new(b).await;
+    let args = r#"{"memo":"a\u0000b","n":1}"#;
+    let first = claim(&t.ledger, RUN, TOOL, args).await;
+    let result: Vec<u8> = vec![0, 159, 146, 150, 0, b'{', 0xff, 0];
+    t.ledger
+        .complete(
+            &tenant(),
+            done(
+                &first.entry.entry.key,
+                &token(&first),
+                FinalStatus::Succeeded,
+                &result,
+            ),
+        )
+        .await
+        .expect("complete");
+    let again = claim(&t.ledger, RUN, TOOL, r#"{"n":1,"memo":"a\u0000b"}"#).await;
+    assert_eq!(again.outcome, Outcome::Replayed);
+    assert_eq!(again.entry.entry.result, result);
+    // A different string (no NUL) is a different intent.
+    let other = claim(&t.ledger, RUN, TOOL, r#"{"memo":"ab","n":1}"#).await;
+    assert_eq!(other.outcome, Outcome::Claimed);
+}
+
+async fn a_result_over_the_limit_is_refused_and_the_entry_unchanged(b: Backend) {
+    let limits = Limits {
+        max_result_bytes: 16,
+        ..Limits::default()
+    };
+    let t = TestLedger::with_limits(b, limits).await;
+    let first = claim(&t.ledger, RUN, TOOL, ARGS).await;
+    let key = first.entry.entry.key.clone();
+    let big = t
+        .ledger
+        .complete(
+            &tenant(),
+            done(&key, &token(&first), FinalStatus::Succeeded, &[b'x'; 17]),
+        )
+        .await;
+    match big {
+        Err(LedgerError::InvalidArgument { field, reason, .. }) => {
+            assert_eq!((field, reason), ("result", "RESULT_TOO_LARGE"));
+        }
+        other => panic!("a result over the limit should be refused: {other:?}"),
+    }
+    let entry = lookup_key(&t.ledger, &key).await.expect("lookup");
+    assert_eq!(entry.entry, first.entry.entry, "entry unchanged");
+    let fits = t
+        .ledger
+        .complete(
+            &tenant(),
+            done(&key, &token(&first), FinalStatus::Succeeded, &[b'x'; 16]),
+        )
+        .await
+        .expect("exactly the limit fits");
+    assert_eq!(fits.entry.entry.result.len(), 16);
+}
+
+async fn result_and_retryable_only_go_with_their_status(b: Backend) {
+    let t = TestLedger::new(b).await;
+    let first = claim(&t.ledger, RUN, TOOL, ARGS).await;
+    let key = first.entry.entry.key.clone();
+    let mut result_on_failure = failed(&key, &token(&first), "x", false);
+    result_on_failure.result = b"r".to_vec();
+    let mut retryable_on_success = done(&key, &token(&first), FinalStatus::Succeeded, b"r");
+    retryable_on_success.retryable = true;
+    for (input, field) in [
+        (result_on_failure, "result"),
+        (retryable_on_success, "retryable"),
+    ] {
+        match t.ledger.complete(&tenant(), input).await {
+            Err(LedgerError::InvalidArgument { field: f, .. }) => assert_eq!(f, field),
+            other => panic!("{field} should be refused: {other:?}"),
+        }
+    }
+    assert_eq!(
+        lookup_key(&t.ledger, &key).await.expect("lookup").entry,
+        first.entry.entry
+    );
+}
+
+async fn lookup_by_key_and_by_derivation_agree_and_change_nothing(b: Backend) {
+    let t = TestLedger::new(b).await;
+    let first = claim(&t.ledger, RUN, TOOL, ARGS).await;
+    let key = first.entry.entry.key.clone();
+    t.ledger
+        .complete(
+            &tenant(),
+            done(&key, &token(&first), FinalStatus::Succeeded, b"r"),
+        )
+        .await
+        .expect("complete");
+    let by_key = lookup_key(&t.ledger, &key).await.expect("by key");
+    let derived = t
+        .ledger
+        .lookup(
+            &tenant(),
+            LookupInput {
+                run_id: RUN.into(),
+                tool: TOOL.into(),
+                arguments_json: r#"{"currency":"EUR","amount":200,"customer":"c-42"}"#.into(),
+                ..Default::default()
+            },
+        )
+        .await
+        .expect("by derivation");
+    assert_eq!(by_key, derived);
+    assert_eq!(by_key.entry.replay_count, 0, "lookups are not replays");
+    assert_eq!(
+        lookup_key(&t.ledger, &key).await.expect("again"),
+        by_key,
+        "read-only"
+    );
+    let missing = t
+        .ledger
+        .lookup(
+            &tenant(),
+            LookupInput {
+                run_id: "run-9".into(),
+                tool: TOOL.into(),
+                arguments_json: ARGS.into(),
+                ..Default::default()
+            },
+        )
+        .await;
+    assert!(matches!(missing, Err(LedgerError::NotFound)));
+    let both = t
+        .ledger
+        .lookup(
+            &tenant(),
+            LookupInput {
+                key: key.clone(),
+                run_id: RUN.into(),
+                ..Default::default()
+            },
+        )
+        .await;
+    assert!(matches!(
+        both,
+        Err(LedgerError::InvalidArgument { field: "key", .. })
+    ));
+    let neither = t.ledger.lookup(&tenant(), LookupInput::default()).await;
+    assert!(matches!(neither, Err(LedgerError::InvalidArgument { .. })));
+}
+
+async fn a_waiting_claim_returns_the_result_once_the_attempt_completes(b: Backend) {
+    let t = TestLedger::new(b).await;
+    let first = claim(&t.ledger, RUN, TOOL, ARGS).await;
+    let key = first.entry.entry.key.clone();
+    let ledger = t.ledger.clone();
+    let waiter = tokio::spawn(async move {
+        let mut input = claim_input(RUN, TOOL, ARGS);
+        input.wait = Some(Duration::from_secs(10));
+        let started = tokio::time::Instant::now();
+        let out = ledger.claim(&tenant(), input).await.expect("waiting claim");
+        (out, started.elapsed())
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    t.ledger
+        .complete(
+            &tenant(),
+            done(&key, &token(&first), FinalStatus::Succeeded, b"done"),
+        )
+        .await
+        .expect("complete");
+    let (out, waited) = waiter.await.expect("join");
+    assert_eq!(out.outcome, Outcome::Replayed);
+    assert_eq!(out.entry.entry.result, b"done");
+    assert!(
+        waited >= Duration::from_millis(250) && waited < Duration::from_secs(5),
+        "{waited:?}"
+    );
+}
+
+async fn a_waiting_claim_takes_over_after_a_retryable_failure(b: Backend) {
+    let t = TestLedger::new(b).await;
+    let first = claim(&t.ledger, RUN, TOOL, ARGS).await;
+    let key = first.entry.entry.key.clone();
+    let ledger = t.ledger.clone();
+    let waiter = tokio::spawn(async move {
+        let mut input = claim_input(RUN, TOOL, ARGS);
+        input.wait = Some(Duration::from_secs(10));
+        ledger.claim(&tenant(), input).await.expect("waiting claim")
+    });
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    t.ledger
+        .complete(
+            &tenant(),
+            failed(&key, &token(&first), "connection reset", true),
+        )
+        .await
+        .expect("complete");
+    let out = waiter.await.expect("join");
+    assert_eq!(out.outcome, Outcome::Claimed);
+    assert_eq!(out.entry.entry.attempt, 2);
+}
+
+async fn a_wait_ends_with_in_progress_when_nothing_happens(b: Backend) {
+    let t = TestLedger::new(b).await;
+    claim(&t.ledger, RUN, TOOL, ARGS).await;
+    let mut input = claim_input(RUN, TOOL, ARGS);
+    input.wait = Some(Duration::from_millis(400));
+    let started = tokio::time::Instant::now();
+    let out = t.ledger.claim(&tenant(), input).await.expect("claim");
+    let waited = started.elapsed();
+    assert_eq!(out.outcome, Outcome::InProgress);
+    assert!(
+        waited >= Duration::from_millis(400) && waited < Duration::from_secs(3),
+        "{waited:?}"
+    );
+}

@@ -1,0 +1,12 @@
+//! Every integration test in one binary (one link, one shared PostgreSQL template): the storage
+//! conformance suite run on SQLite and PostgreSQL, the gRPC API through a real tonic client,
+//! tenants, health and shutdown, and concurrency across connections and server processes.
+
+mod support;
+
+mod concurrency;
+mod conformance;
+mod grpc_api;
+mod health;
+mod operations;
+mod tenants;

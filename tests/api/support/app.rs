@@ -1,0 +1,371 @@
+//! `spawn_app()`: a real server on a port-0 listener over a fresh database of either backend,
+//! with a real tonic client; and the stores and ledgers the conformance suite runs on.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicI64, Ordering};
+use std::time::Duration;
+
+use idempotency_ledger::config::Settings;
+use idempotency_ledger::domain::Micros;
+use idempotency_ledger::domain::time::Clock;
+use idempotency_ledger::grpc::pb;
+use idempotency_ledger::grpc::pb::ledger_service_client::LedgerServiceClient;
+use idempotency_ledger::ledger::{Ledger, Limits};
+use idempotency_ledger::server::{self, ServeError};
+use idempotency_ledger::storage::{self, PoolOptions, Store};
+use tokio::net::TcpListener;
+use tokio::sync::oneshot;
+use tokio::task::JoinHandle;
+use tonic::transport::Channel;
+use tonic_health::pb::HealthCheckRequest;
+use tonic_health::pb::health_check_response::ServingStatus;
+use tonic_health::pb::health_client::HealthClient;
+
+use super::postgres::PgCluster;
+
+/// Which store a test runs on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Backend {
+    Sqlite,
+    Postgres,
+}
+
+/// A fresh, empty database: a SQLite file in its own temp dir, or a new database in this
+/// process's PostgreSQL cluster.
+pub struct TestDb {
+    pub backend: Backend,
+    pub url: String,
+    /// Keeps the SQLite file's directory alive.
+    _dir: Option<tempfile::TempDir>,
+}
+
+impl TestDb {
+    pub fn new(backend: Backend) -> TestDb {
+        match backend {
+            Backend::Sqlite => {
+                let dir = tempfile::tempdir().expect("temp dir");
+                let url = format!("sqlite://{}", dir.path().join("ledger.db").display());
+                TestDb {
+                    backend,
+                    url,
+                    _dir: Some(dir),
+                }
+            }
+            Backend::Postgres => TestDb {
+                backend,
+                url: PgCluster::shared().create_database(),
+                _dir: None,
+            },
+        }
+    }
+
+    /// A new, migrated store over this database, with its own connection pool.
+    pub async fn store(&self, max_connections: u32) -> Arc<dyn Store> {
+        let options = PoolOptions {
+            max_connections,
+            acquire_timeout: Duration::from_secs(10),
+        };
+        let store = storage::open(&self.url, &options)
+            .await
+            .expect("open store");
+        store.migrate().await.expect("migrate");
+        store
+    }
+}
+
+/// A clock the test moves by hand, to expire leases and retention without sleeping.
+#[derive(Debug)]
+pub struct ManualClock(AtomicI64);
+
+impl ManualClock {
+    pub fn new() -> Arc<ManualClock> {
+        Arc::new(ManualClock(AtomicI64::new(Micros::now().0)))
+    }
+
+    pub fn advance(&self, d: Duration) {
+        self.0
+            .fetch_add(Micros::from_duration(d).0, Ordering::SeqCst);
+    }
+}
+
+impl Clock for ManualClock {
+    fn now(&self) -> Micros {
+        Micros(self.0.load(Ordering::SeqCst))
+    }
+}
+
+/// A ledger over a fresh store of `backend`, with a manual clock and default limits.
+pub struct TestLedger {
+    pub ledger: Ledger,
+    pub clock: Arc<ManualClock>,
+    pub db: TestDb,
+}
+
+impl TestLedger {
+    pub async fn new(backend: Backend) -> TestLedger {
+        TestLedger::with_limits(backend, Limits::default()).await
+    }
+
+    pub async fn with_limits(backend: Backend, limits: Limits) -> TestLedger {
+        init_tracing();
+        let db = TestDb::new(backend);
+        let clock = ManualClock::new();
+        let ledger = Ledger::new(db.store(8).await, clock.clone(), limits);
+        TestLedger { ledger, clock, db }
+    }
+}
+
+/// A running server and a client connected to it.
+pub struct TestApp {
+    pub addr: SocketAddr,
+    pub client: LedgerServiceClient<Channel>,
+    pub channel: Channel,
+    pub clock: Arc<ManualClock>,
+    pub db: TestDb,
+    shutdown: Option<oneshot::Sender<()>>,
+    pub handle: Option<JoinHandle<Result<(), ServeError>>>,
+}
+
+/// Settings for a test server: port 0, the given database, a fast health probe.
+pub fn test_settings(url: &str) -> Settings {
+    let mut s = Settings::defaults();
+    s.listen = "127.0.0.1:0".parse().expect("addr");
+    s.database_url = url.to_string();
+    s.health_probe_interval = Duration::from_millis(200);
+    s.db_acquire_timeout = Duration::from_secs(2);
+    s.shutdown_grace = Duration::from_secs(5);
+    s
+}
+
+pub async fn spawn_app(backend: Backend) -> TestApp {
+    spawn_app_with(backend, |_| {}).await
+}
+
+/// Starts a server over a fresh database of `backend`, after `configure` adjusts its settings,
+/// and waits until its health reports SERVING.
+pub async fn spawn_app_with(backend: Backend, configure: impl FnOnce(&mut Settings)) -> TestApp {
+    let db = TestDb::new(backend);
+    spawn_app_on(db, configure).await
+}
+
+/// As [`spawn_app_with`], on an existing database.
+pub async fn spawn_app_on(db: TestDb, configure: impl FnOnce(&mut Settings)) -> TestApp {
+    init_tracing();
+    let mut settings = test_settings(&db.url);
+    configure(&mut settings);
+    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    let clock = ManualClock::new();
+    let (tx, rx) = oneshot::channel::<()>();
+    let handle = tokio::spawn(server::serve(listener, settings, clock.clone(), async {
+        let _ = rx.await;
+    }));
+    let channel = Channel::from_shared(format!("http://{addr}"))
+        .expect("uri")
+        .connect()
+        .await
+        .expect("connect");
+    let app = TestApp {
+        addr,
+        client: LedgerServiceClient::new(channel.clone()),
+        channel,
+        clock,
+        db,
+        shutdown: Some(tx),
+        handle: Some(handle),
+    };
+    app.wait_for_health("", ServingStatus::Serving, Duration::from_secs(20))
+        .await;
+    app
+}
+
+impl TestApp {
+    /// Asks the health service about `service` ("" for the server as a whole).
+    pub async fn health(&self, service: &str) -> Result<ServingStatus, tonic::Status> {
+        let mut health = HealthClient::new(self.channel.clone());
+        let resp = health
+            .check(HealthCheckRequest {
+                service: service.to_string(),
+            })
+            .await?;
+        Ok(resp.into_inner().status())
+    }
+
+    /// Polls health until it reports `want`, or panics after `within`.
+    pub async fn wait_for_health(&self, service: &str, want: ServingStatus, within: Duration) {
+        let deadline = tokio::time::Instant::now() + within;
+        loop {
+            let got = self.health(service).await;
+            if matches!(&got, Ok(s) if *s == want) {
+                return;
+            }
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "health of {service:?} did not become {want:?} within {within:?}; last: {got:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    /// Triggers the graceful shutdown and waits for the server to return.
+    pub async fn shutdown(&mut self) -> Result<(), ServeError> {
+        if let Some(tx) = self.shutdown.take() {
+            let _ = tx.send(());
+        }
+        match self.handle.take() {
+            Some(h) => h.await.expect("server task"),
+            None => Ok(()),
+        }
+    }
+
+    /// Sends the shutdown signal without waiting.
+    pub fn begin_shutdown(&mut self) {
+        if let Some(tx) = self.shutdown.take() {
+            let _ = tx.send(());
+        }
+    }
+}
+
+impl Drop for TestApp {
+    fn drop(&mut self) {
+        if let Some(tx) = self.shutdown.take() {
+            let _ = tx.send(());
+        }
+    }
+}
+
+/// A claim request for `tool` with `args` in `run`.
+pub fn claim_req(run: &str, tool: &str, args: &str) -> pb::ClaimRequest {
+    pb::ClaimRequest {
+        run_id: run.into(),
+        tool: tool.into(),
+        arguments_json: args.into(),
+        ..Default::default()
+    }
+}
+
+/// A Complete request reporting success with `result`.
+pub fn success(key: &str, token: &str, result: &[u8]) -> pb::CompleteRequest {
+    pb::CompleteRequest {
+        key: key.into(),
+        claim_token: token.into(),
+        status: pb::Status::Succeeded.into(),
+        result: result.to_vec().into(),
+        ..Default::default()
+    }
+}
+
+/// The `ErrorInfo` reason of a status, or "" when it has none.
+pub fn reason(status: &tonic::Status) -> String {
+    use tonic_types::StatusExt;
+    status
+        .get_details_error_info()
+        .map(|i| i.reason)
+        .unwrap_or_default()
+}
+
+/// Logs go to the test output only when `TEST_LOG` is set.
+pub fn init_tracing() {
+    if std::env::var_os("TEST_LOG").is_some() {
+        let _ = tracing_subscriber::fmt()
+            .with_env_filter(
+                tracing_subscriber::EnvFilter::try_from_default_env()
+                    .unwrap_or_else(|_| "debug".into()),
+            )
+            .with_test_writer()
+            .try_init();
+    }
+}
+
+/// The real `idempotency-ledger` binary running as a child process on a free port.
+pub struct ServerProcess {
+    pub addr: SocketAddr,
+    pub child: tokio::process::Child,
+    /// What the server wrote to stderr so far is read by [`ServerProcess::start`] up to the
+    /// start-up line; the rest keeps draining in a task.
+    pub startup_log: String,
+}
+
+impl ServerProcess {
+    /// Starts the binary with `--database-url url` and `extra` flags, and waits until its health
+    /// reports SERVING.
+    pub async fn start(url: &str, extra: &[&str]) -> ServerProcess {
+        ServerProcess::start_on(url, free_port(), extra).await
+    }
+
+    /// As [`ServerProcess::start`], on a given port.
+    pub async fn start_on(url: &str, port: u16, extra: &[&str]) -> ServerProcess {
+        use tokio::io::{AsyncBufReadExt, BufReader};
+        let addr: SocketAddr = format!("127.0.0.1:{port}").parse().expect("addr");
+        let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_idempotency-ledger"))
+            .arg("--listen")
+            .arg(addr.to_string())
+            .arg("--database-url")
+            .arg(url)
+            .arg("--health-probe-interval")
+            .arg("200ms")
+            .args(extra)
+            .env("RUST_LOG", "info")
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::piped())
+            .kill_on_drop(true)
+            .spawn()
+            .expect("spawn idempotency-ledger");
+        let stderr = child.stderr.take().expect("stderr");
+        let mut lines = BufReader::new(stderr).lines();
+        let mut startup_log = String::new();
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+        loop {
+            let line = tokio::time::timeout_at(deadline, lines.next_line())
+                .await
+                .expect("server start-up line within 20 s")
+                .expect("read stderr")
+                .unwrap_or_else(|| panic!("server exited during start-up:\n{startup_log}"));
+            startup_log.push_str(&line);
+            startup_log.push('\n');
+            if line.contains("store reachable") {
+                break;
+            }
+        }
+        tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
+        ServerProcess {
+            addr,
+            child,
+            startup_log,
+        }
+    }
+
+    pub async fn channel(&self) -> Channel {
+        Channel::from_shared(format!("http://{}", self.addr))
+            .expect("uri")
+            .connect()
+            .await
+            .expect("connect")
+    }
+
+    pub async fn client(&self) -> LedgerServiceClient<Channel> {
+        LedgerServiceClient::new(self.channel().await)
+    }
+
+    /// Sends SIGTERM (through the `kill` command, to stay free of libc).
+    pub fn terminate(&self) {
+        let pid = self.child.id().expect("running");
+        let status = std::process::Command::new("kill")
+            .arg("-TERM")
+            .arg(pid.to_string())
+            .status()
+            .expect("kill");
+        assert!(status.success());
+    }
+}
+
+/// A TCP port that was free a moment ago.
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .expect("bind")
+        .local_addr()
+        .expect("addr")
+        .port()
+}

@@ -1,0 +1,884 @@
+//! Throwaway PostgreSQL clusters for the integration tests.
+//!
+//! This module owns everything about the test servers: a template data directory made
+//! by `initdb` once per machine (PostgreSQL version and user) and cached in the system
+//! temp dir, a private copy of it for every cluster, the server processes running on
+//! those copies, and their cleanup. Cleanup happens in `Drop`, and also — because
+//! statics are never dropped, and tests panic, call `exit` or get killed by the runner —
+//! in a watchdog process that outlives the test process just long enough to stop the
+//! server and delete its directory.
+//!
+//! `initdb` costs about a second while copying its result costs a tenth of that, which is
+//! why clusters are copies of a template rather than fresh `initdb`s.
+//!
+//! PostgreSQL refuses to run as root, and CI runs tests as root: then every server-side
+//! command runs as the `postgres` OS user through `setpriv` (util-linux, like `runuser`
+//! but without a PAM session, so three times faster to spawn), and the directories the
+//! server writes are handed to that user.
+
+#![allow(dead_code)]
+
+use std::fs;
+use std::io::{Read, Seek, SeekFrom, Write};
+use std::net::TcpListener;
+use std::os::unix::fs::MetadataExt;
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Mutex, MutexGuard, OnceLock};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+/// OS account the server runs as when the tests run as root.
+const SERVER_OS_USER: &str = "postgres";
+
+/// Bump whenever `TEMPLATE_CONF` or the `initdb` arguments change, so that templates
+/// cached by older code are not reused.
+const TEMPLATE_FORMAT: u32 = 1;
+
+/// Per-cluster settings live in their own file, included by the template's
+/// `postgresql.conf`, so a port retry can rewrite them without touching anything else.
+const CLUSTER_CONF: &str = "pgharness-cluster.conf";
+
+/// Appended to the template's `postgresql.conf`.
+///
+/// fsync and full-page writes only protect against OS or power failure, which tests never
+/// survive anyway; synchronous_commit stays on because it decides whether a committed
+/// transaction survives a *server* crash (`StopMode::Immediate`), which tests do exercise.
+const TEMPLATE_CONF: &str = "
+# ---- added by tests/api/support/postgres.rs ----
+listen_addresses = '127.0.0.1'
+max_connections = 200
+shared_buffers = 16MB
+fsync = off
+full_page_writes = off
+synchronous_commit = on
+include = 'pgharness-cluster.conf'
+";
+
+/// How many fresh ports `start()` tries before giving up, since a port picked by binding
+/// and dropping a listener can be taken by someone else before the server binds it.
+const PORT_ATTEMPTS: u32 = 5;
+
+/// How many times `restart()` retries a port that something else grabbed while the
+/// server was down (it cannot move: URLs handed out earlier name it).
+const RESTART_ATTEMPTS: u32 = 5;
+
+/// `pg_ctl -t`: generous because a loaded CI machine may start slowly; a timeout is a
+/// failure anyway.
+const PG_CTL_TIMEOUT_SECS: &str = "60";
+
+/// How long `stop` waits for the server to go down (immediate mode takes milliseconds;
+/// fast mode waits for a checkpoint).
+const STOP_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// Longest usable Unix socket path (`sun_path` is 108 bytes including the NUL).
+const MAX_SOCKET_PATH: usize = 107;
+
+/// How `PgCluster::stop` shuts the server down.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StopMode {
+    /// `pg_ctl stop -m fast`: disconnects clients, checkpoints, exits cleanly.
+    Fast,
+    /// `pg_ctl stop -m immediate`: kills the server without a checkpoint, like a crash;
+    /// the next start runs crash recovery.
+    Immediate,
+}
+
+impl StopMode {
+    fn as_pg_ctl_arg(self) -> &'static str {
+        match self {
+            StopMode::Fast => "fast",
+            StopMode::Immediate => "immediate",
+        }
+    }
+}
+
+/// A throwaway PostgreSQL cluster owned by this test process.
+///
+/// Reachable over TCP at `127.0.0.1:port()` as the superuser `postgres` with trust
+/// authentication (no password). Every method takes `&self` so that a `&'static` or
+/// `Arc`'d cluster can be stopped and restarted from one thread while others use it.
+#[derive(Debug)]
+pub struct PgCluster {
+    port: u16,
+    /// Holds `data/`, `server.log` and the Unix socket; dropping it deletes them all,
+    /// which is why it must be dropped only after the server is stopped (see `Drop`).
+    dir: tempfile::TempDir,
+    data_dir: PathBuf,
+    log_path: PathBuf,
+    /// Serializes `pg_ctl start`/`stop` on the data directory: two at once would race on
+    /// `postmaster.pid`.
+    lifecycle: Mutex<()>,
+    /// Taken in `Drop`.
+    watchdog: Option<Watchdog>,
+}
+
+impl PgCluster {
+    /// Starts a fresh, empty cluster on a free loopback port and waits until it accepts
+    /// connections.
+    ///
+    /// Blocks for a few hundred milliseconds (about a second more the first time on a
+    /// machine, to build the cached template). Panics with the server log's tail if the
+    /// server cannot start.
+    pub fn start() -> PgCluster {
+        let tools = tools();
+        let template = template_dir();
+
+        let dir = tempfile::Builder::new()
+            .prefix("pgharness-")
+            .tempdir()
+            .unwrap_or_else(|e| panic!("cannot create a temp dir for a PostgreSQL cluster: {e}"));
+        // The server writes its log and socket here.
+        tools.give_to_server_user(dir.path());
+        // Armed before anything goes into the directory: a test killed in the middle of
+        // the copy would otherwise leave a half-copied data dir behind.
+        let watchdog = Watchdog::arm(dir.path());
+        let data_dir = dir.path().join("data");
+        let log_path = dir.path().join("server.log");
+
+        // In-process rather than `cp -a`: a `cp` outlives a killed test and goes on
+        // writing into the directory while the watchdog deletes it.
+        copy_tree(template, &data_dir).unwrap_or_else(|e| {
+            panic!(
+                "cannot copy the PostgreSQL template {} to {}: {e}",
+                template.display(),
+                data_dir.display()
+            )
+        });
+
+        let mut cluster = PgCluster {
+            port: 0,
+            dir,
+            data_dir,
+            log_path,
+            lifecycle: Mutex::new(()),
+            watchdog: Some(watchdog),
+        };
+        // Any panic from here on drops `cluster`, whose `Drop` stops whatever did start.
+        for attempt in 1..=PORT_ATTEMPTS {
+            let port = free_loopback_port();
+            cluster.write_cluster_conf(port);
+            match cluster.pg_ctl_start() {
+                Ok(()) => {
+                    cluster.port = port;
+                    return cluster;
+                }
+                Err(failure) if failure.port_in_use && attempt < PORT_ATTEMPTS => continue,
+                Err(failure) => panic!(
+                    "PostgreSQL cluster in {} did not start on port {port} (attempt {attempt} of {PORT_ATTEMPTS}):\n{}",
+                    cluster.data_dir.display(),
+                    failure.report
+                ),
+            }
+        }
+        unreachable!("the last attempt either returns or panics")
+    }
+
+    /// One cluster shared by every test of this process, started on first use.
+    ///
+    /// Never stopped by `Drop` (statics are not dropped): the watchdog removes it once the
+    /// process exits. Tests using it must not stop it, and should isolate themselves with
+    /// `create_database`.
+    pub fn shared() -> &'static PgCluster {
+        static SHARED: OnceLock<PgCluster> = OnceLock::new();
+        SHARED.get_or_init(PgCluster::start)
+    }
+
+    /// The loopback TCP port the server listens on; it stays the same across `restart`.
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    /// `postgres://postgres@127.0.0.1:{port}/{db}`, for `sqlx::PgPool::connect` and friends.
+    pub fn url(&self, db: &str) -> String {
+        format!("postgres://postgres@127.0.0.1:{}/{db}", self.port)
+    }
+
+    /// The cluster's data directory, e.g. to read files the server wrote; removed on drop.
+    pub fn data_dir(&self) -> &Path {
+        &self.data_dir
+    }
+
+    /// Creates a new empty database with a name unique across threads and processes and
+    /// returns its URL. Panics if the server refuses (for instance because it is stopped).
+    pub fn create_database(&self) -> String {
+        static COUNTER: AtomicU64 = AtomicU64::new(0);
+        // The pid separates processes; the clock guards against a recycled pid meeting
+        // a leftover database; the counter separates threads.
+        let name = format!(
+            "test_{}_{}_{}",
+            std::process::id(),
+            unique_suffix(),
+            COUNTER.fetch_add(1, Ordering::Relaxed)
+        );
+        let out = run(
+            self.psql()
+                .arg("-c")
+                .arg(format!("CREATE DATABASE \"{name}\"")),
+            "psql -c 'CREATE DATABASE ...'",
+        );
+        if !out.status.success() {
+            panic!(
+                "cannot create database {name} on the PostgreSQL cluster at port {}:\n{}",
+                self.port,
+                describe(&out)
+            );
+        }
+        self.url(&name)
+    }
+
+    /// Stops the server and waits until it is down. Connections fail from then on until
+    /// `restart`. Does nothing if it is already stopped.
+    pub fn stop(&self, mode: StopMode) {
+        let _lifecycle = self.lock_lifecycle();
+        if !self.is_running() {
+            return;
+        }
+        if let Err(why) = self.pg_ctl_stop(mode) {
+            panic!(
+                "pg_ctl stop -m {} failed for the cluster in {}:\n{why}\n{}",
+                mode.as_pg_ctl_arg(),
+                self.data_dir.display(),
+                self.log_tail()
+            );
+        }
+    }
+
+    /// Starts the server again on the same data directory and port, and waits until it
+    /// accepts connections; data committed before a `stop` of either mode is still there.
+    /// If the server is running, it is first stopped with `StopMode::Fast`, so this is a
+    /// real restart rather than a no-op.
+    pub fn restart(&self) {
+        let _lifecycle = self.lock_lifecycle();
+        if self.is_running()
+            && let Err(why) = self.pg_ctl_stop(StopMode::Fast)
+        {
+            panic!(
+                "pg_ctl stop -m fast (for restart) failed for the cluster in {}:\n{why}\n{}",
+                self.data_dir.display(),
+                self.log_tail()
+            );
+        }
+        for attempt in 1..=RESTART_ATTEMPTS {
+            match self.pg_ctl_start() {
+                Ok(()) => return,
+                Err(failure) if failure.port_in_use && attempt < RESTART_ATTEMPTS => {
+                    // Whoever took the port may be a short-lived client socket: wait it out.
+                    std::thread::sleep(Duration::from_millis(200 * u64::from(attempt)));
+                }
+                Err(failure) => panic!(
+                    "PostgreSQL cluster in {} did not restart on port {} (attempt {attempt} of {RESTART_ATTEMPTS}):\n{}",
+                    self.data_dir.display(),
+                    self.port,
+                    failure.report
+                ),
+            }
+        }
+    }
+
+    /// Whether the server process is alive (it accepts connections whenever `start`,
+    /// `restart` or `stop` is not in the middle of changing that).
+    pub fn is_running(&self) -> bool {
+        // Read directly rather than via `pg_ctl status`: no process to spawn, and a zombie postmaster, which `kill -0` reports as
+        // alive, counts as dead here.
+        let Ok(pid_file) = fs::read_to_string(self.data_dir.join("postmaster.pid")) else {
+            return false;
+        };
+        let Some(pid) = pid_file
+            .lines()
+            .next()
+            .and_then(|l| l.trim().parse::<u32>().ok())
+        else {
+            return false;
+        };
+        let Ok(stat) = fs::read_to_string(format!("/proc/{pid}/stat")) else {
+            return false;
+        };
+        let alive =
+            matches!(stat.rsplit_once(") "), Some((_, rest)) if !rest.starts_with(['Z', 'X']));
+        // A stale pid file's pid may have been recycled by an unrelated process.
+        alive
+            && fs::read(format!("/proc/{pid}/cmdline"))
+                .map(|cmdline| contains(&cmdline, self.data_dir.as_os_str().as_encoded_bytes()))
+                .unwrap_or(false)
+    }
+
+    fn lock_lifecycle(&self) -> MutexGuard<'_, ()> {
+        // A test that panicked mid-restart must not wedge the other tests sharing this
+        // cluster; the guarded state is the data dir, which `is_running` re-reads anyway.
+        self.lifecycle
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    fn write_cluster_conf(&self, port: u16) {
+        let socket_dir = self.dir.path();
+        let socket_line =
+            if socket_dir.as_os_str().len() + "/.s.PGSQL.65535".len() <= MAX_SOCKET_PATH {
+                format!("unix_socket_directories = '{}'", conf_escape(socket_dir))
+            } else {
+                // An over-long socket path is fatal to the server, and nothing here needs
+                // the socket: everything connects over TCP.
+                "unix_socket_directories = ''".to_string()
+            };
+        let path = self.data_dir.join(CLUSTER_CONF);
+        fs::write(&path, format!("port = {port}\n{socket_line}\n"))
+            .unwrap_or_else(|e| panic!("cannot write {}: {e}", path.display()));
+        tools().give_to_server_user(&path);
+    }
+
+    fn pg_ctl_start(&self) -> Result<(), StartFailure> {
+        let log_offset = fs::metadata(&self.log_path).map(|m| m.len()).unwrap_or(0);
+        let out = run(
+            tools()
+                .server_command("pg_ctl")
+                .arg("-D")
+                .arg(&self.data_dir)
+                .arg("-l")
+                .arg(&self.log_path)
+                .args(["-w", "-t", PG_CTL_TIMEOUT_SECS, "start"]),
+            "pg_ctl start",
+        );
+        if out.status.success() {
+            return Ok(());
+        }
+        let new_log = read_from(&self.log_path, log_offset);
+        Err(StartFailure {
+            port_in_use: new_log.contains("Address already in use"),
+            report: format!("{}\n{}", describe(&out), self.log_tail()),
+        })
+    }
+
+    /// Signals the server to stop and waits until it is down; `Err` explains why not.
+    fn pg_ctl_stop(&self, mode: StopMode) -> Result<(), String> {
+        // `-W` and our own wait because `pg_ctl -w` polls every 100 ms, which more than
+        // doubles the time a stop takes.
+        let out = run(
+            tools()
+                .server_command("pg_ctl")
+                .arg("-D")
+                .arg(&self.data_dir)
+                .args(["-m", mode.as_pg_ctl_arg(), "-W", "stop"]),
+            "pg_ctl stop",
+        );
+        if !out.status.success() {
+            return Err(describe(&out));
+        }
+        if self.wait_until_down(STOP_TIMEOUT) {
+            Ok(())
+        } else {
+            Err(format!(
+                "the server was still running {STOP_TIMEOUT:?} after pg_ctl stop"
+            ))
+        }
+    }
+
+    fn wait_until_down(&self, timeout: Duration) -> bool {
+        let deadline = Instant::now() + timeout;
+        loop {
+            if !self.is_running() {
+                return true;
+            }
+            if Instant::now() >= deadline {
+                return false;
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+
+    fn psql(&self) -> Command {
+        let mut cmd = Command::new(tools().psql());
+        // Variables from the developer's shell must not redirect or reconfigure us.
+        for var in [
+            "PGOPTIONS",
+            "PGSERVICE",
+            "PGSERVICEFILE",
+            "PGSSLMODE",
+            "PGTARGETSESSIONATTRS",
+        ] {
+            cmd.env_remove(var);
+        }
+        cmd.env("PGCONNECT_TIMEOUT", "10")
+            .args([
+                "-X",
+                "-q",
+                "-v",
+                "ON_ERROR_STOP=1",
+                "-h",
+                "127.0.0.1",
+                "-U",
+                "postgres",
+                "-d",
+                "postgres",
+            ])
+            .arg("-p")
+            .arg(self.port.to_string())
+            .stdin(Stdio::null());
+        cmd
+    }
+
+    fn log_tail(&self) -> String {
+        const LINES: usize = 40;
+        match fs::read_to_string(&self.log_path) {
+            Ok(log) => {
+                let lines: Vec<&str> = log.lines().collect();
+                let tail = lines[lines.len().saturating_sub(LINES)..].join("\n");
+                format!("--- last lines of {} ---\n{tail}", self.log_path.display())
+            }
+            Err(e) => format!("--- no server log at {}: {e} ---", self.log_path.display()),
+        }
+    }
+}
+
+impl Drop for PgCluster {
+    /// Stops the server at once (nothing of it is worth a clean shutdown), disarms the
+    /// watchdog, and lets the `TempDir` field delete the directory afterwards.
+    fn drop(&mut self) {
+        // Never panic here: a drop during a panic's unwinding would abort the test binary.
+        let down = !self.is_running() || self.pg_ctl_stop(StopMode::Immediate).is_ok();
+        if let Some(watchdog) = self.watchdog.take() {
+            if down {
+                watchdog.disarm();
+            } else {
+                // It retries the stop and falls back to SIGKILL, which we cannot send
+                // without libc.
+                watchdog.fire();
+            }
+        }
+    }
+}
+
+/// The watchdog's program. Its parameters come in the environment, not in its
+/// arguments, so that `pgrep -f <data dir>` finds the processes at work on the data
+/// dir and not the watchdog itself.
+///
+/// Its stdin is a pipe whose only write end is in the test process (close-on-exec, so
+/// no child inherits it): `read` returns at end-of-file exactly when that process is
+/// gone, however it died, with no polling and no pid that could be recycled.
+///
+/// Children of the dead test process (an `initdb`, a `pg_ctl start`) may still be at
+/// work on the directory, so it waits for them to finish, stopping any server they
+/// start, before deleting: deleting under a running `initdb` makes its backend die
+/// without freeing its shared memory segments in /dev/shm.
+const WATCHDOG_SCRIPT: &str = r#"
+trap '' HUP INT
+read -r _
+stop_server() {
+    [ -f "$PGH_DATA/postmaster.pid" ] || return 0
+    if [ -n "$PGH_USER" ]; then
+        setpriv --reuid="$PGH_USER" --regid="$PGH_USER" --init-groups \
+            "$PGH_PG_CTL" -D "$PGH_DATA" -m immediate -w -t 60 stop >/dev/null 2>&1
+    else
+        "$PGH_PG_CTL" -D "$PGH_DATA" -m immediate -w -t 60 stop >/dev/null 2>&1
+    fi
+    if [ -f "$PGH_DATA/postmaster.pid" ]; then
+        pid=$(head -n 1 "$PGH_DATA/postmaster.pid")
+        [ -n "$pid" ] && kill -KILL "$pid" 2>/dev/null
+    fi
+}
+pass=0
+while [ "$pass" -lt 120 ]; do
+    stop_server
+    command -v pgrep >/dev/null 2>&1 || break
+    pgrep -f -- "$PGH_DATA" >/dev/null 2>&1 || break
+    pass=$((pass + 1))
+    sleep 0.5
+done
+stop_server
+rm -rf -- "$PGH_DIR"
+"#;
+
+/// A process that, once this test process is gone, stops the server in
+/// `<dir>/data` if one runs there and deletes `<dir>`.
+///
+/// Dropping it without `disarm` sets it off right away (its stdin closes), which is
+/// what a half-built directory abandoned by a panic needs.
+#[derive(Debug)]
+struct Watchdog(Child);
+
+impl Watchdog {
+    fn arm(dir: &Path) -> Watchdog {
+        let tools = tools();
+        let mut cmd = Command::new("sh");
+        cmd.arg("-c")
+            .arg(WATCHDOG_SCRIPT)
+            .env("PGH_DIR", dir)
+            .env("PGH_DATA", dir.join("data"))
+            .env("PGH_PG_CTL", tools.bin_dir.join("pg_ctl"))
+            .env(
+                "PGH_USER",
+                if tools.server_user.is_some() {
+                    SERVER_OS_USER
+                } else {
+                    ""
+                },
+            )
+            .stdin(Stdio::piped())
+            // Never the test runner's pipes: a runner waits for those to close, and this
+            // process outlives the test on purpose.
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .current_dir("/")
+            // Its own process group, so that a runner killing the test's group on
+            // timeout (nextest does) or a Ctrl-C does not kill the cleanup with it.
+            .process_group(0);
+        let child = cmd
+            .spawn()
+            .unwrap_or_else(|e| panic!("cannot spawn the PostgreSQL cleanup watchdog (sh): {e}"));
+        Watchdog(child)
+    }
+
+    /// For when this process has cleaned up (or is about to) itself: a released
+    /// watchdog would race it.
+    fn disarm(mut self) {
+        let _ = self.0.kill();
+        // Reaped so that a long `cargo test` process collects no zombies.
+        let _ = self.0.wait();
+    }
+
+    /// Runs the cleanup now and waits for it.
+    fn fire(mut self) {
+        drop(self.0.stdin.take());
+        let _ = self.0.wait();
+    }
+}
+
+/// The machine's PostgreSQL installation and how to run its server-side programs.
+#[derive(Debug)]
+struct Tools {
+    bin_dir: PathBuf,
+    /// As printed by `postgres --version`, e.g. `15.18`.
+    version: String,
+    euid: u32,
+    /// The server user's (uid, gid) when we are root and must drop privileges.
+    server_user: Option<(u32, u32)>,
+}
+
+fn tools() -> &'static Tools {
+    static TOOLS: OnceLock<Tools> = OnceLock::new();
+    TOOLS.get_or_init(|| {
+        let bin_dir = find_bin_dir();
+        let out = run(
+            Command::new(bin_dir.join("postgres")).arg("--version"),
+            "postgres --version",
+        );
+        let version_line = String::from_utf8_lossy(&out.stdout).into_owned();
+        // "postgres (PostgreSQL) 15.18 (Debian 15.18-0+deb12u1)"
+        let version = version_line
+            .split_whitespace()
+            .nth(2)
+            .filter(|v| out.status.success() && v.starts_with(|c: char| c.is_ascii_digit()))
+            .unwrap_or_else(|| {
+                panic!(
+                    "cannot parse `postgres --version` output: {}",
+                    describe(&out)
+                )
+            })
+            .to_string();
+        let euid = effective_uid();
+        let server_user =
+            (euid == 0).then(|| (id_of(SERVER_OS_USER, "-u"), id_of(SERVER_OS_USER, "-g")));
+        Tools {
+            bin_dir,
+            version,
+            euid,
+            server_user,
+        }
+    })
+}
+
+impl Tools {
+    /// A command running `tool` from the server's bin dir, as the server user if we are root.
+    fn server_command(&self, tool: &str) -> Command {
+        let exe = self.bin_dir.join(tool);
+        let mut cmd = if self.server_user.is_some() {
+            let mut c = Command::new("setpriv");
+            c.arg(format!("--reuid={SERVER_OS_USER}"))
+                .arg(format!("--regid={SERVER_OS_USER}"))
+                .arg("--init-groups")
+                .arg(exe);
+            c
+        } else {
+            Command::new(exe)
+        };
+        // The test's working directory (under /root in CI) may be unreadable to the
+        // server user, and initdb and pg_ctl complain about that.
+        cmd.current_dir(std::env::temp_dir()).stdin(Stdio::null());
+        cmd
+    }
+
+    fn give_to_server_user(&self, path: &Path) {
+        if let Some((uid, gid)) = self.server_user {
+            std::os::unix::fs::chown(path, Some(uid), Some(gid)).unwrap_or_else(|e| {
+                panic!("cannot chown {} to {SERVER_OS_USER}: {e}", path.display())
+            });
+        }
+    }
+
+    fn psql(&self) -> PathBuf {
+        let bundled = self.bin_dir.join("psql");
+        if bundled.is_file() {
+            bundled
+        } else {
+            PathBuf::from("psql")
+        }
+    }
+}
+
+/// Finds the directory holding `pg_ctl`, `initdb` and `postgres` of one installation.
+fn find_bin_dir() -> PathBuf {
+    let on_path = std::env::var_os("PATH").and_then(|path| {
+        std::env::split_paths(&path)
+            .map(|dir| dir.join("pg_ctl"))
+            .find(|exe| exe.is_file())
+    });
+    if let Some(pg_ctl) = on_path {
+        // Resolve symlinks (Debian links /usr/local/bin/pg_ctl into the versioned dir)
+        // so the three programs surely come from one installation.
+        let real = fs::canonicalize(&pg_ctl).unwrap_or(pg_ctl);
+        if let Some(dir) = real.parent()
+            && dir.join("initdb").is_file()
+            && dir.join("postgres").is_file()
+        {
+            return dir.to_path_buf();
+        }
+    }
+    // Debian/Ubuntu keep the server programs off PATH; prefer the newest major version.
+    let mut candidates: Vec<(u32, PathBuf)> = fs::read_dir("/usr/lib/postgresql")
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|entry| {
+            let major = entry.file_name().to_str()?.parse::<u32>().ok()?;
+            let bin = entry.path().join("bin");
+            bin.join("pg_ctl").is_file().then_some((major, bin))
+        })
+        .collect();
+    candidates.sort();
+    candidates.pop().map(|(_, bin)| bin).unwrap_or_else(|| {
+        panic!(
+            "PostgreSQL server programs not found: put pg_ctl, initdb and postgres on PATH \
+             or install them under /usr/lib/postgresql/<major>/bin"
+        )
+    })
+}
+
+fn effective_uid() -> u32 {
+    // /proc/self belongs to the process's effective uid; `id -u` covers a missing /proc.
+    fs::metadata("/proc/self")
+        .map(|m| m.uid())
+        .unwrap_or_else(|_| id_of_self())
+}
+
+fn id_of_self() -> u32 {
+    let out = run(Command::new("id").arg("-u"), "id -u");
+    String::from_utf8_lossy(&out.stdout)
+        .trim()
+        .parse()
+        .unwrap_or_else(|_| panic!("cannot parse `id -u` output: {}", describe(&out)))
+}
+
+fn id_of(user: &str, flag: &str) -> u32 {
+    let out = run(Command::new("id").arg(flag).arg(user), "id");
+    String::from_utf8_lossy(&out.stdout).trim().parse().unwrap_or_else(|_| {
+        panic!(
+            "tests run as root, so PostgreSQL must run as the OS user `{user}`, but `id {flag} {user}` failed:\n{}",
+            describe(&out)
+        )
+    })
+}
+
+/// The initdb'd template every cluster copies, built on first use by any test process.
+fn template_dir() -> &'static Path {
+    static TEMPLATE: OnceLock<PathBuf> = OnceLock::new();
+    TEMPLATE.get_or_init(|| {
+        let tools = tools();
+        // Keyed by version (a data dir only works with its major version, and binaries
+        // can be upgraded under a cached template) and by uid (the files belong to it).
+        let name = format!(
+            "pgharness-template-v{TEMPLATE_FORMAT}-pg{}-uid{}",
+            tools.version, tools.euid
+        );
+        let path = std::env::temp_dir().join(&name);
+        // The template only ever appears by an atomic rename of a finished one, so its
+        // existence proves it is complete.
+        if is_template(&path) {
+            return path;
+        }
+        // Concurrent test processes (nextest) would otherwise all run initdb at once,
+        // each taking a CPU-second, only for all but one to throw the result away. The
+        // lock only saves work: correctness rests on the atomic rename below, which also
+        // lets the check above skip the lock.
+        let lock_path = std::env::temp_dir().join(format!("{name}.lock"));
+        let lock = fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(&lock_path)
+            .and_then(|file| file.lock().map(|()| file));
+        if is_template(&path) {
+            return path;
+        }
+        if path.exists() {
+            // Left incomplete by a /tmp cleaner that ages files out (systemd-tmpfiles
+            // does): every start would fail. Moved aside first because a directory can
+            // only be renamed onto an empty one.
+            let trash = std::env::temp_dir().join(format!(
+                ".pgharness-broken-template-{}-{}",
+                std::process::id(),
+                unique_suffix()
+            ));
+            if !is_template(&path) && fs::rename(&path, &trash).is_ok() {
+                let _ = fs::remove_dir_all(&trash);
+            }
+        }
+        let staging = tempfile::Builder::new()
+            .prefix(".pgharness-initdb-")
+            .tempdir()
+            .unwrap_or_else(|e| panic!("cannot create a temp dir for initdb: {e}"));
+        tools.give_to_server_user(staging.path());
+        // initdb writes ~40 MB that a test killed meanwhile would leave behind.
+        let watchdog = Watchdog::arm(staging.path());
+        let data = staging.path().join("data");
+        let out = run(
+            tools.server_command("initdb").arg("-D").arg(&data).args([
+                "-U",
+                "postgres",
+                // trust for local sockets and 127.0.0.1/::1, so no passwords anywhere
+                "-A",
+                "trust",
+                "-E",
+                "UTF8",
+                "--locale=C",
+                "--no-sync",
+                "--no-instructions",
+            ]),
+            "initdb",
+        );
+        if !out.status.success() {
+            panic!("initdb into {} failed:\n{}", data.display(), describe(&out));
+        }
+        let conf_path = data.join("postgresql.conf");
+        fs::OpenOptions::new()
+            .append(true)
+            .open(&conf_path)
+            .and_then(|mut conf| conf.write_all(TEMPLATE_CONF.as_bytes()))
+            .unwrap_or_else(|e| panic!("cannot append to {}: {e}", conf_path.display()));
+        match fs::rename(&data, &path) {
+            Ok(()) => {}
+            // Another process finished first; its template is as good as ours, which
+            // `staging` now deletes.
+            Err(_) if is_template(&path) => {}
+            Err(e) => panic!(
+                "cannot move the new PostgreSQL template from {} to {}: {e}",
+                data.display(),
+                path.display()
+            ),
+        }
+        drop(lock);
+        watchdog.disarm();
+        path
+    })
+}
+
+fn is_template(path: &Path) -> bool {
+    ["PG_VERSION", "global/pg_control", "base/1/PG_VERSION"]
+        .iter()
+        .all(|file| path.join(file).is_file())
+        && fs::read_to_string(path.join("postgresql.conf"))
+            .is_ok_and(|conf| conf.contains(CLUSTER_CONF))
+}
+
+/// Wall-clock nanoseconds, truncated to keep names short (well under PostgreSQL's
+/// 63-byte identifier limit).
+fn unique_suffix() -> u128 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_nanos() % 1_000_000_000_000)
+        .unwrap_or(0)
+}
+
+/// Copies a data directory: files, directories with their modes (the server insists on
+/// 0700), symlinks, and, when we are root, ownership by the server user.
+fn copy_tree(from: &Path, to: &Path) -> std::io::Result<()> {
+    let tools = tools();
+    fs::create_dir(to)?;
+    for entry in fs::read_dir(from)? {
+        let entry = entry?;
+        let (src, dst) = (entry.path(), to.join(entry.file_name()));
+        let kind = entry.file_type()?;
+        if kind.is_dir() {
+            copy_tree(&src, &dst)?;
+        } else if kind.is_symlink() {
+            std::os::unix::fs::symlink(fs::read_link(&src)?, &dst)?;
+        } else {
+            // Copies the mode too.
+            fs::copy(&src, &dst)?;
+        }
+        if !kind.is_symlink() {
+            tools.give_to_server_user(&dst);
+        }
+    }
+    fs::set_permissions(to, fs::metadata(from)?.permissions())?;
+    tools.give_to_server_user(to);
+    Ok(())
+}
+
+fn free_loopback_port() -> u16 {
+    let listener = TcpListener::bind(("127.0.0.1", 0))
+        .unwrap_or_else(|e| panic!("cannot bind a loopback port to find a free one: {e}"));
+    listener
+        .local_addr()
+        .unwrap_or_else(|e| panic!("cannot read a loopback listener's address: {e}"))
+        .port()
+}
+
+struct StartFailure {
+    /// The server failed because the port was taken, so another port (or a later try on
+    /// the same one) may succeed.
+    port_in_use: bool,
+    report: String,
+}
+
+fn run(cmd: &mut Command, what: &str) -> Output {
+    cmd.output()
+        .unwrap_or_else(|e| panic!("cannot run {what} ({:?}): {e}", cmd.get_program()))
+}
+
+fn describe(out: &Output) -> String {
+    format!(
+        "exit status: {}\nstdout: {}\nstderr: {}",
+        out.status,
+        String::from_utf8_lossy(&out.stdout).trim_end(),
+        String::from_utf8_lossy(&out.stderr).trim_end()
+    )
+}
+
+fn read_from(path: &Path, offset: u64) -> String {
+    let mut text = String::new();
+    if let Ok(mut file) = fs::File::open(path) {
+        let _ = file.seek(SeekFrom::Start(offset));
+        let mut bytes = Vec::new();
+        let _ = file.read_to_end(&mut bytes);
+        text = String::from_utf8_lossy(&bytes).into_owned();
+    }
+    text
+}
+
+/// Escapes a path for a single-quoted `postgresql.conf` value.
+fn conf_escape(path: &Path) -> String {
+    path.to_string_lossy()
+        .replace('\\', "\\\\")
+        .replace('\'', "''")
+}
+
+fn contains(haystack: &[u8], needle: &[u8]) -> bool {
+    !needle.is_empty() && haystack.windows(needle.len()).any(|w| w == needle)
+}
+
+// `shared()` hands one cluster to every test thread.
+const _: fn() = || {
+    fn assert_send_sync<T: Send + Sync>() {}
+    assert_send_sync::<PgCluster>();
+};
