@@ -34,6 +34,19 @@ pub enum Command {
     Migrate,
 }
 
+/// With `--wait-wakeup listen`, watched keys are still read this often, for announcements
+/// missed while the listening connection was down.
+const LISTEN_SAFETY_POLL: Duration = Duration::from_secs(1);
+
+/// How waiters learn of completions on other servers.
+#[derive(clap::ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Wakeup {
+    /// PostgreSQL LISTEN/NOTIFY.
+    Listen,
+    /// Reading each watched key at an interval.
+    Poll,
+}
+
 /// Every setting of the server.
 #[derive(Args, Debug, Clone)]
 pub struct Settings {
@@ -134,6 +147,56 @@ pub struct Settings {
     )]
     pub external_ref_prefix: String,
 
+    /// How long a reconciler holds the unresolved entries a Reconcile handed it; other
+    /// reconcilers get them again only after it passed.
+    #[arg(long, env = "LEDGER_RECONCILE_LEASE", default_value = "60s", value_parser = parse_duration, global = true)]
+    pub reconcile_lease: Duration,
+
+    /// How many entries Reconcile hands out when the request sets no limit.
+    #[arg(
+        long,
+        env = "LEDGER_RECONCILE_DEFAULT_LIMIT",
+        default_value_t = 100,
+        global = true
+    )]
+    pub reconcile_default_limit: u32,
+
+    /// The most entries one Reconcile hands out (a larger limit is shortened to this) and the
+    /// most resolutions it accepts.
+    #[arg(
+        long,
+        env = "LEDGER_RECONCILE_MAX_LIMIT",
+        default_value_t = 1000,
+        global = true
+    )]
+    pub reconcile_max_limit: u32,
+
+    /// How claims waiting on one server learn of a completion on another server sharing the
+    /// PostgreSQL database: `listen` (LISTEN/NOTIFY on a dedicated connection, with a 1 s poll
+    /// as a safety net) or `poll` (one read per watched key every --wait-poll-interval; for
+    /// PgBouncer in transaction mode, which cannot LISTEN). Waiters on the same server are
+    /// always woken in-process.
+    #[arg(long, env = "LEDGER_WAIT_WAKEUP", value_enum, default_value_t = Wakeup::Listen, global = true)]
+    pub wait_wakeup: Wakeup,
+
+    /// The poll interval of `--wait-wakeup poll`.
+    #[arg(long, env = "LEDGER_WAIT_POLL_INTERVAL", default_value = "100ms", value_parser = parse_duration, global = true)]
+    pub wait_poll_interval: Duration,
+
+    /// How often finished entries past their retention are deleted.
+    #[arg(long, env = "LEDGER_PRUNE_INTERVAL", default_value = "60s", value_parser = parse_duration, global = true)]
+    pub prune_interval: Duration,
+
+    /// How many expired entries one delete statement removes; small batches keep pruning from
+    /// holding up claims.
+    #[arg(
+        long,
+        env = "LEDGER_PRUNE_BATCH_SIZE",
+        default_value_t = 500,
+        global = true
+    )]
+    pub prune_batch_size: u32,
+
     /// Most database connections this server opens.
     #[arg(
         long,
@@ -176,7 +239,19 @@ impl Settings {
             },
             max_result_bytes: self.max_result_bytes,
             external_ref_prefix: self.external_ref_prefix.clone(),
+            reconcile_lease: self.reconcile_lease,
+            reconcile_default_limit: self.reconcile_default_limit,
+            reconcile_max_limit: self.reconcile_max_limit,
+            wait_poll_interval: match self.wait_wakeup {
+                Wakeup::Listen => LISTEN_SAFETY_POLL.max(self.wait_poll_interval),
+                Wakeup::Poll => self.wait_poll_interval,
+            },
         }
+    }
+
+    /// Whether this server should LISTEN for other servers' announcements.
+    pub fn listens(&self) -> bool {
+        self.wait_wakeup == Wakeup::Listen
     }
 
     /// The store's pool settings.
@@ -197,6 +272,17 @@ impl Settings {
         }
         if self.default_retention.is_zero() || self.default_retention > self.max_retention {
             return Err("--default-retention must be positive and at most --max-retention".into());
+        }
+        if self.reconcile_default_limit == 0
+            || self.reconcile_default_limit > self.reconcile_max_limit
+        {
+            return Err(
+                "--reconcile-default-limit must be positive and at most --reconcile-max-limit"
+                    .into(),
+            );
+        }
+        if self.prune_batch_size == 0 || self.wait_poll_interval.is_zero() {
+            return Err("--prune-batch-size and --wait-poll-interval must be positive".into());
         }
         if self.max_json_depth == 0 || self.max_arguments_bytes == 0 {
             return Err("--max-json-depth and --max-arguments-bytes must be positive".into());

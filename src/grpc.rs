@@ -14,7 +14,8 @@ use crate::domain::canonical::Canonicalization;
 use crate::domain::{FinalStatus, Micros};
 use crate::error::LedgerError;
 use crate::ledger::{
-    ClaimInput, ClaimOutput, CompleteInput, EntryView, Ledger, LookupInput, Outcome, Tenant,
+    ClaimInput, ClaimOutput, CompleteInput, EntryView, Ledger, LookupInput, Outcome,
+    ReconcileInput, ResolutionInput, Tenant,
 };
 use crate::metrics::{Metrics, Rpc};
 
@@ -109,7 +110,7 @@ impl LedgerService for LedgerApi {
         let input = CompleteInput {
             key: r.key,
             claim_token: r.claim_token,
-            status: final_status(r.status)?,
+            status: final_status("status", r.status)?,
             result: r.result.to_vec(),
             error: r.error,
             retryable: r.retryable,
@@ -150,14 +151,40 @@ impl LedgerService for LedgerApi {
 
     async fn reconcile(
         &self,
-        _request: Request<pb::ReconcileRequest>,
+        request: Request<pb::ReconcileRequest>,
     ) -> Result<Response<pb::ReconcileResponse>, Status> {
-        self.observe(
-            Rpc::Reconcile,
-            Err(Status::unimplemented(
-                "Reconcile is not available in this version of the ledger",
-            )),
+        let (tenant, deadline) = context(&request)?;
+        let r = request.into_inner();
+        let resolutions = r
+            .resolutions
+            .into_iter()
+            .map(|res| {
+                Ok(ResolutionInput {
+                    key: res.key,
+                    status: final_status("resolutions", res.status)?,
+                    result: res.result.to_vec(),
+                    error: res.error,
+                    retryable: res.retryable,
+                })
+            })
+            .collect::<Result<Vec<_>, Status>>()?;
+        let input = ReconcileInput {
+            older_than: duration("older_than", r.older_than)?,
+            tool: r.tool,
+            limit: r.limit,
+            resolutions,
+        };
+        let ledger = self.ledger.clone();
+        let out = run(
+            deadline,
+            async move { ledger.reconcile(&tenant, input).await },
         )
+        .await;
+        let out = self.observe(Rpc::Reconcile, out)?;
+        Ok(Response::new(pb::ReconcileResponse {
+            pending: out.pending.into_iter().map(entry).collect(),
+            resolved: out.resolved.into_iter().map(entry).collect(),
+        }))
     }
 }
 
@@ -233,13 +260,15 @@ fn canonicalization(value: i32) -> Result<Canonicalization, Status> {
     }
 }
 
-fn final_status(value: i32) -> Result<FinalStatus, Status> {
+/// A reported status of `field`: Complete accepts the three outcomes (Reconcile then refuses
+/// UNKNOWN, which is no finding).
+fn final_status(field: &'static str, value: i32) -> Result<FinalStatus, Status> {
     match pb::Status::try_from(value) {
         Ok(pb::Status::Succeeded) => Ok(FinalStatus::Succeeded),
         Ok(pb::Status::Failed) => Ok(FinalStatus::Failed),
         Ok(pb::Status::Unknown) => Ok(FinalStatus::Unknown),
         _ => Err(LedgerError::invalid(
-            "status",
+            field,
             "must be STATUS_SUCCEEDED, STATUS_FAILED or STATUS_UNKNOWN",
         )
         .into()),

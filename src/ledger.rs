@@ -17,14 +17,12 @@ use crate::domain::{
     decide_complete,
 };
 use crate::error::LedgerError;
-use crate::storage::Store;
+use crate::storage::{Store, UnresolvedQuery};
+use crate::wait::WaitHub;
 
 /// How often a lost compare-and-set race is retried before the call gives up. Each retry
 /// follows another writer's success, so reaching this means a pathological storm.
 const MAX_RACES: usize = 16;
-
-/// The longest a waiting claim sleeps between two reads of an entry in flight.
-const MAX_WAIT_POLL: Duration = Duration::from_millis(100);
 
 /// The retry hint for an entry whose outcome is unknown: reconciliation takes a while.
 const UNKNOWN_RETRY_AFTER: Duration = Duration::from_secs(30);
@@ -48,6 +46,16 @@ pub struct Limits {
     pub max_result_bytes: usize,
     /// Prefix of every entry's `external_ref`.
     pub external_ref_prefix: String,
+    /// How long a reconciler holds the unresolved entries it was handed.
+    pub reconcile_lease: Duration,
+    /// How many entries Reconcile hands out when the request sets no limit.
+    pub reconcile_default_limit: u32,
+    /// The most entries (and resolutions) one Reconcile call handles.
+    pub reconcile_max_limit: u32,
+    /// How often a key that claims wait on is read from a store other servers share: the
+    /// wake-up bound when announcements are off (`--wait-wakeup poll`), and the safety net
+    /// for missed announcements otherwise.
+    pub wait_poll_interval: Duration,
 }
 
 impl Default for Limits {
@@ -61,6 +69,10 @@ impl Default for Limits {
             json: JsonLimits::default(),
             max_result_bytes: 1_048_576,
             external_ref_prefix: "idem-".to_string(),
+            reconcile_lease: Duration::from_secs(60),
+            reconcile_default_limit: 100,
+            reconcile_max_limit: 1000,
+            wait_poll_interval: Duration::from_secs(1),
         }
     }
 }
@@ -179,6 +191,43 @@ pub struct CompleteOutput {
     pub already_completed: bool,
 }
 
+/// What a reconciler found out about one entry.
+#[derive(Clone, Debug)]
+pub struct ResolutionInput {
+    /// The entry's key.
+    pub key: String,
+    /// `Succeeded` when the effect was found, `Failed` when it was not.
+    pub status: FinalStatus,
+    /// The result found, with `Succeeded`.
+    pub result: Vec<u8>,
+    /// What was (not) found, with `Failed`.
+    pub error: String,
+    /// With `Failed`: may the intent be tried again.
+    pub retryable: bool,
+}
+
+/// A Reconcile: which unresolved entries to hand out, and the answers about earlier ones.
+#[derive(Clone, Debug, Default)]
+pub struct ReconcileInput {
+    /// Only entries whose attempt started at least this long ago.
+    pub older_than: Option<Duration>,
+    /// Only entries of this tool; empty for all.
+    pub tool: String,
+    /// How many to hand out; 0 for the server's default.
+    pub limit: u32,
+    /// Findings to apply first.
+    pub resolutions: Vec<ResolutionInput>,
+}
+
+/// The answer to a Reconcile.
+#[derive(Clone, Debug)]
+pub struct ReconcileOutput {
+    /// Unresolved entries, oldest first, now held for the caller.
+    pub pending: Vec<EntryView>,
+    /// The entries the resolutions named, as they stand afterwards.
+    pub resolved: Vec<EntryView>,
+}
+
 /// The ledger: a cheap-to-clone handle over a store, a clock and the server's limits.
 #[derive(Clone)]
 pub struct Ledger {
@@ -188,16 +237,42 @@ pub struct Ledger {
     clock: Arc<dyn Clock>,
     /// Defaults and limits for requests.
     limits: Arc<Limits>,
+    /// The claims waiting on this server for attempts in flight.
+    waits: Arc<WaitHub>,
 }
 
 impl Ledger {
-    /// A ledger over `store`.
+    /// A ledger over `store`. Waiting claims are woken in-process by completions on this server;
+    /// on a store other servers share, a watched key is also read every
+    /// `limits.wait_poll_interval`.
     pub fn new(store: Arc<dyn Store>, clock: Arc<dyn Clock>, limits: Limits) -> Ledger {
+        let poll = store.shared().then_some(limits.wait_poll_interval);
         Ledger {
+            waits: Arc::new(WaitHub::new(store.clone(), clock.clone(), poll)),
             store,
             clock,
             limits: Arc::new(limits),
         }
+    }
+
+    /// Wakes this server's waiters on the changes other servers announce (PostgreSQL
+    /// LISTEN/NOTIFY); without it, they learn of them by polling only. Call once, inside the
+    /// runtime.
+    pub fn listen_for_announcements(&self) {
+        let Some(mut announcements) = self.store.subscribe() else {
+            return;
+        };
+        let waits = self.waits.clone();
+        tokio::spawn(async move {
+            while let Some((tenant, key)) = announcements.recv().await {
+                waits.wake(&tenant, &key);
+            }
+        });
+    }
+
+    /// The waiting claims of this server.
+    pub fn waits(&self) -> &WaitHub {
+        &self.waits
     }
 
     /// The store, for health probes and migrations.
@@ -221,22 +296,32 @@ impl Ledger {
         input: ClaimInput,
     ) -> Result<ClaimOutput, LedgerError> {
         let request = self.prepare_claim(input)?;
-        let wait_until = request
-            .wait
-            .filter(|w| !w.is_zero())
-            .map(|w| Instant::now() + w);
-        let mut poll = Duration::from_millis(5);
+        let output = self.claim_once(tenant, &request).await?;
+        let until = match request.wait {
+            Some(wait) if !wait.is_zero() && in_flight(&output) => Instant::now() + wait,
+            _ => return Ok(output),
+        };
+        // Wait: register first, then mark the entry so other servers announce its change,
+        // then re-read in the loop, so that no completion can slip between read and sleep.
+        let watch = self.waits.watch(&tenant.0, &request.key);
+        self.store.mark_waiting(&tenant.0, &request.key).await?;
         loop {
+            let changed = watch.notified();
             let output = self.claim_once(tenant, &request).await?;
-            let in_flight =
-                output.outcome == Outcome::InProgress && output.entry.status == Status::Attempting;
-            match wait_until {
-                Some(until) if in_flight && Instant::now() < until => {
-                    let remaining = until.saturating_duration_since(Instant::now());
-                    tokio::time::sleep(poll.min(remaining)).await;
-                    poll = (poll * 2).min(MAX_WAIT_POLL);
-                }
-                _ => return Ok(output),
+            if !in_flight(&output) || Instant::now() >= until {
+                return Ok(output);
+            }
+            // The lease ending turns the attempt unknown: answer then too.
+            let lease_left = output
+                .entry
+                .entry
+                .lease_expires_at
+                .minus(self.clock.now())
+                .to_duration();
+            let wake_at = until.min(Instant::now() + lease_left);
+            tokio::select! {
+                () = changed => {}
+                () = tokio::time::sleep_until(wake_at) => {}
             }
         }
     }
@@ -256,13 +341,13 @@ impl Ledger {
         if input.claim_token.is_empty() {
             return Err(LedgerError::invalid("claim_token", "is required"));
         }
-        self.check_completion(&input)?;
         let completion = Completion {
             status: input.status,
             result: input.result,
             error: input.error,
             retryable: input.retryable,
         };
+        self.check_outcome(&completion)?;
         for _ in 0..MAX_RACES {
             let now = self.clock.now();
             let Some(existing) = self.store.get(&tenant.0, key.as_str()).await? else {
@@ -282,7 +367,8 @@ impl Ledger {
                 }
                 CompleteDecision::Apply => {
                     let done = completion.apply_to(&existing, now);
-                    if self.store.finish(&tenant.0, &done).await? {
+                    if let Some(has_waiters) = self.store.finish(&tenant.0, &done).await? {
+                        self.changed(tenant, &done.key, has_waiters).await;
                         return Ok(CompleteOutput {
                             entry: self.view(done, now),
                             already_completed: false,
@@ -334,6 +420,160 @@ impl Ledger {
         match self.store.get(&tenant.0, &key).await? {
             Some(entry) if !entry.is_expired(now) => Ok(self.view(entry, now)),
             _ => Err(LedgerError::NotFound),
+        }
+    }
+
+    /// Applies what reconcilers found, then hands out up to `limit` unresolved entries, oldest
+    /// first, holding each for this caller for the reconcile lease.
+    ///
+    /// A resolution applies only to an entry whose outcome is unknown; an entry already
+    /// resolved (by its claimant's late Complete, or another reconciler) is returned as it
+    /// stands, and a key that does not exist for this tenant is left out of `resolved`.
+    ///
+    /// # Errors
+    /// `InvalidArgument` for a malformed request (checked whole before anything is written);
+    /// `Unavailable`/`Internal` from the store.
+    pub async fn reconcile(
+        &self,
+        tenant: &Tenant,
+        input: ReconcileInput,
+    ) -> Result<ReconcileOutput, LedgerError> {
+        let max = self.limits.reconcile_max_limit;
+        if input.resolutions.len() > max as usize {
+            return Err(LedgerError::invalid(
+                "resolutions",
+                format!(
+                    "{} resolutions; at most {max} per call",
+                    input.resolutions.len()
+                ),
+            ));
+        }
+        if !input.tool.is_empty() {
+            ToolName::parse(&input.tool)?;
+        }
+        let mut checked = Vec::with_capacity(input.resolutions.len());
+        for (i, r) in input.resolutions.into_iter().enumerate() {
+            let key = ExplicitKey::parse(&r.key).map_err(|e| {
+                LedgerError::invalid("resolutions", format!("[{i}].key: {}", e.message))
+            })?;
+            if r.status == FinalStatus::Unknown {
+                return Err(LedgerError::invalid(
+                    "resolutions",
+                    format!("[{i}].status must be STATUS_SUCCEEDED or STATUS_FAILED"),
+                ));
+            }
+            let completion = Completion {
+                status: r.status,
+                result: r.result,
+                error: r.error,
+                retryable: r.retryable,
+            };
+            self.check_outcome(&completion).map_err(|e| match e {
+                LedgerError::InvalidArgument {
+                    reason,
+                    message,
+                    field,
+                } => LedgerError::InvalidArgument {
+                    field: "resolutions",
+                    reason,
+                    message: format!("[{i}].{field} {message}"),
+                },
+                other => other,
+            })?;
+            checked.push((key, completion));
+        }
+
+        let mut resolved = Vec::with_capacity(checked.len());
+        for (key, completion) in checked {
+            if let Some(view) = self.resolve_one(tenant, key.as_str(), &completion).await? {
+                resolved.push(view);
+            }
+        }
+
+        let now = self.clock.now();
+        let limit = match input.limit {
+            0 => self.limits.reconcile_default_limit,
+            n => n.min(max),
+        };
+        let older_than = input
+            .older_than
+            .map(Micros::from_duration)
+            .unwrap_or_default();
+        let query = UnresolvedQuery {
+            now,
+            started_before: now.minus(older_than),
+            tool: input.tool,
+            limit,
+            hold_until: now.plus(Micros::from_duration(self.limits.reconcile_lease)),
+        };
+        let pending = self
+            .store
+            .take_unresolved(&tenant.0, &query)
+            .await?
+            .into_iter()
+            .map(|e| self.view(e, now))
+            .collect();
+        Ok(ReconcileOutput { pending, resolved })
+    }
+
+    /// Deletes finished entries past their expiry, `batch` at a time, until none is left;
+    /// returns how many. Each batch is one short statement, so claims never wait long.
+    ///
+    /// # Errors
+    /// `Unavailable`/`Internal` from the store; batches already deleted stay deleted.
+    pub async fn prune(&self, batch: u32) -> Result<u64, LedgerError> {
+        let mut total = 0;
+        loop {
+            let deleted = self.store.prune(self.clock.now(), batch).await?;
+            total += deleted;
+            if deleted < u64::from(batch) {
+                return Ok(total);
+            }
+            // Let claims waiting for the write lock (SQLite) or for I/O go first.
+            tokio::task::yield_now().await;
+        }
+    }
+
+    /// Applies one resolution, re-reading when a concurrent writer changed the entry.
+    async fn resolve_one(
+        &self,
+        tenant: &Tenant,
+        key: &str,
+        completion: &Completion,
+    ) -> Result<Option<EntryView>, LedgerError> {
+        for _ in 0..MAX_RACES {
+            let now = self.clock.now();
+            let Some(existing) = self.store.get(&tenant.0, key).await? else {
+                return Ok(None);
+            };
+            if existing.is_expired(now) {
+                return Ok(None);
+            }
+            if existing.effective_status(now) != Status::Unknown {
+                // Resolved already, or an attempt still in flight: nothing to reconcile.
+                return Ok(Some(self.view(existing, now)));
+            }
+            let done = completion.apply_to(&existing, now);
+            if let Some(has_waiters) = self.store.resolve(&tenant.0, &done, now).await? {
+                self.changed(tenant, key, has_waiters).await;
+                return Ok(Some(self.view(done, now)));
+            }
+        }
+        Err(LedgerError::Internal(format!(
+            "resolution of {key} lost {MAX_RACES} races in a row"
+        )))
+    }
+
+    /// After an entry left ATTEMPTING/UNKNOWN: wake this server's waiters, and announce it to
+    /// other servers when some claim waits for it. The outcome is already committed, so a
+    /// failed announcement only delays waiters until their poll.
+    async fn changed(&self, tenant: &Tenant, key: &str, has_waiters: bool) {
+        self.waits.wake(&tenant.0, key);
+        if has_waiters
+            && self.store.shared()
+            && let Err(e) = self.store.announce(&tenant.0, key).await
+        {
+            tracing::warn!(error = %e, "could not announce a completion to other servers");
         }
     }
 
@@ -400,10 +640,12 @@ impl Ledger {
     ) -> Result<(String, String, ToolName), LedgerError> {
         let tool = ToolName::parse(tool)?;
         if arguments_json.is_empty() {
+            // The same reason as the shared key vectors give for empty text, with a hint.
             return Err(LedgerError::InvalidArgument {
                 field: "arguments_json",
-                reason: "INVALID_FIELD",
-                message: "is required; a tool without arguments sends {}".to_string(),
+                reason: "INVALID_JSON",
+                message: "is required (empty text is not JSON); a tool without arguments sends {}"
+                    .to_string(),
             });
         }
         let canonical = canonical::canonicalize(arguments_json, mode, &self.limits.json)
@@ -411,7 +653,9 @@ impl Ledger {
         Ok((key::fingerprint(&tool, &canonical, mode), canonical, tool))
     }
 
-    fn check_completion(&self, input: &CompleteInput) -> Result<(), LedgerError> {
+    /// The rules every reported outcome follows: result only with success, retryable only with
+    /// failure, sizes within the limit.
+    fn check_outcome(&self, input: &Completion) -> Result<(), LedgerError> {
         if !input.result.is_empty() && input.status != FinalStatus::Succeeded {
             return Err(LedgerError::invalid(
                 "result",
@@ -549,6 +793,11 @@ impl Ledger {
             retry_after,
         }
     }
+}
+
+/// Whether a claim found an attempt still in flight (what a waiting claim waits out).
+fn in_flight(output: &ClaimOutput) -> bool {
+    output.outcome == Outcome::InProgress && output.entry.status == Status::Attempting
 }
 
 /// A validated claim with its derived key.

@@ -15,6 +15,8 @@
 //! - [`error`]: the one error type and the one mapping to gRPC codes and details.
 //! - [`auth`]: bearer tokens to tenants, as an interceptor on the ledger service.
 //! - [`server`]: health, reflection, the readiness probe, graceful shutdown.
+//! - [`wait`]: waking claims that wait for an attempt in flight, in-process and across
+//!   servers.
 //! - [`metrics`]: counters and the optional Prometheus endpoint.
 //! - [`config`]: the command line; every flag has an environment variable.
 
@@ -27,3 +29,4 @@ pub mod ledger;
 pub mod metrics;
 pub mod server;
 pub mod storage;
+pub mod wait;

@@ -76,6 +76,9 @@ pub async fn serve(
     let tls = tls_config(&settings)?;
     let store = storage::open(&settings.database_url, &settings.pool()).await?;
     let ledger = Ledger::new(store.clone(), clock, settings.limits());
+    if settings.listens() {
+        ledger.listen_for_announcements();
+    }
     let addr: SocketAddr = listener
         .local_addr()
         .map_err(|e| ServeError::Transport(e.to_string()))?;
@@ -127,6 +130,12 @@ pub async fn serve(
         }
         None => None,
     };
+    let pruner = tokio::spawn(prune_loop(
+        ledger.clone(),
+        state.clone(),
+        settings.prune_interval,
+        settings.prune_batch_size,
+    ));
     let ledger_service =
         LedgerServiceServer::with_interceptor(LedgerApi::new(ledger, metrics.clone()), interceptor);
 
@@ -193,6 +202,7 @@ pub async fn serve(
         }
     };
     probe.abort();
+    pruner.abort();
     if let Some(task) = metrics_task {
         task.abort();
     }
@@ -261,6 +271,26 @@ async fn probe_loop(
             serving = now_serving;
         }
         tokio::time::sleep(interval).await;
+    }
+}
+
+/// Deletes expired finished entries every `interval`, once migrations ran.
+async fn prune_loop(
+    ledger: Ledger,
+    state: Arc<Readiness>,
+    interval: std::time::Duration,
+    batch: u32,
+) {
+    loop {
+        tokio::time::sleep(interval).await;
+        if !state.migrated.load(Ordering::Acquire) {
+            continue;
+        }
+        match ledger.prune(batch).await {
+            Ok(0) => {}
+            Ok(n) => tracing::info!(deleted = n, "pruned expired entries"),
+            Err(e) => tracing::warn!(error = %e, "pruning failed; retrying next interval"),
+        }
     }
 }
 

@@ -68,6 +68,12 @@ pub trait Store: Send + Sync + 'static {
     /// `"postgres"` or `"sqlite"`, for logs.
     fn backend(&self) -> &'static str;
 
+    /// Whether other servers may write to the same database (so changes must be announced or
+    /// polled for, not only seen in-process).
+    fn shared(&self) -> bool {
+        false
+    }
+
     /// Applies this backend's migrations (idempotent; safe with several servers starting at once).
     ///
     /// # Errors
@@ -104,11 +110,62 @@ pub trait Store: Send + Sync + 'static {
 
     /// Writes the outcome fields of `done` (status, result, error, retryable, finished_at,
     /// expires_at) only if the stored entry still carries `done.claim_token` and is unresolved
-    /// (ATTEMPTING or UNKNOWN). `true` when it wrote them; committed before it returns.
+    /// (ATTEMPTING or UNKNOWN). `Some(has_waiters)` when it wrote them, committed before it
+    /// returns; `has_waiters` tells whether a claim on some server waits for this entry.
     ///
     /// # Errors
     /// `Unavailable` or `Internal` as the database fails.
-    async fn finish(&self, tenant: &str, done: &Entry) -> StoreResult<bool>;
+    async fn finish(&self, tenant: &str, done: &Entry) -> StoreResult<Option<bool>>;
+
+    /// Writes a reconciler's finding (the outcome fields of `done`) only if the entry's outcome
+    /// is unknown at `now`: reported UNKNOWN, or ATTEMPTING past its lease. Releases the
+    /// reconcile hold. `Some(has_waiters)` when it wrote them.
+    ///
+    /// # Errors
+    /// `Unavailable` or `Internal` as the database fails.
+    async fn resolve(&self, tenant: &str, done: &Entry, now: Micros) -> StoreResult<Option<bool>>;
+
+    /// Hands out up to `query.limit` entries whose outcome is unknown at `query.now`, oldest
+    /// first, that no other reconciler holds, and holds them until `query.hold_until`. Two
+    /// concurrent calls never get the same entry while the hold lasts.
+    ///
+    /// # Errors
+    /// `Unavailable` or `Internal` as the database fails.
+    async fn take_unresolved(
+        &self,
+        tenant: &str,
+        query: &UnresolvedQuery,
+    ) -> StoreResult<Vec<Entry>>;
+
+    /// Deletes up to `limit` finished entries whose expiry is at or before `now`, in one short
+    /// statement, and returns how many. Unresolved entries have no expiry and are never
+    /// deleted.
+    ///
+    /// # Errors
+    /// `Unavailable` or `Internal` as the database fails.
+    async fn prune(&self, now: Micros, limit: u32) -> StoreResult<u64>;
+
+    /// Notes that a claim waits for the current attempt of (tenant, key), so that its
+    /// completion is announced to other servers sharing the database.
+    ///
+    /// # Errors
+    /// `Unavailable` or `Internal` as the database fails.
+    async fn mark_waiting(&self, tenant: &str, key: &str) -> StoreResult<()>;
+
+    /// Tells other servers sharing the database that (tenant, key) changed. A no-op for a
+    /// store only one server uses.
+    ///
+    /// # Errors
+    /// `Unavailable` or `Internal` as the database fails.
+    async fn announce(&self, _tenant: &str, _key: &str) -> StoreResult<()> {
+        Ok(())
+    }
+
+    /// Starts listening for other servers' announcements; each arrives as (tenant, key).
+    /// `None` for a store only one server uses.
+    fn subscribe(&self) -> Option<tokio::sync::mpsc::Receiver<(String, String)>> {
+        None
+    }
 
     /// Adds one to the replay count of a SUCCEEDED entry that still carries `token`, and returns
     /// the new count; `None` when the entry changed or vanished meanwhile.
@@ -117,6 +174,21 @@ pub trait Store: Send + Sync + 'static {
     /// `Unavailable` or `Internal` as the database fails.
     async fn record_replay(&self, tenant: &str, key: &str, token: &str)
     -> StoreResult<Option<u64>>;
+}
+
+/// Which unresolved entries a reconciler asks for, and how long it holds them.
+#[derive(Clone, Debug)]
+pub struct UnresolvedQuery {
+    /// The current instant: leases and holds are compared with it.
+    pub now: Micros,
+    /// Only entries whose current attempt started at or before this instant.
+    pub started_before: Micros,
+    /// Only entries of this tool; empty for every tool.
+    pub tool: String,
+    /// At most this many entries.
+    pub limit: u32,
+    /// The reconcile hold ends here.
+    pub hold_until: Micros,
 }
 
 /// Opens the store a database URL names: `postgres://` or `postgresql://` for PostgreSQL,

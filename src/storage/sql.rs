@@ -23,17 +23,52 @@ pub(crate) const RESTART: &str = "UPDATE ledger_entries SET run_id = $3, tool = 
     WHERE tenant = $1 AND key = $2 AND claim_token = $19 \
     AND status IN ('SUCCEEDED', 'FAILED')";
 
-/// Records an outcome, fenced by the claim token and an unresolved status.
+/// Records an outcome, fenced by the claim token and an unresolved status. Returns whether a
+/// claim waits for it.
 pub(crate) const FINISH: &str = "UPDATE ledger_entries SET status = $4, result = $5, \
-    error = $6, retryable = $7, finished_at = $8, expires_at = $9 \
+    error = $6, retryable = $7, finished_at = $8, expires_at = $9, reconcile_until = NULL \
     WHERE tenant = $1 AND key = $2 AND claim_token = $3 \
-    AND status IN ('ATTEMPTING', 'UNKNOWN')";
+    AND status IN ('ATTEMPTING', 'UNKNOWN') \
+    RETURNING has_waiters";
+
+/// Records what a reconciler found, fenced by the outcome being unknown at `$9` (reported
+/// UNKNOWN, or an attempt past its lease); no token, since the answer concerns the intent,
+/// whichever attempt made it happen.
+pub(crate) const RESOLVE: &str = "UPDATE ledger_entries SET status = $3, result = $4, \
+    error = $5, retryable = $6, finished_at = $7, expires_at = $8, reconcile_until = NULL \
+    WHERE tenant = $1 AND key = $2 \
+    AND (status = 'UNKNOWN' OR (status = 'ATTEMPTING' AND lease_expires_at <= $9)) \
+    RETURNING has_waiters";
+
+/// Notes that a claim waits for this attempt, so its completion is announced to other servers.
+pub(crate) const MARK_WAITING: &str = "UPDATE ledger_entries SET has_waiters = TRUE \
+    WHERE tenant = $1 AND key = $2 AND status = 'ATTEMPTING' AND NOT has_waiters";
+
+/// The unresolved entries a reconciler may take at `$2`: outcome unknown, started at or before
+/// `$3`, of tool `$4` (or any when empty), not held by another reconciler.
+macro_rules! unresolved_where {
+    () => {
+        "tenant = $1 \
+         AND (status = 'UNKNOWN' OR (status = 'ATTEMPTING' AND lease_expires_at <= $2)) \
+         AND started_at <= $3 AND ($4 = '' OR tool = $4) \
+         AND (reconcile_until IS NULL OR reconcile_until <= $2)"
+    };
+}
 
 /// Counts a replay of a result that is still the one the caller read.
 pub(crate) const RECORD_REPLAY: &str = "UPDATE ledger_entries \
     SET replay_count = replay_count + 1 \
     WHERE tenant = $1 AND key = $2 AND claim_token = $3 AND status = 'SUCCEEDED' \
     RETURNING replay_count";
+
+/// The columns of [`EntryRow`](super::EntryRow), for `RETURNING` clauses.
+macro_rules! entry_columns {
+    () => {
+        "key, run_id, tool, fingerprint, status, attempt, claim_token, result, error, \
+         retryable, principal, started_at, finished_at, lease_expires_at, retention_us, \
+         expires_at, replay_count"
+    };
+}
 
 /// Binds an [`Entry`](crate::domain::Entry)'s columns as `$1`..`$18` in [`INSERT`]'s order.
 macro_rules! bind_entry {
@@ -102,8 +137,8 @@ macro_rules! impl_store {
             Ok(done.rows_affected() == 1)
         }
 
-        async fn finish(&self, tenant: &str, done: &Entry) -> StoreResult<bool> {
-            let written = sqlx::query(sql::FINISH)
+        async fn finish(&self, tenant: &str, done: &Entry) -> StoreResult<Option<bool>> {
+            sqlx::query_scalar(sql::FINISH)
                 .bind(tenant)
                 .bind(&done.key)
                 .bind(&done.claim_token)
@@ -113,10 +148,74 @@ macro_rules! impl_store {
                 .bind(done.retryable)
                 .bind(done.finished_at.map(|m| m.0))
                 .bind(done.expires_at.map(|m| m.0))
+                .fetch_optional(&self.pool)
+                .await
+                .map_err(StoreError::from_sqlx)
+        }
+
+        async fn resolve(
+            &self,
+            tenant: &str,
+            done: &Entry,
+            now: Micros,
+        ) -> StoreResult<Option<bool>> {
+            sqlx::query_scalar(sql::RESOLVE)
+                .bind(tenant)
+                .bind(&done.key)
+                .bind(done.status.as_str())
+                .bind(&done.result)
+                .bind(&done.error)
+                .bind(done.retryable)
+                .bind(done.finished_at.map(|m| m.0))
+                .bind(done.expires_at.map(|m| m.0))
+                .bind(now.0)
+                .fetch_optional(&self.pool)
+                .await
+                .map_err(StoreError::from_sqlx)
+        }
+
+        async fn take_unresolved(
+            &self,
+            tenant: &str,
+            query: &UnresolvedQuery,
+        ) -> StoreResult<Vec<Entry>> {
+            let rows: Vec<EntryRow> = sqlx::query_as(Self::TAKE_UNRESOLVED)
+                .bind(tenant)
+                .bind(query.now.0)
+                .bind(query.started_before.0)
+                .bind(&query.tool)
+                .bind(i64::from(query.limit))
+                .bind(query.hold_until.0)
+                .fetch_all(&self.pool)
+                .await
+                .map_err(StoreError::from_sqlx)?;
+            let mut entries = rows
+                .into_iter()
+                .map(Entry::try_from)
+                .collect::<StoreResult<Vec<Entry>>>()?;
+            // RETURNING follows no ORDER BY: restore oldest first.
+            entries.sort_by(|a, b| (a.started_at, &a.key).cmp(&(b.started_at, &b.key)));
+            Ok(entries)
+        }
+
+        async fn prune(&self, now: Micros, limit: u32) -> StoreResult<u64> {
+            let done = sqlx::query(Self::PRUNE)
+                .bind(now.0)
+                .bind(i64::from(limit))
                 .execute(&self.pool)
                 .await
                 .map_err(StoreError::from_sqlx)?;
-            Ok(written.rows_affected() == 1)
+            Ok(done.rows_affected())
+        }
+
+        async fn mark_waiting(&self, tenant: &str, key: &str) -> StoreResult<()> {
+            sqlx::query(sql::MARK_WAITING)
+                .bind(tenant)
+                .bind(key)
+                .execute(&self.pool)
+                .await
+                .map_err(StoreError::from_sqlx)?;
+            Ok(())
         }
 
         async fn record_replay(
@@ -138,4 +237,4 @@ macro_rules! impl_store {
     };
 }
 
-pub(crate) use {bind_entry, impl_store};
+pub(crate) use {bind_entry, entry_columns, impl_store, unresolved_where};

@@ -10,9 +10,9 @@ use sqlx::sqlite::{
     SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteSynchronous,
 };
 
-use super::sql::{self, bind_entry, impl_store};
-use super::{EntryRow, PoolOptions, StoreError, StoreResult, non_negative};
-use crate::domain::Entry;
+use super::sql::{self, bind_entry, entry_columns, impl_store, unresolved_where};
+use super::{EntryRow, PoolOptions, StoreError, StoreResult, UnresolvedQuery, non_negative};
+use crate::domain::{Entry, Micros};
 
 /// A SQLite store: a cheap-to-clone pool handle.
 #[derive(Clone, Debug)]
@@ -42,6 +42,22 @@ impl SqliteStore {
             .map_err(StoreError::from_sqlx)?;
         Ok(SqliteStore { pool })
     }
+}
+
+impl SqliteStore {
+    /// Hands out unresolved entries, holding each until `$6`. SQLite runs one writer at a
+    /// time and evaluates the `IN` subquery once, so the statement needs no row locks.
+    const TAKE_UNRESOLVED: &str = concat!(
+        "UPDATE ledger_entries SET reconcile_until = $6 WHERE (tenant, key) IN (",
+        "SELECT tenant, key FROM ledger_entries WHERE ",
+        unresolved_where!(),
+        " ORDER BY started_at, key LIMIT $5) RETURNING ",
+        entry_columns!()
+    );
+
+    /// Deletes up to `$2` finished entries past their expiry at `$1`.
+    const PRUNE: &str = "DELETE FROM ledger_entries WHERE (tenant, key) IN (\
+        SELECT tenant, key FROM ledger_entries WHERE expires_at <= $1 LIMIT $2)";
 }
 
 impl_store!(SqliteStore, {

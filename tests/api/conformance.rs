@@ -8,7 +8,8 @@ use idempotency_ledger::domain::canonical::Canonicalization;
 use idempotency_ledger::domain::{FinalStatus, Status};
 use idempotency_ledger::error::LedgerError;
 use idempotency_ledger::ledger::{
-    ClaimInput, ClaimOutput, CompleteInput, Ledger, Limits, LookupInput, Outcome, Tenant,
+    ClaimInput, ClaimOutput, CompleteInput, Ledger, Limits, LookupInput, Outcome, ReconcileInput,
+    ResolutionInput, Tenant,
 };
 
 use crate::support::{Backend, TestLedger};
@@ -54,6 +55,18 @@ on_every_backend!(
     a_waiting_claim_returns_the_result_once_the_attempt_completes,
     a_waiting_claim_takes_over_after_a_retryable_failure,
     a_wait_ends_with_in_progress_when_nothing_happens,
+    a_waiter_wakes_within_100ms_of_the_complete,
+    fifty_waiters_all_get_the_result,
+    of_fifty_waiters_exactly_one_takes_over_after_a_retryable_failure,
+    a_waiter_answers_unknown_when_the_lease_ends,
+    reconcile_hands_out_only_unknown_entries_oldest_first_by_tool_and_age,
+    concurrent_reconcilers_get_disjoint_entries_until_the_hold_passes,
+    a_found_resolution_makes_the_next_claim_replay_it,
+    a_not_found_retryable_resolution_makes_the_next_claim_attempt_two,
+    resolving_a_resolved_or_live_entry_changes_nothing,
+    the_claimants_late_complete_wins_over_a_later_resolution,
+    malformed_resolutions_are_refused_and_none_is_applied,
+    pruning_removes_expired_finished_entries_and_keeps_unresolved_ones,
 );
 
 const RUN: &str = "run-1";
@@ -669,11 +682,7 @@ async fn bad_input_is_refused_and_stores_nothing(b: Backend) {
             "arguments_json",
             "LONE_SURROGATE",
         ),
-        (
-            claim_input(RUN, TOOL, ""),
-            "arguments_json",
-            "INVALID_FIELD",
-        ),
+        (claim_input(RUN, TOOL, ""), "arguments_json", "INVALID_JSON"),
         (claim_input(RUN, "", ARGS), "tool", "INVALID_FIELD"),
         (claim_input(RUN, "bad\ntool", ARGS), "tool", "INVALID_FIELD"),
         (claim_input("", TOOL, ARGS), "run_id", "INVALID_FIELD"),
@@ -1114,4 +1123,550 @@ async fn a_wait_ends_with_in_progress_when_nothing_happens(b: Backend) {
         waited >= Duration::from_millis(400) && waited < Duration::from_secs(3),
         "{waited:?}"
     );
+}
+
+fn waiting(run: &str, wait: Duration) -> ClaimInput {
+    ClaimInput {
+        wait: Some(wait),
+        ..claim_input(run, TOOL, ARGS)
+    }
+}
+
+async fn a_waiter_wakes_within_100ms_of_the_complete(b: Backend) {
+    let t = TestLedger::new(b).await;
+    let first = claim(&t.ledger, RUN, TOOL, ARGS).await;
+    let key = first.entry.entry.key.clone();
+    let ledger = t.ledger.clone();
+    let waiter = tokio::spawn(async move {
+        let out = ledger
+            .claim(&tenant(), waiting(RUN, Duration::from_secs(10)))
+            .await
+            .expect("waiting claim");
+        (out, tokio::time::Instant::now())
+    });
+    // Let the waiter settle into its wait first.
+    while t.ledger.waits().watched_keys() == 0 {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    t.ledger
+        .complete(
+            &tenant(),
+            done(&key, &token(&first), FinalStatus::Succeeded, b"r"),
+        )
+        .await
+        .expect("complete");
+    let completed_at = tokio::time::Instant::now();
+    let (out, answered_at) = waiter.await.expect("join");
+    assert_eq!(out.outcome, Outcome::Replayed);
+    let latency = answered_at.saturating_duration_since(completed_at);
+    assert!(
+        latency < Duration::from_millis(100),
+        "woke {latency:?} after the complete"
+    );
+}
+
+async fn fifty_waiters_all_get_the_result(b: Backend) {
+    let t = TestLedger::new(b).await;
+    let first = claim(&t.ledger, RUN, TOOL, ARGS).await;
+    let key = first.entry.entry.key.clone();
+    let mut waiters = Vec::new();
+    for _ in 0..50 {
+        let ledger = t.ledger.clone();
+        waiters.push(tokio::spawn(async move {
+            ledger
+                .claim(&tenant(), waiting(RUN, Duration::from_secs(15)))
+                .await
+        }));
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(
+        t.ledger.waits().watched_keys(),
+        1,
+        "fifty waiters share one watch"
+    );
+    t.ledger
+        .complete(
+            &tenant(),
+            done(&key, &token(&first), FinalStatus::Succeeded, b"shared"),
+        )
+        .await
+        .expect("complete");
+    for w in waiters {
+        let out = w.await.expect("join").expect("waiting claim");
+        assert_eq!(out.outcome, Outcome::Replayed);
+        assert_eq!(out.entry.entry.result, b"shared");
+    }
+    let seen = lookup_key(&t.ledger, &key).await.expect("lookup");
+    assert_eq!(seen.entry.replay_count, 50);
+}
+
+async fn of_fifty_waiters_exactly_one_takes_over_after_a_retryable_failure(b: Backend) {
+    let t = TestLedger::new(b).await;
+    let first = claim(&t.ledger, RUN, TOOL, ARGS).await;
+    let key = first.entry.entry.key.clone();
+    let mut waiters = Vec::new();
+    for _ in 0..50 {
+        let ledger = t.ledger.clone();
+        waiters.push(tokio::spawn(async move {
+            // Long enough to outlast the first wake-up, short enough to end the test.
+            ledger
+                .claim(&tenant(), waiting(RUN, Duration::from_secs(2)))
+                .await
+        }));
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    t.ledger
+        .complete(&tenant(), failed(&key, &token(&first), "503", true))
+        .await
+        .expect("complete");
+    let mut claimed = 0;
+    let mut in_progress = 0;
+    for w in waiters {
+        let out = w.await.expect("join").expect("waiting claim");
+        match out.outcome {
+            Outcome::Claimed => {
+                claimed += 1;
+                assert_eq!(out.entry.entry.attempt, 2);
+            }
+            Outcome::InProgress => in_progress += 1,
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+    assert_eq!((claimed, in_progress), (1, 49));
+}
+
+async fn a_waiter_answers_unknown_when_the_lease_ends(b: Backend) {
+    let t = TestLedger::new(b).await;
+    let mut input = claim_input(RUN, TOOL, ARGS);
+    input.lease = Some(Duration::from_secs(1));
+    t.ledger.claim(&tenant(), input).await.expect("claim");
+    // Real time passes for the waiter's timer; the manual clock is moved past the lease so the
+    // re-read sees it expired.
+    let ledger = t.ledger.clone();
+    let waiter = tokio::spawn(async move {
+        ledger
+            .claim(&tenant(), waiting(RUN, Duration::from_secs(10)))
+            .await
+    });
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    t.clock.advance(Duration::from_secs(2));
+    let started = tokio::time::Instant::now();
+    let out = waiter.await.expect("join").expect("waiting claim");
+    assert_eq!(out.outcome, Outcome::InProgress);
+    assert_eq!(out.entry.status, Status::Unknown);
+    assert!(
+        started.elapsed() < Duration::from_secs(3),
+        "{:?}",
+        started.elapsed()
+    );
+}
+
+/// Claims `n` entries of `tool` (runs `run-0`..) and reports them UNKNOWN; returns their keys
+/// in claim order.
+async fn unknown_entries(t: &TestLedger, tool: &str, n: usize) -> Vec<String> {
+    let mut keys = Vec::new();
+    for i in 0..n {
+        let out = claim(&t.ledger, &format!("run-{i}"), tool, ARGS).await;
+        let mut report = done(
+            &out.entry.entry.key,
+            &token(&out),
+            FinalStatus::Unknown,
+            b"",
+        );
+        report.error = "timeout".into();
+        t.ledger.complete(&tenant(), report).await.expect("unknown");
+        keys.push(out.entry.entry.key.clone());
+        t.clock.advance(Duration::from_millis(10));
+    }
+    keys
+}
+
+async fn reconcile(ledger: &Ledger, input: ReconcileInput) -> Vec<String> {
+    ledger
+        .reconcile(&tenant(), input)
+        .await
+        .expect("reconcile")
+        .pending
+        .into_iter()
+        .map(|v| v.entry.key)
+        .collect()
+}
+
+async fn reconcile_hands_out_only_unknown_entries_oldest_first_by_tool_and_age(b: Backend) {
+    let t = TestLedger::new(b).await;
+    // Not handed out: an attempt whose lease outlasts the test, and a success.
+    let mut long = claim_input("live", TOOL, ARGS);
+    long.lease = Some(Duration::from_secs(3600));
+    let live = t.ledger.claim(&tenant(), long).await.expect("claim");
+    let ok = claim(&t.ledger, "ok", TOOL, ARGS).await;
+    t.ledger
+        .complete(
+            &tenant(),
+            done(
+                &ok.entry.entry.key,
+                &token(&ok),
+                FinalStatus::Succeeded,
+                b"r",
+            ),
+        )
+        .await
+        .expect("complete");
+    // Handed out: an attempt whose lease expires, and reported unknowns of two tools.
+    let mut short = claim_input("expired", TOOL, ARGS);
+    short.lease = Some(Duration::from_secs(1));
+    let expired = t.ledger.claim(&tenant(), short).await.expect("claim");
+    t.clock.advance(Duration::from_secs(2));
+    let credits = unknown_entries(&t, TOOL, 3).await;
+    let tickets = unknown_entries(&t, "open_ticket", 2).await;
+    t.clock.advance(Duration::from_secs(1));
+
+    let mut want = vec![expired.entry.entry.key.clone()];
+    want.extend(credits.iter().cloned());
+    let all = reconcile(
+        &t.ledger,
+        ReconcileInput {
+            tool: TOOL.into(),
+            ..Default::default()
+        },
+    )
+    .await;
+    assert_eq!(all, want, "unknown entries of the tool, oldest first");
+    assert!(!all.contains(&live.entry.entry.key));
+
+    t.clock.advance(Duration::from_secs(61)); // past the reconcile hold
+    let old_only = reconcile(
+        &t.ledger,
+        ReconcileInput {
+            older_than: Some(Duration::from_millis(62_045)),
+            ..Default::default()
+        },
+    )
+    .await;
+    // Only the expired attempt and the first credit started 62.045 s ago or earlier (the
+    // credits started 10 ms apart, 2 s after it, and 64.05 s have passed).
+    assert_eq!(old_only, want[..2].to_vec());
+    t.clock.advance(Duration::from_secs(61));
+    let limited = reconcile(
+        &t.ledger,
+        ReconcileInput {
+            limit: 2,
+            ..Default::default()
+        },
+    )
+    .await;
+    assert_eq!(limited, want[..2].to_vec());
+    let rest = reconcile(&t.ledger, ReconcileInput::default()).await;
+    let mut expected_rest = want[2..].to_vec();
+    expected_rest.extend(tickets);
+    assert_eq!(rest, expected_rest);
+}
+
+async fn concurrent_reconcilers_get_disjoint_entries_until_the_hold_passes(b: Backend) {
+    let t = TestLedger::new(b).await;
+    let keys = unknown_entries(&t, TOOL, 12).await;
+    // A second server: its own pool over the same database.
+    let other = Ledger::new(t.db.store(4).await, t.clock.clone(), Limits::default());
+    let ask = |ledger: Ledger| async move {
+        reconcile(
+            &ledger,
+            ReconcileInput {
+                limit: 8,
+                ..Default::default()
+            },
+        )
+        .await
+    };
+    let (a, b2) = tokio::join!(ask(t.ledger.clone()), ask(other.clone()));
+    let mut all: Vec<String> = a.iter().chain(b2.iter()).cloned().collect();
+    all.sort();
+    let mut want = keys.clone();
+    want.sort();
+    assert_eq!(all, want, "every entry handed out once: {a:?} / {b2:?}");
+    assert!(
+        reconcile(&other, ReconcileInput::default())
+            .await
+            .is_empty(),
+        "all held"
+    );
+    t.clock.advance(Duration::from_secs(61));
+    assert_eq!(
+        reconcile(&other, ReconcileInput::default()).await.len(),
+        12,
+        "hold passed"
+    );
+}
+
+fn finding(key: &str, status: FinalStatus, result: &[u8], retryable: bool) -> ResolutionInput {
+    ResolutionInput {
+        key: key.into(),
+        status,
+        result: result.to_vec(),
+        error: if status == FinalStatus::Failed {
+            "not found".into()
+        } else {
+            String::new()
+        },
+        retryable,
+    }
+}
+
+async fn resolve(t: &TestLedger, findings: Vec<ResolutionInput>) -> Vec<(String, Status)> {
+    t.ledger
+        .reconcile(
+            &tenant(),
+            ReconcileInput {
+                resolutions: findings,
+                ..Default::default()
+            },
+        )
+        .await
+        .expect("reconcile")
+        .resolved
+        .into_iter()
+        .map(|v| (v.entry.key, v.status))
+        .collect()
+}
+
+async fn a_found_resolution_makes_the_next_claim_replay_it(b: Backend) {
+    let t = TestLedger::new(b).await;
+    let keys = unknown_entries(&t, TOOL, 1).await;
+    let out = resolve(
+        &t,
+        vec![finding(
+            &keys[0],
+            FinalStatus::Succeeded,
+            b"found-by-ref",
+            false,
+        )],
+    )
+    .await;
+    assert_eq!(out, vec![(keys[0].clone(), Status::Succeeded)]);
+    let replay = claim(&t.ledger, "run-0", TOOL, ARGS).await;
+    assert_eq!(replay.outcome, Outcome::Replayed);
+    assert_eq!(replay.entry.entry.result, b"found-by-ref");
+    assert!(replay.entry.entry.expires_at.is_some());
+    assert!(
+        reconcile(&t.ledger, ReconcileInput::default())
+            .await
+            .is_empty()
+    );
+}
+
+async fn a_not_found_retryable_resolution_makes_the_next_claim_attempt_two(b: Backend) {
+    let t = TestLedger::new(b).await;
+    let keys = unknown_entries(&t, TOOL, 2).await;
+    resolve(
+        &t,
+        vec![
+            finding(&keys[0], FinalStatus::Failed, b"", true),
+            finding(&keys[1], FinalStatus::Failed, b"", false),
+        ],
+    )
+    .await;
+    let again = claim(&t.ledger, "run-0", TOOL, ARGS).await;
+    assert_eq!(again.outcome, Outcome::Claimed);
+    assert_eq!(again.entry.entry.attempt, 2);
+    let permanent = claim(&t.ledger, "run-1", TOOL, ARGS).await;
+    assert_eq!(permanent.outcome, Outcome::PreviouslyFailed);
+    assert_eq!(permanent.entry.entry.error, "not found");
+}
+
+async fn resolving_a_resolved_or_live_entry_changes_nothing(b: Backend) {
+    let t = TestLedger::new(b).await;
+    let keys = unknown_entries(&t, TOOL, 1).await;
+    resolve(
+        &t,
+        vec![finding(&keys[0], FinalStatus::Succeeded, b"first", false)],
+    )
+    .await;
+    let before = lookup_key(&t.ledger, &keys[0]).await.expect("lookup");
+    let live = claim(&t.ledger, "live", TOOL, ARGS).await;
+    let live_key = live.entry.entry.key.clone();
+    let out = resolve(
+        &t,
+        vec![
+            finding(&keys[0], FinalStatus::Failed, b"", true),
+            finding(&live_key, FinalStatus::Succeeded, b"guess", false),
+            finding(&"f".repeat(64), FinalStatus::Succeeded, b"nobody", false),
+        ],
+    )
+    .await;
+    assert_eq!(
+        out,
+        vec![
+            (keys[0].clone(), Status::Succeeded),
+            (live_key.clone(), Status::Attempting)
+        ],
+        "an absent key is left out"
+    );
+    assert_eq!(
+        lookup_key(&t.ledger, &keys[0]).await.expect("lookup"),
+        before
+    );
+    assert_eq!(
+        lookup_key(&t.ledger, &live_key)
+            .await
+            .expect("lookup")
+            .entry,
+        live.entry.entry
+    );
+}
+
+async fn the_claimants_late_complete_wins_over_a_later_resolution(b: Backend) {
+    let t = TestLedger::new(b).await;
+    let mut input = claim_input(RUN, TOOL, ARGS);
+    input.lease = Some(Duration::from_secs(1));
+    let first = t.ledger.claim(&tenant(), input).await.expect("claim");
+    let key = first.entry.entry.key.clone();
+    t.clock.advance(Duration::from_secs(5));
+    assert_eq!(
+        reconcile(&t.ledger, ReconcileInput::default()).await,
+        vec![key.clone()]
+    );
+    // The claimant answers late, before the reconciler: its outcome stands.
+    t.ledger
+        .complete(
+            &tenant(),
+            done(&key, &token(&first), FinalStatus::Succeeded, b"claimant"),
+        )
+        .await
+        .expect("late complete");
+    let out = resolve(&t, vec![finding(&key, FinalStatus::Failed, b"", true)]).await;
+    assert_eq!(out, vec![(key.clone(), Status::Succeeded)]);
+    assert_eq!(
+        claim(&t.ledger, RUN, TOOL, ARGS).await.entry.entry.result,
+        b"claimant"
+    );
+}
+
+async fn malformed_resolutions_are_refused_and_none_is_applied(b: Backend) {
+    let t = TestLedger::new(b).await;
+    let keys = unknown_entries(&t, TOOL, 2).await;
+    let bad_sets = vec![
+        vec![
+            finding(&keys[0], FinalStatus::Succeeded, b"ok", false),
+            finding(&keys[1], FinalStatus::Unknown, b"", false),
+        ],
+        vec![
+            finding(&keys[0], FinalStatus::Succeeded, b"ok", false),
+            finding(
+                &keys[1],
+                FinalStatus::Failed,
+                b"result with a failure",
+                false,
+            ),
+        ],
+        vec![
+            finding(&keys[0], FinalStatus::Succeeded, b"ok", false),
+            finding("bad key", FinalStatus::Succeeded, b"", false),
+        ],
+    ];
+    for findings in bad_sets {
+        let refused = t
+            .ledger
+            .reconcile(
+                &tenant(),
+                ReconcileInput {
+                    resolutions: findings,
+                    ..Default::default()
+                },
+            )
+            .await;
+        assert!(
+            matches!(
+                refused,
+                Err(LedgerError::InvalidArgument {
+                    field: "resolutions",
+                    ..
+                })
+            ),
+            "{refused:?}"
+        );
+    }
+    for key in &keys {
+        assert_eq!(
+            lookup_key(&t.ledger, key).await.expect("lookup").status,
+            Status::Unknown
+        );
+    }
+}
+
+async fn pruning_removes_expired_finished_entries_and_keeps_unresolved_ones(b: Backend) {
+    let t = TestLedger::new(b).await;
+    let mut finished = Vec::new();
+    for i in 0..5 {
+        let mut input = claim_input(&format!("done-{i}"), TOOL, ARGS);
+        input.retention = Some(Duration::from_secs(60));
+        let out = t.ledger.claim(&tenant(), input).await.expect("claim");
+        t.ledger
+            .complete(
+                &tenant(),
+                done(
+                    &out.entry.entry.key,
+                    &token(&out),
+                    FinalStatus::Succeeded,
+                    b"r",
+                ),
+            )
+            .await
+            .expect("complete");
+        finished.push(out.entry.entry.key.clone());
+    }
+    let mut kept_longer = claim_input("kept", TOOL, ARGS);
+    kept_longer.retention = Some(Duration::from_secs(3600));
+    let kept = t.ledger.claim(&tenant(), kept_longer).await.expect("claim");
+    t.ledger
+        .complete(
+            &tenant(),
+            done(
+                &kept.entry.entry.key,
+                &token(&kept),
+                FinalStatus::Succeeded,
+                b"r",
+            ),
+        )
+        .await
+        .expect("complete");
+    let unresolved = unknown_entries(&t, TOOL, 2).await;
+    let attempting = claim(&t.ledger, "attempting", TOOL, ARGS).await;
+
+    assert_eq!(
+        t.ledger.prune(2).await.expect("prune"),
+        0,
+        "nothing expired yet"
+    );
+    t.clock.advance(Duration::from_secs(61));
+    // Batches of two: three statements delete the five, a fourth finds none.
+    assert_eq!(t.ledger.prune(2).await.expect("prune"), 5);
+    let store = t.ledger.store();
+    for key in &finished {
+        assert!(
+            store.get("default", key).await.expect("get").is_none(),
+            "{key} pruned"
+        );
+    }
+    assert!(
+        store
+            .get("default", &kept.entry.entry.key)
+            .await
+            .expect("get")
+            .is_some()
+    );
+    t.clock.advance(Duration::from_secs(10 * 365 * 86_400));
+    assert_eq!(
+        t.ledger.prune(100).await.expect("prune"),
+        1,
+        "the longer retention ends too"
+    );
+    for key in unresolved.iter().chain([&attempting.entry.entry.key]) {
+        assert!(
+            store.get("default", key).await.expect("get").is_some(),
+            "unresolved stay"
+        );
+    }
+    // A pruned key is a new claim.
+    let again = claim(&t.ledger, "done-0", TOOL, ARGS).await;
+    assert_eq!(again.outcome, Outcome::Claimed);
+    assert_eq!(again.entry.entry.attempt, 1);
 }

@@ -6,6 +6,7 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use idempotency_ledger::grpc::pb;
+use idempotency_ledger::grpc::pb::ledger_service_client::LedgerServiceClient;
 use prost::Message;
 use sha2::{Digest, Sha256};
 use tonic::Code;
@@ -286,7 +287,7 @@ async fn every_malformed_field_is_invalid_argument_naming_the_field_and_changes_
         (
             "no arguments",
             claim_req(RUN, TOOL, ""),
-            "INVALID_FIELD",
+            "INVALID_JSON",
             "arguments_json",
         ),
         (
@@ -713,15 +714,103 @@ async fn a_call_whose_deadline_passes_first_is_deadline_exceeded() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn reconcile_is_unimplemented_for_now() {
+async fn reconcile_hands_out_unknown_entries_and_applies_resolutions_over_grpc() {
     let app = spawn_app(Backend::Sqlite).await;
-    let err = app
-        .client
-        .clone()
+    let mut client = app.client.clone();
+    // Two attempts time out: their claimants report UNKNOWN.
+    let mut keys = Vec::new();
+    for n in 0..2 {
+        let claimed = claim_ok(
+            &app,
+            claim_req(RUN, "issue_credit", &format!("{{\"n\":{n}}}")),
+        )
+        .await;
+        let key = claimed.entry.as_ref().expect("entry").key.clone();
+        client
+            .complete(pb::CompleteRequest {
+                key: key.clone(),
+                claim_token: claimed.claim_token.clone(),
+                status: pb::Status::Unknown.into(),
+                error: "timeout".into(),
+                ..Default::default()
+            })
+            .await
+            .expect("report unknown");
+        keys.push(key);
+    }
+    let first = client
+        .reconcile(pb::ReconcileRequest {
+            tool: "issue_credit".into(),
+            ..Default::default()
+        })
+        .await
+        .expect("reconcile")
+        .into_inner();
+    let handed: Vec<String> = first.pending.iter().map(|e| e.key.clone()).collect();
+    assert_eq!(handed.len(), 2, "{handed:?}");
+    assert!(
+        first
+            .pending
+            .iter()
+            .all(|e| e.status() == pb::Status::Unknown)
+    );
+    assert!(
+        first
+            .pending
+            .iter()
+            .all(|e| e.external_ref.starts_with("idem-"))
+    );
+    // Held: a second reconciler gets nothing now.
+    let second = client
         .reconcile(pb::ReconcileRequest::default())
         .await
-        .expect_err("not implemented yet");
-    assert_eq!(err.code(), Code::Unimplemented, "{err:?}");
+        .expect("reconcile")
+        .into_inner();
+    assert!(second.pending.is_empty(), "{:?}", second.pending);
+    // The worker's tool read found the first effect, and not the second.
+    let answered = client
+        .reconcile(pb::ReconcileRequest {
+            resolutions: vec![
+                pb::Resolution {
+                    key: keys[0].clone(),
+                    status: pb::Status::Succeeded.into(),
+                    result: b"found".to_vec().into(),
+                    ..Default::default()
+                },
+                pb::Resolution {
+                    key: keys[1].clone(),
+                    status: pb::Status::Failed.into(),
+                    error: "no such credit".into(),
+                    retryable: true,
+                    ..Default::default()
+                },
+            ],
+            ..Default::default()
+        })
+        .await
+        .expect("resolve")
+        .into_inner();
+    let statuses: Vec<pb::Status> = answered.resolved.iter().map(|e| e.status()).collect();
+    assert_eq!(statuses, vec![pb::Status::Succeeded, pb::Status::Failed]);
+    let replay = claim_ok(&app, claim_req(RUN, "issue_credit", r#"{"n":0}"#)).await;
+    assert_eq!(replay.outcome(), pb::Outcome::Replayed);
+    assert_eq!(&replay.entry.as_ref().expect("entry").result[..], b"found");
+    let retry = claim_ok(&app, claim_req(RUN, "issue_credit", r#"{"n":1}"#)).await;
+    assert_eq!(retry.outcome(), pb::Outcome::Claimed);
+    assert_eq!(retry.entry.as_ref().expect("entry").attempt, 2);
+    // A resolution with STATUS_UNKNOWN is no finding: refused, nothing applied.
+    let refused = client
+        .reconcile(pb::ReconcileRequest {
+            resolutions: vec![pb::Resolution {
+                key: keys[1].clone(),
+                status: pb::Status::Unknown.into(),
+                ..Default::default()
+            }],
+            ..Default::default()
+        })
+        .await
+        .expect_err("unknown is not a finding");
+    assert_eq!(refused.code(), Code::InvalidArgument);
 }
 
 async fn nul_characters_in_arguments_and_nul_bytes_in_results_replay_byte_for_byte(b: Backend) {
@@ -863,7 +952,7 @@ struct VectorLimits {
     max_depth: usize,
 }
 
-#[derive(serde::Deserialize, Debug)]
+#[derive(serde::Deserialize, Debug, Clone)]
 struct Vector {
     name: String,
     run_id: String,
@@ -891,92 +980,34 @@ async fn every_key_vector_gives_its_key_and_fingerprint_or_its_refusal_through_t
             .or_default()
             .push(case);
     }
-    let mut refused = 0;
-    let mut derived = 0;
-    let mut failures = Vec::new();
+    // Each limits group on its own server; each server's cases in a few sequential streams.
+    let mut apps = Vec::new();
+    let mut streams = tokio::task::JoinSet::new();
     for (limits, cases) in by_limits {
         let app = spawn_app_with(b, |s| {
             s.max_arguments_bytes = limits.max_bytes;
             s.max_json_depth = limits.max_depth;
         })
         .await;
-        let mut client = app.client.clone();
-        for case in cases {
-            let canonicalization = match case.canonicalization.as_str() {
-                "JCS" => pb::Canonicalization::Jcs,
-                "JCS_LENIENT" => pb::Canonicalization::JcsLenient,
-                other => panic!("{}: unknown canonicalization {other}", case.name),
-            };
-            let req = pb::ClaimRequest {
-                canonicalization: canonicalization.into(),
-                ..claim_req(&case.run_id, &case.tool, &case.arguments_json)
-            };
-            let lookup = pb::LookupRequest {
-                canonicalization: canonicalization.into(),
-                ..derive_req(&case.run_id, &case.tool, &case.arguments_json)
-            };
-            let claimed = client.claim(req).await;
-            match (&case.error, claimed) {
-                (Some(want), Err(status)) => {
-                    refused += 1;
-                    let got = status.get_details_error_info().map(|i| i.reason);
-                    let field = status
-                        .get_details_bad_request()
-                        .and_then(|b| b.field_violations.first().map(|v| v.field.clone()));
-                    if status.code() != Code::InvalidArgument
-                        || got.as_deref() != Some(want.as_str())
-                        || field.as_deref() != Some("arguments_json")
-                    {
-                        failures.push(format!(
-                            "{}: want INVALID_ARGUMENT {want} on arguments_json, got {:?} {got:?} on {field:?}: {}",
-                            case.name,
-                            status.code(),
-                            status.message()
-                        ));
-                    }
+        for chunk in cases.chunks(cases.len().div_ceil(4)) {
+            let mut client = app.client.clone();
+            let chunk: Vec<Vector> = chunk.iter().map(|&c| c.clone()).collect();
+            streams.spawn(async move {
+                let mut results = Vec::new();
+                for case in &chunk {
+                    results.push(check_vector(&mut client, case).await);
                 }
-                (Some(want), Ok(resp)) => failures.push(format!(
-                    "{}: want refusal {want}, got {:?}",
-                    case.name,
-                    resp.into_inner().outcome()
-                )),
-                (None, Err(status)) => failures.push(format!(
-                    "{}: want a key, got {:?} {}: {}",
-                    case.name,
-                    status.code(),
-                    crate::support::reason(&status),
-                    status.message()
-                )),
-                (None, Ok(resp)) => {
-                    derived += 1;
-                    let entry = resp.into_inner().entry.expect("entry");
-                    let want = (case.key.as_deref(), case.fingerprint.as_deref());
-                    if (Some(entry.key.as_str()), Some(entry.fingerprint.as_str())) != want {
-                        failures.push(format!(
-                            "{}: want key/fingerprint {want:?}, got ({}, {})",
-                            case.name, entry.key, entry.fingerprint
-                        ));
-                    }
-                    match client.lookup(lookup).await {
-                        Ok(found) => {
-                            let found = found.into_inner().entry.expect("entry");
-                            if found.key != entry.key || found.fingerprint != entry.fingerprint {
-                                failures.push(format!(
-                                    "{}: Lookup derived ({}, {}), Claim ({}, {})",
-                                    case.name,
-                                    found.key,
-                                    found.fingerprint,
-                                    entry.key,
-                                    entry.fingerprint
-                                ));
-                            }
-                        }
-                        Err(status) => {
-                            failures.push(format!("{}: Lookup failed: {status:?}", case.name))
-                        }
-                    }
-                }
-            }
+                results
+            });
+        }
+        apps.push(app);
+    }
+    let (mut refused, mut derived, mut failures) = (0, 0, Vec::new());
+    for result in streams.join_all().await.into_iter().flatten() {
+        match result {
+            Ok(VectorOutcome::Refused) => refused += 1,
+            Ok(VectorOutcome::Derived) => derived += 1,
+            Err(failure) => failures.push(failure),
         }
     }
     assert!(
@@ -989,6 +1020,90 @@ async fn every_key_vector_gives_its_key_and_fingerprint_or_its_refusal_through_t
         refused >= 10 && derived >= 25,
         "refused {refused}, derived {derived}"
     );
+}
+
+enum VectorOutcome {
+    Refused,
+    Derived,
+}
+
+/// Claims one vector's call and, when it derives a key, looks it up by derivation too.
+async fn check_vector(
+    client: &mut LedgerServiceClient<Channel>,
+    case: &Vector,
+) -> Result<VectorOutcome, String> {
+    let canonicalization = match case.canonicalization.as_str() {
+        "JCS" => pb::Canonicalization::Jcs,
+        "JCS_LENIENT" => pb::Canonicalization::JcsLenient,
+        other => return Err(format!("{}: unknown canonicalization {other}", case.name)),
+    };
+    let req = pb::ClaimRequest {
+        canonicalization: canonicalization.into(),
+        ..claim_req(&case.run_id, &case.tool, &case.arguments_json)
+    };
+    let claimed = client.claim(req).await;
+    let entry = match (&case.error, claimed) {
+        (Some(want), Err(status)) => {
+            let got = status.get_details_error_info().map(|i| i.reason);
+            let field = status
+                .get_details_bad_request()
+                .and_then(|b| b.field_violations.first().map(|v| v.field.clone()));
+            if status.code() == Code::InvalidArgument
+                && got.as_deref() == Some(want.as_str())
+                && field.as_deref() == Some("arguments_json")
+            {
+                return Ok(VectorOutcome::Refused);
+            }
+            return Err(format!(
+                "{}: want INVALID_ARGUMENT {want} on arguments_json, got {:?} {got:?} on \
+                 {field:?}: {}",
+                case.name,
+                status.code(),
+                status.message()
+            ));
+        }
+        (Some(want), Ok(resp)) => {
+            return Err(format!(
+                "{}: want refusal {want}, got {:?}",
+                case.name,
+                resp.into_inner().outcome()
+            ));
+        }
+        (None, Err(status)) => {
+            return Err(format!(
+                "{}: want a key, got {:?} {}: {}",
+                case.name,
+                status.code(),
+                crate::support::reason(&status),
+                status.message()
+            ));
+        }
+        (None, Ok(resp)) => resp.into_inner().entry.unwrap_or_default(),
+    };
+    let want = (case.key.as_deref(), case.fingerprint.as_deref());
+    if (Some(entry.key.as_str()), Some(entry.fingerprint.as_str())) != want {
+        return Err(format!(
+            "{}: want key/fingerprint {want:?}, got ({}, {})",
+            case.name, entry.key, entry.fingerprint
+        ));
+    }
+    let lookup = pb::LookupRequest {
+        canonicalization: canonicalization.into(),
+        ..derive_req(&case.run_id, &case.tool, &case.arguments_json)
+    };
+    match client.lookup(lookup).await {
+        Ok(found) => {
+            let found = found.into_inner().entry.unwrap_or_default();
+            if found.key != entry.key || found.fingerprint != entry.fingerprint {
+                return Err(format!(
+                    "{}: Lookup derived ({}, {}), Claim ({}, {})",
+                    case.name, found.key, found.fingerprint, entry.key, entry.fingerprint
+                ));
+            }
+            Ok(VectorOutcome::Derived)
+        }
+        Err(status) => Err(format!("{}: Lookup failed: {status:?}", case.name)),
+    }
 }
 
 /// The service names a reflection service of either version lists, through `channel`.

@@ -209,12 +209,19 @@ fn plain(log: &str) -> String {
 }
 
 async fn terminate_and_expect_exit_zero(mut server: ServerProcess) {
+    let sent = Instant::now();
     server.terminate();
     let status = tokio::time::timeout(Duration::from_secs(10), server.child.wait())
         .await
         .expect("exits within 10 s of SIGTERM")
         .expect("wait");
     assert_eq!(status.code(), Some(0), "{status:?}");
+    // Nothing was in flight: no reason to wait out the 10 s grace period.
+    assert!(
+        sent.elapsed() < Duration::from_secs(5),
+        "exited after {:?}",
+        sent.elapsed()
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
