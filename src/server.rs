@@ -183,7 +183,7 @@ pub async fn serve(
         .add_service(reflection_v1)
         .add_service(reflection_v1alpha)
         .add_service(ledger_service)
-        .serve_with_incoming_shutdown(TcpListenerStream::new(listener), signal);
+        .serve_with_incoming_shutdown(nodelay(listener), signal);
     let grace = settings.shutdown_grace;
     let bounded_drain = async move {
         while !*drain_rx.borrow() {
@@ -208,6 +208,22 @@ pub async fn serve(
     }
     tracing::info!("idempotency-ledger stopped");
     result
+}
+
+/// The accepted connections of `listener`, with Nagle's algorithm off: a gRPC answer is
+/// written as several small frames, and without TCP_NODELAY the later ones wait for the
+/// client's delayed ACK (about 40 ms). tonic sets it only on listeners it binds itself.
+fn nodelay(
+    listener: TcpListener,
+) -> impl tokio_stream::Stream<Item = std::io::Result<tokio::net::TcpStream>> {
+    use tokio_stream::StreamExt;
+    TcpListenerStream::new(listener).map(|accepted| {
+        let stream = accepted?;
+        if let Err(e) = stream.set_nodelay(true) {
+            tracing::debug!(error = %e, "cannot set TCP_NODELAY");
+        }
+        Ok(stream)
+    })
 }
 
 /// Applies the migrations of the store `settings` names, and returns.

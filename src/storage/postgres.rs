@@ -106,6 +106,7 @@ impl_store!(PgStore, {
                 loop {
                     match listener.recv().await {
                         Ok(n) => {
+                            tracing::debug!(payload = n.payload(), "announcement received");
                             let Some((tenant, key)) = n.payload().split_once(' ') else {
                                 continue;
                             };

@@ -10,3 +10,4 @@ mod grpc_api;
 mod health;
 mod operations;
 mod tenants;
+mod waiting;

@@ -60,6 +60,15 @@ impl TestDb {
         }
     }
 
+    /// Another handle on an existing database (a second server on the same one).
+    pub fn existing(backend: Backend, url: &str) -> TestDb {
+        TestDb {
+            backend,
+            url: url.to_string(),
+            _dir: None,
+        }
+    }
+
     /// A new, migrated store over this database, with its own connection pool.
     pub async fn store(&self, max_connections: u32) -> Arc<dyn Store> {
         let options = PoolOptions {

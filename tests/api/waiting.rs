@@ -1,0 +1,159 @@
+//! Waiting claims through the real server: woken within 100 ms of the Complete on the same
+//! server and on another server sharing PostgreSQL (LISTEN/NOTIFY, and polling where NOTIFY is
+//! unavailable), and bounded by the call's deadline.
+
+use std::time::Duration;
+
+use idempotency_ledger::config::Wakeup;
+use idempotency_ledger::grpc::pb;
+use tokio::time::Instant;
+
+use crate::support::{Backend, TestApp, TestDb, claim_req, spawn_app, spawn_app_on, success};
+
+const ARGS: &str = r#"{"ticket":"T-9","priority":"high"}"#;
+
+/// Claims on `owner`, waits on `waiter`, completes on `owner` after the waiter settled, and
+/// returns how long after the Complete's answer the waiter answered.
+async fn wake_latency(owner: &TestApp, waiter: &TestApp) -> Duration {
+    let claimed = owner
+        .client
+        .clone()
+        .claim(claim_req("run-w", "open_ticket", ARGS))
+        .await
+        .expect("claim")
+        .into_inner();
+    assert_eq!(claimed.outcome(), pb::Outcome::Claimed);
+    let key = claimed.entry.as_ref().expect("entry").key.clone();
+    let mut client = waiter.client.clone();
+    let waiting = tokio::spawn(async move {
+        let out = client
+            .claim(pb::ClaimRequest {
+                wait: Some(prost_types::Duration {
+                    seconds: 10,
+                    nanos: 0,
+                }),
+                ..claim_req("run-w", "open_ticket", ARGS)
+            })
+            .await
+            .expect("waiting claim")
+            .into_inner();
+        (out, Instant::now())
+    });
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(!waiting.is_finished(), "the waiter must still be waiting");
+    owner
+        .client
+        .clone()
+        .complete(success(&key, &claimed.claim_token, b"ticket opened"))
+        .await
+        .expect("complete");
+    let completed = Instant::now();
+    let (out, answered) = waiting.await.expect("join");
+    assert_eq!(out.outcome(), pb::Outcome::Replayed);
+    assert_eq!(
+        &out.entry.as_ref().expect("entry").result[..],
+        b"ticket opened"
+    );
+    answered.saturating_duration_since(completed)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiter_on_the_same_server_answers_within_100ms_of_the_complete() {
+    for backend in [Backend::Sqlite, Backend::Postgres] {
+        let app = spawn_app(backend).await;
+        let latency = wake_latency(&app, &app).await;
+        eprintln!("wake-up latency, same server, {backend:?}: {latency:?}");
+        assert!(
+            latency < Duration::from_millis(100),
+            "{backend:?}: {latency:?}"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiter_on_another_server_sharing_postgres_answers_within_100ms_by_notify() {
+    let a = spawn_app(Backend::Postgres).await;
+    let b = spawn_app_on(TestDb::existing(Backend::Postgres, &a.db.url), |_| {}).await;
+    let latency = wake_latency(&a, &b).await;
+    eprintln!("wake-up latency, across servers (LISTEN/NOTIFY): {latency:?}");
+    assert!(latency < Duration::from_millis(100), "{latency:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_notify_a_waiter_on_another_server_learns_by_polling_the_key() {
+    let poll = |s: &mut idempotency_ledger::config::Settings| {
+        s.wait_wakeup = Wakeup::Poll;
+        s.wait_poll_interval = Duration::from_millis(50);
+    };
+    let a = spawn_app_on(TestDb::new(Backend::Postgres), poll).await;
+    let b = spawn_app_on(TestDb::existing(Backend::Postgres, &a.db.url), poll).await;
+    let latency = wake_latency(&a, &b).await;
+    eprintln!("wake-up latency, across servers (50 ms polling): {latency:?}");
+    assert!(latency < Duration::from_millis(100), "{latency:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_wait_longer_than_the_deadline_answers_in_progress_before_the_deadline() {
+    let app = spawn_app(Backend::Sqlite).await;
+    let mut client = app.client.clone();
+    client
+        .claim(claim_req("run-d", "send_reply", ARGS))
+        .await
+        .expect("claim");
+    let mut request = tonic::Request::new(pb::ClaimRequest {
+        wait: Some(prost_types::Duration {
+            seconds: 30,
+            nanos: 0,
+        }),
+        ..claim_req("run-d", "send_reply", ARGS)
+    });
+    request.set_timeout(Duration::from_millis(800));
+    let started = Instant::now();
+    let out = client
+        .claim(request)
+        .await
+        .expect("IN_PROGRESS, not DEADLINE_EXCEEDED")
+        .into_inner();
+    let took = started.elapsed();
+    assert_eq!(out.outcome(), pb::Outcome::InProgress);
+    assert!(out.retry_after.is_some());
+    assert!(
+        took < Duration::from_millis(800),
+        "answered after the deadline: {took:?}"
+    );
+    assert!(
+        took > Duration::from_millis(500),
+        "gave up too early: {took:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_wait_is_cut_to_the_servers_maximum() {
+    let app = crate::support::spawn_app_with(Backend::Sqlite, |s| {
+        s.max_wait = Duration::from_millis(300);
+    })
+    .await;
+    let mut client = app.client.clone();
+    client
+        .claim(claim_req("run-x", "send_reply", ARGS))
+        .await
+        .expect("claim");
+    let started = Instant::now();
+    let out = client
+        .claim(pb::ClaimRequest {
+            wait: Some(prost_types::Duration {
+                seconds: 30,
+                nanos: 0,
+            }),
+            ..claim_req("run-x", "send_reply", ARGS)
+        })
+        .await
+        .expect("claim")
+        .into_inner();
+    assert_eq!(out.outcome(), pb::Outcome::InProgress);
+    let took = started.elapsed();
+    assert!(
+        took >= Duration::from_millis(300) && took < Duration::from_secs(3),
+        "{took:?}"
+    );
+}
