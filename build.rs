@@ -13,9 +13,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     std::fs::write(out_dir.join("ledger_descriptor.bin"), fds.encode_to_vec())?;
     // The error details are described to reflective clients only; tonic-types has their Rust
     // types.
-    let details = "proto/google/rpc/error_details.proto";
+    let details = "third_party/proto/google/rpc/error_details.proto";
     println!("cargo:rerun-if-changed={details}");
-    let details_fds = protox::compile([details], ["proto"])?;
+    let details_fds = protox::compile([details], ["third_party/proto"])?;
     std::fs::write(
         out_dir.join("error_details_descriptor.bin"),
         details_fds.encode_to_vec(),
