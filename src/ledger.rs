@@ -17,7 +17,7 @@ use crate::domain::{
     decide_complete,
 };
 use crate::error::LedgerError;
-use crate::storage::{Store, UnresolvedQuery};
+use crate::storage::{Finish, Finished, Store, UnresolvedQuery};
 use crate::wait::WaitHub;
 
 /// How often a lost compare-and-set race is retried before the call gives up. Each retry
@@ -348,12 +348,24 @@ impl Ledger {
             retryable: input.retryable,
         };
         self.check_outcome(&completion)?;
+        let mut finish = Finish {
+            key: key.as_str().to_string(),
+            claim_token: input.claim_token,
+            completion,
+            now: self.clock.now(),
+            also_unknown: false,
+        };
+        // The common case in one statement: the claimant completes its own attempt in flight.
+        if let Some(done) = self.store.finish(&tenant.0, &finish).await? {
+            return Ok(self.completed(tenant, done, finish.now).await);
+        }
+        // Otherwise read the entry to learn what to answer, and write only if the domain says so.
         for _ in 0..MAX_RACES {
             let now = self.clock.now();
             let Some(existing) = self.store.get(&tenant.0, key.as_str()).await? else {
                 return Err(LedgerError::NotFound);
             };
-            match decide_complete(&existing, &input.claim_token, &completion, now) {
+            match decide_complete(&existing, &finish.claim_token, &finish.completion, now) {
                 CompleteDecision::NotFound => return Err(LedgerError::NotFound),
                 CompleteDecision::StaleToken => return Err(LedgerError::StaleClaimToken),
                 CompleteDecision::AlreadyResolved => {
@@ -366,13 +378,10 @@ impl Ledger {
                     });
                 }
                 CompleteDecision::Apply => {
-                    let done = completion.apply_to(&existing, now);
-                    if let Some(has_waiters) = self.store.finish(&tenant.0, &done).await? {
-                        self.changed(tenant, &done.key, has_waiters).await;
-                        return Ok(CompleteOutput {
-                            entry: self.view(done, now),
-                            already_completed: false,
-                        });
+                    finish.now = now;
+                    finish.also_unknown = true;
+                    if let Some(done) = self.store.finish(&tenant.0, &finish).await? {
+                        return Ok(self.completed(tenant, done, now).await);
                     }
                 }
             }
@@ -381,6 +390,16 @@ impl Ledger {
             "complete of {} lost {MAX_RACES} races in a row",
             key.as_str()
         )))
+    }
+
+    /// The answer to a Complete that wrote its outcome, after waking whoever waits for it.
+    async fn completed(&self, tenant: &Tenant, done: Finished, now: Micros) -> CompleteOutput {
+        self.changed(tenant, &done.entry.key, done.has_waiters)
+            .await;
+        CompleteOutput {
+            entry: self.view(done.entry, now),
+            already_completed: false,
+        }
     }
 
     /// Reads an entry by key, or by the fields Claim derives it from.
@@ -698,8 +717,18 @@ impl Ledger {
             if self.store.insert(&tenant.0, &fresh).await? {
                 return Ok(self.claimed(fresh, now));
             }
-            // The row exists; read it in its own statement (a CTE on the insert would not see a
-            // row committed after its snapshot).
+            // The row exists. The most common reason is a repeat of a finished call: replay it
+            // in one statement.
+            if let Some(entry) = self
+                .store
+                .replay(&tenant.0, &request.key, &request.fingerprint, now)
+                .await?
+            {
+                let note = replay_note(&entry);
+                return Ok(self.answer(Outcome::Replayed, entry, now, note, None));
+            }
+            // Otherwise read it in its own statement (a CTE on the insert would not see a row
+            // committed after its snapshot) and let the domain decide.
             let Some(existing) = self.store.get(&tenant.0, &request.key).await? else {
                 continue; // pruned in between: insert again
             };
@@ -721,20 +750,8 @@ impl Ledger {
                         return Ok(self.claimed(next, now));
                     }
                 }
-                ClaimDecision::Replay => {
-                    if let Some(count) = self
-                        .store
-                        .record_replay(&tenant.0, &existing.key, &existing.claim_token)
-                        .await?
-                    {
-                        let entry = Entry {
-                            replay_count: count,
-                            ..existing
-                        };
-                        let note = replay_note(&entry);
-                        return Ok(self.answer(Outcome::Replayed, entry, now, note, None));
-                    }
-                }
+                // Became a success after the replay statement looked: go round again.
+                ClaimDecision::Replay => {}
                 ClaimDecision::PreviouslyFailed => {
                     let note = failed_note(&existing);
                     return Ok(self.answer(Outcome::PreviouslyFailed, existing, now, note, None));

@@ -4,11 +4,13 @@
 //! A store makes no decisions: it applies the writes the domain chose, each one a single atomic
 //! statement whose `WHERE` clause is the compare-and-set condition. The claim itself is an
 //! `INSERT … ON CONFLICT DO NOTHING`: the primary key on (tenant, key) decides who wins, never a
-//! read-then-write. Every write is a plain data command (an [`Entry`], a token, a completion),
-//! so a later batching layer can collect many of them into one multi-row statement.
+//! read-then-write. Every write is a plain data command (an [`Entry`], a [`Finish`]), so
+//! [`batch::GroupCommit`] collects the claims and completions that arrive while the store is
+//! busy into one multi-row statement and one commit.
 //!
 //! `sqlx::Error` never leaves this module: it becomes [`StoreError`].
 
+pub mod batch;
 pub mod postgres;
 mod sql;
 pub mod sqlite;
@@ -17,10 +19,10 @@ use std::sync::Arc;
 
 use async_trait::async_trait;
 
-use crate::domain::{Entry, Micros};
+use crate::domain::{Completion, Entry, Micros};
 
 /// Why a store call failed. Details are for the log, never for the client.
-#[derive(Debug, thiserror::Error)]
+#[derive(Clone, Debug, thiserror::Error)]
 pub enum StoreError {
     /// The database cannot be reached or did not answer in time: the caller may retry.
     #[error("store unavailable: {0}")]
@@ -108,14 +110,44 @@ pub trait Store: Send + Sync + 'static {
     /// `Unavailable` or `Internal` as the database fails.
     async fn restart(&self, tenant: &str, expected_token: &str, next: &Entry) -> StoreResult<bool>;
 
-    /// Writes the outcome fields of `done` (status, result, error, retryable, finished_at,
-    /// expires_at) only if the stored entry still carries `done.claim_token` and is unresolved
-    /// (ATTEMPTING or UNKNOWN). `Some(has_waiters)` when it wrote them, committed before it
-    /// returns; `has_waiters` tells whether a claim on some server waits for this entry.
+    /// Inserts each (tenant, entry) unless its (tenant, key) exists, in as few statements and
+    /// commits as the backend allows; per entry, whether this call inserted it. Within one
+    /// batch the first entry of a key wins, as if they had come one by one. All or nothing:
+    /// an error means none is known to be written.
     ///
     /// # Errors
     /// `Unavailable` or `Internal` as the database fails.
-    async fn finish(&self, tenant: &str, done: &Entry) -> StoreResult<Option<bool>>;
+    async fn insert_many(&self, batch: &[(String, Entry)]) -> StoreResult<Vec<bool>>;
+
+    /// Records a claimant's outcome (see [`Finish`]) only if the entry still carries its claim
+    /// token and is ATTEMPTING (or also UNKNOWN, when `cmd.also_unknown`); the store computes
+    /// `finished_at` and `expires_at` from the entry's retention. The entry as written when it
+    /// applied, committed before it returns.
+    ///
+    /// # Errors
+    /// `Unavailable` or `Internal` as the database fails.
+    async fn finish(&self, tenant: &str, cmd: &Finish) -> StoreResult<Option<Finished>>;
+
+    /// [`Store::finish`] for many entries at once, in as few statements and commits as the
+    /// backend allows; at most one command per (tenant, key) in a batch.
+    ///
+    /// # Errors
+    /// `Unavailable` or `Internal` as the database fails; none is known to be written then.
+    async fn finish_many(&self, batch: &[(String, Finish)]) -> StoreResult<Vec<Option<Finished>>>;
+
+    /// Counts a replay and returns the entry, only if it is SUCCEEDED with `fingerprint` and
+    /// not expired at `now`: the whole replay in one statement. `None` otherwise (read the
+    /// entry to learn why).
+    ///
+    /// # Errors
+    /// `Unavailable` or `Internal` as the database fails.
+    async fn replay(
+        &self,
+        tenant: &str,
+        key: &str,
+        fingerprint: &str,
+        now: Micros,
+    ) -> StoreResult<Option<Entry>>;
 
     /// Writes a reconciler's finding (the outcome fields of `done`) only if the entry's outcome
     /// is unknown at `now`: reported UNKNOWN, or ATTEMPTING past its lease. Releases the
@@ -166,14 +198,50 @@ pub trait Store: Send + Sync + 'static {
     fn subscribe(&self) -> Option<tokio::sync::mpsc::Receiver<(String, String)>> {
         None
     }
+}
 
-    /// Adds one to the replay count of a SUCCEEDED entry that still carries `token`, and returns
-    /// the new count; `None` when the entry changed or vanished meanwhile.
-    ///
-    /// # Errors
-    /// `Unavailable` or `Internal` as the database fails.
-    async fn record_replay(&self, tenant: &str, key: &str, token: &str)
-    -> StoreResult<Option<u64>>;
+/// A claimant's outcome to record.
+#[derive(Clone, Debug)]
+pub struct Finish {
+    /// The entry's key.
+    pub key: String,
+    /// The claimant's token: the write's fence.
+    pub claim_token: String,
+    /// What happened.
+    pub completion: Completion,
+    /// When it is recorded (`finished_at`).
+    pub now: Micros,
+    /// Whether an entry the claimant already reported UNKNOWN may be resolved too (otherwise
+    /// only ATTEMPTING: the fast path, which needs no prior read).
+    pub also_unknown: bool,
+}
+
+/// An outcome as recorded.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Finished {
+    /// The entry after the write.
+    pub entry: Entry,
+    /// Whether a claim (on some server) waits for this entry.
+    pub has_waiters: bool,
+}
+
+/// A finished row: the entry and its waiters flag.
+#[derive(sqlx::FromRow)]
+pub(crate) struct FinishedRow {
+    #[sqlx(flatten)]
+    pub entry: EntryRow,
+    pub has_waiters: bool,
+}
+
+impl TryFrom<FinishedRow> for Finished {
+    type Error = StoreError;
+
+    fn try_from(r: FinishedRow) -> StoreResult<Finished> {
+        Ok(Finished {
+            entry: Entry::try_from(r.entry)?,
+            has_waiters: r.has_waiters,
+        })
+    }
 }
 
 /// Which unresolved entries a reconciler asks for, and how long it holds them.
@@ -192,22 +260,27 @@ pub struct UnresolvedQuery {
 }
 
 /// Opens the store a database URL names: `postgres://` or `postgresql://` for PostgreSQL,
-/// `sqlite://` (or `sqlite:`) for an embedded file, created if missing.
+/// `sqlite://` (or `sqlite:`) for an embedded file, created if missing. Inserts and
+/// completions are group-committed ([`batch::GroupCommit`]): on PostgreSQL by up to half the
+/// pool's connections at once, on SQLite (one writer at a time anyway) by one.
 ///
 /// # Errors
 /// `Internal` for an unsupported or malformed URL; `Unavailable` when the database cannot be
 /// opened.
 pub async fn open(url: &str, options: &PoolOptions) -> StoreResult<Arc<dyn Store>> {
-    if url.starts_with("postgres://") || url.starts_with("postgresql://") {
-        Ok(Arc::new(postgres::PgStore::connect(url, options)?))
-    } else if url.starts_with("sqlite:") {
-        Ok(Arc::new(sqlite::SqliteStore::open(url, options).await?))
-    } else {
-        Err(StoreError::Internal(format!(
-            "unsupported database URL scheme in {}: use postgres:// or sqlite://",
-            redact_url(url)
-        )))
-    }
+    let (store, writers): (Arc<dyn Store>, usize) =
+        if url.starts_with("postgres://") || url.starts_with("postgresql://") {
+            let writers = (options.max_connections as usize / 2).max(1);
+            (Arc::new(postgres::PgStore::connect(url, options)?), writers)
+        } else if url.starts_with("sqlite:") {
+            (Arc::new(sqlite::SqliteStore::open(url, options).await?), 1)
+        } else {
+            return Err(StoreError::Internal(format!(
+                "unsupported database URL scheme in {}: use postgres:// or sqlite://",
+                redact_url(url)
+            )));
+        };
+    Ok(Arc::new(batch::GroupCommit::new(store, writers)))
 }
 
 /// Connection pool settings shared by both backends.

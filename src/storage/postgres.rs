@@ -6,8 +6,10 @@ use std::str::FromStr;
 
 use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
 
-use super::sql::{self, bind_entry, impl_store, unresolved_where};
-use super::{EntryRow, PoolOptions, StoreError, StoreResult, UnresolvedQuery, non_negative};
+use super::sql::{self, bind_entry, bind_finish, impl_store, unresolved_where};
+use super::{
+    EntryRow, Finish, Finished, FinishedRow, PoolOptions, StoreError, StoreResult, UnresolvedQuery,
+};
 use crate::domain::{Entry, Micros};
 
 /// A PostgreSQL store: a cheap-to-clone pool handle.
@@ -38,6 +40,15 @@ impl PgStore {
     }
 }
 
+/// [`entry_columns!`](super::sql) of the table aliased `e`.
+macro_rules! e_entry_columns {
+    () => {
+        "e.key, e.run_id, e.tool, e.fingerprint, e.status, e.attempt, e.claim_token, \
+         e.result, e.error, e.retryable, e.principal, e.started_at, e.finished_at, \
+         e.lease_expires_at, e.retention_us, e.expires_at, e.replay_count"
+    };
+}
+
 impl PgStore {
     /// Hands out unresolved entries, holding each until `$6`. The rows are picked in a CTE,
     /// which PostgreSQL runs exactly once: a `LIMIT … FOR UPDATE SKIP LOCKED` subquery under
@@ -50,9 +61,35 @@ impl PgStore {
         " ORDER BY started_at, key LIMIT $5 FOR UPDATE SKIP LOCKED) ",
         "UPDATE ledger_entries AS e SET reconcile_until = $6 FROM picked ",
         "WHERE e.tenant = picked.tenant AND e.key = picked.key RETURNING ",
-        "e.key, e.run_id, e.tool, e.fingerprint, e.status, e.attempt, e.claim_token, ",
-        "e.result, e.error, e.retryable, e.principal, e.started_at, e.finished_at, ",
-        "e.lease_expires_at, e.retention_us, e.expires_at, e.replay_count"
+        e_entry_columns!()
+    );
+
+    /// Claims many keys in one statement: one array per column, so the statement is the same
+    /// for every batch size and stays prepared. Rows go in array order, so the first entry
+    /// of a key wins; the others meet the conflict. Returns the tokens of the inserted rows.
+    const INSERT_MANY: &str = "INSERT INTO ledger_entries (tenant, key, run_id, tool, \
+        fingerprint, status, attempt, claim_token, result, error, retryable, principal, \
+        started_at, finished_at, lease_expires_at, retention_us, expires_at, replay_count) \
+        SELECT * FROM UNNEST($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], \
+        $6::text[], $7::int8[], $8::text[], $9::bytea[], $10::text[], $11::bool[], $12::text[], \
+        $13::int8[], $14::int8[], $15::int8[], $16::int8[], $17::int8[], $18::int8[]) \
+        ON CONFLICT (tenant, key) DO NOTHING RETURNING claim_token";
+
+    /// [`sql::FINISH`] for many entries in one statement (one per key: see the batcher).
+    const FINISH_MANY: &str = concat!(
+        "UPDATE ledger_entries AS e SET status = v.status, result = v.result, \
+         error = v.error, retryable = v.retryable, \
+         finished_at = CASE WHEN v.status IN ('SUCCEEDED', 'FAILED') THEN v.now END, \
+         expires_at = CASE WHEN v.status IN ('SUCCEEDED', 'FAILED') \
+         THEN v.now + e.retention_us END, reconcile_until = NULL \
+         FROM UNNEST($1::text[], $2::text[], $3::text[], $4::text[], $5::bytea[], $6::text[], \
+         $7::bool[], $8::int8[], $9::bool[]) \
+         AS v(tenant, key, claim_token, status, result, error, retryable, now, also_unknown) \
+         WHERE e.tenant = v.tenant AND e.key = v.key AND e.claim_token = v.claim_token \
+         AND (e.status = 'ATTEMPTING' OR (e.status = 'UNKNOWN' AND v.also_unknown)) \
+         RETURNING ",
+        e_entry_columns!(),
+        ", e.has_waiters"
     );
 
     /// Deletes up to `$2` finished entries past their expiry at `$1`, picked once in a CTE
@@ -71,6 +108,93 @@ const WAKE_CHANNEL: &str = "ledger_wake";
 impl_store!(PgStore, {
     fn shared(&self) -> bool {
         true
+    }
+
+    async fn insert_many(&self, batch: &[(String, Entry)]) -> StoreResult<Vec<bool>> {
+        let col = |f: fn(&Entry) -> String| batch.iter().map(|(_, e)| f(e)).collect::<Vec<_>>();
+        let int = |f: fn(&Entry) -> i64| batch.iter().map(|(_, e)| f(e)).collect::<Vec<_>>();
+        let opt =
+            |f: fn(&Entry) -> Option<i64>| batch.iter().map(|(_, e)| f(e)).collect::<Vec<_>>();
+        let tenants: Vec<&str> = batch.iter().map(|(t, _)| t.as_str()).collect();
+        let inserted: Vec<String> = sqlx::query_scalar(Self::INSERT_MANY)
+            .bind(tenants)
+            .bind(col(|e| e.key.clone()))
+            .bind(col(|e| e.run_id.clone()))
+            .bind(col(|e| e.tool.clone()))
+            .bind(col(|e| e.fingerprint.clone()))
+            .bind(col(|e| e.status.as_str().to_string()))
+            .bind(int(|e| i64::from(e.attempt)))
+            .bind(col(|e| e.claim_token.clone()))
+            .bind(
+                batch
+                    .iter()
+                    .map(|(_, e)| e.result.clone())
+                    .collect::<Vec<Vec<u8>>>(),
+            )
+            .bind(col(|e| e.error.clone()))
+            .bind(
+                batch
+                    .iter()
+                    .map(|(_, e)| e.retryable)
+                    .collect::<Vec<bool>>(),
+            )
+            .bind(col(|e| e.principal.clone()))
+            .bind(int(|e| e.started_at.0))
+            .bind(opt(|e| e.finished_at.map(|m| m.0)))
+            .bind(int(|e| e.lease_expires_at.0))
+            .bind(int(|e| e.retention.0))
+            .bind(opt(|e| e.expires_at.map(|m| m.0)))
+            .bind(int(|e| i64::try_from(e.replay_count).unwrap_or(i64::MAX)))
+            .fetch_all(&self.pool)
+            .await
+            .map_err(StoreError::from_sqlx)?;
+        let inserted: std::collections::HashSet<String> = inserted.into_iter().collect();
+        Ok(batch
+            .iter()
+            .map(|(_, e)| inserted.contains(&e.claim_token))
+            .collect())
+    }
+
+    async fn finish_many(&self, batch: &[(String, Finish)]) -> StoreResult<Vec<Option<Finished>>> {
+        let col = |f: fn(&Finish) -> String| batch.iter().map(|(_, c)| f(c)).collect::<Vec<_>>();
+        let tenants: Vec<&str> = batch.iter().map(|(t, _)| t.as_str()).collect();
+        let rows: Vec<FinishedRow> = sqlx::query_as(Self::FINISH_MANY)
+            .bind(tenants)
+            .bind(col(|c| c.key.clone()))
+            .bind(col(|c| c.claim_token.clone()))
+            .bind(col(|c| c.completion.status.status().as_str().to_string()))
+            .bind(
+                batch
+                    .iter()
+                    .map(|(_, c)| c.completion.result.clone())
+                    .collect::<Vec<Vec<u8>>>(),
+            )
+            .bind(col(|c| c.completion.error.clone()))
+            .bind(
+                batch
+                    .iter()
+                    .map(|(_, c)| c.completion.retryable)
+                    .collect::<Vec<bool>>(),
+            )
+            .bind(batch.iter().map(|(_, c)| c.now.0).collect::<Vec<i64>>())
+            .bind(
+                batch
+                    .iter()
+                    .map(|(_, c)| c.also_unknown)
+                    .collect::<Vec<bool>>(),
+            )
+            .fetch_all(&self.pool)
+            .await
+            .map_err(StoreError::from_sqlx)?;
+        // Tokens are unique, so they tell which command each written row answers.
+        let mut written: std::collections::HashMap<String, Finished> = rows
+            .into_iter()
+            .map(|r| Finished::try_from(r).map(|f| (f.entry.claim_token.clone(), f)))
+            .collect::<StoreResult<_>>()?;
+        Ok(batch
+            .iter()
+            .map(|(_, c)| written.remove(&c.claim_token))
+            .collect())
     }
 
     async fn announce(&self, tenant: &str, key: &str) -> StoreResult<()> {

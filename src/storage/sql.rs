@@ -2,6 +2,15 @@
 //! SQLite's numbered parameters) accept the same text, so the claim path is written once.
 //! Every statement is a single atomic statement; its `WHERE` clause is the compare-and-set.
 
+/// The columns of [`EntryRow`](super::EntryRow), for `RETURNING` clauses.
+macro_rules! entry_columns {
+    () => {
+        "key, run_id, tool, fingerprint, status, attempt, claim_token, result, error, \
+         retryable, principal, started_at, finished_at, lease_expires_at, retention_us, \
+         expires_at, replay_count"
+    };
+}
+
 /// Claims a key: the primary key on (tenant, key) decides among concurrent claimants.
 pub(crate) const INSERT: &str = "INSERT INTO ledger_entries (tenant, key, run_id, tool, \
     fingerprint, status, attempt, claim_token, result, error, retryable, principal, started_at, \
@@ -10,10 +19,11 @@ pub(crate) const INSERT: &str = "INSERT INTO ledger_entries (tenant, key, run_id
     ON CONFLICT (tenant, key) DO NOTHING";
 
 /// Reads one entry.
-pub(crate) const GET: &str = "SELECT key, run_id, tool, fingerprint, status, attempt, \
-    claim_token, result, error, retryable, principal, started_at, finished_at, \
-    lease_expires_at, retention_us, expires_at, replay_count \
-    FROM ledger_entries WHERE tenant = $1 AND key = $2";
+pub(crate) const GET: &str = concat!(
+    "SELECT ",
+    entry_columns!(),
+    " FROM ledger_entries WHERE tenant = $1 AND key = $2"
+);
 
 /// Starts a new attempt on a resolved entry that still carries the token the caller saw.
 pub(crate) const RESTART: &str = "UPDATE ledger_entries SET run_id = $3, tool = $4, \
@@ -23,13 +33,30 @@ pub(crate) const RESTART: &str = "UPDATE ledger_entries SET run_id = $3, tool = 
     WHERE tenant = $1 AND key = $2 AND claim_token = $19 \
     AND status IN ('SUCCEEDED', 'FAILED')";
 
-/// Records an outcome, fenced by the claim token and an unresolved status. Returns whether a
-/// claim waits for it.
-pub(crate) const FINISH: &str = "UPDATE ledger_entries SET status = $4, result = $5, \
-    error = $6, retryable = $7, finished_at = $8, expires_at = $9, reconcile_until = NULL \
-    WHERE tenant = $1 AND key = $2 AND claim_token = $3 \
-    AND status IN ('ATTEMPTING', 'UNKNOWN') \
-    RETURNING has_waiters";
+/// Records a claimant's outcome `$4` at `$8`, fenced by the claim token and the entry being
+/// ATTEMPTING (or also UNKNOWN when `$9`). A resolved outcome sets `finished_at` and
+/// `expires_at` from the entry's own retention, so the statement needs no prior read.
+/// Returns the entry as written and whether a claim waits for it.
+pub(crate) const FINISH: &str = concat!(
+    "UPDATE ledger_entries SET status = $4, result = $5, error = $6, retryable = $7, \
+     finished_at = CASE WHEN $4 IN ('SUCCEEDED', 'FAILED') THEN $8 END, \
+     expires_at = CASE WHEN $4 IN ('SUCCEEDED', 'FAILED') THEN $8 + retention_us END, \
+     reconcile_until = NULL \
+     WHERE tenant = $1 AND key = $2 AND claim_token = $3 \
+     AND (status = 'ATTEMPTING' OR (status = 'UNKNOWN' AND $9)) \
+     RETURNING ",
+    entry_columns!(),
+    ", has_waiters"
+);
+
+/// Counts a replay of a result that is still there for this request: SUCCEEDED, the same
+/// fingerprint `$3`, not expired at `$4`. Returns the entry with its new count.
+pub(crate) const REPLAY: &str = concat!(
+    "UPDATE ledger_entries SET replay_count = replay_count + 1 \
+     WHERE tenant = $1 AND key = $2 AND status = 'SUCCEEDED' AND fingerprint = $3 \
+     AND expires_at > $4 RETURNING ",
+    entry_columns!()
+);
 
 /// Records what a reconciler found, fenced by the outcome being unknown at `$9` (reported
 /// UNKNOWN, or an attempt past its lease); no token, since the answer concerns the intent,
@@ -55,21 +82,6 @@ macro_rules! unresolved_where {
     };
 }
 
-/// Counts a replay of a result that is still the one the caller read.
-pub(crate) const RECORD_REPLAY: &str = "UPDATE ledger_entries \
-    SET replay_count = replay_count + 1 \
-    WHERE tenant = $1 AND key = $2 AND claim_token = $3 AND status = 'SUCCEEDED' \
-    RETURNING replay_count";
-
-/// The columns of [`EntryRow`](super::EntryRow), for `RETURNING` clauses.
-macro_rules! entry_columns {
-    () => {
-        "key, run_id, tool, fingerprint, status, attempt, claim_token, result, error, \
-         retryable, principal, started_at, finished_at, lease_expires_at, retention_us, \
-         expires_at, replay_count"
-    };
-}
-
 /// Binds an [`Entry`](crate::domain::Entry)'s columns as `$1`..`$18` in [`INSERT`]'s order.
 macro_rules! bind_entry {
     ($query:expr, $tenant:expr, $e:expr) => {
@@ -92,6 +104,22 @@ macro_rules! bind_entry {
             .bind($e.retention.0)
             .bind($e.expires_at.map(|m| m.0))
             .bind(i64::try_from($e.replay_count).unwrap_or(i64::MAX))
+    };
+}
+
+/// Binds a [`Finish`](super::Finish) as [`FINISH`]'s `$1`..`$9`.
+macro_rules! bind_finish {
+    ($query:expr, $tenant:expr, $cmd:expr) => {
+        $query
+            .bind($tenant)
+            .bind(&$cmd.key)
+            .bind(&$cmd.claim_token)
+            .bind($cmd.completion.status.status().as_str())
+            .bind(&$cmd.completion.result)
+            .bind(&$cmd.completion.error)
+            .bind($cmd.completion.retryable)
+            .bind($cmd.now.0)
+            .bind($cmd.also_unknown)
     };
 }
 
@@ -137,20 +165,30 @@ macro_rules! impl_store {
             Ok(done.rows_affected() == 1)
         }
 
-        async fn finish(&self, tenant: &str, done: &Entry) -> StoreResult<Option<bool>> {
-            sqlx::query_scalar(sql::FINISH)
-                .bind(tenant)
-                .bind(&done.key)
-                .bind(&done.claim_token)
-                .bind(done.status.as_str())
-                .bind(&done.result)
-                .bind(&done.error)
-                .bind(done.retryable)
-                .bind(done.finished_at.map(|m| m.0))
-                .bind(done.expires_at.map(|m| m.0))
+        async fn finish(&self, tenant: &str, cmd: &Finish) -> StoreResult<Option<Finished>> {
+            let row: Option<FinishedRow> = bind_finish!(sqlx::query_as(sql::FINISH), tenant, cmd)
                 .fetch_optional(&self.pool)
                 .await
-                .map_err(StoreError::from_sqlx)
+                .map_err(StoreError::from_sqlx)?;
+            row.map(Finished::try_from).transpose()
+        }
+
+        async fn replay(
+            &self,
+            tenant: &str,
+            key: &str,
+            fingerprint: &str,
+            now: Micros,
+        ) -> StoreResult<Option<Entry>> {
+            let row: Option<EntryRow> = sqlx::query_as(sql::REPLAY)
+                .bind(tenant)
+                .bind(key)
+                .bind(fingerprint)
+                .bind(now.0)
+                .fetch_optional(&self.pool)
+                .await
+                .map_err(StoreError::from_sqlx)?;
+            row.map(Entry::try_from).transpose()
         }
 
         async fn resolve(
@@ -218,23 +256,8 @@ macro_rules! impl_store {
             Ok(())
         }
 
-        async fn record_replay(
-            &self,
-            tenant: &str,
-            key: &str,
-            token: &str,
-        ) -> StoreResult<Option<u64>> {
-            let count: Option<i64> = sqlx::query_scalar(sql::RECORD_REPLAY)
-                .bind(tenant)
-                .bind(key)
-                .bind(token)
-                .fetch_optional(&self.pool)
-                .await
-                .map_err(StoreError::from_sqlx)?;
-            count.map(|c| non_negative(c, "replay_count")).transpose()
-        }
         }
     };
 }
 
-pub(crate) use {bind_entry, entry_columns, impl_store, unresolved_where};
+pub(crate) use {bind_entry, bind_finish, entry_columns, impl_store, unresolved_where};

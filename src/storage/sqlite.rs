@@ -10,8 +10,10 @@ use sqlx::sqlite::{
     SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteSynchronous,
 };
 
-use super::sql::{self, bind_entry, entry_columns, impl_store, unresolved_where};
-use super::{EntryRow, PoolOptions, StoreError, StoreResult, UnresolvedQuery, non_negative};
+use super::sql::{self, bind_entry, bind_finish, entry_columns, impl_store, unresolved_where};
+use super::{
+    EntryRow, Finish, Finished, FinishedRow, PoolOptions, StoreError, StoreResult, UnresolvedQuery,
+};
 use crate::domain::{Entry, Micros};
 
 /// A SQLite store: a cheap-to-clone pool handle.
@@ -61,6 +63,44 @@ impl SqliteStore {
 }
 
 impl_store!(SqliteStore, {
+    async fn insert_many(&self, batch: &[(String, Entry)]) -> StoreResult<Vec<bool>> {
+        // One transaction, so one commit (one fsync) for the batch; IMMEDIATE takes the write
+        // lock up front, so the transaction never has to upgrade a read lock.
+        let mut tx = self
+            .pool
+            .begin_with("BEGIN IMMEDIATE")
+            .await
+            .map_err(StoreError::from_sqlx)?;
+        let mut inserted = Vec::with_capacity(batch.len());
+        for (tenant, entry) in batch {
+            let done = bind_entry!(sqlx::query(sql::INSERT), tenant, entry)
+                .execute(&mut *tx)
+                .await
+                .map_err(StoreError::from_sqlx)?;
+            inserted.push(done.rows_affected() == 1);
+        }
+        tx.commit().await.map_err(StoreError::from_sqlx)?;
+        Ok(inserted)
+    }
+
+    async fn finish_many(&self, batch: &[(String, Finish)]) -> StoreResult<Vec<Option<Finished>>> {
+        let mut tx = self
+            .pool
+            .begin_with("BEGIN IMMEDIATE")
+            .await
+            .map_err(StoreError::from_sqlx)?;
+        let mut finished = Vec::with_capacity(batch.len());
+        for (tenant, cmd) in batch {
+            let row: Option<FinishedRow> = bind_finish!(sqlx::query_as(sql::FINISH), tenant, cmd)
+                .fetch_optional(&mut *tx)
+                .await
+                .map_err(StoreError::from_sqlx)?;
+            finished.push(row.map(Finished::try_from).transpose()?);
+        }
+        tx.commit().await.map_err(StoreError::from_sqlx)?;
+        Ok(finished)
+    }
+
     fn backend(&self) -> &'static str {
         "sqlite"
     }

@@ -145,3 +145,201 @@ async fn two_server_processes_on_one_postgres_give_one_winner_per_key() {
     drop((a, b));
     tokio::time::sleep(Duration::from_millis(10)).await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn simultaneous_claims_through_one_server_are_batched_and_one_key_has_one_winner_on_sqlite() {
+    one_batcher_many_claimants(Backend::Sqlite).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn simultaneous_claims_through_one_server_are_batched_and_one_key_has_one_winner_on_postgres()
+{
+    one_batcher_many_claimants(Backend::Postgres).await;
+}
+
+/// 64 claims of one key and 64 of different keys through one ledger, whose group commit has
+/// a single writer, so that they share batches: the key has one winner, every other key its
+/// own claim, and then every completion of them lands.
+async fn one_batcher_many_claimants(backend: Backend) {
+    use idempotency_ledger::storage::batch::GroupCommit;
+    use std::sync::atomic::Ordering;
+
+    let db = TestDb::new(backend);
+    let batched = Arc::new(GroupCommit::new(db.store(4).await, 1));
+    let ledger = Ledger::new(batched.clone(), Arc::new(SystemClock), Limits::default());
+    let barrier = Arc::new(Barrier::new(2 * CLAIMANTS));
+    let mut tasks = Vec::new();
+    for i in 0..2 * CLAIMANTS {
+        let ledger = ledger.clone();
+        let barrier = barrier.clone();
+        tasks.push(tokio::spawn(async move {
+            // The first half claim one key; the second half one key each.
+            let args = if i < CLAIMANTS {
+                r#"{"shared":true}"#.to_string()
+            } else {
+                format!("{{\"own\":{i}}}")
+            };
+            let input = ClaimInput {
+                run_id: "batch-run".into(),
+                tool: "issue_credit".into(),
+                arguments_json: args,
+                ..Default::default()
+            };
+            barrier.wait().await;
+            (i, ledger.claim(&Tenant::default_tenant(), input).await)
+        }));
+    }
+    let mut shared_winners = 0;
+    let mut own = Vec::new();
+    for task in tasks {
+        let (i, out) = task.await.expect("join");
+        let out = out.expect("every claim answers");
+        if i < CLAIMANTS {
+            shared_winners += usize::from(out.outcome == Outcome::Claimed);
+        } else {
+            assert_eq!(
+                out.outcome,
+                Outcome::Claimed,
+                "claimant {i} has its own key"
+            );
+            own.push(out);
+        }
+    }
+    assert_eq!(shared_winners, 1);
+    // Complete every own key at once: the completions share batches too.
+    let mut completions = Vec::new();
+    for out in own {
+        let ledger = ledger.clone();
+        completions.push(tokio::spawn(async move {
+            ledger
+                .complete(
+                    &Tenant::default_tenant(),
+                    CompleteInput {
+                        key: out.entry.entry.key.clone(),
+                        claim_token: out.claim_token.clone().expect("token"),
+                        status: FinalStatus::Succeeded,
+                        result: out.entry.entry.key.as_bytes().to_vec(),
+                        error: String::new(),
+                        retryable: false,
+                    },
+                )
+                .await
+        }));
+    }
+    for c in completions {
+        let done = c.await.expect("join").expect("complete");
+        assert!(!done.already_completed);
+        assert_eq!(
+            done.entry.entry.result,
+            done.entry.entry.key.as_bytes(),
+            "its own result"
+        );
+    }
+    let stats = batched.stats();
+    let (batches, requests, largest) = (
+        stats.batches.load(Ordering::Relaxed),
+        stats.requests.load(Ordering::Relaxed),
+        stats.largest.load(Ordering::Relaxed),
+    );
+    assert!(
+        largest > 1,
+        "requests shared batches: {batches} batches, {requests} requests"
+    );
+    assert!(
+        batches < requests,
+        "{batches} batches for {requests} requests"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_failing_batch_fails_every_request_in_it_and_writes_none_on_postgres() {
+    a_failing_batch_writes_nothing(Backend::Postgres).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_failing_batch_fails_every_request_in_it_and_writes_none_on_sqlite() {
+    a_failing_batch_writes_nothing(Backend::Sqlite).await;
+}
+
+/// One request in a batch breaks a table constraint (attempt 0): the batch's statement fails
+/// as a whole, so every request of that batch gets the error and none of their rows exists.
+async fn a_failing_batch_writes_nothing(backend: Backend) {
+    use idempotency_ledger::domain::{Entry, Micros, Status};
+    use idempotency_ledger::storage::Store;
+
+    let db = TestDb::new(backend);
+    let inner = db.store(4).await;
+    let entry = |n: usize, attempt: u32| Entry {
+        key: format!("k-{n}"),
+        run_id: "r".into(),
+        tool: "t".into(),
+        fingerprint: "f".into(),
+        status: Status::Attempting,
+        attempt,
+        claim_token: format!("tok-{n}"),
+        result: Vec::new(),
+        error: String::new(),
+        retryable: false,
+        principal: String::new(),
+        started_at: Micros(1),
+        finished_at: None,
+        lease_expires_at: Micros(2),
+        retention: Micros(3),
+        expires_at: None,
+        replay_count: 0,
+    };
+    let mut batch: Vec<(String, Entry)> = (0..10)
+        .map(|n| ("default".to_string(), entry(n, 1)))
+        .collect();
+    batch.insert(5, ("default".to_string(), entry(99, 0)));
+    let failed = inner.insert_many(&batch).await;
+    assert!(failed.is_err(), "the poisoned batch must fail: {failed:?}");
+    for n in (0..10).chain([99]) {
+        assert!(
+            inner
+                .get("default", &format!("k-{n}"))
+                .await
+                .expect("get")
+                .is_none(),
+            "k-{n} must not be half-written"
+        );
+    }
+    // Through the group commit: the poisoned request and its batch-mates all get the error;
+    // requests in other batches are unaffected.
+    let batched = Arc::new(idempotency_ledger::storage::batch::GroupCommit::new(
+        inner.clone(),
+        1,
+    ));
+    let barrier = Arc::new(Barrier::new(11));
+    let mut tasks = Vec::new();
+    for (tenant, e) in batch {
+        let batched = batched.clone();
+        let barrier = barrier.clone();
+        tasks.push(tokio::spawn(async move {
+            barrier.wait().await;
+            let n = e.key.clone();
+            (n, batched.insert(&tenant, &e).await)
+        }));
+    }
+    let mut failed_keys = Vec::new();
+    for t in tasks {
+        let (key, result) = t.await.expect("join");
+        match result {
+            Ok(true) => {
+                assert!(
+                    inner.get("default", &key).await.expect("get").is_some(),
+                    "{key} acknowledged"
+                );
+            }
+            Ok(false) => panic!("{key}: no conflict was possible"),
+            Err(_) => {
+                assert!(
+                    inner.get("default", &key).await.expect("get").is_none(),
+                    "{key} failed but written"
+                );
+                failed_keys.push(key);
+            }
+        }
+    }
+    assert!(failed_keys.contains(&"k-99".to_string()), "{failed_keys:?}");
+}

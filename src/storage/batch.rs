@@ -1,0 +1,295 @@
+//! Group commit: claims' inserts and claimants' completions that arrive while the store is busy
+//! are written together, one multi-row statement and one commit per batch.
+//!
+//! [`GroupCommit`] wraps a store and implements [`Store`] itself. Each kind of write has a
+//! queue and a dispatcher that runs at most `writers` batches at once. When a writer is free, a
+//! request is written at once, alone: no timer ever delays it. While every writer is busy,
+//! requests wait in the queue, and the next free writer takes all of them (up to a cap) as one
+//! batch. Each request is answered only after its batch committed; a batch that fails fails
+//! exactly its own requests, with the store's error, and answers none of them wrongly.
+//!
+//! Duplicates inside a batch resolve as if they had come one by one: the store's multi-row
+//! insert lets the first entry of a key win and the others see the conflict; a completion
+//! whose key is already in the batch waits for the next round.
+
+use std::collections::HashSet;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+
+use async_trait::async_trait;
+use tokio::sync::{Semaphore, mpsc, oneshot};
+
+use super::{Finish, Finished, Store, StoreError, StoreResult, UnresolvedQuery};
+use crate::domain::{Entry, Micros};
+
+/// The most requests one statement carries.
+const MAX_BATCH: usize = 256;
+
+/// One queued write and where its answer goes.
+struct Job<T, R> {
+    tenant: String,
+    write: T,
+    reply: oneshot::Sender<StoreResult<R>>,
+}
+
+type InsertJob = Job<Entry, bool>;
+type FinishJob = Job<Finish, Option<Finished>>;
+
+/// A store whose inserts and completions are group-committed; every other call goes straight
+/// to the inner store (replays and lookups stay on the shortest path).
+pub struct GroupCommit {
+    /// The store that runs the statements.
+    inner: Arc<dyn Store>,
+    /// Claims' inserts waiting for a writer.
+    inserts: mpsc::UnboundedSender<InsertJob>,
+    /// Completions waiting for a writer.
+    finishes: mpsc::UnboundedSender<FinishJob>,
+    /// How batching went, for tests and metrics.
+    stats: Arc<Stats>,
+}
+
+/// Counts of the batches written so far.
+#[derive(Debug, Default)]
+pub struct Stats {
+    /// Batches written (both kinds).
+    pub batches: AtomicU64,
+    /// Requests written in them.
+    pub requests: AtomicU64,
+    /// The most requests one batch carried.
+    pub largest: AtomicUsize,
+}
+
+impl Stats {
+    fn record(&self, size: usize) {
+        self.batches.fetch_add(1, Ordering::Relaxed);
+        self.requests.fetch_add(size as u64, Ordering::Relaxed);
+        self.largest.fetch_max(size, Ordering::Relaxed);
+    }
+}
+
+impl GroupCommit {
+    /// Wraps `inner`, running at most `writers` batches of each kind at once (at least 1).
+    /// Call inside a tokio runtime: it spawns the two dispatchers, which end when this store
+    /// is dropped.
+    pub fn new(inner: Arc<dyn Store>, writers: usize) -> GroupCommit {
+        let (inserts, insert_rx) = mpsc::unbounded_channel();
+        let (finishes, finish_rx) = mpsc::unbounded_channel();
+        let writers = writers.max(1);
+        let stats = Arc::new(Stats::default());
+        tokio::spawn(dispatch(insert_rx, writers, stats.clone(), {
+            let store = inner.clone();
+            move |batch: Vec<InsertJob>| {
+                let store = store.clone();
+                async move { write_inserts(&*store, batch).await }
+            }
+        }));
+        tokio::spawn(dispatch(finish_rx, writers, stats.clone(), {
+            let store = inner.clone();
+            move |batch: Vec<FinishJob>| {
+                let store = store.clone();
+                async move { write_finishes(&*store, batch).await }
+            }
+        }));
+        GroupCommit {
+            inner,
+            inserts,
+            finishes,
+            stats,
+        }
+    }
+
+    /// How batching went so far.
+    pub fn stats(&self) -> &Stats {
+        &self.stats
+    }
+}
+
+/// Takes a writer, then everything queued by then (at least one request), and writes it as
+/// one batch in its own task; repeats until the queue closes.
+async fn dispatch<T, R, F, Fut>(
+    mut queue: mpsc::UnboundedReceiver<Job<T, R>>,
+    writers: usize,
+    stats: Arc<Stats>,
+    write: F,
+) where
+    T: Send + 'static,
+    R: Send + 'static,
+    F: Fn(Vec<Job<T, R>>) -> Fut,
+    Fut: std::future::Future<Output = ()> + Send + 'static,
+{
+    let free = Arc::new(Semaphore::new(writers));
+    loop {
+        let Ok(writer) = free.clone().acquire_owned().await else {
+            return;
+        };
+        let Some(first) = queue.recv().await else {
+            return;
+        };
+        let mut batch = vec![first];
+        while batch.len() < MAX_BATCH {
+            match queue.try_recv() {
+                Ok(job) => batch.push(job),
+                Err(_) => break,
+            }
+        }
+        stats.record(batch.len());
+        let written = write(batch);
+        tokio::spawn(async move {
+            written.await;
+            drop(writer);
+        });
+    }
+}
+
+async fn write_inserts(store: &dyn Store, batch: Vec<InsertJob>) {
+    let writes: Vec<(String, Entry)> = batch
+        .iter()
+        .map(|j| (j.tenant.clone(), j.write.clone()))
+        .collect();
+    match store.insert_many(&writes).await {
+        Ok(inserted) if inserted.len() == batch.len() => {
+            for (job, inserted) in batch.into_iter().zip(inserted) {
+                let _ = job.reply.send(Ok(inserted));
+            }
+        }
+        Ok(other) => fail_all(
+            batch,
+            &StoreError::Internal(format!("insert batch answered {} of its rows", other.len())),
+        ),
+        Err(e) => fail_all(batch, &e),
+    }
+}
+
+async fn write_finishes(store: &dyn Store, mut batch: Vec<FinishJob>) {
+    // One command per key and statement (an UPDATE … FROM would apply only one of two rows
+    // for the same key, unpredictably); a later command for a key goes in the next round.
+    while !batch.is_empty() {
+        let mut keys = HashSet::new();
+        let (round, later): (Vec<FinishJob>, Vec<FinishJob>) = batch
+            .into_iter()
+            .partition(|j| keys.insert((j.tenant.clone(), j.write.key.clone())));
+        batch = later;
+        let writes: Vec<(String, Finish)> = round
+            .iter()
+            .map(|j| (j.tenant.clone(), j.write.clone()))
+            .collect();
+        match store.finish_many(&writes).await {
+            Ok(done) if done.len() == round.len() => {
+                for (job, done) in round.into_iter().zip(done) {
+                    let _ = job.reply.send(Ok(done));
+                }
+            }
+            Ok(other) => fail_all(
+                round,
+                &StoreError::Internal(format!("finish batch answered {} of its rows", other.len())),
+            ),
+            Err(e) => fail_all(round, &e),
+        }
+    }
+}
+
+fn fail_all<T, R>(batch: Vec<Job<T, R>>, error: &StoreError) {
+    for job in batch {
+        let _ = job.reply.send(Err(error.clone()));
+    }
+}
+
+/// Queues a write and waits for its batch's answer.
+async fn submit<T, R>(
+    queue: &mpsc::UnboundedSender<Job<T, R>>,
+    tenant: &str,
+    write: T,
+) -> StoreResult<R> {
+    let (reply, answer) = oneshot::channel();
+    queue
+        .send(Job {
+            tenant: tenant.to_string(),
+            write,
+            reply,
+        })
+        .map_err(|_| StoreError::Unavailable("the store is shutting down".into()))?;
+    answer
+        .await
+        .map_err(|_| StoreError::Internal("a write batch was dropped unanswered".into()))?
+}
+
+#[async_trait]
+impl Store for GroupCommit {
+    fn backend(&self) -> &'static str {
+        self.inner.backend()
+    }
+
+    fn shared(&self) -> bool {
+        self.inner.shared()
+    }
+
+    async fn migrate(&self) -> StoreResult<()> {
+        self.inner.migrate().await
+    }
+
+    async fn ping(&self) -> StoreResult<()> {
+        self.inner.ping().await
+    }
+
+    async fn insert(&self, tenant: &str, entry: &Entry) -> StoreResult<bool> {
+        submit(&self.inserts, tenant, entry.clone()).await
+    }
+
+    async fn insert_many(&self, batch: &[(String, Entry)]) -> StoreResult<Vec<bool>> {
+        self.inner.insert_many(batch).await
+    }
+
+    async fn get(&self, tenant: &str, key: &str) -> StoreResult<Option<Entry>> {
+        self.inner.get(tenant, key).await
+    }
+
+    async fn restart(&self, tenant: &str, expected_token: &str, next: &Entry) -> StoreResult<bool> {
+        self.inner.restart(tenant, expected_token, next).await
+    }
+
+    async fn finish(&self, tenant: &str, cmd: &Finish) -> StoreResult<Option<Finished>> {
+        submit(&self.finishes, tenant, cmd.clone()).await
+    }
+
+    async fn finish_many(&self, batch: &[(String, Finish)]) -> StoreResult<Vec<Option<Finished>>> {
+        self.inner.finish_many(batch).await
+    }
+
+    async fn replay(
+        &self,
+        tenant: &str,
+        key: &str,
+        fingerprint: &str,
+        now: Micros,
+    ) -> StoreResult<Option<Entry>> {
+        self.inner.replay(tenant, key, fingerprint, now).await
+    }
+
+    async fn resolve(&self, tenant: &str, done: &Entry, now: Micros) -> StoreResult<Option<bool>> {
+        self.inner.resolve(tenant, done, now).await
+    }
+
+    async fn take_unresolved(
+        &self,
+        tenant: &str,
+        query: &UnresolvedQuery,
+    ) -> StoreResult<Vec<Entry>> {
+        self.inner.take_unresolved(tenant, query).await
+    }
+
+    async fn prune(&self, now: Micros, limit: u32) -> StoreResult<u64> {
+        self.inner.prune(now, limit).await
+    }
+
+    async fn mark_waiting(&self, tenant: &str, key: &str) -> StoreResult<()> {
+        self.inner.mark_waiting(tenant, key).await
+    }
+
+    async fn announce(&self, tenant: &str, key: &str) -> StoreResult<()> {
+        self.inner.announce(tenant, key).await
+    }
+
+    fn subscribe(&self) -> Option<mpsc::Receiver<(String, String)>> {
+        self.inner.subscribe()
+    }
+}
