@@ -40,6 +40,11 @@ pub use pb::ledger_service_server::{LedgerService, LedgerServiceServer};
 /// waiting claim answers IN_PROGRESS), so the answer arrives before the caller gives up.
 const DEADLINE_MARGIN_MAX: Duration = Duration::from_millis(50);
 
+/// How much of a call's remaining time a waiting claim keeps for its last read and its
+/// answer: a fifth, within these bounds.
+const ANSWER_RESERVE_MIN: Duration = Duration::from_millis(50);
+const ANSWER_RESERVE_MAX: Duration = Duration::from_millis(250);
+
 /// The `LedgerService` implementation: a thin shell over [`Ledger`].
 #[derive(Clone)]
 pub struct LedgerApi {
@@ -87,10 +92,10 @@ impl LedgerService for LedgerApi {
         // A wait ends a little before the call's deadline, so the caller gets IN_PROGRESS
         // rather than an expired call.
         if let (Some(wait), Some(deadline)) = (input.wait, deadline) {
-            let budget = deadline
-                .saturating_duration_since(Instant::now())
-                .saturating_sub(2 * margin(deadline));
-            input.wait = Some(wait.min(budget));
+            let remaining = deadline.saturating_duration_since(Instant::now());
+            // Leave time for the last read and the answer, even on a loaded machine.
+            let reserve = (remaining / 5).clamp(ANSWER_RESERVE_MIN, ANSWER_RESERVE_MAX);
+            input.wait = Some(wait.min(remaining.saturating_sub(reserve)));
         }
         let ledger = self.ledger.clone();
         let out = run(deadline, async move { ledger.claim(&tenant, input).await }).await;
