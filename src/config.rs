@@ -197,6 +197,55 @@ pub struct Settings {
     )]
     pub prune_batch_size: u32,
 
+    /// CA certificate (PEM) that client certificates must be signed by: with it, the server
+    /// requires mutual TLS (needs --tls-cert and --tls-key).
+    #[arg(
+        long,
+        env = "LEDGER_TLS_CLIENT_CA",
+        requires = "tls_cert",
+        global = true
+    )]
+    pub tls_client_ca: Option<PathBuf>,
+
+    /// Largest gRPC message the server reads or writes, in bytes; a larger request is refused
+    /// with RESOURCE_EXHAUSTED before it is decoded.
+    #[arg(long, env = "LEDGER_MAX_MESSAGE_BYTES", default_value_t = 4 * 1_048_576, global = true)]
+    pub max_message_bytes: usize,
+
+    /// The longest any call may take, whatever its own deadline (DEADLINE_EXCEEDED after it).
+    /// Keep it above --max-wait.
+    #[arg(long, env = "LEDGER_REQUEST_TIMEOUT", default_value = "60s", value_parser = parse_duration, global = true)]
+    pub request_timeout: Duration,
+
+    /// Most ledger calls running at once; more are shed at once with RESOURCE_EXHAUSTED
+    /// (reason OVERLOADED) and a retry hint, instead of queueing without bound.
+    #[arg(
+        long,
+        env = "LEDGER_MAX_CONCURRENT_REQUESTS",
+        default_value_t = 1024,
+        global = true
+    )]
+    pub max_concurrent_requests: usize,
+
+    /// Calls a second each tenant may make on average (0: no limit); more are refused with
+    /// RESOURCE_EXHAUSTED (reason RATE_LIMITED) and a retry hint.
+    #[arg(
+        long,
+        env = "LEDGER_TENANT_RATE_LIMIT",
+        default_value_t = 0.0,
+        global = true
+    )]
+    pub tenant_rate_limit: f64,
+
+    /// Calls a tenant may make at once before its rate limit applies (0: one second's worth).
+    #[arg(
+        long,
+        env = "LEDGER_TENANT_RATE_BURST",
+        default_value_t = 0.0,
+        global = true
+    )]
+    pub tenant_rate_burst: f64,
+
     /// Most database connections this server opens.
     #[arg(
         long,
@@ -280,6 +329,12 @@ impl Settings {
                 "--reconcile-default-limit must be positive and at most --reconcile-max-limit"
                     .into(),
             );
+        }
+        if self.request_timeout <= self.max_wait {
+            return Err("--request-timeout must be longer than --max-wait".into());
+        }
+        if self.tenant_rate_limit < 0.0 || self.tenant_rate_burst < 0.0 {
+            return Err("--tenant-rate-limit and --tenant-rate-burst cannot be negative".into());
         }
         if self.prune_batch_size == 0 || self.wait_poll_interval.is_zero() {
             return Err("--prune-batch-size and --wait-poll-interval must be positive".into());

@@ -56,6 +56,16 @@ pub enum LedgerError {
     /// The store cannot be reached; the detail is logged, not sent.
     #[error("the ledger's database is unavailable; retry later")]
     Unavailable(String),
+    /// A limit was reached (load shedding, a tenant's rate); retry after `retry_after`.
+    #[error("{message}")]
+    ResourceExhausted {
+        /// `OVERLOADED` or `RATE_LIMITED`.
+        reason: &'static str,
+        /// What was reached, for a person.
+        message: String,
+        /// When a retry is worthwhile.
+        retry_after: Duration,
+    },
     /// The call's deadline passed before an answer.
     #[error("the call's deadline passed before the ledger could answer")]
     DeadlineExceeded,
@@ -84,6 +94,7 @@ impl LedgerError {
             LedgerError::NotFound => "ENTRY_NOT_FOUND",
             LedgerError::Unauthenticated(_) => "UNAUTHENTICATED",
             LedgerError::Unavailable(_) => "STORE_UNAVAILABLE",
+            LedgerError::ResourceExhausted { reason, .. } => reason,
             LedgerError::DeadlineExceeded => "DEADLINE_EXCEEDED",
             LedgerError::Internal(_) => "INTERNAL",
         }
@@ -99,6 +110,7 @@ impl LedgerError {
             LedgerError::NotFound => Code::NotFound,
             LedgerError::Unauthenticated(_) => Code::Unauthenticated,
             LedgerError::Unavailable(_) => Code::Unavailable,
+            LedgerError::ResourceExhausted { .. } => Code::ResourceExhausted,
             LedgerError::DeadlineExceeded => Code::DeadlineExceeded,
             LedgerError::Internal(_) => Code::Internal,
         }
@@ -142,6 +154,9 @@ impl From<LedgerError> for Status {
             LedgerError::Unavailable(detail) => {
                 tracing::warn!(error = %detail, "store unavailable");
                 details.set_retry_info(Some(UNAVAILABLE_RETRY_DELAY));
+            }
+            LedgerError::ResourceExhausted { retry_after, .. } => {
+                details.set_retry_info(Some(*retry_after));
             }
             LedgerError::Internal(detail) => {
                 tracing::error!(error = %detail, "internal error");

@@ -7,9 +7,11 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
+use tokio::sync::OwnedSemaphorePermit;
 use tokio::time::Instant;
 use tonic::{Request, Response, Status};
 
+use crate::admission::Admission;
 use crate::domain::canonical::Canonicalization;
 use crate::domain::{FinalStatus, Micros};
 use crate::error::LedgerError;
@@ -52,12 +54,64 @@ pub struct LedgerApi {
     ledger: Ledger,
     /// What was answered, for the metrics endpoint.
     metrics: Arc<Metrics>,
+    /// Which calls run now, and which are shed.
+    admission: Arc<Admission>,
+    /// The longest any call may take, whatever its own deadline.
+    request_timeout: Duration,
+}
+
+/// What a call runs with once admitted.
+struct Call {
+    /// From the credential.
+    tenant: Tenant,
+    /// The earlier of the caller's deadline and the server's request timeout.
+    deadline: Instant,
+    /// Its place among the calls running now; released when its work ends.
+    permit: OwnedSemaphorePermit,
 }
 
 impl LedgerApi {
-    /// The service over `ledger`, counting into `metrics`.
-    pub fn new(ledger: Ledger, metrics: Arc<Metrics>) -> LedgerApi {
-        LedgerApi { ledger, metrics }
+    /// The service over `ledger`, counting into `metrics`, admitting calls through `admission`
+    /// and ending any call after `request_timeout`.
+    pub fn new(
+        ledger: Ledger,
+        metrics: Arc<Metrics>,
+        admission: Arc<Admission>,
+        request_timeout: Duration,
+    ) -> LedgerApi {
+        LedgerApi {
+            ledger,
+            metrics,
+            admission,
+            request_timeout,
+        }
+    }
+
+    /// The call's tenant (set by the auth interceptor), its deadline, and its admission.
+    fn begin<T>(&self, rpc: Rpc, request: &Request<T>) -> Result<Call, Status> {
+        let tenant = request
+            .extensions()
+            .get::<Tenant>()
+            .cloned()
+            .ok_or_else(|| {
+                Status::from(LedgerError::Internal("no tenant on the request".into()))
+            })?;
+        let limit = Instant::now() + self.request_timeout;
+        let deadline = request
+            .metadata()
+            .get("grpc-timeout")
+            .and_then(|v| v.to_str().ok())
+            .and_then(parse_grpc_timeout)
+            .map_or(limit, |t| limit.min(Instant::now() + t));
+        let permit = self
+            .admission
+            .admit(&tenant)
+            .map_err(|e| self.observe::<()>(rpc, Err(e.into())).unwrap_err())?;
+        Ok(Call {
+            tenant,
+            deadline,
+            permit,
+        })
     }
 
     /// Counts a call's gRPC code and passes its result on.
@@ -76,7 +130,11 @@ impl LedgerService for LedgerApi {
         &self,
         request: Request<pb::ClaimRequest>,
     ) -> Result<Response<pb::ClaimResponse>, Status> {
-        let (tenant, deadline) = context(&request)?;
+        let Call {
+            tenant,
+            deadline,
+            permit,
+        } = self.begin(Rpc::Claim, &request)?;
         let r = request.into_inner();
         let mut input = ClaimInput {
             run_id: r.run_id,
@@ -91,14 +149,17 @@ impl LedgerService for LedgerApi {
         };
         // A wait ends a little before the call's deadline, so the caller gets IN_PROGRESS
         // rather than an expired call.
-        if let (Some(wait), Some(deadline)) = (input.wait, deadline) {
+        if let Some(wait) = input.wait {
             let remaining = deadline.saturating_duration_since(Instant::now());
             // Leave time for the last read and the answer, even on a loaded machine.
             let reserve = (remaining / 5).clamp(ANSWER_RESERVE_MIN, ANSWER_RESERVE_MAX);
             input.wait = Some(wait.min(remaining.saturating_sub(reserve)));
         }
         let ledger = self.ledger.clone();
-        let out = run(deadline, async move { ledger.claim(&tenant, input).await }).await;
+        let out = run(deadline, permit, async move {
+            ledger.claim(&tenant, input).await
+        })
+        .await;
         let out = self.observe(Rpc::Claim, out)?;
         self.metrics.claim(out.outcome);
         tracing::debug!(tool = %out.entry.entry.tool, key = %key_prefix(&out.entry.entry.key),
@@ -110,7 +171,11 @@ impl LedgerService for LedgerApi {
         &self,
         request: Request<pb::CompleteRequest>,
     ) -> Result<Response<pb::CompleteResponse>, Status> {
-        let (tenant, deadline) = context(&request)?;
+        let Call {
+            tenant,
+            deadline,
+            permit,
+        } = self.begin(Rpc::Complete, &request)?;
         let r = request.into_inner();
         let input = CompleteInput {
             key: r.key,
@@ -121,10 +186,9 @@ impl LedgerService for LedgerApi {
             retryable: r.retryable,
         };
         let ledger = self.ledger.clone();
-        let out = run(
-            deadline,
-            async move { ledger.complete(&tenant, input).await },
-        )
+        let out = run(deadline, permit, async move {
+            ledger.complete(&tenant, input).await
+        })
         .await;
         let out = self.observe(Rpc::Complete, out)?;
         Ok(Response::new(pb::CompleteResponse {
@@ -137,7 +201,11 @@ impl LedgerService for LedgerApi {
         &self,
         request: Request<pb::LookupRequest>,
     ) -> Result<Response<pb::LookupResponse>, Status> {
-        let (tenant, deadline) = context(&request)?;
+        let Call {
+            tenant,
+            deadline,
+            permit,
+        } = self.begin(Rpc::Lookup, &request)?;
         let r = request.into_inner();
         let input = LookupInput {
             key: r.key,
@@ -147,7 +215,10 @@ impl LedgerService for LedgerApi {
             canonicalization: canonicalization(r.canonicalization)?,
         };
         let ledger = self.ledger.clone();
-        let view = run(deadline, async move { ledger.lookup(&tenant, input).await }).await;
+        let view = run(deadline, permit, async move {
+            ledger.lookup(&tenant, input).await
+        })
+        .await;
         let view = self.observe(Rpc::Lookup, view)?;
         Ok(Response::new(pb::LookupResponse {
             entry: Some(entry(view)),
@@ -158,7 +229,11 @@ impl LedgerService for LedgerApi {
         &self,
         request: Request<pb::ReconcileRequest>,
     ) -> Result<Response<pb::ReconcileResponse>, Status> {
-        let (tenant, deadline) = context(&request)?;
+        let Call {
+            tenant,
+            deadline,
+            permit,
+        } = self.begin(Rpc::Reconcile, &request)?;
         let r = request.into_inner();
         let resolutions = r
             .resolutions
@@ -180,10 +255,9 @@ impl LedgerService for LedgerApi {
             resolutions,
         };
         let ledger = self.ledger.clone();
-        let out = run(
-            deadline,
-            async move { ledger.reconcile(&tenant, input).await },
-        )
+        let out = run(deadline, permit, async move {
+            ledger.reconcile(&tenant, input).await
+        })
         .await;
         let out = self.observe(Rpc::Reconcile, out)?;
         Ok(Response::new(pb::ReconcileResponse {
@@ -193,44 +267,29 @@ impl LedgerService for LedgerApi {
     }
 }
 
-/// The call's tenant (set by the auth interceptor) and deadline (from `grpc-timeout`).
-fn context<T>(request: &Request<T>) -> Result<(Tenant, Option<Instant>), Status> {
-    let tenant = request
-        .extensions()
-        .get::<Tenant>()
-        .cloned()
-        .ok_or_else(|| Status::from(LedgerError::Internal("no tenant on the request".into())))?;
-    let deadline = request
-        .metadata()
-        .get("grpc-timeout")
-        .and_then(|v| v.to_str().ok())
-        .and_then(parse_grpc_timeout)
-        .map(|t| Instant::now() + t);
-    Ok((tenant, deadline))
-}
-
 fn margin(deadline: Instant) -> Duration {
     (deadline.saturating_duration_since(Instant::now()) / 10).min(DEADLINE_MARGIN_MAX)
 }
 
-/// Runs `work` in its own task so that a cancelled or timed-out call never drops a write
-/// halfway, and answers DEADLINE_EXCEEDED shortly before the deadline if it is still running.
-async fn run<T, F>(deadline: Option<Instant>, work: F) -> Result<T, Status>
+/// Runs `work` in its own task, holding the call's admission `permit` until the work ends, so
+/// that a cancelled or timed-out call never drops a write halfway; answers DEADLINE_EXCEEDED
+/// shortly before the deadline if it is still running.
+async fn run<T, F>(deadline: Instant, permit: OwnedSemaphorePermit, work: F) -> Result<T, Status>
 where
     T: Send + 'static,
     F: Future<Output = Result<T, LedgerError>> + Send + 'static,
 {
-    let task = tokio::spawn(work);
-    let joined = match deadline {
-        None => task.await,
-        Some(deadline) => match tokio::time::timeout_at(deadline - margin(deadline), task).await {
-            Ok(joined) => joined,
-            Err(_) => return Err(LedgerError::DeadlineExceeded.into()),
-        },
-    };
-    joined
-        .map_err(|e| LedgerError::Internal(format!("request task failed: {e}")))?
-        .map_err(Status::from)
+    let task = tokio::spawn(async move {
+        let done = work.await;
+        drop(permit);
+        done
+    });
+    match tokio::time::timeout_at(deadline - margin(deadline), task).await {
+        Ok(joined) => joined
+            .map_err(|e| LedgerError::Internal(format!("request task failed: {e}")))?
+            .map_err(Status::from),
+        Err(_) => Err(LedgerError::DeadlineExceeded.into()),
+    }
 }
 
 /// Parses a `grpc-timeout` header value: up to 8 digits and a unit (H, M, S, m, u, n).

@@ -13,6 +13,7 @@
 //! - [`ledger`]: the use cases (Claim, Complete, Lookup) driving the domain over a store.
 //! - [`grpc`]: the generated `idempotency.v1` types and the service, converting proto ↔ domain.
 //! - [`error`]: the one error type and the one mapping to gRPC codes and details.
+//! - [`admission`]: load shedding and per-tenant rate limits.
 //! - [`auth`]: bearer tokens to tenants, as an interceptor on the ledger service.
 //! - [`server`]: health, reflection, the readiness probe, graceful shutdown.
 //! - [`wait`]: waking claims that wait for an attempt in flight, in-process and across
@@ -20,6 +21,7 @@
 //! - [`metrics`]: counters and the optional Prometheus endpoint.
 //! - [`config`]: the command line; every flag has an environment variable.
 
+pub mod admission;
 pub mod auth;
 pub mod config;
 pub mod domain;

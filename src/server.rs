@@ -11,10 +11,12 @@ use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio_stream::wrappers::TcpListenerStream;
 use tonic::Status;
-use tonic::transport::{Identity, Server, ServerTlsConfig};
+use tonic::service::interceptor::InterceptedService;
+use tonic::transport::{Certificate, Identity, Server, ServerTlsConfig};
 use tonic_health::ServingStatus;
 use tonic_health::server::HealthReporter;
 
+use crate::admission::Admission;
 use crate::auth::Tenancy;
 use crate::config::Settings;
 use crate::domain::time::Clock;
@@ -136,8 +138,22 @@ pub async fn serve(
         settings.prune_interval,
         settings.prune_batch_size,
     ));
-    let ledger_service =
-        LedgerServiceServer::with_interceptor(LedgerApi::new(ledger, metrics.clone()), interceptor);
+    let admission = Arc::new(Admission::new(
+        settings.max_concurrent_requests,
+        settings.tenant_rate_limit,
+        if settings.tenant_rate_burst > 0.0 {
+            settings.tenant_rate_burst
+        } else {
+            settings.tenant_rate_limit
+        },
+    ));
+    let api = LedgerApi::new(ledger, metrics.clone(), admission, settings.request_timeout);
+    let ledger_service = InterceptedService::new(
+        LedgerServiceServer::new(api)
+            .max_decoding_message_size(settings.max_message_bytes)
+            .max_encoding_message_size(settings.max_message_bytes),
+        interceptor,
+    );
 
     tracing::info!(
         listen = %addr,
@@ -145,6 +161,7 @@ pub async fn serve(
         backend = store.backend(),
         tenancy = %tenancy.describe(),
         tls = tls.is_some(),
+        mutual_tls = settings.tls_client_ca.is_some(),
         "idempotency-ledger starting"
     );
 
@@ -179,6 +196,9 @@ pub async fn serve(
             .map_err(|e| ServeError::Config(format!("TLS: {e}")))?;
     }
     let server = builder
+        .layer(tower::util::MapResponseLayer::new(
+            oversized_is_resource_exhausted,
+        ))
         .add_service(health_service)
         .add_service(reflection_v1)
         .add_service(reflection_v1alpha)
@@ -224,6 +244,38 @@ fn nodelay(
         }
         Ok(stream)
     })
+}
+
+/// tonic refuses a request over the message-size limit with OUT_OF_RANGE before any handler
+/// runs; the contract answers limits with RESOURCE_EXHAUSTED (as gRPC itself specifies for
+/// oversized messages) and every error with an ErrorInfo. This rewrites that one answer.
+fn oversized_is_resource_exhausted(
+    response: http::Response<tonic::body::Body>,
+) -> http::Response<tonic::body::Body> {
+    let headers = response.headers();
+    let oversized = headers.get("grpc-status").is_some_and(|v| v == "11")
+        && headers
+            .get("grpc-message")
+            .and_then(|m| m.to_str().ok())
+            .is_some_and(|m| {
+                m.contains("message%20length%20too%20large")
+                    || m.contains("message length too large")
+            });
+    if !oversized {
+        return response;
+    }
+    let mut details = tonic_types::ErrorDetails::new();
+    details.set_error_info(
+        "MESSAGE_TOO_LARGE",
+        crate::error::ERROR_DOMAIN,
+        std::collections::HashMap::new(),
+    );
+    <Status as tonic_types::StatusExt>::with_error_details(
+        tonic::Code::ResourceExhausted,
+        "the request is larger than the server's --max-message-bytes",
+        details,
+    )
+    .into_http()
 }
 
 /// Applies the migrations of the store `settings` names, and returns.
@@ -323,5 +375,10 @@ fn tls_config(settings: &Settings) -> Result<Option<ServerTlsConfig>, ServeError
         std::fs::read(path).map_err(|e| ServeError::Config(format!("{}: {e}", path.display())))
     };
     let identity = Identity::from_pem(read(cert)?, read(key)?);
-    Ok(Some(ServerTlsConfig::new().identity(identity)))
+    let mut tls = ServerTlsConfig::new().identity(identity);
+    if let Some(ca) = &settings.tls_client_ca {
+        // Mutual TLS: a client without a certificate signed by this CA cannot connect.
+        tls = tls.client_ca_root(Certificate::from_pem(read(ca)?));
+    }
+    Ok(Some(tls))
 }

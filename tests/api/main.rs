@@ -9,5 +9,6 @@ mod conformance;
 mod grpc_api;
 mod health;
 mod operations;
+mod security;
 mod tenants;
 mod waiting;

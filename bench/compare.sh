@@ -1,0 +1,554 @@
+#!/usr/bin/env bash
+# bench/compare.sh: the ledger server against hand-written SQL on the same PostgreSQL, in one run.
+#
+# Builds the release binaries, starts a throwaway PostgreSQL cluster, and for each workload and
+# client count measures
+#   - the baseline: pgbench running exactly the SQL the server issues per operation
+#     (bench/pgbench/*.sql), as autocommit statements over C connections, and
+#   - ours: target/release/idempotency-ledger on the same database, driven over gRPC by
+#     target/release/ledger-bench with C clients;
+# then the SQLite store through the server, and (with --scale) a 5M-row table. Prints the
+# side-by-side table and writes it to bench/results/latest.md (+ .json); --smoke writes
+# bench/results/smoke.md (+ .json) instead, so CI never overwrites the committed record.
+#
+# Usage: bench/compare.sh [options]
+#   --smoke                 a few hundred operations per cell, client counts 1 and 8 (CI)
+#   --scale                 also load 5M finished entries and compare claim-complete and lookup
+#                           on the empty and the loaded table (off by default, off in --smoke)
+#   --scale-rows N          rows --scale loads (default 5000000)
+#   --duration SECS         measured seconds per cell (default 10)
+#   --warmup SECS           unmeasured seconds before each cell (default 1)
+#   --clients "C ..."       client counts for PostgreSQL (default "1 8 32 64")
+#   --sqlite-clients "C ..."  client counts for the SQLite store (default "1 32")
+#   --db-max-connections default|match|N
+#                           the server's PostgreSQL pool: default (the server's own default,
+#                           16, as deployed), match (C + 1 in a cell of C clients: as many
+#                           connections for requests as pgbench has, plus the one the server's
+#                           LISTEN keeps), or N
+#   --no-build              use the binaries already in target/release
+#   --keep                  keep the temp dir (cluster, logs, raw outputs) and print its path
+#   -h, --help
+#
+# Needs: cargo, PostgreSQL's server programs (initdb, pg_ctl, postgres; found on PATH or under
+# /usr/lib/postgresql/<major>/bin, or set PG_BIN), psql and pgbench, and setpriv (util-linux)
+# when run as root, since PostgreSQL refuses to run as root: it then runs as the `postgres` user.
+# Exits non-zero if any cell had an error.
+
+set -euo pipefail
+
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+cd "$ROOT"
+
+DURATION=10
+WARMUP=1
+CLIENTS="1 8 32 64"
+SQLITE_CLIENTS="1 32"
+POOL=default
+SMOKE=0
+SCALE=0
+SCALE_ROWS=5000000
+SCALE_CLIENTS=32
+BUILD=1
+KEEP=0
+SMOKE_OPS=300          # operations per cell in --smoke
+HOT_KEYS=100           # the replay workload's hot set
+LOOKUP_KEYS=1000       # --scale: entries the empty-table lookup reads
+
+usage() { sed -n '2,/^$/{s/^# \{0,1\}//;p}' "${BASH_SOURCE[0]}"; }
+
+while (($#)); do
+    case $1 in
+        --smoke) SMOKE=1 ;;
+        --scale) SCALE=1 ;;
+        --scale-rows) SCALE_ROWS=$2; shift ;;
+        --duration) DURATION=$2; shift ;;
+        --warmup) WARMUP=$2; shift ;;
+        --clients) CLIENTS=$2; shift ;;
+        --sqlite-clients) SQLITE_CLIENTS=$2; shift ;;
+        --db-max-connections) POOL=$2; shift ;;
+        --no-build) BUILD=0 ;;
+        --keep) KEEP=1 ;;
+        -h | --help) usage; exit 0 ;;
+        *) echo "unknown option $1 (see --help)" >&2; exit 2 ;;
+    esac
+    shift
+done
+if ((SMOKE)); then
+    CLIENTS="1 8"
+    SQLITE_CLIENTS="1 8"
+    SCALE=0
+    RESULT_BASE=bench/results/smoke
+else
+    RESULT_BASE=bench/results/latest
+fi
+# mixed-wait runs once, at the largest client count from 8 to 32 (with one client nobody waits).
+WAIT_CLIENTS=""
+for c in $CLIENTS; do
+    if ((c >= 8 && c <= 32)); then WAIT_CLIENTS=$c; fi
+done
+
+log() { printf '[compare %s] %s\n' "$(date +%T)" "$*" >&2; }
+die() { log "error: $*"; exit 1; }
+
+# ---- build ------------------------------------------------------------------------------------
+TARGET_DIR=${CARGO_TARGET_DIR:-$ROOT/target}
+if ((BUILD)); then
+    log "building release binaries"
+    cargo build --release --bins --quiet
+fi
+SERVER=$TARGET_DIR/release/idempotency-ledger
+BENCH=$TARGET_DIR/release/ledger-bench
+[[ -x $SERVER && -x $BENCH ]] || die "no release binaries in $TARGET_DIR/release"
+
+# ---- temp dir and cleanup --------------------------------------------------------------------
+WORK=$(mktemp -d "${TMPDIR:-/tmp}/ledger-compare.XXXXXX")
+chmod 0711 "$WORK" # the cluster's directory below belongs to the postgres user when we are root
+mkdir -p "$WORK/logs" "$WORK/json" "$WORK/pgbench"
+SERVER_PID=""
+PG_STARTED=0
+FAILED_CELLS=()
+
+cleanup() {
+    local rc=$?
+    if [[ -n $SERVER_PID ]]; then
+        kill -TERM "$SERVER_PID" 2>/dev/null || true
+        wait "$SERVER_PID" 2>/dev/null || true
+    fi
+    if ((PG_STARTED)); then
+        as_pg "$PG_BIN/pg_ctl" -D "$PGDATA" -m immediate -w stop >/dev/null 2>&1 || true
+    fi
+    if ((KEEP)); then log "kept $WORK"; else rm -rf "$WORK"; fi
+    exit "$rc"
+}
+trap cleanup EXIT
+trap 'exit 130' INT
+trap 'exit 143' TERM
+
+# ---- PostgreSQL ------------------------------------------------------------------------------
+if [[ -z ${PG_BIN:-} ]]; then
+    PG_BIN=$(ls -d /usr/lib/postgresql/*/bin 2>/dev/null | sort -t/ -k4 -n | tail -n1 || true)
+    if [[ -z $PG_BIN || ! -x $PG_BIN/pg_ctl ]]; then
+        command -v pg_ctl >/dev/null || die "PostgreSQL's pg_ctl not found (set PG_BIN)"
+        PG_BIN=$(dirname "$(readlink -f "$(command -v pg_ctl)")")
+    fi
+fi
+tool() { if [[ -x $PG_BIN/$1 ]]; then echo "$PG_BIN/$1"; else command -v "$1" || die "$1 not found"; fi; }
+PGBENCH=$(tool pgbench) && PSQL_BIN=$(tool psql) || exit 1
+
+as_pg() {
+    if ((EUID == 0)); then
+        setpriv --reuid=postgres --regid=postgres --init-groups "$@"
+    else
+        "$@"
+    fi
+}
+
+free_port() {
+    local p
+    for _ in $(seq 50); do
+        p=$((20000 + RANDOM % 40000))
+        if ! (exec 3<>"/dev/tcp/127.0.0.1/$p") 2>/dev/null; then
+            echo "$p"
+            return
+        fi
+    done
+    die "no free port found"
+}
+
+PGDIR=$WORK/pg
+PGDATA=$PGDIR/data
+mkdir -p "$PGDIR"
+((EUID == 0)) && chown postgres:postgres "$PGDIR"
+log "initdb ($("$PG_BIN/postgres" --version))"
+as_pg "$PG_BIN/initdb" -D "$PGDATA" -U postgres -A trust -E UTF8 --locale=C --no-instructions \
+    >"$WORK/logs/initdb.log" 2>&1 || { cat "$WORK/logs/initdb.log" >&2; die "initdb failed"; }
+# The settings of both sides: pgbench and the server run against this one cluster, one after
+# the other. Durable commits as in production (fsync and synchronous_commit on, the defaults),
+# room for 64 pgbench connections plus the server's pool, and shared_buffers 128MB (the
+# default, stated so a changed default does not change the figures).
+cat >>"$PGDATA/postgresql.conf" <<EOF
+
+# ---- bench/compare.sh ----
+listen_addresses = '127.0.0.1'
+unix_socket_directories = '$PGDIR'
+max_connections = 200
+shared_buffers = 128MB
+fsync = on
+synchronous_commit = on
+full_page_writes = on
+include_if_exists = 'compare-port.conf'
+EOF
+for attempt in 1 2 3 4 5; do
+    PGPORT=$(free_port)
+    echo "port = $PGPORT" | as_pg tee "$PGDATA/compare-port.conf" >/dev/null
+    if as_pg "$PG_BIN/pg_ctl" -D "$PGDATA" -l "$PGDIR/server.log" -w -t 60 start >/dev/null; then
+        PG_STARTED=1
+        break
+    fi
+    ((attempt < 5)) || { tail -20 "$PGDIR/server.log" >&2; die "PostgreSQL did not start"; }
+done
+PSQL=("$PSQL_BIN" -X -q -v ON_ERROR_STOP=1 -h 127.0.0.1 -p "$PGPORT" -U postgres)
+PM_PID=$(head -n1 "$PGDATA/postmaster.pid")
+"${PSQL[@]}" -d postgres -c "CREATE DATABASE ledger"
+DB_URL="postgres://postgres@127.0.0.1:$PGPORT/ledger"
+"$SERVER" migrate --database-url "$DB_URL" 2>"$WORK/logs/migrate.log" ||
+    { cat "$WORK/logs/migrate.log" >&2; die "migrations failed"; }
+log "PostgreSQL on port $PGPORT, migrated"
+
+# ---- the values both sides store ------------------------------------------------------------
+TENANT=default
+TOOL=issue_credit
+# What ledger-bench's Complete stores, byte for byte (src/bin/ledger-bench.rs RESULT).
+RESULT='{"credit_id":"cr-7f3a9c2e41","status":"issued","amount":200,"currency":"EUR","ref":"L-2026-0000042"}'
+# The fingerprint the server derives for ledger-bench's tool and arguments.
+FINGERPRINT=d839cebaba2b8c0d6298b424549d4127ede041d1d4d491f0fe62163d1f55f51e
+LEASE_US=60000000           # the server's default lease, 60 s
+RETENTION_US=86400000000    # the server's default retention, 24 h
+RUN_TAG=r$(date +%s)
+
+pgbench_defs() {
+    printf -- '-D\n%s\n' "tenant=$TENANT" "tool=$TOOL" "fingerprint=$FINGERPRINT" \
+        "attempting=ATTEMPTING" "succeeded=SUCCEEDED" "lease_us=$LEASE_US" \
+        "retention_us=$RETENTION_US" "result=$RESULT" "run_tag=$RUN_TAG-$1" \
+        "run_id=bench-pgbench-$RUN_TAG-$1" "hot_keys=$HOT_KEYS"
+}
+
+# A fresh table for every cell, and a checkpoint, so each starts from the same state.
+reset_table() { "${PSQL[@]}" -d ledger -c "TRUNCATE ledger_entries" -c "CHECKPOINT"; }
+
+# json_get FILE a.b: a value of the pretty-printed JSON ledger-bench writes (null when absent).
+json_get() {
+    awk -v want="$2" '
+        { line = $0; sub(/^[ \t]+/, "", line) }
+        line ~ /^[}\]],?$/ { depth--; next }
+        match(line, /^"[^"]*": /) {
+            key = substr(line, 2, RLENGTH - 4); val = substr(line, RLENGTH + 1)
+            if (val == "{" || val == "[") { path[++depth] = key; next }
+            sub(/,$/, "", val); gsub(/^"|"$/, "", val)
+            full = key; for (i = depth; i >= 1; i--) full = path[i] "." full
+            if (full == want) { print val; found = 1; exit }
+        }
+        END { if (!found) print "null" }' "$1"
+}
+
+fmt() { [[ $1 == null || -z $1 ]] && echo "-" || printf "%.${2:-2}f" "$1"; }
+
+# Percentiles (ms) of pgbench's per-transaction log (3rd field: latency in µs).
+log_percentiles() {
+    cat "$@" 2>/dev/null | awk '$3 ~ /^[0-9]+$/ { print $3 }' | sort -n | awk '
+        { v[NR] = $1 }
+        END {
+            if (NR == 0) { print "null null"; exit }
+            i50 = int(NR * 0.50); if (i50 < 1) i50 = 1
+            i99 = int(NR * 0.99); if (i99 < 1) i99 = 1
+            printf "%.3f %.3f\n", v[i50] / 1000, v[i99] / 1000
+        }'
+}
+
+# CPU clock ticks (1/100 s) used so far by the postmaster and its children (the backends,
+# live or reaped), as ledger-bench --db-pid counts them.
+db_cpu_ticks() {
+    cat /proc/[0-9]*/stat 2>/dev/null | awk -v pm="$PM_PID" '
+        { rest = $0; sub(/^.*\) /, "", rest); split(rest, f, " ") # f[1] is field 3 (state)
+          if ($1 == pm) t += f[12] + f[13] + f[14] + f[15]; else if (f[2] == pm) t += f[12] + f[13] }
+        END { print t + 0 }'
+}
+# CPU ticks of this shell's reaped children, pgbench among them (cutime + cstime).
+children_cpu_ticks() { awk '{ sub(/^.*\) /, ""); print $14 + $15 }' "/proc/$$/stat"; }
+per_op() { awk -v t="$1" -v n="$2" 'BEGIN { if (n > 0) printf "%.3f", t * 10 / n; else print "null" }'; }
+
+CELLS_JSON=()
+ROWS=()
+CPU_ROWS=()
+
+# pgbench_cell WORKLOAD C: fills PGB_* for the row that ours_cell then completes.
+pgbench_cell() {
+    local workload=$1 c=$2 name="pg-$1-c$2"
+    local script="bench/pgbench/${workload//-/_}.sql"
+    local threads=$((c < 2 ? c : 2))
+    local defs
+    mapfile -t defs < <(pgbench_defs "$name")
+    reset_table
+    if [[ $workload == replay ]]; then
+        "${PSQL[@]}" -d ledger -v tenant="$TENANT" -v run_tag="$RUN_TAG-$name" \
+            -v hot_keys="$HOT_KEYS" -v tool="$TOOL" -v fingerprint="$FINGERPRINT" \
+            -v result="$RESULT" -v retention_us="$RETENTION_US" -f bench/pgbench/hot_set.sql
+    fi
+    local common=(-h 127.0.0.1 -p "$PGPORT" -U postgres -n -M prepared -c "$c" -j "$threads"
+        -f "$script" "${defs[@]}")
+    local run
+    if ((SMOKE)); then
+        run=(-t $(((SMOKE_OPS + c - 1) / c)))
+    else
+        "$PGBENCH" "${common[@]}" -T "$WARMUP" ledger >/dev/null 2>&1 || true
+        run=(-T "$DURATION")
+    fi
+    local out=$WORK/pgbench/out-$name.txt rc=0
+    log "pgbench $workload, $c clients"
+    local db0 cl0 db1 cl1
+    db0=$(db_cpu_ticks) cl0=$(children_cpu_ticks)
+    "$PGBENCH" "${common[@]}" "${run[@]}" -r -l --log-prefix="$WORK/pgbench/log-$name" ledger \
+        >"$out" 2>&1 || rc=$?
+    sleep 0.2 # the postmaster reaps the backends, adding their CPU time to its children's
+    db1=$(db_cpu_ticks) cl1=$(children_cpu_ticks)
+    PGB_TPS=$(sed -n 's/^tps = \([0-9.]*\) .*/\1/p' "$out")
+    PGB_AVG=$(sed -n 's/^latency average = \([0-9.]*\) ms.*/\1/p' "$out")
+    PGB_DONE=$(sed -n 's/^number of transactions actually processed: \([0-9]*\).*/\1/p' "$out")
+    PGB_FAILED=$(sed -n 's/^number of failed transactions: \([0-9]*\).*/\1/p' "$out")
+    read -r PGB_P50 PGB_P99 < <(log_percentiles "$WORK/pgbench/log-$name".*)
+    PGB_DB_CPU=$(per_op $((db1 - db0)) "${PGB_DONE:-0}")
+    PGB_CLIENT_CPU=$(per_op $((cl1 - cl0)) "${PGB_DONE:-0}")
+    PGB_ERR=0
+    if ((rc != 0)) || [[ -z $PGB_TPS || ${PGB_FAILED:-0} != 0 || ${PGB_DONE:-0} == 0 ]]; then
+        PGB_ERR=1
+        FAILED_CELLS+=("$name")
+        log "pgbench $name failed (exit $rc):"
+        tail -15 "$out" >&2
+    fi
+    # Per-statement average latencies (-r), for "where the time goes".
+    local statements
+    statements=$(awk '/^statement latencies/ { on = 1; next }
+        on && $1 ~ /^[0-9.]+$/ {
+            first = 2; while (first <= NF && $first ~ /^[0-9.]+$/) first++  # failures (PG 15+)
+            if ($first ~ /^\\/) next                                        # \set lines
+            text = ""; for (i = first; i <= NF && i < first + 6; i++) text = text (i > first ? " " : "") $i
+            gsub(/"/, "\\\"", text)
+            printf "%s{\"avg_ms\": %s, \"statement\": \"%s\"}", (n++ ? ", " : ""), $1, text
+        }' "$out")
+    PGB_JSON=$(printf '{"tps": %s, "latency_avg_ms": %s, "p50_ms": %s, "p99_ms": %s, "transactions": %s, "failed": %s, "exit": %s, "db_cpu_ms_per_op": %s, "pgbench_cpu_ms_per_op": %s, "statements": [%s]}' \
+        "${PGB_TPS:-null}" "${PGB_AVG:-null}" "$PGB_P50" "$PGB_P99" "${PGB_DONE:-null}" \
+        "${PGB_FAILED:-null}" "$rc" "$PGB_DB_CPU" "$PGB_CLIENT_CPU" "$statements")
+}
+
+start_server() { # URL POOL LOGNAME
+    local pool=()
+    [[ $2 == default ]] || pool=(--db-max-connections "$2")
+    SERVER_PORT=$(free_port)
+    "$SERVER" --listen "127.0.0.1:$SERVER_PORT" --database-url "$1" "${pool[@]}" \
+        2>"$WORK/logs/$3.log" &
+    SERVER_PID=$!
+}
+
+stop_server() {
+    if [[ -n $SERVER_PID ]]; then
+        kill -TERM "$SERVER_PID" 2>/dev/null || true
+        wait "$SERVER_PID" 2>/dev/null || true
+        SERVER_PID=""
+    fi
+}
+
+# ours_cell STORE WORKLOAD C [extra ledger-bench args...]: fills OURS_JSON_FILE and OURS_ERR.
+ours_cell() {
+    local store=$1 workload=$2 c=$3 name="ours-$1-$2-c$3"
+    shift 3
+    local url pool db_pid=()
+    if [[ $store == postgres ]]; then
+        url=$DB_URL
+        db_pid=(--db-pid "$PM_PID")
+        case $POOL in
+            default) pool=default ;;
+            match) pool=$((c + 1)) ;;
+            *) pool=$POOL ;;
+        esac
+        [[ ${KEEP_TABLE:-0} == 1 ]] || reset_table
+    else
+        rm -f "$WORK"/sqlite.db*
+        url="sqlite://$WORK/sqlite.db"
+        pool=default # SQLite has one writer whatever the pool
+    fi
+    start_server "$url" "$pool" "$name"
+    OURS_JSON_FILE=$WORK/json/$name.json
+    local run rc=0
+    if ((SMOKE)); then run=(--count "$SMOKE_OPS" --warmup 0s); else
+        run=(--duration "${DURATION}s" --warmup "${WARMUP}s"); fi
+    log "ledger-bench $store $workload, $c clients (pool $pool)"
+    "$BENCH" --addr "http://127.0.0.1:$SERVER_PORT" --workload "$workload" --clients "$c" \
+        "${run[@]}" --server-pid "$SERVER_PID" "${db_pid[@]}" --json "$OURS_JSON_FILE" \
+        --label "$store pool=$pool" "$@" >"$WORK/logs/$name.out" 2>&1 || rc=$?
+    stop_server
+    OURS_ERR=0
+    if ((rc != 0)) || [[ ! -s $OURS_JSON_FILE ]] || [[ $(json_get "$OURS_JSON_FILE" failed_ops) != 0 ]]; then
+        OURS_ERR=1
+        FAILED_CELLS+=("$name")
+        log "ledger-bench $name failed (exit $rc):"
+        tail -15 "$WORK/logs/$name.out" >&2
+        tail -5 "$WORK/logs/$name.log" >&2
+        [[ -s $OURS_JSON_FILE ]] || echo '{}' >"$OURS_JSON_FILE"
+    fi
+}
+
+# add_row LABEL C HAS_PGBENCH: one table row and one JSON cell from PGB_* and OURS_*.
+add_row() {
+    local label=$1 c=$2 has_pg=$3 f=$OURS_JSON_FILE
+    local tps p50 p99 p999 peak errs ratio pg_tps pg_avg pg_pct err_text
+    tps=$(json_get "$f" throughput_ops_s)
+    p50=$(json_get "$f" latency_ms.p50)
+    p99=$(json_get "$f" latency_ms.p99)
+    p999=$(json_get "$f" latency_ms.p999)
+    peak=$(json_get "$f" server_peak_rss_kib)
+    errs=$(json_get "$f" failed_ops)
+    if ((has_pg)); then
+        pg_tps=$(fmt "$PGB_TPS" 0)
+        pg_avg=$(fmt "$PGB_AVG" 3)
+        pg_pct="$(fmt "$PGB_P50" 3) / $(fmt "$PGB_P99" 3)"
+        if [[ $tps != null && -n $PGB_TPS ]] && (($(awk -v a="$PGB_TPS" 'BEGIN { print (a > 0) }'))); then
+            ratio=$(awk -v a="$tps" -v b="$PGB_TPS" 'BEGIN { printf "%.2f", a / b }')
+        else ratio="-"; fi
+        err_text="${PGB_FAILED:-?} / ${errs}"
+        CELLS_JSON+=("{\"workload\": \"$label\", \"clients\": $c, \"pgbench\": $PGB_JSON, \"ours\": $(cat "$f")}")
+    else
+        pg_tps="-" pg_avg="-" pg_pct="-" ratio="-" err_text="- / ${errs}"
+        CELLS_JSON+=("{\"workload\": \"$label\", \"clients\": $c, \"pgbench\": null, \"ours\": $(cat "$f")}")
+    fi
+    [[ $peak == null ]] && peak="-" || peak=$(awk -v k="$peak" 'BEGIN { printf "%.1f", k / 1024 }')
+    local cpu_pg="- | -"
+    ((has_pg)) && cpu_pg="$(fmt "$PGB_DB_CPU" 3) | $(fmt "$PGB_CLIENT_CPU" 3)"
+    CPU_ROWS+=("| $label | $c | $cpu_pg | $(fmt "$(json_get "$f" db_cpu.ms_per_op)" 3) | $(fmt "$(json_get "$f" server_cpu.ms_per_op)" 3) | $(fmt "$(json_get "$f" bench_cpu.ms_per_op)" 3) |")
+    ROWS+=("| $label | $c | $pg_tps | $(fmt "$tps" 0) | $ratio | $pg_avg | $pg_pct | $(fmt "$p50" 3) / $(fmt "$p99" 3) | $(fmt "$p999" 3) | $peak | $err_text |")
+}
+
+T0=$(date +%s)
+
+# ---- PostgreSQL: pgbench and ours, cell by cell -----------------------------------------------
+for workload in claim-complete replay; do
+    for c in $CLIENTS; do
+        pgbench_cell "$workload" "$c"
+        extra=()
+        [[ $workload == replay ]] && extra=(--hot-keys "$HOT_KEYS")
+        ours_cell postgres "$workload" "$c" "${extra[@]}"
+        add_row "$workload (PostgreSQL)" "$c" 1
+    done
+done
+if [[ -n $WAIT_CLIENTS ]]; then
+    ours_cell postgres mixed-wait "$WAIT_CLIENTS"
+    add_row "mixed-wait (PostgreSQL)" "$WAIT_CLIENTS" 0
+fi
+
+# ---- SQLite through the server ---------------------------------------------------------------
+for c in $SQLITE_CLIENTS; do
+    ours_cell sqlite claim-complete "$c"
+    add_row "claim-complete (SQLite)" "$c" 0
+done
+
+# ---- --scale: an empty table against a loaded one --------------------------------------------
+SCALE_ROWS_MD=()
+SCALE_JSON=null
+if ((SCALE)); then
+    scale_run() { # PHASE: claim-complete and lookup at SCALE_CLIENTS
+        local phase=$1 lookup_args
+        KEEP_TABLE=1 ours_cell postgres claim-complete "$SCALE_CLIENTS"
+        cp "$OURS_JSON_FILE" "$WORK/json/scale-$phase-cc.json"
+        if [[ $phase == empty ]]; then lookup_args=(--hot-keys "$LOOKUP_KEYS"); else
+            lookup_args=(--preloaded "$SCALE_ROWS" --preloaded-prefix bench-preload-); fi
+        KEEP_TABLE=1 ours_cell postgres lookup "$SCALE_CLIENTS" "${lookup_args[@]}"
+        cp "$OURS_JSON_FILE" "$WORK/json/scale-$phase-lookup.json"
+    }
+    reset_table
+    scale_run empty
+    reset_table
+    log "loading $SCALE_ROWS finished entries"
+    now_us=$(($(date +%s) * 1000000))
+    chunk=500000
+    for ((lo = 0; lo < SCALE_ROWS; lo += chunk)); do
+        hi=$((lo + chunk - 1 < SCALE_ROWS - 1 ? lo + chunk - 1 : SCALE_ROWS - 1))
+        # Keys as ledger-bench --preloaded derives them; started over the last day, in key
+        # order of i; SUCCEEDED a quarter second later; kept 7 days, so none expires meanwhile.
+        "${PSQL[@]}" -d ledger -v lo="$lo" -v hi="$hi" -v rows="$SCALE_ROWS" -v now_us="$now_us" \
+            -v result="$RESULT" <<'SQL'
+INSERT INTO ledger_entries (tenant, key, run_id, tool, fingerprint, status, attempt,
+    claim_token, result, error, retryable, principal, started_at, finished_at,
+    lease_expires_at, retention_us, expires_at, replay_count)
+SELECT 'default', encode(sha256(convert_to('bench-preload-' || i, 'UTF8')), 'hex'),
+    'run-' || (i / 4), (ARRAY['issue_credit', 'open_ticket', 'send_reply'])[1 + i % 3],
+    encode(sha256(convert_to('fp-' || (i % 1000), 'UTF8')), 'hex'), 'SUCCEEDED', 1,
+    md5('preload-token-' || i), convert_to(:'result', 'UTF8'), '', false, 'agent-' || (i % 50),
+    s, s + 250000, s + 60000000, 604800000000, s + 250000 + 604800000000, i % 3
+FROM generate_series(:lo::bigint, :hi::bigint) AS i,
+    LATERAL (SELECT :now_us::bigint - 86400000000 + i * 86400000000 / :rows AS s) AS t;
+SQL
+        log "  $((hi + 1)) rows"
+    done
+    "${PSQL[@]}" -d ledger -c "VACUUM ANALYZE ledger_entries" -c "CHECKPOINT"
+    scale_run loaded
+    for m in "claim-complete ops/s|cc|throughput_ops_s" "claim-complete p50 ms|cc|latency_ms.p50" \
+        "claim-complete p99 ms|cc|latency_ms.p99" "lookup ops/s|lookup|throughput_ops_s" \
+        "lookup p50 ms|lookup|latency_ms.p50" "lookup p99 ms|lookup|latency_ms.p99"; do
+        IFS='|' read -r title which field <<<"$m"
+        e=$(json_get "$WORK/json/scale-empty-$which.json" "$field")
+        l=$(json_get "$WORK/json/scale-loaded-$which.json" "$field")
+        r=$(awk -v a="$l" -v b="$e" 'BEGIN { if (b + 0 > 0 && a != "null") printf "%.2f", a / b; else print "-" }')
+        SCALE_ROWS_MD+=("| $title | $(fmt "$e" 3) | $(fmt "$l" 3) | $r |")
+    done
+    SCALE_JSON="{\"rows\": $SCALE_ROWS, \"clients\": $SCALE_CLIENTS"
+    for f in empty-cc empty-lookup loaded-cc loaded-lookup; do
+        SCALE_JSON+=", \"${f//-/_}\": $(cat "$WORK/json/scale-$f.json")"
+    done
+    SCALE_JSON+="}"
+fi
+
+# ---- the record ------------------------------------------------------------------------------
+ELAPSED=$(($(date +%s) - T0))
+COMMIT=$(git rev-parse --short HEAD 2>/dev/null || echo unknown)
+git diff --quiet HEAD 2>/dev/null || COMMIT="$COMMIT+uncommitted"
+CORES=$(nproc)
+MEM=$(awk '/^MemTotal/ { printf "%.0f GiB", $2 / 1048576 }' /proc/meminfo)
+PGVER=$("$PG_BIN/postgres" --version | awk '{ print $3 }')
+if ((SMOKE)); then MODE="smoke: $SMOKE_OPS operations per cell, no warm-up"; else
+    MODE="${DURATION}s per cell after a ${WARMUP}s warm-up"; fi
+case $POOL in
+    default) POOLTXT="the server's default (16)" ;;
+    match) POOLTXT="clients + 1 (match)" ;;
+    *) POOLTXT=$POOL ;;
+esac
+
+{
+    echo "# Ledger server vs hand-written SQL"
+    echo
+    echo "- date: $(date -u +%Y-%m-%dT%H:%MZ); commit $COMMIT; $MODE; total ${ELAPSED}s"
+    echo "- machine: $CORES cores, $MEM, $(uname -sr); server, database and load generators share it"
+    echo "- PostgreSQL $PGVER: fsync=on, synchronous_commit=on, shared_buffers=128MB, max_connections=200; a truncated table and a checkpoint before each cell"
+    echo "- pgbench: \`-n -M prepared -c C -j min(C,2)\`, bench/pgbench/*.sql; ours: ledger-bench, one HTTP/2 connection per client, server pool (\`--db-max-connections\`) $POOLTXT for PostgreSQL, the default for SQLite"
+    echo "- one op: claim-complete = Claim of a new key + Complete; replay = Claim of one of $HOT_KEYS completed keys; for pgbench one transaction of bench/pgbench/<workload>.sql, the server's statements for that op, each autocommit; ratio = ours / pgbench ops/s"
+    echo
+    echo "| workload | clients | pgbench ops/s | ours ops/s | ratio | pgbench avg ms | pgbench p50 / p99 ms | ours p50 / p99 ms | ours p99.9 ms | server peak RSS MiB | errors (pgbench / ours) |"
+    echo "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"
+    printf '%s\n' "${ROWS[@]}"
+    echo
+    echo "## CPU per operation (ms, user + system, over the measured run)"
+    echo
+    echo "| workload | clients | pgbench: database | pgbench: pgbench | ours: database | ours: server | ours: ledger-bench |"
+    echo "| --- | ---: | ---: | ---: | ---: | ---: | ---: |"
+    printf '%s\n' "${CPU_ROWS[@]}"
+    if ((SCALE)); then
+        echo
+        echo "## Scale: empty table vs $SCALE_ROWS finished entries ($SCALE_CLIENTS clients)"
+        echo
+        echo "| measure | empty | loaded | loaded / empty |"
+        echo "| --- | ---: | ---: | ---: |"
+        printf '%s\n' "${SCALE_ROWS_MD[@]}"
+    fi
+    if ((${#FAILED_CELLS[@]})); then
+        echo
+        echo "**Cells with errors:** ${FAILED_CELLS[*]}"
+    fi
+} >"$RESULT_BASE.md"
+
+{
+    printf '{"date": "%s", "commit": "%s", "mode": "%s", "cores": %s, "memory": "%s", ' \
+        "$(date -u +%Y-%m-%dT%H:%M:%SZ)" "$COMMIT" "$MODE" "$CORES" "$MEM"
+    printf '"postgres": "%s", "pool": "%s", "elapsed_s": %s, "failed_cells": [%s],\n' \
+        "$PGVER" "$POOLTXT" "$ELAPSED" \
+        "$( ((${#FAILED_CELLS[@]})) && printf '"%s",' "${FAILED_CELLS[@]}" | sed 's/,$//')"
+    echo ' "cells": ['
+    for i in "${!CELLS_JSON[@]}"; do
+        ((i > 0)) && echo ","
+        printf '%s' "${CELLS_JSON[$i]}"
+    done
+    printf '\n ],\n "scale": %s}\n' "$SCALE_JSON"
+} >"$RESULT_BASE.json"
+
+cat "$RESULT_BASE.md"
+log "wrote $RESULT_BASE.md and $RESULT_BASE.json in ${ELAPSED}s"
+if ((${#FAILED_CELLS[@]})); then
+    die "cells with errors: ${FAILED_CELLS[*]}"
+fi

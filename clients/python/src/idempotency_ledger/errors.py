@@ -1,0 +1,269 @@
+"""Typed errors: the ledger's gRPC errors with their ``google.rpc.ErrorInfo`` reasons decoded, the
+outcomes of :meth:`~idempotency_ledger.Ledger.run_once` that are not a result, and the exceptions
+an action raises to say how it failed.
+
+Every error the ledger sends carries a ``google.rpc.Status`` in the ``grpc-status-details-bin``
+trailer: an ``ErrorInfo`` (domain ``idempotency.v1``, the reason), for a bad field a ``BadRequest``
+naming it, and with ``UNAVAILABLE`` a ``RetryInfo``. :func:`error_from_rpc` turns them into the
+classes below; an error without details (a deadline the client enforced, a server that cannot be
+reached) keeps its gRPC code and has ``reason`` ``None``.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import grpc
+
+if TYPE_CHECKING:
+    from .model import Entry
+
+#: The ``ErrorInfo.domain`` of the ledger's errors.
+ERROR_DOMAIN = "idempotency.v1"
+_DETAILS_TRAILER = "grpc-status-details-bin"
+
+__all__ = [
+    "AlreadyResolved",
+    "DeadlineExceeded",
+    "FailedPrecondition",
+    "InProgressError",
+    "InternalError",
+    "InvalidArgument",
+    "KeyReused",
+    "LedgerError",
+    "NotExecuted",
+    "NotFound",
+    "OutcomeUnknownError",
+    "PermanentFailure",
+    "PreviouslyFailedError",
+    "ResourceExhausted",
+    "StaleClaimToken",
+    "Unauthenticated",
+    "Unavailable",
+    "error_from_rpc",
+]
+
+
+class LedgerError(Exception):
+    """Anything the ledger answered that is not a result.
+
+    Attributes:
+        code: the ``grpc.StatusCode`` (``None`` for the outcomes of ``run_once``).
+        reason: the ``ErrorInfo`` reason, such as ``"DUPLICATE_MEMBER"``; ``None`` when the
+            error carried no details (the client's own deadline, an unreachable server).
+        field: the request field at fault (``BadRequest``), such as ``"arguments_json"``.
+        retry_after: seconds to wait before trying again (``RetryInfo``, or the claim's
+            ``retry_after``), or ``None``.
+        message: the server's message.
+    """
+
+    #: The gRPC code of this class; subclasses fix it.
+    default_code: grpc.StatusCode | None = None
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        code: grpc.StatusCode | None = None,
+        reason: str | None = None,
+        field: str | None = None,
+        retry_after: float | None = None,
+        details: tuple[Any, ...] = (),
+    ) -> None:
+        super().__init__(message)
+        self.message = message
+        self.code = code if code is not None else self.default_code
+        self.reason = reason
+        self.field = field
+        self.retry_after = retry_after
+        #: The decoded ``google.rpc`` detail messages, as sent.
+        self.details = details
+
+    def __str__(self) -> str:
+        parts = [p for p in (self.code.name if self.code else None, self.reason) if p]
+        return f"[{' '.join(parts)}] {self.message}" if parts else self.message
+
+
+class InvalidArgument(LedgerError):
+    """Malformed input (``INVALID_ARGUMENT``); ``reason`` says what, ``field`` where. Nothing
+    changed in the ledger."""
+
+    default_code = grpc.StatusCode.INVALID_ARGUMENT
+
+
+class FailedPrecondition(LedgerError):
+    """The request conflicts with the entry (``FAILED_PRECONDITION``)."""
+
+    default_code = grpc.StatusCode.FAILED_PRECONDITION
+
+
+class KeyReused(FailedPrecondition):
+    """An explicit key came back with another tool or other arguments
+    (``KEY_REUSED_WITH_DIFFERENT_REQUEST``): a caller bug, never a replay."""
+
+
+class StaleClaimToken(FailedPrecondition):
+    """A Complete with a token that is not the current claim's (``STALE_CLAIM_TOKEN``)."""
+
+
+class AlreadyResolved(FailedPrecondition):
+    """A Complete with another outcome for a resolved entry (``ALREADY_RESOLVED``); nothing
+    changed."""
+
+
+class NotFound(LedgerError):
+    """No such entry for this tenant (``ENTRY_NOT_FOUND``): absent, expired or another
+    tenant's, indistinguishably."""
+
+    default_code = grpc.StatusCode.NOT_FOUND
+
+
+class Unauthenticated(LedgerError):
+    """A missing, malformed or unknown bearer token (``UNAUTHENTICATED``)."""
+
+    default_code = grpc.StatusCode.UNAUTHENTICATED
+
+
+class ResourceExhausted(LedgerError):
+    """A limit or load shedding (``RESOURCE_EXHAUSTED``)."""
+
+    default_code = grpc.StatusCode.RESOURCE_EXHAUSTED
+
+
+class Unavailable(LedgerError):
+    """The ledger or its database cannot be reached (``UNAVAILABLE``); ``retry_after`` says when
+    to try again when the server sent it."""
+
+    default_code = grpc.StatusCode.UNAVAILABLE
+
+
+class DeadlineExceeded(LedgerError):
+    """The call's deadline passed (``DEADLINE_EXCEEDED``). A write the server had started still
+    finishes: look the entry up to learn the truth."""
+
+    default_code = grpc.StatusCode.DEADLINE_EXCEEDED
+
+
+class InternalError(LedgerError):
+    """A bug or an unexpected answer (``INTERNAL`` and every other code)."""
+
+    default_code = grpc.StatusCode.INTERNAL
+
+
+# --- outcomes of run_once that are not a result -----------------------------------------------
+
+
+class InProgressError(LedgerError):
+    """``OUTCOME_IN_PROGRESS``: another attempt holds the key. Do not act; try again after
+    ``retry_after`` seconds. ``entry`` is the entry as the claim found it; ``note`` is the
+    server's sentence for the model."""
+
+    def __init__(self, note: str, entry: Entry, retry_after: float | None) -> None:
+        super().__init__(note or "another attempt of this call is in progress",
+                         reason="IN_PROGRESS", retry_after=retry_after)
+        self.note = note
+        self.entry = entry
+
+
+class OutcomeUnknownError(InProgressError):
+    """``OUTCOME_IN_PROGRESS`` with the entry ``STATUS_UNKNOWN``: an earlier attempt timed out
+    or its lease ended without a Complete. It is never re-executed silently: a reconciler asks
+    the outside world (see ``examples/reconciler.py``)."""
+
+    def __init__(self, note: str, entry: Entry, retry_after: float | None) -> None:
+        super().__init__(note, entry, retry_after)
+        self.reason = "OUTCOME_UNKNOWN"
+
+
+class PreviouslyFailedError(LedgerError):
+    """``OUTCOME_PREVIOUSLY_FAILED``: the action failed permanently in this intent. ``error`` is
+    the stored error; ``entry`` and ``note`` as the claim returned them."""
+
+    def __init__(self, note: str, entry: Entry) -> None:
+        super().__init__(f"{note} ({entry.error})" if note else entry.error,
+                         reason="PREVIOUSLY_FAILED")
+        self.note = note
+        self.entry = entry
+        self.error = entry.error
+
+
+# --- what an action raises --------------------------------------------------------------------
+
+
+class _ActionFailure(Exception):
+    """Base of the exceptions an action raises to say how it failed. ``run_once`` records the
+    failure, sets ``entry`` to the entry as completed, and re-raises."""
+
+    entry: Entry | None = None
+
+
+class NotExecuted(_ActionFailure):
+    """Raise from an action when the effect certainly did not happen (the payments API refused
+    the request before acting, a validation failed): ``run_once`` completes the entry
+    ``FAILED`` and retryable, so the next call of the same intent runs the action again."""
+
+
+class PermanentFailure(_ActionFailure):
+    """Raise from an action when the effect did not and will not happen in this intent (the
+    customer does not exist): ``run_once`` completes the entry ``FAILED``, not retryable, so
+    every repeat gets :class:`PreviouslyFailedError` with this error."""
+
+
+# --- decoding ---------------------------------------------------------------------------------
+
+_BY_CODE: dict[grpc.StatusCode, type[LedgerError]] = {
+    grpc.StatusCode.INVALID_ARGUMENT: InvalidArgument,
+    grpc.StatusCode.FAILED_PRECONDITION: FailedPrecondition,
+    grpc.StatusCode.NOT_FOUND: NotFound,
+    grpc.StatusCode.UNAUTHENTICATED: Unauthenticated,
+    grpc.StatusCode.RESOURCE_EXHAUSTED: ResourceExhausted,
+    grpc.StatusCode.UNAVAILABLE: Unavailable,
+    grpc.StatusCode.DEADLINE_EXCEEDED: DeadlineExceeded,
+}
+_BY_REASON: dict[str, type[LedgerError]] = {
+    "KEY_REUSED_WITH_DIFFERENT_REQUEST": KeyReused,
+    "STALE_CLAIM_TOKEN": StaleClaimToken,
+    "ALREADY_RESOLVED": AlreadyResolved,
+}
+
+
+_Details = tuple[str | None, str | None, float | None, tuple[Any, ...], str]
+
+
+def _decode_details(trailers: Any) -> _Details:
+    """(reason, field, retry_after, details, message) from the status-details trailer."""
+    from google.rpc import error_details_pb2, status_pb2
+
+    raw = next((v for k, v in (trailers or ()) if k == _DETAILS_TRAILER), None)
+    if raw is None:
+        return None, None, None, (), ""
+    status = status_pb2.Status.FromString(raw)
+    reason = field = retry_after = None
+    details: list[Any] = []
+    for any_detail in status.details:
+        for cls in (error_details_pb2.ErrorInfo, error_details_pb2.BadRequest,
+                    error_details_pb2.RetryInfo):
+            if any_detail.Is(cls.DESCRIPTOR):
+                message = cls()
+                any_detail.Unpack(message)
+                details.append(message)
+                if isinstance(message, error_details_pb2.ErrorInfo):
+                    reason = message.reason or None
+                elif isinstance(message, error_details_pb2.BadRequest):
+                    if message.field_violations:
+                        field = message.field_violations[0].field or None
+                else:
+                    retry_after = message.retry_delay.ToTimedelta().total_seconds()
+                break
+    return reason, field, retry_after, tuple(details), status.message
+
+
+def error_from_rpc(error: grpc.RpcError) -> LedgerError:
+    """The typed error for a failed call (sync ``grpc.RpcError`` or ``grpc.aio.AioRpcError``)."""
+    code = error.code() if hasattr(error, "code") else grpc.StatusCode.UNKNOWN
+    trailers = error.trailing_metadata() if hasattr(error, "trailing_metadata") else None
+    reason, field, retry_after, details, status_message = _decode_details(trailers)
+    message = (error.details() if hasattr(error, "details") else None) or status_message
+    cls = _BY_REASON.get(reason or "") or _BY_CODE.get(code, InternalError)
+    return cls(message or code.name, code=code, reason=reason, field=field,
+               retry_after=retry_after, details=details)

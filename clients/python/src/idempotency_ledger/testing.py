@@ -1,0 +1,130 @@
+"""Starts a real ``idempotency-ledger`` server for tests: a free port, its own SQLite file.
+
+    with LedgerServer() as server:
+        with Ledger(server.address) as ledger:
+            ...
+
+The binary is ``binary=``, else ``$LEDGER_BIN``, else ``idempotency-ledger`` on ``PATH``, else
+``target/debug/idempotency-ledger`` in the current directory or one above it.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import signal
+import subprocess
+import tempfile
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+__all__ = ["LedgerServer", "find_binary"]
+
+_LISTEN = re.compile(r"starting listen=(\S+)")
+_READY = "store reachable"
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+
+
+def find_binary() -> Path:
+    """The server binary to run (see the module's documentation)."""
+    if os.environ.get("LEDGER_BIN"):
+        return Path(os.environ["LEDGER_BIN"])
+    on_path = shutil.which("idempotency-ledger")
+    if on_path:
+        return Path(on_path)
+    here = Path.cwd().resolve()
+    for directory in (here, *here.parents):
+        candidate = directory / "target" / "debug" / "idempotency-ledger"
+        if candidate.is_file():
+            return candidate
+    raise FileNotFoundError("idempotency-ledger not found: set LEDGER_BIN or run `cargo build`")
+
+
+class LedgerServer:
+    """One server process on 127.0.0.1 and a free port, with a fresh SQLite file.
+
+    Args:
+        binary: the server binary (see :func:`find_binary`).
+        tokens: tenant → token; written to a tokens file and passed as ``--auth-tokens-file``.
+        args: more flags, such as ``["--default-lease", "2s"]``.
+        directory: where the database, tokens file and log go (a temporary directory otherwise,
+            removed on stop).
+        startup_timeout: seconds to wait for the server to serve.
+    """
+
+    def __init__(
+        self,
+        binary: str | Path | None = None,
+        *,
+        tokens: Mapping[str, str] | None = None,
+        args: Sequence[str] = (),
+        directory: str | Path | None = None,
+        startup_timeout: float = 30.0,
+    ) -> None:
+        self.binary = Path(binary) if binary else find_binary()
+        self.tokens = dict(tokens or {})
+        self.args = list(args)
+        self.startup_timeout = startup_timeout
+        self._own_dir = directory is None
+        self.directory = Path(directory or tempfile.mkdtemp(prefix="ledger-"))
+        self.database = self.directory / "ledger.db"
+        self.log_path = self.directory / "server.log"
+        self.address = ""
+        self._process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def port(self) -> int:
+        return int(self.address.rsplit(":", 1)[1])
+
+    def log(self) -> str:
+        """What the server wrote to stderr so far."""
+        try:
+            return _ANSI.sub("", self.log_path.read_text(errors="replace"))
+        except FileNotFoundError:
+            return ""
+
+    def start(self) -> LedgerServer:
+        self.directory.mkdir(parents=True, exist_ok=True)
+        command = [str(self.binary), "--listen", "127.0.0.1:0",
+                   "--database-url", f"sqlite://{self.database}"]
+        if self.tokens:
+            tokens_file = self.directory / "tokens"
+            tokens_file.write_text("".join(f"{t} {k}\n" for t, k in self.tokens.items()))
+            command += ["--auth-tokens-file", str(tokens_file)]
+        command += self.args
+        env = {**os.environ, "RUST_LOG": "info", "NO_COLOR": "1"}
+        with open(self.log_path, "wb") as log:
+            self._process = subprocess.Popen(command, stdin=subprocess.DEVNULL,
+                                             stdout=subprocess.DEVNULL, stderr=log, env=env)
+        deadline = time.monotonic() + self.startup_timeout
+        while time.monotonic() < deadline:
+            text = self.log()
+            listen = _LISTEN.search(text)
+            if listen and _READY in text:
+                self.address = listen.group(1)
+                return self
+            if self._process.poll() is not None:
+                break
+            time.sleep(0.02)
+        self.stop()
+        raise RuntimeError(f"the ledger did not start ({' '.join(command)}):\n{self.log()}")
+
+    def stop(self) -> None:
+        process, self._process = self._process, None
+        if process is not None and process.poll() is None:
+            process.send_signal(signal.SIGTERM)
+            try:
+                process.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+        if self._own_dir:
+            shutil.rmtree(self.directory, ignore_errors=True)
+
+    def __enter__(self) -> LedgerServer:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()

@@ -1,0 +1,151 @@
+"""The asyncio client (grpc.aio): run_once and typed errors, against the real server."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import pytest
+
+from idempotency_ledger import (
+    AsyncLedger,
+    Attempt,
+    InProgressError,
+    InvalidArgument,
+    NotExecuted,
+    NotFound,
+    OutcomeUnknownError,
+    PermanentFailure,
+    PreviouslyFailedError,
+    Status,
+)
+from idempotency_ledger.testing import LedgerServer
+
+ARGS = {"customer": "c-42", "amount": 200, "currency": "EUR"}
+ARGS_REORDERED = '{"currency": "EUR", "amount": 2e2, "customer": "c-42"}'
+
+
+def run(server: LedgerServer, body: Callable[[AsyncLedger], Awaitable[Any]]) -> Any:
+    async def main() -> Any:
+        async with AsyncLedger(server.address, timeout=10) as ledger:
+            return await body(ledger)
+
+    return asyncio.run(main())
+
+
+class AsyncTool:
+    def __init__(self, delay: float = 0.0, error: BaseException | None = None) -> None:
+        self.calls: list[Attempt] = []
+        self.delay = delay
+        self.error = error
+
+    async def __call__(self, attempt: Attempt) -> dict:
+        self.calls.append(attempt)
+        await asyncio.sleep(self.delay)
+        if self.error is not None:
+            raise self.error
+        return {"credit_id": f"cr-{len(self.calls)}"}
+
+
+def test_reordered_arguments_run_once_and_a_new_run_twice(server: LedgerServer,
+                                                          run_id: str) -> None:
+    tool = AsyncTool()
+
+    async def body(ledger: AsyncLedger) -> None:
+        first = await ledger.run_once(run_id, "issue_credit", ARGS, tool)
+        again = await ledger.run_once(run_id, "issue_credit", ARGS_REORDERED, tool)
+        assert len(tool.calls) == 1
+        assert again.replayed and again.value == first.value == {"credit_id": "cr-1"}
+        assert "already performed" in again.note
+        other = await ledger.run_once(run_id + "-new", "issue_credit", ARGS_REORDERED, tool)
+        assert not other.replayed and len(tool.calls) == 2
+
+    run(server, body)
+
+
+def test_a_plain_function_is_an_action_too(server: LedgerServer, run_id: str) -> None:
+    async def body(ledger: AsyncLedger) -> None:
+        result = await ledger.run_once(run_id, "t", {}, lambda attempt: attempt.number)
+        assert result.value == 1
+
+    run(server, body)
+
+
+def test_concurrent_calls_of_one_intent_run_it_once(server: LedgerServer, run_id: str) -> None:
+    tool = AsyncTool(delay=0.3)
+
+    async def body(ledger: AsyncLedger) -> None:
+        results = await asyncio.gather(
+            *(ledger.run_once(run_id, "issue_credit", ARGS, tool, wait=5) for _ in range(5))
+        )
+        assert len(tool.calls) == 1
+        assert sorted(r.replayed for r in results) == [False, True, True, True, True]
+        assert {r.value["credit_id"] for r in results} == {"cr-1"}
+
+    run(server, body)
+
+
+def test_without_waiting_a_call_in_flight_is_in_progress(server: LedgerServer,
+                                                         run_id: str) -> None:
+    tool = AsyncTool(delay=0.5)
+
+    async def body(ledger: AsyncLedger) -> None:
+        first = asyncio.create_task(ledger.run_once(run_id, "issue_credit", ARGS, tool))
+        while not tool.calls:
+            await asyncio.sleep(0.01)
+        with pytest.raises(InProgressError) as in_progress:
+            await ledger.run_once(run_id, "issue_credit", ARGS, tool, wait=0)
+        assert in_progress.value.entry.status == Status.ATTEMPTING
+        assert in_progress.value.retry_after
+        assert not (await first).replayed
+        assert len(tool.calls) == 1
+
+    run(server, body)
+
+
+def test_failures_timeouts_and_cancellations_are_recorded(server: LedgerServer,
+                                                          run_id: str) -> None:
+    async def timed_out(attempt: Attempt) -> None:
+        await asyncio.wait_for(asyncio.sleep(5), timeout=0.05)
+
+    async def body(ledger: AsyncLedger) -> None:
+        with pytest.raises(NotExecuted):
+            await ledger.run_once(run_id, "a", {}, AsyncTool(error=NotExecuted("429")))
+        assert (await ledger.run_once(run_id, "a", {}, AsyncTool())).entry.attempt == 2
+
+        with pytest.raises(PermanentFailure):
+            await ledger.run_once(run_id, "b", {}, AsyncTool(error=PermanentFailure("no")))
+        with pytest.raises(PreviouslyFailedError):
+            await ledger.run_once(run_id, "b", {}, AsyncTool())
+
+        with pytest.raises(TimeoutError):
+            await ledger.run_once(run_id, "c", {}, timed_out)
+        entry = await ledger.lookup(run_id=run_id, tool="c", arguments={})
+        assert entry.status == Status.UNKNOWN and entry.error.startswith("TimeoutError")
+        with pytest.raises(OutcomeUnknownError):
+            await ledger.run_once(run_id, "c", {}, AsyncTool())
+
+        slow = AsyncTool(delay=5)
+        task = asyncio.create_task(ledger.run_once(run_id, "d", {}, slow))
+        while not slow.calls:  # cancel while the action runs, not while claiming
+            await asyncio.sleep(0.01)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        cancelled = await ledger.lookup(run_id=run_id, tool="d", arguments={})
+        assert cancelled.status == Status.UNKNOWN and "CancelledError" in cancelled.error
+
+    run(server, body)
+
+
+def test_errors_are_typed(server: LedgerServer) -> None:
+    async def body(ledger: AsyncLedger) -> None:
+        with pytest.raises(InvalidArgument) as refused:
+            await ledger.claim("r", "t", '{"a":1,"a":2}')
+        assert (refused.value.reason, refused.value.field) == ("DUPLICATE_MEMBER",
+                                                               "arguments_json")
+        with pytest.raises(NotFound):
+            await ledger.lookup("no-such-key")
+
+    run(server, body)

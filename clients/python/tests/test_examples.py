@@ -1,0 +1,117 @@
+"""The example dispatcher and reconciler, run as the programs they are against a real server."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from idempotency_ledger import Ledger, Status
+from idempotency_ledger.testing import LedgerServer
+
+EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
+CREDIT = {"customer": "c-42", "amount": 200, "currency": "EUR"}
+CREDIT_REORDERED = '{"currency":"EUR","amount":2e2,"customer":"c-42"}'
+
+
+class Agent:
+    """Runs the example programs against one server and one example world."""
+
+    def __init__(self, server: LedgerServer, world: Path) -> None:
+        self.server = server
+        self.world = world
+
+    def _run(self, script: str, *args: str) -> str:
+        done = subprocess.run(
+            [sys.executable, str(EXAMPLES / script), "--target", self.server.address,
+             "--world", str(self.world), *args],
+            capture_output=True, text=True, timeout=60,
+        )
+        assert done.returncode == 0, done.stderr
+        return done.stdout
+
+    def call(self, run_id: str, tool: str, arguments: object, fault: str | None = None) -> dict:
+        text = arguments if isinstance(arguments, str) else json.dumps(arguments)
+        extra = ["--fault", fault] if fault else []
+        return json.loads(self._run("dispatcher.py", "--run-id", run_id, *extra, tool, text))
+
+    def reconcile(self) -> list[dict]:
+        out = self._run("reconciler.py", "--older-than", "0")
+        return [json.loads(line) for line in out.splitlines()]
+
+    def credits(self) -> list[dict]:
+        return json.loads(self.world.read_text())["credits"] if self.world.exists() else []
+
+
+@pytest.fixture
+def agent(fresh_server: LedgerServer, tmp_path: Path) -> Agent:
+    return Agent(fresh_server, tmp_path / "world.json")
+
+
+def test_the_dispatcher_issues_a_credit_once_and_tells_the_model_on_repeat(agent: Agent) -> None:
+    first = agent.call("run-1", "issue_credit", CREDIT)
+    assert first == {"ok": True, "replayed": False,
+                     "result": {"credit_id": "cr-001", "amount": 200, "currency": "EUR"}}
+    again = agent.call("run-1", "issue_credit", CREDIT_REORDERED)
+    assert again["ok"] and again["replayed"] and again["result"] == first["result"]
+    assert again["note"].startswith("This action was already performed in this run")
+    assert len(agent.credits()) == 1
+    # A person asking again in a new run is a new intent.
+    assert not agent.call("run-2", "issue_credit", CREDIT)["replayed"]
+    assert len(agent.credits()) == 2
+
+
+def test_the_dispatcher_sends_a_reply_once(agent: Agent) -> None:
+    reply = {"ticket": "t-9", "text": "Your credit is on its way."}
+    assert agent.call("run-1", "send_reply", reply)["result"] == {"message_id": "msg-001"}
+    assert agent.call("run-1", "send_reply", reply)["replayed"]
+    assert len(json.loads(agent.world.read_text())["replies"]) == 1
+
+
+def test_failures_reach_the_model_as_such(agent: Agent) -> None:
+    limited = agent.call("run-1", "issue_credit", CREDIT, fault="rate-limited")
+    assert limited == {"ok": False, "retryable": True,
+                       "error": "429: too many requests, nothing was done"}
+    assert agent.call("run-1", "issue_credit", CREDIT)["result"]["credit_id"] == "cr-001"
+
+    unknown_customer = {**CREDIT, "customer": "c-404"}
+    refused = agent.call("run-1", "issue_credit", unknown_customer)
+    assert refused["ok"] is False and refused["retryable"] is False
+    previously = agent.call("run-1", "issue_credit", unknown_customer)
+    assert previously["error"] == "PermanentFailure: customer c-404 does not exist"
+    assert previously["note"]
+    assert len(agent.credits()) == 1
+
+
+def test_the_reconciler_resolves_what_timeouts_left_unknown(agent: Agent) -> None:
+    # The API credited, then the answer was lost: the ledger does not know.
+    lost_answer = agent.call("run-1", "issue_credit", CREDIT, fault="timeout-after-effect")
+    assert lost_answer["status"] == "unknown"
+    # The request never arrived: the ledger does not know either.
+    lost_request = agent.call("run-2", "issue_credit", CREDIT, fault="timeout-before-effect")
+    assert lost_request["status"] == "unknown"
+    assert len(agent.credits()) == 1
+    # Until reconciled, repeats are not executed.
+    assert agent.call("run-1", "issue_credit", CREDIT)["status"] == "unknown"
+    with Ledger(agent.server.address) as ledger:
+        entry = ledger.lookup(run_id="run-1", tool="issue_credit", arguments=CREDIT)
+        assert entry.status == Status.UNKNOWN
+
+    resolved = {r["key"]: r for r in agent.reconcile()}
+    assert len(resolved) == 2
+    found = resolved[entry.key]
+    assert found["status"] == "SUCCEEDED"
+    assert found["result"] == {"credit_id": "cr-001", "amount": 200, "currency": "EUR"}
+    (not_found,) = (r for k, r in resolved.items() if k != entry.key)
+    assert (not_found["status"], not_found["retryable"]) == ("FAILED", True)
+    assert agent.reconcile() == []  # nothing left
+
+    # The credit that happened is replayed; the one that did not runs now, once.
+    replay = agent.call("run-1", "issue_credit", CREDIT_REORDERED)
+    assert replay["replayed"] and replay["result"]["credit_id"] == "cr-001"
+    retried = agent.call("run-2", "issue_credit", CREDIT)
+    assert not retried["replayed"] and retried["result"]["credit_id"] == "cr-002"
+    assert len(agent.credits()) == 2

@@ -1,0 +1,173 @@
+"""The four RPCs through the client, and errors decoded into typed exceptions with reasons."""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import time
+from datetime import timedelta
+from pathlib import Path
+
+import grpc
+import pytest
+
+from idempotency_ledger import (
+    AlreadyResolved,
+    DeadlineExceeded,
+    FailedPrecondition,
+    InvalidArgument,
+    KeyReused,
+    Ledger,
+    LedgerError,
+    NotFound,
+    Outcome,
+    Resolution,
+    StaleClaimToken,
+    Status,
+    Unavailable,
+)
+from idempotency_ledger.testing import LedgerServer
+
+ARGS = {"customer": "c-42", "amount": 200, "currency": "EUR"}
+
+
+def test_claim_complete_lookup(ledger: Ledger, run_id: str) -> None:
+    claim = ledger.claim(run_id, "issue_credit", ARGS, principal="agent-7",
+                         lease=timedelta(minutes=5))
+    assert claim.outcome == Outcome.CLAIMED and len(claim.claim_token) == 32
+    assert claim.entry.status == Status.ATTEMPTING and claim.entry.principal == "agent-7"
+    assert claim.entry.lease_expires_at - claim.entry.started_at == timedelta(minutes=5)
+    assert claim.entry.finished_at is None and claim.entry.expires_at is None
+    done = ledger.complete(claim.key, claim.claim_token, Status.SUCCEEDED, result=b'{"id":1}')
+    assert not done.already_completed and done.entry.status == Status.SUCCEEDED
+    again = ledger.complete(claim.key, claim.claim_token, "SUCCEEDED", result=b'{"id":1}')
+    assert again.already_completed
+    assert ledger.lookup(claim.key) == ledger.lookup(run_id=run_id, tool="issue_credit",
+                                                     arguments=ARGS) == again.entry
+    replay = ledger.claim(run_id, "issue_credit", ARGS)
+    assert replay.outcome == Outcome.REPLAYED and replay.entry.result == b'{"id":1}'
+
+
+def test_a_duplicate_member_is_invalid_argument_naming_the_field(ledger: Ledger) -> None:
+    with pytest.raises(InvalidArgument) as refused:
+        ledger.claim("r", "t", '{"a":1,"a":2}')
+    e = refused.value
+    assert (e.code, e.reason, e.field) == (grpc.StatusCode.INVALID_ARGUMENT, "DUPLICATE_MEMBER",
+                                           "arguments_json")
+    assert e.message == 'arguments_json: duplicate member name "a" at byte 7'
+    assert "DUPLICATE_MEMBER" in str(e)
+
+
+@pytest.mark.parametrize(("field", "kwargs"), [
+    ("lease", {"lease": timedelta(days=2)}),
+    ("retention", {"retention": timedelta(days=400)}),
+    ("tool", {"tool": ""}),
+])
+def test_bad_fields_are_invalid_field(ledger: Ledger, run_id: str, field: str,
+                                      kwargs: dict) -> None:
+    call = {"run_id": run_id, "tool": "t", "arguments": {}, **kwargs}
+    with pytest.raises(InvalidArgument) as refused:
+        ledger.claim(**call)
+    assert (refused.value.reason, refused.value.field) == ("INVALID_FIELD", field)
+
+
+def test_a_result_goes_only_with_success(ledger: Ledger, run_id: str) -> None:
+    claim = ledger.claim(run_id, "t", {})
+    with pytest.raises(InvalidArgument) as refused:
+        ledger.complete(claim.key, claim.claim_token, Status.FAILED, result=b"x")
+    assert (refused.value.reason, refused.value.field) == ("INVALID_FIELD", "result")
+    assert ledger.lookup(claim.key).status == Status.ATTEMPTING  # unchanged
+
+
+def test_an_explicit_key_with_other_arguments_is_key_reused(ledger: Ledger, run_id: str) -> None:
+    ledger.claim("", "issue_credit", ARGS, key=f"{run_id}:step-1")
+    with pytest.raises(KeyReused) as reused:
+        ledger.claim("", "issue_credit", {**ARGS, "amount": 201}, key=f"{run_id}:step-1")
+    assert isinstance(reused.value, FailedPrecondition)
+    assert reused.value.code == grpc.StatusCode.FAILED_PRECONDITION
+    assert reused.value.reason == "KEY_REUSED_WITH_DIFFERENT_REQUEST"
+
+
+def test_a_wrong_token_is_stale_and_another_outcome_is_already_resolved(ledger: Ledger,
+                                                                        run_id: str) -> None:
+    claim = ledger.claim(run_id, "t", {})
+    with pytest.raises(StaleClaimToken) as stale:
+        ledger.complete(claim.key, "0" * 32, Status.SUCCEEDED)
+    assert stale.value.reason == "STALE_CLAIM_TOKEN"
+    ledger.complete(claim.key, claim.claim_token, Status.SUCCEEDED, result=b"1")
+    with pytest.raises(AlreadyResolved) as resolved:
+        ledger.complete(claim.key, claim.claim_token, Status.FAILED, error="no")
+    assert resolved.value.reason == "ALREADY_RESOLVED"
+    assert ledger.lookup(claim.key).status == Status.SUCCEEDED
+
+
+def test_an_absent_key_is_not_found(ledger: Ledger) -> None:
+    with pytest.raises(NotFound) as absent:
+        ledger.lookup("no-such-key")
+    assert (absent.value.code, absent.value.reason) == (grpc.StatusCode.NOT_FOUND,
+                                                        "ENTRY_NOT_FOUND")
+    with pytest.raises(NotFound):
+        ledger.complete("no-such-key", "0" * 32, Status.SUCCEEDED)
+
+
+def test_a_claimant_may_complete_after_its_lease_expired(ledger: Ledger, run_id: str) -> None:
+    claim = ledger.claim(run_id, "t", {}, lease=0.2)
+    time.sleep(0.4)
+    assert ledger.lookup(claim.key).status == Status.UNKNOWN
+    late = ledger.complete(claim.key, claim.claim_token, Status.SUCCEEDED, result=b"late")
+    assert late.entry.status == Status.SUCCEEDED
+
+
+def test_the_clients_own_deadline_is_deadline_exceeded(ledger: Ledger, run_id: str) -> None:
+    with pytest.raises(DeadlineExceeded) as late:
+        ledger.claim(run_id, "t", {}, timeout=0.000_001)
+    assert late.value.code == grpc.StatusCode.DEADLINE_EXCEEDED
+
+
+def test_an_unreachable_server_is_unavailable() -> None:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # closed again below: nobody listens there
+    with Ledger(f"127.0.0.1:{port}", timeout=2) as ledger, pytest.raises(Unavailable) as down:
+        ledger.lookup("k")
+    assert down.value.code == grpc.StatusCode.UNAVAILABLE and down.value.reason is None
+    assert isinstance(down.value, LedgerError)
+
+
+def test_reconcile_resolves_unknown_entries(fresh_server: LedgerServer) -> None:
+    with Ledger(fresh_server.address) as ledger:
+        found = ledger.claim("run-1", "issue_credit", {"n": 1})
+        ledger.complete(found.key, found.claim_token, Status.UNKNOWN, error="timed out")
+        missing = ledger.claim("run-1", "issue_credit", {"n": 2}, lease=0.2)  # never completed
+        ledger.claim("run-1", "send_reply", {"n": 3}, lease=0.2)
+        time.sleep(0.3)
+        batch = ledger.reconcile(tool="issue_credit", older_than=0.1)
+        assert [e.key for e in batch.pending] == [found.key, missing.key]  # oldest first
+        assert all(e.status == Status.UNKNOWN for e in batch.pending)
+        assert ledger.reconcile(tool="issue_credit").pending == []  # held for this caller
+        done = ledger.reconcile(resolutions=[
+            Resolution.found(found.key, b'{"credit_id":"cr-1"}'),
+            Resolution.not_found(missing.key, "no such credit"),
+        ])
+        assert [(e.key, e.status) for e in done.resolved] == [(found.key, Status.SUCCEEDED),
+                                                               (missing.key, Status.FAILED)]
+        assert [e.tool for e in done.pending] == ["send_reply"]
+        assert ledger.claim("run-1", "issue_credit", {"n": 1}).outcome == Outcome.REPLAYED
+        retry = ledger.claim("run-1", "issue_credit", {"n": 2})
+        assert (retry.outcome, retry.entry.attempt) == (Outcome.CLAIMED, 2)
+
+
+def test_tls_with_a_root_certificate(ledger_bin: Path, tmp_path: Path) -> None:
+    if subprocess.run(["openssl", "version"], capture_output=True).returncode != 0:
+        pytest.skip("openssl is needed to make a test certificate")
+    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt",
+                    "ec_paramgen_curve:prime256v1", "-nodes", "-days", "1", "-subj", "/CN=ledger",
+                    "-addext", "subjectAltName=IP:127.0.0.1", "-keyout", str(key),
+                    "-out", str(cert)], check=True, capture_output=True)
+    with LedgerServer(ledger_bin, args=["--tls-cert", str(cert), "--tls-key", str(key)]) as tls:
+        with Ledger(tls.address, root_certificates=cert) as ledger:
+            claim = ledger.claim("run-1", "t", {})
+            assert claim.outcome == Outcome.CLAIMED
+        with Ledger(tls.address, timeout=2) as plaintext, pytest.raises(Unavailable):
+            plaintext.lookup(claim.key)

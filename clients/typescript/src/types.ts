@@ -1,0 +1,104 @@
+// The client's plain types, converted from the generated messages: enum values as strings
+// without their prefix, durations in milliseconds, times as Dates, counts as numbers.
+
+import {
+  durationFromMs,
+  durationMs,
+  timestampDate,
+  type Duration,
+  type Timestamp,
+} from "@bufbuild/protobuf/wkt";
+import {
+  Canonicalization as PbCanonicalization,
+  Outcome as PbOutcome,
+  Status as PbStatus,
+  type Entry,
+} from "./gen/idempotency/v1/ledger_pb.js";
+import type { Canonicalization } from "./keys.js";
+
+/** The state of an entry (the proto's STATUS_* without the prefix). */
+export type EntryStatus = "UNSPECIFIED" | "ATTEMPTING" | "SUCCEEDED" | "FAILED" | "UNKNOWN";
+
+/** What a Claim found (the proto's OUTCOME_* without the prefix). */
+export type Outcome = "UNSPECIFIED" | "CLAIMED" | "REPLAYED" | "IN_PROGRESS" | "PREVIOUSLY_FAILED";
+
+/** One ledger entry: one intent of one tool call. */
+export interface LedgerEntry {
+  key: string;
+  runId: string;
+  tool: string;
+  fingerprint: string;
+  status: EntryStatus;
+  attempt: number;
+  /** The stored result (SUCCEEDED), byte for byte. */
+  result: Uint8Array;
+  error: string;
+  retryable: boolean;
+  principal: string;
+  startedAt: Date | undefined;
+  finishedAt: Date | undefined;
+  leaseExpiresAt: Date | undefined;
+  expiresAt: Date | undefined;
+  replayCount: number;
+  /** Pass it to external systems as their idempotency key or memo; reconcilers ask by it. */
+  externalRef: string;
+}
+
+export function statusName(s: PbStatus): EntryStatus {
+  return (PbStatus[s] as EntryStatus | undefined) ?? "UNSPECIFIED";
+}
+
+export function outcomeName(o: PbOutcome): Outcome {
+  return (PbOutcome[o] as Outcome | undefined) ?? "UNSPECIFIED";
+}
+
+export function statusValue(s: "SUCCEEDED" | "FAILED" | "UNKNOWN"): PbStatus {
+  const v = PbStatus[s];
+  if (v === undefined) throw new TypeError(`unknown status ${String(s)}`);
+  return v;
+}
+
+export function canonicalizationValue(c: Canonicalization | undefined): PbCanonicalization {
+  if (c === undefined) return PbCanonicalization.UNSPECIFIED;
+  const v = PbCanonicalization[c];
+  if (v === undefined) throw new TypeError(`unknown canonicalization ${String(c)}`);
+  return v;
+}
+
+function date(ts: Timestamp | undefined): Date | undefined {
+  return ts ? timestampDate(ts) : undefined;
+}
+
+export function entryFrom(e: Entry | undefined): LedgerEntry {
+  if (!e) throw new Error("the ledger answered without an entry");
+  return {
+    key: e.key,
+    runId: e.runId,
+    tool: e.tool,
+    fingerprint: e.fingerprint,
+    status: statusName(e.status),
+    attempt: e.attempt,
+    result: e.result,
+    error: e.error,
+    retryable: e.retryable,
+    principal: e.principal,
+    startedAt: date(e.startedAt),
+    finishedAt: date(e.finishedAt),
+    leaseExpiresAt: date(e.leaseExpiresAt),
+    expiresAt: date(e.expiresAt),
+    replayCount: Number(e.replayCount),
+    externalRef: e.externalRef,
+  };
+}
+
+export function msFromDuration(d: Duration | undefined): number | undefined {
+  return d ? durationMs(d) : undefined;
+}
+
+export function durationOf(ms: number | undefined, field: string): Duration | undefined {
+  if (ms === undefined) return undefined;
+  if (!Number.isFinite(ms) || ms < 0) {
+    throw new RangeError(`${field}: must be a non-negative number of milliseconds`);
+  }
+  return durationFromMs(ms);
+}
