@@ -18,6 +18,8 @@
 #   --scale-rows N          rows --scale loads (default 5000000)
 #   --duration SECS         measured seconds per cell (default 10)
 #   --warmup SECS           unmeasured seconds before each cell (default 1)
+#   --rounds N              run every cell N times, alternating the sides, and report each
+#                           side's median round by throughput (default 1)
 #   --clients "C ..."       client counts for PostgreSQL (default "1 8 32 64")
 #   --sqlite-clients "C ..."  client counts for the SQLite store (default "1 32")
 #   --db-max-connections default|match|N
@@ -41,6 +43,8 @@ cd "$ROOT"
 
 DURATION=10
 WARMUP=1
+ROUNDS=1
+ROUND=1
 CLIENTS="1 8 32 64"
 SQLITE_CLIENTS="1 32"
 POOL=default
@@ -63,6 +67,7 @@ while (($#)); do
         --scale-rows) SCALE_ROWS=$2; shift ;;
         --duration) DURATION=$2; shift ;;
         --warmup) WARMUP=$2; shift ;;
+        --rounds) ROUNDS=$2; shift ;;
         --clients) CLIENTS=$2; shift ;;
         --sqlite-clients) SQLITE_CLIENTS=$2; shift ;;
         --db-max-connections) POOL=$2; shift ;;
@@ -263,7 +268,7 @@ CPU_ROWS=()
 
 # pgbench_cell WORKLOAD C: fills PGB_* for the row that ours_cell then completes.
 pgbench_cell() {
-    local workload=$1 c=$2 name="pg-$1-c$2"
+    local workload=$1 c=$2 name="pg-$1-c$2-r$ROUND"
     local script="bench/pgbench/${workload//-/_}.sql"
     local threads=$((c < 2 ? c : 2))
     local defs
@@ -339,7 +344,7 @@ stop_server() {
 
 # ours_cell STORE WORKLOAD C [extra ledger-bench args...]: fills OURS_JSON_FILE and OURS_ERR.
 ours_cell() {
-    local store=$1 workload=$2 c=$3 name="ours-$1-$2-c$3"
+    local store=$1 workload=$2 c=$3 name="ours-$1-$2-c$3-r$ROUND"
     shift 3
     local url pool db_pid=()
     if [[ $store == postgres ]]; then
@@ -387,6 +392,7 @@ add_row() {
     p999=$(json_get "$f" latency_ms.p999)
     peak=$(json_get "$f" server_peak_rss_kib)
     errs=$(json_get "$f" failed_ops)
+    [[ $errs == null ]] && errs="failed"
     if ((has_pg)); then
         pg_tps=$(fmt "$PGB_TPS" 0)
         pg_avg=$(fmt "$PGB_AVG" 3)
@@ -395,10 +401,10 @@ add_row() {
             ratio=$(awk -v a="$tps" -v b="$PGB_TPS" 'BEGIN { printf "%.2f", a / b }')
         else ratio="-"; fi
         err_text="${PGB_FAILED:-?} / ${errs}"
-        CELLS_JSON+=("{\"workload\": \"$label\", \"clients\": $c, \"pgbench\": $PGB_JSON, \"ours\": $(cat "$f")}")
+        CELLS_JSON+=("{\"workload\": \"$label\", \"clients\": $c, \"rounds_ops_s\": {\"pgbench\": [$ROUNDS_PG], \"ours\": [$ROUNDS_OURS]}, \"pgbench\": $PGB_JSON, \"ours\": $(cat "$f")}")
     else
         pg_tps="-" pg_avg="-" pg_pct="-" ratio="-" err_text="- / ${errs}"
-        CELLS_JSON+=("{\"workload\": \"$label\", \"clients\": $c, \"pgbench\": null, \"ours\": $(cat "$f")}")
+        CELLS_JSON+=("{\"workload\": \"$label\", \"clients\": $c, \"rounds_ops_s\": {\"pgbench\": null, \"ours\": [$ROUNDS_OURS]}, \"pgbench\": null, \"ours\": $(cat "$f")}")
     fi
     [[ $peak == null ]] && peak="-" || peak=$(awk -v k="$peak" 'BEGIN { printf "%.1f", k / 1024 }')
     local cpu_pg="- | -"
@@ -407,26 +413,68 @@ add_row() {
     ROWS+=("| $label | $c | $pg_tps | $(fmt "$tps" 0) | $ratio | $pg_avg | $pg_pct | $(fmt "$p50" 3) / $(fmt "$p99" 3) | $(fmt "$p999" 3) | $peak | $err_text |")
 }
 
+# median LINES...: of "value payload" lines, the payload of the median value.
+median() { printf '%s\n' "$@" | sort -g | sed -n "$((($# + 1) / 2))p" | cut -d' ' -f2-; }
+
+PGB_VARS="PGB_TPS PGB_AVG PGB_DONE PGB_FAILED PGB_P50 PGB_P99 PGB_DB_CPU PGB_CLIENT_CPU PGB_JSON"
+
+# cell STORE WORKLOAD C WITH_PGBENCH [ledger-bench args...]: --rounds rounds of the cell,
+# alternating the sides; leaves each side's median round in PGB_* and OURS_JSON_FILE, and
+# every round's throughput in ROUNDS_PG and ROUNDS_OURS.
+cell() {
+    local store=$1 workload=$2 c=$3 with_pg=$4 pg=() ours=() v tps
+    shift 4
+    for ((ROUND = 1; ROUND <= ROUNDS; ROUND++)); do
+        if ((with_pg)); then
+            pgbench_cell "$workload" "$c"
+            for v in $PGB_VARS; do printf '%s=%q\n' "$v" "${!v}"; done \
+                >"$WORK/pgbench/vars-$workload-c$c-r$ROUND.sh"
+            pg+=("${PGB_TPS:-0} $WORK/pgbench/vars-$workload-c$c-r$ROUND.sh")
+        fi
+        ours_cell "$store" "$workload" "$c" "$@"
+        tps=$(json_get "$OURS_JSON_FILE" throughput_ops_s)
+        ours+=("$([[ $tps == null ]] && echo 0 || echo "$tps") $OURS_JSON_FILE")
+    done
+    ROUNDS_PG="" ROUNDS_OURS=$(printf '%s\n' "${ours[@]}" | cut -d' ' -f1 | paste -sd, -)
+    if ((with_pg)); then
+        # shellcheck disable=SC1090
+        source "$(median "${pg[@]}")"
+        ROUNDS_PG=$(printf '%s\n' "${pg[@]}" | cut -d' ' -f1 | paste -sd, -)
+    fi
+    OURS_JSON_FILE=$(median "${ours[@]}")
+}
+
+# The latency of a one-row INSERT committed alone (1 client, 3 s): the disk's fsync, which
+# dominates the low-concurrency figures and varies on a shared machine; taken before and after.
+echo "INSERT INTO probe VALUES (1);" >"$WORK/probe.sql"
+commit_probe() {
+    ((SMOKE)) && { echo "-"; return; }
+    "${PSQL[@]}" -d postgres -c "DROP TABLE IF EXISTS probe" -c "CREATE TABLE probe (x int)"
+    "$PGBENCH" -h 127.0.0.1 -p "$PGPORT" -U postgres -n -M prepared -c 1 -j 1 -T 3 \
+        -f "$WORK/probe.sql" postgres 2>/dev/null |
+        sed -n 's/^latency average = \([0-9.]*\) ms.*/\1/p'
+}
+
 T0=$(date +%s)
+PROBE_BEFORE=$(commit_probe)
 
 # ---- PostgreSQL: pgbench and ours, cell by cell -----------------------------------------------
 for workload in claim-complete replay; do
     for c in $CLIENTS; do
-        pgbench_cell "$workload" "$c"
         extra=()
         [[ $workload == replay ]] && extra=(--hot-keys "$HOT_KEYS")
-        ours_cell postgres "$workload" "$c" "${extra[@]}"
+        cell postgres "$workload" "$c" 1 "${extra[@]}"
         add_row "$workload (PostgreSQL)" "$c" 1
     done
 done
 if [[ -n $WAIT_CLIENTS ]]; then
-    ours_cell postgres mixed-wait "$WAIT_CLIENTS"
+    cell postgres mixed-wait "$WAIT_CLIENTS" 0
     add_row "mixed-wait (PostgreSQL)" "$WAIT_CLIENTS" 0
 fi
 
 # ---- SQLite through the server ---------------------------------------------------------------
 for c in $SQLITE_CLIENTS; do
-    ours_cell sqlite claim-complete "$c"
+    cell sqlite claim-complete "$c" 0
     add_row "claim-complete (SQLite)" "$c" 0
 done
 
@@ -434,8 +482,9 @@ done
 SCALE_ROWS_MD=()
 SCALE_JSON=null
 if ((SCALE)); then
-    scale_run() { # PHASE: claim-complete and lookup at SCALE_CLIENTS
+    scale_run() { # PHASE: claim-complete and lookup at SCALE_CLIENTS, one round each
         local phase=$1 lookup_args
+        ROUND=$phase
         KEEP_TABLE=1 ours_cell postgres claim-complete "$SCALE_CLIENTS"
         cp "$OURS_JSON_FILE" "$WORK/json/scale-$phase-cc.json"
         if [[ $phase == empty ]]; then lookup_args=(--hot-keys "$LOOKUP_KEYS"); else
@@ -487,6 +536,8 @@ SQL
 fi
 
 # ---- the record ------------------------------------------------------------------------------
+PROBE_AFTER=$(commit_probe)
+mkdir -p "$(dirname "$RESULT_BASE")"
 ELAPSED=$(($(date +%s) - T0))
 COMMIT=$(git rev-parse --short HEAD 2>/dev/null || echo unknown)
 git diff --quiet HEAD 2>/dev/null || COMMIT="$COMMIT+uncommitted"
@@ -495,6 +546,7 @@ MEM=$(awk '/^MemTotal/ { printf "%.0f GiB", $2 / 1048576 }' /proc/meminfo)
 PGVER=$("$PG_BIN/postgres" --version | awk '{ print $3 }')
 if ((SMOKE)); then MODE="smoke: $SMOKE_OPS operations per cell, no warm-up"; else
     MODE="${DURATION}s per cell after a ${WARMUP}s warm-up"; fi
+((ROUNDS > 1)) && MODE="$MODE; $ROUNDS rounds per cell, each side's median round shown"
 case $POOL in
     default) POOLTXT="the server's default (16)" ;;
     match) POOLTXT="clients + 1 (match)" ;;
@@ -507,6 +559,7 @@ esac
     echo "- date: $(date -u +%Y-%m-%dT%H:%MZ); commit $COMMIT; $MODE; total ${ELAPSED}s"
     echo "- machine: $CORES cores, $MEM, $(uname -sr); server, database and load generators share it"
     echo "- PostgreSQL $PGVER: fsync=on, synchronous_commit=on, shared_buffers=128MB, max_connections=200; a truncated table and a checkpoint before each cell"
+    ((SMOKE)) || echo "- a one-row INSERT committed alone (the disk's fsync) took ${PROBE_BEFORE:-?} ms before the cells and ${PROBE_AFTER:-?} ms after"
     echo "- pgbench: \`-n -M prepared -c C -j min(C,2)\`, bench/pgbench/*.sql; ours: ledger-bench, one HTTP/2 connection per client, server pool (\`--db-max-connections\`) $POOLTXT for PostgreSQL, the default for SQLite"
     echo "- one op: claim-complete = Claim of a new key + Complete; replay = Claim of one of $HOT_KEYS completed keys; for pgbench one transaction of bench/pgbench/<workload>.sql, the server's statements for that op, each autocommit; ratio = ours / pgbench ops/s"
     echo
@@ -536,8 +589,8 @@ esac
 {
     printf '{"date": "%s", "commit": "%s", "mode": "%s", "cores": %s, "memory": "%s", ' \
         "$(date -u +%Y-%m-%dT%H:%M:%SZ)" "$COMMIT" "$MODE" "$CORES" "$MEM"
-    printf '"postgres": "%s", "pool": "%s", "elapsed_s": %s, "failed_cells": [%s],\n' \
-        "$PGVER" "$POOLTXT" "$ELAPSED" \
+    printf '"postgres": "%s", "pool": "%s", "elapsed_s": %s, "commit_probe_ms": ["%s", "%s"], "failed_cells": [%s],\n' \
+        "$PGVER" "$POOLTXT" "$ELAPSED" "$PROBE_BEFORE" "$PROBE_AFTER" \
         "$( ((${#FAILED_CELLS[@]})) && printf '"%s",' "${FAILED_CELLS[@]}" | sed 's/,$//')"
     echo ' "cells": ['
     for i in "${!CELLS_JSON[@]}"; do

@@ -239,6 +239,8 @@ pub struct Ledger {
     limits: Arc<Limits>,
     /// The claims waiting on this server for attempts in flight.
     waits: Arc<WaitHub>,
+    /// Keys this server recently saw succeed: a hint for the claim path, never a decision.
+    finished: Arc<RecentKeys>,
 }
 
 impl Ledger {
@@ -249,6 +251,7 @@ impl Ledger {
         let poll = store.shared().then_some(limits.wait_poll_interval);
         Ledger {
             waits: Arc::new(WaitHub::new(store.clone(), clock.clone(), poll)),
+            finished: Arc::new(RecentKeys::default()),
             store,
             clock,
             limits: Arc::new(limits),
@@ -394,6 +397,9 @@ impl Ledger {
 
     /// The answer to a Complete that wrote its outcome, after waking whoever waits for it.
     async fn completed(&self, tenant: &Tenant, done: Finished, now: Micros) -> CompleteOutput {
+        if done.entry.status == Status::Succeeded {
+            self.finished.insert(&tenant.0, &done.entry.key);
+        }
         self.changed(tenant, &done.entry.key, done.has_waiters)
             .await;
         CompleteOutput {
@@ -711,6 +717,19 @@ impl Ledger {
         tenant: &Tenant,
         request: &PreparedClaim,
     ) -> Result<ClaimOutput, LedgerError> {
+        // A key this server saw succeed recently is most likely a repeat: try the replay
+        // first, which spares the insert (and its wait on the row lock of a concurrent replay).
+        if self.finished.probably_contains(&tenant.0, &request.key) {
+            let now = self.clock.now();
+            if let Some(entry) = self
+                .store
+                .replay(&tenant.0, &request.key, &request.fingerprint, now)
+                .await?
+            {
+                let note = replay_note(&entry);
+                return Ok(self.answer(Outcome::Replayed, entry, now, note, None));
+            }
+        }
         for _ in 0..MAX_RACES {
             let now = self.clock.now();
             let fresh = request.new_entry(now, 1, new_claim_token()?);
@@ -724,6 +743,7 @@ impl Ledger {
                 .replay(&tenant.0, &request.key, &request.fingerprint, now)
                 .await?
             {
+                self.finished.insert(&tenant.0, &request.key);
                 let note = replay_note(&entry);
                 return Ok(self.answer(Outcome::Replayed, entry, now, note, None));
             }
@@ -809,6 +829,43 @@ impl Ledger {
             note,
             retry_after,
         }
+    }
+}
+
+/// How many recently finished keys the claim path remembers; the set starts over when full.
+const RECENT_KEYS: usize = 65_536;
+
+/// A bounded set of (tenant, key) hashes. A hit only makes the claim try the replay
+/// statement first; the store still checks status, fingerprint and expiry, so a stale or
+/// colliding entry costs one statement, never a wrong answer.
+#[derive(Default)]
+struct RecentKeys(std::sync::Mutex<std::collections::HashSet<u64>>);
+
+impl RecentKeys {
+    fn hash(tenant: &str, key: &str) -> u64 {
+        use std::hash::{Hash, Hasher};
+        let mut h = std::collections::hash_map::DefaultHasher::new();
+        (tenant, key).hash(&mut h);
+        h.finish()
+    }
+
+    fn insert(&self, tenant: &str, key: &str) {
+        let mut set = self
+            .0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if set.len() >= RECENT_KEYS {
+            set.clear();
+        }
+        set.insert(Self::hash(tenant, key));
+    }
+
+    fn probably_contains(&self, tenant: &str, key: &str) -> bool {
+        let set = self
+            .0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        set.contains(&Self::hash(tenant, key))
     }
 }
 
@@ -898,9 +955,10 @@ fn bounded(
 ) -> Result<Duration, LedgerError> {
     match asked {
         None => Ok(default),
-        Some(d) if d.is_zero() => Err(LedgerError::invalid(
+        // Time is kept in whole microseconds: less than one would be stored as zero.
+        Some(d) if d < Duration::from_micros(1) => Err(LedgerError::invalid(
             field,
-            "must be positive; leave it unset for the server's default",
+            "must be at least 1 microsecond; leave it unset for the server's default",
         )),
         Some(d) if d > max => Err(LedgerError::invalid(
             field,
@@ -950,6 +1008,8 @@ mod tests {
         let max = Duration::from_secs(3600);
         assert_eq!(bounded("lease", None, d, max).ok(), Some(d));
         assert!(bounded("lease", Some(Duration::ZERO), d, max).is_err());
+        assert!(bounded("lease", Some(Duration::from_nanos(999)), d, max).is_err());
+        assert!(bounded("lease", Some(Duration::from_micros(1)), d, max).is_ok());
         assert!(bounded("lease", Some(max + Duration::from_micros(1)), d, max).is_err());
         assert_eq!(bounded("lease", Some(max), d, max).ok(), Some(max));
     }

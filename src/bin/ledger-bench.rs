@@ -80,7 +80,7 @@ const USER_HZ: f64 = 100.0;
 
 /// Drives a running idempotency-ledger server and reports throughput and latency.
 #[derive(Parser, Debug, Clone)]
-#[command(name = "ledger-bench", version, about, long_about = None)]
+#[command(name = "ledger-bench", version)]
 struct Args {
     /// The server's address.
     #[arg(long, default_value = "http://127.0.0.1:50051")]

@@ -18,7 +18,14 @@ pub struct PgStore {
     /// Connections opened lazily, so the server starts (and reports NOT_SERVING) while the
     /// database is still down.
     pool: PgPool,
+    /// One more connection, kept apart for LISTEN so that it never takes a request's place.
+    listen_pool: PgPool,
 }
+
+/// A pooled connection idle longer than this is pinged before use: one that survived a
+/// database restart then fails the ping, not the caller's statement. A busy connection is not
+/// pinged, which saves a round trip per statement.
+const PING_IF_IDLE_FOR: std::time::Duration = std::time::Duration::from_secs(1);
 
 impl PgStore {
     /// Prepares a pool for `url` without connecting yet.
@@ -32,11 +39,21 @@ impl PgStore {
         let pool = PgPoolOptions::new()
             .max_connections(options.max_connections)
             .acquire_timeout(options.acquire_timeout)
-            // A connection that survived a database restart is checked before reuse, so the
-            // first call after an outage does not fail on a dead socket.
-            .test_before_acquire(true)
+            .test_before_acquire(false)
+            .before_acquire(|conn, meta| {
+                Box::pin(async move {
+                    if meta.idle_for >= PING_IF_IDLE_FOR {
+                        sqlx::Connection::ping(conn).await?;
+                    }
+                    Ok(true)
+                })
+            })
+            .connect_lazy_with(connect.clone());
+        let listen_pool = PgPoolOptions::new()
+            .max_connections(1)
+            .acquire_timeout(options.acquire_timeout)
             .connect_lazy_with(connect);
-        Ok(PgStore { pool })
+        Ok(PgStore { pool, listen_pool })
     }
 }
 
@@ -209,7 +226,7 @@ impl_store!(PgStore, {
 
     fn subscribe(&self) -> Option<tokio::sync::mpsc::Receiver<(String, String)>> {
         let (tx, rx) = tokio::sync::mpsc::channel(1024);
-        let pool = self.pool.clone();
+        let pool = self.listen_pool.clone();
         tokio::spawn(async move {
             // One dedicated connection LISTENs; sqlx reconnects it after a failure, and the
             // waiters' own slow poll covers whatever was announced while it was down.
