@@ -328,10 +328,19 @@ pgbench_cell() {
 start_server() { # URL POOL LOGNAME
     local pool=()
     [[ $2 == default ]] || pool=(--db-max-connections "$2")
-    SERVER_PORT=$(free_port)
-    "$SERVER" --listen "127.0.0.1:$SERVER_PORT" --database-url "$1" "${pool[@]}" \
+    # Port 0: the kernel picks a free port and the start-up log names it (a port probed free
+    # beforehand can be taken by an ephemeral client port before the server binds it).
+    RUST_LOG=info "$SERVER" --listen "127.0.0.1:0" --database-url "$1" "${pool[@]}" \
         2>"$WORK/logs/$3.log" &
     SERVER_PID=$!
+    SERVER_PORT=""
+    for _ in $(seq 300); do
+        SERVER_PORT=$(sed -n 's/.*listen=127\.0\.0\.1:\([0-9]*\).*/\1/p' "$WORK/logs/$3.log" | head -n 1)
+        [[ -n $SERVER_PORT ]] && break
+        kill -0 "$SERVER_PID" 2>/dev/null || break
+        sleep 0.1
+    done
+    [[ -n $SERVER_PORT ]] || die "the server did not start; see $WORK/logs/$3.log"
 }
 
 stop_server() {
