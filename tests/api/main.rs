@@ -6,6 +6,7 @@ mod support;
 
 mod concurrency;
 mod conformance;
+mod faults;
 mod grpc_api;
 mod health;
 mod operations;

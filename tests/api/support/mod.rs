@@ -4,5 +4,6 @@
 
 pub mod app;
 pub mod postgres;
+pub mod proxy;
 
 pub use app::*;
