@@ -9,6 +9,7 @@ mod conformance;
 mod faults;
 mod grpc_api;
 mod health;
+mod no_panic;
 mod operations;
 mod security;
 mod tenants;
