@@ -196,9 +196,7 @@ pub async fn serve(
             .map_err(|e| ServeError::Config(format!("TLS: {e}")))?;
     }
     let server = builder
-        .layer(tower::util::MapResponseLayer::new(
-            oversized_is_resource_exhausted,
-        ))
+        .layer(tower::util::MapResponseLayer::new(rewrite_library_errors))
         .add_service(health_service)
         .add_service(reflection_v1)
         .add_service(reflection_v1alpha)
@@ -246,36 +244,42 @@ fn nodelay(
     })
 }
 
-/// tonic refuses a request over the message-size limit with OUT_OF_RANGE before any handler
-/// runs; the contract answers limits with RESOURCE_EXHAUSTED (as gRPC itself specifies for
-/// oversized messages) and every error with an ErrorInfo. This rewrites that one answer.
-fn oversized_is_resource_exhausted(
+/// tonic answers two kinds of bad input itself, before any handler runs: a request over the
+/// message-size limit (OUT_OF_RANGE) and one that does not decode, such as a string field that
+/// is not UTF-8 (INTERNAL). The contract answers limits with RESOURCE_EXHAUSTED (as gRPC itself
+/// specifies for oversized messages), malformed input with INVALID_ARGUMENT, and every error
+/// with an ErrorInfo: this rewrites those two answers, and passes every other one through.
+fn rewrite_library_errors(
     response: http::Response<tonic::body::Body>,
 ) -> http::Response<tonic::body::Body> {
     let headers = response.headers();
-    let oversized = headers.get("grpc-status").is_some_and(|v| v == "11")
-        && headers
-            .get("grpc-message")
-            .and_then(|m| m.to_str().ok())
-            .is_some_and(|m| {
-                m.contains("message%20length%20too%20large")
-                    || m.contains("message length too large")
-            });
-    if !oversized {
-        return response;
-    }
+    let code = headers.get("grpc-status").and_then(|v| v.to_str().ok());
+    let message = headers
+        .get("grpc-message")
+        .and_then(|m| m.to_str().ok())
+        .unwrap_or("");
+    let said = |text: &str| message.contains(text) || message.contains(&text.replace(' ', "%20"));
+    let (code, reason, text) = match code {
+        Some("11") if said("message length too large") => (
+            tonic::Code::ResourceExhausted,
+            "MESSAGE_TOO_LARGE",
+            "the request is larger than the server's --max-message-bytes",
+        ),
+        Some("13") if said("failed to decode Protobuf message") => (
+            tonic::Code::InvalidArgument,
+            "MALFORMED_MESSAGE",
+            "the request is not a valid protobuf message of this method (a string field that \
+             is not UTF-8, or a field of the wrong type)",
+        ),
+        _ => return response,
+    };
     let mut details = tonic_types::ErrorDetails::new();
     details.set_error_info(
-        "MESSAGE_TOO_LARGE",
+        reason,
         crate::error::ERROR_DOMAIN,
         std::collections::HashMap::new(),
     );
-    <Status as tonic_types::StatusExt>::with_error_details(
-        tonic::Code::ResourceExhausted,
-        "the request is larger than the server's --max-message-bytes",
-        details,
-    )
-    .into_http()
+    <Status as tonic_types::StatusExt>::with_error_details(code, text, details).into_http()
 }
 
 /// Applies the migrations of the store `settings` names, and returns.
