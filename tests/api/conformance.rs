@@ -14,20 +14,6 @@ use idempotency_ledger::ledger::{
 
 use crate::support::{Backend, TestLedger};
 
-/// Instantiates each listed test once per backend.
-macro_rules! on_every_backend {
-    ($($name:ident),* $(,)?) => {
-        mod sqlite {
-            $(#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-            async fn $name() { super::$name(crate::support::Backend::Sqlite).await })*
-        }
-        mod postgres {
-            $(#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-            async fn $name() { super::$name(crate::support::Backend::Postgres).await })*
-        }
-    };
-}
-
 on_every_backend!(
     a_first_claim_is_claimed_with_attempt_one_and_a_token,
     a_retry_with_reordered_arguments_replays_the_first_result,

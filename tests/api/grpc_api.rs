@@ -18,20 +18,6 @@ use crate::support::{
     Backend, TestApp, TestDb, claim_req, spawn_app, spawn_app_on, spawn_app_with, success,
 };
 
-/// Instantiates each listed test once per backend.
-macro_rules! on_every_backend {
-    ($($name:ident),* $(,)?) => {
-        mod sqlite {
-            $(#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-            async fn $name() { super::$name(crate::support::Backend::Sqlite).await })*
-        }
-        mod postgres {
-            $(#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-            async fn $name() { super::$name(crate::support::Backend::Postgres).await })*
-        }
-    };
-}
-
 on_every_backend!(
     claim_complete_replay_and_lookup_work_end_to_end,
     every_malformed_field_is_invalid_argument_naming_the_field_and_changes_nothing,

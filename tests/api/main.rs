@@ -2,6 +2,7 @@
 //! conformance suite run on SQLite and PostgreSQL, the gRPC API through a real tonic client,
 //! tenants, health and shutdown, and concurrency across connections and server processes.
 
+#[macro_use]
 mod support;
 
 mod concurrency;

@@ -2,6 +2,22 @@
 
 #![allow(dead_code)]
 
+/// Instantiates each listed test, an `async fn(Backend)`, once per backend, as
+/// `sqlite::name` and `postgres::name`: a behaviour tested on one store only is not a
+/// behaviour of the product.
+macro_rules! on_every_backend {
+    ($($name:ident),* $(,)?) => {
+        mod sqlite {
+            $(#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn $name() { super::$name(crate::support::Backend::Sqlite).await })*
+        }
+        mod postgres {
+            $(#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn $name() { super::$name(crate::support::Backend::Postgres).await })*
+        }
+    };
+}
+
 pub mod app;
 pub mod postgres;
 pub mod proxy;
