@@ -719,7 +719,9 @@ impl Ledger {
     ) -> Result<ClaimOutput, LedgerError> {
         // A key this server saw succeed recently is most likely a repeat: try the replay
         // first, which spares the insert (and its wait on the row lock of a concurrent replay).
+        let mut replay_tried = false;
         if self.finished.probably_contains(&tenant.0, &request.key) {
+            replay_tried = true;
             let now = self.clock.now();
             if let Some(entry) = self
                 .store
@@ -737,11 +739,12 @@ impl Ledger {
                 return Ok(self.claimed(fresh, now));
             }
             // The row exists. The most common reason is a repeat of a finished call: replay it
-            // in one statement.
-            if let Some(entry) = self
-                .store
-                .replay(&tenant.0, &request.key, &request.fingerprint, now)
-                .await?
+            // in one statement (unless that was just tried and missed).
+            if !std::mem::take(&mut replay_tried)
+                && let Some(entry) = self
+                    .store
+                    .replay(&tenant.0, &request.key, &request.fingerprint, now)
+                    .await?
             {
                 self.finished.insert(&tenant.0, &request.key);
                 let note = replay_note(&entry);
