@@ -213,7 +213,7 @@ RUN_TAG=r$(date +%s)
 
 pgbench_defs() {
     printf -- '-D\n%s\n' "tenant=$TENANT" "tool=$TOOL" "fingerprint=$FINGERPRINT" \
-        "attempting=ATTEMPTING" "succeeded=SUCCEEDED" "lease_us=$LEASE_US" \
+        "attempting=ATTEMPTING" "succeeded=SUCCEEDED" "also_unknown=false" "lease_us=$LEASE_US" \
         "retention_us=$RETENTION_US" "result=$RESULT" "run_tag=$RUN_TAG-$1" \
         "run_id=bench-pgbench-$RUN_TAG-$1" "hot_keys=$HOT_KEYS"
 }

@@ -41,9 +41,9 @@ pub struct GroupCommit {
     /// The store that runs the statements.
     inner: Arc<dyn Store>,
     /// Claims' inserts waiting for a writer.
-    inserts: mpsc::UnboundedSender<InsertJob>,
+    inserts: Queue<InsertJob>,
     /// Completions waiting for a writer.
-    finishes: mpsc::UnboundedSender<FinishJob>,
+    finishes: Queue<FinishJob>,
     /// How batching went, for tests and metrics.
     stats: Arc<Stats>,
 }
@@ -67,29 +67,37 @@ impl Stats {
     }
 }
 
+/// One kind of write: its free writers and the requests waiting for one.
+struct Queue<J> {
+    /// Free writers of this kind.
+    free: Arc<Semaphore>,
+    /// Requests that found no free writer, for the dispatcher.
+    waiting: mpsc::UnboundedSender<J>,
+    /// How many requests are queued and not yet taken (a lone request goes ahead of nobody).
+    queued: Arc<AtomicUsize>,
+}
+
 impl GroupCommit {
     /// Wraps `inner`, running at most `writers` batches of each kind at once (at least 1).
     /// Call inside a tokio runtime: it spawns the two dispatchers, which end when this store
     /// is dropped.
     pub fn new(inner: Arc<dyn Store>, writers: usize) -> GroupCommit {
-        let (inserts, insert_rx) = mpsc::unbounded_channel();
-        let (finishes, finish_rx) = mpsc::unbounded_channel();
         let writers = writers.max(1);
         let stats = Arc::new(Stats::default());
-        tokio::spawn(dispatch(insert_rx, writers, stats.clone(), {
+        let inserts = Queue::start(writers, stats.clone(), {
             let store = inner.clone();
             move |batch: Vec<InsertJob>| {
                 let store = store.clone();
                 async move { write_inserts(&*store, batch).await }
             }
-        }));
-        tokio::spawn(dispatch(finish_rx, writers, stats.clone(), {
+        });
+        let finishes = Queue::start(writers, stats.clone(), {
             let store = inner.clone();
             move |batch: Vec<FinishJob>| {
                 let store = store.clone();
                 async move { write_finishes(&*store, batch).await }
             }
-        }));
+        });
         GroupCommit {
             inner,
             inserts,
@@ -104,11 +112,63 @@ impl GroupCommit {
     }
 }
 
-/// Takes a writer, then everything queued by then (at least one request), and writes it as
-/// one batch in its own task; repeats until the queue closes.
+impl<T: Send + 'static, R: Send + 'static> Queue<Job<T, R>> {
+    /// A queue with `writers` writers and its dispatcher, which ends when the queue is dropped.
+    fn start<F, Fut>(writers: usize, stats: Arc<Stats>, write: F) -> Self
+    where
+        F: Fn(Vec<Job<T, R>>) -> Fut + Send + 'static,
+        Fut: std::future::Future<Output = ()> + Send + 'static,
+    {
+        let (waiting, rx) = mpsc::unbounded_channel();
+        let free = Arc::new(Semaphore::new(writers));
+        let queued = Arc::new(AtomicUsize::new(0));
+        tokio::spawn(dispatch(rx, free.clone(), queued.clone(), stats, write));
+        Queue {
+            free,
+            waiting,
+            queued,
+        }
+    }
+
+    /// Writes `write` and waits for its answer. With a writer free and nobody queued, the
+    /// request is written at once by the caller's own task, alone (`lone`); otherwise it
+    /// queues for the dispatcher's next batch.
+    async fn submit<L>(&self, tenant: &str, write: &T, lone: L) -> StoreResult<R>
+    where
+        T: Clone,
+        L: AsyncFnOnce(&str, &T) -> StoreResult<R>,
+    {
+        if self.queued.load(Ordering::Acquire) == 0
+            && let Ok(_writer) = self.free.try_acquire()
+        {
+            return lone(tenant, write).await;
+        }
+        let (reply, answer) = oneshot::channel();
+        self.queued.fetch_add(1, Ordering::AcqRel);
+        if self
+            .waiting
+            .send(Job {
+                tenant: tenant.to_string(),
+                write: write.clone(),
+                reply,
+            })
+            .is_err()
+        {
+            self.queued.fetch_sub(1, Ordering::AcqRel);
+            return Err(StoreError::Unavailable("the store is shutting down".into()));
+        }
+        answer
+            .await
+            .map_err(|_| StoreError::Internal("a write batch was dropped unanswered".into()))?
+    }
+}
+
+/// Takes the first queued request, then a writer, then everything queued by then (up to
+/// [`MAX_BATCH`]), and writes it as one batch in its own task; repeats until the queue closes.
 async fn dispatch<T, R, F, Fut>(
     mut queue: mpsc::UnboundedReceiver<Job<T, R>>,
-    writers: usize,
+    free: Arc<Semaphore>,
+    queued: Arc<AtomicUsize>,
     stats: Arc<Stats>,
     write: F,
 ) where
@@ -117,12 +177,11 @@ async fn dispatch<T, R, F, Fut>(
     F: Fn(Vec<Job<T, R>>) -> Fut,
     Fut: std::future::Future<Output = ()> + Send + 'static,
 {
-    let free = Arc::new(Semaphore::new(writers));
     loop {
-        let Ok(writer) = free.clone().acquire_owned().await else {
+        let Some(first) = queue.recv().await else {
             return;
         };
-        let Some(first) = queue.recv().await else {
+        let Ok(writer) = free.clone().acquire_owned().await else {
             return;
         };
         let mut batch = vec![first];
@@ -132,6 +191,7 @@ async fn dispatch<T, R, F, Fut>(
                 Err(_) => break,
             }
         }
+        queued.fetch_sub(batch.len(), Ordering::AcqRel);
         stats.record(batch.len());
         let written = write(batch);
         tokio::spawn(async move {
@@ -141,7 +201,15 @@ async fn dispatch<T, R, F, Fut>(
     }
 }
 
-async fn write_inserts(store: &dyn Store, batch: Vec<InsertJob>) {
+async fn write_inserts(store: &dyn Store, mut batch: Vec<InsertJob>) {
+    // A lone request takes the one-row statement: PostgreSQL plans it once (a generic plan),
+    // while the multi-row statement's array length is unknown to a generic plan, so it is
+    // planned again for every batch; worth it for a batch, not for one row.
+    if batch.len() == 1 {
+        let job = batch.pop().expect("one job");
+        let _ = job.reply.send(store.insert(&job.tenant, &job.write).await);
+        return;
+    }
     let writes: Vec<(String, Entry)> = batch
         .iter()
         .map(|j| (j.tenant.clone(), j.write.clone()))
@@ -164,6 +232,11 @@ async fn write_finishes(store: &dyn Store, mut batch: Vec<FinishJob>) {
     // One command per key and statement (an UPDATE … FROM would apply only one of two rows
     // for the same key, unpredictably); a later command for a key goes in the next round.
     while !batch.is_empty() {
+        if batch.len() == 1 {
+            let job = batch.pop().expect("one job");
+            let _ = job.reply.send(store.finish(&job.tenant, &job.write).await);
+            return;
+        }
         let mut keys = HashSet::new();
         let (round, later): (Vec<FinishJob>, Vec<FinishJob>) = batch
             .into_iter()
@@ -194,25 +267,6 @@ fn fail_all<T, R>(batch: Vec<Job<T, R>>, error: &StoreError) {
     }
 }
 
-/// Queues a write and waits for its batch's answer.
-async fn submit<T, R>(
-    queue: &mpsc::UnboundedSender<Job<T, R>>,
-    tenant: &str,
-    write: T,
-) -> StoreResult<R> {
-    let (reply, answer) = oneshot::channel();
-    queue
-        .send(Job {
-            tenant: tenant.to_string(),
-            write,
-            reply,
-        })
-        .map_err(|_| StoreError::Unavailable("the store is shutting down".into()))?;
-    answer
-        .await
-        .map_err(|_| StoreError::Internal("a write batch was dropped unanswered".into()))?
-}
-
 #[async_trait]
 impl Store for GroupCommit {
     fn backend(&self) -> &'static str {
@@ -232,7 +286,13 @@ impl Store for GroupCommit {
     }
 
     async fn insert(&self, tenant: &str, entry: &Entry) -> StoreResult<bool> {
-        submit(&self.inserts, tenant, entry.clone()).await
+        let inner = &self.inner;
+        self.inserts
+            .submit(tenant, entry, async |t: &str, e: &Entry| {
+                self.stats.record(1);
+                inner.insert(t, e).await
+            })
+            .await
     }
 
     async fn insert_many(&self, batch: &[(String, Entry)]) -> StoreResult<Vec<bool>> {
@@ -248,7 +308,13 @@ impl Store for GroupCommit {
     }
 
     async fn finish(&self, tenant: &str, cmd: &Finish) -> StoreResult<Option<Finished>> {
-        submit(&self.finishes, tenant, cmd.clone()).await
+        let inner = &self.inner;
+        self.finishes
+            .submit(tenant, cmd, async |t: &str, c: &Finish| {
+                self.stats.record(1);
+                inner.finish(t, c).await
+            })
+            .await
     }
 
     async fn finish_many(&self, batch: &[(String, Finish)]) -> StoreResult<Vec<Option<Finished>>> {

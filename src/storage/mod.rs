@@ -12,7 +12,8 @@
 
 pub mod batch;
 pub mod postgres;
-mod sql;
+#[doc(hidden)]
+pub mod sql;
 pub mod sqlite;
 
 use std::sync::Arc;
@@ -261,8 +262,9 @@ pub struct UnresolvedQuery {
 
 /// Opens the store a database URL names: `postgres://` or `postgresql://` for PostgreSQL,
 /// `sqlite://` (or `sqlite:`) for an embedded file, created if missing. Inserts and
-/// completions are group-committed ([`batch::GroupCommit`]): on PostgreSQL by up to half the
-/// pool's connections at once, on SQLite (one writer at a time anyway) by one.
+/// completions are group-committed ([`batch::GroupCommit`]): on PostgreSQL up to
+/// `options.write_batches` batches of each kind at once (at most half the pool), on SQLite (one
+/// writer at a time anyway) one.
 ///
 /// # Errors
 /// `Internal` for an unsupported or malformed URL; `Unavailable` when the database cannot be
@@ -270,7 +272,10 @@ pub struct UnresolvedQuery {
 pub async fn open(url: &str, options: &PoolOptions) -> StoreResult<Arc<dyn Store>> {
     let (store, writers): (Arc<dyn Store>, usize) =
         if url.starts_with("postgres://") || url.starts_with("postgresql://") {
-            let writers = (options.max_connections as usize / 2).max(1);
+            let writers = options
+                .write_batches
+                .min(options.max_connections as usize / 2)
+                .max(1);
             (Arc::new(postgres::PgStore::connect(url, options)?), writers)
         } else if url.starts_with("sqlite:") {
             (Arc::new(sqlite::SqliteStore::open(url, options).await?), 1)
@@ -290,6 +295,9 @@ pub struct PoolOptions {
     pub max_connections: u32,
     /// How long a call waits for a connection before the database counts as unavailable.
     pub acquire_timeout: std::time::Duration,
+    /// PostgreSQL: how many group-commit batches of each kind (claims, completions) are written
+    /// at once. Fewer means larger batches and less database time per call.
+    pub write_batches: usize,
 }
 
 impl Default for PoolOptions {
@@ -297,6 +305,7 @@ impl Default for PoolOptions {
         PoolOptions {
             max_connections: 16,
             acquire_timeout: std::time::Duration::from_secs(3),
+            write_batches: 2,
         }
     }
 }

@@ -72,7 +72,7 @@ impl PgStore {
     /// `IN` may be re-run by the planner and pick more rows than the limit. SKIP LOCKED lets
     /// concurrent reconcilers on several servers pass each other's rows instead of waiting,
     /// and FOR UPDATE re-checks the condition on rows changed meanwhile.
-    const TAKE_UNRESOLVED: &str = concat!(
+    pub const TAKE_UNRESOLVED: &str = concat!(
         "WITH picked AS (SELECT tenant, key FROM ledger_entries WHERE ",
         unresolved_where!(),
         " ORDER BY started_at, key LIMIT $5 FOR UPDATE SKIP LOCKED) ",
@@ -84,7 +84,7 @@ impl PgStore {
     /// Claims many keys in one statement: one array per column, so the statement is the same
     /// for every batch size and stays prepared. Rows go in array order, so the first entry
     /// of a key wins; the others meet the conflict. Returns the tokens of the inserted rows.
-    const INSERT_MANY: &str = "INSERT INTO ledger_entries (tenant, key, run_id, tool, \
+    pub const INSERT_MANY: &str = "INSERT INTO ledger_entries (tenant, key, run_id, tool, \
         fingerprint, status, attempt, claim_token, result, error, retryable, principal, \
         started_at, finished_at, lease_expires_at, retention_us, expires_at, replay_count) \
         SELECT * FROM UNNEST($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], \
@@ -93,7 +93,7 @@ impl PgStore {
         ON CONFLICT (tenant, key) DO NOTHING RETURNING claim_token";
 
     /// [`sql::FINISH`] for many entries in one statement (one per key: see the batcher).
-    const FINISH_MANY: &str = concat!(
+    pub const FINISH_MANY: &str = concat!(
         "UPDATE ledger_entries AS e SET status = v.status, result = v.result, \
          error = v.error, retryable = v.retryable, \
          finished_at = CASE WHEN v.status IN ('SUCCEEDED', 'FAILED') THEN v.now END, \
@@ -112,7 +112,7 @@ impl PgStore {
     /// Deletes up to `$2` finished entries past their expiry at `$1`, picked once in a CTE
     /// (see [`PgStore::TAKE_UNRESOLVED`]); the locked pick is re-checked, so a row a claim
     /// restarted meanwhile (no expiry any more) is not deleted.
-    const PRUNE: &str = "WITH picked AS (SELECT tenant, key FROM ledger_entries \
+    pub const PRUNE: &str = "WITH picked AS (SELECT tenant, key FROM ledger_entries \
         WHERE expires_at <= $1 LIMIT $2 FOR UPDATE SKIP LOCKED) \
         DELETE FROM ledger_entries AS e USING picked \
         WHERE e.tenant = picked.tenant AND e.key = picked.key";
@@ -134,6 +134,7 @@ impl_store!(PgStore, {
             |f: fn(&Entry) -> Option<i64>| batch.iter().map(|(_, e)| f(e)).collect::<Vec<_>>();
         let tenants: Vec<&str> = batch.iter().map(|(t, _)| t.as_str()).collect();
         let inserted: Vec<String> = sqlx::query_scalar(Self::INSERT_MANY)
+            .persistent(false)
             .bind(tenants)
             .bind(col(|e| e.key.clone()))
             .bind(col(|e| e.run_id.clone()))
@@ -176,6 +177,7 @@ impl_store!(PgStore, {
         let col = |f: fn(&Finish) -> String| batch.iter().map(|(_, c)| f(c)).collect::<Vec<_>>();
         let tenants: Vec<&str> = batch.iter().map(|(t, _)| t.as_str()).collect();
         let rows: Vec<FinishedRow> = sqlx::query_as(Self::FINISH_MANY)
+            .persistent(false)
             .bind(tenants)
             .bind(col(|c| c.key.clone()))
             .bind(col(|c| c.claim_token.clone()))

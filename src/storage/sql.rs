@@ -12,21 +12,21 @@ macro_rules! entry_columns {
 }
 
 /// Claims a key: the primary key on (tenant, key) decides among concurrent claimants.
-pub(crate) const INSERT: &str = "INSERT INTO ledger_entries (tenant, key, run_id, tool, \
+pub const INSERT: &str = "INSERT INTO ledger_entries (tenant, key, run_id, tool, \
     fingerprint, status, attempt, claim_token, result, error, retryable, principal, started_at, \
     finished_at, lease_expires_at, retention_us, expires_at, replay_count) \
     VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18) \
     ON CONFLICT (tenant, key) DO NOTHING";
 
 /// Reads one entry.
-pub(crate) const GET: &str = concat!(
+pub const GET: &str = concat!(
     "SELECT ",
     entry_columns!(),
     " FROM ledger_entries WHERE tenant = $1 AND key = $2"
 );
 
 /// Starts a new attempt on a resolved entry that still carries the token the caller saw.
-pub(crate) const RESTART: &str = "UPDATE ledger_entries SET run_id = $3, tool = $4, \
+pub const RESTART: &str = "UPDATE ledger_entries SET run_id = $3, tool = $4, \
     fingerprint = $5, status = $6, attempt = $7, claim_token = $8, result = $9, error = $10, \
     retryable = $11, principal = $12, started_at = $13, finished_at = $14, \
     lease_expires_at = $15, retention_us = $16, expires_at = $17, replay_count = $18 \
@@ -37,7 +37,7 @@ pub(crate) const RESTART: &str = "UPDATE ledger_entries SET run_id = $3, tool = 
 /// ATTEMPTING (or also UNKNOWN when `$9`). A resolved outcome sets `finished_at` and
 /// `expires_at` from the entry's own retention, so the statement needs no prior read.
 /// Returns the entry as written and whether a claim waits for it.
-pub(crate) const FINISH: &str = concat!(
+pub const FINISH: &str = concat!(
     "UPDATE ledger_entries SET status = $4, result = $5, error = $6, retryable = $7, \
      finished_at = CASE WHEN $4 IN ('SUCCEEDED', 'FAILED') THEN $8 END, \
      expires_at = CASE WHEN $4 IN ('SUCCEEDED', 'FAILED') THEN $8 + retention_us END, \
@@ -51,7 +51,7 @@ pub(crate) const FINISH: &str = concat!(
 
 /// Counts a replay of a result that is still there for this request: SUCCEEDED, the same
 /// fingerprint `$3`, not expired at `$4`. Returns the entry with its new count.
-pub(crate) const REPLAY: &str = concat!(
+pub const REPLAY: &str = concat!(
     "UPDATE ledger_entries SET replay_count = replay_count + 1 \
      WHERE tenant = $1 AND key = $2 AND status = 'SUCCEEDED' AND fingerprint = $3 \
      AND expires_at > $4 RETURNING ",
@@ -61,21 +61,24 @@ pub(crate) const REPLAY: &str = concat!(
 /// Records what a reconciler found, fenced by the outcome being unknown at `$9` (reported
 /// UNKNOWN, or an attempt past its lease); no token, since the answer concerns the intent,
 /// whichever attempt made it happen.
-pub(crate) const RESOLVE: &str = "UPDATE ledger_entries SET status = $3, result = $4, \
+pub const RESOLVE: &str = "UPDATE ledger_entries SET status = $3, result = $4, \
     error = $5, retryable = $6, finished_at = $7, expires_at = $8, reconcile_until = NULL \
     WHERE tenant = $1 AND key = $2 \
     AND (status = 'UNKNOWN' OR (status = 'ATTEMPTING' AND lease_expires_at <= $9)) \
     RETURNING has_waiters";
 
 /// Notes that a claim waits for this attempt, so its completion is announced to other servers.
-pub(crate) const MARK_WAITING: &str = "UPDATE ledger_entries SET has_waiters = TRUE \
+pub const MARK_WAITING: &str = "UPDATE ledger_entries SET has_waiters = TRUE \
     WHERE tenant = $1 AND key = $2 AND status = 'ATTEMPTING' AND NOT has_waiters";
 
 /// The unresolved entries a reconciler may take at `$2`: outcome unknown, started at or before
-/// `$3`, of tool `$4` (or any when empty), not held by another reconciler.
+/// `$3`, of tool `$4` (or any when empty), not held by another reconciler. `expires_at IS NULL`
+/// (true of every unresolved entry) is what lets the pick use the partial index
+/// `ledger_entries_unresolved_by_start`; no statement on one entry says it, so their plans keep
+/// to the primary key (migration 0003).
 macro_rules! unresolved_where {
     () => {
-        "tenant = $1 \
+        "tenant = $1 AND expires_at IS NULL \
          AND (status = 'UNKNOWN' OR (status = 'ATTEMPTING' AND lease_expires_at <= $2)) \
          AND started_at <= $3 AND ($4 = '' OR tool = $4) \
          AND (reconcile_until IS NULL OR reconcile_until <= $2)"

@@ -12,6 +12,7 @@ mod grpc_api;
 mod health;
 mod no_panic;
 mod operations;
+mod plans;
 mod security;
 mod tenants;
 mod waiting;

@@ -74,6 +74,7 @@ impl TestDb {
         let options = PoolOptions {
             max_connections,
             acquire_timeout: Duration::from_secs(10),
+            ..PoolOptions::default()
         };
         let store = storage::open(&self.url, &options)
             .await
