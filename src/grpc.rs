@@ -265,6 +265,17 @@ impl LedgerService for LedgerApi {
             resolved: out.resolved.into_iter().map(entry).collect(),
         }))
     }
+
+    async fn list_entries(
+        &self,
+        request: Request<pb::ListEntriesRequest>,
+    ) -> Result<Response<pb::ListEntriesResponse>, Status> {
+        let _call = self.begin(Rpc::ListEntries, &request)?;
+        self.observe(
+            Rpc::ListEntries,
+            Err(Status::unimplemented("ListEntries is being built")),
+        )
+    }
 }
 
 fn margin(deadline: Instant) -> Duration {
@@ -396,6 +407,7 @@ fn entry(view: EntryView) -> pb::Entry {
         expires_at: e.expires_at.map(timestamp),
         replay_count: e.replay_count,
         external_ref: view.external_ref,
+        arguments_json: String::new(),
     }
 }
 

@@ -34,7 +34,7 @@ const CODES: [&str; 17] = [
 ];
 
 /// The RPCs counted, in the order of [`Rpc`].
-const RPCS: [&str; 4] = ["Claim", "Complete", "Lookup", "Reconcile"];
+const RPCS: [&str; 5] = ["Claim", "Complete", "Lookup", "Reconcile", "ListEntries"];
 
 /// One of the ledger's RPCs.
 #[derive(Clone, Copy, Debug)]
@@ -47,6 +47,8 @@ pub enum Rpc {
     Lookup = 2,
     /// `Reconcile`.
     Reconcile = 3,
+    /// `ListEntries`.
+    ListEntries = 4,
 }
 
 /// The ledger's counters; cheap to share, updated with relaxed atomics.
@@ -55,7 +57,7 @@ pub struct Metrics {
     /// Claims answered, by [`Outcome`] (claimed, replayed, in progress, previously failed).
     claims: [AtomicU64; 4],
     /// Calls handled, by RPC and gRPC code.
-    handled: [[AtomicU64; 17]; 4],
+    handled: [[AtomicU64; 17]; 5],
     /// Whether the last health probe reached the store.
     store_up: AtomicBool,
 }
