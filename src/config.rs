@@ -9,6 +9,7 @@ use std::time::Duration;
 use clap::{Args, Parser, Subcommand};
 
 use crate::domain::canonical::JsonLimits;
+use crate::domain::redact::{self, ArgumentsPolicy, Redaction};
 use crate::ledger::Limits;
 use crate::storage::PoolOptions;
 
@@ -45,6 +46,17 @@ pub enum Wakeup {
     Listen,
     /// Reading each watched key at an interval.
     Poll,
+}
+
+/// What of a claim's arguments the server keeps for audit.
+#[derive(clap::ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StoreArguments {
+    /// Nothing: ListEntries and Lookup show no arguments.
+    None,
+    /// The canonical arguments with members named like secrets replaced by "[REDACTED]".
+    Redacted,
+    /// The canonical arguments, whole.
+    Full,
 }
 
 /// Every setting of the server.
@@ -146,6 +158,30 @@ pub struct Settings {
         global = true
     )]
     pub external_ref_prefix: String,
+
+    /// What of each claim's arguments is kept for audit (ListEntries, Lookup): `none`,
+    /// `redacted` (canonical JSON with members named like secrets replaced by "[REDACTED]" at
+    /// any depth) or `full`. Keys and fingerprints always use the whole arguments.
+    #[arg(
+        long,
+        env = "LEDGER_STORE_ARGUMENTS",
+        value_enum,
+        default_value_t = StoreArguments::Redacted,
+        global = true
+    )]
+    pub store_arguments: StoreArguments,
+
+    /// A member name to redact besides the defaults (password, passwd, secret, client_secret,
+    /// token, access_token, refresh_token, api_key, authorization, cookie, private_key,
+    /// card_number, cvv, cvc). Repeat the flag, or separate names with commas. Names match
+    /// whole, in any case, ignoring `_` and `-` (`apiKey` is `api_key`).
+    #[arg(
+        long = "redact-field",
+        env = "LEDGER_REDACT_FIELDS",
+        value_delimiter = ',',
+        global = true
+    )]
+    pub redact_fields: Vec<String>,
 
     /// How long a reconciler holds the unresolved entries a Reconcile handed it; other
     /// reconcilers get them again only after it passed.
@@ -299,6 +335,18 @@ impl Settings {
                 max_depth: self.max_json_depth,
             },
             max_result_bytes: self.max_result_bytes,
+            arguments: match self.store_arguments {
+                StoreArguments::None => ArgumentsPolicy::None,
+                StoreArguments::Full => ArgumentsPolicy::Full,
+                StoreArguments::Redacted => ArgumentsPolicy::Redacted(Redaction::new(
+                    redact::DEFAULT_FIELDS
+                        .iter()
+                        .copied()
+                        .chain(self.redact_fields.iter().map(String::as_str)),
+                )),
+            },
+            list_default_page_size: 100,
+            list_max_page_size: 1000,
             external_ref_prefix: self.external_ref_prefix.clone(),
             reconcile_lease: self.reconcile_lease,
             reconcile_default_limit: self.reconcile_default_limit,

@@ -16,7 +16,7 @@ use crate::domain::canonical::Canonicalization;
 use crate::domain::{FinalStatus, Micros};
 use crate::error::LedgerError;
 use crate::ledger::{
-    ClaimInput, ClaimOutput, CompleteInput, EntryView, Ledger, LookupInput, Outcome,
+    ClaimInput, ClaimOutput, CompleteInput, EntryView, Ledger, ListInput, LookupInput, Outcome,
     ReconcileInput, ResolutionInput, Tenant,
 };
 use crate::metrics::{Metrics, Rpc};
@@ -221,7 +221,7 @@ impl LedgerService for LedgerApi {
         .await;
         let view = self.observe(Rpc::Lookup, view)?;
         Ok(Response::new(pb::LookupResponse {
-            entry: Some(entry(view)),
+            entry: Some(audited_entry(view)),
         }))
     }
 
@@ -270,11 +270,33 @@ impl LedgerService for LedgerApi {
         &self,
         request: Request<pb::ListEntriesRequest>,
     ) -> Result<Response<pb::ListEntriesResponse>, Status> {
-        let _call = self.begin(Rpc::ListEntries, &request)?;
-        self.observe(
-            Rpc::ListEntries,
-            Err(Status::unimplemented("ListEntries is being built")),
-        )
+        let Call {
+            tenant,
+            deadline,
+            permit,
+        } = self.begin(Rpc::ListEntries, &request)?;
+        let r = request.into_inner();
+        let input = ListInput {
+            run_id: r.run_id,
+            tool: r.tool,
+            status: status_filter(r.status)?,
+            started_after: instant("started_after", r.started_after)?,
+            started_before: instant("started_before", r.started_before)?,
+            page_size: u32::try_from(r.page_size).map_err(|_| {
+                Status::from(LedgerError::invalid("page_size", "must not be negative"))
+            })?,
+            page_token: r.page_token,
+        };
+        let ledger = self.ledger.clone();
+        let out = run(deadline, permit, async move {
+            ledger.list_entries(&tenant, input).await
+        })
+        .await;
+        let out = self.observe(Rpc::ListEntries, out)?;
+        Ok(Response::new(pb::ListEntriesResponse {
+            entries: out.entries.into_iter().map(audited_entry).collect(),
+            next_page_token: out.next_page_token,
+        }))
     }
 }
 
@@ -388,6 +410,49 @@ fn status(s: crate::domain::Status) -> pb::Status {
     }
 }
 
+/// A state a listing may filter by; unspecified means any.
+fn status_filter(value: i32) -> Result<Option<crate::domain::Status>, Status> {
+    use crate::domain::Status as S;
+    match pb::Status::try_from(value) {
+        Ok(pb::Status::Unspecified) => Ok(None),
+        Ok(pb::Status::Attempting) => Ok(Some(S::Attempting)),
+        Ok(pb::Status::Succeeded) => Ok(Some(S::Succeeded)),
+        Ok(pb::Status::Failed) => Ok(Some(S::Failed)),
+        Ok(pb::Status::Unknown) => Ok(Some(S::Unknown)),
+        Err(_) => {
+            Err(LedgerError::invalid("status", format!("{value} is not a Status value")).into())
+        }
+    }
+}
+
+/// A proto timestamp as microseconds since the epoch; unset stays `None`, malformed is
+/// refused.
+fn instant(
+    field: &'static str,
+    value: Option<prost_types::Timestamp>,
+) -> Result<Option<Micros>, Status> {
+    let Some(t) = value else { return Ok(None) };
+    if !(0..1_000_000_000).contains(&t.nanos) {
+        return Err(LedgerError::invalid(field, "nanos must be within 0..999999999").into());
+    }
+    t.seconds
+        .checked_mul(1_000_000)
+        .and_then(|us| us.checked_add(i64::from(t.nanos / 1000)))
+        .map(|us| Some(Micros(us)))
+        .ok_or_else(|| LedgerError::invalid(field, "is out of range").into())
+}
+
+/// An entry with the arguments kept for audit: what Lookup and ListEntries answer.
+fn audited_entry(mut view: EntryView) -> pb::Entry {
+    let arguments = view.entry.arguments.take().unwrap_or_default();
+    pb::Entry {
+        arguments_json: arguments,
+        ..entry(view)
+    }
+}
+
+/// An entry as Claim, Complete and Reconcile answer it: about the outcome, without the
+/// stored arguments.
 fn entry(view: EntryView) -> pb::Entry {
     let e = view.entry;
     pb::Entry {

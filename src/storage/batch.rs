@@ -19,7 +19,7 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use async_trait::async_trait;
 use tokio::sync::{Semaphore, mpsc, oneshot};
 
-use super::{Finish, Finished, Store, StoreError, StoreResult, UnresolvedQuery};
+use super::{Finish, Finished, ListQuery, Store, StoreError, StoreResult, UnresolvedQuery};
 use crate::domain::{Entry, Micros};
 
 /// The most requests one statement carries.
@@ -345,6 +345,10 @@ impl Store for GroupCommit {
 
     async fn prune(&self, now: Micros, limit: u32) -> StoreResult<u64> {
         self.inner.prune(now, limit).await
+    }
+
+    async fn list(&self, tenant: &str, query: &ListQuery) -> StoreResult<Vec<Entry>> {
+        self.inner.list(tenant, query).await
     }
 
     async fn mark_waiting(&self, tenant: &str, key: &str) -> StoreResult<()> {

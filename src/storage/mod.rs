@@ -178,6 +178,13 @@ pub trait Store: Send + Sync + 'static {
     /// `Unavailable` or `Internal` as the database fails.
     async fn prune(&self, now: Micros, limit: u32) -> StoreResult<u64>;
 
+    /// A page of the tenant's entries that match `query`, by started_at and then key, with
+    /// their stored arguments.
+    ///
+    /// # Errors
+    /// `Unavailable` or `Internal` as the database fails.
+    async fn list(&self, tenant: &str, query: &ListQuery) -> StoreResult<Vec<Entry>>;
+
     /// Notes that a claim waits for the current attempt of (tenant, key), so that its
     /// completion is announced to other servers sharing the database.
     ///
@@ -243,6 +250,27 @@ impl TryFrom<FinishedRow> for Finished {
             has_waiters: r.has_waiters,
         })
     }
+}
+
+/// Which of a tenant's entries a listing asks for, and where the page starts.
+#[derive(Clone, Debug)]
+pub struct ListQuery {
+    /// Only this run's entries; any run when empty.
+    pub run_id: String,
+    /// Only this tool's entries; any tool when empty.
+    pub tool: String,
+    /// Only entries in this state as Lookup reports it at `now`.
+    pub status: Option<crate::domain::Status>,
+    /// Only entries whose current attempt started at or after this.
+    pub started_from: Micros,
+    /// Only entries whose current attempt started before this.
+    pub started_before: Micros,
+    /// Only entries after this (started_at, key) in the listing's order: the page cursor.
+    pub after: Option<(Micros, String)>,
+    /// At most this many entries.
+    pub limit: u32,
+    /// The time an attempt's lease is judged at.
+    pub now: Micros,
 }
 
 /// Which unresolved entries a reconciler asks for, and how long it holds them.
@@ -357,6 +385,9 @@ pub(crate) struct EntryRow {
     pub retention_us: i64,
     pub expires_at: Option<i64>,
     pub replay_count: i64,
+    /// Read only by the statements that select it (Lookup's and the listings).
+    #[sqlx(default)]
+    pub arguments: Option<String>,
 }
 
 impl TryFrom<EntryRow> for Entry {
@@ -383,6 +414,7 @@ impl TryFrom<EntryRow> for Entry {
             retention: Micros(r.retention_us),
             expires_at: r.expires_at.map(Micros),
             replay_count: non_negative(r.replay_count, "replay_count")?,
+            arguments: r.arguments,
         })
     }
 }

@@ -5,6 +5,7 @@
 #[macro_use]
 mod support;
 
+mod audit;
 mod concurrency;
 mod conformance;
 mod faults;
