@@ -12,6 +12,7 @@ use crate::domain::canonical::JsonLimits;
 use crate::domain::redact::{self, ArgumentsPolicy, Redaction};
 use crate::ledger::Limits;
 use crate::storage::PoolOptions;
+use crate::telemetry::LogFormat;
 
 /// An idempotency ledger for AI agents' tool calls: claim a key before acting, complete it with
 /// the result, and get the stored result back on a repeat.
@@ -95,6 +96,17 @@ pub struct Settings {
     /// PEM private key of --tls-cert.
     #[arg(long, env = "LEDGER_TLS_KEY", requires = "tls_cert", global = true)]
     pub tls_key: Option<PathBuf>,
+
+    /// Log format on stderr: `text` (one line per event) or `json` (one object per line, with
+    /// the call span's fields). `RUST_LOG` chooses what is logged (default `info`).
+    #[arg(
+        long,
+        env = "LEDGER_LOG_FORMAT",
+        value_enum,
+        default_value_t = LogFormat::Text,
+        global = true
+    )]
+    pub log_format: LogFormat,
 
     /// Address of a Prometheus text endpoint (`GET /metrics`). Off when unset.
     #[arg(long, env = "LEDGER_METRICS_LISTEN", global = true)]
@@ -486,6 +498,14 @@ mod tests {
         ]);
         assert_eq!(cli.command, Some(Command::Migrate));
         assert_eq!(cli.settings.database_url, "sqlite://x.db");
+    }
+
+    #[test]
+    fn the_log_format_is_text_unless_json_is_asked_for() {
+        assert_eq!(Settings::defaults().log_format, LogFormat::Text);
+        let cli = Cli::parse_from(["idempotency-ledger", "--log-format", "json"]);
+        assert_eq!(cli.settings.log_format, LogFormat::Json);
+        assert!(Cli::try_parse_from(["idempotency-ledger", "--log-format", "xml"]).is_err());
     }
 
     #[test]

@@ -10,6 +10,7 @@ use std::time::Duration;
 use tokio::sync::OwnedSemaphorePermit;
 use tokio::time::Instant;
 use tonic::{Request, Response, Status};
+use tracing::Instrument as _;
 
 use crate::admission::Admission;
 use crate::domain::canonical::Canonicalization;
@@ -20,6 +21,7 @@ use crate::ledger::{
     ReconcileInput, ResolutionInput, Tenant,
 };
 use crate::metrics::{Metrics, Rpc};
+use crate::telemetry;
 
 /// The generated protobuf types and service traits of `idempotency.v1`.
 #[allow(clippy::all, missing_docs)]
@@ -96,6 +98,7 @@ impl LedgerApi {
             .ok_or_else(|| {
                 Status::from(LedgerError::Internal("no tenant on the request".into()))
             })?;
+        telemetry::record_tenant(&tenant);
         let limit = Instant::now() + self.request_timeout;
         let deadline = request
             .metadata()
@@ -147,6 +150,7 @@ impl LedgerService for LedgerApi {
             wait: duration("wait", r.wait)?,
             principal: r.principal,
         };
+        telemetry::record_request(&input.tool, &input.key);
         // A wait ends a little before the call's deadline, so the caller gets IN_PROGRESS
         // rather than an expired call.
         if let Some(wait) = input.wait {
@@ -162,8 +166,7 @@ impl LedgerService for LedgerApi {
         .await;
         let out = self.observe(Rpc::Claim, out)?;
         self.metrics.claim(out.outcome);
-        tracing::debug!(tool = %out.entry.entry.tool, key = %key_prefix(&out.entry.entry.key),
-            outcome = ?out.outcome, attempt = out.entry.entry.attempt, "claim");
+        telemetry::record_claim(&out);
         Ok(Response::new(claim_response(out)))
     }
 
@@ -185,12 +188,14 @@ impl LedgerService for LedgerApi {
             error: r.error,
             retryable: r.retryable,
         };
+        telemetry::record_request("", &input.key);
         let ledger = self.ledger.clone();
         let out = run(deadline, permit, async move {
             ledger.complete(&tenant, input).await
         })
         .await;
         let out = self.observe(Rpc::Complete, out)?;
+        telemetry::record_entry(&out.entry);
         Ok(Response::new(pb::CompleteResponse {
             entry: Some(entry(out.entry)),
             already_completed: out.already_completed,
@@ -214,12 +219,14 @@ impl LedgerService for LedgerApi {
             arguments_json: r.arguments_json,
             canonicalization: canonicalization(r.canonicalization)?,
         };
+        telemetry::record_request(&input.tool, &input.key);
         let ledger = self.ledger.clone();
         let view = run(deadline, permit, async move {
             ledger.lookup(&tenant, input).await
         })
         .await;
         let view = self.observe(Rpc::Lookup, view)?;
+        telemetry::record_entry(&view);
         Ok(Response::new(pb::LookupResponse {
             entry: Some(audited_entry(view)),
         }))
@@ -254,6 +261,7 @@ impl LedgerService for LedgerApi {
             limit: r.limit,
             resolutions,
         };
+        telemetry::record_request(&input.tool, "");
         let ledger = self.ledger.clone();
         let out = run(deadline, permit, async move {
             ledger.reconcile(&tenant, input).await
@@ -312,11 +320,15 @@ where
     T: Send + 'static,
     F: Future<Output = Result<T, LedgerError>> + Send + 'static,
 {
-    let task = tokio::spawn(async move {
-        let done = work.await;
-        drop(permit);
-        done
-    });
+    // In the call's span, so what the ledger and the store log is the call's.
+    let task = tokio::spawn(
+        async move {
+            let done = work.await;
+            drop(permit);
+            done
+        }
+        .instrument(tracing::Span::current()),
+    );
     match tokio::time::timeout_at(deadline - margin(deadline), task).await {
         Ok(joined) => joined
             .map_err(|e| LedgerError::Internal(format!("request task failed: {e}")))?
@@ -490,11 +502,6 @@ fn claim_response(out: ClaimOutput) -> pb::ClaimResponse {
         note: out.note,
         retry_after: out.retry_after.map(proto_duration),
     }
-}
-
-/// The first 12 characters of a key: enough to find it in the store, short enough for logs.
-fn key_prefix(key: &str) -> &str {
-    key.get(..12).unwrap_or(key)
 }
 
 #[cfg(test)]

@@ -20,6 +20,8 @@
 //!   servers.
 //! - [`metrics`]: counters and the optional Prometheus endpoint.
 //! - [`config`]: the command line; every flag has an environment variable.
+//! - [`telemetry`]: the log subscriber (text or JSON), one span and one access line per RPC,
+//!   W3C trace context.
 
 pub mod admission;
 pub mod auth;
@@ -31,4 +33,5 @@ pub mod ledger;
 pub mod metrics;
 pub mod server;
 pub mod storage;
+pub mod telemetry;
 pub mod wait;

@@ -196,6 +196,8 @@ pub async fn serve(
             .map_err(|e| ServeError::Config(format!("TLS: {e}")))?;
     }
     let server = builder
+        // Outermost, so the access log sees the code the caller gets after the rewrite.
+        .layer(crate::telemetry::CallLogLayer)
         .layer(tower::util::MapResponseLayer::new(rewrite_library_errors))
         .add_service(health_service)
         .add_service(reflection_v1)

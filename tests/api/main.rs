@@ -11,6 +11,7 @@ mod conformance;
 mod faults;
 mod grpc_api;
 mod health;
+mod logs;
 mod no_panic;
 mod operations;
 mod plans;
