@@ -295,6 +295,7 @@ impl LedgerService for LedgerApi {
             })?,
             page_token: r.page_token,
         };
+        telemetry::record_request(&input.tool, "");
         let ledger = self.ledger.clone();
         let out = run(deadline, permit, async move {
             ledger.list_entries(&tenant, input).await
