@@ -10,6 +10,7 @@ mod conformance;
 mod faults;
 mod grpc_api;
 mod health;
+mod metrics;
 mod no_panic;
 mod operations;
 mod plans;
