@@ -11,6 +11,7 @@ use clap::{Args, Parser, Subcommand};
 use crate::domain::canonical::JsonLimits;
 use crate::domain::redact::{self, ArgumentsPolicy, Redaction};
 use crate::ledger::Limits;
+use crate::metrics::MetricsOptions;
 use crate::storage::PoolOptions;
 use crate::telemetry::LogFormat;
 
@@ -111,6 +112,37 @@ pub struct Settings {
     /// Address of a Prometheus text endpoint (`GET /metrics`). Off when unset.
     #[arg(long, env = "LEDGER_METRICS_LISTEN", global = true)]
     pub metrics_listen: Option<SocketAddr>,
+
+    /// How often the metrics gauges read from the store (unresolved entries of every tenant,
+    /// the same figure on every server sharing it) are refreshed, and the replay alarm is
+    /// checked. Only with --metrics-listen.
+    #[arg(long, env = "LEDGER_METRICS_REFRESH_INTERVAL", default_value = "15s", value_parser = parse_duration, global = true)]
+    pub metrics_refresh_interval: Duration,
+
+    /// How many distinct tool names get their own `tool` label value in the metrics; later
+    /// ones count as `other`, so that the series stay bounded.
+    #[arg(
+        long,
+        env = "LEDGER_METRICS_MAX_TOOLS",
+        default_value_t = 50,
+        global = true
+    )]
+    pub metrics_max_tools: usize,
+
+    /// The sliding window of the replay ratio and the replay alarm (it slides by 1/60 of its
+    /// length).
+    #[arg(long, env = "LEDGER_REPLAY_ALARM_WINDOW", default_value = "15m", value_parser = parse_duration, global = true)]
+    pub replay_alarm_window: Duration,
+
+    /// Claims the replay window must hold before "not one replay" raises the alarm (a gauge
+    /// and a warning logged once per window); 0 turns the alarm off.
+    #[arg(
+        long,
+        env = "LEDGER_REPLAY_ALARM_MIN_CLAIMS",
+        default_value_t = 100,
+        global = true
+    )]
+    pub replay_alarm_min_claims: u64,
 
     /// Lease of a claim that sets none: how long the claimant may take before its attempt
     /// counts as unknown.
@@ -370,6 +402,15 @@ impl Settings {
         }
     }
 
+    /// The metrics' label and alarm settings.
+    pub fn metrics_options(&self) -> MetricsOptions {
+        MetricsOptions {
+            max_tools: self.metrics_max_tools,
+            alarm_window: self.replay_alarm_window,
+            alarm_min_claims: self.replay_alarm_min_claims,
+        }
+    }
+
     /// Whether this server should LISTEN for other servers' announcements.
     pub fn listens(&self) -> bool {
         self.wait_wakeup == Wakeup::Listen
@@ -411,6 +452,11 @@ impl Settings {
         }
         if self.prune_batch_size == 0 || self.wait_poll_interval.is_zero() {
             return Err("--prune-batch-size and --wait-poll-interval must be positive".into());
+        }
+        if self.metrics_refresh_interval.is_zero() || self.replay_alarm_window.is_zero() {
+            return Err(
+                "--metrics-refresh-interval and --replay-alarm-window must be positive".into(),
+            );
         }
         if self.max_json_depth == 0 || self.max_arguments_bytes == 0 {
             return Err("--max-json-depth and --max-arguments-bytes must be positive".into());

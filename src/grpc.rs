@@ -117,12 +117,12 @@ impl LedgerApi {
         })
     }
 
-    /// Counts a call's gRPC code and passes its result on.
-    fn observe<T>(&self, rpc: Rpc, result: Result<T, Status>) -> Result<T, Status> {
-        let code = result
-            .as_ref()
-            .map_or_else(Status::code, |_| tonic::Code::Ok);
-        self.metrics.handled(rpc, code);
+    /// Counts a call that failed for the store's sake, and passes its result on. (Every
+    /// call's code is counted around the service, by [`crate::metrics::GrpcMetricsLayer`].)
+    fn observe<T>(&self, _rpc: Rpc, result: Result<T, Status>) -> Result<T, Status> {
+        if let Err(status) = &result {
+            self.metrics.call_failed(status.code());
+        }
         result
     }
 }
@@ -160,12 +160,16 @@ impl LedgerService for LedgerApi {
             input.wait = Some(wait.min(remaining.saturating_sub(reserve)));
         }
         let ledger = self.ledger.clone();
+        // Counted in the task, with the store's change: a replay counts even if the caller's
+        // deadline passed before it got the answer.
+        let (metrics, tool) = (self.metrics.clone(), input.tool.clone());
         let out = run(deadline, permit, async move {
-            ledger.claim(&tenant, input).await
+            let out = ledger.claim(&tenant, input).await;
+            metrics.claim(&tool, &out);
+            out
         })
         .await;
         let out = self.observe(Rpc::Claim, out)?;
-        self.metrics.claim(out.outcome);
         telemetry::record_claim(&out);
         Ok(Response::new(claim_response(out)))
     }
@@ -190,8 +194,11 @@ impl LedgerService for LedgerApi {
         };
         telemetry::record_request("", &input.key);
         let ledger = self.ledger.clone();
+        let (metrics, status) = (self.metrics.clone(), input.status);
         let out = run(deadline, permit, async move {
-            ledger.complete(&tenant, input).await
+            let out = ledger.complete(&tenant, input).await;
+            metrics.complete(status, &out);
+            out
         })
         .await;
         let out = self.observe(Rpc::Complete, out)?;
@@ -263,8 +270,14 @@ impl LedgerService for LedgerApi {
         };
         telemetry::record_request(&input.tool, "");
         let ledger = self.ledger.clone();
+        let metrics = self.metrics.clone();
+        let statuses: Vec<FinalStatus> = input.resolutions.iter().map(|r| r.status).collect();
         let out = run(deadline, permit, async move {
-            ledger.reconcile(&tenant, input).await
+            let out = ledger.reconcile(&tenant, input).await;
+            if out.is_ok() {
+                metrics.resolutions(statuses);
+            }
+            out
         })
         .await;
         let out = self.observe(Rpc::Reconcile, out)?;

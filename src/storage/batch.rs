@@ -19,7 +19,10 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use async_trait::async_trait;
 use tokio::sync::{Semaphore, mpsc, oneshot};
 
-use super::{Finish, Finished, ListQuery, Store, StoreError, StoreResult, UnresolvedQuery};
+use super::{
+    Finish, Finished, ListQuery, PoolStats, Store, StoreError, StoreResult, UnresolvedCount,
+    UnresolvedQuery,
+};
 use crate::domain::{Entry, Micros};
 
 /// The most requests one statement carries.
@@ -361,5 +364,13 @@ impl Store for GroupCommit {
 
     fn subscribe(&self) -> Option<mpsc::Receiver<(String, String)>> {
         self.inner.subscribe()
+    }
+
+    async fn count_unresolved(&self, now: Micros) -> StoreResult<UnresolvedCount> {
+        self.inner.count_unresolved(now).await
+    }
+
+    fn pool_stats(&self) -> PoolStats {
+        self.inner.pool_stats()
     }
 }

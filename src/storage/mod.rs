@@ -206,6 +206,37 @@ pub trait Store: Send + Sync + 'static {
     fn subscribe(&self) -> Option<tokio::sync::mpsc::Receiver<(String, String)>> {
         None
     }
+
+    /// Counts the unresolved entries of every tenant at `now` (for the metrics gauge, which
+    /// every server sharing the database reports alike): reported UNKNOWN or past their
+    /// lease, and attempts still in their lease.
+    ///
+    /// # Errors
+    /// `Unavailable` or `Internal` as the database fails.
+    async fn count_unresolved(&self, now: Micros) -> StoreResult<UnresolvedCount>;
+
+    /// How the connection pool is used right now (for the metrics gauges); no database call.
+    fn pool_stats(&self) -> PoolStats;
+}
+
+/// The unresolved entries of the whole store, by the status callers would be told.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, sqlx::FromRow)]
+pub struct UnresolvedCount {
+    /// Reported UNKNOWN, or ATTEMPTING past its lease: waiting for a reconciler.
+    pub unknown: i64,
+    /// ATTEMPTING within its lease: a claimant is acting now.
+    pub attempting: i64,
+}
+
+/// A snapshot of a store's connection pool.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct PoolStats {
+    /// Connections open and lent to a statement now.
+    pub in_use: u32,
+    /// Connections open and idle.
+    pub idle: u32,
+    /// The most connections the pool opens (`--db-max-connections`).
+    pub max: u32,
 }
 
 /// A claimant's outcome to record.

@@ -72,6 +72,18 @@ pub const RESOLVE: &str = "UPDATE ledger_entries SET status = $3, result = $4, \
 pub const MARK_WAITING: &str = "UPDATE ledger_entries SET has_waiters = TRUE \
     WHERE tenant = $1 AND key = $2 AND status = 'ATTEMPTING' AND NOT has_waiters";
 
+/// Counts every tenant's unresolved entries at `$1`, split by what callers are told: UNKNOWN
+/// (reported, or an attempt past its lease) and ATTEMPTING (in its lease). `expires_at IS NULL`
+/// is exactly "unresolved" (the CHECK constraint resolved_entries_expire) and matches the
+/// partial index `ledger_entries_unresolved_by_start`, so the count reads only the backlog.
+/// SUM over CASE rather than FILTER: the same text runs on both backends.
+pub const COUNT_UNRESOLVED: &str = "SELECT \
+    COALESCE(SUM(CASE WHEN status = 'ATTEMPTING' AND lease_expires_at > $1 THEN 0 ELSE 1 END), 0) \
+        AS unknown, \
+    COALESCE(SUM(CASE WHEN status = 'ATTEMPTING' AND lease_expires_at > $1 THEN 1 ELSE 0 END), 0) \
+        AS attempting \
+    FROM ledger_entries WHERE expires_at IS NULL";
+
 /// The unresolved entries a reconciler may take at `$2`: outcome unknown, started at or before
 /// `$3`, of tool `$4` (or any when empty), not held by another reconciler. `expires_at IS NULL`
 /// (true of every unresolved entry) is what lets the pick use the partial index
@@ -321,6 +333,24 @@ macro_rules! impl_store {
                 .await
                 .map_err(StoreError::from_sqlx)?;
             Ok(())
+        }
+
+        async fn count_unresolved(&self, now: Micros) -> StoreResult<super::UnresolvedCount> {
+            sqlx::query_as(sql::COUNT_UNRESOLVED)
+                .bind(now.0)
+                .fetch_one(&self.pool)
+                .await
+                .map_err(StoreError::from_sqlx)
+        }
+
+        fn pool_stats(&self) -> super::PoolStats {
+            let size = self.pool.size();
+            let idle = u32::try_from(self.pool.num_idle()).unwrap_or(u32::MAX).min(size);
+            super::PoolStats {
+                in_use: size - idle,
+                idle,
+                max: self.pool.options().get_max_connections(),
+            }
         }
 
         }

@@ -12,6 +12,7 @@ mod faults;
 mod grpc_api;
 mod health;
 mod logs;
+mod metrics;
 mod no_panic;
 mod operations;
 mod plans;
