@@ -6,11 +6,13 @@
 //! specified in the project's contract; the README is the user's guide.
 //!
 //! # Layout
-//! - [`domain`]: keys (RFC 8785 canonical JSON, derivation, field validation) and the entry
-//!   state machine. No tonic, no sqlx: unit-tested on its own.
+//! - [`domain`]: keys (RFC 8785 canonical JSON, derivation, field validation), what of the
+//!   arguments is kept for audit (redaction), and the entry state machine. No tonic, no sqlx:
+//!   unit-tested on its own.
 //! - [`storage`]: the [`storage::Store`] trait and its PostgreSQL and SQLite implementations;
 //!   `sqlx::Error` never leaves it.
-//! - [`ledger`]: the use cases (Claim, Complete, Lookup) driving the domain over a store.
+//! - [`ledger`]: the use cases (Claim, Complete, Lookup, Reconcile, ListEntries) driving the
+//!   domain over a store.
 //! - [`grpc`]: the generated `idempotency.v1` types and the service, converting proto ↔ domain.
 //! - [`error`]: the one error type and the one mapping to gRPC codes and details.
 //! - [`admission`]: load shedding and per-tenant rate limits.
