@@ -20,6 +20,8 @@
 //!   servers.
 //! - [`metrics`]: counters and the optional Prometheus endpoint.
 //! - [`config`]: the command line; every flag has an environment variable.
+//! - [`inspect`]: the `entries` and `entry` subcommands, a gRPC client that prints what a
+//!   running server holds.
 
 pub mod admission;
 pub mod auth;
@@ -27,6 +29,7 @@ pub mod config;
 pub mod domain;
 pub mod error;
 pub mod grpc;
+pub mod inspect;
 pub mod ledger;
 pub mod metrics;
 pub mod server;
