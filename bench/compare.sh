@@ -204,6 +204,9 @@ log "PostgreSQL on port $PGPORT, migrated"
 TENANT=default
 TOOL=issue_credit
 # What ledger-bench's Complete stores, byte for byte (src/bin/ledger-bench.rs RESULT).
+# What the server keeps of ledger-bench's arguments for audit: their canonical form (nothing
+# in them is redacted).
+ARGUMENTS='{"amount":200,"currency":"EUR","customer":"c-42"}'
 RESULT='{"credit_id":"cr-7f3a9c2e41","status":"issued","amount":200,"currency":"EUR","ref":"L-2026-0000042"}'
 # The fingerprint the server derives for ledger-bench's tool and arguments.
 FINGERPRINT=d839cebaba2b8c0d6298b424549d4127ede041d1d4d491f0fe62163d1f55f51e
@@ -214,7 +217,7 @@ RUN_TAG=r$(date +%s)
 pgbench_defs() {
     printf -- '-D\n%s\n' "tenant=$TENANT" "tool=$TOOL" "fingerprint=$FINGERPRINT" \
         "attempting=ATTEMPTING" "succeeded=SUCCEEDED" "also_unknown=false" "lease_us=$LEASE_US" \
-        "retention_us=$RETENTION_US" "result=$RESULT" "run_tag=$RUN_TAG-$1" \
+        "retention_us=$RETENTION_US" "result=$RESULT" "arguments=$ARGUMENTS" "run_tag=$RUN_TAG-$1" \
         "run_id=bench-pgbench-$RUN_TAG-$1" "hot_keys=$HOT_KEYS"
 }
 

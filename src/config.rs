@@ -10,8 +10,11 @@ use std::time::Duration;
 use clap::{Args, Parser, Subcommand};
 
 use crate::domain::canonical::JsonLimits;
+use crate::domain::redact::{self, ArgumentsPolicy, Redaction};
 use crate::ledger::Limits;
+use crate::metrics::MetricsOptions;
 use crate::storage::PoolOptions;
+use crate::telemetry::LogFormat;
 
 /// An idempotency ledger for AI agents' tool calls: claim a key before acting, complete it with
 /// the result, and get the stored result back on a repeat.
@@ -54,6 +57,17 @@ pub enum Wakeup {
     Poll,
 }
 
+/// What of a claim's arguments the server keeps for audit.
+#[derive(clap::ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StoreArguments {
+    /// Nothing: ListEntries and Lookup show no arguments.
+    None,
+    /// The canonical arguments with members named like secrets replaced by "[REDACTED]".
+    Redacted,
+    /// The canonical arguments, whole.
+    Full,
+}
+
 /// Every setting of the server.
 #[derive(Args, Debug, Clone)]
 pub struct Settings {
@@ -91,9 +105,51 @@ pub struct Settings {
     #[arg(long, env = "LEDGER_TLS_KEY", requires = "tls_cert", global = true)]
     pub tls_key: Option<PathBuf>,
 
+    /// Log format on stderr: `text` (one line per event) or `json` (one object per line, with
+    /// the call span's fields). `RUST_LOG` chooses what is logged (default `info`).
+    #[arg(
+        long,
+        env = "LEDGER_LOG_FORMAT",
+        value_enum,
+        default_value_t = LogFormat::Text,
+        global = true
+    )]
+    pub log_format: LogFormat,
+
     /// Address of a Prometheus text endpoint (`GET /metrics`). Off when unset.
     #[arg(long, env = "LEDGER_METRICS_LISTEN", global = true)]
     pub metrics_listen: Option<SocketAddr>,
+
+    /// How often the metrics gauges read from the store (unresolved entries of every tenant,
+    /// the same figure on every server sharing it) are refreshed, and the replay alarm is
+    /// checked. Only with --metrics-listen.
+    #[arg(long, env = "LEDGER_METRICS_REFRESH_INTERVAL", default_value = "15s", value_parser = parse_duration, global = true)]
+    pub metrics_refresh_interval: Duration,
+
+    /// How many distinct tool names get their own `tool` label value in the metrics; later
+    /// ones count as `other`, so that the series stay bounded.
+    #[arg(
+        long,
+        env = "LEDGER_METRICS_MAX_TOOLS",
+        default_value_t = 50,
+        global = true
+    )]
+    pub metrics_max_tools: usize,
+
+    /// The sliding window of the replay ratio and the replay alarm (it slides by 1/60 of its
+    /// length).
+    #[arg(long, env = "LEDGER_REPLAY_ALARM_WINDOW", default_value = "15m", value_parser = parse_duration, global = true)]
+    pub replay_alarm_window: Duration,
+
+    /// Claims the replay window must hold before "not one replay" raises the alarm (a gauge
+    /// and a warning logged once per window); 0 turns the alarm off.
+    #[arg(
+        long,
+        env = "LEDGER_REPLAY_ALARM_MIN_CLAIMS",
+        default_value_t = 100,
+        global = true
+    )]
+    pub replay_alarm_min_claims: u64,
 
     /// Lease of a claim that sets none: how long the claimant may take before its attempt
     /// counts as unknown.
@@ -153,6 +209,30 @@ pub struct Settings {
         global = true
     )]
     pub external_ref_prefix: String,
+
+    /// What of each claim's arguments is kept for audit (ListEntries, Lookup): `none`,
+    /// `redacted` (canonical JSON with members named like secrets replaced by "[REDACTED]" at
+    /// any depth) or `full`. Keys and fingerprints always use the whole arguments.
+    #[arg(
+        long,
+        env = "LEDGER_STORE_ARGUMENTS",
+        value_enum,
+        default_value_t = StoreArguments::Redacted,
+        global = true
+    )]
+    pub store_arguments: StoreArguments,
+
+    /// A member name to redact besides the defaults (password, passwd, secret, client_secret,
+    /// token, access_token, refresh_token, api_key, authorization, cookie, private_key,
+    /// card_number, cvv, cvc). Repeat the flag, or separate names with commas. Names match
+    /// whole, in any case, ignoring `_` and `-` (`apiKey` is `api_key`).
+    #[arg(
+        long = "redact-field",
+        env = "LEDGER_REDACT_FIELDS",
+        value_delimiter = ',',
+        global = true
+    )]
+    pub redact_fields: Vec<String>,
 
     /// How long a reconciler holds the unresolved entries a Reconcile handed it; other
     /// reconcilers get them again only after it passed.
@@ -306,6 +386,18 @@ impl Settings {
                 max_depth: self.max_json_depth,
             },
             max_result_bytes: self.max_result_bytes,
+            arguments: match self.store_arguments {
+                StoreArguments::None => ArgumentsPolicy::None,
+                StoreArguments::Full => ArgumentsPolicy::Full,
+                StoreArguments::Redacted => ArgumentsPolicy::Redacted(Redaction::new(
+                    redact::DEFAULT_FIELDS
+                        .iter()
+                        .copied()
+                        .chain(self.redact_fields.iter().map(String::as_str)),
+                )),
+            },
+            list_default_page_size: 100,
+            list_max_page_size: 1000,
             external_ref_prefix: self.external_ref_prefix.clone(),
             reconcile_lease: self.reconcile_lease,
             reconcile_default_limit: self.reconcile_default_limit,
@@ -314,6 +406,15 @@ impl Settings {
                 Wakeup::Listen => LISTEN_SAFETY_POLL.max(self.wait_poll_interval),
                 Wakeup::Poll => self.wait_poll_interval,
             },
+        }
+    }
+
+    /// The metrics' label and alarm settings.
+    pub fn metrics_options(&self) -> MetricsOptions {
+        MetricsOptions {
+            max_tools: self.metrics_max_tools,
+            alarm_window: self.replay_alarm_window,
+            alarm_min_claims: self.replay_alarm_min_claims,
         }
     }
 
@@ -358,6 +459,11 @@ impl Settings {
         }
         if self.prune_batch_size == 0 || self.wait_poll_interval.is_zero() {
             return Err("--prune-batch-size and --wait-poll-interval must be positive".into());
+        }
+        if self.metrics_refresh_interval.is_zero() || self.replay_alarm_window.is_zero() {
+            return Err(
+                "--metrics-refresh-interval and --replay-alarm-window must be positive".into(),
+            );
         }
         if self.max_json_depth == 0 || self.max_arguments_bytes == 0 {
             return Err("--max-json-depth and --max-arguments-bytes must be positive".into());
@@ -445,6 +551,14 @@ mod tests {
         ]);
         assert_eq!(cli.command, Some(Command::Migrate));
         assert_eq!(cli.settings.database_url, "sqlite://x.db");
+    }
+
+    #[test]
+    fn the_log_format_is_text_unless_json_is_asked_for() {
+        assert_eq!(Settings::defaults().log_format, LogFormat::Text);
+        let cli = Cli::parse_from(["idempotency-ledger", "--log-format", "json"]);
+        assert_eq!(cli.settings.log_format, LogFormat::Json);
+        assert!(Cli::try_parse_from(["idempotency-ledger", "--log-format", "xml"]).is_err());
     }
 
     #[test]

@@ -10,16 +10,18 @@ use std::time::Duration;
 use tokio::sync::OwnedSemaphorePermit;
 use tokio::time::Instant;
 use tonic::{Request, Response, Status};
+use tracing::Instrument as _;
 
 use crate::admission::Admission;
 use crate::domain::canonical::Canonicalization;
 use crate::domain::{FinalStatus, Micros};
 use crate::error::LedgerError;
 use crate::ledger::{
-    ClaimInput, ClaimOutput, CompleteInput, EntryView, Ledger, LookupInput, Outcome,
+    ClaimInput, ClaimOutput, CompleteInput, EntryView, Ledger, ListInput, LookupInput, Outcome,
     ReconcileInput, ResolutionInput, Tenant,
 };
 use crate::metrics::{Metrics, Rpc};
+use crate::telemetry;
 
 /// The generated protobuf types and service traits of `idempotency.v1`.
 #[allow(clippy::all, missing_docs)]
@@ -96,6 +98,7 @@ impl LedgerApi {
             .ok_or_else(|| {
                 Status::from(LedgerError::Internal("no tenant on the request".into()))
             })?;
+        telemetry::record_tenant(&tenant);
         let limit = Instant::now() + self.request_timeout;
         let deadline = request
             .metadata()
@@ -114,12 +117,12 @@ impl LedgerApi {
         })
     }
 
-    /// Counts a call's gRPC code and passes its result on.
-    fn observe<T>(&self, rpc: Rpc, result: Result<T, Status>) -> Result<T, Status> {
-        let code = result
-            .as_ref()
-            .map_or_else(Status::code, |_| tonic::Code::Ok);
-        self.metrics.handled(rpc, code);
+    /// Counts a call that failed for the store's sake, and passes its result on. (Every
+    /// call's code is counted around the service, by [`crate::metrics::GrpcMetricsLayer`].)
+    fn observe<T>(&self, _rpc: Rpc, result: Result<T, Status>) -> Result<T, Status> {
+        if let Err(status) = &result {
+            self.metrics.call_failed(status.code());
+        }
         result
     }
 }
@@ -147,6 +150,7 @@ impl LedgerService for LedgerApi {
             wait: duration("wait", r.wait)?,
             principal: r.principal,
         };
+        telemetry::record_request(&input.tool, &input.key);
         // A wait ends a little before the call's deadline, so the caller gets IN_PROGRESS
         // rather than an expired call.
         if let Some(wait) = input.wait {
@@ -156,14 +160,17 @@ impl LedgerService for LedgerApi {
             input.wait = Some(wait.min(remaining.saturating_sub(reserve)));
         }
         let ledger = self.ledger.clone();
+        // Counted in the task, with the store's change: a replay counts even if the caller's
+        // deadline passed before it got the answer.
+        let (metrics, tool) = (self.metrics.clone(), input.tool.clone());
         let out = run(deadline, permit, async move {
-            ledger.claim(&tenant, input).await
+            let out = ledger.claim(&tenant, input).await;
+            metrics.claim(&tool, &out);
+            out
         })
         .await;
         let out = self.observe(Rpc::Claim, out)?;
-        self.metrics.claim(out.outcome);
-        tracing::debug!(tool = %out.entry.entry.tool, key = %key_prefix(&out.entry.entry.key),
-            outcome = ?out.outcome, attempt = out.entry.entry.attempt, "claim");
+        telemetry::record_claim(&out);
         Ok(Response::new(claim_response(out)))
     }
 
@@ -185,12 +192,17 @@ impl LedgerService for LedgerApi {
             error: r.error,
             retryable: r.retryable,
         };
+        telemetry::record_request("", &input.key);
         let ledger = self.ledger.clone();
+        let (metrics, status) = (self.metrics.clone(), input.status);
         let out = run(deadline, permit, async move {
-            ledger.complete(&tenant, input).await
+            let out = ledger.complete(&tenant, input).await;
+            metrics.complete(status, &out);
+            out
         })
         .await;
         let out = self.observe(Rpc::Complete, out)?;
+        telemetry::record_entry(&out.entry);
         Ok(Response::new(pb::CompleteResponse {
             entry: Some(entry(out.entry)),
             already_completed: out.already_completed,
@@ -214,14 +226,16 @@ impl LedgerService for LedgerApi {
             arguments_json: r.arguments_json,
             canonicalization: canonicalization(r.canonicalization)?,
         };
+        telemetry::record_request(&input.tool, &input.key);
         let ledger = self.ledger.clone();
         let view = run(deadline, permit, async move {
             ledger.lookup(&tenant, input).await
         })
         .await;
         let view = self.observe(Rpc::Lookup, view)?;
+        telemetry::record_entry(&view);
         Ok(Response::new(pb::LookupResponse {
-            entry: Some(entry(view)),
+            entry: Some(audited_entry(view)),
         }))
     }
 
@@ -254,9 +268,16 @@ impl LedgerService for LedgerApi {
             limit: r.limit,
             resolutions,
         };
+        telemetry::record_request(&input.tool, "");
         let ledger = self.ledger.clone();
+        let metrics = self.metrics.clone();
+        let statuses: Vec<FinalStatus> = input.resolutions.iter().map(|r| r.status).collect();
         let out = run(deadline, permit, async move {
-            ledger.reconcile(&tenant, input).await
+            let out = ledger.reconcile(&tenant, input).await;
+            if out.is_ok() {
+                metrics.resolutions(statuses);
+            }
+            out
         })
         .await;
         let out = self.observe(Rpc::Reconcile, out)?;
@@ -270,11 +291,34 @@ impl LedgerService for LedgerApi {
         &self,
         request: Request<pb::ListEntriesRequest>,
     ) -> Result<Response<pb::ListEntriesResponse>, Status> {
-        let _call = self.begin(Rpc::ListEntries, &request)?;
-        self.observe(
-            Rpc::ListEntries,
-            Err(Status::unimplemented("ListEntries is being built")),
-        )
+        let Call {
+            tenant,
+            deadline,
+            permit,
+        } = self.begin(Rpc::ListEntries, &request)?;
+        let r = request.into_inner();
+        let input = ListInput {
+            run_id: r.run_id,
+            tool: r.tool,
+            status: status_filter(r.status)?,
+            started_after: instant("started_after", r.started_after)?,
+            started_before: instant("started_before", r.started_before)?,
+            page_size: u32::try_from(r.page_size).map_err(|_| {
+                Status::from(LedgerError::invalid("page_size", "must not be negative"))
+            })?,
+            page_token: r.page_token,
+        };
+        telemetry::record_request(&input.tool, "");
+        let ledger = self.ledger.clone();
+        let out = run(deadline, permit, async move {
+            ledger.list_entries(&tenant, input).await
+        })
+        .await;
+        let out = self.observe(Rpc::ListEntries, out)?;
+        Ok(Response::new(pb::ListEntriesResponse {
+            entries: out.entries.into_iter().map(audited_entry).collect(),
+            next_page_token: out.next_page_token,
+        }))
     }
 }
 
@@ -290,11 +334,15 @@ where
     T: Send + 'static,
     F: Future<Output = Result<T, LedgerError>> + Send + 'static,
 {
-    let task = tokio::spawn(async move {
-        let done = work.await;
-        drop(permit);
-        done
-    });
+    // In the call's span, so what the ledger and the store log is the call's.
+    let task = tokio::spawn(
+        async move {
+            let done = work.await;
+            drop(permit);
+            done
+        }
+        .instrument(tracing::Span::current()),
+    );
     match tokio::time::timeout_at(deadline - margin(deadline), task).await {
         Ok(joined) => joined
             .map_err(|e| LedgerError::Internal(format!("request task failed: {e}")))?
@@ -388,6 +436,49 @@ fn status(s: crate::domain::Status) -> pb::Status {
     }
 }
 
+/// A state a listing may filter by; unspecified means any.
+fn status_filter(value: i32) -> Result<Option<crate::domain::Status>, Status> {
+    use crate::domain::Status as S;
+    match pb::Status::try_from(value) {
+        Ok(pb::Status::Unspecified) => Ok(None),
+        Ok(pb::Status::Attempting) => Ok(Some(S::Attempting)),
+        Ok(pb::Status::Succeeded) => Ok(Some(S::Succeeded)),
+        Ok(pb::Status::Failed) => Ok(Some(S::Failed)),
+        Ok(pb::Status::Unknown) => Ok(Some(S::Unknown)),
+        Err(_) => {
+            Err(LedgerError::invalid("status", format!("{value} is not a Status value")).into())
+        }
+    }
+}
+
+/// A proto timestamp as microseconds since the epoch; unset stays `None`, malformed is
+/// refused.
+fn instant(
+    field: &'static str,
+    value: Option<prost_types::Timestamp>,
+) -> Result<Option<Micros>, Status> {
+    let Some(t) = value else { return Ok(None) };
+    if !(0..1_000_000_000).contains(&t.nanos) {
+        return Err(LedgerError::invalid(field, "nanos must be within 0..999999999").into());
+    }
+    t.seconds
+        .checked_mul(1_000_000)
+        .and_then(|us| us.checked_add(i64::from(t.nanos / 1000)))
+        .map(|us| Some(Micros(us)))
+        .ok_or_else(|| LedgerError::invalid(field, "is out of range").into())
+}
+
+/// An entry with the arguments kept for audit: what Lookup and ListEntries answer.
+fn audited_entry(mut view: EntryView) -> pb::Entry {
+    let arguments = view.entry.arguments.take().unwrap_or_default();
+    pb::Entry {
+        arguments_json: arguments,
+        ..entry(view)
+    }
+}
+
+/// An entry as Claim, Complete and Reconcile answer it: about the outcome, without the
+/// stored arguments.
 fn entry(view: EntryView) -> pb::Entry {
     let e = view.entry;
     pb::Entry {
@@ -425,11 +516,6 @@ fn claim_response(out: ClaimOutput) -> pb::ClaimResponse {
         note: out.note,
         retry_after: out.retry_after.map(proto_duration),
     }
-}
-
-/// The first 12 characters of a key: enough to find it in the store, short enough for logs.
-fn key_prefix(key: &str) -> &str {
-    key.get(..12).unwrap_or(key)
 }
 
 #[cfg(test)]

@@ -11,13 +11,14 @@ use tokio::time::Instant;
 
 use crate::domain::canonical::{self, Canonicalization, JsonLimits};
 use crate::domain::key::{self, ExplicitKey, Principal, RunId, ToolName};
+use crate::domain::redact::ArgumentsPolicy;
 use crate::domain::time::Clock;
 use crate::domain::{
     ClaimDecision, CompleteDecision, Completion, Entry, FinalStatus, Micros, Status, decide_claim,
     decide_complete,
 };
 use crate::error::LedgerError;
-use crate::storage::{Finish, Finished, Store, UnresolvedQuery};
+use crate::storage::{Finish, Finished, ListQuery, Store, UnresolvedQuery};
 use crate::wait::WaitHub;
 
 /// How often a lost compare-and-set race is retried before the call gives up. Each retry
@@ -56,6 +57,12 @@ pub struct Limits {
     /// wake-up bound when announcements are off (`--wait-wakeup poll`), and the safety net
     /// for missed announcements otherwise.
     pub wait_poll_interval: Duration,
+    /// What of a claim's arguments is kept for audit (`--store-arguments`, `--redact-field`).
+    pub arguments: ArgumentsPolicy,
+    /// How many entries ListEntries returns when the request sets no page size.
+    pub list_default_page_size: u32,
+    /// The most entries one ListEntries page holds.
+    pub list_max_page_size: u32,
 }
 
 impl Default for Limits {
@@ -73,6 +80,9 @@ impl Default for Limits {
             reconcile_default_limit: 100,
             reconcile_max_limit: 1000,
             wait_poll_interval: Duration::from_secs(1),
+            arguments: ArgumentsPolicy::default(),
+            list_default_page_size: 100,
+            list_max_page_size: 1000,
         }
     }
 }
@@ -226,6 +236,34 @@ pub struct ReconcileOutput {
     pub pending: Vec<EntryView>,
     /// The entries the resolutions named, as they stand afterwards.
     pub resolved: Vec<EntryView>,
+}
+
+/// A ListEntries request, converted.
+#[derive(Clone, Debug, Default)]
+pub struct ListInput {
+    /// Only this run's entries; any run when empty.
+    pub run_id: String,
+    /// Only this tool's entries; any tool when empty.
+    pub tool: String,
+    /// Only entries in this state as Lookup reports it.
+    pub status: Option<Status>,
+    /// Only entries whose current attempt started at or after this.
+    pub started_after: Option<Micros>,
+    /// Only entries whose current attempt started before this.
+    pub started_before: Option<Micros>,
+    /// At most this many entries; 0 for the server's default.
+    pub page_size: u32,
+    /// Where a previous page ended (its `next_page_token`); empty for the first page.
+    pub page_token: String,
+}
+
+/// A page of a listing.
+#[derive(Clone, Debug)]
+pub struct ListOutput {
+    /// The entries, by started_at and then key, with their stored arguments.
+    pub entries: Vec<EntryView>,
+    /// Where the next page starts; empty when this page is the last.
+    pub next_page_token: String,
 }
 
 /// The ledger: a cheap-to-clone handle over a store, a clock and the server's limits.
@@ -426,7 +464,7 @@ impl Ledger {
                 ));
             }
             let run_id = RunId::parse(&input.run_id)?;
-            let (_, canonical, tool) =
+            let (_, canonical, tool, _) =
                 self.canonical_request(&input.tool, &input.arguments_json, input.canonicalization)?;
             key::derive_key(&run_id, &tool, &canonical, input.canonicalization)
         } else {
@@ -443,9 +481,79 @@ impl Ledger {
         };
         let now = self.clock.now();
         match self.store.get(&tenant.0, &key).await? {
-            Some(entry) if !entry.is_expired(now) => Ok(self.view(entry, now)),
+            Some(entry) if !entry.is_expired(now) => Ok(self.audit_view(entry, now)),
             _ => Err(LedgerError::NotFound),
         }
+    }
+
+    /// A page of the tenant's entries that match `input`, by started_at and then key, with
+    /// their stored arguments, and the token of the next page when more may follow. Paging
+    /// uses the last entry's (started_at, key) as the cursor, so entries that do not change
+    /// meanwhile are listed exactly once across pages, whatever else is written; an entry
+    /// retried meanwhile moves to its new attempt's start.
+    ///
+    /// # Errors
+    /// `InvalidArgument` for a malformed filter, a page token of another listing, or an empty
+    /// time range; `Unavailable`/`Internal` from the store.
+    pub async fn list_entries(
+        &self,
+        tenant: &Tenant,
+        input: ListInput,
+    ) -> Result<ListOutput, LedgerError> {
+        let run_id = if input.run_id.is_empty() {
+            String::new()
+        } else {
+            RunId::parse(&input.run_id)?.as_str().to_string()
+        };
+        let tool = if input.tool.is_empty() {
+            String::new()
+        } else {
+            ToolName::parse(&input.tool)?.as_str().to_string()
+        };
+        if let (Some(from), Some(before)) = (input.started_after, input.started_before)
+            && from >= before
+        {
+            return Err(LedgerError::invalid(
+                "started_before",
+                "must be later than started_after",
+            ));
+        }
+        let filters = list_filters_digest(&run_id, &tool, input.status, &input);
+        let after = if input.page_token.is_empty() {
+            None
+        } else {
+            Some(parse_page_token(&input.page_token, &filters)?)
+        };
+        let page_size = match input.page_size {
+            0 => self.limits.list_default_page_size,
+            n => n.min(self.limits.list_max_page_size),
+        };
+        let now = self.clock.now();
+        let query = ListQuery {
+            run_id,
+            tool,
+            status: input.status,
+            started_from: input.started_after.unwrap_or(Micros(i64::MIN)),
+            started_before: input.started_before.unwrap_or(Micros(i64::MAX)),
+            after,
+            // One more than the page: whether it exists says if a next page does.
+            limit: page_size.saturating_add(1),
+            now,
+        };
+        let mut entries = self.store.list(&tenant.0, &query).await?;
+        let more = entries.len() > page_size as usize;
+        entries.truncate(page_size as usize);
+        let next_page_token = match entries.last() {
+            Some(last) if more => page_token(last.started_at, &last.key, &filters),
+            _ => String::new(),
+        };
+        Ok(ListOutput {
+            entries: entries
+                .into_iter()
+                .map(|e| self.audit_view(e, now))
+                .collect(),
+            next_page_token,
+        })
     }
 
     /// Applies what reconcilers found, then hands out up to `limit` unresolved entries, oldest
@@ -608,7 +716,15 @@ impl Ledger {
         external_ref(&self.limits.external_ref_prefix, key)
     }
 
-    fn view(&self, entry: Entry, now: Micros) -> EntryView {
+    /// An entry as Claim, Complete and Reconcile answer it: about its outcome, without the
+    /// arguments kept for audit (which only some of their statements read back).
+    fn view(&self, mut entry: Entry, now: Micros) -> EntryView {
+        entry.arguments = None;
+        self.audit_view(entry, now)
+    }
+
+    /// An entry as Lookup and ListEntries show it: with the arguments kept for audit.
+    fn audit_view(&self, entry: Entry, now: Micros) -> EntryView {
         EntryView {
             status: entry.effective_status(now),
             external_ref: self.external_ref(&entry.key),
@@ -618,8 +734,9 @@ impl Ledger {
 
     /// Validates a claim and derives its key and fingerprint; nothing is written on error.
     fn prepare_claim(&self, input: ClaimInput) -> Result<PreparedClaim, LedgerError> {
-        let (fingerprint, canonical, tool) =
+        let (fingerprint, canonical, tool, value) =
             self.canonical_request(&input.tool, &input.arguments_json, input.canonicalization)?;
+        let arguments = self.limits.arguments.stored(&value, &canonical);
         let run_id = if input.key.is_empty() || !input.run_id.is_empty() {
             Some(RunId::parse(&input.run_id)?)
         } else {
@@ -653,16 +770,18 @@ impl Ledger {
             lease: Micros::from_duration(lease),
             retention: Micros::from_duration(retention),
             wait: input.wait.map(|w| w.min(self.limits.max_wait)),
+            arguments,
         })
     }
 
-    /// Canonicalizes the arguments and returns (fingerprint, canonical text, tool).
+    /// Canonicalizes the arguments and returns (fingerprint, canonical text, tool, the value
+    /// the text was written from).
     fn canonical_request(
         &self,
         tool: &str,
         arguments_json: &str,
         mode: Canonicalization,
-    ) -> Result<(String, String, ToolName), LedgerError> {
+    ) -> Result<(String, String, ToolName, canonical::Value), LedgerError> {
         let tool = ToolName::parse(tool)?;
         if arguments_json.is_empty() {
             // The same reason as the shared key vectors give for empty text, with a hint.
@@ -673,9 +792,15 @@ impl Ledger {
                     .to_string(),
             });
         }
-        let canonical = canonical::canonicalize(arguments_json, mode, &self.limits.json)
-            .map_err(|e| LedgerError::from_canonical("arguments_json", e))?;
-        Ok((key::fingerprint(&tool, &canonical, mode), canonical, tool))
+        let (value, canonical) =
+            canonical::canonical_value(arguments_json, mode, &self.limits.json)
+                .map_err(|e| LedgerError::from_canonical("arguments_json", e))?;
+        Ok((
+            key::fingerprint(&tool, &canonical, mode),
+            canonical,
+            tool,
+            value,
+        ))
     }
 
     /// The rules every reported outcome follows: result only with success, retryable only with
@@ -888,6 +1013,8 @@ struct PreparedClaim {
     lease: Micros,
     retention: Micros,
     wait: Option<Duration>,
+    /// What is stored of the arguments (see [`ArgumentsPolicy`]).
+    arguments: Option<String>,
 }
 
 impl PreparedClaim {
@@ -910,8 +1037,74 @@ impl PreparedClaim {
             retention: self.retention,
             expires_at: None,
             replay_count: 0,
+            arguments: self.arguments.clone(),
         }
     }
+}
+
+/// What a page token is bound to: the listing's filters, so that a token cannot continue a
+/// different listing (its cursor would skip or repeat entries there).
+fn list_filters_digest(
+    run_id: &str,
+    tool: &str,
+    status: Option<Status>,
+    input: &ListInput,
+) -> String {
+    use sha2::{Digest, Sha256};
+    let bound = |m: Option<Micros>| m.map_or_else(String::new, |m| m.0.to_string());
+    let text = [
+        run_id,
+        tool,
+        status.map_or("", Status::as_str),
+        &bound(input.started_after),
+        &bound(input.started_before),
+    ]
+    .join("\0");
+    hex::encode(&Sha256::digest(text.as_bytes())[..8])
+}
+
+/// Version of the page token's layout.
+const PAGE_TOKEN_VERSION: &str = "p1";
+
+/// An opaque page token: hex of `p1 NUL started_at NUL filters NUL key`.
+fn page_token(started_at: Micros, key: &str, filters: &str) -> String {
+    hex::encode(format!(
+        "{PAGE_TOKEN_VERSION}\0{}\0{filters}\0{key}",
+        started_at.0
+    ))
+}
+
+/// The cursor in a page token made for a listing with these `filters`.
+fn parse_page_token(token: &str, filters: &str) -> Result<(Micros, String), LedgerError> {
+    let invalid = |message: &str| LedgerError::InvalidArgument {
+        field: "page_token",
+        reason: "INVALID_PAGE_TOKEN",
+        message: message.to_string(),
+    };
+    let text = hex::decode(token)
+        .ok()
+        .and_then(|bytes| String::from_utf8(bytes).ok())
+        .ok_or_else(|| {
+            invalid("is not a page token from this server; pass next_page_token as is")
+        })?;
+    let mut parts = text.splitn(4, '\0');
+    let (Some(PAGE_TOKEN_VERSION), Some(started), Some(bound), Some(key)) =
+        (parts.next(), parts.next(), parts.next(), parts.next())
+    else {
+        return Err(invalid(
+            "is not a page token from this server; pass next_page_token as is",
+        ));
+    };
+    let started = started
+        .parse::<i64>()
+        .map_err(|_| invalid("is not a page token from this server; pass next_page_token as is"))?;
+    if bound != filters {
+        return Err(invalid(
+            "belongs to a listing with other filters; repeat the filters of the call that \
+             returned it, or start over without a page_token",
+        ));
+    }
+    Ok((Micros(started), key.to_string()))
 }
 
 const IN_FLIGHT_NOTE: &str = "This action is already being performed by another attempt of the \

@@ -18,10 +18,13 @@
 //! - [`server`]: health, reflection, the readiness probe, graceful shutdown.
 //! - [`wait`]: waking claims that wait for an attempt in flight, in-process and across
 //!   servers.
-//! - [`metrics`]: counters and the optional Prometheus endpoint.
+//! - [`metrics`]: the Prometheus families (the gRPC layer, the ledger's counters, gauges read
+//!   from the store), the replay-rate alarm, and the optional `/metrics` endpoint.
 //! - [`config`]: the command line; every flag has an environment variable.
 //! - [`inspect`]: the `entries` and `entry` subcommands, a gRPC client that prints what a
 //!   running server holds.
+//! - [`telemetry`]: the log subscriber (text or JSON), one span and one access line per RPC,
+//!   W3C trace context.
 
 pub mod admission;
 pub mod auth;
@@ -34,4 +37,5 @@ pub mod ledger;
 pub mod metrics;
 pub mod server;
 pub mod storage;
+pub mod telemetry;
 pub mod wait;

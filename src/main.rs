@@ -1,5 +1,5 @@
-//! The `idempotency-ledger` binary: sets up logging, parses the command line and hands over to
-//! the library.
+//! The `idempotency-ledger` binary: parses the command line, sets up logging in the format it
+//! names, and hands over to the library.
 
 use std::process::ExitCode;
 use std::sync::Arc;
@@ -7,19 +7,16 @@ use std::sync::Arc;
 use clap::Parser;
 use idempotency_ledger::config::{Cli, Command};
 use idempotency_ledger::domain::time::SystemClock;
-use idempotency_ledger::{inspect, server};
-use tracing_subscriber::EnvFilter;
+use idempotency_ledger::{inspect, server, telemetry};
 
 #[tokio::main]
 async fn main() -> ExitCode {
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info")),
-        )
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .init();
+    // The command line first: it chooses the log format. (clap reports its own errors.)
     let cli = Cli::parse();
+    if let Err(e) = telemetry::init(cli.settings.log_format) {
+        eprintln!("idempotency-ledger: cannot set up logging: {e}");
+        return ExitCode::FAILURE;
+    }
     let result = match cli.command.unwrap_or(Command::Serve) {
         Command::Serve => server::run(cli.settings, Arc::new(SystemClock), shutdown_signal()).await,
         Command::Migrate => server::migrate(&cli.settings).await,

@@ -23,7 +23,7 @@ use crate::domain::time::Clock;
 use crate::error::LedgerError;
 use crate::grpc::{LedgerApi, LedgerServiceServer, pb};
 use crate::ledger::Ledger;
-use crate::metrics::{self, Metrics};
+use crate::metrics::{self, GrpcMetricsLayer, Metrics};
 use crate::storage::{self, Store, redact_url};
 
 /// The fully qualified name of the ledger service, as health and reflection report it.
@@ -77,6 +77,7 @@ pub async fn serve(
     };
     let tls = tls_config(&settings)?;
     let store = storage::open(&settings.database_url, &settings.pool()).await?;
+    let metrics = Metrics::new(clock.clone(), &settings.metrics_options());
     let ledger = Ledger::new(store.clone(), clock, settings.limits());
     if settings.listens() {
         ledger.listen_for_announcements();
@@ -118,23 +119,33 @@ pub async fn serve(
             }
         }
     };
-    let metrics = Metrics::new();
-    let metrics_task = match settings.metrics_listen {
+    let metrics_tasks = match settings.metrics_listen {
         Some(addr) => {
             let listener = metrics::bind(addr).await.map_err(|e| {
                 ServeError::Transport(format!("cannot listen on {addr} for metrics: {e}"))
             })?;
             tracing::info!(metrics = %addr, "metrics endpoint listening");
-            Some(tokio::spawn(metrics::serve_metrics(
-                listener,
-                metrics.clone(),
-            )))
+            // The store is read for gauges only when someone can scrape them.
+            let migrated = {
+                let state = state.clone();
+                move || state.migrated.load(Ordering::Acquire)
+            };
+            vec![
+                tokio::spawn(metrics::serve_metrics(listener, metrics.clone())),
+                tokio::spawn(metrics::refresh_loop(
+                    metrics.clone(),
+                    store.clone(),
+                    migrated,
+                    settings.metrics_refresh_interval,
+                )),
+            ]
         }
-        None => None,
+        None => Vec::new(),
     };
     let pruner = tokio::spawn(prune_loop(
         ledger.clone(),
         state.clone(),
+        metrics.clone(),
         settings.prune_interval,
         settings.prune_batch_size,
     ));
@@ -154,6 +165,9 @@ pub async fn serve(
             .max_encoding_message_size(settings.max_message_bytes),
         interceptor,
     );
+    // Outside the interceptor, so calls refused by authentication are counted too.
+    let ledger_service =
+        tower::Layer::layer(&GrpcMetricsLayer::new(metrics.clone()), ledger_service);
 
     tracing::info!(
         listen = %addr,
@@ -196,6 +210,8 @@ pub async fn serve(
             .map_err(|e| ServeError::Config(format!("TLS: {e}")))?;
     }
     let server = builder
+        // Outermost, so the access log sees the code the caller gets after the rewrite.
+        .layer(crate::telemetry::CallLogLayer)
         .layer(tower::util::MapResponseLayer::new(rewrite_library_errors))
         .add_service(health_service)
         .add_service(reflection_v1)
@@ -221,7 +237,7 @@ pub async fn serve(
     };
     probe.abort();
     pruner.abort();
-    if let Some(task) = metrics_task {
+    for task in metrics_tasks {
         task.abort();
     }
     tracing::info!("idempotency-ledger stopped");
@@ -249,7 +265,7 @@ fn nodelay(
 /// is not UTF-8 (INTERNAL). The contract answers limits with RESOURCE_EXHAUSTED (as gRPC itself
 /// specifies for oversized messages), malformed input with INVALID_ARGUMENT, and every error
 /// with an ErrorInfo: this rewrites those two answers, and passes every other one through.
-fn rewrite_library_errors(
+pub(crate) fn rewrite_library_errors(
     response: http::Response<tonic::body::Body>,
 ) -> http::Response<tonic::body::Body> {
     let headers = response.headers();
@@ -350,6 +366,7 @@ async fn probe_loop(
 async fn prune_loop(
     ledger: Ledger,
     state: Arc<Readiness>,
+    metrics: Arc<Metrics>,
     interval: std::time::Duration,
     batch: u32,
 ) {
@@ -360,8 +377,14 @@ async fn prune_loop(
         }
         match ledger.prune(batch).await {
             Ok(0) => {}
-            Ok(n) => tracing::info!(deleted = n, "pruned expired entries"),
-            Err(e) => tracing::warn!(error = %e, "pruning failed; retrying next interval"),
+            Ok(n) => {
+                metrics.pruned(n);
+                tracing::info!(deleted = n, "pruned expired entries");
+            }
+            Err(e) => {
+                metrics.call_failed(e.code());
+                tracing::warn!(error = %e, "pruning failed; retrying next interval");
+            }
         }
     }
 }

@@ -178,7 +178,9 @@ def test_a_tool_call_step_by_step(walkthrough: Walkthrough) -> None:
     replayed = walkthrough.check(replay)
     # The README prints no output for Lookup but says what it prints.
     assert lookup.shown is None and "prints the same entry" in lookup.prose_after
-    assert walkthrough.check(lookup) == {"entry": replayed["entry"]}
+    stored = '{"amount":200,"currency":"EUR","customer":"c-42"}'
+    assert f"`{stored}`" in lookup.prose_after, "the README names the stored arguments"
+    assert walkthrough.check(lookup) == {"entry": {**replayed["entry"], "argumentsJson": stored}}
     walkthrough.check(refused)
 
 

@@ -19,12 +19,12 @@
 -- whether this claim won.
 INSERT INTO ledger_entries (tenant, key, run_id, tool, fingerprint, status, attempt,
     claim_token, result, error, retryable, principal, started_at, finished_at,
-    lease_expires_at, retention_us, expires_at, replay_count)
+    lease_expires_at, retention_us, expires_at, replay_count, arguments)
 VALUES (:tenant, md5(:run_tag || '-' || :k) || md5(:k || '-' || :run_tag), :run_id, :tool,
     :fingerprint, :attempting, 1, md5(:k || '-token-' || :run_tag), ''::bytea, '', false, '',
     (extract(epoch FROM clock_timestamp()) * 1000000)::bigint, NULL,
     (extract(epoch FROM clock_timestamp()) * 1000000)::bigint + :lease_us, :retention_us,
-    NULL, 0)
+    NULL, 0, :arguments)
 ON CONFLICT (tenant, key) DO NOTHING;
 
 -- Complete: the guarded UPDATE, no prior read (sql::FINISH).

@@ -298,6 +298,20 @@ pub fn canonicalize(
     mode: Canonicalization,
     limits: &JsonLimits,
 ) -> Result<String, CanonicalError> {
+    canonical_value(text, mode, limits).map(|(_, canonical)| canonical)
+}
+
+/// [`canonicalize`], also returning the value the canonical text was written from (after the
+/// lenient step, if asked), for whatever else needs the tree (redaction for audit).
+///
+/// # Errors
+///
+/// As [`canonicalize`].
+pub fn canonical_value(
+    text: &str,
+    mode: Canonicalization,
+    limits: &JsonLimits,
+) -> Result<(Value, String), CanonicalError> {
     let value = parse(text, limits)?;
     if !matches!(value, Value::Object(_)) {
         return Err(CanonicalError::ArgumentsNotObject {
@@ -310,7 +324,7 @@ pub fn canonicalize(
     };
     let mut out = String::with_capacity(text.len());
     value.write_canonical(&mut out);
-    Ok(out)
+    Ok((value, out))
 }
 
 /// A container whose contents are still being read. The parser keeps these on a heap stack

@@ -85,6 +85,9 @@ pub struct Entry {
     pub expires_at: Option<Micros>,
     /// How many times the stored result was replayed.
     pub replay_count: u64,
+    /// The arguments kept for audit (canonical, redacted per policy), when stored and read:
+    /// statements on the claim path do not read them back.
+    pub arguments: Option<String>,
 }
 
 impl Entry {
@@ -264,6 +267,7 @@ mod tests {
             retention: Micros(3_600_000_000),
             expires_at: None,
             replay_count: 0,
+            arguments: None,
         }
     }
 

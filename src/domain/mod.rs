@@ -1,10 +1,12 @@
 //! The ledger's rules, free of transport and storage: canonical JSON and key derivation
-//! ([`canonical`], [`key`]), and the entry state machine ([`entry`]). Nothing here imports tonic
+//! ([`canonical`], [`key`]), what of the arguments is kept for audit ([`redact`]), and the
+//! entry state machine ([`entry`]). Nothing here imports tonic
 //! or sqlx, so every rule is unit-tested without a server or a database.
 
 pub mod canonical;
 pub mod entry;
 pub mod key;
+pub mod redact;
 pub mod time;
 
 pub use entry::{

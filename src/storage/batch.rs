@@ -19,7 +19,10 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use async_trait::async_trait;
 use tokio::sync::{Semaphore, mpsc, oneshot};
 
-use super::{Finish, Finished, Store, StoreError, StoreResult, UnresolvedQuery};
+use super::{
+    Finish, Finished, ListQuery, PoolStats, Store, StoreError, StoreResult, UnresolvedCount,
+    UnresolvedQuery,
+};
 use crate::domain::{Entry, Micros};
 
 /// The most requests one statement carries.
@@ -347,6 +350,10 @@ impl Store for GroupCommit {
         self.inner.prune(now, limit).await
     }
 
+    async fn list(&self, tenant: &str, query: &ListQuery) -> StoreResult<Vec<Entry>> {
+        self.inner.list(tenant, query).await
+    }
+
     async fn mark_waiting(&self, tenant: &str, key: &str) -> StoreResult<()> {
         self.inner.mark_waiting(tenant, key).await
     }
@@ -357,5 +364,13 @@ impl Store for GroupCommit {
 
     fn subscribe(&self) -> Option<mpsc::Receiver<(String, String)>> {
         self.inner.subscribe()
+    }
+
+    async fn count_unresolved(&self, now: Micros) -> StoreResult<UnresolvedCount> {
+        self.inner.count_unresolved(now).await
+    }
+
+    fn pool_stats(&self) -> PoolStats {
+        self.inner.pool_stats()
     }
 }

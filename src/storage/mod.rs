@@ -178,6 +178,13 @@ pub trait Store: Send + Sync + 'static {
     /// `Unavailable` or `Internal` as the database fails.
     async fn prune(&self, now: Micros, limit: u32) -> StoreResult<u64>;
 
+    /// A page of the tenant's entries that match `query`, by started_at and then key, with
+    /// their stored arguments.
+    ///
+    /// # Errors
+    /// `Unavailable` or `Internal` as the database fails.
+    async fn list(&self, tenant: &str, query: &ListQuery) -> StoreResult<Vec<Entry>>;
+
     /// Notes that a claim waits for the current attempt of (tenant, key), so that its
     /// completion is announced to other servers sharing the database.
     ///
@@ -199,6 +206,37 @@ pub trait Store: Send + Sync + 'static {
     fn subscribe(&self) -> Option<tokio::sync::mpsc::Receiver<(String, String)>> {
         None
     }
+
+    /// Counts the unresolved entries of every tenant at `now` (for the metrics gauge, which
+    /// every server sharing the database reports alike): reported UNKNOWN or past their
+    /// lease, and attempts still in their lease.
+    ///
+    /// # Errors
+    /// `Unavailable` or `Internal` as the database fails.
+    async fn count_unresolved(&self, now: Micros) -> StoreResult<UnresolvedCount>;
+
+    /// How the connection pool is used right now (for the metrics gauges); no database call.
+    fn pool_stats(&self) -> PoolStats;
+}
+
+/// The unresolved entries of the whole store, by the status callers would be told.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, sqlx::FromRow)]
+pub struct UnresolvedCount {
+    /// Reported UNKNOWN, or ATTEMPTING past its lease: waiting for a reconciler.
+    pub unknown: i64,
+    /// ATTEMPTING within its lease: a claimant is acting now.
+    pub attempting: i64,
+}
+
+/// A snapshot of a store's connection pool.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct PoolStats {
+    /// Connections open and lent to a statement now.
+    pub in_use: u32,
+    /// Connections open and idle.
+    pub idle: u32,
+    /// The most connections the pool opens (`--db-max-connections`).
+    pub max: u32,
 }
 
 /// A claimant's outcome to record.
@@ -243,6 +281,27 @@ impl TryFrom<FinishedRow> for Finished {
             has_waiters: r.has_waiters,
         })
     }
+}
+
+/// Which of a tenant's entries a listing asks for, and where the page starts.
+#[derive(Clone, Debug)]
+pub struct ListQuery {
+    /// Only this run's entries; any run when empty.
+    pub run_id: String,
+    /// Only this tool's entries; any tool when empty.
+    pub tool: String,
+    /// Only entries in this state as Lookup reports it at `now`.
+    pub status: Option<crate::domain::Status>,
+    /// Only entries whose current attempt started at or after this.
+    pub started_from: Micros,
+    /// Only entries whose current attempt started before this.
+    pub started_before: Micros,
+    /// Only entries after this (started_at, key) in the listing's order: the page cursor.
+    pub after: Option<(Micros, String)>,
+    /// At most this many entries.
+    pub limit: u32,
+    /// The time an attempt's lease is judged at.
+    pub now: Micros,
 }
 
 /// Which unresolved entries a reconciler asks for, and how long it holds them.
@@ -357,6 +416,9 @@ pub(crate) struct EntryRow {
     pub retention_us: i64,
     pub expires_at: Option<i64>,
     pub replay_count: i64,
+    /// Read only by the statements that select it (Lookup's and the listings).
+    #[sqlx(default)]
+    pub arguments: Option<String>,
 }
 
 impl TryFrom<EntryRow> for Entry {
@@ -383,6 +445,7 @@ impl TryFrom<EntryRow> for Entry {
             retention: Micros(r.retention_us),
             expires_at: r.expires_at.map(Micros),
             replay_count: non_negative(r.replay_count, "replay_count")?,
+            arguments: r.arguments,
         })
     }
 }

@@ -8,7 +8,8 @@ use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
 
 use super::sql::{self, bind_entry, bind_finish, impl_store, unresolved_where};
 use super::{
-    EntryRow, Finish, Finished, FinishedRow, PoolOptions, StoreError, StoreResult, UnresolvedQuery,
+    EntryRow, Finish, Finished, FinishedRow, ListQuery, PoolOptions, StoreError, StoreResult,
+    UnresolvedQuery,
 };
 use crate::domain::{Entry, Micros};
 
@@ -86,10 +87,12 @@ impl PgStore {
     /// of a key wins; the others meet the conflict. Returns the tokens of the inserted rows.
     pub const INSERT_MANY: &str = "INSERT INTO ledger_entries (tenant, key, run_id, tool, \
         fingerprint, status, attempt, claim_token, result, error, retryable, principal, \
-        started_at, finished_at, lease_expires_at, retention_us, expires_at, replay_count) \
+        started_at, finished_at, lease_expires_at, retention_us, expires_at, replay_count, \
+        arguments) \
         SELECT * FROM UNNEST($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], \
         $6::text[], $7::int8[], $8::text[], $9::bytea[], $10::text[], $11::bool[], $12::text[], \
-        $13::int8[], $14::int8[], $15::int8[], $16::int8[], $17::int8[], $18::int8[]) \
+        $13::int8[], $14::int8[], $15::int8[], $16::int8[], $17::int8[], $18::int8[], \
+        $19::text[]) \
         ON CONFLICT (tenant, key) DO NOTHING RETURNING claim_token";
 
     /// [`sql::FINISH`] for many entries in one statement (one per key: see the batcher).
@@ -163,6 +166,12 @@ impl_store!(PgStore, {
             .bind(int(|e| e.retention.0))
             .bind(opt(|e| e.expires_at.map(|m| m.0)))
             .bind(int(|e| i64::try_from(e.replay_count).unwrap_or(i64::MAX)))
+            .bind(
+                batch
+                    .iter()
+                    .map(|(_, e)| e.arguments.clone())
+                    .collect::<Vec<Option<String>>>(),
+            )
             .fetch_all(&self.pool)
             .await
             .map_err(StoreError::from_sqlx)?;

@@ -14,23 +14,24 @@ macro_rules! entry_columns {
 /// Claims a key: the primary key on (tenant, key) decides among concurrent claimants.
 pub const INSERT: &str = "INSERT INTO ledger_entries (tenant, key, run_id, tool, \
     fingerprint, status, attempt, claim_token, result, error, retryable, principal, started_at, \
-    finished_at, lease_expires_at, retention_us, expires_at, replay_count) \
-    VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18) \
-    ON CONFLICT (tenant, key) DO NOTHING";
+    finished_at, lease_expires_at, retention_us, expires_at, replay_count, arguments) \
+    VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, \
+    $19) ON CONFLICT (tenant, key) DO NOTHING";
 
-/// Reads one entry.
+/// Reads one entry, with its stored arguments.
 pub const GET: &str = concat!(
     "SELECT ",
     entry_columns!(),
-    " FROM ledger_entries WHERE tenant = $1 AND key = $2"
+    ", arguments FROM ledger_entries WHERE tenant = $1 AND key = $2"
 );
 
 /// Starts a new attempt on a resolved entry that still carries the token the caller saw.
 pub const RESTART: &str = "UPDATE ledger_entries SET run_id = $3, tool = $4, \
     fingerprint = $5, status = $6, attempt = $7, claim_token = $8, result = $9, error = $10, \
     retryable = $11, principal = $12, started_at = $13, finished_at = $14, \
-    lease_expires_at = $15, retention_us = $16, expires_at = $17, replay_count = $18 \
-    WHERE tenant = $1 AND key = $2 AND claim_token = $19 \
+    lease_expires_at = $15, retention_us = $16, expires_at = $17, replay_count = $18, \
+    arguments = $19 \
+    WHERE tenant = $1 AND key = $2 AND claim_token = $20 \
     AND status IN ('SUCCEEDED', 'FAILED')";
 
 /// Records a claimant's outcome `$4` at `$8`, fenced by the claim token and the entry being
@@ -71,6 +72,18 @@ pub const RESOLVE: &str = "UPDATE ledger_entries SET status = $3, result = $4, \
 pub const MARK_WAITING: &str = "UPDATE ledger_entries SET has_waiters = TRUE \
     WHERE tenant = $1 AND key = $2 AND status = 'ATTEMPTING' AND NOT has_waiters";
 
+/// Counts every tenant's unresolved entries at `$1`, split by what callers are told: UNKNOWN
+/// (reported, or an attempt past its lease) and ATTEMPTING (in its lease). `expires_at IS NULL`
+/// is exactly "unresolved" (the CHECK constraint resolved_entries_expire) and matches the
+/// partial index `ledger_entries_unresolved_by_start`, so the count reads only the backlog.
+/// SUM over CASE rather than FILTER: the same text runs on both backends.
+pub const COUNT_UNRESOLVED: &str = "SELECT \
+    COALESCE(SUM(CASE WHEN status = 'ATTEMPTING' AND lease_expires_at > $1 THEN 0 ELSE 1 END), 0) \
+        AS unknown, \
+    COALESCE(SUM(CASE WHEN status = 'ATTEMPTING' AND lease_expires_at > $1 THEN 1 ELSE 0 END), 0) \
+        AS attempting \
+    FROM ledger_entries WHERE expires_at IS NULL";
+
 /// The unresolved entries a reconciler may take at `$2`: outcome unknown, started at or before
 /// `$3`, of tool `$4` (or any when empty), not held by another reconciler. `expires_at IS NULL`
 /// (true of every unresolved entry) is what lets the pick use the partial index
@@ -85,7 +98,42 @@ macro_rules! unresolved_where {
     };
 }
 
-/// Binds an [`Entry`](crate::domain::Entry)'s columns as `$1`..`$18` in [`INSERT`]'s order.
+/// The filters and cursor of a listing (see [`LIST`]): tool `$3` (any when empty), status `$4`
+/// as Lookup reports it at `$10` (any when empty; an attempt past its lease is UNKNOWN),
+/// started in [`$5`, `$6`), and after the cursor (`$7` started_at, `$8` key) in the listing's
+/// order, by started_at and then key.
+macro_rules! list_filter {
+    () => {
+        "($3 = '' OR tool = $3) \
+         AND ($4 = '' \
+              OR (status = $4 AND (status <> 'ATTEMPTING' OR lease_expires_at > $10)) \
+              OR ($4 = 'UNKNOWN' AND status = 'ATTEMPTING' AND lease_expires_at <= $10)) \
+         AND started_at >= $5 AND started_at < $6 \
+         AND (started_at > $7 OR (started_at = $7 AND key > $8)) \
+         ORDER BY started_at, key LIMIT $9"
+    };
+}
+
+/// A page of one run's entries (run `$2`), with their stored arguments; see [`list_filter!`].
+/// The run's own statement, so that its plan can use the (tenant, run_id, started_at, key)
+/// index: a generic plan cannot when the run is an optional filter.
+pub const LIST_RUN: &str = concat!(
+    "SELECT ",
+    entry_columns!(),
+    ", arguments FROM ledger_entries WHERE tenant = $1 AND run_id = $2 AND ",
+    list_filter!()
+);
+
+/// A page of a tenant's entries of any run (`$2` is empty), with their stored arguments; see
+/// [`list_filter!`].
+pub const LIST: &str = concat!(
+    "SELECT ",
+    entry_columns!(),
+    ", arguments FROM ledger_entries WHERE tenant = $1 AND $2 = '' AND ",
+    list_filter!()
+);
+
+/// Binds an [`Entry`](crate::domain::Entry)'s columns as `$1`..`$19` in [`INSERT`]'s order.
 macro_rules! bind_entry {
     ($query:expr, $tenant:expr, $e:expr) => {
         $query
@@ -107,6 +155,7 @@ macro_rules! bind_entry {
             .bind($e.retention.0)
             .bind($e.expires_at.map(|m| m.0))
             .bind(i64::try_from($e.replay_count).unwrap_or(i64::MAX))
+            .bind(&$e.arguments)
     };
 }
 
@@ -249,6 +298,33 @@ macro_rules! impl_store {
             Ok(done.rows_affected())
         }
 
+        async fn list(&self, tenant: &str, query: &ListQuery) -> StoreResult<Vec<Entry>> {
+            let (after_started, after_key) = query
+                .after
+                .as_ref()
+                .map_or((i64::MIN, ""), |(started, key)| (started.0, key.as_str()));
+            let select = if query.run_id.is_empty() {
+                sqlx::query_as(sql::LIST)
+            } else {
+                sqlx::query_as(sql::LIST_RUN)
+            };
+            let rows: Vec<EntryRow> = select
+                .bind(tenant)
+                .bind(&query.run_id)
+                .bind(&query.tool)
+                .bind(query.status.map_or("", |s| s.as_str()))
+                .bind(query.started_from.0)
+                .bind(query.started_before.0)
+                .bind(after_started)
+                .bind(after_key)
+                .bind(i64::from(query.limit))
+                .bind(query.now.0)
+                .fetch_all(&self.pool)
+                .await
+                .map_err(StoreError::from_sqlx)?;
+            rows.into_iter().map(Entry::try_from).collect()
+        }
+
         async fn mark_waiting(&self, tenant: &str, key: &str) -> StoreResult<()> {
             sqlx::query(sql::MARK_WAITING)
                 .bind(tenant)
@@ -257,6 +333,24 @@ macro_rules! impl_store {
                 .await
                 .map_err(StoreError::from_sqlx)?;
             Ok(())
+        }
+
+        async fn count_unresolved(&self, now: Micros) -> StoreResult<super::UnresolvedCount> {
+            sqlx::query_as(sql::COUNT_UNRESOLVED)
+                .bind(now.0)
+                .fetch_one(&self.pool)
+                .await
+                .map_err(StoreError::from_sqlx)
+        }
+
+        fn pool_stats(&self) -> super::PoolStats {
+            let size = self.pool.size();
+            let idle = u32::try_from(self.pool.num_idle()).unwrap_or(u32::MAX).min(size);
+            super::PoolStats {
+                in_use: size - idle,
+                idle,
+                max: self.pool.options().get_max_connections(),
+            }
         }
 
         }

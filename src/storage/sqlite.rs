@@ -12,7 +12,8 @@ use sqlx::sqlite::{
 
 use super::sql::{self, bind_entry, bind_finish, entry_columns, impl_store, unresolved_where};
 use super::{
-    EntryRow, Finish, Finished, FinishedRow, PoolOptions, StoreError, StoreResult, UnresolvedQuery,
+    EntryRow, Finish, Finished, FinishedRow, ListQuery, PoolOptions, StoreError, StoreResult,
+    UnresolvedQuery,
 };
 use crate::domain::{Entry, Micros};
 

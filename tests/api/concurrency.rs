@@ -287,6 +287,7 @@ async fn a_failing_batch_writes_nothing(backend: Backend) {
         retention: Micros(3),
         expires_at: None,
         replay_count: 0,
+        arguments: None,
     };
     let mut batch: Vec<(String, Entry)> = (0..10)
         .map(|n| ("default".to_string(), entry(n, 1)))

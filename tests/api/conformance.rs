@@ -5,11 +5,11 @@
 use std::time::Duration;
 
 use idempotency_ledger::domain::canonical::Canonicalization;
-use idempotency_ledger::domain::{FinalStatus, Status};
+use idempotency_ledger::domain::{Entry, FinalStatus, Status};
 use idempotency_ledger::error::LedgerError;
 use idempotency_ledger::ledger::{
-    ClaimInput, ClaimOutput, CompleteInput, Ledger, Limits, LookupInput, Outcome, ReconcileInput,
-    ResolutionInput, Tenant,
+    ClaimInput, ClaimOutput, CompleteInput, EntryView, Ledger, Limits, LookupInput, Outcome,
+    ReconcileInput, ResolutionInput, Tenant,
 };
 
 use crate::support::{Backend, TestLedger};
@@ -107,11 +107,13 @@ fn token(out: &ClaimOutput) -> String {
         .expect("a claimed outcome carries a token")
 }
 
+/// Lookup by key, without the arguments kept for audit (which Claim and Complete leave out), so
+/// the entry compares equal to theirs; Lookup must show the arguments.
 async fn lookup_key(
     ledger: &Ledger,
     key: &str,
 ) -> Result<idempotency_ledger::ledger::EntryView, LedgerError> {
-    ledger
+    let mut view = ledger
         .lookup(
             &tenant(),
             LookupInput {
@@ -119,7 +121,13 @@ async fn lookup_key(
                 ..Default::default()
             },
         )
-        .await
+        .await?;
+    let arguments = view.entry.arguments.take();
+    assert!(
+        arguments.as_deref().is_some_and(|a| a.starts_with('{')),
+        "Lookup shows the stored arguments: {arguments:?}"
+    );
+    Ok(view)
 }
 
 async fn a_first_claim_is_claimed_with_attempt_one_and_a_token(b: Backend) {
@@ -1005,7 +1013,21 @@ async fn lookup_by_key_and_by_derivation_agree_and_change_nothing(b: Backend) {
         )
         .await
         .expect("by derivation");
-    assert_eq!(by_key, derived);
+    assert_eq!(
+        derived.entry.arguments.as_deref(),
+        Some(r#"{"amount":200,"currency":"EUR","customer":"c-42"}"#),
+        "the canonical arguments, kept for audit"
+    );
+    assert_eq!(
+        by_key,
+        EntryView {
+            entry: Entry {
+                arguments: None,
+                ..derived.entry
+            },
+            ..derived
+        }
+    );
     assert_eq!(by_key.entry.replay_count, 0, "lookups are not replays");
     assert_eq!(
         lookup_key(&t.ledger, &key).await.expect("again"),

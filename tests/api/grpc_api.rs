@@ -127,15 +127,33 @@ pub(crate) async fn claim_ok(app: &TestApp, req: pb::ClaimRequest) -> pb::ClaimR
         .into_inner()
 }
 
+/// The entry Lookup returns, without the arguments kept for audit (which Claim and Complete
+/// answers leave out), so it compares equal to theirs; the arguments must be there.
 pub(crate) async fn lookup_entry(app: &TestApp, req: pb::LookupRequest) -> pb::Entry {
-    app.client
+    let entry = app
+        .client
         .clone()
         .lookup(req)
         .await
         .expect("lookup")
         .into_inner()
         .entry
-        .expect("entry")
+        .expect("entry");
+    without_arguments(entry)
+}
+
+/// `entry` with its audit arguments checked (canonical JSON of an object) and cleared.
+pub(crate) fn without_arguments(entry: pb::Entry) -> pb::Entry {
+    assert!(
+        entry.arguments_json.starts_with('{')
+            && serde_json::from_str::<serde_json::Value>(&entry.arguments_json).is_ok(),
+        "Lookup shows the stored arguments: {:?}",
+        entry.arguments_json
+    );
+    pb::Entry {
+        arguments_json: String::new(),
+        ..entry
+    }
 }
 
 async fn claim_complete_replay_and_lookup_work_end_to_end(b: Backend) {

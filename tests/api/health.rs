@@ -292,6 +292,18 @@ async fn help_documents_every_flag_and_environment_variable_of_the_contract() {
         ("--tls-cert", "LEDGER_TLS_CERT", ""),
         ("--tls-key", "LEDGER_TLS_KEY", ""),
         ("--metrics-listen", "LEDGER_METRICS_LISTEN", ""),
+        (
+            "--metrics-refresh-interval",
+            "LEDGER_METRICS_REFRESH_INTERVAL",
+            "15s",
+        ),
+        ("--metrics-max-tools", "LEDGER_METRICS_MAX_TOOLS", "50"),
+        ("--replay-alarm-window", "LEDGER_REPLAY_ALARM_WINDOW", "15m"),
+        (
+            "--replay-alarm-min-claims",
+            "LEDGER_REPLAY_ALARM_MIN_CLAIMS",
+            "100",
+        ),
         ("--default-lease", "LEDGER_DEFAULT_LEASE", "60s"),
         ("--max-lease", "LEDGER_MAX_LEASE", "1h"),
         ("--default-retention", "LEDGER_DEFAULT_RETENTION", "24h"),

@@ -6,12 +6,15 @@
 #[macro_use]
 mod support;
 
+mod audit;
 mod concurrency;
 mod conformance;
 mod faults;
 mod grpc_api;
 mod health;
 mod inspect;
+mod logs;
+mod metrics;
 mod no_panic;
 mod operations;
 mod plans;

@@ -53,9 +53,9 @@ async fn the_metrics_endpoint_counts_each_outcome_and_code() {
     let text = scrape(metrics_addr).await;
     assert!(text.starts_with("HTTP/1.1 200 OK"), "{text}");
     for line in [
-        "ledger_claims_total{outcome=\"claimed\"} 1\n",
-        "ledger_claims_total{outcome=\"replayed\"} 3\n",
-        "ledger_claims_total{outcome=\"in_progress\"} 0\n",
+        "ledger_claims_total{outcome=\"claimed\",tool=\"send_reply\"} 1\n",
+        "ledger_claims_total{outcome=\"replayed\",tool=\"send_reply\"} 3\n",
+        "ledger_claims_total{outcome=\"in_progress\",tool=\"send_reply\"} 0\n",
         "grpc_method=\"Claim\",grpc_code=\"OK\"} 4\n",
         "grpc_method=\"Complete\",grpc_code=\"OK\"} 1\n",
         "grpc_method=\"Complete\",grpc_code=\"FAILED_PRECONDITION\"} 1\n",

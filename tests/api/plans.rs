@@ -59,7 +59,7 @@ async fn check_plans(conn: &mut sqlx::PgConnection) {
 
     // The parameters' types, as the server binds them.
     let entry = "text, text, text, text, text, text, int8, text, bytea, text, bool, text, \
-                 int8, int8, int8, int8, int8, int8";
+                 int8, int8, int8, int8, int8, int8, text";
     let by_key = [
         ("GET", sql::GET, "text, text".to_string()),
         ("RESTART", sql::RESTART, format!("{entry}, text")),
@@ -92,6 +92,21 @@ async fn check_plans(conn: &mut sqlx::PgConnection) {
             "{name} scans the table:\n{plan}"
         );
     }
+    let run_page = generic_plan(
+        conn,
+        "LIST_RUN",
+        sql::LIST_RUN,
+        "text, text, text, text, int8, int8, int8, text, int8, int8",
+    )
+    .await;
+    assert!(
+        run_page.contains("ledger_entries_by_run"),
+        "a run's listing does not use the run index:\n{run_page}"
+    );
+    assert!(
+        !run_page.contains("Sort"),
+        "a run's listing reads the index in order, without sorting:\n{run_page}"
+    );
     let pick = generic_plan(
         conn,
         "TAKE_UNRESOLVED",

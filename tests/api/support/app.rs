@@ -295,6 +295,8 @@ pub struct ServerProcess {
     /// What the server wrote to stderr so far is read by [`ServerProcess::start`] up to the
     /// start-up line; the rest keeps draining in a task.
     pub startup_log: String,
+    /// What the server wrote to stderr after the start-up line, as it arrives.
+    pub log: Arc<std::sync::Mutex<String>>,
 }
 
 impl ServerProcess {
@@ -339,11 +341,20 @@ impl ServerProcess {
                 break;
             }
         }
-        tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
+        let log = Arc::new(std::sync::Mutex::new(String::new()));
+        let sink = log.clone();
+        tokio::spawn(async move {
+            while let Ok(Some(line)) = lines.next_line().await {
+                let mut sink = sink.lock().expect("log");
+                sink.push_str(&line);
+                sink.push('\n');
+            }
+        });
         ServerProcess {
             addr,
             child,
             startup_log,
+            log,
         }
     }
 
