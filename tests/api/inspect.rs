@@ -21,7 +21,7 @@ const GLOBEX: &str = "token-globex";
 const RUN: &str = "run-audit";
 /// More than one page of the listing's default page size (100).
 const CREDITS: usize = 100;
-const EXPLICIT_KEY: &str = "wf-42:step-charge";
+const EXPLICIT_KEY: &str = "wf-42:step-3";
 /// A result that is not UTF-8: shown in base64.
 const BINARY_RESULT: &[u8] = &[0xff, 0x00, 0x41];
 
@@ -244,7 +244,7 @@ async fn fill(app: &TestApp) -> (Expected, Vec<String>) {
     make(
         app,
         GLOBEX,
-        claim(RUN, "issue_credit", "{\"customer\":\"c-0\",\"amount\":0}"),
+        claim(RUN, "issue_credit", "{\"customer\":\"c-globex\"}"),
         succeeded(b"{}"),
     )
     .await;
@@ -532,7 +532,7 @@ async fn the_inspection_commands_print_what_the_store_holds(backend: Backend) {
                 pb::LookupRequest {
                     run_id: RUN.into(),
                     tool: "issue_credit".into(),
-                    arguments_json: "{\"customer\":\"c-0\",\"amount\":0}".into(),
+                    arguments_json: "{\"customer\":\"c-globex\"}".into(),
                     ..Default::default()
                 },
                 GLOBEX,
