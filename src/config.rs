@@ -1,4 +1,5 @@
-//! The command line: `serve` (the default) and `migrate`, and every setting as a flag with an
+//! The command line: `serve` (the default), `migrate`, the inspection commands `entries` and
+//! `entry` (their arguments live in [`crate::inspect`]), and every setting as a flag with an
 //! environment variable of the same meaning. The doc comment of each field is its `--help`
 //! text, so `idempotency-ledger --help` is the configuration reference.
 
@@ -23,18 +24,24 @@ pub struct Cli {
     /// What to do; `serve` when omitted.
     #[command(subcommand)]
     pub command: Option<Command>,
-    /// Settings shared by every subcommand.
-    #[command(flatten)]
+    /// The server's settings (`serve` and `migrate`; the inspection commands ignore them).
+    #[command(flatten, next_help_heading = "Server settings (serve, migrate)")]
     pub settings: Settings,
 }
 
 /// The subcommands.
-#[derive(Subcommand, Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Subcommand, Debug, Clone, PartialEq, Eq)]
 pub enum Command {
     /// Run the gRPC server (the default). Migrations run first.
     Serve,
     /// Apply the database migrations and exit.
     Migrate,
+    /// List a running server's entries (ListEntries) as a table, or JSON with --json. A client
+    /// of the server: the server's settings do not apply.
+    Entries(crate::inspect::EntriesArgs),
+    /// Print one entry of a running server (Lookup by key), one field a line, or JSON with
+    /// --json. Exits 1 when there is no entry with that key.
+    Entry(crate::inspect::EntryArgs),
 }
 
 /// With `--wait-wakeup listen`, watched keys are still read this often, for announcements

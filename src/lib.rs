@@ -23,6 +23,8 @@
 //! - [`metrics`]: the Prometheus families (the gRPC layer, the ledger's counters, gauges read
 //!   from the store), the replay-rate alarm, and the optional `/metrics` endpoint.
 //! - [`config`]: the command line; every flag has an environment variable.
+//! - [`inspect`]: the `entries` and `entry` subcommands, a gRPC client that prints what a
+//!   running server holds.
 //! - [`telemetry`]: the log subscriber (text or JSON), one span and one access line per RPC,
 //!   W3C trace context.
 
@@ -32,6 +34,7 @@ pub mod config;
 pub mod domain;
 pub mod error;
 pub mod grpc;
+pub mod inspect;
 pub mod ledger;
 pub mod metrics;
 pub mod server;

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use clap::Parser;
 use idempotency_ledger::config::{Cli, Command};
 use idempotency_ledger::domain::time::SystemClock;
-use idempotency_ledger::{server, telemetry};
+use idempotency_ledger::{inspect, server, telemetry};
 
 #[tokio::main]
 async fn main() -> ExitCode {
@@ -20,6 +20,9 @@ async fn main() -> ExitCode {
     let result = match cli.command.unwrap_or(Command::Serve) {
         Command::Serve => server::run(cli.settings, Arc::new(SystemClock), shutdown_signal()).await,
         Command::Migrate => server::migrate(&cli.settings).await,
+        // The inspection commands print their own errors and choose their exit status.
+        Command::Entries(args) => return inspect::entries(args).await,
+        Command::Entry(args) => return inspect::entry(args).await,
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

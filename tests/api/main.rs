@@ -1,6 +1,7 @@
 //! Every integration test in one binary (one link, one shared PostgreSQL template): the storage
 //! conformance suite run on SQLite and PostgreSQL, the gRPC API through a real tonic client,
-//! tenants, health and shutdown, and concurrency across connections and server processes.
+//! tenants, health and shutdown, the inspection commands (the binary as a client), and
+//! concurrency across connections and server processes.
 
 #[macro_use]
 mod support;
@@ -11,6 +12,7 @@ mod conformance;
 mod faults;
 mod grpc_api;
 mod health;
+mod inspect;
 mod logs;
 mod metrics;
 mod no_panic;

@@ -131,14 +131,15 @@ async fn the_server_speaks_tls_with_the_given_certificate() {
 }
 
 /// A CA, a server certificate for localhost and a client certificate, all signed by the CA.
-struct Pki {
-    dir: tempfile::TempDir,
-    ca_pem: String,
-    client_cert_pem: String,
-    client_key_pem: String,
+/// `dir` holds `ca.pem`, `server.pem` and `server.key`.
+pub(crate) struct Pki {
+    pub(crate) dir: tempfile::TempDir,
+    pub(crate) ca_pem: String,
+    pub(crate) client_cert_pem: String,
+    pub(crate) client_key_pem: String,
 }
 
-fn pki() -> Pki {
+pub(crate) fn pki() -> Pki {
     use rcgen::{BasicConstraints, CertificateParams, CertifiedIssuer, IsCa, KeyPair};
     let mut ca_params = CertificateParams::new(Vec::<String>::new()).expect("ca params");
     ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);

@@ -9,6 +9,7 @@ export {
   type CompleteParams,
   type CompleteResult,
   type LedgerOptions,
+  type ListEntriesParams,
   type LookupParams,
   type ReconcileParams,
   type ReconcileResult,

@@ -1,17 +1,20 @@
-// The Ledger client: Claim, Complete, Lookup, Reconcile over gRPC (Connect-ES's gRPC transport
+// The Ledger client: Claim, Complete, Lookup, Reconcile, ListEntries (as an async iterator) over gRPC (Connect-ES's gRPC transport
 // on Node's http2), bearer-token credentials, optional TLS, per-call deadlines with a default,
 // and runOnce, the claim → act → complete loop around one side-effecting tool call.
 
 import { create } from "@bufbuild/protobuf";
+import { timestampFromDate } from "@bufbuild/protobuf/wkt";
 import { createClient, type Client, type Interceptor, type Transport } from "@connectrpc/connect";
 import { createGrpcTransport, Http2SessionManager } from "@connectrpc/connect-node";
 import {
   ClaimRequestSchema,
   CompleteRequestSchema,
   LedgerService,
+  ListEntriesRequestSchema,
   LookupRequestSchema,
   ReconcileRequestSchema,
   ResolutionSchema,
+  Status as PbStatus,
 } from "./gen/idempotency/v1/ledger_pb.js";
 import { jsonCodec, type Codec } from "./codec.js";
 import {
@@ -34,6 +37,7 @@ import {
   msFromDuration,
   outcomeName,
   statusValue,
+  type EntryStatus,
   type LedgerEntry,
   type Outcome,
 } from "./types.js";
@@ -134,6 +138,21 @@ export interface ReconcileParams {
   /** How many pending entries to hand out (0 or unset: the server's default). */
   limit?: number;
   resolutions?: Resolution[];
+}
+
+export interface ListEntriesParams {
+  /** Only entries claimed by this run. */
+  runId?: string;
+  /** Only entries of this tool. */
+  tool?: string;
+  /** Only entries in this state (an attempt past its lease is UNKNOWN). */
+  status?: Exclude<EntryStatus, "UNSPECIFIED">;
+  /** Only entries whose current attempt started at or after this time. */
+  startedAfter?: Date;
+  /** Only entries whose current attempt started before this time. */
+  startedBefore?: Date;
+  /** Entries fetched per call (default 100, at most 1000). */
+  pageSize?: number;
 }
 
 export interface ReconcileResult {
@@ -330,6 +349,41 @@ export class Ledger {
       return { pending: res.pending.map(entryFrom), resolved: res.resolved.map(entryFrom) };
     } catch (err) {
       throw toLedgerError(err);
+    }
+  }
+
+  /**
+   * Yields the tenant's entries that match, oldest attempt first (by startedAt, then key),
+   * fetching a page at a time as the iteration goes (`for await (const e of
+   * ledger.listEntries({ runId }))`). Unset filters match everything. The deadline applies to
+   * each page's call; errors are thrown by the iteration.
+   */
+  async *listEntries(
+    params: ListEntriesParams = {},
+    opts?: CallOptions,
+  ): AsyncGenerator<LedgerEntry, void, undefined> {
+    const req = create(ListEntriesRequestSchema, {
+      runId: params.runId ?? "",
+      tool: params.tool ?? "",
+      status: params.status === undefined ? PbStatus.UNSPECIFIED : statusValue(params.status),
+      startedAfter: params.startedAfter ? timestampFromDate(params.startedAfter) : undefined,
+      startedBefore: params.startedBefore ? timestampFromDate(params.startedBefore) : undefined,
+      pageSize: params.pageSize ?? 0,
+    });
+    for (;;) {
+      let res;
+      try {
+        res = await this.client.listEntries(req, this.callOptions(opts));
+      } catch (err) {
+        throw toLedgerError(err);
+      }
+      for (const e of res.entries) yield entryFrom(e);
+      if (!res.nextPageToken) return;
+      // A server handing out the same token again would page forever.
+      if (res.nextPageToken === req.pageToken) {
+        throw new Error("the ledger answered the same page token twice");
+      }
+      req.pageToken = res.nextPageToken;
     }
   }
 

@@ -42,6 +42,12 @@ export interface LedgerEntry {
   replayCount: number;
   /** Pass it to external systems as their idempotency key or memo; reconcilers ask by it. */
   externalRef: string;
+  /**
+   * The tool's arguments in canonical form, as the server keeps them for audit (secrets
+   * redacted by its --store-arguments policy). Set by lookup and listEntries only; empty in the
+   * answers of claim, complete and reconcile.
+   */
+  argumentsJson: string;
 }
 
 export function statusName(s: PbStatus): EntryStatus {
@@ -52,7 +58,7 @@ export function outcomeName(o: PbOutcome): Outcome {
   return (PbOutcome[o] as Outcome | undefined) ?? "UNSPECIFIED";
 }
 
-export function statusValue(s: "SUCCEEDED" | "FAILED" | "UNKNOWN"): PbStatus {
+export function statusValue(s: Exclude<EntryStatus, "UNSPECIFIED">): PbStatus {
   const v = PbStatus[s];
   if (v === undefined) throw new TypeError(`unknown status ${String(s)}`);
   return v;
@@ -88,6 +94,7 @@ export function entryFrom(e: Entry | undefined): LedgerEntry {
     expiresAt: date(e.expiresAt),
     replayCount: Number(e.replayCount),
     externalRef: e.externalRef,
+    argumentsJson: e.argumentsJson,
   };
 }
 

@@ -1,5 +1,6 @@
 """The clients: :class:`Ledger` (blocking, on ``grpc``) and :class:`AsyncLedger` (asyncio, on
-``grpc.aio``), each with the four RPCs and :meth:`~Ledger.run_once`, the call agent code wants.
+``grpc.aio``), each with the RPCs (``list_entries`` pages through ListEntries as an iterator)
+and :meth:`~Ledger.run_once`, the call agent code wants.
 
 ``run_once(run_id, tool, arguments, action)``:
 
@@ -31,14 +32,14 @@ from __future__ import annotations
 import asyncio
 import inspect
 import time
-from collections.abc import Awaitable, Callable, Iterable, Mapping
-from datetime import timedelta
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator, Mapping
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any, TypeVar
 
 import grpc
 import grpc.aio
-from google.protobuf import duration_pb2
+from google.protobuf import duration_pb2, timestamp_pb2
 
 from idempotency.v1 import ledger_pb2 as pb
 from idempotency.v1 import ledger_pb2_grpc as pb_grpc
@@ -105,6 +106,15 @@ def _seconds(value: Seconds | None) -> float | None:
     if value is None:
         return None
     return value.total_seconds() if isinstance(value, timedelta) else float(value)
+
+
+def _timestamp(value: datetime | None) -> timestamp_pb2.Timestamp | None:
+    """A protobuf Timestamp; a naive datetime is read as UTC (as protobuf does)."""
+    if value is None:
+        return None
+    t = timestamp_pb2.Timestamp()
+    t.FromDatetime(value)
+    return t
 
 
 def _canonicalization(value: Canonicalization | str) -> str:
@@ -220,6 +230,32 @@ class _Base:
                 for r in resolutions
             ],
         )
+
+    @staticmethod
+    def _list_request(
+        run_id: str, tool: str, status: Status | str | None, started_after: datetime | None,
+        started_before: datetime | None, page_size: int,
+    ) -> Any:
+        return pb.ListEntriesRequest(
+            run_id=run_id,
+            tool=tool,
+            status=_status(status) if status is not None else "STATUS_UNSPECIFIED",
+            started_after=_timestamp(started_after),
+            started_before=_timestamp(started_before),
+            page_size=page_size,
+        )
+
+    @staticmethod
+    def _next_page(request: Any, response: Any) -> bool:
+        """Moves `request` to the page after `response`; False after the last page."""
+        token = response.next_page_token
+        if not token:
+            return False
+        if token == request.page_token:
+            # A server that hands out the same token again would page forever.
+            raise RuntimeError("the ledger answered the same page token twice")
+        request.page_token = token
+        return True
 
     @staticmethod
     def _settled(claim: ClaimResult, codec: Codec) -> Result[Any]:
@@ -372,6 +408,31 @@ class Ledger(_Base):
         r = self._call(self._stub.Reconcile, request, self._deadline(timeout))
         return Reconciliation([Entry.from_pb(e) for e in r.pending],
                               [Entry.from_pb(e) for e in r.resolved])
+
+    def list_entries(
+        self,
+        *,
+        run_id: str = "",
+        tool: str = "",
+        status: Status | str | None = None,
+        started_after: datetime | None = None,
+        started_before: datetime | None = None,
+        page_size: int = 100,
+        timeout: float | None = None,
+    ) -> Iterator[Entry]:
+        """Yields the entries of your tenant that match, oldest attempt first (by ``started_at``,
+        then key), fetching ``page_size`` at a time (at most 1000) as the iteration goes. Empty
+        filters match everything; `started_after` is inclusive, `started_before` exclusive (a
+        naive datetime is UTC). `timeout` is the deadline of each page's call. Errors are raised
+        by the iteration, not by this call."""
+        request = self._list_request(run_id, tool, status, started_after, started_before,
+                                     page_size)
+        while True:
+            r = self._call(self._stub.ListEntries, request, self._deadline(timeout))
+            for e in r.entries:
+                yield Entry.from_pb(e)
+            if not self._next_page(request, r):
+                return
 
     # --- run_once -----------------------------------------------------------------------------
 
@@ -538,6 +599,27 @@ class AsyncLedger(_Base):
         r = await self._call(self._stub.Reconcile, request, self._deadline(timeout))
         return Reconciliation([Entry.from_pb(e) for e in r.pending],
                               [Entry.from_pb(e) for e in r.resolved])
+
+    async def list_entries(
+        self,
+        *,
+        run_id: str = "",
+        tool: str = "",
+        status: Status | str | None = None,
+        started_after: datetime | None = None,
+        started_before: datetime | None = None,
+        page_size: int = 100,
+        timeout: float | None = None,
+    ) -> AsyncIterator[Entry]:
+        """See :meth:`Ledger.list_entries`: an async iterator (``async for entry in ...``)."""
+        request = self._list_request(run_id, tool, status, started_after, started_before,
+                                     page_size)
+        while True:
+            r = await self._call(self._stub.ListEntries, request, self._deadline(timeout))
+            for e in r.entries:
+                yield Entry.from_pb(e)
+            if not self._next_page(request, r):
+                return
 
     async def run_once(
         self,

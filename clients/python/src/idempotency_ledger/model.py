@@ -86,6 +86,10 @@ class Entry:
     replay_count: int
     #: The deterministic reference to hand to external systems (a memo, an idempotency header).
     external_ref: str
+    #: The tool's arguments in canonical form, as the server keeps them for audit (secrets
+    #: redacted by its ``--store-arguments`` policy). Set by ``lookup`` and ``list_entries``
+    #: only; empty in the answers of claim, complete and reconcile.
+    arguments_json: str = ""
 
     @classmethod
     def from_pb(cls, pb: Any) -> Entry:
@@ -112,6 +116,7 @@ class Entry:
             expires_at=when("expires_at"),
             replay_count=pb.replay_count,
             external_ref=pb.external_ref,
+            arguments_json=pb.arguments_json,
         )
 
 

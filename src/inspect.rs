@@ -1,0 +1,1085 @@
+//! Command-line inspection of a running server, for the operator without grpcurl at hand:
+//! `idempotency-ledger entries` pages through `ListEntries` and prints a table (or JSON), and
+//! `idempotency-ledger entry KEY` prints one `Lookup` answer field by field (or as JSON).
+//!
+//! It is a plain gRPC client of the service: it never opens the store, so it sees exactly what
+//! the credential's tenant sees. Printing to stdout is its job; errors go to stderr with the
+//! gRPC code, message and `ErrorInfo` reason. Exit statuses: 0 success, 1 `entry` of a key
+//! there is no entry for, 2 any other failure (as for clap's usage errors).
+
+use std::error::Error as StdError;
+use std::fmt::Write as _;
+use std::io::Write as _;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::str::FromStr;
+use std::time::{Duration, SystemTime};
+
+use base64::Engine as _;
+use clap::{Args, ValueEnum};
+use prost_types::Timestamp;
+use serde::Serialize;
+use tonic::metadata::{Ascii, MetadataValue};
+use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint, Identity};
+use tonic::{Code, Request};
+
+use crate::config::parse_duration;
+use crate::grpc::pb;
+use crate::grpc::pb::ledger_service_client::LedgerServiceClient;
+
+/// Exit status of `entry KEY` when there is no entry with that key.
+pub const EXIT_NOT_FOUND: u8 = 1;
+/// Exit status of every other failure (connection, credential, a refused request).
+pub const EXIT_FAILURE: u8 = 2;
+
+/// Longest tool or run id shown in a table cell unless `--wide`.
+const NAME_WIDTH: usize = 24;
+/// Longest error text shown in a table cell unless `--wide`.
+const ERROR_WIDTH: usize = 40;
+/// How many characters of the key a table shows unless `--wide`: as many as `external_ref`
+/// carries, so the two can be matched by eye.
+const KEY_WIDTH: usize = 16;
+/// The server's largest page (a larger `page_size` is shortened to it).
+const MAX_PAGE_SIZE: u32 = 1000;
+
+/// How to reach the server: shared by `entries` and `entry`.
+#[derive(Args, Debug, Clone, PartialEq, Eq)]
+pub struct Connection {
+    /// The server's URL: `http://HOST:PORT`, or `https://HOST:PORT` for TLS (with --ca-cert).
+    /// Without a scheme, `http://` is assumed.
+    #[arg(long, env = "LEDGER_SERVER", default_value = "http://127.0.0.1:50051")]
+    pub server: String,
+
+    /// Bearer token of the tenant to inspect, sent as `authorization: Bearer TOKEN` (prefer the
+    /// environment variable: a flag is visible in the process list).
+    #[arg(long, env = "LEDGER_TOKEN", hide_env_values = true)]
+    pub token: Option<String>,
+
+    /// PEM CA certificate that signed the server's TLS certificate (an https:// --server).
+    #[arg(long, env = "LEDGER_CA_CERT")]
+    pub ca_cert: Option<PathBuf>,
+
+    /// PEM client certificate, for a server that requires mutual TLS (needs --client-key).
+    #[arg(long, env = "LEDGER_CLIENT_CERT", requires = "client_key")]
+    pub client_cert: Option<PathBuf>,
+
+    /// PEM private key of --client-cert.
+    #[arg(long, env = "LEDGER_CLIENT_KEY", requires = "client_cert")]
+    pub client_key: Option<PathBuf>,
+
+    /// The name the server's certificate is checked against, when it differs from the host of
+    /// --server (a certificate for `localhost` reached by IP address).
+    #[arg(long, env = "LEDGER_TLS_SERVER_NAME")]
+    pub tls_server_name: Option<String>,
+
+    /// Deadline of connecting and of each call.
+    #[arg(long, default_value = "10s", value_parser = parse_duration)]
+    pub timeout: Duration,
+}
+
+/// `idempotency-ledger entries`: the arguments of a listing.
+#[derive(Args, Debug, Clone, PartialEq, Eq)]
+pub struct EntriesArgs {
+    /// Where the server is.
+    #[command(flatten)]
+    pub connection: Connection,
+
+    /// Only entries claimed by this run.
+    #[arg(long)]
+    pub run: Option<String>,
+
+    /// Only entries of this tool.
+    #[arg(long)]
+    pub tool: Option<String>,
+
+    /// Only entries in this state (an attempt past its lease counts as `unknown`).
+    #[arg(long, value_enum)]
+    pub status: Option<StatusFilter>,
+
+    /// Only entries whose current attempt started at or after this time: RFC 3339
+    /// (`2026-11-30T06:00:00Z`) or a duration ago (`15m`, `24h`, `7d`).
+    #[arg(long, value_parser = parse_time_bound)]
+    pub since: Option<TimeBound>,
+
+    /// Only entries whose current attempt started before this time: RFC 3339 or a duration ago.
+    #[arg(long, value_parser = parse_time_bound)]
+    pub until: Option<TimeBound>,
+
+    /// Stop after this many entries (all that match when unset).
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
+    pub limit: Option<u64>,
+
+    /// Entries asked for per ListEntries call (at most 1000).
+    #[arg(long, default_value_t = 100, value_parser = clap::value_parser!(u32).range(1..=i64::from(MAX_PAGE_SIZE)))]
+    pub page_size: u32,
+
+    /// Show whole keys, tools, runs and errors instead of shortening them.
+    #[arg(long)]
+    pub wide: bool,
+
+    /// Print a JSON array (one entry object a line, proto3 JSON field names) instead of a
+    /// table.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// `idempotency-ledger entry KEY`: the arguments of one lookup.
+#[derive(Args, Debug, Clone, PartialEq, Eq)]
+pub struct EntryArgs {
+    /// Where the server is.
+    #[command(flatten)]
+    pub connection: Connection,
+
+    /// The entry's key (derived or explicit), as `entries --wide` shows it.
+    pub key: String,
+
+    /// Print one JSON object (proto3 JSON field names) instead of one field a line.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// An entry state to list (`--status`).
+#[derive(ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StatusFilter {
+    /// Claimed, lease not yet expired.
+    Attempting,
+    /// The effect happened; the result is stored.
+    Succeeded,
+    /// The effect did not happen (retryable or not).
+    Failed,
+    /// Nobody knows: reported unknown, or the lease expired without a Complete.
+    Unknown,
+}
+
+impl StatusFilter {
+    fn to_pb(self) -> pb::Status {
+        match self {
+            StatusFilter::Attempting => pb::Status::Attempting,
+            StatusFilter::Succeeded => pb::Status::Succeeded,
+            StatusFilter::Failed => pb::Status::Failed,
+            StatusFilter::Unknown => pb::Status::Unknown,
+        }
+    }
+}
+
+/// A bound of `--since` / `--until`: an instant, or a duration before the command runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TimeBound {
+    /// An RFC 3339 instant.
+    At(Timestamp),
+    /// That long before now.
+    Ago(Duration),
+}
+
+impl TimeBound {
+    /// The instant this bound means when the command runs at `now`.
+    pub fn resolve(self, now: SystemTime) -> Timestamp {
+        match self {
+            TimeBound::At(t) => t,
+            // Far past the epoch reads as the epoch: no entry is older.
+            TimeBound::Ago(d) => Timestamp::from(
+                now.checked_sub(d)
+                    .filter(|t| *t >= SystemTime::UNIX_EPOCH)
+                    .unwrap_or(SystemTime::UNIX_EPOCH),
+            ),
+        }
+    }
+}
+
+/// Parses `--since` / `--until`: RFC 3339 (`2026-11-30T06:00:00Z`, `2026-11-30T07:00:00+01:00`)
+/// or a duration ago with its unit (`90s`, `15m`, `24h`, `7d`).
+///
+/// # Errors
+/// A message naming both accepted forms. A bare number is refused: `2026` is more likely a
+/// year cut short than 2026 seconds.
+pub fn parse_time_bound(text: &str) -> Result<TimeBound, String> {
+    let text = text.trim();
+    if let Ok(t) = Timestamp::from_str(text) {
+        return Ok(TimeBound::At(t));
+    }
+    let has_unit = text.chars().any(|c| c.is_ascii_alphabetic());
+    match parse_duration(text) {
+        Ok(d) if has_unit => Ok(TimeBound::Ago(d)),
+        _ => Err(format!(
+            "`{text}` is neither an RFC 3339 time (2026-11-30T06:00:00Z) nor a duration ago \
+             with its unit (15m, 24h, 7d)"
+        )),
+    }
+}
+
+/// Why a command failed.
+#[derive(Debug)]
+enum Failure {
+    /// The server answered with an error.
+    Rpc(tonic::Status),
+    /// The server could not be reached.
+    Connect { server: String, detail: String },
+    /// A flag's value cannot be used (a file that cannot be read, a malformed token).
+    Usage(String),
+    /// Writing the output failed (other than the reader going away).
+    Output(std::io::Error),
+    /// The server broke the paging protocol.
+    Protocol(String),
+}
+
+impl From<tonic::Status> for Failure {
+    fn from(s: tonic::Status) -> Failure {
+        Failure::Rpc(s)
+    }
+}
+
+impl From<std::io::Error> for Failure {
+    fn from(e: std::io::Error) -> Failure {
+        Failure::Output(e)
+    }
+}
+
+/// Runs `entries`: lists what the store holds for the token's tenant.
+pub async fn entries(args: EntriesArgs) -> ExitCode {
+    match list(&args).await {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(f) => report(&f, None),
+    }
+}
+
+/// Runs `entry KEY`: prints one entry.
+pub async fn entry(args: EntryArgs) -> ExitCode {
+    match show(&args).await {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(f) => report(&f, Some(&args.key)),
+    }
+}
+
+async fn list(args: &EntriesArgs) -> Result<(), Failure> {
+    let (mut client, auth) = connect(&args.connection).await?;
+    // Both bounds are fixed once: every page of one listing must carry the same request.
+    let now = SystemTime::now();
+    let mut request = pb::ListEntriesRequest {
+        run_id: args.run.clone().unwrap_or_default(),
+        tool: args.tool.clone().unwrap_or_default(),
+        status: args
+            .status
+            .map_or(pb::Status::Unspecified, StatusFilter::to_pb) as i32,
+        started_after: args.since.map(|b| b.resolve(now)),
+        started_before: args.until.map(|b| b.resolve(now)),
+        page_size: 0,
+        page_token: String::new(),
+    };
+    let mut out = Output::stdout();
+    let mut rows: Vec<pb::Entry> = Vec::new();
+    let mut count: u64 = 0;
+    if args.json {
+        out.write("[")?;
+    }
+    // Whether entries beyond --limit match.
+    let more = loop {
+        let remaining = args.limit.map_or(u64::MAX, |l| l - count);
+        let page_size = u64::from(args.page_size).min(remaining);
+        request.page_size = i32::try_from(page_size).unwrap_or(i32::MAX);
+        let page = client
+            .list_entries(call(&auth, args.connection.timeout, request.clone()))
+            .await?
+            .into_inner();
+        let mut entries = page.entries.into_iter();
+        for e in entries
+            .by_ref()
+            .take(usize::try_from(remaining).unwrap_or(usize::MAX))
+        {
+            if args.json {
+                let separator = if count == 0 { "\n" } else { ",\n" };
+                out.write(&format!("{separator}{}", entry_json_line(&e)))?;
+            } else {
+                rows.push(e);
+            }
+            count += 1;
+        }
+        let limit_reached = args.limit.is_some_and(|l| count >= l);
+        if page.next_page_token.is_empty() {
+            break limit_reached && entries.next().is_some();
+        }
+        if limit_reached {
+            break true;
+        }
+        if page.next_page_token == request.page_token {
+            return Err(Failure::Protocol(
+                "the server answered the same page token twice".into(),
+            ));
+        }
+        request.page_token = page.next_page_token;
+    };
+    if args.json {
+        out.write(if count == 0 { "]\n" } else { "\n]\n" })?;
+    } else {
+        let options = TableOptions {
+            wide: args.wide,
+            show_run: args.run.is_none(),
+        };
+        out.write(&render_table(&rows, options))?;
+        out.write(&count_line(count, more))?;
+    }
+    out.flush()
+}
+
+async fn show(args: &EntryArgs) -> Result<(), Failure> {
+    let (mut client, auth) = connect(&args.connection).await?;
+    let request = pb::LookupRequest {
+        key: args.key.clone(),
+        ..Default::default()
+    };
+    let entry = client
+        .lookup(call(&auth, args.connection.timeout, request))
+        .await?
+        .into_inner()
+        .entry
+        .ok_or_else(|| Failure::Protocol("the server answered Lookup without an entry".into()))?;
+    let mut out = Output::stdout();
+    if args.json {
+        out.write(&entry_json_pretty(&entry))?;
+        out.write("\n")?;
+    } else {
+        out.write(&render_entry(&entry))?;
+    }
+    out.flush()
+}
+
+/// Connects (eagerly, so that an unreachable server is told apart from a refused call) and
+/// prepares the `authorization` header.
+async fn connect(
+    c: &Connection,
+) -> Result<(LedgerServiceClient<Channel>, Option<MetadataValue<Ascii>>), Failure> {
+    let server = if c.server.contains("://") {
+        c.server.clone()
+    } else {
+        format!("http://{}", c.server)
+    };
+    let auth = match &c.token {
+        Some(token) => Some(
+            MetadataValue::try_from(format!("Bearer {token}"))
+                .map_err(|_| Failure::Usage("--token must be printable ASCII".into()))?,
+        ),
+        None => None,
+    };
+    let mut endpoint = Endpoint::from_shared(server.clone())
+        .map_err(|e| Failure::Usage(format!("--server {server}: {e}")))?
+        .connect_timeout(c.timeout);
+    let https = endpoint.uri().scheme_str() == Some("https");
+    if https {
+        let ca = c.ca_cert.as_ref().ok_or_else(|| {
+            Failure::Usage(
+                "an https:// --server needs --ca-cert: this build trusts no system roots".into(),
+            )
+        })?;
+        let mut tls = ClientTlsConfig::new().ca_certificate(Certificate::from_pem(read(ca)?));
+        if let (Some(cert), Some(key)) = (&c.client_cert, &c.client_key) {
+            tls = tls.identity(Identity::from_pem(read(cert)?, read(key)?));
+        }
+        if let Some(name) = &c.tls_server_name {
+            tls = tls.domain_name(name.clone());
+        }
+        endpoint = endpoint
+            .tls_config(tls)
+            .map_err(|e| Failure::Usage(format!("TLS settings: {}", chain(&e))))?;
+    } else if c.ca_cert.is_some() || c.client_cert.is_some() {
+        return Err(Failure::Usage(
+            "--ca-cert and --client-cert need an https:// --server".into(),
+        ));
+    }
+    let channel = endpoint.connect().await.map_err(|e| Failure::Connect {
+        server: server.clone(),
+        detail: chain(&e),
+    })?;
+    Ok((LedgerServiceClient::new(channel), auth))
+}
+
+fn read(path: &Path) -> Result<Vec<u8>, Failure> {
+    std::fs::read(path).map_err(|e| Failure::Usage(format!("cannot read {}: {e}", path.display())))
+}
+
+fn call<T>(auth: &Option<MetadataValue<Ascii>>, timeout: Duration, msg: T) -> Request<T> {
+    let mut request = Request::new(msg);
+    request.set_timeout(timeout);
+    if let Some(auth) = auth {
+        request.metadata_mut().insert("authorization", auth.clone());
+    }
+    request
+}
+
+/// An error and its sources, as one line: tonic's transport errors say only "transport error"
+/// at the top, and the cause (connection refused, a certificate problem) is further down.
+fn chain(e: &dyn StdError) -> String {
+    let mut text = e.to_string();
+    let mut source = e.source();
+    while let Some(s) = source {
+        let part = s.to_string();
+        if !text.contains(&part) {
+            text.push_str(": ");
+            text.push_str(&part);
+        }
+        source = s.source();
+    }
+    text
+}
+
+/// Prints the failure to stderr and chooses the exit status. `key` is the looked-up key of
+/// `entry`, for which NOT_FOUND is an answer (status 1), not a failure.
+fn report(failure: &Failure, key: Option<&str>) -> ExitCode {
+    let mut stderr = std::io::stderr().lock();
+    let message = failure_message(failure, key);
+    // Nothing better can be done if stderr itself is gone.
+    let _ = writeln!(stderr, "{message}");
+    match (failure, key) {
+        (Failure::Rpc(s), Some(_)) if s.code() == Code::NotFound => ExitCode::from(EXIT_NOT_FOUND),
+        _ => ExitCode::from(EXIT_FAILURE),
+    }
+}
+
+fn failure_message(failure: &Failure, key: Option<&str>) -> String {
+    match failure {
+        Failure::Rpc(s) if s.code() == Code::NotFound && key.is_some() => format!(
+            "no entry with key {} (it never existed, expired, or belongs to another tenant)",
+            key.unwrap_or_default()
+        ),
+        Failure::Rpc(s) => {
+            use tonic_types::StatusExt;
+            let mut text = format!("error: {}", code_name(s.code()));
+            if let Some(info) = s.get_details_error_info() {
+                let _ = write!(text, " ({})", info.reason);
+            }
+            let _ = write!(text, ": {}", s.message());
+            if s.code() == Code::Unimplemented {
+                text.push_str("\n(the server is older than this command: upgrade it)");
+            }
+            text
+        }
+        Failure::Connect { server, detail } => {
+            format!("error: cannot connect to {server}: {detail}")
+        }
+        Failure::Usage(m) => format!("error: {m}"),
+        Failure::Output(e) => format!("error: cannot write the output: {e}"),
+        Failure::Protocol(m) => format!("error: {m}"),
+    }
+}
+
+/// A gRPC code as the contract writes it: `NOT_FOUND`, `UNAUTHENTICATED`.
+fn code_name(code: Code) -> String {
+    let mut name = String::new();
+    for (i, c) in format!("{code:?}").chars().enumerate() {
+        if i > 0 && c.is_ascii_uppercase() {
+            name.push('_');
+        }
+        name.push(c.to_ascii_uppercase());
+    }
+    name
+}
+
+/// Stdout that treats a reader who went away (`entries | head`) as the end of the job rather
+/// than an error: `println!` would panic there.
+struct Output {
+    out: std::io::StdoutLock<'static>,
+    closed: bool,
+}
+
+impl Output {
+    fn stdout() -> Output {
+        Output {
+            out: std::io::stdout().lock(),
+            closed: false,
+        }
+    }
+
+    fn write(&mut self, text: &str) -> Result<(), Failure> {
+        if self.closed {
+            return Ok(());
+        }
+        match self.out.write_all(text.as_bytes()) {
+            Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => {
+                self.closed = true;
+                Ok(())
+            }
+            other => other.map_err(Failure::from),
+        }
+    }
+
+    fn flush(&mut self) -> Result<(), Failure> {
+        match self.out.flush() {
+            Err(e) if e.kind() != std::io::ErrorKind::BrokenPipe => Err(e.into()),
+            _ => Ok(()),
+        }
+    }
+}
+
+// --- rendering -------------------------------------------------------------------------------
+
+/// How a table is drawn.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TableOptions {
+    /// Whole keys, tools, runs and errors.
+    pub wide: bool,
+    /// A RUN column: listings of one run (`--run`) leave it out, every row would repeat it.
+    pub show_run: bool,
+}
+
+/// The table `entries` prints: a header and one row per entry, columns padded to their widest
+/// cell. Empty input gives an empty string (the count line says "0 entries").
+pub fn render_table(entries: &[pb::Entry], options: TableOptions) -> String {
+    if entries.is_empty() {
+        return String::new();
+    }
+    let cut = |text: &str, width: usize| {
+        if options.wide {
+            one_line(text)
+        } else {
+            shorten(&one_line(text), width)
+        }
+    };
+    let mut header = vec!["STARTED_AT", "KEY"];
+    if options.show_run {
+        header.push("RUN");
+    }
+    header.extend([
+        "TOOL",
+        "STATUS",
+        "ATTEMPT",
+        "REPLAYS",
+        "FINISHED_AT",
+        "ERROR",
+    ]);
+    let mut rows: Vec<Vec<String>> = vec![header.iter().map(|h| (*h).to_string()).collect()];
+    for e in entries {
+        let mut row = vec![table_time(e.started_at.as_ref()), cut(&e.key, KEY_WIDTH)];
+        if options.show_run {
+            row.push(or_dash(cut(&e.run_id, NAME_WIDTH)));
+        }
+        row.extend([
+            cut(&e.tool, NAME_WIDTH),
+            status_label(e),
+            e.attempt.to_string(),
+            e.replay_count.to_string(),
+            table_time(e.finished_at.as_ref()),
+            or_dash(cut(&e.error, ERROR_WIDTH)),
+        ]);
+        rows.push(row);
+    }
+    let columns = rows[0].len();
+    let widths: Vec<usize> = (0..columns)
+        .map(|c| rows.iter().map(|r| r[c].chars().count()).max().unwrap_or(0))
+        .collect();
+    let mut text = String::new();
+    for row in &rows {
+        let mut line = String::new();
+        for (c, cell) in row.iter().enumerate() {
+            if c + 1 == columns {
+                line.push_str(cell);
+            } else {
+                let pad = widths[c] - cell.chars().count();
+                let _ = write!(line, "{cell}{:pad$}  ", "");
+            }
+        }
+        text.push_str(line.trim_end());
+        text.push('\n');
+    }
+    text
+}
+
+/// The last line of a listing.
+pub fn count_line(count: u64, more: bool) -> String {
+    let noun = if count == 1 { "entry" } else { "entries" };
+    if more {
+        format!("{count} {noun} (--limit reached; more match)\n")
+    } else {
+        format!("{count} {noun}\n")
+    }
+}
+
+/// The fields of one entry, one a line, for `entry KEY`.
+pub fn render_entry(e: &pb::Entry) -> String {
+    let time = |t: Option<&Timestamp>| t.map_or_else(|| "-".to_string(), ToString::to_string);
+    let text = |s: &str| or_dash(one_line(s));
+    let (result_label, result) = if e.result.is_empty() {
+        ("result", "-".to_string())
+    } else {
+        match std::str::from_utf8(&e.result) {
+            Ok(t) => ("result (UTF-8)", one_line(t)),
+            Err(_) => (
+                "result (base64)",
+                base64::engine::general_purpose::STANDARD.encode(&e.result),
+            ),
+        }
+    };
+    let fields: [(&str, String); 17] = [
+        ("key", e.key.clone()),
+        ("external_ref", text(&e.external_ref)),
+        ("run_id", text(&e.run_id)),
+        ("tool", text(&e.tool)),
+        ("status", status_name(e.status)),
+        ("attempt", e.attempt.to_string()),
+        ("principal", text(&e.principal)),
+        ("fingerprint", text(&e.fingerprint)),
+        ("started_at", time(e.started_at.as_ref())),
+        ("finished_at", time(e.finished_at.as_ref())),
+        ("lease_expires_at", time(e.lease_expires_at.as_ref())),
+        ("expires_at", time(e.expires_at.as_ref())),
+        ("replay_count", e.replay_count.to_string()),
+        ("error", text(&e.error)),
+        ("retryable", e.retryable.to_string()),
+        ("arguments_json", text(&e.arguments_json)),
+        (result_label, result),
+    ];
+    let width = fields.iter().map(|(k, _)| k.len()).max().unwrap_or(0);
+    let mut out = String::new();
+    for (name, value) in fields {
+        let _ = writeln!(out, "{name:width$}  {value}");
+    }
+    out
+}
+
+/// One entry in the proto3 JSON mapping, as grpcurl prints it (camelCase names, enum names,
+/// 64-bit integers as strings, bytes in base64, RFC 3339 times), except that every field is
+/// present (unset times are `null`) so that scripts find the same keys in every object; plus
+/// `resultText`, the result as a string when it is valid UTF-8 (else `null`).
+#[derive(Serialize, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+struct EntryJson {
+    key: String,
+    run_id: String,
+    tool: String,
+    fingerprint: String,
+    status: serde_json::Value,
+    attempt: u32,
+    result: String,
+    result_text: Option<String>,
+    error: String,
+    retryable: bool,
+    principal: String,
+    started_at: Option<String>,
+    finished_at: Option<String>,
+    lease_expires_at: Option<String>,
+    expires_at: Option<String>,
+    replay_count: String,
+    external_ref: String,
+    arguments_json: String,
+}
+
+impl EntryJson {
+    fn of(e: &pb::Entry) -> EntryJson {
+        let time = |t: Option<&Timestamp>| t.map(ToString::to_string);
+        EntryJson {
+            key: e.key.clone(),
+            run_id: e.run_id.clone(),
+            tool: e.tool.clone(),
+            fingerprint: e.fingerprint.clone(),
+            // proto3 JSON writes a value this build does not know as its number.
+            status: match pb::Status::try_from(e.status) {
+                Ok(s) => serde_json::Value::from(s.as_str_name()),
+                Err(_) => serde_json::Value::from(e.status),
+            },
+            attempt: e.attempt,
+            result: base64::engine::general_purpose::STANDARD.encode(&e.result),
+            result_text: std::str::from_utf8(&e.result).ok().map(str::to_string),
+            error: e.error.clone(),
+            retryable: e.retryable,
+            principal: e.principal.clone(),
+            started_at: time(e.started_at.as_ref()),
+            finished_at: time(e.finished_at.as_ref()),
+            lease_expires_at: time(e.lease_expires_at.as_ref()),
+            expires_at: time(e.expires_at.as_ref()),
+            replay_count: e.replay_count.to_string(),
+            external_ref: e.external_ref.clone(),
+            arguments_json: e.arguments_json.clone(),
+        }
+    }
+}
+
+/// One entry as a one-line JSON object (see [`EntryJson`]).
+pub fn entry_json_line(e: &pb::Entry) -> String {
+    // A struct of strings, numbers and options always serializes.
+    serde_json::to_string(&EntryJson::of(e)).unwrap_or_default()
+}
+
+/// One entry as an indented JSON object (see [`EntryJson`]).
+pub fn entry_json_pretty(e: &pb::Entry) -> String {
+    serde_json::to_string_pretty(&EntryJson::of(e)).unwrap_or_default()
+}
+
+/// The STATUS column: the state, and for a failure whether a new claim may try again (the
+/// difference between "will run again" and "never in this intent").
+fn status_label(e: &pb::Entry) -> String {
+    let name = status_name(e.status);
+    if e.status == pb::Status::Failed as i32 {
+        let kind = if e.retryable {
+            "retryable"
+        } else {
+            "permanent"
+        };
+        format!("{name} ({kind})")
+    } else {
+        name
+    }
+}
+
+/// `SUCCEEDED`, or the number of a state this build does not know.
+fn status_name(status: i32) -> String {
+    match pb::Status::try_from(status) {
+        Ok(s) => s.as_str_name().trim_start_matches("STATUS_").to_string(),
+        Err(_) => format!("STATUS_{status}"),
+    }
+}
+
+/// A table's time: to the second (the table is for reading; `entry` and `--json` have the
+/// microseconds), or `-`.
+fn table_time(t: Option<&Timestamp>) -> String {
+    t.map_or_else(
+        || "-".to_string(),
+        |t| {
+            Timestamp {
+                seconds: t.seconds,
+                nanos: 0,
+            }
+            .to_string()
+        },
+    )
+}
+
+/// Text for a terminal: control characters (a newline in an error, an escape sequence in a
+/// stored result) are shown escaped, so one field stays one line and stored bytes cannot drive
+/// the operator's terminal.
+fn one_line(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    for c in text.chars() {
+        if c.is_control() {
+            out.extend(c.escape_default());
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
+
+/// At most `width` characters, the last one `…` when something was cut.
+fn shorten(text: &str, width: usize) -> String {
+    if text.chars().count() <= width {
+        return text.to_string();
+    }
+    let kept: String = text.chars().take(width.saturating_sub(1)).collect();
+    // "5.1.1…" rather than "5.1.1 …": the ellipsis stands for the cut, not for a space.
+    let mut out = kept.trim_end().to_string();
+    out.push('…');
+    out
+}
+
+fn or_dash(text: String) -> String {
+    if text.is_empty() {
+        "-".to_string()
+    } else {
+        text
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn at(text: &str) -> Timestamp {
+        Timestamp::from_str(text).expect("RFC 3339")
+    }
+
+    fn sample(key: &str, status: pb::Status) -> pb::Entry {
+        pb::Entry {
+            key: key.into(),
+            run_id: "run-7f3a".into(),
+            tool: "issue_credit".into(),
+            fingerprint: "d839".into(),
+            status: status as i32,
+            attempt: 1,
+            started_at: Some(at("2026-11-30T06:20:50.330042Z")),
+            lease_expires_at: Some(at("2026-11-30T06:21:50.330042Z")),
+            external_ref: format!("idem-{}", &key[..16.min(key.len())]),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn the_inspection_commands_parse_their_flags_without_any_server_setting() {
+        use crate::config::{Cli, Command};
+        use clap::Parser;
+        let cli = Cli::parse_from([
+            "idempotency-ledger",
+            "entries",
+            "--server",
+            "http://ledger:50051",
+            "--run",
+            "run-7f3a",
+            "--status",
+            "failed",
+            "--since",
+            "24h",
+            "--limit",
+            "5",
+            "--json",
+        ]);
+        let Some(Command::Entries(args)) = cli.command else {
+            panic!("not entries: {:?}", cli.command);
+        };
+        assert_eq!(args.connection.server, "http://ledger:50051");
+        assert_eq!(args.run.as_deref(), Some("run-7f3a"));
+        assert_eq!(args.status, Some(StatusFilter::Failed));
+        assert_eq!(
+            args.since,
+            Some(TimeBound::Ago(Duration::from_secs(86_400)))
+        );
+        assert_eq!(
+            (args.limit, args.page_size, args.json),
+            (Some(5), 100, true)
+        );
+        let cli = Cli::parse_from(["idempotency-ledger", "entry", "wf-1:step-2", "--json"]);
+        let Some(Command::Entry(args)) = cli.command else {
+            panic!("not entry: {:?}", cli.command);
+        };
+        assert_eq!((args.key.as_str(), args.json), ("wf-1:step-2", true));
+        // A page larger than the server's is refused rather than silently shortened.
+        assert!(
+            Cli::try_parse_from(["idempotency-ledger", "entries", "--page-size", "1001"]).is_err()
+        );
+        assert!(Cli::try_parse_from(["idempotency-ledger", "entry"]).is_err());
+    }
+
+    #[test]
+    fn since_and_until_take_rfc_3339_or_a_duration_ago() {
+        assert_eq!(
+            parse_time_bound("2026-11-30T06:00:00Z"),
+            Ok(TimeBound::At(at("2026-11-30T06:00:00Z")))
+        );
+        // An offset is the same instant in UTC.
+        assert_eq!(
+            parse_time_bound("2026-11-30T07:00:00+01:00"),
+            Ok(TimeBound::At(at("2026-11-30T06:00:00Z")))
+        );
+        assert_eq!(
+            parse_time_bound("15m"),
+            Ok(TimeBound::Ago(Duration::from_secs(900)))
+        );
+        assert_eq!(
+            parse_time_bound("24h"),
+            Ok(TimeBound::Ago(Duration::from_secs(86_400)))
+        );
+        assert_eq!(
+            parse_time_bound("7d"),
+            Ok(TimeBound::Ago(Duration::from_secs(7 * 86_400)))
+        );
+        assert_eq!(
+            parse_time_bound("500ms"),
+            Ok(TimeBound::Ago(Duration::from_millis(500)))
+        );
+    }
+
+    #[test]
+    fn a_bare_number_or_a_malformed_time_is_refused_naming_both_forms() {
+        for bad in [
+            "2026",
+            "900",
+            "yesterday",
+            "2026-13-01T00:00:00Z",
+            "15 minutes",
+            "",
+        ] {
+            let refused = parse_time_bound(bad);
+            assert!(refused.is_err(), "{bad:?} was accepted: {refused:?}");
+            let message = refused.unwrap_err();
+            assert!(
+                message.contains("RFC 3339") && message.contains("15m"),
+                "{message}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_duration_ago_resolves_against_the_time_the_command_runs() {
+        let now = SystemTime::UNIX_EPOCH + Duration::from_secs(1_000_000);
+        assert_eq!(
+            TimeBound::Ago(Duration::from_secs(900)).resolve(now),
+            Timestamp {
+                seconds: 1_000_000 - 900,
+                nanos: 0
+            }
+        );
+        let fixed = at("2026-11-30T06:00:00Z");
+        assert_eq!(TimeBound::At(fixed).resolve(now), fixed);
+        // Longer ago than the epoch: the epoch.
+        assert_eq!(
+            TimeBound::Ago(Duration::from_secs(2_000_000)).resolve(now),
+            Timestamp::default()
+        );
+    }
+
+    #[test]
+    fn the_table_aligns_columns_and_shortens_long_cells() {
+        let key = "43ba67c5ba6df15d441f50062f986b45a45acf6939a3175662c2afcb9c8678bb";
+        let mut done = sample(key, pb::Status::Succeeded);
+        done.finished_at = Some(at("2026-11-30T06:22:55.355339Z"));
+        done.replay_count = 3;
+        let mut failed = sample("wf-1:step-2", pb::Status::Failed);
+        failed.tool = "send_reply_to_a_customer_by_email".into();
+        failed.attempt = 2;
+        failed.retryable = true;
+        failed.error = "mailbox refused the message: 550 5.1.1 user unknown\nsecond line".into();
+        let table = render_table(
+            &[done, failed],
+            TableOptions {
+                wide: false,
+                show_run: false,
+            },
+        );
+        let expected = "\
+STARTED_AT            KEY               TOOL                      STATUS              ATTEMPT  REPLAYS  FINISHED_AT           ERROR
+2026-11-30T06:20:50Z  43ba67c5ba6df15…  issue_credit              SUCCEEDED           1        3        2026-11-30T06:22:55Z  -
+2026-11-30T06:20:50Z  wf-1:step-2       send_reply_to_a_custome…  FAILED (retryable)  2        0        -                     mailbox refused the message: 550 5.1.1…
+";
+        assert_eq!(table, expected);
+    }
+
+    #[test]
+    fn wide_shows_whole_cells_and_a_run_column_appears_without_run() {
+        let key = "43ba67c5ba6df15d441f50062f986b45a45acf6939a3175662c2afcb9c8678bb";
+        let mut e = sample(key, pb::Status::Failed);
+        e.error = "line one\nline two".into();
+        let table = render_table(
+            &[e],
+            TableOptions {
+                wide: true,
+                show_run: true,
+            },
+        );
+        let lines: Vec<&str> = table.lines().collect();
+        assert_eq!(lines.len(), 2, "{table}");
+        assert!(lines[0].starts_with("STARTED_AT            KEY"), "{table}");
+        assert!(lines[0].contains("  RUN  "), "{table}");
+        assert!(lines[1].contains(key), "{table}");
+        assert!(lines[1].contains("run-7f3a"), "{table}");
+        assert!(lines[1].contains("FAILED (permanent)"), "{table}");
+        // The newline is shown, not printed: the row stays one line.
+        assert!(lines[1].ends_with("line one\\nline two"), "{table}");
+    }
+
+    #[test]
+    fn an_empty_listing_is_only_its_count_line() {
+        let options = TableOptions {
+            wide: false,
+            show_run: true,
+        };
+        assert_eq!(render_table(&[], options), "");
+        assert_eq!(count_line(0, false), "0 entries\n");
+        assert_eq!(count_line(1, false), "1 entry\n");
+        assert_eq!(
+            count_line(100, true),
+            "100 entries (--limit reached; more match)\n"
+        );
+    }
+
+    #[test]
+    fn an_entry_prints_every_field_one_a_line() {
+        let mut e = sample("wf-1:step-2", pb::Status::Succeeded);
+        e.result = prost::bytes::Bytes::from_static(b"{\"credit_id\":\"cr-981\"}");
+        e.arguments_json = "{\"amount\":200}".into();
+        let text = render_entry(&e);
+        let names: Vec<&str> = text
+            .lines()
+            .map(|l| l.split("  ").next().unwrap_or_default())
+            .collect();
+        assert_eq!(
+            names,
+            [
+                "key",
+                "external_ref",
+                "run_id",
+                "tool",
+                "status",
+                "attempt",
+                "principal",
+                "fingerprint",
+                "started_at",
+                "finished_at",
+                "lease_expires_at",
+                "expires_at",
+                "replay_count",
+                "error",
+                "retryable",
+                "arguments_json",
+                "result (UTF-8)",
+            ]
+        );
+        assert!(text.contains("\nstatus            SUCCEEDED\n"), "{text}");
+        assert!(
+            text.contains("\nstarted_at        2026-11-30T06:20:50.330042Z\n"),
+            "{text}"
+        );
+        assert!(text.contains("\nfinished_at       -\n"), "{text}");
+        assert!(
+            text.ends_with("result (UTF-8)    {\"credit_id\":\"cr-981\"}\n"),
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn a_result_that_is_not_utf8_is_shown_in_base64_and_control_characters_escaped() {
+        let mut e = sample("k", pb::Status::Succeeded);
+        e.result = prost::bytes::Bytes::from_static(&[0xff, 0x00, 0x41]);
+        e.error = "\u{1b}[31mred".into();
+        let text = render_entry(&e);
+        assert!(text.contains("result (base64)   /wBB\n"), "{text}");
+        assert!(text.contains("\\u{1b}[31mred"), "{text}");
+        assert!(!text.contains('\u{1b}'), "{text}");
+    }
+
+    #[test]
+    fn json_follows_the_proto3_mapping_with_every_field_present() {
+        let mut e = sample("k-1", pb::Status::Succeeded);
+        e.result = prost::bytes::Bytes::from_static(b"{\"id\":1}");
+        e.replay_count = 2;
+        let v: serde_json::Value = serde_json::from_str(&entry_json_line(&e)).expect("JSON");
+        assert_eq!(v["status"], "STATUS_SUCCEEDED");
+        assert_eq!(v["runId"], "run-7f3a");
+        assert_eq!(v["replayCount"], "2");
+        assert_eq!(v["attempt"], 1);
+        assert_eq!(v["result"], "eyJpZCI6MX0=");
+        assert_eq!(v["resultText"], "{\"id\":1}");
+        assert_eq!(v["startedAt"], "2026-11-30T06:20:50.330042Z");
+        assert_eq!(v["finishedAt"], serde_json::Value::Null);
+        assert_eq!(v["argumentsJson"], "");
+        assert_eq!(v.as_object().map(serde_json::Map::len), Some(18));
+        // Bytes that are not text have no resultText; a status from a newer server is its number.
+        e.result = prost::bytes::Bytes::from_static(&[0xff]);
+        e.status = 9;
+        let v: serde_json::Value = serde_json::from_str(&entry_json_pretty(&e)).expect("JSON");
+        assert_eq!(v["resultText"], serde_json::Value::Null);
+        assert_eq!(v["status"], 9);
+    }
+
+    #[test]
+    fn errors_name_the_code_the_reason_and_the_message() {
+        use tonic_types::{ErrorDetails, StatusExt};
+        let status = tonic::Status::with_error_details(
+            Code::Unauthenticated,
+            "unknown bearer token",
+            ErrorDetails::with_error_info(
+                "UNAUTHENTICATED",
+                "idempotency.v1",
+                std::collections::HashMap::new(),
+            ),
+        );
+        assert_eq!(
+            failure_message(&Failure::Rpc(status), None),
+            "error: UNAUTHENTICATED (UNAUTHENTICATED): unknown bearer token"
+        );
+        let missing = tonic::Status::not_found("no entry with this key");
+        assert_eq!(
+            failure_message(&Failure::Rpc(missing.clone()), Some("k-9")),
+            "no entry with key k-9 (it never existed, expired, or belongs to another tenant)"
+        );
+        // Without a key (a listing), NOT_FOUND is an error like any other.
+        assert_eq!(
+            failure_message(&Failure::Rpc(missing), None),
+            "error: NOT_FOUND: no entry with this key"
+        );
+        assert_eq!(code_name(Code::FailedPrecondition), "FAILED_PRECONDITION");
+    }
+}

@@ -1,0 +1,665 @@
+//! The inspection commands, `idempotency-ledger entries` and `idempotency-ledger entry KEY`: the
+//! real binary run against a real server whose entries were made through a real gRPC client,
+//! its output read back and checked against what Lookup answers.
+
+use std::collections::BTreeMap;
+use std::str::FromStr;
+use std::time::Duration;
+
+use base64::Engine as _;
+use idempotency_ledger::grpc::pb;
+use prost_types::Timestamp;
+use tonic::Request;
+
+use crate::grpc_api::tokens_file;
+use crate::support::{Backend, ServerProcess, TestApp, TestDb, free_port, spawn_app_with};
+
+on_every_backend!(the_inspection_commands_print_what_the_store_holds);
+
+const ACME: &str = "token-acme";
+const GLOBEX: &str = "token-globex";
+const RUN: &str = "run-audit";
+/// More than one page of the listing's default page size (100).
+const CREDITS: usize = 100;
+const EXPLICIT_KEY: &str = "wf-42:step-3";
+/// A result that is not UTF-8: shown in base64.
+const BINARY_RESULT: &[u8] = &[0xff, 0x00, 0x41];
+
+/// What the binary printed and how it ended.
+struct Run {
+    code: Option<i32>,
+    stdout: String,
+    stderr: String,
+}
+
+/// Runs `idempotency-ledger ARGS` with `env`, without the caller's LEDGER_* variables.
+async fn cli(args: &[&str], env: &[(&str, &str)]) -> Run {
+    let mut command = tokio::process::Command::new(env!("CARGO_BIN_EXE_idempotency-ledger"));
+    command.args(args).kill_on_drop(true);
+    for name in [
+        "LEDGER_SERVER",
+        "LEDGER_TOKEN",
+        "LEDGER_CA_CERT",
+        "LEDGER_CLIENT_CERT",
+    ] {
+        command.env_remove(name);
+    }
+    command.env_remove("LEDGER_CLIENT_KEY");
+    command.env_remove("LEDGER_TLS_SERVER_NAME");
+    for (k, v) in env {
+        command.env(k, v);
+    }
+    let out = tokio::time::timeout(Duration::from_secs(30), command.output())
+        .await
+        .expect("the command ends within 30 s")
+        .expect("run idempotency-ledger");
+    Run {
+        code: out.status.code(),
+        stdout: String::from_utf8(out.stdout).expect("UTF-8 stdout"),
+        stderr: String::from_utf8(out.stderr).expect("UTF-8 stderr"),
+    }
+}
+
+/// Runs the command as tenant acme against `app` and expects success.
+async fn acme(app: &TestApp, args: &[&str]) -> String {
+    let server = format!("http://{}", app.addr);
+    let mut all = args.to_vec();
+    all.extend(["--server", &server, "--token", ACME]);
+    let run = cli(&all, &[]).await;
+    assert_eq!(
+        run.code,
+        Some(0),
+        "{args:?} failed:\n{}\n{}",
+        run.stdout,
+        run.stderr
+    );
+    run.stdout
+}
+
+fn bearer<T>(message: T, token: &str) -> Request<T> {
+    let mut request = Request::new(message);
+    request.metadata_mut().insert(
+        "authorization",
+        format!("Bearer {token}").parse().expect("header"),
+    );
+    request
+}
+
+/// What the test made, by key: the status column, attempt and replay count it expects.
+type Expected = BTreeMap<String, (&'static str, u32, u64)>;
+
+/// Claims (and completes, per `outcome`) one entry as `token`; returns its key.
+async fn make(
+    app: &TestApp,
+    token: &str,
+    claim: pb::ClaimRequest,
+    outcome: Option<pb::CompleteRequest>,
+) -> String {
+    let mut client = app.client.clone();
+    let claimed = client
+        .claim(bearer(claim, token))
+        .await
+        .expect("claim")
+        .into_inner();
+    assert_eq!(claimed.outcome(), pb::Outcome::Claimed);
+    let key = claimed.entry.expect("entry").key;
+    if let Some(complete) = outcome {
+        client
+            .complete(bearer(
+                pb::CompleteRequest {
+                    key: key.clone(),
+                    claim_token: claimed.claim_token,
+                    ..complete
+                },
+                token,
+            ))
+            .await
+            .expect("complete");
+    }
+    key
+}
+
+fn claim(run: &str, tool: &str, args: &str) -> pb::ClaimRequest {
+    pb::ClaimRequest {
+        run_id: run.into(),
+        tool: tool.into(),
+        arguments_json: args.into(),
+        principal: "agent-7".into(),
+        // Longer than the hour the clock is moved, so attempts in flight stay ATTEMPTING.
+        lease: Some(prost_types::Duration {
+            seconds: 3 * 3600,
+            nanos: 0,
+        }),
+        ..Default::default()
+    }
+}
+
+fn succeeded(result: &[u8]) -> Option<pb::CompleteRequest> {
+    Some(pb::CompleteRequest {
+        status: pb::Status::Succeeded.into(),
+        result: result.to_vec().into(),
+        ..Default::default()
+    })
+}
+
+fn failed(error: &str, retryable: bool) -> Option<pb::CompleteRequest> {
+    Some(pb::CompleteRequest {
+        status: pb::Status::Failed.into(),
+        error: error.into(),
+        retryable,
+        ..Default::default()
+    })
+}
+
+/// Fills the store: in run-audit, 100 credits (every tenth replayed, the first three times),
+/// three replies in flight, a permanent and a retried retryable failure, an unknown outcome, an
+/// explicit key with a binary result; two entries of another run; globex's entry in run-audit;
+/// and an hour later, three entries of run-later.
+async fn fill(app: &TestApp) -> (Expected, Vec<String>) {
+    let mut expected = Expected::new();
+    for i in 0..CREDITS {
+        let args = format!("{{\"customer\":\"c-{i}\",\"amount\":{i}}}");
+        let key = make(
+            app,
+            ACME,
+            claim(RUN, "issue_credit", &args),
+            succeeded(format!("{{\"credit_id\":\"cr-{i}\"}}").as_bytes()),
+        )
+        .await;
+        let replays = match i {
+            0 => 3,
+            i if i % 10 == 0 => 1,
+            _ => 0,
+        };
+        for _ in 0..replays {
+            let again = app
+                .client
+                .clone()
+                .claim(bearer(claim(RUN, "issue_credit", &args), ACME))
+                .await
+                .expect("replay")
+                .into_inner();
+            assert_eq!(again.outcome(), pb::Outcome::Replayed);
+        }
+        expected.insert(key, ("SUCCEEDED", 1, replays));
+    }
+    for i in 0..3 {
+        let key = make(
+            app,
+            ACME,
+            claim(RUN, "send_reply", &format!("{{\"ticket\":{i}}}")),
+            None,
+        )
+        .await;
+        expected.insert(key, ("ATTEMPTING", 1, 0));
+    }
+    let key = make(
+        app,
+        ACME,
+        claim(RUN, "open_ticket", "{\"queue\":\"billing\"}"),
+        failed("queue closed\nretry tomorrow", false),
+    )
+    .await;
+    expected.insert(key, ("FAILED (permanent)", 1, 0));
+    // A retryable failure, claimed again and failed again: attempt 2.
+    let refund = claim(RUN, "refund", "{\"order\":\"o-1\"}");
+    make(app, ACME, refund.clone(), failed("gateway said no", true)).await;
+    let key = make(app, ACME, refund, failed("gateway said no again", true)).await;
+    expected.insert(key, ("FAILED (retryable)", 2, 0));
+    let key = make(
+        app,
+        ACME,
+        claim(RUN, "send_sms", "{\"to\":\"+15550100\"}"),
+        Some(pb::CompleteRequest {
+            status: pb::Status::Unknown.into(),
+            error: "timed out after 30 s".into(),
+            ..Default::default()
+        }),
+    )
+    .await;
+    expected.insert(key, ("UNKNOWN", 1, 0));
+    let key = make(
+        app,
+        ACME,
+        pb::ClaimRequest {
+            key: EXPLICIT_KEY.into(),
+            ..claim(RUN, "charge_card", "{\"card\":\"tok_visa\",\"cents\":1299}")
+        },
+        succeeded(BINARY_RESULT),
+    )
+    .await;
+    assert_eq!(key, EXPLICIT_KEY);
+    expected.insert(key, ("SUCCEEDED", 1, 0));
+
+    for i in 0..2 {
+        make(
+            app,
+            ACME,
+            claim("run-other", "issue_credit", &format!("{{\"n\":{i}}}")),
+            succeeded(b"{}"),
+        )
+        .await;
+    }
+    // Same run name, another tenant: never in acme's listing.
+    make(
+        app,
+        GLOBEX,
+        claim(RUN, "issue_credit", "{\"customer\":\"c-globex\"}"),
+        succeeded(b"{}"),
+    )
+    .await;
+
+    app.clock.advance(Duration::from_secs(3600));
+    let mut later = Vec::new();
+    for i in 0..3 {
+        later.push(
+            make(
+                app,
+                ACME,
+                claim("run-later", "issue_credit", &format!("{{\"n\":{i}}}")),
+                succeeded(b"{}"),
+            )
+            .await,
+        );
+    }
+    (expected, later)
+}
+
+/// The cells of a table row (columns are separated by at least two spaces).
+fn cells(line: &str) -> Vec<&str> {
+    line.split("  ")
+        .map(str::trim)
+        .filter(|c| !c.is_empty())
+        .collect()
+}
+
+/// The data rows of a table (between the header and the count line), and the count line.
+fn table(stdout: &str) -> (Vec<Vec<&str>>, &str) {
+    let lines: Vec<&str> = stdout.lines().collect();
+    let (count, body) = lines.split_last().expect("a count line");
+    if body.is_empty() {
+        return (Vec::new(), count);
+    }
+    assert!(body[0].starts_with("STARTED_AT"), "a header:\n{stdout}");
+    (body[1..].iter().map(|l| cells(l)).collect(), count)
+}
+
+/// The keys of a `--wide` table (KEY is the second column).
+fn keys(stdout: &str) -> Vec<String> {
+    table(stdout)
+        .0
+        .iter()
+        .map(|row| row[1].to_string())
+        .collect()
+}
+
+fn time_of(value: &serde_json::Value) -> Option<Timestamp> {
+    value
+        .as_str()
+        .map(|t| Timestamp::from_str(t).expect("an RFC 3339 time"))
+}
+
+/// Checks that a JSON entry says what Lookup says, field by field.
+fn assert_same_entry(json: &serde_json::Value, entry: &pb::Entry) {
+    let key = &entry.key;
+    assert_eq!(json["key"], entry.key.as_str());
+    assert_eq!(json["runId"], entry.run_id.as_str(), "{key}");
+    assert_eq!(json["tool"], entry.tool.as_str(), "{key}");
+    assert_eq!(json["fingerprint"], entry.fingerprint.as_str(), "{key}");
+    assert_eq!(json["status"], entry.status().as_str_name(), "{key}");
+    assert_eq!(json["attempt"], entry.attempt, "{key}");
+    let result = base64::engine::general_purpose::STANDARD
+        .decode(json["result"].as_str().expect("result"))
+        .expect("base64");
+    assert_eq!(result, entry.result.to_vec(), "{key}");
+    match std::str::from_utf8(&entry.result) {
+        Ok(text) => assert_eq!(json["resultText"], text, "{key}"),
+        Err(_) => assert!(json["resultText"].is_null(), "{key}"),
+    }
+    assert_eq!(json["error"], entry.error.as_str(), "{key}");
+    assert_eq!(json["retryable"], entry.retryable, "{key}");
+    assert_eq!(json["principal"], entry.principal.as_str(), "{key}");
+    assert_eq!(time_of(&json["startedAt"]), entry.started_at, "{key}");
+    assert_eq!(time_of(&json["finishedAt"]), entry.finished_at, "{key}");
+    assert_eq!(
+        time_of(&json["leaseExpiresAt"]),
+        entry.lease_expires_at,
+        "{key}"
+    );
+    assert_eq!(time_of(&json["expiresAt"]), entry.expires_at, "{key}");
+    assert_eq!(
+        json["replayCount"],
+        entry.replay_count.to_string().as_str(),
+        "{key}"
+    );
+    assert_eq!(json["externalRef"], entry.external_ref.as_str(), "{key}");
+    assert_eq!(
+        json["argumentsJson"],
+        entry.arguments_json.as_str(),
+        "{key}"
+    );
+    assert!(!entry.arguments_json.is_empty(), "{key}: arguments kept");
+}
+
+async fn lookup(app: &TestApp, key: &str) -> pb::Entry {
+    app.client
+        .clone()
+        .lookup(bearer(
+            pb::LookupRequest {
+                key: key.into(),
+                ..Default::default()
+            },
+            ACME,
+        ))
+        .await
+        .expect("lookup")
+        .into_inner()
+        .entry
+        .expect("entry")
+}
+
+async fn the_inspection_commands_print_what_the_store_holds(backend: Backend) {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let tokens = tokens_file(&dir);
+    let app = spawn_app_with(backend, |s| {
+        s.auth_tokens_file = Some(tokens);
+        s.max_lease = Duration::from_secs(4 * 3600);
+    })
+    .await;
+    let (expected, later) = fill(&app).await;
+    let total = expected.len();
+    assert_eq!(total, CREDITS + 7);
+
+    // Every entry of the run exactly once, with its status, attempt and replays; the count.
+    let out = acme(&app, &["entries", "--run", RUN, "--wide"]).await;
+    let (rows, count) = table(&out);
+    assert_eq!(count, format!("{total} entries"), "{out}");
+    let mut seen = BTreeMap::new();
+    for row in &rows {
+        // STARTED_AT KEY TOOL STATUS ATTEMPT REPLAYS FINISHED_AT [ERROR]: no RUN column.
+        assert!(row.len() >= 7, "{row:?}");
+        let key = row[1].to_string();
+        let (status, attempt, replays): (&str, u32, u64) = (
+            row[3],
+            row[4].parse().expect("attempt"),
+            row[5].parse().expect("replays"),
+        );
+        assert!(
+            seen.insert(key.clone(), (status, attempt, replays))
+                .is_none(),
+            "{key} listed twice:\n{out}"
+        );
+    }
+    let seen: Expected = seen
+        .into_iter()
+        .map(|(k, (s, a, r))| {
+            let status = expected.get(&k).map_or("?", |e| e.0);
+            assert_eq!(status, s, "{k} status in:\n{out}");
+            (k, (status, a, r))
+        })
+        .collect();
+    assert_eq!(seen, expected, "the listing of {RUN}:\n{out}");
+    // The error column shows a newline escaped, so the row stays one line.
+    let failure = rows
+        .iter()
+        .find(|r| r[3] == "FAILED (permanent)")
+        .expect("the permanent failure");
+    assert_eq!(failure.last(), Some(&"queue closed\\nretry tomorrow"));
+
+    // Without --wide the same rows, keys shortened; the explicit key is short enough to stay.
+    let out = acme(&app, &["entries", "--run", RUN]).await;
+    let (rows, count) = table(&out);
+    assert_eq!(
+        (rows.len(), count),
+        (total, format!("{total} entries").as_str())
+    );
+    assert!(rows.iter().any(|r| r[1] == EXPLICIT_KEY), "{out}");
+    assert!(
+        rows.iter()
+            .filter(|r| r[1] != EXPLICIT_KEY)
+            .all(|r| r[1].chars().count() == 16 && r[1].ends_with('…')),
+        "{out}"
+    );
+
+    // Filters.
+    let out = acme(&app, &["entries", "--run", RUN, "--tool", "send_reply"]).await;
+    assert_eq!(table(&out).1, "3 entries", "{out}");
+    let out = acme(&app, &["entries", "--status", "failed", "--wide"]).await;
+    let failures: Vec<String> = expected
+        .iter()
+        .filter(|(_, e)| e.0.starts_with("FAILED"))
+        .map(|(k, _)| k.clone())
+        .collect();
+    let mut listed = keys(&out);
+    listed.sort();
+    assert_eq!(listed, failures, "{out}");
+    let out = acme(&app, &["entries", "--status", "unknown"]).await;
+    assert_eq!(table(&out).1, "1 entry", "{out}");
+    let out = acme(&app, &["entries", "--status", "attempting", "--run", RUN]).await;
+    assert_eq!(table(&out).1, "3 entries", "{out}");
+    // Another run is listed with a RUN column; no run filter lists every run of the tenant.
+    let out = acme(&app, &["entries", "--run", "run-other"]).await;
+    assert_eq!(table(&out).1, "2 entries", "{out}");
+    let out = acme(&app, &["entries"]).await;
+    assert_eq!(table(&out).1, format!("{} entries", total + 2 + 3), "{out}");
+    assert!(
+        out.lines().next().is_some_and(|h| h.contains("  RUN  ")),
+        "{out}"
+    );
+
+    // A time range: the hour later starts where the entries of run-later start.
+    let later_start = lookup(&app, &later[0])
+        .await
+        .started_at
+        .expect("started_at")
+        .to_string();
+    let out = acme(&app, &["entries", "--since", &later_start, "--wide"]).await;
+    let mut listed = keys(&out);
+    listed.sort();
+    let mut want = later.clone();
+    want.sort();
+    assert_eq!(listed, want, "{out}");
+    let out = acme(&app, &["entries", "--until", &later_start]).await;
+    assert_eq!(table(&out).1, format!("{} entries", total + 2), "{out}");
+    // Relative: nothing started more than half an hour before now.
+    let out = acme(&app, &["entries", "--until", "30m"]).await;
+    assert_eq!(out, "0 entries\n");
+
+    // --limit stops early and says more match; --page-size pages in smaller steps.
+    let out = acme(&app, &["entries", "--run", RUN, "--limit", "5"]).await;
+    let (rows, count) = table(&out);
+    assert_eq!(rows.len(), 5, "{out}");
+    assert_eq!(count, "5 entries (--limit reached; more match)");
+    let out = acme(
+        &app,
+        &["entries", "--run", RUN, "--page-size", "7", "--wide"],
+    )
+    .await;
+    let mut listed = keys(&out);
+    listed.sort();
+    assert_eq!(
+        listed,
+        expected.keys().cloned().collect::<Vec<_>>(),
+        "{out}"
+    );
+
+    // --json: an array of what Lookup answers, field by field.
+    let out = acme(&app, &["entries", "--run", RUN, "--json"]).await;
+    let listed: Vec<serde_json::Value> = serde_json::from_str(&out).expect("a JSON array");
+    assert_eq!(listed.len(), total);
+    for json in &listed {
+        let key = json["key"].as_str().expect("key");
+        assert_same_entry(json, &lookup(&app, key).await);
+    }
+    let out = acme(&app, &["entries", "--run", "no-such-run", "--json"]).await;
+    assert_eq!(
+        serde_json::from_str::<serde_json::Value>(&out).ok(),
+        Some(serde_json::json!([]))
+    );
+
+    // entry KEY: every field a line; the binary result in base64.
+    let out = acme(&app, &["entry", EXPLICIT_KEY]).await;
+    let field = |name: &str| {
+        out.lines()
+            .find_map(|l| {
+                l.strip_prefix(name)
+                    .filter(|rest| rest.starts_with("  "))
+                    .map(str::trim)
+            })
+            .unwrap_or_else(|| panic!("no {name} in:\n{out}"))
+    };
+    let stored = lookup(&app, EXPLICIT_KEY).await;
+    assert_eq!(field("key"), EXPLICIT_KEY);
+    assert_eq!(field("status"), "SUCCEEDED");
+    assert_eq!(field("run_id"), RUN);
+    assert_eq!(field("principal"), "agent-7");
+    assert_eq!(field("external_ref"), stored.external_ref);
+    assert_eq!(field("arguments_json"), stored.arguments_json);
+    assert_eq!(field("result (base64)"), "/wBB");
+    assert_eq!(
+        field("started_at"),
+        stored.started_at.expect("started").to_string()
+    );
+    let out = acme(&app, &["entry", EXPLICIT_KEY, "--json"]).await;
+    assert_same_entry(&serde_json::from_str(&out).expect("a JSON object"), &stored);
+
+    // A missing key (and globex's key, indistinguishable) exits 1 with the message.
+    let server = format!("http://{}", app.addr);
+    let globex_key = {
+        let mut client = app.client.clone();
+        let r = client
+            .lookup(bearer(
+                pb::LookupRequest {
+                    run_id: RUN.into(),
+                    tool: "issue_credit".into(),
+                    arguments_json: "{\"customer\":\"c-globex\"}".into(),
+                    ..Default::default()
+                },
+                GLOBEX,
+            ))
+            .await
+            .expect("globex lookup");
+        r.into_inner().entry.expect("entry").key
+    };
+    for key in ["no-such-key", globex_key.as_str()] {
+        let run = cli(
+            &["entry", key, "--server", &server],
+            &[("LEDGER_TOKEN", ACME)],
+        )
+        .await;
+        assert_eq!(run.code, Some(1), "{}{}", run.stdout, run.stderr);
+        assert!(
+            run.stderr.contains(&format!("no entry with key {key}")),
+            "{}",
+            run.stderr
+        );
+        assert_eq!(run.stdout, "");
+    }
+
+    // A wrong token, or none: UNAUTHENTICATED, a failure (not "no entry").
+    for token in [Some("token-wrong"), None] {
+        let env: Vec<(&str, &str)> = token.map(|t| ("LEDGER_TOKEN", t)).into_iter().collect();
+        for args in [
+            vec!["entries", "--server", &server],
+            vec!["entry", EXPLICIT_KEY, "--server", &server],
+        ] {
+            let run = cli(&args, &env).await;
+            assert_eq!(run.code, Some(2), "{args:?}: {}{}", run.stdout, run.stderr);
+            assert!(
+                run.stderr.contains("UNAUTHENTICATED"),
+                "{args:?}: {}",
+                run.stderr
+            );
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_server_that_cannot_be_reached_is_named_with_the_cause() {
+    let server = format!("http://127.0.0.1:{}", free_port());
+    for args in [vec!["entries"], vec!["entry", "some-key"]] {
+        let mut all = args.clone();
+        all.extend(["--server", &server, "--timeout", "3s"]);
+        let run = cli(&all, &[]).await;
+        assert_eq!(run.code, Some(2), "{args:?}: {}", run.stderr);
+        assert!(
+            run.stderr
+                .contains(&format!("error: cannot connect to {server}")),
+            "{}",
+            run.stderr
+        );
+        assert!(
+            run.stderr.to_lowercase().contains("connection refused"),
+            "{}",
+            run.stderr
+        );
+    }
+    // A server without a scheme is plaintext http.
+    let bare = server.trim_start_matches("http://");
+    let run = cli(&["entry", "k", "--server", bare], &[]).await;
+    assert!(
+        run.stderr.contains(&format!("cannot connect to {server}")),
+        "{}",
+        run.stderr
+    );
+}
+
+/// The real server binary with TLS; `entry` reaches it with --ca-cert (the answer, NOT_FOUND of
+/// a key nobody claimed, needs no entry), and only with it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_commands_speak_tls_and_mutual_tls() {
+    let pki = crate::operations::pki();
+    let path = |name: &str| pki.dir.path().join(name).to_string_lossy().into_owned();
+    std::fs::write(pki.dir.path().join("client.pem"), &pki.client_cert_pem).expect("write");
+    std::fs::write(pki.dir.path().join("client.key"), &pki.client_key_pem).expect("write");
+    let db = TestDb::new(Backend::Sqlite);
+    let port = free_port();
+    let server = ServerProcess::start_on(
+        &db.url,
+        port,
+        &[
+            "--tls-cert",
+            &path("server.pem"),
+            "--tls-key",
+            &path("server.key"),
+            "--tls-client-ca",
+            &path("ca.pem"),
+        ],
+    )
+    .await;
+    let url = format!("https://localhost:{port}");
+    let ca = path("ca.pem");
+    let mtls = [
+        "--ca-cert",
+        ca.as_str(),
+        "--client-cert",
+        &path("client.pem"),
+        "--client-key",
+        &path("client.key"),
+    ];
+    let with_certificate: Vec<&str> = ["entry", "k-tls", "--server", &url]
+        .into_iter()
+        .chain(mtls.iter().copied())
+        .collect();
+    let run = cli(&with_certificate, &[]).await;
+    assert_eq!(run.code, Some(1), "{}", run.stderr);
+    assert!(
+        run.stderr.contains("no entry with key k-tls"),
+        "{}",
+        run.stderr
+    );
+    // By IP address, with the certificate's name given.
+    let by_ip = format!("https://127.0.0.1:{port}");
+    let mut args = with_certificate.clone();
+    args[3] = &by_ip;
+    args.extend(["--tls-server-name", "localhost"]);
+    assert_eq!(cli(&args, &[]).await.code, Some(1));
+    // Without the client certificate the server refuses the connection.
+    let run = cli(&["entry", "k-tls", "--server", &url, "--ca-cert", &ca], &[]).await;
+    assert_eq!(run.code, Some(2), "{}", run.stderr);
+    // Without --ca-cert, https is refused before connecting.
+    let run = cli(&["entry", "k-tls", "--server", &url], &[]).await;
+    assert_eq!(run.code, Some(2));
+    assert!(run.stderr.contains("needs --ca-cert"), "{}", run.stderr);
+    drop(server);
+}
