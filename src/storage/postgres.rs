@@ -28,6 +28,17 @@ pub struct PgStore {
 /// pinged, which saves a round trip per statement.
 const PING_IF_IDLE_FOR: std::time::Duration = std::time::Duration::from_secs(1);
 
+/// Set on each of the server's sessions. Every statement the server runs is written to find
+/// its rows through an index (the primary key, the expiry, unresolved and run indexes), and
+/// its prepared statements keep the generic plan they got first. A plan made while the table
+/// was nearly empty (a new deployment, a truncated table) may be a sequential scan, which is
+/// right for a few rows and stays cached as the table grows until an ANALYZE invalidates it;
+/// for a batch's `UPDATE … FROM UNNEST(…)` that scanned the whole table per batch. Off, a
+/// sequential scan is only chosen where no index applies (as the planner still may). A
+/// statement rather than a startup option, so connection poolers that refuse startup options
+/// (PgBouncer) still connect.
+pub const PLAN_SETTINGS: &str = "SET enable_seqscan = off";
+
 impl PgStore {
     /// Prepares a pool for `url` without connecting yet.
     ///
@@ -40,6 +51,12 @@ impl PgStore {
         let pool = PgPoolOptions::new()
             .max_connections(options.max_connections)
             .acquire_timeout(options.acquire_timeout)
+            .after_connect(|conn, _| {
+                Box::pin(async move {
+                    sqlx::query(self::PLAN_SETTINGS).execute(conn).await?;
+                    Ok(())
+                })
+            })
             .test_before_acquire(false)
             .before_acquire(|conn, meta| {
                 Box::pin(async move {
@@ -137,7 +154,6 @@ impl_store!(PgStore, {
             |f: fn(&Entry) -> Option<i64>| batch.iter().map(|(_, e)| f(e)).collect::<Vec<_>>();
         let tenants: Vec<&str> = batch.iter().map(|(t, _)| t.as_str()).collect();
         let inserted: Vec<String> = sqlx::query_scalar(Self::INSERT_MANY)
-            .persistent(false)
             .bind(tenants)
             .bind(col(|e| e.key.clone()))
             .bind(col(|e| e.run_id.clone()))
@@ -186,7 +202,6 @@ impl_store!(PgStore, {
         let col = |f: fn(&Finish) -> String| batch.iter().map(|(_, c)| f(c)).collect::<Vec<_>>();
         let tenants: Vec<&str> = batch.iter().map(|(t, _)| t.as_str()).collect();
         let rows: Vec<FinishedRow> = sqlx::query_as(Self::FINISH_MANY)
-            .persistent(false)
             .bind(tenants)
             .bind(col(|c| c.key.clone()))
             .bind(col(|c| c.claim_token.clone()))

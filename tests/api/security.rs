@@ -156,6 +156,7 @@ fn sql_is_only_built_from_constant_text_with_bound_parameters() {
                         let arg = line[at + call.len()..].trim_start();
                         let constant = arg.starts_with("sql::")
                             || arg.starts_with("Self::")
+                            || arg.starts_with("self::")
                             || arg.starts_with('"');
                         if !constant {
                             violations.push(format!(
