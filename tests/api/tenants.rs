@@ -10,20 +10,6 @@ use tonic_types::StatusExt;
 use crate::grpc_api::{ARGS, RUN, TOOL, assert_error, key_req, reflected_services, tokens_file};
 use crate::support::{Backend, TestApp, claim_req, spawn_app_with, success};
 
-/// Instantiates each listed test once per backend.
-macro_rules! on_every_backend {
-    ($($name:ident),* $(,)?) => {
-        mod sqlite {
-            $(#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-            async fn $name() { super::$name(crate::support::Backend::Sqlite).await })*
-        }
-        mod postgres {
-            $(#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-            async fn $name() { super::$name(crate::support::Backend::Postgres).await })*
-        }
-    };
-}
-
 on_every_backend!(
     another_tenants_key_is_indistinguishable_from_a_key_that_exists_nowhere,
     another_tenant_claiming_the_same_call_gets_its_own_entry_and_leaves_the_first_unchanged,
