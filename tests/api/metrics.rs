@@ -13,8 +13,8 @@ use crate::support::{
     spawn_app_with, success,
 };
 
-/// The body of `GET /metrics`.
-async fn scrape(addr: SocketAddr) -> String {
+/// The body of `GET /metrics`, after checking the answer is 200 in the Prometheus text format.
+pub(crate) async fn scrape(addr: SocketAddr) -> String {
     let mut socket = tokio::net::TcpStream::connect(addr)
         .await
         .expect("connect metrics");
