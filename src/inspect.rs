@@ -24,6 +24,7 @@ use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint, Identity
 use tonic::{Code, Request};
 
 use crate::config::parse_duration;
+use crate::error::code_name;
 use crate::grpc::pb;
 use crate::grpc::pb::ledger_service_client::LedgerServiceClient;
 
@@ -458,18 +459,6 @@ fn failure_message(failure: &Failure, key: Option<&str>) -> String {
         Failure::Output(e) => format!("error: cannot write the output: {e}"),
         Failure::Protocol(m) => format!("error: {m}"),
     }
-}
-
-/// A gRPC code as the contract writes it: `NOT_FOUND`, `UNAUTHENTICATED`.
-fn code_name(code: Code) -> String {
-    let mut name = String::new();
-    for (i, c) in format!("{code:?}").chars().enumerate() {
-        if i > 0 && c.is_ascii_uppercase() {
-            name.push('_');
-        }
-        name.push(c.to_ascii_uppercase());
-    }
-    name
 }
 
 /// Stdout that treats a reader who went away (`entries | head`) as the end of the job rather

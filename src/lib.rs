@@ -38,6 +38,8 @@ pub mod inspect;
 pub mod ledger;
 pub mod metrics;
 pub mod server;
+#[doc(hidden)]
+pub mod splitmix;
 pub mod storage;
 pub mod telemetry;
 pub mod wait;

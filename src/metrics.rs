@@ -34,30 +34,12 @@ use tokio::net::TcpListener;
 
 use crate::domain::Micros;
 use crate::domain::time::Clock;
-use crate::error::LedgerError;
+use crate::error::{LedgerError, code_name};
 use crate::ledger::{ClaimOutput, CompleteOutput, Outcome};
 use crate::storage::{PoolStats, Store, StoreError, UnresolvedCount};
 
-/// The gRPC codes counted, by their number (0 = OK .. 16 = UNAUTHENTICATED).
-const CODES: [&str; 17] = [
-    "OK",
-    "CANCELLED",
-    "UNKNOWN",
-    "INVALID_ARGUMENT",
-    "DEADLINE_EXCEEDED",
-    "NOT_FOUND",
-    "ALREADY_EXISTS",
-    "PERMISSION_DENIED",
-    "RESOURCE_EXHAUSTED",
-    "FAILED_PRECONDITION",
-    "ABORTED",
-    "OUT_OF_RANGE",
-    "UNIMPLEMENTED",
-    "INTERNAL",
-    "UNAVAILABLE",
-    "DATA_LOSS",
-    "UNAUTHENTICATED",
-];
+/// How many gRPC codes there are (0 = OK .. 16 = UNAUTHENTICATED): one counter each.
+const CODE_COUNT: usize = 17;
 
 /// The RPCs counted, in the order of [`Rpc`].
 const RPCS: [&str; 5] = ["Claim", "Complete", "Lookup", "Reconcile", "ListEntries"];
@@ -180,7 +162,7 @@ struct MethodStats {
     /// Calls received.
     started: AtomicU64,
     /// Calls answered, by code.
-    handled: [AtomicU64; 17],
+    handled: [AtomicU64; CODE_COUNT],
     /// Time from the request to the response headers (for a unary call, the handler's time).
     seconds: Histogram,
 }
@@ -487,7 +469,7 @@ impl Metrics {
 
     /// A call of `rpc` ended with `code`.
     fn handled(&self, rpc: Rpc, code: usize) {
-        self.methods[rpc as usize].handled[code.min(CODES.len() - 1)]
+        self.methods[rpc as usize].handled[code.min(CODE_COUNT - 1)]
             .fetch_add(1, Ordering::Relaxed);
     }
 
@@ -568,7 +550,8 @@ impl Metrics {
             "Ledger calls completed, by method and gRPC code.",
         );
         for (method, m) in RPCS.iter().zip(&self.methods) {
-            for (i, (code, n)) in CODES.iter().zip(&m.handled).enumerate() {
+            for (i, n) in m.handled.iter().enumerate() {
+                let code = code_name(tonic::Code::from(i32::try_from(i).unwrap_or(2)));
                 let n = n.load(Ordering::Relaxed);
                 // OK is always shown so that rates exist from the start; other codes once seen.
                 if n > 0 || i == 0 {

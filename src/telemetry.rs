@@ -25,6 +25,7 @@ use tracing::Instrument as _;
 use tracing::field::Empty;
 use tracing_subscriber::EnvFilter;
 
+use crate::error::code_name;
 use crate::ledger::{ClaimOutput, EntryView, Outcome, Tenant};
 
 /// The path prefix of the ledger's RPCs; other services (health, reflection) are not logged
@@ -219,29 +220,6 @@ fn status_name(s: crate::domain::Status) -> &'static str {
         crate::domain::Status::Succeeded => "SUCCEEDED",
         crate::domain::Status::Failed => "FAILED",
         crate::domain::Status::Unknown => "UNKNOWN",
-    }
-}
-
-/// The canonical name of a gRPC code, as the gRPC documentation writes it.
-fn code_name(code: Code) -> &'static str {
-    match code {
-        Code::Ok => "OK",
-        Code::Cancelled => "CANCELLED",
-        Code::Unknown => "UNKNOWN",
-        Code::InvalidArgument => "INVALID_ARGUMENT",
-        Code::DeadlineExceeded => "DEADLINE_EXCEEDED",
-        Code::NotFound => "NOT_FOUND",
-        Code::AlreadyExists => "ALREADY_EXISTS",
-        Code::PermissionDenied => "PERMISSION_DENIED",
-        Code::ResourceExhausted => "RESOURCE_EXHAUSTED",
-        Code::FailedPrecondition => "FAILED_PRECONDITION",
-        Code::Aborted => "ABORTED",
-        Code::OutOfRange => "OUT_OF_RANGE",
-        Code::Unimplemented => "UNIMPLEMENTED",
-        Code::Internal => "INTERNAL",
-        Code::Unavailable => "UNAVAILABLE",
-        Code::DataLoss => "DATA_LOSS",
-        Code::Unauthenticated => "UNAUTHENTICATED",
     }
 }
 

@@ -170,31 +170,7 @@ fn name() -> impl Strategy<Value = String> {
 // Rendering one value as many equivalent texts
 
 /// SplitMix64: rendering choices are drawn from a seed the strategy generates.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-
-    fn below(&mut self, n: usize) -> usize {
-        (self.next() % n as u64) as usize
-    }
-
-    fn one_in(&mut self, n: usize) -> bool {
-        self.below(n) == 0
-    }
-
-    fn shuffle<T>(&mut self, items: &mut [T]) {
-        for i in (1..items.len()).rev() {
-            items.swap(i, self.below(i + 1));
-        }
-    }
-}
+use idempotency_ledger::splitmix::SplitMix64 as Rng;
 
 /// Which equivalences a rendering exercises; everything off is the plain form.
 #[derive(Clone, Copy, Default)]

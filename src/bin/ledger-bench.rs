@@ -46,6 +46,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use clap::{Parser, ValueEnum};
 use hdrhistogram::Histogram;
 use idempotency_ledger::config::parse_duration;
+use idempotency_ledger::error::code_name;
 use idempotency_ledger::grpc::pb::ledger_service_client::LedgerServiceClient;
 use idempotency_ledger::grpc::pb::{
     ClaimRequest, ClaimResponse, CompleteRequest, LookupRequest, Outcome, Status as EntryStatus,
@@ -505,7 +506,7 @@ async fn operation(
 ) -> Result<Sample, String> {
     let args = &shared.args;
     let fresh = || format!("bench-{}-c{id}-{n}", shared.run_tag);
-    let hot = |rng: &mut Rng| &shared.hot[rng.below(shared.hot.len() as u64) as usize];
+    let hot = |rng: &mut Rng| &shared.hot[rng.below_u64(shared.hot.len() as u64) as usize];
     match args.workload {
         Workload::ClaimComplete => claim_complete(client, shared, &fresh(), None).await,
         Workload::Replay => {
@@ -516,7 +517,7 @@ async fn operation(
         }
         Workload::Lookup => {
             let key = if args.preloaded > 0 {
-                let i = rng.below(args.preloaded);
+                let i = rng.below_u64(args.preloaded);
                 hex::encode(sha2::Sha256::digest(format!(
                     "{}{i}",
                     args.preloaded_prefix
@@ -532,11 +533,11 @@ async fn operation(
             client
                 .lookup(request_with(&shared.auth, args.timeout, request))
                 .await
-                .map_err(|s| code_name(s.code()))?;
+                .map_err(|s| code_name(s.code()).to_string())?;
             Ok(Sample::single(start.elapsed(), "FOUND"))
         }
         Workload::MixedWait => {
-            let draw = rng.below(100) as u32;
+            let draw = rng.below_u64(100) as u32;
             if draw < args.wait_percent {
                 let target = shared.held.lock().map_err(|_| "POISONED")?.pop();
                 if let Some(run_id) = target {
@@ -607,7 +608,7 @@ async fn claim(
     let response = client
         .claim(request_with(auth, timeout, request))
         .await
-        .map_err(|s| code_name(s.code()))?;
+        .map_err(|s| code_name(s.code()).to_string())?;
     Ok((response.into_inner(), start.elapsed()))
 }
 
@@ -629,7 +630,7 @@ async fn complete(
     client
         .complete(request_with(auth, timeout, request))
         .await
-        .map_err(|s| code_name(s.code()))?;
+        .map_err(|s| code_name(s.code()).to_string())?;
     Ok(start.elapsed())
 }
 
@@ -652,18 +653,6 @@ fn expect(r: &ClaimResponse, wanted: Outcome) -> Result<(), String> {
 
 fn outcome_name(o: Outcome) -> &'static str {
     o.as_str_name().trim_start_matches("OUTCOME_")
-}
-
-/// The canonical name of a gRPC status code (`InvalidArgument` → `INVALID_ARGUMENT`).
-fn code_name(code: tonic::Code) -> String {
-    let mut name = String::new();
-    for (i, c) in format!("{code:?}").chars().enumerate() {
-        if i > 0 && c.is_ascii_uppercase() {
-            name.push('_');
-        }
-        name.push(c.to_ascii_uppercase());
-    }
-    name
 }
 
 fn report(
@@ -879,20 +868,5 @@ fn random_seed() -> Result<u64, Box<dyn Error>> {
     Ok(u64::from_le_bytes(bytes))
 }
 
-/// splitmix64: enough to pick keys uniformly, with no crate.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-
-    /// Uniform in 0..n (the modulo bias is negligible for the n used here).
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n.max(1)
-    }
-}
+/// splitmix64: enough to pick keys uniformly.
+use idempotency_ledger::splitmix::SplitMix64 as Rng;

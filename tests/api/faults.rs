@@ -183,26 +183,8 @@ fn seed(name: &str) -> u64 {
     seed
 }
 
-/// SplitMix64: enough randomness for choosing keys and moments, with no dependency.
-struct Rng(u64);
-
-impl Rng {
-    fn new(seed: u64) -> Rng {
-        Rng(seed)
-    }
-
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n.max(1)
-    }
-}
+/// SplitMix64: enough randomness for choosing keys and moments.
+use idempotency_ledger::splitmix::SplitMix64 as Rng;
 
 // ---------------------------------------------------------------------------------------------
 // Intents and the history of what the ledger answered
@@ -642,11 +624,11 @@ impl Client {
                     fresh_per_mille,
                     shared,
                 } => {
-                    if self.rng.below(1000) < *fresh_per_mille {
+                    if self.rng.below_u64(1000) < *fresh_per_mille {
                         fresh += 1;
                         fresh_intent(self.id, fresh)
                     } else {
-                        let k = self.rng.below(*shared);
+                        let k = self.rng.below_u64(*shared);
                         self.maybe_waiting(shared_intent(0, k))
                     }
                 }
@@ -675,7 +657,7 @@ impl Client {
     /// A quarter of shared claims wait up to a second for an attempt in flight, so that
     /// waiters race for the next attempt after a retryable failure (on other servers too).
     fn maybe_waiting(&mut self, mut intent: Intent) -> Intent {
-        if self.rng.below(4) == 0 {
+        if self.rng.below_u64(4) == 0 {
             intent.req.wait = Some(prost_types::Duration {
                 seconds: 1,
                 nanos: 0,
@@ -712,7 +694,7 @@ impl Client {
 
     async fn backoff(&mut self, tries: &mut u32) {
         let base = 20u64 << (*tries).min(5);
-        let jitter = self.rng.below(base);
+        let jitter = self.rng.below_u64(base);
         *tries += 1;
         tokio::time::sleep(Duration::from_millis(base.min(400) + jitter.min(100))).await;
     }
@@ -902,7 +884,7 @@ impl Load {
                     log: log.clone(),
                     control: control.clone(),
                     opts,
-                    rng: Rng::new(seed ^ (id as u64).wrapping_mul(0x2545_F491_4F6C_DD1D)),
+                    rng: Rng(seed ^ (id as u64).wrapping_mul(0x2545_F491_4F6C_DD1D)),
                 };
                 tokio::spawn(client.run(plan(id)))
             })
@@ -1455,7 +1437,7 @@ async fn kill9_under_load(
     full_kills: usize,
 ) {
     let profile = profile(bounded_kills, full_kills);
-    let mut rng = Rng::new(seed(name));
+    let mut rng = Rng(seed(name));
     let db = TestDb::new(backend);
     let port = free_port();
     let mut server = ServerProcess::start_on(&db.url, port, SERVER_FLAGS).await;
@@ -1464,7 +1446,7 @@ async fn kill9_under_load(
     let slot = profile.load / u32::try_from(profile.faults + 1).expect("few faults");
     for i in 0..profile.faults {
         // Somewhere in the middle half of the i-th slot.
-        let jitter = Duration::from_millis(rng.below(slot.as_millis() as u64 / 2));
+        let jitter = Duration::from_millis(rng.below_u64(slot.as_millis() as u64 / 2));
         tokio::time::sleep_until(
             started + slot * u32::try_from(i + 1).expect("few") - slot / 4 + jitter,
         )
@@ -1489,7 +1471,7 @@ async fn faults_three_servers_on_postgres_one_killed() {
     // Most answers here are IN_PROGRESS or REPLAYED: a sweep of all 64 clients over the 200
     // keys completes about 240 of them, and a full run makes one or two sweeps.
     let profile = profile(1, 3).full_acknowledged(200);
-    let mut rng = Rng::new(seed(name));
+    let mut rng = Rng(seed(name));
     let db = TestDb::new(Backend::Postgres);
     let mut ports = Vec::new();
     while ports.len() < 3 {
@@ -1511,9 +1493,9 @@ async fn faults_three_servers_on_postgres_one_killed() {
     let orders = rng.next();
     let load = Load::start(64, &addrs, ClientOpts::default(), rng.next(), |id| {
         let mut order: Vec<u64> = (0..BLOCK).collect();
-        let mut shuffle = Rng::new(orders ^ id as u64);
+        let mut shuffle = Rng(orders ^ id as u64);
         for i in (1..order.len()).rev() {
-            order.swap(i, shuffle.below(i as u64 + 1) as usize);
+            order.swap(i, shuffle.below_u64(i as u64 + 1) as usize);
         }
         Plan::Sweep {
             keys: KEYS,
@@ -1546,7 +1528,7 @@ async fn faults_three_servers_on_postgres_one_killed() {
 async fn faults_postgres_immediate_stop_under_load() {
     let name = "postgres-immediate-stop";
     let profile = profile(1, 4);
-    let mut rng = Rng::new(seed(name));
+    let mut rng = Rng(seed(name));
     let cluster = Arc::new(
         tokio::task::spawn_blocking(PgCluster::start)
             .await
@@ -1679,7 +1661,7 @@ async fn faults_link_cut_after_server_bytes() {
 async fn through_proxy(name: &str, fault: LinkFault) {
     // A clean start, the fault for 2.7 s (3 s for the blackhole), a clean end.
     let profile = profile(1, 6).bounded_load(Duration::from_secs(4));
-    let mut rng = Rng::new(seed(name));
+    let mut rng = Rng(seed(name));
     let direct = PgCluster::shared().create_database();
     let upstream: SocketAddr = format!("127.0.0.1:{}", PgCluster::shared().port())
         .parse()
@@ -1741,7 +1723,7 @@ async fn through_proxy(name: &str, fault: LinkFault) {
             LinkFault::CutAfterServerBytes => {
                 while Instant::now() < until {
                     if !proxy.byte_cut_armed() {
-                        proxy.cut_after_server_bytes(rng.below(4000));
+                        proxy.cut_after_server_bytes(rng.below_u64(4000));
                     }
                     tokio::time::sleep(Duration::from_millis(100)).await;
                 }

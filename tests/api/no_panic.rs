@@ -397,34 +397,11 @@ fn describe(call: &Call) -> String {
 // Generating requests: a sensible request, then a few of its fields replaced with odd values,
 // so that odd values also reach the code behind the first validation.
 
-/// SplitMix64.
-struct Rng(u64);
+use idempotency_ledger::splitmix::SplitMix64 as Rng;
 
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-
-    fn below(&mut self, n: usize) -> usize {
-        (self.next() % n as u64) as usize
-    }
-
-    fn one_in(&mut self, n: usize) -> bool {
-        self.below(n) == 0
-    }
-
-    fn pick<'a, T>(&mut self, items: &'a [T]) -> &'a T {
-        &items[self.below(items.len())]
-    }
-
-    /// How many fields of a sensible request to spoil: often none, sometimes several.
-    fn spoils(&mut self) -> usize {
-        *self.pick(&[0, 0, 0, 1, 1, 1, 2, 3])
-    }
+/// How many fields of a sensible request to spoil: often none, sometimes several.
+fn spoils(rng: &mut Rng) -> usize {
+    *rng.pick(&[0, 0, 0, 1, 1, 1, 2, 3])
 }
 
 /// What earlier answers taught: keys that exist and the tokens that hold them.
@@ -727,7 +704,7 @@ fn gen_claim(rng: &mut Rng, pool: &Pool) -> pb::ClaimRequest {
     if explicit && rng.one_in(2) {
         r.run_id.clear();
     }
-    for _ in 0..rng.spoils() {
+    for _ in 0..spoils(rng) {
         match rng.below(9) {
             0 => r.run_id = text(rng),
             1 => r.tool = text(rng),
@@ -769,7 +746,7 @@ fn gen_complete(rng: &mut Rng, pool: &Pool) -> pb::CompleteRequest {
         },
         retryable: status == 3 && rng.one_in(2),
     };
-    for _ in 0..rng.spoils() {
+    for _ in 0..spoils(rng) {
         match rng.below(6) {
             0 => r.key = any_key(rng, pool),
             1 => {
@@ -798,7 +775,7 @@ fn gen_lookup(rng: &mut Rng, pool: &Pool) -> pb::LookupRequest {
         r.arguments_json = sane_arguments(rng);
         r.canonicalization = rng.below(3) as i32;
     }
-    for _ in 0..rng.spoils() {
+    for _ in 0..spoils(rng) {
         match rng.below(5) {
             0 => r.key = any_key(rng, pool),
             1 => r.run_id = text(rng),
@@ -842,7 +819,7 @@ fn gen_reconcile(rng: &mut Rng, pool: &Pool) -> pb::ReconcileRequest {
             .map(|_| gen_resolution(rng, pool))
             .collect(),
     };
-    for _ in 0..rng.spoils() {
+    for _ in 0..spoils(rng) {
         match rng.below(5) {
             0 => r.older_than = odd_duration(rng),
             1 => r.tool = text(rng),
