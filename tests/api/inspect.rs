@@ -12,7 +12,7 @@ use prost_types::Timestamp;
 use tonic::Request;
 
 use crate::grpc_api::tokens_file;
-use crate::support::{Backend, ServerProcess, TestApp, TestDb, free_port, spawn_app_with};
+use crate::support::{Backend, TestApp, free_port, spawn_app_with};
 
 on_every_backend!(the_inspection_commands_print_what_the_store_holds);
 
@@ -612,21 +612,7 @@ async fn the_commands_speak_tls_and_mutual_tls() {
     let path = |name: &str| pki.dir.path().join(name).to_string_lossy().into_owned();
     std::fs::write(pki.dir.path().join("client.pem"), &pki.client_cert_pem).expect("write");
     std::fs::write(pki.dir.path().join("client.key"), &pki.client_key_pem).expect("write");
-    let db = TestDb::new(Backend::Sqlite);
-    let port = free_port();
-    let server = ServerProcess::start_on(
-        &db.url,
-        port,
-        &[
-            "--tls-cert",
-            &path("server.pem"),
-            "--tls-key",
-            &path("server.key"),
-            "--tls-client-ca",
-            &path("ca.pem"),
-        ],
-    )
-    .await;
+    let (_db, port, server) = crate::operations::mutual_tls_server(&pki).await;
     let url = format!("https://localhost:{port}");
     let ca = path("ca.pem");
     let mtls = [

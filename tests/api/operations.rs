@@ -126,6 +126,30 @@ pub(crate) struct Pki {
     pub(crate) client_key_pem: String,
 }
 
+/// The real server binary on SQLite, with `pki`'s server certificate and its CA required of
+/// clients (mutual TLS); the database lives as long as the returned handle.
+pub(crate) async fn mutual_tls_server(
+    pki: &Pki,
+) -> (crate::support::TestDb, u16, crate::support::ServerProcess) {
+    let path = |name: &str| pki.dir.path().join(name).to_string_lossy().into_owned();
+    let db = crate::support::TestDb::new(Backend::Sqlite);
+    let port = free_port();
+    let server = crate::support::ServerProcess::start_on(
+        &db.url,
+        port,
+        &[
+            "--tls-cert",
+            &path("server.pem"),
+            "--tls-key",
+            &path("server.key"),
+            "--tls-client-ca",
+            &path("ca.pem"),
+        ],
+    )
+    .await;
+    (db, port, server)
+}
+
 pub(crate) fn pki() -> Pki {
     use rcgen::{BasicConstraints, CertificateParams, CertifiedIssuer, IsCa, KeyPair};
     let mut ca_params = CertificateParams::new(Vec::<String>::new()).expect("ca params");
@@ -158,22 +182,7 @@ pub(crate) fn pki() -> Pki {
 async fn with_a_client_ca_only_clients_with_a_signed_certificate_get_in() {
     use tonic::transport::Identity;
     let pki = pki();
-    let path = |name: &str| pki.dir.path().join(name).to_string_lossy().into_owned();
-    let db = crate::support::TestDb::new(Backend::Sqlite);
-    let port = free_port();
-    let server = crate::support::ServerProcess::start_on(
-        &db.url,
-        port,
-        &[
-            "--tls-cert",
-            &path("server.pem"),
-            "--tls-key",
-            &path("server.key"),
-            "--tls-client-ca",
-            &path("ca.pem"),
-        ],
-    )
-    .await;
+    let (_db, port, server) = mutual_tls_server(&pki).await;
     assert!(
         server.startup_log.contains("mutual_tls=true"),
         "{}",
