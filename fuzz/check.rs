@@ -14,8 +14,8 @@
 //!
 //! Canonical text must canonicalize to itself, with one documented exception. JCS prints a
 //! number in ECMAScript's shortest round-trip form, so the double 2^60 prints as
-//! `1152921504606847000`; but the ledger's rule is that a literal that is mathematically an
-//! integer must be *exactly* representable, and that literal's exact value is not 2^60, so
+//! `1152921504606847000`; but the ledger's rule is that an integer literal (no fraction, no
+//! exponent) must be *exactly* representable, and that literal's exact value is not 2^60, so
 //! re-parsing canonical text that holds it is refused with `UNSAFE_INTEGER`. Every double of
 //! magnitude 2^53 or more is an integer, so any of them whose shortest form is not its exact
 //! value does this. The property therefore is:
@@ -764,10 +764,14 @@ pub mod model {
         }
     }
 
-    /// Whether a finite literal is mathematically an integer that no double holds exactly.
-    /// Its value is D * 10^e with D free of trailing zeros; it is an integer iff e >= 0, and
-    /// then it is exact iff the odd part of D * 10^e, that is odd(D) * 5^e, is below 2^53.
+    /// Whether a finite literal is an integer literal (no fraction, no exponent: one with
+    /// either is a double, whatever its value) whose integer no double holds exactly. Its value
+    /// is D * 10^e with D free of trailing zeros, and it is exact iff the odd part of
+    /// D * 10^e, that is odd(D) * 5^e, is below 2^53.
     pub fn inexact_integer(literal: &str) -> bool {
+        if literal.contains(['.', 'e', 'E']) {
+            return false;
+        }
         let unsigned = literal.trim_start_matches('-');
         let (mantissa, exponent) = match unsigned.find(['e', 'E']) {
             Some(i) => (&unsigned[..i], &unsigned[i + 1..]),
