@@ -18,6 +18,15 @@ pub const ERROR_DOMAIN: &str = "idempotency.v1";
 /// How long a client should wait before retrying when the store is unavailable.
 const UNAVAILABLE_RETRY_DELAY: Duration = Duration::from_secs(1);
 
+/// The retry hint after contention: the conflicting writers are done within milliseconds.
+const CONTENTION_RETRY_DELAY: Duration = Duration::from_millis(100);
+
+/// The retry hint while the disk is full: space comes back when an operator acts.
+const FULL_RETRY_DELAY: Duration = Duration::from_secs(5);
+
+/// At most one log line per kind of store failure this often.
+const STORE_LOG_EVERY: Duration = Duration::from_secs(10);
+
 /// Everything that can go wrong in a ledger call.
 #[derive(Debug, thiserror::Error)]
 pub enum LedgerError {
@@ -53,9 +62,19 @@ pub enum LedgerError {
     /// A missing or wrong credential.
     #[error("{0}")]
     Unauthenticated(&'static str),
-    /// The store cannot be reached; the detail is logged, not sent.
+    /// The server cannot serve yet (migrations have not run); the detail is logged, not sent.
     #[error("the ledger's database is unavailable; retry later")]
     Unavailable(String),
+    /// The store failed for a cause it could name (see [`StoreError`]): each cause has its own
+    /// code, reason and message; the database's words are logged, not sent.
+    #[error("{}", store_message(.0))]
+    Store(StoreError),
+    /// The attempt's lease ended (or the entry is resolved): it cannot be renewed.
+    #[error(
+        "the attempt's lease has already ended (the entry is {0}); it cannot be renewed: a \
+         reconciler may be asking the outside world about it"
+    )]
+    LeaseEnded(&'static str),
     /// A limit was reached (load shedding, a tenant's rate); retry after `retry_after`.
     #[error("{message}")]
     ResourceExhausted {
@@ -94,6 +113,16 @@ impl LedgerError {
             LedgerError::NotFound => "ENTRY_NOT_FOUND",
             LedgerError::Unauthenticated(_) => "UNAUTHENTICATED",
             LedgerError::Unavailable(_) => "STORE_UNAVAILABLE",
+            LedgerError::Store(e) => match e {
+                StoreError::Unavailable(_) => "STORE_UNAVAILABLE",
+                StoreError::Io(_) => "STORE_IO_ERROR",
+                StoreError::Full(_) => "STORE_FULL",
+                StoreError::Contention(_) => "STORE_CONTENTION",
+                StoreError::ReadOnly(_) => "STORE_READ_ONLY",
+                StoreError::Corrupt(_) => "STORE_CORRUPT",
+                StoreError::Internal(_) => "INTERNAL",
+            },
+            LedgerError::LeaseEnded(_) => "LEASE_ENDED",
             LedgerError::ResourceExhausted { reason, .. } => reason,
             LedgerError::DeadlineExceeded => "DEADLINE_EXCEEDED",
             LedgerError::Internal(_) => "INTERNAL",
@@ -106,10 +135,20 @@ impl LedgerError {
             LedgerError::InvalidArgument { .. } => Code::InvalidArgument,
             LedgerError::KeyReused
             | LedgerError::StaleClaimToken
-            | LedgerError::AlreadyResolved(_) => Code::FailedPrecondition,
+            | LedgerError::AlreadyResolved(_)
+            | LedgerError::LeaseEnded(_) => Code::FailedPrecondition,
             LedgerError::NotFound => Code::NotFound,
             LedgerError::Unauthenticated(_) => Code::Unauthenticated,
             LedgerError::Unavailable(_) => Code::Unavailable,
+            LedgerError::Store(e) => match e {
+                StoreError::Unavailable(_)
+                | StoreError::Io(_)
+                | StoreError::Contention(_)
+                | StoreError::ReadOnly(_) => Code::Unavailable,
+                StoreError::Full(_) => Code::ResourceExhausted,
+                StoreError::Corrupt(_) => Code::DataLoss,
+                StoreError::Internal(_) => Code::Internal,
+            },
             LedgerError::ResourceExhausted { .. } => Code::ResourceExhausted,
             LedgerError::DeadlineExceeded => Code::DeadlineExceeded,
             LedgerError::Internal(_) => Code::Internal,
@@ -119,9 +158,95 @@ impl LedgerError {
 
 impl From<StoreError> for LedgerError {
     fn from(e: StoreError) -> LedgerError {
-        match e {
-            StoreError::Unavailable(detail) => LedgerError::Unavailable(detail),
-            StoreError::Internal(detail) => LedgerError::Internal(detail),
+        LedgerError::Store(e)
+    }
+}
+
+/// What the caller is told of a store failure: what happened to its write and what to do.
+fn store_message(e: &StoreError) -> &'static str {
+    match e {
+        StoreError::Unavailable(_) => "the ledger's database is unavailable; retry later",
+        StoreError::Io(_) => {
+            "the ledger's database reported an I/O error; the write was not committed; retry \
+             later"
+        }
+        StoreError::Full(_) => {
+            "the ledger's database is out of disk space; the write was not committed; reads \
+             still answer, and writes resume once its operator frees space"
+        }
+        StoreError::Contention(_) => {
+            "the write met concurrent writes (a deadlock or a serialization failure) and was \
+             not committed after the server's own retries; retry"
+        }
+        StoreError::ReadOnly(_) => {
+            "the ledger's database accepts no writes right now (a standby during a failover, \
+             or a read-only file); the write was not committed; retry later"
+        }
+        StoreError::Corrupt(_) => {
+            "the ledger's database reports corrupt files; an operator must restore it"
+        }
+        StoreError::Internal(_) => "internal error",
+    }
+}
+
+/// How long a client should wait before retrying after a store failure, when waiting helps.
+fn store_retry_delay(e: &StoreError) -> Option<Duration> {
+    match e {
+        StoreError::Unavailable(_) | StoreError::Io(_) | StoreError::ReadOnly(_) => {
+            Some(UNAVAILABLE_RETRY_DELAY)
+        }
+        StoreError::Contention(_) => Some(CONTENTION_RETRY_DELAY),
+        StoreError::Full(_) => Some(FULL_RETRY_DELAY),
+        StoreError::Corrupt(_) | StoreError::Internal(_) => None,
+    }
+}
+
+/// Logs a store failure with the database's own words: the first of each kind at once, then at
+/// most one line per kind every [`STORE_LOG_EVERY`] with the number left out meanwhile, so a
+/// full disk under load does not flood the log.
+fn log_store_error(e: &StoreError) {
+    use std::sync::Mutex;
+    use std::time::Instant;
+    static LAST: Mutex<[(Option<Instant>, u64); StoreError::KINDS.len()]> =
+        Mutex::new([(None, 0); StoreError::KINDS.len()]);
+    let kind = e.kind();
+    let i = StoreError::KINDS
+        .iter()
+        .position(|k| *k == kind)
+        .unwrap_or(0);
+    let suppressed = {
+        let mut last = LAST
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let (at, skipped) = &mut last[i];
+        if at.is_some_and(|t| t.elapsed() < STORE_LOG_EVERY) {
+            *skipped += 1;
+            return;
+        }
+        *at = Some(Instant::now());
+        std::mem::take(skipped)
+    };
+    match e {
+        StoreError::Internal(detail) => {
+            tracing::error!(error = %detail, suppressed, "internal store error");
+        }
+        StoreError::Corrupt(detail) => {
+            tracing::error!(error = %detail, suppressed, "the store reports corrupt files");
+        }
+        StoreError::Full(detail) => {
+            tracing::warn!(error = %detail, suppressed, "write refused: the store is out of disk space");
+        }
+        StoreError::Io(detail) => {
+            tracing::warn!(error = %detail, suppressed, "write failed: the store reported an I/O error");
+        }
+        StoreError::Contention(detail) => {
+            tracing::warn!(error = %detail, suppressed, "write failed: contention outlasted the retries");
+        }
+        StoreError::ReadOnly(detail) => {
+            tracing::warn!(error = %detail, suppressed, "write refused: the store is read-only");
+        }
+        StoreError::Unavailable(detail) => {
+            tracing::warn!(error = %detail, suppressed, "store unavailable");
         }
     }
 }
@@ -152,8 +277,14 @@ impl From<LedgerError> for Status {
                 details.add_bad_request_violation(*field, message.clone());
             }
             LedgerError::Unavailable(detail) => {
-                tracing::warn!(error = %detail, "store unavailable");
+                tracing::debug!(error = %detail, "not serving yet");
                 details.set_retry_info(Some(UNAVAILABLE_RETRY_DELAY));
+            }
+            LedgerError::Store(e) => {
+                log_store_error(e);
+                if let Some(delay) = store_retry_delay(e) {
+                    details.set_retry_info(Some(delay));
+                }
             }
             LedgerError::ResourceExhausted { retry_after, .. } => {
                 details.set_retry_info(Some(*retry_after));

@@ -18,9 +18,9 @@ use crate::domain::{FinalStatus, Micros};
 use crate::error::LedgerError;
 use crate::ledger::{
     ClaimInput, ClaimOutput, CompleteInput, EntryView, Ledger, ListInput, LookupInput, Outcome,
-    ReconcileInput, ResolutionInput, Tenant,
+    ReconcileInput, RenewInput, ResolutionInput, Tenant,
 };
-use crate::metrics::{Metrics, Rpc};
+use crate::metrics::Metrics;
 use crate::telemetry;
 
 /// The generated protobuf types and service traits of `idempotency.v1`.
@@ -90,7 +90,7 @@ impl LedgerApi {
     }
 
     /// The call's tenant (set by the auth interceptor), its deadline, and its admission.
-    fn begin<T>(&self, rpc: Rpc, request: &Request<T>) -> Result<Call, Status> {
+    fn begin<T>(&self, request: &Request<T>) -> Result<Call, Status> {
         let tenant = request
             .extensions()
             .get::<Tenant>()
@@ -106,10 +106,7 @@ impl LedgerApi {
             .and_then(|v| v.to_str().ok())
             .and_then(parse_grpc_timeout)
             .map_or(limit, |t| limit.min(Instant::now() + t));
-        let permit = self
-            .admission
-            .admit(&tenant)
-            .map_err(|e| self.observe::<()>(rpc, Err(e.into())).unwrap_err())?;
+        let permit = self.observe(self.admission.admit(&tenant))?;
         Ok(Call {
             tenant,
             deadline,
@@ -117,13 +114,14 @@ impl LedgerApi {
         })
     }
 
-    /// Counts a call that failed for the store's sake, and passes its result on. (Every
-    /// call's code is counted around the service, by [`crate::metrics::GrpcMetricsLayer`].)
-    fn observe<T>(&self, _rpc: Rpc, result: Result<T, Status>) -> Result<T, Status> {
-        if let Err(status) = &result {
-            self.metrics.call_failed(status.code());
-        }
-        result
+    /// Counts a call that failed for the store's sake (or a bug's), and turns its error into
+    /// the status sent. (Every call's code is counted around the service, by
+    /// [`crate::metrics::GrpcMetricsLayer`].)
+    fn observe<T>(&self, result: Result<T, LedgerError>) -> Result<T, Status> {
+        result.map_err(|e| {
+            self.metrics.call_failed(&e);
+            Status::from(e)
+        })
     }
 }
 
@@ -137,7 +135,7 @@ impl LedgerService for LedgerApi {
             tenant,
             deadline,
             permit,
-        } = self.begin(Rpc::Claim, &request)?;
+        } = self.begin(&request)?;
         let r = request.into_inner();
         let mut input = ClaimInput {
             run_id: r.run_id,
@@ -169,7 +167,7 @@ impl LedgerService for LedgerApi {
             out
         })
         .await;
-        let out = self.observe(Rpc::Claim, out)?;
+        let out = self.observe(out)?;
         telemetry::record_claim(&out);
         Ok(Response::new(claim_response(out)))
     }
@@ -182,7 +180,7 @@ impl LedgerService for LedgerApi {
             tenant,
             deadline,
             permit,
-        } = self.begin(Rpc::Complete, &request)?;
+        } = self.begin(&request)?;
         let r = request.into_inner();
         let input = CompleteInput {
             key: r.key,
@@ -201,7 +199,7 @@ impl LedgerService for LedgerApi {
             out
         })
         .await;
-        let out = self.observe(Rpc::Complete, out)?;
+        let out = self.observe(out)?;
         telemetry::record_entry(&out.entry);
         Ok(Response::new(pb::CompleteResponse {
             entry: Some(entry(out.entry)),
@@ -217,7 +215,7 @@ impl LedgerService for LedgerApi {
             tenant,
             deadline,
             permit,
-        } = self.begin(Rpc::Lookup, &request)?;
+        } = self.begin(&request)?;
         let r = request.into_inner();
         let input = LookupInput {
             key: r.key,
@@ -232,7 +230,7 @@ impl LedgerService for LedgerApi {
             ledger.lookup(&tenant, input).await
         })
         .await;
-        let view = self.observe(Rpc::Lookup, view)?;
+        let view = self.observe(view)?;
         telemetry::record_entry(&view);
         Ok(Response::new(pb::LookupResponse {
             entry: Some(audited_entry(view)),
@@ -247,7 +245,7 @@ impl LedgerService for LedgerApi {
             tenant,
             deadline,
             permit,
-        } = self.begin(Rpc::Reconcile, &request)?;
+        } = self.begin(&request)?;
         let r = request.into_inner();
         let resolutions = r
             .resolutions
@@ -267,6 +265,7 @@ impl LedgerService for LedgerApi {
             tool: r.tool,
             limit: r.limit,
             resolutions,
+            resolve_only: r.resolve_only,
         };
         telemetry::record_request(&input.tool, "");
         let ledger = self.ledger.clone();
@@ -280,7 +279,7 @@ impl LedgerService for LedgerApi {
             out
         })
         .await;
-        let out = self.observe(Rpc::Reconcile, out)?;
+        let out = self.observe(out)?;
         Ok(Response::new(pb::ReconcileResponse {
             pending: out.pending.into_iter().map(entry).collect(),
             resolved: out.resolved.into_iter().map(entry).collect(),
@@ -295,7 +294,7 @@ impl LedgerService for LedgerApi {
             tenant,
             deadline,
             permit,
-        } = self.begin(Rpc::ListEntries, &request)?;
+        } = self.begin(&request)?;
         let r = request.into_inner();
         let input = ListInput {
             run_id: r.run_id,
@@ -314,10 +313,38 @@ impl LedgerService for LedgerApi {
             ledger.list_entries(&tenant, input).await
         })
         .await;
-        let out = self.observe(Rpc::ListEntries, out)?;
+        let out = self.observe(out)?;
         Ok(Response::new(pb::ListEntriesResponse {
             entries: out.entries.into_iter().map(audited_entry).collect(),
             next_page_token: out.next_page_token,
+        }))
+    }
+
+    async fn renew_lease(
+        &self,
+        request: Request<pb::RenewLeaseRequest>,
+    ) -> Result<Response<pb::RenewLeaseResponse>, Status> {
+        let Call {
+            tenant,
+            deadline,
+            permit,
+        } = self.begin(&request)?;
+        let r = request.into_inner();
+        let input = RenewInput {
+            key: r.key,
+            claim_token: r.claim_token,
+            lease: duration("lease", r.lease)?,
+        };
+        telemetry::record_request("", &input.key);
+        let ledger = self.ledger.clone();
+        let out = run(deadline, permit, async move {
+            ledger.renew_lease(&tenant, input).await
+        })
+        .await;
+        let out = self.observe(out)?;
+        telemetry::record_entry(&out);
+        Ok(Response::new(pb::RenewLeaseResponse {
+            entry: Some(entry(out)),
         }))
     }
 }
@@ -329,7 +356,11 @@ fn margin(deadline: Instant) -> Duration {
 /// Runs `work` in its own task, holding the call's admission `permit` until the work ends, so
 /// that a cancelled or timed-out call never drops a write halfway; answers DEADLINE_EXCEEDED
 /// shortly before the deadline if it is still running.
-async fn run<T, F>(deadline: Instant, permit: OwnedSemaphorePermit, work: F) -> Result<T, Status>
+async fn run<T, F>(
+    deadline: Instant,
+    permit: OwnedSemaphorePermit,
+    work: F,
+) -> Result<T, LedgerError>
 where
     T: Send + 'static,
     F: Future<Output = Result<T, LedgerError>> + Send + 'static,
@@ -344,10 +375,10 @@ where
         .instrument(tracing::Span::current()),
     );
     match tokio::time::timeout_at(deadline - margin(deadline), task).await {
-        Ok(joined) => joined
-            .map_err(|e| LedgerError::Internal(format!("request task failed: {e}")))?
-            .map_err(Status::from),
-        Err(_) => Err(LedgerError::DeadlineExceeded.into()),
+        Ok(joined) => {
+            joined.map_err(|e| LedgerError::Internal(format!("request task failed: {e}")))?
+        }
+        Err(_) => Err(LedgerError::DeadlineExceeded),
     }
 }
 

@@ -42,7 +42,14 @@ use crate::storage::{PoolStats, Store, StoreError, UnresolvedCount};
 const CODE_COUNT: usize = 17;
 
 /// The RPCs counted, in the order of [`Rpc`].
-const RPCS: [&str; 5] = ["Claim", "Complete", "Lookup", "Reconcile", "ListEntries"];
+const RPCS: [&str; 6] = [
+    "Claim",
+    "Complete",
+    "Lookup",
+    "Reconcile",
+    "ListEntries",
+    "RenewLease",
+];
 
 /// The service the gRPC families describe.
 const SERVICE: &str = "idempotency.v1.LedgerService";
@@ -79,6 +86,8 @@ pub enum Rpc {
     Reconcile = 3,
     /// `ListEntries`.
     ListEntries = 4,
+    /// `RenewLease`.
+    RenewLease = 5,
 }
 
 impl Rpc {
@@ -94,6 +103,7 @@ impl Rpc {
             "Lookup" => Rpc::Lookup,
             "Reconcile" => Rpc::Reconcile,
             "ListEntries" => Rpc::ListEntries,
+            "RenewLease" => Rpc::RenewLease,
             _ => return None,
         })
     }
@@ -304,7 +314,7 @@ pub struct Metrics {
     /// Claims needed in the window before zero replays raise the alarm; 0 turns it off.
     alarm_min_claims: u64,
     /// The gRPC families, by [`Rpc`].
-    methods: [MethodStats; 5],
+    methods: [MethodStats; RPCS.len()],
     /// Claims and key-reuse refusals, by tool.
     tools: Tools,
     /// Completes refused for a stale or wrong claim token.
@@ -317,7 +327,7 @@ pub struct Metrics {
     /// Expired entries deleted.
     pruned: AtomicU64,
     /// Store errors: unavailable, internal.
-    store_errors: [AtomicU64; 2],
+    store_errors: [AtomicU64; StoreError::KINDS.len()],
     /// Whether the last health probe reached the store.
     store_up: AtomicBool,
     /// The last store-wide count of unresolved entries (unknown, attempting); -1 before the
@@ -421,18 +431,23 @@ impl Metrics {
         self.pruned.fetch_add(n, Ordering::Relaxed);
     }
 
-    /// Counts a store error (`Unavailable` or `Internal`) by its kind.
+    /// Counts a store error by its kind.
     pub fn store_error(&self, error: &StoreError) {
-        let i = usize::from(matches!(error, StoreError::Internal(_)));
-        self.store_errors[i].fetch_add(1, Ordering::Relaxed);
+        let kind = error.kind();
+        if let Some(i) = StoreError::KINDS.iter().position(|k| *k == kind) {
+            self.store_errors[i].fetch_add(1, Ordering::Relaxed);
+        }
     }
 
-    /// Counts a call that failed with `code` when the code means a store error: UNAVAILABLE
-    /// (the store cannot be reached) or INTERNAL (a failed statement, or a bug).
-    pub fn call_failed(&self, code: tonic::Code) {
-        match code {
-            tonic::Code::Unavailable => self.store_error(&StoreError::Unavailable(String::new())),
-            tonic::Code::Internal => self.store_error(&StoreError::Internal(String::new())),
+    /// Counts a call's error when it is the store's (by the store's kind), or a bug of the
+    /// server's own (as `internal`).
+    pub fn call_failed(&self, error: &LedgerError) {
+        match error {
+            LedgerError::Store(e) => self.store_error(e),
+            LedgerError::Internal(_) => {
+                // `internal` is the last kind.
+                self.store_errors[StoreError::KINDS.len() - 1].fetch_add(1, Ordering::Relaxed);
+            }
             _ => {}
         }
     }
@@ -663,9 +678,9 @@ impl Metrics {
             out,
             "ledger_store_errors_total",
             "counter",
-            "Store errors, by kind: unavailable (cannot be reached) or internal (a failed statement, or a bug).",
+            "Store errors, by kind: unavailable (cannot be reached, busy), io_error, full (out of disk space), contention (deadlocks past the retries), read_only (a standby), corrupt, or internal (a bug).",
         );
-        for (kind, n) in ["unavailable", "internal"].iter().zip(&self.store_errors) {
+        for (kind, n) in StoreError::KINDS.iter().zip(&self.store_errors) {
             let _ = writeln!(
                 out,
                 "ledger_store_errors_total{{kind=\"{kind}\"}} {}",

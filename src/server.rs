@@ -319,7 +319,8 @@ struct Readiness {
 }
 
 /// Runs migrations until they succeed, then pings the store every `interval` and reports
-/// SERVING only while it answers.
+/// SERVING only while it answers and has room for writes: after a write failed for want of
+/// disk space, each probe also tries a write ([`Store::probe_write`]) until one commits.
 async fn probe_loop(
     store: Arc<dyn Store>,
     reporter: HealthReporter,
@@ -330,13 +331,18 @@ async fn probe_loop(
     let mut serving = false;
     loop {
         let healthy = if state.migrated.load(Ordering::Acquire) {
-            tokio::time::timeout(
-                interval.max(std::time::Duration::from_secs(1)),
-                store.ping(),
-            )
-            .await
-            .map_err(|_| storage::StoreError::Unavailable("ping timed out".into()))
-            .and_then(|r| r)
+            let bound = interval.max(std::time::Duration::from_secs(1));
+            let check = async {
+                store.ping().await?;
+                if store.is_full() {
+                    store.probe_write().await?;
+                }
+                Ok(())
+            };
+            tokio::time::timeout(bound, check)
+                .await
+                .map_err(|_| storage::StoreError::Unavailable("health probe timed out".into()))
+                .and_then(|r| r)
         } else {
             store.migrate().await.map(|()| {
                 state.migrated.store(true, Ordering::Release);
@@ -347,8 +353,12 @@ async fn probe_loop(
         let now_serving = healthy.is_ok() && !state.draining.load(Ordering::Acquire);
         if now_serving != serving {
             match &healthy {
-                Ok(()) => tracing::info!("store reachable: health SERVING"),
-                Err(e) => tracing::warn!(error = %e, "store unreachable: health NOT_SERVING"),
+                Ok(()) => tracing::info!("store reachable and writable: health SERVING"),
+                Err(e) => tracing::warn!(
+                    error = %e,
+                    cause = e.kind(),
+                    "store not ready for calls: health NOT_SERVING"
+                ),
             }
             let status = if now_serving {
                 ServingStatus::Serving
@@ -382,7 +392,7 @@ async fn prune_loop(
                 tracing::info!(deleted = n, "pruned expired entries");
             }
             Err(e) => {
-                metrics.call_failed(e.code());
+                metrics.call_failed(&e);
                 tracing::warn!(error = %e, "pruning failed; retrying next interval");
             }
         }

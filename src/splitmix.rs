@@ -1,6 +1,6 @@
 //! SplitMix64: a tiny, seedable generator for the load generator's key picks and the tests'
 //! random requests, where reproducibility from a seed matters and cryptographic quality does
-//! not. Not used by the server.
+//! not; in the server, only for the jitter of retry pauses ([`jitter`]).
 
 /// SplitMix64 over its 64-bit state; the state is the seed.
 #[derive(Clone, Debug)]
@@ -45,6 +45,16 @@ impl SplitMix64 {
             items.swap(i, self.below(i + 1));
         }
     }
+}
+
+/// A number in `0..max` from one process-wide sequence: jitter for retry pauses, so that two
+/// writers that conflicted do not try again in step. Not seeded per run; it needs only to
+/// differ between callers.
+pub fn jitter(max: u64) -> u64 {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static STATE: AtomicU64 = AtomicU64::new(0x243F_6A88_85A3_08D3);
+    let state = STATE.fetch_add(0x9E37_79B9_7F4A_7C15, Ordering::Relaxed);
+    SplitMix64(state).next() % max.max(1)
 }
 
 #[cfg(test)]

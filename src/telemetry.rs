@@ -247,6 +247,7 @@ fn ledger_rpc(path: &str) -> Option<&'static str> {
         "Lookup" => "Lookup",
         "Reconcile" => "Reconcile",
         "ListEntries" => "ListEntries",
+        "RenewLease" => "RenewLease",
         // tonic answers UNIMPLEMENTED; the caller's text is not echoed into the log.
         _ => "unknown",
     })

@@ -198,6 +198,36 @@ pub fn decide_claim(existing: &Entry, fingerprint: &str, now: Micros) -> ClaimDe
     }
 }
 
+/// What a RenewLease does to `existing`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RenewDecision {
+    /// The entry does not exist any more (it expired).
+    NotFound,
+    /// The token is not the current attempt's.
+    StaleToken,
+    /// The attempt is resolved, reported UNKNOWN, or past its lease: a reconciler may already
+    /// be asking the world about it, so its lease cannot come back.
+    LeaseEnded,
+    /// Extend the lease (compare-and-set on the token, ATTEMPTING, and the lease not ended).
+    Apply,
+}
+
+/// Decides what renewing the lease of `existing` with `token` does at `now`. The same rule as
+/// the RENEW statement's `WHERE`: ATTEMPTING with this token and `lease_expires_at > now`.
+pub fn decide_renew(existing: &Entry, token: &str, now: Micros) -> RenewDecision {
+    if existing.is_expired(now) {
+        return RenewDecision::NotFound;
+    }
+    if existing.claim_token != token {
+        return RenewDecision::StaleToken;
+    }
+    if existing.effective_status(now) == Status::Attempting {
+        RenewDecision::Apply
+    } else {
+        RenewDecision::LeaseEnded
+    }
+}
+
 /// What a Complete does to `existing`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum CompleteDecision {

@@ -10,7 +10,7 @@ pub mod redact;
 pub mod time;
 
 pub use entry::{
-    ClaimDecision, CompleteDecision, Completion, Entry, FinalStatus, Status, decide_claim,
-    decide_complete,
+    ClaimDecision, CompleteDecision, Completion, Entry, FinalStatus, RenewDecision, Status,
+    decide_claim, decide_complete, decide_renew,
 };
 pub use time::Micros;

@@ -288,6 +288,14 @@ impl Store for GroupCommit {
         self.inner.ping().await
     }
 
+    fn is_full(&self) -> bool {
+        self.inner.is_full()
+    }
+
+    async fn probe_write(&self) -> StoreResult<()> {
+        self.inner.probe_write().await
+    }
+
     async fn insert(&self, tenant: &str, entry: &Entry) -> StoreResult<bool> {
         let inner = &self.inner;
         self.inserts
@@ -332,6 +340,19 @@ impl Store for GroupCommit {
         now: Micros,
     ) -> StoreResult<Option<Entry>> {
         self.inner.replay(tenant, key, fingerprint, now).await
+    }
+
+    async fn renew(
+        &self,
+        tenant: &str,
+        key: &str,
+        token: &str,
+        lease_expires_at: Micros,
+        now: Micros,
+    ) -> StoreResult<Option<Entry>> {
+        self.inner
+            .renew(tenant, key, token, lease_expires_at, now)
+            .await
     }
 
     async fn resolve(&self, tenant: &str, done: &Entry, now: Micros) -> StoreResult<Option<bool>> {

@@ -22,43 +22,279 @@ use async_trait::async_trait;
 
 use crate::domain::{Completion, Entry, Micros};
 
-/// Why a store call failed. Details are for the log, never for the client.
-#[derive(Clone, Debug, thiserror::Error)]
+/// Why a store call failed: the cause the store could name, with the database's own words for
+/// the log (never for the client). Only [`StoreError::Internal`] is a bug; every other variant
+/// is a condition of the database or its host that an operator can act on, and that the
+/// client is told apart by its own code and reason.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum StoreError {
-    /// The database cannot be reached or did not answer in time: the caller may retry.
+    /// The database cannot be reached, did not answer in time, or is busy: the caller may
+    /// retry.
     #[error("store unavailable: {0}")]
     Unavailable(String),
-    /// Anything else (a constraint we did not expect, a corrupt row): a bug or an operator issue.
+    /// The database reported an I/O error reading or writing its files; the write was not
+    /// committed.
+    #[error("store I/O error: {0}")]
+    Io(String),
+    /// The database's disk (or quota) is full; the write was not committed. Reads go on.
+    #[error("store full: {0}")]
+    Full(String),
+    /// A deadlock or a serialization failure that the store's bounded retries did not get
+    /// past; nothing was committed.
+    #[error("store contention: {0}")]
+    Contention(String),
+    /// The connection reached a server that accepts no writes (a standby, or a file that
+    /// cannot be written); the write was not committed.
+    #[error("store read-only: {0}")]
+    ReadOnly(String),
+    /// The database reports its own files corrupt: an operator must restore them.
+    #[error("store corrupt: {0}")]
+    Corrupt(String),
+    /// Anything else (a constraint we did not expect, a row we cannot read): a bug.
     #[error("store error: {0}")]
     Internal(String),
 }
 
 impl StoreError {
-    /// Classifies a sqlx error: connection-level trouble is `Unavailable`, the rest `Internal`.
-    pub(crate) fn from_sqlx(err: sqlx::Error) -> StoreError {
+    /// A short stable name of the cause, for metrics labels and logs.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            StoreError::Unavailable(_) => "unavailable",
+            StoreError::Io(_) => "io_error",
+            StoreError::Full(_) => "full",
+            StoreError::Contention(_) => "contention",
+            StoreError::ReadOnly(_) => "read_only",
+            StoreError::Corrupt(_) => "corrupt",
+            StoreError::Internal(_) => "internal",
+        }
+    }
+
+    /// Every kind, in the order metrics report them.
+    pub const KINDS: [&'static str; 7] = [
+        "unavailable",
+        "io_error",
+        "full",
+        "contention",
+        "read_only",
+        "corrupt",
+        "internal",
+    ];
+
+    /// Whether the connection that produced this error should not be used again: after an
+    /// I/O error, a full disk or a read-only server, the session may hold a half-rolled-back
+    /// transaction (SQLite) or point at a demoted primary (PostgreSQL).
+    pub(crate) fn poisons_connection(&self) -> bool {
+        matches!(
+            self,
+            StoreError::Io(_) | StoreError::Full(_) | StoreError::ReadOnly(_)
+        )
+    }
+
+    /// The errors sqlx reports outside any database's answer, the same for both backends.
+    fn from_client(err: &sqlx::Error) -> StoreError {
         use sqlx::Error as E;
-        match &err {
+        match err {
             E::Io(_) | E::PoolTimedOut | E::PoolClosed | E::Tls(_) | E::WorkerCrashed => {
                 StoreError::Unavailable(err.to_string())
             }
-            E::Database(db) => {
-                // SQLSTATE class 08 (connection exception), 57P01-57P03 (admin shutdown, crash
-                // shutdown, cannot connect now), 53 (insufficient resources) and SQLite's
-                // SQLITE_BUSY (5) are transient: the same request may succeed later.
-                let code = db.code().map(|c| c.into_owned()).unwrap_or_default();
-                if code.starts_with("08")
-                    || code.starts_with("57P")
-                    || code.starts_with("53")
-                    || code == "5"
-                    || code == "517"
-                {
-                    StoreError::Unavailable(err.to_string())
-                } else {
-                    StoreError::Internal(err.to_string())
-                }
-            }
             _ => StoreError::Internal(err.to_string()),
         }
+    }
+}
+
+impl StoreError {
+    /// Classifies a SQLite error by its primary result code (`code & 0xff`: sqlx reports the
+    /// extended code, such as 773 SQLITE_BUSY_TIMEOUT or 531 SQLITE_CONSTRAINT_COMMITHOOK).
+    pub(crate) fn from_sqlite(err: sqlx::Error) -> StoreError {
+        let Some(code) = database_code(&err).and_then(|c| c.parse::<i32>().ok()) else {
+            return StoreError::from_client(&err);
+        };
+        let detail = err.to_string();
+        match code & 0xff {
+            // SQLITE_BUSY, SQLITE_LOCKED: another writer held the lock past the busy timeout.
+            5 | 6 => StoreError::Unavailable(detail),
+            // SQLITE_NOMEM, SQLITE_INTERRUPT: the process is short of memory, or gave up.
+            7 | 9 => StoreError::Unavailable(detail),
+            // SQLITE_READONLY: the file (or its directory) cannot be written.
+            8 => StoreError::ReadOnly(detail),
+            // SQLITE_IOERR, SQLITE_CANTOPEN, SQLITE_PROTOCOL (WAL locking): the files failed us.
+            10 | 14 | 15 => StoreError::Io(detail),
+            // SQLITE_FULL: the disk (or the file-size limit) is full.
+            13 => StoreError::Full(detail),
+            // SQLITE_CORRUPT, SQLITE_NOTADB.
+            11 | 26 => StoreError::Corrupt(detail),
+            _ => StoreError::Internal(detail),
+        }
+    }
+
+    /// Classifies a PostgreSQL error by its SQLSTATE, class first.
+    pub(crate) fn from_postgres(err: sqlx::Error) -> StoreError {
+        let Some(state) = database_code(&err) else {
+            return StoreError::from_client(&err);
+        };
+        let detail = err.to_string();
+        match state.as_str() {
+            // disk_full.
+            "53100" => StoreError::Full(detail),
+            // read_only_sql_transaction: a standby, or a primary demoted under us.
+            "25006" => StoreError::ReadOnly(detail),
+            // io_error, undefined_file.
+            "58030" | "58P01" => StoreError::Io(detail),
+            // data_corrupted, index_corrupted.
+            "XX001" | "XX002" => StoreError::Corrupt(detail),
+            // query_canceled (statement_timeout), lock_not_available (lock_timeout).
+            "57014" | "55P03" => StoreError::Unavailable(detail),
+            // Class 08 connection exception, 57P admin/crash shutdown or cannot connect now,
+            // 53 insufficient resources (out of memory, too many connections).
+            s if s.starts_with("08") || s.starts_with("57P") || s.starts_with("53") => {
+                StoreError::Unavailable(detail)
+            }
+            // Class 40, transaction rollback: deadlock_detected, serialization_failure.
+            s if s.starts_with("40") => StoreError::Contention(detail),
+            _ => StoreError::Internal(detail),
+        }
+    }
+}
+
+/// Whether the store last said its disk is full: set by any statement that failed so, cleared
+/// only by a [`Store::probe_write`] that committed. While set, health reports NOT_SERVING
+/// (reads still answer; writes are still tried, and fail or succeed on their own).
+#[derive(Debug, Default)]
+pub struct WriteHealth {
+    /// Set while the store is known to be full.
+    full: std::sync::atomic::AtomicBool,
+}
+
+impl WriteHealth {
+    /// Notes a full disk; logs the first report of an episode.
+    fn full(&self, detail: &str) {
+        if !self.full.swap(true, std::sync::atomic::Ordering::AcqRel) {
+            tracing::error!(
+                error = %detail,
+                "the store is out of disk space: writes are refused with RESOURCE_EXHAUSTED \
+                 STORE_FULL and health is NOT_SERVING until space is freed; reads keep answering"
+            );
+        }
+    }
+
+    /// Whether the store is known to be full.
+    pub fn is_full(&self) -> bool {
+        self.full.load(std::sync::atomic::Ordering::Acquire)
+    }
+
+    /// Notes that a write committed again; logs the end of an episode.
+    fn has_space(&self) {
+        if self.full.swap(false, std::sync::atomic::Ordering::AcqRel) {
+            tracing::warn!("the store has disk space again: writes resume");
+        }
+    }
+}
+
+/// 64 KiB of fresh random bytes for the write probe (random, so that no compression makes the
+/// write smaller than what it stands for).
+fn probe_filler() -> Vec<u8> {
+    let mut filler = vec![0u8; 64 * 1024];
+    let mut rng = crate::splitmix::SplitMix64(crate::splitmix::jitter(u64::MAX));
+    for chunk in filler.chunks_mut(8) {
+        chunk.copy_from_slice(&rng.next().to_le_bytes()[..chunk.len()]);
+    }
+    filler
+}
+
+/// How often a statement that met a deadlock or a serialization failure is tried again before
+/// the call answers [`StoreError::Contention`]. Each statement is atomic, so a failed try
+/// left nothing behind.
+const CONTENTION_RETRIES: u32 = 4;
+
+/// Runs `$body` (one statement, or one transaction, on the connection `$conn` taken from
+/// `$store.pool` for it) and classifies its error with `$classify`; evaluates to a
+/// [`StoreResult`]. A macro rather than a function taking a closure: a closure over a borrowed
+/// connection cannot be shown `Send` for every lifetime, which `async_trait` needs.
+///
+/// This is where the storage module keeps its first rule: **an acknowledgement means
+/// committed.** `$body` must read its statement to the end (`execute`, `fetch_all`: never
+/// `fetch_optional`, which stops SQLite after the first row and so never sees the error its
+/// autocommit COMMIT reports at the statement's end) and, for a transaction, end with the
+/// result of `commit()`. So an `Ok` here is a committed write, and a commit that failed is the
+/// write's error. What happens after an error is [`after_failure`]'s.
+macro_rules! run_on {
+    ($store:expr, $classify:expr, |$conn:ident| $body:expr) => {{
+        let mut tries = 0u32;
+        loop {
+            #[allow(unused_mut)]
+            let mut $conn = $store.pool.acquire().await.map_err($classify)?;
+            match $body {
+                Ok(done) => break Ok(done),
+                Err(e) => {
+                    let error = $classify(e);
+                    if let Err(e) =
+                        $crate::storage::after_failure(error, $conn, &$store.health, &mut tries)
+                            .await
+                    {
+                        break Err(e);
+                    }
+                }
+            }
+        }
+    }};
+}
+pub(crate) use run_on;
+
+/// After a statement failed with `error` on `conn`: a connection whose error says its session
+/// may be broken (an I/O error, a full disk, a read-only server) is closed rather than
+/// returned to the pool; a full disk is noted in `health`; a deadlock or serialization failure
+/// is tried again (`Ok`, after a short jittered pause), a bounded number of times, then
+/// answered [`StoreError::Contention`]. Each statement is atomic, so a failed try left nothing
+/// behind.
+///
+/// # Errors
+/// `error`, when it is not to be tried again.
+pub(crate) async fn after_failure<DB: sqlx::Database>(
+    error: StoreError,
+    mut conn: sqlx::pool::PoolConnection<DB>,
+    health: &WriteHealth,
+    tries: &mut u32,
+) -> StoreResult<()> {
+    if error.poisons_connection() {
+        conn.close_on_drop();
+    }
+    drop(conn);
+    match error {
+        StoreError::Full(detail) => {
+            health.full(&detail);
+            Err(StoreError::Full(detail))
+        }
+        StoreError::Contention(detail) if *tries < CONTENTION_RETRIES => {
+            *tries += 1;
+            tracing::debug!(error = %detail, tries = *tries, "write conflicted; trying again");
+            let jitter = crate::splitmix::jitter(2_000 << *tries);
+            tokio::time::sleep(std::time::Duration::from_micros(jitter)).await;
+            Ok(())
+        }
+        StoreError::Contention(detail) => Err(StoreError::Contention(format!(
+            "{detail} (after {tries} retries)"
+        ))),
+        other => Err(other),
+    }
+}
+
+/// The one row a write statement with `RETURNING` gave, if any, read to the end (see
+/// [`run_on`]); more than one row for one key is a bug.
+pub(crate) fn at_most_one<T>(mut rows: Vec<T>, what: &str) -> StoreResult<Option<T>> {
+    match rows.len() {
+        0 | 1 => Ok(rows.pop()),
+        n => Err(StoreError::Internal(format!(
+            "{what} returned {n} rows for one key"
+        ))),
+    }
+}
+
+/// The database's own error code (SQLSTATE, or SQLite's extended result code), if the error
+/// is the database's answer.
+fn database_code(err: &sqlx::Error) -> Option<String> {
+    match err {
+        sqlx::Error::Database(db) => db.code().map(|c| c.into_owned()),
+        _ => None,
     }
 }
 
@@ -88,6 +324,16 @@ pub trait Store: Send + Sync + 'static {
     /// # Errors
     /// `Unavailable` when it does not.
     async fn ping(&self) -> StoreResult<()>;
+
+    /// Whether the store last reported a full disk (see [`WriteHealth`]); no database call.
+    fn is_full(&self) -> bool;
+
+    /// Writes and deletes a probe row of 64 KiB, each in its own commit: whether a write of a
+    /// typical size commits now. Clears [`Store::is_full`] when both did.
+    ///
+    /// # Errors
+    /// As the database fails (`Full` while there is still no space).
+    async fn probe_write(&self) -> StoreResult<()>;
 
     /// Inserts `entry` unless (tenant, key) exists. `true` when this call inserted it: the
     /// unique constraint, not a prior read, decides among concurrent claimants.
@@ -147,6 +393,21 @@ pub trait Store: Send + Sync + 'static {
         tenant: &str,
         key: &str,
         fingerprint: &str,
+        now: Micros,
+    ) -> StoreResult<Option<Entry>>;
+
+    /// Moves the lease end of the attempt holding `token` to `lease_expires_at`, only if the
+    /// entry is ATTEMPTING with that token and its lease has not ended at `now`. The entry as
+    /// written when it applied.
+    ///
+    /// # Errors
+    /// `Unavailable` or `Internal` as the database fails.
+    async fn renew(
+        &self,
+        tenant: &str,
+        key: &str,
+        token: &str,
+        lease_expires_at: Micros,
         now: Micros,
     ) -> StoreResult<Option<Entry>>;
 

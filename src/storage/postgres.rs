@@ -6,10 +6,11 @@ use std::str::FromStr;
 
 use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
 
+use super::run_on;
 use super::sql::{self, bind_entry, bind_finish, impl_store, unresolved_where};
 use super::{
     EntryRow, Finish, Finished, FinishedRow, ListQuery, PoolOptions, StoreError, StoreResult,
-    UnresolvedQuery,
+    UnresolvedQuery, WriteHealth,
 };
 use crate::domain::{Entry, Micros};
 
@@ -21,6 +22,8 @@ pub struct PgStore {
     pool: PgPool,
     /// One more connection, kept apart for LISTEN so that it never takes a request's place.
     listen_pool: PgPool,
+    /// Whether the disk was last found full.
+    health: std::sync::Arc<WriteHealth>,
 }
 
 /// A pooled connection idle longer than this is pinged before use: one that survived a
@@ -71,7 +74,11 @@ impl PgStore {
             .max_connections(1)
             .acquire_timeout(options.acquire_timeout)
             .connect_lazy_with(connect);
-        Ok(PgStore { pool, listen_pool })
+        Ok(PgStore {
+            pool,
+            listen_pool,
+            health: std::sync::Arc::default(),
+        })
     }
 }
 
@@ -142,55 +149,64 @@ impl PgStore {
 /// whitespace, keys are printable ASCII).
 const WAKE_CHANNEL: &str = "ledger_wake";
 
-impl_store!(PgStore, {
+impl_store!(PgStore, StoreError::from_postgres, {
     fn shared(&self) -> bool {
         true
     }
 
     async fn insert_many(&self, batch: &[(String, Entry)]) -> StoreResult<Vec<bool>> {
-        let col = |f: fn(&Entry) -> String| batch.iter().map(|(_, e)| f(e)).collect::<Vec<_>>();
-        let int = |f: fn(&Entry) -> i64| batch.iter().map(|(_, e)| f(e)).collect::<Vec<_>>();
-        let opt =
-            |f: fn(&Entry) -> Option<i64>| batch.iter().map(|(_, e)| f(e)).collect::<Vec<_>>();
-        let tenants: Vec<&str> = batch.iter().map(|(t, _)| t.as_str()).collect();
-        let inserted: Vec<String> = sqlx::query_scalar(Self::INSERT_MANY)
-            .bind(tenants)
-            .bind(col(|e| e.key.clone()))
-            .bind(col(|e| e.run_id.clone()))
-            .bind(col(|e| e.tool.clone()))
-            .bind(col(|e| e.fingerprint.clone()))
-            .bind(col(|e| e.status.as_str().to_string()))
-            .bind(int(|e| i64::from(e.attempt)))
-            .bind(col(|e| e.claim_token.clone()))
-            .bind(
-                batch
-                    .iter()
-                    .map(|(_, e)| e.result.clone())
-                    .collect::<Vec<Vec<u8>>>(),
+        // Rows go in (tenant, key) order, so that two batches sharing keys lock them in the
+        // same order and cannot deadlock; the sort is stable, so the first entry of a key
+        // still wins.
+        let rows = in_key_order(batch, |e| &e.key);
+        let col = |f: fn(&Entry) -> String| rows.iter().map(|(_, e)| f(e)).collect::<Vec<_>>();
+        let int = |f: fn(&Entry) -> i64| rows.iter().map(|(_, e)| f(e)).collect::<Vec<_>>();
+        let opt = |f: fn(&Entry) -> Option<i64>| rows.iter().map(|(_, e)| f(e)).collect::<Vec<_>>();
+        let tenants: Vec<&str> = rows.iter().map(|(t, _)| t.as_str()).collect();
+        let keys = col(|e| e.key.clone());
+        let run_ids = col(|e| e.run_id.clone());
+        let tools = col(|e| e.tool.clone());
+        let fingerprints = col(|e| e.fingerprint.clone());
+        let statuses = col(|e| e.status.as_str().to_string());
+        let attempts = int(|e| i64::from(e.attempt));
+        let tokens = col(|e| e.claim_token.clone());
+        let results: Vec<Vec<u8>> = rows.iter().map(|(_, e)| e.result.clone()).collect();
+        let errors = col(|e| e.error.clone());
+        let retryables: Vec<bool> = rows.iter().map(|(_, e)| e.retryable).collect();
+        let principals = col(|e| e.principal.clone());
+        let started = int(|e| e.started_at.0);
+        let finished = opt(|e| e.finished_at.map(|m| m.0));
+        let leases = int(|e| e.lease_expires_at.0);
+        let retentions = int(|e| e.retention.0);
+        let expires = opt(|e| e.expires_at.map(|m| m.0));
+        let replays = int(|e| i64::try_from(e.replay_count).unwrap_or(i64::MAX));
+        let arguments: Vec<Option<String>> =
+            rows.iter().map(|(_, e)| e.arguments.clone()).collect();
+        let inserted: Vec<String> =
+            run_on!(self, StoreError::from_postgres, |conn| sqlx::query_scalar(
+                Self::INSERT_MANY
             )
-            .bind(col(|e| e.error.clone()))
-            .bind(
-                batch
-                    .iter()
-                    .map(|(_, e)| e.retryable)
-                    .collect::<Vec<bool>>(),
-            )
-            .bind(col(|e| e.principal.clone()))
-            .bind(int(|e| e.started_at.0))
-            .bind(opt(|e| e.finished_at.map(|m| m.0)))
-            .bind(int(|e| e.lease_expires_at.0))
-            .bind(int(|e| e.retention.0))
-            .bind(opt(|e| e.expires_at.map(|m| m.0)))
-            .bind(int(|e| i64::try_from(e.replay_count).unwrap_or(i64::MAX)))
-            .bind(
-                batch
-                    .iter()
-                    .map(|(_, e)| e.arguments.clone())
-                    .collect::<Vec<Option<String>>>(),
-            )
-            .fetch_all(&self.pool)
-            .await
-            .map_err(StoreError::from_sqlx)?;
+            .bind(&tenants)
+            .bind(&keys)
+            .bind(&run_ids)
+            .bind(&tools)
+            .bind(&fingerprints)
+            .bind(&statuses)
+            .bind(&attempts)
+            .bind(&tokens)
+            .bind(&results)
+            .bind(&errors)
+            .bind(&retryables)
+            .bind(&principals)
+            .bind(&started)
+            .bind(&finished)
+            .bind(&leases)
+            .bind(&retentions)
+            .bind(&expires)
+            .bind(&replays)
+            .bind(&arguments)
+            .fetch_all(&mut *conn)
+            .await)?;
         let inserted: std::collections::HashSet<String> = inserted.into_iter().collect();
         Ok(batch
             .iter()
@@ -199,36 +215,36 @@ impl_store!(PgStore, {
     }
 
     async fn finish_many(&self, batch: &[(String, Finish)]) -> StoreResult<Vec<Option<Finished>>> {
-        let col = |f: fn(&Finish) -> String| batch.iter().map(|(_, c)| f(c)).collect::<Vec<_>>();
-        let tenants: Vec<&str> = batch.iter().map(|(t, _)| t.as_str()).collect();
-        let rows: Vec<FinishedRow> = sqlx::query_as(Self::FINISH_MANY)
-            .bind(tenants)
-            .bind(col(|c| c.key.clone()))
-            .bind(col(|c| c.claim_token.clone()))
-            .bind(col(|c| c.completion.status.status().as_str().to_string()))
-            .bind(
-                batch
-                    .iter()
-                    .map(|(_, c)| c.completion.result.clone())
-                    .collect::<Vec<Vec<u8>>>(),
+        // In (tenant, key) order, as insert_many, so two batches cannot deadlock.
+        let cmds = in_key_order(batch, |c| &c.key);
+        let col = |f: fn(&Finish) -> String| cmds.iter().map(|(_, c)| f(c)).collect::<Vec<_>>();
+        let tenants: Vec<&str> = cmds.iter().map(|(t, _)| t.as_str()).collect();
+        let keys = col(|c| c.key.clone());
+        let tokens = col(|c| c.claim_token.clone());
+        let statuses = col(|c| c.completion.status.status().as_str().to_string());
+        let results: Vec<Vec<u8>> = cmds
+            .iter()
+            .map(|(_, c)| c.completion.result.clone())
+            .collect();
+        let errors = col(|c| c.completion.error.clone());
+        let retryables: Vec<bool> = cmds.iter().map(|(_, c)| c.completion.retryable).collect();
+        let nows: Vec<i64> = cmds.iter().map(|(_, c)| c.now.0).collect();
+        let also_unknown: Vec<bool> = cmds.iter().map(|(_, c)| c.also_unknown).collect();
+        let rows: Vec<FinishedRow> =
+            run_on!(self, StoreError::from_postgres, |conn| sqlx::query_as(
+                Self::FINISH_MANY
             )
-            .bind(col(|c| c.completion.error.clone()))
-            .bind(
-                batch
-                    .iter()
-                    .map(|(_, c)| c.completion.retryable)
-                    .collect::<Vec<bool>>(),
-            )
-            .bind(batch.iter().map(|(_, c)| c.now.0).collect::<Vec<i64>>())
-            .bind(
-                batch
-                    .iter()
-                    .map(|(_, c)| c.also_unknown)
-                    .collect::<Vec<bool>>(),
-            )
-            .fetch_all(&self.pool)
-            .await
-            .map_err(StoreError::from_sqlx)?;
+            .bind(&tenants)
+            .bind(&keys)
+            .bind(&tokens)
+            .bind(&statuses)
+            .bind(&results)
+            .bind(&errors)
+            .bind(&retryables)
+            .bind(&nows)
+            .bind(&also_unknown)
+            .fetch_all(&mut *conn)
+            .await)?;
         // Tokens are unique, so they tell which command each written row answers.
         let mut written: std::collections::HashMap<String, Finished> = rows
             .into_iter()
@@ -241,12 +257,14 @@ impl_store!(PgStore, {
     }
 
     async fn announce(&self, tenant: &str, key: &str) -> StoreResult<()> {
-        sqlx::query("SELECT pg_notify($1, $2)")
-            .bind(WAKE_CHANNEL)
-            .bind(format!("{tenant} {key}"))
-            .execute(&self.pool)
-            .await
-            .map_err(StoreError::from_sqlx)?;
+        let payload = format!("{tenant} {key}");
+        run_on!(self, StoreError::from_postgres, |conn| sqlx::query(
+            "SELECT pg_notify($1, $2)"
+        )
+        .bind(WAKE_CHANNEL)
+        .bind(&payload)
+        .execute(&mut *conn)
+        .await)?;
         Ok(())
     }
 
@@ -307,16 +325,25 @@ impl_store!(PgStore, {
             .run(&self.pool)
             .await
             .map_err(|e| match e {
-                sqlx::migrate::MigrateError::Execute(inner) => StoreError::from_sqlx(inner),
+                sqlx::migrate::MigrateError::Execute(inner) => StoreError::from_postgres(inner),
                 other => StoreError::Internal(other.to_string()),
             })
     }
 
     async fn ping(&self) -> StoreResult<()> {
-        sqlx::query("SELECT 1")
-            .execute(&self.pool)
-            .await
-            .map(|_| ())
-            .map_err(StoreError::from_sqlx)
+        run_on!(self, StoreError::from_postgres, |conn| sqlx::query(
+            "SELECT 1"
+        )
+        .execute(&mut *conn)
+        .await)
+        .map(|_| ())
     }
 });
+
+/// The rows of `batch` sorted by (tenant, key), stably: the order in which a multi-row
+/// statement takes their row locks, the same for every batch.
+fn in_key_order<T>(batch: &[(String, T)], key: fn(&T) -> &String) -> Vec<&(String, T)> {
+    let mut rows: Vec<&(String, T)> = batch.iter().collect();
+    rows.sort_by(|a, b| (&a.0, key(&a.1)).cmp(&(&b.0, key(&b.1))));
+    rows
+}

@@ -59,6 +59,16 @@ pub const REPLAY: &str = concat!(
     entry_columns!()
 );
 
+/// Extends the lease of the attempt holding token `$3` to `$4`, only while it is ATTEMPTING
+/// and its lease has not ended at `$5` (the same rule as `domain::decide_renew`). Returns the
+/// entry as written.
+pub const RENEW: &str = concat!(
+    "UPDATE ledger_entries SET lease_expires_at = $4 \
+     WHERE tenant = $1 AND key = $2 AND claim_token = $3 AND status = 'ATTEMPTING' \
+     AND lease_expires_at > $5 RETURNING ",
+    entry_columns!()
+);
+
 /// Records what a reconciler found, fenced by the outcome being unknown at `$9` (reported
 /// UNKNOWN, or an attempt past its lease); no token, since the answer concerns the intent,
 /// whichever attempt made it happen.
@@ -71,6 +81,13 @@ pub const RESOLVE: &str = "UPDATE ledger_entries SET status = $3, result = $4, \
 /// Notes that a claim waits for this attempt, so its completion is announced to other servers.
 pub const MARK_WAITING: &str = "UPDATE ledger_entries SET has_waiters = TRUE \
     WHERE tenant = $1 AND key = $2 AND status = 'ATTEMPTING' AND NOT has_waiters";
+
+/// Upserts the write probe's row (see migration 0005).
+pub const PROBE_WRITE: &str = "INSERT INTO ledger_write_probe (id, filler) VALUES (1, $1) \
+    ON CONFLICT (id) DO UPDATE SET filler = excluded.filler";
+
+/// Deletes the write probe's row again.
+pub const PROBE_DELETE: &str = "DELETE FROM ledger_write_probe WHERE id = 1";
 
 /// Counts every tenant's unresolved entries at `$1`, split by what callers are told: UNKNOWN
 /// (reported, or an attempt past its lease) and ATTEMPTING (in its lease). `expires_at IS NULL`
@@ -176,31 +193,33 @@ macro_rules! bind_finish {
 }
 
 /// Implements [`Store`](super::Store) for a type with a `pool` field: the backend-specific
-/// methods given as `$own`, plus the methods whose SQL both backends share. A macro rather than
-/// generics over `sqlx::Database`: the bounds those need are longer than the code. It emits
-/// the whole `impl` so that `async_trait` sees every method.
+/// methods given as `$own`, plus the methods whose SQL both backends share, every statement
+/// run through [`run_on`](super::run_on) with the backend's error classifier `$classify`, and
+/// read to the end (`execute` or `fetch_all`, never `fetch_optional`: see `run_on`). A macro
+/// rather than generics over `sqlx::Database`: the bounds those need are longer than the
+/// code. It emits the whole `impl` so that `async_trait` sees every method.
 macro_rules! impl_store {
-    ($ty:ty, { $($own:tt)* }) => {
+    ($ty:ty, $classify:expr, { $($own:tt)* }) => {
         #[async_trait::async_trait]
         impl super::Store for $ty {
         $($own)*
 
         async fn insert(&self, tenant: &str, entry: &Entry) -> StoreResult<bool> {
-            let done = bind_entry!(sqlx::query(sql::INSERT), tenant, entry)
-                .execute(&self.pool)
-                .await
-                .map_err(StoreError::from_sqlx)?;
+            let done = run_on!(self, $classify, |conn| bind_entry!(sqlx::query(sql::INSERT), tenant, entry)
+                    .execute(&mut *conn)
+                    .await)?;
             Ok(done.rows_affected() == 1)
         }
 
         async fn get(&self, tenant: &str, key: &str) -> StoreResult<Option<Entry>> {
-            let row: Option<EntryRow> = sqlx::query_as(sql::GET)
-                .bind(tenant)
-                .bind(key)
-                .fetch_optional(&self.pool)
-                .await
-                .map_err(StoreError::from_sqlx)?;
-            row.map(Entry::try_from).transpose()
+            let rows: Vec<EntryRow> = run_on!(self, $classify, |conn| sqlx::query_as(sql::GET)
+                    .bind(tenant)
+                    .bind(key)
+                    .fetch_all(&mut *conn)
+                    .await)?;
+            super::at_most_one(rows, "GET")?
+                .map(Entry::try_from)
+                .transpose()
         }
 
         async fn restart(
@@ -209,20 +228,20 @@ macro_rules! impl_store {
             expected_token: &str,
             next: &Entry,
         ) -> StoreResult<bool> {
-            let done = bind_entry!(sqlx::query(sql::RESTART), tenant, next)
-                .bind(expected_token)
-                .execute(&self.pool)
-                .await
-                .map_err(StoreError::from_sqlx)?;
+            let done = run_on!(self, $classify, |conn| bind_entry!(sqlx::query(sql::RESTART), tenant, next)
+                    .bind(expected_token)
+                    .execute(&mut *conn)
+                    .await)?;
             Ok(done.rows_affected() == 1)
         }
 
         async fn finish(&self, tenant: &str, cmd: &Finish) -> StoreResult<Option<Finished>> {
-            let row: Option<FinishedRow> = bind_finish!(sqlx::query_as(sql::FINISH), tenant, cmd)
-                .fetch_optional(&self.pool)
-                .await
-                .map_err(StoreError::from_sqlx)?;
-            row.map(Finished::try_from).transpose()
+            let rows: Vec<FinishedRow> = run_on!(self, $classify, |conn| bind_finish!(sqlx::query_as(sql::FINISH), tenant, cmd)
+                    .fetch_all(&mut *conn)
+                    .await)?;
+            super::at_most_one(rows, "FINISH")?
+                .map(Finished::try_from)
+                .transpose()
         }
 
         async fn replay(
@@ -232,15 +251,37 @@ macro_rules! impl_store {
             fingerprint: &str,
             now: Micros,
         ) -> StoreResult<Option<Entry>> {
-            let row: Option<EntryRow> = sqlx::query_as(sql::REPLAY)
-                .bind(tenant)
-                .bind(key)
-                .bind(fingerprint)
-                .bind(now.0)
-                .fetch_optional(&self.pool)
-                .await
-                .map_err(StoreError::from_sqlx)?;
-            row.map(Entry::try_from).transpose()
+            let rows: Vec<EntryRow> = run_on!(self, $classify, |conn| sqlx::query_as(sql::REPLAY)
+                    .bind(tenant)
+                    .bind(key)
+                    .bind(fingerprint)
+                    .bind(now.0)
+                    .fetch_all(&mut *conn)
+                    .await)?;
+            super::at_most_one(rows, "REPLAY")?
+                .map(Entry::try_from)
+                .transpose()
+        }
+
+        async fn renew(
+            &self,
+            tenant: &str,
+            key: &str,
+            token: &str,
+            lease_expires_at: Micros,
+            now: Micros,
+        ) -> StoreResult<Option<Entry>> {
+            let rows: Vec<EntryRow> = run_on!(self, $classify, |conn| sqlx::query_as(sql::RENEW)
+                    .bind(tenant)
+                    .bind(key)
+                    .bind(token)
+                    .bind(lease_expires_at.0)
+                    .bind(now.0)
+                    .fetch_all(&mut *conn)
+                    .await)?;
+            super::at_most_one(rows, "RENEW")?
+                .map(Entry::try_from)
+                .transpose()
         }
 
         async fn resolve(
@@ -249,19 +290,19 @@ macro_rules! impl_store {
             done: &Entry,
             now: Micros,
         ) -> StoreResult<Option<bool>> {
-            sqlx::query_scalar(sql::RESOLVE)
-                .bind(tenant)
-                .bind(&done.key)
-                .bind(done.status.as_str())
-                .bind(&done.result)
-                .bind(&done.error)
-                .bind(done.retryable)
-                .bind(done.finished_at.map(|m| m.0))
-                .bind(done.expires_at.map(|m| m.0))
-                .bind(now.0)
-                .fetch_optional(&self.pool)
-                .await
-                .map_err(StoreError::from_sqlx)
+            let rows: Vec<bool> = run_on!(self, $classify, |conn| sqlx::query_scalar(sql::RESOLVE)
+                    .bind(tenant)
+                    .bind(&done.key)
+                    .bind(done.status.as_str())
+                    .bind(&done.result)
+                    .bind(&done.error)
+                    .bind(done.retryable)
+                    .bind(done.finished_at.map(|m| m.0))
+                    .bind(done.expires_at.map(|m| m.0))
+                    .bind(now.0)
+                    .fetch_all(&mut *conn)
+                    .await)?;
+            super::at_most_one(rows, "RESOLVE")
         }
 
         async fn take_unresolved(
@@ -269,16 +310,15 @@ macro_rules! impl_store {
             tenant: &str,
             query: &UnresolvedQuery,
         ) -> StoreResult<Vec<Entry>> {
-            let rows: Vec<EntryRow> = sqlx::query_as(Self::TAKE_UNRESOLVED)
-                .bind(tenant)
-                .bind(query.now.0)
-                .bind(query.started_before.0)
-                .bind(&query.tool)
-                .bind(i64::from(query.limit))
-                .bind(query.hold_until.0)
-                .fetch_all(&self.pool)
-                .await
-                .map_err(StoreError::from_sqlx)?;
+            let rows: Vec<EntryRow> = run_on!(self, $classify, |conn| sqlx::query_as(Self::TAKE_UNRESOLVED)
+                    .bind(tenant)
+                    .bind(query.now.0)
+                    .bind(query.started_before.0)
+                    .bind(&query.tool)
+                    .bind(i64::from(query.limit))
+                    .bind(query.hold_until.0)
+                    .fetch_all(&mut *conn)
+                    .await)?;
             let mut entries = rows
                 .into_iter()
                 .map(Entry::try_from)
@@ -289,12 +329,11 @@ macro_rules! impl_store {
         }
 
         async fn prune(&self, now: Micros, limit: u32) -> StoreResult<u64> {
-            let done = sqlx::query(Self::PRUNE)
-                .bind(now.0)
-                .bind(i64::from(limit))
-                .execute(&self.pool)
-                .await
-                .map_err(StoreError::from_sqlx)?;
+            let done = run_on!(self, $classify, |conn| sqlx::query(Self::PRUNE)
+                    .bind(now.0)
+                    .bind(i64::from(limit))
+                    .execute(&mut *conn)
+                    .await)?;
             Ok(done.rows_affected())
         }
 
@@ -303,44 +342,62 @@ macro_rules! impl_store {
                 .after
                 .as_ref()
                 .map_or((i64::MIN, ""), |(started, key)| (started.0, key.as_str()));
-            let select = if query.run_id.is_empty() {
-                sqlx::query_as(sql::LIST)
-            } else {
-                sqlx::query_as(sql::LIST_RUN)
-            };
-            let rows: Vec<EntryRow> = select
-                .bind(tenant)
-                .bind(&query.run_id)
-                .bind(&query.tool)
-                .bind(query.status.map_or("", |s| s.as_str()))
-                .bind(query.started_from.0)
-                .bind(query.started_before.0)
-                .bind(after_started)
-                .bind(after_key)
-                .bind(i64::from(query.limit))
-                .bind(query.now.0)
-                .fetch_all(&self.pool)
-                .await
-                .map_err(StoreError::from_sqlx)?;
+            let rows: Vec<EntryRow> = run_on!(self, $classify, |conn| {
+                // The run's own statement when there is a run, so its plan can use the run index.
+                let select = if query.run_id.is_empty() {
+                    sqlx::query_as(sql::LIST)
+                } else {
+                    sqlx::query_as(sql::LIST_RUN)
+                };
+                select
+                    .bind(tenant)
+                    .bind(&query.run_id)
+                    .bind(&query.tool)
+                    .bind(query.status.map_or("", |s| s.as_str()))
+                    .bind(query.started_from.0)
+                    .bind(query.started_before.0)
+                    .bind(after_started)
+                    .bind(after_key)
+                    .bind(i64::from(query.limit))
+                    .bind(query.now.0)
+                    .fetch_all(&mut *conn)
+                    .await
+            })?;
             rows.into_iter().map(Entry::try_from).collect()
         }
 
         async fn mark_waiting(&self, tenant: &str, key: &str) -> StoreResult<()> {
-            sqlx::query(sql::MARK_WAITING)
-                .bind(tenant)
-                .bind(key)
-                .execute(&self.pool)
-                .await
-                .map_err(StoreError::from_sqlx)?;
+            run_on!(self, $classify, |conn| sqlx::query(sql::MARK_WAITING)
+                    .bind(tenant)
+                    .bind(key)
+                    .execute(&mut *conn)
+                    .await)?;
             Ok(())
         }
 
         async fn count_unresolved(&self, now: Micros) -> StoreResult<super::UnresolvedCount> {
-            sqlx::query_as(sql::COUNT_UNRESOLVED)
-                .bind(now.0)
-                .fetch_one(&self.pool)
-                .await
-                .map_err(StoreError::from_sqlx)
+            run_on!(self, $classify, |conn| sqlx::query_as(sql::COUNT_UNRESOLVED)
+                    .bind(now.0)
+                    .fetch_one(&mut *conn)
+                    .await)
+        }
+
+        fn is_full(&self) -> bool {
+            self.health.is_full()
+        }
+
+        async fn probe_write(&self) -> StoreResult<()> {
+            let filler = super::probe_filler();
+            run_on!(self, $classify, |conn| async {
+                sqlx::query(sql::PROBE_WRITE)
+                    .bind(&filler)
+                    .execute(&mut *conn)
+                    .await?;
+                sqlx::query(sql::PROBE_DELETE).execute(&mut *conn).await
+            }
+            .await)?;
+            self.health.has_space();
+            Ok(())
         }
 
         fn pool_stats(&self) -> super::PoolStats {

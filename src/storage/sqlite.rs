@@ -6,14 +6,16 @@
 
 use std::str::FromStr;
 
+use sqlx::Connection as _;
 use sqlx::sqlite::{
     SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteSynchronous,
 };
 
+use super::run_on;
 use super::sql::{self, bind_entry, bind_finish, entry_columns, impl_store, unresolved_where};
 use super::{
     EntryRow, Finish, Finished, FinishedRow, ListQuery, PoolOptions, StoreError, StoreResult,
-    UnresolvedQuery,
+    UnresolvedQuery, WriteHealth,
 };
 use crate::domain::{Entry, Micros};
 
@@ -23,13 +25,16 @@ pub struct SqliteStore {
     /// Several connections so reads do not queue behind writes; writers serialize on
     /// SQLite's lock, waiting up to the busy timeout.
     pool: SqlitePool,
+    /// Whether the disk was last found full.
+    health: std::sync::Arc<WriteHealth>,
 }
 
 impl SqliteStore {
     /// Opens (creating if missing) the file `url` names, such as `sqlite://ledger.db`.
     ///
     /// # Errors
-    /// `Internal` for a malformed URL; `Unavailable` when the file cannot be opened.
+    /// `Internal` for a malformed URL; `Io`, `ReadOnly`, `Full` or `Unavailable` when the file
+    /// cannot be opened.
     pub async fn open(url: &str, options: &PoolOptions) -> StoreResult<SqliteStore> {
         let connect = SqliteConnectOptions::from_str(url)
             .map_err(|e| StoreError::Internal(format!("invalid SQLite URL: {e}")))?
@@ -42,8 +47,11 @@ impl SqliteStore {
             .acquire_timeout(options.acquire_timeout)
             .connect_with(connect)
             .await
-            .map_err(StoreError::from_sqlx)?;
-        Ok(SqliteStore { pool })
+            .map_err(StoreError::from_sqlite)?;
+        Ok(SqliteStore {
+            pool,
+            health: std::sync::Arc::default(),
+        })
     }
 }
 
@@ -63,43 +71,47 @@ impl SqliteStore {
         SELECT tenant, key FROM ledger_entries WHERE expires_at <= $1 LIMIT $2)";
 }
 
-impl_store!(SqliteStore, {
+impl_store!(SqliteStore, StoreError::from_sqlite, {
     async fn insert_many(&self, batch: &[(String, Entry)]) -> StoreResult<Vec<bool>> {
         // One transaction, so one commit (one fsync) for the batch; IMMEDIATE takes the write
-        // lock up front, so the transaction never has to upgrade a read lock.
-        let mut tx = self
-            .pool
-            .begin_with("BEGIN IMMEDIATE")
-            .await
-            .map_err(StoreError::from_sqlx)?;
-        let mut inserted = Vec::with_capacity(batch.len());
-        for (tenant, entry) in batch {
-            let done = bind_entry!(sqlx::query(sql::INSERT), tenant, entry)
-                .execute(&mut *tx)
-                .await
-                .map_err(StoreError::from_sqlx)?;
-            inserted.push(done.rows_affected() == 1);
+        // lock up front, so the transaction never has to upgrade a read lock. The answers
+        // count only once the commit succeeded.
+        run_on!(self, StoreError::from_sqlite, |conn| async {
+            let mut tx = conn.begin_with("BEGIN IMMEDIATE").await?;
+            let mut inserted = Vec::with_capacity(batch.len());
+            for (tenant, entry) in batch {
+                let done = bind_entry!(sqlx::query(sql::INSERT), tenant, entry)
+                    .execute(&mut *tx)
+                    .await?;
+                inserted.push(done.rows_affected() == 1);
+            }
+            tx.commit().await?;
+            Ok(inserted)
         }
-        tx.commit().await.map_err(StoreError::from_sqlx)?;
-        Ok(inserted)
+        .await)
     }
 
     async fn finish_many(&self, batch: &[(String, Finish)]) -> StoreResult<Vec<Option<Finished>>> {
-        let mut tx = self
-            .pool
-            .begin_with("BEGIN IMMEDIATE")
-            .await
-            .map_err(StoreError::from_sqlx)?;
-        let mut finished = Vec::with_capacity(batch.len());
-        for (tenant, cmd) in batch {
-            let row: Option<FinishedRow> = bind_finish!(sqlx::query_as(sql::FINISH), tenant, cmd)
-                .fetch_optional(&mut *tx)
-                .await
-                .map_err(StoreError::from_sqlx)?;
-            finished.push(row.map(Finished::try_from).transpose()?);
+        let rows = run_on!(self, StoreError::from_sqlite, |conn| async {
+            let mut tx = conn.begin_with("BEGIN IMMEDIATE").await?;
+            let mut rows = Vec::with_capacity(batch.len());
+            for (tenant, cmd) in batch {
+                let row: Vec<FinishedRow> = bind_finish!(sqlx::query_as(sql::FINISH), tenant, cmd)
+                    .fetch_all(&mut *tx)
+                    .await?;
+                rows.push(row);
+            }
+            tx.commit().await?;
+            Ok(rows)
         }
-        tx.commit().await.map_err(StoreError::from_sqlx)?;
-        Ok(finished)
+        .await)?;
+        rows.into_iter()
+            .map(|row| {
+                super::at_most_one(row, "FINISH")?
+                    .map(Finished::try_from)
+                    .transpose()
+            })
+            .collect()
     }
 
     fn backend(&self) -> &'static str {
@@ -110,14 +122,18 @@ impl_store!(SqliteStore, {
         sqlx::migrate!("migrations/sqlite")
             .run(&self.pool)
             .await
-            .map_err(|e| StoreError::Internal(e.to_string()))
+            .map_err(|e| match e {
+                sqlx::migrate::MigrateError::Execute(inner) => StoreError::from_sqlite(inner),
+                other => StoreError::Internal(other.to_string()),
+            })
     }
 
     async fn ping(&self) -> StoreResult<()> {
-        sqlx::query("SELECT 1")
-            .execute(&self.pool)
-            .await
-            .map(|_| ())
-            .map_err(StoreError::from_sqlx)
+        run_on!(self, StoreError::from_sqlite, |conn| sqlx::query(
+            "SELECT 1"
+        )
+        .execute(&mut *conn)
+        .await)
+        .map(|_| ())
     }
 });

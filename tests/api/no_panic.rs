@@ -818,6 +818,7 @@ fn gen_reconcile(rng: &mut Rng, pool: &Pool) -> pb::ReconcileRequest {
         resolutions: (0..rng.below(4))
             .map(|_| gen_resolution(rng, pool))
             .collect(),
+        resolve_only: rng.one_in(4),
     };
     for _ in 0..spoils(rng) {
         match rng.below(5) {
