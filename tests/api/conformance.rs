@@ -9,7 +9,7 @@ use idempotency_ledger::domain::{Entry, FinalStatus, Status};
 use idempotency_ledger::error::LedgerError;
 use idempotency_ledger::ledger::{
     ClaimInput, ClaimOutput, CompleteInput, EntryView, Ledger, Limits, LookupInput, Outcome,
-    ReconcileInput, ResolutionInput, Tenant,
+    ReconcileInput, RenewInput, ResolutionInput, Tenant,
 };
 
 use crate::support::{Backend, TestLedger};
@@ -53,6 +53,9 @@ on_every_backend!(
     the_claimants_late_complete_wins_over_a_later_resolution,
     malformed_resolutions_are_refused_and_none_is_applied,
     pruning_removes_expired_finished_entries_and_keeps_unresolved_ones,
+    the_holder_renews_its_lease_and_a_duplicate_stays_in_progress,
+    renewing_with_a_stale_token_or_after_the_lease_ended_changes_nothing,
+    resolve_only_applies_the_resolutions_and_hands_out_nothing,
 );
 
 const RUN: &str = "run-1";
@@ -1677,4 +1680,211 @@ async fn pruning_removes_expired_finished_entries_and_keeps_unresolved_ones(b: B
     let again = claim(&t.ledger, "done-0", TOOL, ARGS).await;
     assert_eq!(again.outcome, Outcome::Claimed);
     assert_eq!(again.entry.entry.attempt, 1);
+}
+
+fn renewal(key: &str, token: &str, lease: Option<Duration>) -> RenewInput {
+    RenewInput {
+        key: key.into(),
+        claim_token: token.into(),
+        lease,
+    }
+}
+
+async fn the_holder_renews_its_lease_and_a_duplicate_stays_in_progress(b: Backend) {
+    let t = TestLedger::new(b).await;
+    let mut input = claim_input(RUN, TOOL, ARGS);
+    input.lease = Some(Duration::from_secs(10));
+    let first = t.ledger.claim(&tenant(), input).await.expect("claim");
+    let key = first.entry.entry.key.clone();
+    t.clock.advance(Duration::from_secs(8));
+    let renewed = t
+        .ledger
+        .renew_lease(
+            &tenant(),
+            renewal(&key, &token(&first), Some(Duration::from_secs(10))),
+        )
+        .await
+        .expect("renew");
+    let now = idempotency_ledger::domain::time::Clock::now(&*t.clock);
+    assert_eq!(
+        renewed.entry.lease_expires_at,
+        now.plus(idempotency_ledger::domain::Micros::from_duration(
+            Duration::from_secs(10)
+        )),
+        "the new lease counts from now"
+    );
+    assert_eq!(renewed.status, Status::Attempting);
+    assert_eq!(renewed.entry.claim_token, first.entry.entry.claim_token);
+    assert_eq!(renewed.entry.attempt, 1);
+    // Past the first lease, inside the renewed one: still someone's attempt, not unknown.
+    t.clock.advance(Duration::from_secs(5));
+    let duplicate = claim(&t.ledger, RUN, TOOL, ARGS).await;
+    assert_eq!(duplicate.outcome, Outcome::InProgress);
+    assert_eq!(duplicate.entry.status, Status::Attempting);
+    assert_eq!(
+        reconcile(&t.ledger, ReconcileInput::default()).await,
+        Vec::<String>::new(),
+        "a renewed attempt is nobody's to reconcile"
+    );
+    // The holder completes as usual, and the renewal left nothing else behind.
+    t.ledger
+        .complete(
+            &tenant(),
+            done(&key, &token(&first), FinalStatus::Succeeded, b"ok"),
+        )
+        .await
+        .expect("complete");
+    assert_eq!(
+        claim(&t.ledger, RUN, TOOL, ARGS).await.outcome,
+        Outcome::Replayed
+    );
+}
+
+async fn renewing_with_a_stale_token_or_after_the_lease_ended_changes_nothing(b: Backend) {
+    let t = TestLedger::new(b).await;
+    let renew = |key: &str, token: &str| {
+        let (ledger, key, token) = (t.ledger.clone(), key.to_string(), token.to_string());
+        async move {
+            ledger
+                .renew_lease(&tenant(), renewal(&key, &token, None))
+                .await
+        }
+    };
+    // A wrong token, on an attempt in its lease.
+    let live = claim(&t.ledger, "live", TOOL, ARGS).await;
+    let live_key = live.entry.entry.key.clone();
+    assert!(matches!(
+        renew(&live_key, "not-the-token").await,
+        Err(LedgerError::StaleClaimToken)
+    ));
+    // A lease above the server's maximum is refused before anything is read.
+    let too_long = t
+        .ledger
+        .renew_lease(
+            &tenant(),
+            renewal(&live_key, &token(&live), Some(Duration::from_secs(7200))),
+        )
+        .await;
+    assert!(
+        matches!(
+            too_long,
+            Err(LedgerError::InvalidArgument { field: "lease", .. })
+        ),
+        "{too_long:?}"
+    );
+    assert_eq!(
+        lookup_key(&t.ledger, &live_key)
+            .await
+            .expect("lookup")
+            .entry,
+        live.entry.entry,
+        "refused renewals changed nothing"
+    );
+
+    // Resolved: the lease is over for good.
+    let resolved = claim(&t.ledger, "resolved", TOOL, ARGS).await;
+    let resolved_key = resolved.entry.entry.key.clone();
+    t.ledger
+        .complete(
+            &tenant(),
+            done(
+                &resolved_key,
+                &token(&resolved),
+                FinalStatus::Succeeded,
+                b"r",
+            ),
+        )
+        .await
+        .expect("complete");
+    assert!(matches!(
+        renew(&resolved_key, &token(&resolved)).await,
+        Err(LedgerError::LeaseEnded("SUCCEEDED"))
+    ));
+
+    // Reported UNKNOWN by its claimant: a reconciler may be asking the world already.
+    let reported = claim(&t.ledger, "reported", TOOL, ARGS).await;
+    let reported_key = reported.entry.entry.key.clone();
+    let mut unknown = done(&reported_key, &token(&reported), FinalStatus::Unknown, b"");
+    unknown.error = "timeout".into();
+    t.ledger
+        .complete(&tenant(), unknown)
+        .await
+        .expect("unknown");
+    assert!(matches!(
+        renew(&reported_key, &token(&reported)).await,
+        Err(LedgerError::LeaseEnded("UNKNOWN"))
+    ));
+
+    // Past its lease: it reads UNKNOWN, and renewing cannot bring it back.
+    let lapsed = claim(&t.ledger, "lapsed", TOOL, ARGS).await;
+    let lapsed_key = lapsed.entry.entry.key.clone();
+    t.clock.advance(Duration::from_secs(61));
+    let before = lookup_key(&t.ledger, &lapsed_key).await.expect("lookup");
+    assert_eq!(before.status, Status::Unknown);
+    assert!(matches!(
+        renew(&lapsed_key, &token(&lapsed)).await,
+        Err(LedgerError::LeaseEnded("UNKNOWN"))
+    ));
+    assert_eq!(
+        lookup_key(&t.ledger, &lapsed_key).await.expect("lookup"),
+        before
+    );
+
+    // An earlier attempt's token, after a retryable failure and a new claim.
+    let retried = claim(&t.ledger, "retried", TOOL, ARGS).await;
+    let retried_key = retried.entry.entry.key.clone();
+    t.ledger
+        .complete(
+            &tenant(),
+            failed(&retried_key, &token(&retried), "declined", true),
+        )
+        .await
+        .expect("fail");
+    let second = claim(&t.ledger, "retried", TOOL, ARGS).await;
+    assert_eq!(second.entry.entry.attempt, 2);
+    assert!(matches!(
+        renew(&retried_key, &token(&retried)).await,
+        Err(LedgerError::StaleClaimToken)
+    ));
+    renew(&retried_key, &token(&second))
+        .await
+        .expect("the current holder renews");
+
+    // No such key (or another tenant's, which reads the same).
+    assert!(matches!(
+        renew(&"a".repeat(64), "token").await,
+        Err(LedgerError::NotFound)
+    ));
+    let other = Tenant("other".into());
+    assert!(matches!(
+        t.ledger
+            .renew_lease(&other, renewal(&retried_key, &token(&second), None))
+            .await,
+        Err(LedgerError::NotFound)
+    ));
+}
+
+async fn resolve_only_applies_the_resolutions_and_hands_out_nothing(b: Backend) {
+    let t = TestLedger::new(b).await;
+    let keys = unknown_entries(&t, TOOL, 3).await;
+    let out = t
+        .ledger
+        .reconcile(
+            &tenant(),
+            ReconcileInput {
+                resolutions: vec![finding(&keys[0], FinalStatus::Succeeded, b"found", false)],
+                resolve_only: true,
+                ..Default::default()
+            },
+        )
+        .await
+        .expect("reconcile");
+    assert!(out.pending.is_empty(), "{:?}", out.pending);
+    assert_eq!(out.resolved.len(), 1);
+    assert_eq!(out.resolved[0].status, Status::Succeeded);
+    // Nothing was held: the next reconciler gets the other two at once.
+    assert_eq!(
+        reconcile(&t.ledger, ReconcileInput::default()).await,
+        keys[1..].to_vec()
+    );
 }

@@ -29,6 +29,7 @@ on_every_backend!(
     a_result_over_max_result_bytes_is_refused_and_the_entry_unchanged_but_one_at_the_limit_is_stored,
     arguments_over_the_size_or_depth_limit_are_refused_and_ones_at_the_limit_accepted,
     every_key_vector_gives_its_key_and_fingerprint_or_its_refusal_through_the_server,
+    renew_lease_extends_the_holders_lease_and_refuses_others_with_their_reasons,
 );
 
 pub(crate) const RUN: &str = "run-1";
@@ -1261,4 +1262,66 @@ async fn reflection_returns_the_ledger_descriptor_for_its_service_symbol() {
     for rpc in ["Claim", "Complete", "Lookup", "Reconcile"] {
         assert!(methods.contains(&rpc), "{rpc} missing from {methods:?}");
     }
+}
+
+async fn renew_lease_extends_the_holders_lease_and_refuses_others_with_their_reasons(b: Backend) {
+    let app = spawn_app(b).await;
+    let mut client = app.client.clone();
+    let first = claim_ok(&app, claim_req(RUN, TOOL, ARGS)).await;
+    let stored = first.entry.clone().expect("entry");
+    let renewal = |token: &str, seconds: i64| pb::RenewLeaseRequest {
+        key: ARGS_KEY.into(),
+        claim_token: token.into(),
+        lease: Some(prost_types::Duration { seconds, nanos: 0 }),
+    };
+
+    let renewed = client
+        .renew_lease(renewal(&first.claim_token, 600))
+        .await
+        .expect("the holder renews")
+        .into_inner()
+        .entry
+        .expect("entry");
+    let (before, after) = (
+        stored.lease_expires_at.expect("lease"),
+        renewed.lease_expires_at.clone().expect("lease"),
+    );
+    assert!(
+        after.seconds >= before.seconds + 500,
+        "a 10-minute lease from now ends well after the default 60 s one: {before:?} -> {after:?}"
+    );
+    assert_eq!(renewed.status(), pb::Status::Attempting);
+    assert_eq!(lookup_entry(&app, key_req(ARGS_KEY)).await, renewed);
+
+    let err = client
+        .renew_lease(renewal(&"0".repeat(32), 60))
+        .await
+        .expect_err("a wrong token");
+    assert_error(&err, Code::FailedPrecondition, "STALE_CLAIM_TOKEN", None);
+    let err = client
+        .renew_lease(renewal(&first.claim_token, 2 * 3600))
+        .await
+        .expect_err("above --max-lease");
+    assert_error(&err, Code::InvalidArgument, "INVALID_FIELD", Some("lease"));
+    let err = client
+        .renew_lease(pb::RenewLeaseRequest {
+            key: "f".repeat(64),
+            claim_token: first.claim_token.clone(),
+            lease: None,
+        })
+        .await
+        .expect_err("no such key");
+    assert_error(&err, Code::NotFound, "ENTRY_NOT_FOUND", None);
+    assert_eq!(lookup_entry(&app, key_req(ARGS_KEY)).await, renewed);
+
+    client
+        .complete(success(ARGS_KEY, &first.claim_token, b"done"))
+        .await
+        .expect("complete");
+    let err = client
+        .renew_lease(renewal(&first.claim_token, 60))
+        .await
+        .expect_err("resolved");
+    assert_error(&err, Code::FailedPrecondition, "LEASE_ENDED", None);
+    assert!(err.message().contains("SUCCEEDED"), "{err:?}");
 }

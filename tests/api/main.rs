@@ -7,6 +7,7 @@
 mod support;
 
 mod audit;
+mod commit_failures;
 mod concurrency;
 mod conformance;
 mod faults;

@@ -1,0 +1,356 @@
+//! An acknowledgement means committed: every write statement of both stores, with its COMMIT
+//! made to fail, answers an error and leaves nothing behind.
+//!
+//! The failure is injected at the commit itself, not at the statement: on PostgreSQL a
+//! deferred constraint trigger raises an I/O error (SQLSTATE 58030) when the transaction
+//! commits; on SQLite a trigger writes an orphan row under a deferred foreign key, which SQLite
+//! checks only when the (implicit) transaction commits. A store that reads only the first row
+//! of a `RETURNING` statement (SQLite's `fetch_optional`) never sees that error and
+//! acknowledges a write that was rolled back: this suite fails then.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use idempotency_ledger::domain::{Completion, Entry, FinalStatus, Micros, Status};
+use idempotency_ledger::storage::{Finish, Store, StoreError, UnresolvedQuery};
+
+use crate::support::{Backend, TestDb};
+
+on_every_backend!(every_write_reports_a_commit_that_fails_and_leaves_nothing_behind);
+
+const TENANT: &str = "doomed";
+
+/// Makes the commit of every write to `ledger_entries` (and to the write probe's table) fail
+/// while armed.
+struct CommitFailure {
+    backend: Backend,
+    url: String,
+}
+
+impl CommitFailure {
+    async fn install(db: &TestDb) -> CommitFailure {
+        let this = CommitFailure {
+            backend: db.backend,
+            url: db.url.clone(),
+        };
+        let statements: &[&str] = match db.backend {
+            Backend::Postgres => &[
+                "CREATE TABLE test_armed (x int)",
+                "CREATE FUNCTION test_fail_at_commit() RETURNS trigger LANGUAGE plpgsql AS $$ \
+                 BEGIN \
+                   IF EXISTS (SELECT 1 FROM test_armed) THEN \
+                     RAISE EXCEPTION 'injected failure at COMMIT' USING ERRCODE = '58030'; \
+                   END IF; \
+                   RETURN NULL; \
+                 END $$",
+                "CREATE CONSTRAINT TRIGGER test_fail_at_commit \
+                 AFTER INSERT OR UPDATE OR DELETE ON ledger_entries \
+                 DEFERRABLE INITIALLY DEFERRED FOR EACH ROW \
+                 EXECUTE FUNCTION test_fail_at_commit()",
+                "CREATE CONSTRAINT TRIGGER test_fail_probe_at_commit \
+                 AFTER INSERT OR UPDATE OR DELETE ON ledger_write_probe \
+                 DEFERRABLE INITIALLY DEFERRED FOR EACH ROW \
+                 EXECUTE FUNCTION test_fail_at_commit()",
+            ],
+            Backend::Sqlite => &[
+                "CREATE TABLE test_armed (x INTEGER)",
+                "CREATE TABLE test_parent (id INTEGER PRIMARY KEY)",
+                "CREATE TABLE test_child (parent INTEGER \
+                 REFERENCES test_parent (id) DEFERRABLE INITIALLY DEFERRED)",
+                "CREATE TRIGGER test_doom_insert AFTER INSERT ON ledger_entries \
+                 WHEN EXISTS (SELECT 1 FROM test_armed) \
+                 BEGIN INSERT INTO test_child VALUES (42); END",
+                "CREATE TRIGGER test_doom_update AFTER UPDATE ON ledger_entries \
+                 WHEN EXISTS (SELECT 1 FROM test_armed) \
+                 BEGIN INSERT INTO test_child VALUES (42); END",
+                "CREATE TRIGGER test_doom_delete AFTER DELETE ON ledger_entries \
+                 WHEN EXISTS (SELECT 1 FROM test_armed) \
+                 BEGIN INSERT INTO test_child VALUES (42); END",
+                "CREATE TRIGGER test_doom_probe AFTER INSERT ON ledger_write_probe \
+                 WHEN EXISTS (SELECT 1 FROM test_armed) \
+                 BEGIN INSERT INTO test_child VALUES (42); END",
+            ],
+        };
+        for s in statements {
+            this.run(s).await;
+        }
+        this
+    }
+
+    async fn run(&self, statement: &'static str) {
+        match self.backend {
+            Backend::Postgres => {
+                let pool = sqlx::PgPool::connect(&self.url).await.expect("connect");
+                sqlx::raw_sql(statement)
+                    .execute(&pool)
+                    .await
+                    .expect(statement);
+                pool.close().await;
+            }
+            Backend::Sqlite => {
+                let pool = sqlx::SqlitePool::connect(&self.url).await.expect("connect");
+                sqlx::raw_sql(statement)
+                    .execute(&pool)
+                    .await
+                    .expect(statement);
+                pool.close().await;
+            }
+        }
+    }
+
+    async fn arm(&self) {
+        self.run("INSERT INTO test_armed VALUES (1)").await;
+    }
+
+    async fn disarm(&self) {
+        self.run("DELETE FROM test_armed").await;
+    }
+
+    /// What the store must answer: the injected cause, classified.
+    fn expected(&self, error: &StoreError) -> bool {
+        match self.backend {
+            Backend::Postgres => matches!(error, StoreError::Io(_)),
+            // SQLITE_CONSTRAINT_FOREIGNKEY: a constraint the ledger did not expect.
+            Backend::Sqlite => matches!(error, StoreError::Internal(_)),
+        }
+    }
+}
+
+fn attempt(key: &str, token: &str, now: Micros) -> Entry {
+    Entry {
+        key: key.into(),
+        run_id: "run-1".into(),
+        tool: "issue_credit".into(),
+        fingerprint: "f".repeat(64),
+        status: Status::Attempting,
+        attempt: 1,
+        claim_token: token.into(),
+        result: Vec::new(),
+        error: String::new(),
+        retryable: false,
+        principal: String::new(),
+        started_at: now,
+        finished_at: None,
+        lease_expires_at: now.plus(Micros::from_duration(Duration::from_secs(60))),
+        retention: Micros::from_duration(Duration::from_secs(3600)),
+        expires_at: None,
+        replay_count: 0,
+        arguments: Some("{}".into()),
+    }
+}
+
+fn finish(key: &str, token: &str, status: FinalStatus, now: Micros) -> Finish {
+    Finish {
+        key: key.into(),
+        claim_token: token.into(),
+        completion: Completion {
+            status,
+            result: if status == FinalStatus::Succeeded {
+                b"result".to_vec()
+            } else {
+                Vec::new()
+            },
+            error: if status == FinalStatus::Succeeded {
+                String::new()
+            } else {
+                "why".into()
+            },
+            retryable: false,
+        },
+        now,
+        also_unknown: true,
+    }
+}
+
+/// Runs `write` with commits failing, and checks that it answered the injected error and that
+/// the entries of `keys` read afterwards as they did before.
+async fn fails_cleanly<T: std::fmt::Debug>(
+    store: &Arc<dyn Store>,
+    inject: &CommitFailure,
+    what: &str,
+    keys: &[&str],
+    write: impl std::future::Future<Output = Result<T, StoreError>>,
+) {
+    let mut before = Vec::new();
+    for key in keys {
+        before.push(store.get(TENANT, key).await.expect("get"));
+    }
+    inject.arm().await;
+    let answer = write.await;
+    inject.disarm().await;
+    match &answer {
+        Err(e) if inject.expected(e) => {}
+        other => panic!("{what}: a commit that failed was answered {other:?}"),
+    }
+    for (key, before) in keys.iter().zip(before) {
+        assert_eq!(
+            store.get(TENANT, key).await.expect("get"),
+            before,
+            "{what}: the failed commit left a change behind on {key}"
+        );
+    }
+}
+
+async fn every_write_reports_a_commit_that_fails_and_leaves_nothing_behind(b: Backend) {
+    let db = TestDb::new(b);
+    let store = db.store(4).await;
+    let inject = CommitFailure::install(&db).await;
+    let now = Micros::now();
+    let hour = Micros::from_duration(Duration::from_secs(3600));
+
+    // Claims: the one-row insert and the batch insert.
+    fails_cleanly(
+        &store,
+        &inject,
+        "INSERT",
+        &["k-new"],
+        store.insert(TENANT, &attempt("k-new", "t-new", now)),
+    )
+    .await;
+    let batch = vec![
+        (TENANT.to_string(), attempt("k-b1", "t-b1", now)),
+        (TENANT.to_string(), attempt("k-b2", "t-b2", now)),
+    ];
+    fails_cleanly(
+        &store,
+        &inject,
+        "INSERT_MANY",
+        &["k-b1", "k-b2"],
+        store.insert_many(&batch),
+    )
+    .await;
+
+    // Completions: one row, and a batch, of attempts that exist.
+    for (key, token) in [("k-1", "t-1"), ("k-2", "t-2"), ("k-3", "t-3")] {
+        assert!(
+            store
+                .insert(TENANT, &attempt(key, token, now))
+                .await
+                .expect("set up")
+        );
+    }
+    fails_cleanly(
+        &store,
+        &inject,
+        "FINISH",
+        &["k-1"],
+        store.finish(TENANT, &finish("k-1", "t-1", FinalStatus::Succeeded, now)),
+    )
+    .await;
+    let finishes = vec![
+        (
+            TENANT.to_string(),
+            finish("k-2", "t-2", FinalStatus::Succeeded, now),
+        ),
+        (
+            TENANT.to_string(),
+            finish("k-3", "t-3", FinalStatus::Failed, now),
+        ),
+    ];
+    fails_cleanly(
+        &store,
+        &inject,
+        "FINISH_MANY",
+        &["k-2", "k-3"],
+        store.finish_many(&finishes),
+    )
+    .await;
+
+    // The lease: renewing it, and marking a waiter.
+    fails_cleanly(
+        &store,
+        &inject,
+        "RENEW",
+        &["k-1"],
+        store.renew(TENANT, "k-1", "t-1", now.plus(hour), now),
+    )
+    .await;
+    fails_cleanly(
+        &store,
+        &inject,
+        "MARK_WAITING",
+        &["k-1"],
+        store.mark_waiting(TENANT, "k-1"),
+    )
+    .await;
+
+    // Replays and restarts need resolved entries: k-1 succeeded, k-2 failed retryably.
+    let done = store
+        .finish(TENANT, &finish("k-1", "t-1", FinalStatus::Succeeded, now))
+        .await
+        .expect("set up")
+        .expect("applied");
+    fails_cleanly(
+        &store,
+        &inject,
+        "REPLAY",
+        &["k-1"],
+        store.replay(TENANT, "k-1", &done.entry.fingerprint, now),
+    )
+    .await;
+    let mut next = attempt("k-1", "t-1b", now);
+    next.attempt = 2;
+    fails_cleanly(
+        &store,
+        &inject,
+        "RESTART",
+        &["k-1"],
+        store.restart(TENANT, "t-1", &next),
+    )
+    .await;
+
+    // Reconciliation: the hand-out (which holds entries) and a resolution, of an unknown one.
+    let later = now.plus(Micros::from_duration(Duration::from_secs(120)));
+    let query = UnresolvedQuery {
+        now: later,
+        started_before: later,
+        tool: String::new(),
+        limit: 10,
+        hold_until: later.plus(hour),
+    };
+    fails_cleanly(
+        &store,
+        &inject,
+        "TAKE_UNRESOLVED",
+        &["k-2", "k-3"],
+        store.take_unresolved(TENANT, &query),
+    )
+    .await;
+    let mut found = store.get(TENANT, "k-2").await.expect("get").expect("k-2");
+    found.status = Status::Succeeded;
+    found.result = b"found".to_vec();
+    found.finished_at = Some(later);
+    found.expires_at = Some(later.plus(found.retention));
+    fails_cleanly(
+        &store,
+        &inject,
+        "RESOLVE",
+        &["k-2"],
+        store.resolve(TENANT, &found, later),
+    )
+    .await;
+
+    // Pruning deletes: k-1 expires an hour after it finished.
+    fails_cleanly(
+        &store,
+        &inject,
+        "PRUNE",
+        &["k-1"],
+        store.prune(now.plus(hour).plus(hour), 100),
+    )
+    .await;
+
+    // The health check's write probe.
+    fails_cleanly(&store, &inject, "PROBE_WRITE", &[], store.probe_write()).await;
+
+    // Disarmed, the same writes go through: the failures above were the injection's.
+    assert!(
+        store
+            .prune(now.plus(hour).plus(hour), 100)
+            .await
+            .expect("prune")
+            >= 1,
+        "k-1 is pruned once commits succeed"
+    );
+    store.probe_write().await.expect("probe");
+}
