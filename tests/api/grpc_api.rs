@@ -1284,7 +1284,7 @@ async fn renew_lease_extends_the_holders_lease_and_refuses_others_with_their_rea
         .expect("entry");
     let (before, after) = (
         stored.lease_expires_at.expect("lease"),
-        renewed.lease_expires_at.clone().expect("lease"),
+        renewed.lease_expires_at.expect("lease"),
     );
     assert!(
         after.seconds >= before.seconds + 500,
