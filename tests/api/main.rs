@@ -11,6 +11,7 @@ mod commit_failures;
 mod concurrency;
 mod conformance;
 mod faults;
+mod full_disk;
 mod grpc_api;
 mod health;
 mod inspect;

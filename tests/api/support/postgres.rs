@@ -230,6 +230,37 @@ impl PgCluster {
         self.url(&name)
     }
 
+    /// Creates a new empty database, as [`PgCluster::create_database`], whose new tables and
+    /// indexes go to a new tablespace at `location` (an empty directory, given to the server
+    /// user here; the system catalogs stay where they are): a small filesystem there makes the
+    /// ledger's disk fill up while the WAL's does not.
+    pub fn create_database_on(&self, location: &Path) -> String {
+        tools().give_to_server_user(location);
+        let url = self.create_database();
+        let name = url.rsplit('/').next().expect("a database name").to_string();
+        let out = run(
+            self.psql()
+                .arg("-c")
+                .arg(format!(
+                    "CREATE TABLESPACE \"ts_{name}\" LOCATION '{}'",
+                    location.display()
+                ))
+                .arg("-c")
+                .arg(format!(
+                    "ALTER DATABASE \"{name}\" SET default_tablespace = \"ts_{name}\""
+                )),
+            "psql -c 'CREATE TABLESPACE ...'",
+        );
+        if !out.status.success() {
+            panic!(
+                "cannot move database {name} to a tablespace at {}:\n{}",
+                location.display(),
+                describe(&out)
+            );
+        }
+        url
+    }
+
     /// Stops the server and waits until it is down. Connections fail from then on until
     /// `restart`. Does nothing if it is already stopped.
     pub fn stop(&self, mode: StopMode) {
