@@ -10,6 +10,7 @@ mod audit;
 mod commit_failures;
 mod concurrency;
 mod conformance;
+mod contention;
 mod faults;
 mod full_disk;
 mod grpc_api;
