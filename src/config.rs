@@ -333,6 +333,34 @@ pub struct Settings {
     )]
     pub tenant_rate_burst: f64,
 
+    /// Most client connections open at once; 0 derives it from the open-files limit (which
+    /// the server raises to its hard limit at start-up), less a reserve for the database pool
+    /// and files. At the limit the oldest connection that never sent a byte is closed to make
+    /// room, and a new connection is refused while every open one is live.
+    #[arg(
+        long,
+        env = "LEDGER_MAX_CONNECTIONS",
+        default_value_t = 0,
+        global = true
+    )]
+    pub max_connections: usize,
+
+    /// A client connection from which nothing was read for this long is closed (a client
+    /// that connected and never spoke, or a dead peer). Live HTTP/2 clients answer the
+    /// server's keepalive pings, so they never reach it; must exceed
+    /// --http2-keepalive-interval plus --http2-keepalive-timeout.
+    #[arg(long, env = "LEDGER_CONNECTION_IDLE_TIMEOUT", default_value = "60s", value_parser = parse_duration, global = true)]
+    pub connection_idle_timeout: Duration,
+
+    /// How often the server pings a client connection from which nothing was read (HTTP/2
+    /// PING), so that dead peers are found and live ones keep talking.
+    #[arg(long, env = "LEDGER_HTTP2_KEEPALIVE_INTERVAL", default_value = "20s", value_parser = parse_duration, global = true)]
+    pub http2_keepalive_interval: Duration,
+
+    /// How long the server waits for the answer to its ping before closing the connection.
+    #[arg(long, env = "LEDGER_HTTP2_KEEPALIVE_TIMEOUT", default_value = "10s", value_parser = parse_duration, global = true)]
+    pub http2_keepalive_timeout: Duration,
+
     /// Most database connections this server opens.
     #[arg(
         long,
@@ -467,6 +495,20 @@ impl Settings {
         }
         if self.max_json_depth == 0 || self.max_arguments_bytes == 0 {
             return Err("--max-json-depth and --max-arguments-bytes must be positive".into());
+        }
+        if self.http2_keepalive_interval.is_zero() || self.http2_keepalive_timeout.is_zero() {
+            return Err(
+                "--http2-keepalive-interval and --http2-keepalive-timeout must be positive".into(),
+            );
+        }
+        if self.connection_idle_timeout
+            <= self.http2_keepalive_interval + self.http2_keepalive_timeout
+        {
+            return Err(
+                "--connection-idle-timeout must be longer than --http2-keepalive-interval plus \
+                 --http2-keepalive-timeout, or live clients waiting for a ping would be closed"
+                    .into(),
+            );
         }
         Ok(())
     }

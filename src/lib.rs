@@ -18,6 +18,8 @@
 //! - [`admission`]: load shedding and per-tenant rate limits.
 //! - [`auth`]: bearer tokens to tenants, as an interceptor on the ledger service.
 //! - [`server`]: health, reflection, the readiness probe, graceful shutdown.
+//! - [`connections`]: the client connections, bounded: the descriptor limit raised, a cap,
+//!   idle connections closed, an accept loop that backs off when descriptors run out.
 //! - [`wait`]: waking claims that wait for an attempt in flight, in-process and across
 //!   servers.
 //! - [`metrics`]: the Prometheus families (the gRPC layer, the ledger's counters, gauges read
@@ -31,6 +33,7 @@
 pub mod admission;
 pub mod auth;
 pub mod config;
+pub mod connections;
 pub mod domain;
 pub mod error;
 pub mod grpc;

@@ -817,14 +817,16 @@ pub async fn refresh_loop(
 /// Serves `GET /metrics` on `listener` until the task is dropped. One small request per
 /// connection; anything else gets 404.
 pub async fn serve_metrics(listener: TcpListener, metrics: Arc<Metrics>) {
+    // Backs off (and says so) when descriptors run out, instead of spinning on accept.
+    let mut backoff = crate::connections::Backoff::default();
     loop {
-        let Ok((mut socket, _)) = listener.accept().await else {
-            continue;
-        };
+        let mut socket = backoff.accept(&listener, None).await;
         let metrics = metrics.clone();
         tokio::spawn(async move {
             let mut buf = [0u8; 2048];
-            let Ok(n) = socket.read(&mut buf).await else {
+            // A scraper that connects and says nothing does not hold the task for ever.
+            let Ok(Ok(n)) = tokio::time::timeout(METRICS_READ_TIMEOUT, socket.read(&mut buf)).await
+            else {
                 return;
             };
             let request = String::from_utf8_lossy(&buf[..n]);
@@ -843,6 +845,9 @@ pub async fn serve_metrics(listener: TcpListener, metrics: Arc<Metrics>) {
         });
     }
 }
+
+/// How long the metrics endpoint waits for a scraper's request.
+const METRICS_READ_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Binds the metrics endpoint.
 ///

@@ -9,7 +9,6 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use tokio::net::TcpListener;
 use tokio::sync::watch;
-use tokio_stream::wrappers::TcpListenerStream;
 use tonic::Status;
 use tonic::service::interceptor::InterceptedService;
 use tonic::transport::{Certificate, Identity, Server, ServerTlsConfig};
@@ -19,6 +18,7 @@ use tonic_health::server::HealthReporter;
 use crate::admission::Admission;
 use crate::auth::Tenancy;
 use crate::config::Settings;
+use crate::connections::{self, ConnectionLimits, Listener};
 use crate::domain::time::Clock;
 use crate::error::LedgerError;
 use crate::grpc::{LedgerApi, LedgerServiceServer, pb};
@@ -85,6 +85,7 @@ pub async fn serve(
     let addr: SocketAddr = listener
         .local_addr()
         .map_err(|e| ServeError::Transport(e.to_string()))?;
+    let listener = Listener::new(listener, connection_limits(&settings));
 
     let (reporter, health_service) = tonic_health::server::health_reporter();
     // tonic-health reports "" as SERVING from the start; nothing is served until migrated.
@@ -203,7 +204,9 @@ pub async fn serve(
         }
     };
 
-    let mut builder = Server::builder();
+    let mut builder = Server::builder()
+        .http2_keepalive_interval(Some(settings.http2_keepalive_interval))
+        .http2_keepalive_timeout(Some(settings.http2_keepalive_timeout));
     if let Some(tls) = tls {
         builder = builder
             .tls_config(tls)
@@ -217,7 +220,7 @@ pub async fn serve(
         .add_service(reflection_v1)
         .add_service(reflection_v1alpha)
         .add_service(ledger_service)
-        .serve_with_incoming_shutdown(nodelay(listener), signal);
+        .serve_with_incoming_shutdown(listener.incoming(), signal);
     let grace = settings.shutdown_grace;
     let bounded_drain = async move {
         while !*drain_rx.borrow() {
@@ -244,20 +247,52 @@ pub async fn serve(
     result
 }
 
-/// The accepted connections of `listener`, with Nagle's algorithm off: a gRPC answer is
-/// written as several small frames, and without TCP_NODELAY the later ones wait for the
-/// client's delayed ACK (about 40 ms). tonic sets it only on listeners it binds itself.
-fn nodelay(
-    listener: TcpListener,
-) -> impl tokio_stream::Stream<Item = std::io::Result<tokio::net::TcpStream>> {
-    use tokio_stream::StreamExt;
-    TcpListenerStream::new(listener).map(|accepted| {
-        let stream = accepted?;
-        if let Err(e) = stream.set_nodelay(true) {
-            tracing::debug!(error = %e, "cannot set TCP_NODELAY");
+/// The bounds of the client connections: `--max-connections` (or what the open-files limit,
+/// raised to its hard limit here, leaves after the database pool and files), and the idle
+/// timeout. Logs the limits, so that an operator sees what the process runs with.
+fn connection_limits(settings: &Settings) -> ConnectionLimits {
+    // The database pool, its LISTEN connection, the SQLite files, the metrics endpoint and
+    // the runtime's own descriptors.
+    let reserved = u64::from(settings.db_max_connections) + 64;
+    let max_connections = match connections::raise_descriptor_limit() {
+        Ok(limit) => {
+            let derived = connections::connections_for(&limit, reserved);
+            let max = if settings.max_connections == 0 {
+                derived
+            } else {
+                settings.max_connections
+            };
+            tracing::info!(
+                open_files_soft_limit_at_start = limit.soft_before,
+                open_files_soft_limit = limit.soft,
+                open_files_hard_limit = limit.hard,
+                max_connections = max,
+                "connection limits"
+            );
+            if settings.max_connections > derived {
+                tracing::warn!(
+                    max_connections = settings.max_connections,
+                    open_files_soft_limit = limit.soft,
+                    "--max-connections is above what the open-files limit leaves; accepts will \
+                     fail for want of descriptors before it is reached"
+                );
+            }
+            max
         }
-        Ok(stream)
-    })
+        Err(e) => {
+            let max = if settings.max_connections == 0 {
+                1024
+            } else {
+                settings.max_connections
+            };
+            tracing::warn!(error = %e, max_connections = max, "cannot read or raise the open-files limit");
+            max
+        }
+    };
+    ConnectionLimits {
+        max_connections,
+        idle_timeout: settings.connection_idle_timeout,
+    }
 }
 
 /// tonic answers two kinds of bad input itself, before any handler runs: a request over the

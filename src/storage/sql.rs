@@ -205,18 +205,22 @@ macro_rules! impl_store {
         $($own)*
 
         async fn insert(&self, tenant: &str, entry: &Entry) -> StoreResult<bool> {
-            let done = run_on!(self, $classify, |conn| bind_entry!(sqlx::query(sql::INSERT), tenant, entry)
+            let done = run_on!(self, $classify, |conn| {
+                bind_entry!(sqlx::query(sql::INSERT), tenant, entry)
                     .execute(&mut *conn)
-                    .await)?;
+                    .await
+            })?;
             Ok(done.rows_affected() == 1)
         }
 
         async fn get(&self, tenant: &str, key: &str) -> StoreResult<Option<Entry>> {
-            let rows: Vec<EntryRow> = run_on!(self, $classify, |conn| sqlx::query_as(sql::GET)
+            let rows: Vec<EntryRow> = run_on!(self, $classify, |conn| {
+                sqlx::query_as(sql::GET)
                     .bind(tenant)
                     .bind(key)
                     .fetch_all(&mut *conn)
-                    .await)?;
+                    .await
+            })?;
             super::at_most_one(rows, "GET")?
                 .map(Entry::try_from)
                 .transpose()
@@ -228,17 +232,21 @@ macro_rules! impl_store {
             expected_token: &str,
             next: &Entry,
         ) -> StoreResult<bool> {
-            let done = run_on!(self, $classify, |conn| bind_entry!(sqlx::query(sql::RESTART), tenant, next)
+            let done = run_on!(self, $classify, |conn| {
+                bind_entry!(sqlx::query(sql::RESTART), tenant, next)
                     .bind(expected_token)
                     .execute(&mut *conn)
-                    .await)?;
+                    .await
+            })?;
             Ok(done.rows_affected() == 1)
         }
 
         async fn finish(&self, tenant: &str, cmd: &Finish) -> StoreResult<Option<Finished>> {
-            let rows: Vec<FinishedRow> = run_on!(self, $classify, |conn| bind_finish!(sqlx::query_as(sql::FINISH), tenant, cmd)
+            let rows: Vec<FinishedRow> = run_on!(self, $classify, |conn| {
+                bind_finish!(sqlx::query_as(sql::FINISH), tenant, cmd)
                     .fetch_all(&mut *conn)
-                    .await)?;
+                    .await
+            })?;
             super::at_most_one(rows, "FINISH")?
                 .map(Finished::try_from)
                 .transpose()
@@ -251,13 +259,15 @@ macro_rules! impl_store {
             fingerprint: &str,
             now: Micros,
         ) -> StoreResult<Option<Entry>> {
-            let rows: Vec<EntryRow> = run_on!(self, $classify, |conn| sqlx::query_as(sql::REPLAY)
+            let rows: Vec<EntryRow> = run_on!(self, $classify, |conn| {
+                sqlx::query_as(sql::REPLAY)
                     .bind(tenant)
                     .bind(key)
                     .bind(fingerprint)
                     .bind(now.0)
                     .fetch_all(&mut *conn)
-                    .await)?;
+                    .await
+            })?;
             super::at_most_one(rows, "REPLAY")?
                 .map(Entry::try_from)
                 .transpose()
@@ -271,14 +281,16 @@ macro_rules! impl_store {
             lease_expires_at: Micros,
             now: Micros,
         ) -> StoreResult<Option<Entry>> {
-            let rows: Vec<EntryRow> = run_on!(self, $classify, |conn| sqlx::query_as(sql::RENEW)
+            let rows: Vec<EntryRow> = run_on!(self, $classify, |conn| {
+                sqlx::query_as(sql::RENEW)
                     .bind(tenant)
                     .bind(key)
                     .bind(token)
                     .bind(lease_expires_at.0)
                     .bind(now.0)
                     .fetch_all(&mut *conn)
-                    .await)?;
+                    .await
+            })?;
             super::at_most_one(rows, "RENEW")?
                 .map(Entry::try_from)
                 .transpose()
@@ -290,7 +302,8 @@ macro_rules! impl_store {
             done: &Entry,
             now: Micros,
         ) -> StoreResult<Option<bool>> {
-            let rows: Vec<bool> = run_on!(self, $classify, |conn| sqlx::query_scalar(sql::RESOLVE)
+            let rows: Vec<bool> = run_on!(self, $classify, |conn| {
+                sqlx::query_scalar(sql::RESOLVE)
                     .bind(tenant)
                     .bind(&done.key)
                     .bind(done.status.as_str())
@@ -301,7 +314,8 @@ macro_rules! impl_store {
                     .bind(done.expires_at.map(|m| m.0))
                     .bind(now.0)
                     .fetch_all(&mut *conn)
-                    .await)?;
+                    .await
+            })?;
             super::at_most_one(rows, "RESOLVE")
         }
 
@@ -310,7 +324,8 @@ macro_rules! impl_store {
             tenant: &str,
             query: &UnresolvedQuery,
         ) -> StoreResult<Vec<Entry>> {
-            let rows: Vec<EntryRow> = run_on!(self, $classify, |conn| sqlx::query_as(Self::TAKE_UNRESOLVED)
+            let rows: Vec<EntryRow> = run_on!(self, $classify, |conn| {
+                sqlx::query_as(Self::TAKE_UNRESOLVED)
                     .bind(tenant)
                     .bind(query.now.0)
                     .bind(query.started_before.0)
@@ -318,7 +333,8 @@ macro_rules! impl_store {
                     .bind(i64::from(query.limit))
                     .bind(query.hold_until.0)
                     .fetch_all(&mut *conn)
-                    .await)?;
+                    .await
+            })?;
             let mut entries = rows
                 .into_iter()
                 .map(Entry::try_from)
@@ -329,11 +345,13 @@ macro_rules! impl_store {
         }
 
         async fn prune(&self, now: Micros, limit: u32) -> StoreResult<u64> {
-            let done = run_on!(self, $classify, |conn| sqlx::query(Self::PRUNE)
+            let done = run_on!(self, $classify, |conn| {
+                sqlx::query(Self::PRUNE)
                     .bind(now.0)
                     .bind(i64::from(limit))
                     .execute(&mut *conn)
-                    .await)?;
+                    .await
+            })?;
             Ok(done.rows_affected())
         }
 
@@ -367,19 +385,23 @@ macro_rules! impl_store {
         }
 
         async fn mark_waiting(&self, tenant: &str, key: &str) -> StoreResult<()> {
-            run_on!(self, $classify, |conn| sqlx::query(sql::MARK_WAITING)
+            run_on!(self, $classify, |conn| {
+                sqlx::query(sql::MARK_WAITING)
                     .bind(tenant)
                     .bind(key)
                     .execute(&mut *conn)
-                    .await)?;
+                    .await
+            })?;
             Ok(())
         }
 
         async fn count_unresolved(&self, now: Micros) -> StoreResult<super::UnresolvedCount> {
-            run_on!(self, $classify, |conn| sqlx::query_as(sql::COUNT_UNRESOLVED)
+            run_on!(self, $classify, |conn| {
+                sqlx::query_as(sql::COUNT_UNRESOLVED)
                     .bind(now.0)
                     .fetch_one(&mut *conn)
-                    .await)
+                    .await
+            })
         }
 
         fn is_full(&self) -> bool {

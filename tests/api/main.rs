@@ -10,6 +10,7 @@ mod audit;
 mod commit_failures;
 mod concurrency;
 mod conformance;
+mod connections;
 mod contention;
 mod faults;
 mod full_disk;

@@ -149,23 +149,19 @@ fn sql_is_only_built_from_constant_text_with_bound_parameters() {
             if text.contains("AssertSqlSafe") {
                 violations.push(format!("{}: AssertSqlSafe", path.display()));
             }
-            for (n, line) in text.lines().enumerate() {
-                for call in ["sqlx::query(", "sqlx::query_as(", "sqlx::query_scalar("] {
-                    if let Some(at) = line.find(call) {
-                        checked += 1;
-                        let arg = line[at + call.len()..].trim_start();
-                        let constant = arg.starts_with("sql::")
-                            || arg.starts_with("Self::")
-                            || arg.starts_with("self::")
-                            || arg.starts_with('"');
-                        if !constant {
-                            violations.push(format!(
-                                "{}:{}: {}",
-                                path.display(),
-                                n + 1,
-                                line.trim()
-                            ));
-                        }
+            for call in ["sqlx::query(", "sqlx::query_as(", "sqlx::query_scalar("] {
+                for (at, _) in text.match_indices(call) {
+                    checked += 1;
+                    // The argument may start on the next line, where rustfmt puts it.
+                    let arg = text[at + call.len()..].trim_start();
+                    let constant = arg.starts_with("sql::")
+                        || arg.starts_with("Self::")
+                        || arg.starts_with("self::")
+                        || arg.starts_with('"');
+                    if !constant {
+                        let line = text[..at].lines().count();
+                        let shown: String = arg.chars().take(60).collect();
+                        violations.push(format!("{}:{line}: {call}{shown}", path.display()));
                     }
                 }
             }

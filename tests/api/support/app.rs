@@ -308,9 +308,22 @@ impl ServerProcess {
 
     /// As [`ServerProcess::start`], on a given port.
     pub async fn start_on(url: &str, port: u16, extra: &[&str]) -> ServerProcess {
+        ServerProcess::start_with(url, port, extra, |_| {}).await
+    }
+
+    /// As [`ServerProcess::start_on`], after `configure` adjusts the command (its
+    /// environment, or a `pre_exec` hook that sets resource limits).
+    pub async fn start_with(
+        url: &str,
+        port: u16,
+        extra: &[&str],
+        configure: impl FnOnce(&mut tokio::process::Command),
+    ) -> ServerProcess {
         use tokio::io::{AsyncBufReadExt, BufReader};
         let addr: SocketAddr = format!("127.0.0.1:{port}").parse().expect("addr");
-        let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_idempotency-ledger"))
+        let mut command = tokio::process::Command::new(env!("CARGO_BIN_EXE_idempotency-ledger"));
+        configure(&mut command);
+        let mut child = command
             .arg("--listen")
             .arg(addr.to_string())
             .arg("--database-url")
