@@ -269,8 +269,11 @@ async fn calls_beyond_the_concurrency_limit_are_shed_at_once_with_a_retry_hint()
         })
         .await
         .expect_err("no place left");
+    // Shed at once rather than queued: a queued call would wait for a place, which the
+    // waiters free only when their 2 s waits end (1.7 s from here). The bound leaves a loaded
+    // CI machine room, which a tighter one (250 ms) did not.
     assert!(
-        started.elapsed() < Duration::from_millis(250),
+        started.elapsed() < Duration::from_secs(1),
         "shed quickly: {:?}",
         started.elapsed()
     );
