@@ -117,6 +117,7 @@ enum Call {
     Complete(pb::CompleteRequest),
     Lookup(pb::LookupRequest),
     Reconcile(pb::ReconcileRequest),
+    RenewLease(pb::RenewLeaseRequest),
 }
 
 #[derive(Debug)]
@@ -171,6 +172,7 @@ async fn send(app: &TestApp, call: &Call) -> Answer {
             Call::Complete(r) => client.complete(r).await.map(|_| Answer::Ok),
             Call::Lookup(r) => client.lookup(r).await.map(|_| Answer::Ok),
             Call::Reconcile(r) => client.reconcile(r).await.map(|_| Answer::Ok),
+            Call::RenewLease(r) => client.renew_lease(r).await.map(|_| Answer::Ok),
         }
     })
     .await;
@@ -263,6 +265,10 @@ fn simplifications(call: &Call) -> Vec<Call> {
         Call::Lookup(r) => {
             zero!(Lookup, r, canonicalization);
             strings!(Lookup, r, key, run_id, tool, arguments_json);
+        }
+        Call::RenewLease(r) => {
+            zero!(RenewLease, r, lease);
+            strings!(RenewLease, r, key, claim_token);
         }
         Call::Reconcile(r) => {
             zero!(Reconcile, r, older_than, limit);
@@ -363,6 +369,15 @@ fn describe(call: &Call) -> String {
                 cut(&r.tool),
                 cut(&r.arguments_json),
                 r.canonicalization
+            );
+        }
+        Call::RenewLease(r) => {
+            let _ = write!(
+                out,
+                "RenewLease {{ key: {:?}, claim_token: {:?}, lease: {:?} }}",
+                cut(&r.key),
+                cut(&r.claim_token),
+                r.lease
             );
         }
         Call::Reconcile(r) => {
@@ -668,12 +683,34 @@ fn any_key(rng: &mut Rng, pool: &Pool) -> String {
 }
 
 fn gen_call(rng: &mut Rng, pool: &Pool) -> Call {
-    match rng.below(10) {
+    match rng.below(11) {
         0..=3 => Call::Claim(gen_claim(rng, pool)),
         4..=6 => Call::Complete(gen_complete(rng, pool)),
         7 | 8 => Call::Lookup(gen_lookup(rng, pool)),
+        9 => Call::RenewLease(gen_renew(rng, pool)),
         _ => Call::Reconcile(gen_reconcile(rng, pool)),
     }
+}
+
+fn gen_renew(rng: &mut Rng, pool: &Pool) -> pb::RenewLeaseRequest {
+    let (key, claim_token) = if pool.tokens.is_empty() {
+        (any_key(rng, pool), text(rng))
+    } else {
+        rng.pick(&pool.tokens).clone()
+    };
+    let mut r = pb::RenewLeaseRequest {
+        key,
+        claim_token,
+        lease: sane_duration(rng, 600),
+    };
+    for _ in 0..spoils(rng) {
+        match rng.below(3) {
+            0 => r.key = any_key(rng, pool),
+            1 => r.claim_token = text(rng),
+            _ => r.lease = odd_duration(rng),
+        }
+    }
+    r
 }
 
 fn gen_claim(rng: &mut Rng, pool: &Pool) -> pb::ClaimRequest {
