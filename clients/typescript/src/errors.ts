@@ -300,6 +300,9 @@ export class InProgressError extends LedgerError {
  */
 export class OutcomeUnknownError extends InProgressError {}
 
+/** When asking again about an UNKNOWN entry is worth it: what the server suggests (reconciliation takes time). */
+export const UNKNOWN_RETRY_AFTER_MS = 30_000;
+
 /**
  * runOnce: the action outlived `timeoutMs`; the entry is completed UNKNOWN and the action's
  * `signal` aborted.
@@ -311,7 +314,7 @@ export class ActionTimeoutError extends OutcomeUnknownError {
   ) {
     super(
       "",
-      0,
+      UNKNOWN_RETRY_AFTER_MS,
       entry,
       `the action did not finish within ${timeoutMs} ms; its outcome is unknown and entry ` +
         `${entry.key} is UNKNOWN until it is reconciled`,
@@ -328,7 +331,7 @@ export class ResultNotEncodableError extends OutcomeUnknownError {
   constructor(why: string, entry: LedgerEntry, options?: { cause?: unknown }) {
     super(
       "",
-      0,
+      UNKNOWN_RETRY_AFTER_MS,
       entry,
       `the action ran but its result could not be stored (${why}); entry ${entry.key} ` +
         `(external_ref ${entry.externalRef}) is UNKNOWN and will not be re-run: settle it with a ` +

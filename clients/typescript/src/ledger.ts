@@ -38,6 +38,7 @@ import {
   PermanentFailureError,
   PreviouslyFailedError,
   ResultNotEncodableError,
+  UNKNOWN_RETRY_AFTER_MS,
   UnavailableError,
   toLedgerError,
 } from "./errors.js";
@@ -271,8 +272,6 @@ export type AttemptOutcome<T> =
   | { kind: "thrown"; error: unknown; actionRan: boolean };
 
 const TRANSIENT_COMPLETE_RETRIES = [100, 300, 900];
-/** What the server suggests for an UNKNOWN entry (its retry_after then): reconciliation takes time. */
-const UNKNOWN_RETRY_AFTER_MS = 30_000;
 
 /** The client of one ledger: its RPCs, runOnce and the tool wrappers. */
 export class Ledger {

@@ -324,6 +324,7 @@ describe("runOnce", () => {
     assert.ok(err instanceof ActionTimeoutError, String(err));
     assert.ok(err instanceof OutcomeUnknownError, "a timeout's outcome is unknown");
     assert.equal(err.entry.status, "UNKNOWN");
+    assert.equal(err.retryAfter, 30_000, "an unknown outcome takes a reconciler's time");
     assert.match(err.message, /200 ms/);
     assert.equal(aborted, true);
     const entry = await ledger.lookup({ runId: run, tool: "send_reply", args: { ticket: "T-9", body: "slow" } });
