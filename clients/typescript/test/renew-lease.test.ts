@@ -81,6 +81,12 @@ describe("RenewLease", () => {
     );
     assert.equal((await ledger.lookup({ key: done.entry.key })).status, "SUCCEEDED");
 
+    // The claimant's own "I do not know" reads UNKNOWN too: a reconciler may be asking the world.
+    const unknown = await ledger.claim({ runId: uniqueRun("renew"), tool: "t", args: {} });
+    await ledger.complete({ key: unknown.entry.key, claimToken: unknown.claimToken, status: "UNKNOWN", error: "timed out" });
+    await assert.rejects(ledger.renewLease(unknown.entry.key, unknown.claimToken), LeaseEndedError);
+    assert.equal((await ledger.lookup({ key: unknown.entry.key })).status, "UNKNOWN");
+
     const lapsed = await ledger.claim({ runId: uniqueRun("renew"), tool: "t", args: {}, leaseMs: 200 });
     await until(ledger, lapsed.entry.key, (e) => e.status === "UNKNOWN");
     await assert.rejects(ledger.renewLease(lapsed.entry.key, lapsed.claimToken), LeaseEndedError);
