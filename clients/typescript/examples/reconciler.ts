@@ -6,7 +6,9 @@
 //     node dist/examples/reconciler.js
 //
 // It works in rounds until the ledger hands out nothing more: each Reconcile call carries the
-// answers for the entries of the previous round and receives the next ones.
+// answers for the entries of the previous round and receives the next ones. With MAX_ROUNDS it
+// stops after that many rounds, sending its last answers with resolveOnly, so that it takes no
+// entry it will not answer (others get them at once instead of after the reconcile lease).
 
 import { pathToFileURL } from "node:url";
 import { jsonCodec, Ledger, type LedgerEntry, type Resolution } from "../src/index.js";
@@ -31,6 +33,8 @@ export interface ReconcileOptions {
   olderThanMs?: number;
   tool?: string;
   limit?: number;
+  /** Stop after this many rounds of entries handed out (the last answers are still sent). */
+  maxRounds?: number;
   log?: (line: string) => void;
 }
 
@@ -44,11 +48,14 @@ export async function reconcileAll(
   const resolvedAll: LedgerEntry[] = [];
   let answers: Resolution[] = [];
   for (let round = 1; ; round++) {
+    // Past the last round, only the answers go out: nothing new is handed out or held.
+    const last = options.maxRounds !== undefined && round > options.maxRounds;
     const { pending, resolved } = await ledger.reconcile({
       olderThanMs: options.olderThanMs,
       tool: options.tool,
       limit: options.limit,
       resolutions: answers,
+      resolveOnly: last,
     });
     for (const entry of resolved) {
       log(`resolved ${entry.tool} ${entry.externalRef}: ${entry.status}`);
@@ -90,6 +97,8 @@ export async function main(): Promise<void> {
     const resolved = await reconcileAll(ledger, pairedReads(new World()), {
       olderThanMs: Number(process.env.OLDER_THAN_MS ?? 30_000),
       tool: process.env.TOOL || undefined,
+      limit: process.env.LIMIT ? Number(process.env.LIMIT) : undefined,
+      maxRounds: process.env.MAX_ROUNDS ? Number(process.env.MAX_ROUNDS) : undefined,
       log: (line) => console.log(line),
     });
     console.log(`reconciled ${resolved.length} entr${resolved.length === 1 ? "y" : "ies"}`);

@@ -1,8 +1,13 @@
-// Typed errors. A ledger error carries the gRPC code and the google.rpc.ErrorInfo reason the
-// server sent (domain "idempotency.v1"), the field a google.rpc.BadRequest names, and the delay
-// a google.rpc.RetryInfo suggests. Connect decodes the grpc-status-details-bin trailer (a
-// google.rpc.Status); the details are read with the schemas generated from
-// third_party/proto/google/rpc/error_details.proto.
+// Typed errors. Every error this client throws on purpose is a LedgerError (clients/parity.json
+// lists them, with their parents, for both clients):
+//
+// - the ledger's answers: the gRPC code and the google.rpc.ErrorInfo reason the server sent
+//   (domain "idempotency.v1"), the field a google.rpc.BadRequest names, and the delay a
+//   google.rpc.RetryInfo suggests. Connect decodes the grpc-status-details-bin trailer (a
+//   google.rpc.Status); the details are read with the schemas generated from
+//   third_party/proto/google/rpc/error_details.proto;
+// - the outcomes of runOnce that are not a result (in progress, unknown, previously failed);
+// - what an action throws to say how it failed (NotExecutedError, PermanentFailureError).
 
 import { durationMs } from "@bufbuild/protobuf/wkt";
 import { Code, ConnectError } from "@connectrpc/connect";
@@ -51,14 +56,18 @@ const CODE_NAMES: Record<Code, GrpcCode> = {
   [Code.Unauthenticated]: "UNAUTHENTICATED",
 };
 
+/** The ErrorInfo domain of the ledger's own errors. */
 export const ERROR_DOMAIN = "idempotency.v1";
 
+/** One field a google.rpc.BadRequest names. */
 export interface FieldViolation {
   field: string;
   description: string;
 }
 
+/** What a LedgerError is made of; every member is optional. */
 export interface LedgerErrorInit {
+  /** The gRPC code; unset for errors that are not a call's answer (runOnce's outcomes). */
   code?: GrpcCode;
   reason?: string;
   domain?: string;
@@ -71,19 +80,28 @@ export interface LedgerErrorInit {
   cause?: unknown;
 }
 
-/** An error answered by the ledger (or raised by the client for input the ledger would refuse). */
+/**
+ * The base of every error this client throws on purpose: an answer of the ledger, an input the
+ * client refuses as the ledger would, an outcome of runOnce that is not a result, or what an
+ * action throws to say how it failed.
+ */
 export class LedgerError extends Error {
-  /** The gRPC status code, such as "INVALID_ARGUMENT". */
-  readonly code: GrpcCode;
+  /**
+   * The gRPC status code, such as "INVALID_ARGUMENT"; undefined for the errors that are not a
+   * call's answer (InProgressError, PreviouslyFailedError, NotExecutedError, …).
+   */
+  readonly code: GrpcCode | undefined;
   /** The ErrorInfo reason, such as "DUPLICATE_MEMBER"; "" when the answer carried none. */
   readonly reason: string;
   /** The ErrorInfo domain ("idempotency.v1" for the ledger's own errors). */
   readonly domain: string;
   /** The first field a BadRequest names, such as "arguments_json". */
   readonly field: string | undefined;
+  /** Every field a BadRequest names, with the server's description. */
   readonly fieldViolations: FieldViolation[];
   /** Milliseconds to wait before trying again (RetryInfo), when the server suggests it. */
   readonly retryAfter: number | undefined;
+  /** The ErrorInfo metadata. */
   readonly metadata: Record<string, string>;
   /** True when the client refused the input itself, before any call. */
   readonly local: boolean;
@@ -96,7 +114,7 @@ export class LedgerError extends Error {
   constructor(message: string, init: LedgerErrorInit = {}) {
     super(message, init.cause === undefined ? undefined : { cause: init.cause });
     this.name = new.target.name;
-    this.code = init.code ?? "UNKNOWN";
+    this.code = init.code;
     this.reason = init.reason ?? "";
     this.domain = init.domain ?? ERROR_DOMAIN;
     this.fieldViolations = init.fieldViolations ?? [];
@@ -120,11 +138,17 @@ export class FailedPreconditionError extends LedgerError {}
 /** KEY_REUSED_WITH_DIFFERENT_REQUEST: an explicit key sent with another tool or other arguments. */
 export class KeyReusedError extends FailedPreconditionError {}
 
-/** STALE_CLAIM_TOKEN: Complete with a token that is not the current claim's. */
+/** STALE_CLAIM_TOKEN: Complete or RenewLease with a token that is not the current claim's. */
 export class StaleClaimTokenError extends FailedPreconditionError {}
 
 /** ALREADY_RESOLVED: Complete with a different outcome for an entry already resolved. */
 export class AlreadyResolvedError extends FailedPreconditionError {}
+
+/**
+ * LEASE_ENDED: RenewLease of an entry already resolved, or whose lease already ended (it reads
+ * UNKNOWN and a reconciler may be asking the world about it). Nothing changed.
+ */
+export class LeaseEndedError extends FailedPreconditionError {}
 
 /** NOT_FOUND (ENTRY_NOT_FOUND): no such entry, it expired, or it is another tenant's. */
 export class NotFoundError extends LedgerError {}
@@ -132,44 +156,57 @@ export class NotFoundError extends LedgerError {}
 /** UNAUTHENTICATED: a missing, malformed or unknown bearer token. */
 export class UnauthenticatedError extends LedgerError {}
 
-/** UNAVAILABLE: the ledger or its store cannot be reached; `retryAfter` when the server says. */
+/** RESOURCE_EXHAUSTED: a limit or load shedding (OVERLOADED, RATE_LIMITED, MESSAGE_TOO_LARGE). */
+export class ResourceExhaustedError extends LedgerError {}
+
+/** STORE_FULL: the ledger's disk is full. Nothing was written; worth retrying later. */
+export class StoreFullError extends ResourceExhaustedError {}
+
+/**
+ * UNAVAILABLE: the ledger or its store cannot be reached (STORE_UNAVAILABLE, STORE_IO_ERROR,
+ * STORE_CONTENTION, STORE_READ_ONLY, or none when the server itself cannot be reached);
+ * `retryAfter` when the server says.
+ */
 export class UnavailableError extends LedgerError {}
 
 /** DEADLINE_EXCEEDED: the call's deadline passed. A write already started may still finish. */
 export class DeadlineExceededError extends LedgerError {}
 
-/** RESOURCE_EXHAUSTED: a limit or load shedding. */
-export class ResourceExhaustedError extends LedgerError {}
+/** DATA_LOSS (STORE_CORRUPT): the ledger's store is damaged. Not worth retrying; tell an operator. */
+export class DataLossError extends LedgerError {}
 
-function classFor(code: GrpcCode, reason: string): typeof LedgerError {
-  switch (reason) {
-    case "KEY_REUSED_WITH_DIFFERENT_REQUEST":
-      return KeyReusedError;
-    case "STALE_CLAIM_TOKEN":
-      return StaleClaimTokenError;
-    case "ALREADY_RESOLVED":
-      return AlreadyResolvedError;
-    default:
-      break;
-  }
-  switch (code) {
-    case "INVALID_ARGUMENT":
-      return InvalidArgumentError;
-    case "FAILED_PRECONDITION":
-      return FailedPreconditionError;
-    case "NOT_FOUND":
-      return NotFoundError;
-    case "UNAUTHENTICATED":
-      return UnauthenticatedError;
-    case "UNAVAILABLE":
-      return UnavailableError;
-    case "DEADLINE_EXCEEDED":
-      return DeadlineExceededError;
-    case "RESOURCE_EXHAUSTED":
-      return ResourceExhaustedError;
-    default:
-      return LedgerError;
-  }
+/** INTERNAL: a bug in the server; the details are in its log. */
+export class InternalError extends LedgerError {}
+
+type ErrorClass = new (message: string, init?: LedgerErrorInit) => LedgerError;
+
+// A reason names a subclass only under the code it belongs to, so that an unexpected pairing
+// still lands in the class of its code.
+const BY_REASON: Record<string, { code: GrpcCode; cls: ErrorClass }> = {
+  KEY_REUSED_WITH_DIFFERENT_REQUEST: { code: "FAILED_PRECONDITION", cls: KeyReusedError },
+  STALE_CLAIM_TOKEN: { code: "FAILED_PRECONDITION", cls: StaleClaimTokenError },
+  ALREADY_RESOLVED: { code: "FAILED_PRECONDITION", cls: AlreadyResolvedError },
+  LEASE_ENDED: { code: "FAILED_PRECONDITION", cls: LeaseEndedError },
+  STORE_FULL: { code: "RESOURCE_EXHAUSTED", cls: StoreFullError },
+};
+
+const BY_CODE: Partial<Record<GrpcCode, ErrorClass>> = {
+  INVALID_ARGUMENT: InvalidArgumentError,
+  FAILED_PRECONDITION: FailedPreconditionError,
+  NOT_FOUND: NotFoundError,
+  UNAUTHENTICATED: UnauthenticatedError,
+  RESOURCE_EXHAUSTED: ResourceExhaustedError,
+  UNAVAILABLE: UnavailableError,
+  DEADLINE_EXCEEDED: DeadlineExceededError,
+  DATA_LOSS: DataLossError,
+  INTERNAL: InternalError,
+};
+
+/** The class of an answer with this code and reason (LedgerError itself for other codes). */
+export function errorClassFor(code: GrpcCode, reason: string): ErrorClass {
+  const byReason = BY_REASON[reason];
+  if (byReason && byReason.code === code) return byReason.cls;
+  return BY_CODE[code] ?? LedgerError;
 }
 
 /** Turns whatever a call threw into a typed LedgerError, decoding the google.rpc details. */
@@ -182,8 +219,9 @@ export function toLedgerError(err: unknown): LedgerError {
   const retry = ce.findDetails(RetryInfoSchema)[0];
   const retryAfter = retry?.retryDelay ? durationMs(retry.retryDelay) : undefined;
   const reason = info?.reason ?? "";
-  const Cls = classFor(code, reason);
-  return new Cls(ce.rawMessage || code, {
+  const Cls = errorClassFor(code, reason);
+  // The message is the server's own text; the code and reason are fields, not repeated in it.
+  return new Cls(ce.rawMessage || `the ledger answered ${code} without a message`, {
     code,
     reason,
     domain: info?.domain ?? "",
@@ -197,65 +235,123 @@ export function toLedgerError(err: unknown): LedgerError {
   });
 }
 
-// --- errors of runOnce ---------------------------------------------------------------------
+// --- what an action throws -----------------------------------------------------------------
 
 /**
  * Thrown by an action to say it certainly did not act (nothing happened, e.g. a validation error
  * from the tool before any effect). runOnce completes the entry FAILED and retryable, so the
- * next call may try again, and re-throws it.
+ * next call may try again, sets `entry` to the entry as recorded, and re-throws it. runOnce and
+ * the tool wrappers also throw it themselves when they stop before the action started (an
+ * aborted call), with the same record.
  */
-export class NotExecutedError extends Error {
+export class NotExecutedError extends LedgerError {
+  /** The entry as runOnce recorded it (FAILED, retryable); unset until then. */
+  entry: LedgerEntry | undefined;
+
   constructor(message: string, options?: { cause?: unknown }) {
-    super(message, options);
-    this.name = "NotExecutedError";
+    super(message, { cause: options?.cause });
   }
 }
 
 /**
  * Thrown by an action whose effect did not and will not happen in this intent (the account is
- * closed, the request is forbidden). runOnce completes the entry FAILED, not retryable, and
- * re-throws it; later calls of the same intent get PreviouslyFailedError.
+ * closed, the request is forbidden). runOnce completes the entry FAILED, not retryable, sets
+ * `entry` to the entry as recorded and re-throws it; later calls of the same intent get
+ * PreviouslyFailedError.
  */
-export class PermanentFailureError extends Error {
+export class PermanentFailureError extends LedgerError {
+  /** The entry as runOnce recorded it (FAILED, not retryable); unset until then. */
+  entry: LedgerEntry | undefined;
+
   constructor(message: string, options?: { cause?: unknown }) {
-    super(message, options);
-    this.name = "PermanentFailureError";
+    super(message, { cause: options?.cause });
   }
 }
 
-/** Thrown by runOnce when the action did not settle within `timeoutMs` (completed UNKNOWN). */
-export class ActionTimeoutError extends Error {
-  constructor(readonly timeoutMs: number) {
-    super(`the action did not finish within ${timeoutMs} ms; its outcome is unknown`);
-    this.name = "ActionTimeoutError";
-  }
-}
+// --- outcomes of runOnce that are not a result ---------------------------------------------
 
 /**
- * runOnce: another attempt holds the key (ATTEMPTING), or its outcome is unknown (UNKNOWN) and
- * waits for reconciliation. Do not act; try again after `retryAfter` milliseconds.
+ * runOnce: another attempt holds the key (ATTEMPTING) and did not finish within the wait. Do not
+ * act; try again after `retryAfter` milliseconds. Its subclass OutcomeUnknownError says the
+ * outcome is unknown (UNKNOWN) rather than in flight.
  */
-export class InProgressError extends Error {
+export class InProgressError extends LedgerError {
   constructor(
     /** The server's note, written for the model. */
     readonly note: string,
     /** Milliseconds after which a new call is worth trying. */
     readonly retryAfter: number,
+    /** The entry as the claim found it. */
     readonly entry: LedgerEntry,
+    message?: string,
+    options?: { cause?: unknown },
   ) {
-    super(note || `the tool call is in progress (status ${entry.status})`);
-    this.name = "InProgressError";
+    super(message ?? (note || `the tool call is in progress (status ${entry.status})`), {
+      cause: options?.cause,
+      retryAfter,
+    });
+  }
+}
+
+/**
+ * runOnce: the outcome of this intent is unknown (the entry is UNKNOWN): an earlier attempt
+ * timed out, failed in a way that may have had an effect, or outlived its lease. It is never
+ * re-run silently; a reconciler asks the outside world (see examples/reconciler.ts).
+ */
+export class OutcomeUnknownError extends InProgressError {}
+
+/** When asking again about an UNKNOWN entry is worth it: what the server suggests (reconciliation takes time). */
+export const UNKNOWN_RETRY_AFTER_MS = 30_000;
+
+/**
+ * runOnce: the action outlived `timeoutMs`; the entry is completed UNKNOWN and the action's
+ * `signal` aborted.
+ */
+export class ActionTimeoutError extends OutcomeUnknownError {
+  constructor(
+    readonly timeoutMs: number,
+    entry: LedgerEntry,
+  ) {
+    super(
+      "",
+      UNKNOWN_RETRY_AFTER_MS,
+      entry,
+      `the action did not finish within ${timeoutMs} ms; its outcome is unknown and entry ` +
+        `${entry.key} is UNKNOWN until it is reconciled`,
+    );
+  }
+}
+
+/**
+ * runOnce: the action ran, but its result could not be stored (the codec could not encode it,
+ * or the ledger refused it, RESULT_TOO_LARGE): the effect may have happened and cannot be
+ * replayed, so the entry is UNKNOWN. `cause` is the encoding error or the ledger's refusal.
+ */
+export class ResultNotEncodableError extends OutcomeUnknownError {
+  constructor(why: string, entry: LedgerEntry, options?: { cause?: unknown }) {
+    super(
+      "",
+      UNKNOWN_RETRY_AFTER_MS,
+      entry,
+      `the action ran but its result could not be stored (${why}); entry ${entry.key} ` +
+        `(external_ref ${entry.externalRef}) is UNKNOWN and will not be re-run: settle it with a ` +
+        `Reconcile resolution (SUCCEEDED with a result the ledger can store, or FAILED if the ` +
+        `effect did not happen) or with the CLI command \`idempotency-ledger resolve\``,
+      options,
+    );
   }
 }
 
 /** runOnce: the action failed permanently in this intent; `storedError` is what was recorded. */
-export class PreviouslyFailedError extends Error {
+export class PreviouslyFailedError extends LedgerError {
   constructor(
+    /** The server's note, written for the model; it already quotes the stored error. */
     readonly note: string,
+    /** The error recorded when the action failed. */
     readonly storedError: string,
+    /** The entry as the claim found it. */
     readonly entry: LedgerEntry,
   ) {
-    super(note ? `${note} (${storedError})` : `the tool call failed earlier: ${storedError}`);
-    this.name = "PreviouslyFailedError";
+    super(note || `the tool call failed permanently earlier: ${storedError}`);
   }
 }

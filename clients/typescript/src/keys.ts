@@ -61,7 +61,6 @@ function refuse(reason: ArgumentsRefusal, message: string): never {
 // --- parsing -------------------------------------------------------------------------------
 
 const NUMBER = /-?(?:0|[1-9][0-9]*)(?:\.[0-9]+)?(?:[eE][+-]?[0-9]+)?/y;
-const NUMBER_PARTS = /^(-?)([0-9]+)(?:\.([0-9]+))?(?:[eE]([+-]?[0-9]+))?$/;
 const HEX4 = /^[0-9a-fA-F]{4}$/;
 
 class Parser {
@@ -320,28 +319,18 @@ class Parser {
   }
 }
 
-/** Reads a JSON number literal as JavaScript does, refusing integers a double cannot hold. */
+/**
+ * Reads a JSON number literal as JavaScript does. Only an integer *literal* (no fraction, no
+ * exponent) whose value a double cannot hold exactly is refused: its writer meant that integer
+ * (an identifier, an exact amount) and would silently get another. A literal with a fraction or
+ * an exponent is a double by its spelling (`1e23`, `9007199254740993.0`) and is read as the
+ * nearest one. Values beyond the double range are refused whatever their spelling.
+ */
 function readNumber(literal: string): number | { refused: string } {
   const value = Number(literal); // correctly rounded; underflow gives (signed) zero
   if (!Number.isFinite(value)) return { refused: `${literal.slice(0, 64)} is beyond the double range` };
-  const [, sign, intPart, frac = "", expText = "0"] = NUMBER_PARTS.exec(literal)!;
-  if (expText.replace(/^[+-]/, "").replace(/^0+/, "").length > 15) {
-    // A huge positive exponent made `value` infinite above; a huge negative one leaves a
-    // fraction unless the digits are all zero.
-    return value;
-  }
-  let digits = (intPart + frac).replace(/^0+/, "");
-  if (digits === "") return value; // zero
-  let exp = Number(expText) - frac.length;
-  const trimmed = digits.replace(/0+$/, "");
-  exp += digits.length - trimmed.length;
-  digits = trimmed;
-  if (exp < 0) return value; // not an integer
-  if (digits.length + exp > 400) {
-    return { refused: `${literal.slice(0, 64)} is beyond the double range` };
-  }
-  const exact = BigInt(digits) * 10n ** BigInt(exp) * (sign === "-" ? -1n : 1n);
-  if (BigInt(value) !== exact) {
+  if (/[.eE]/.test(literal)) return value;
+  if (BigInt(literal) !== BigInt(value)) {
     return { refused: `${literal.slice(0, 64)} is an integer a double cannot hold exactly` };
   }
   return value;
@@ -424,6 +413,17 @@ function lenient(value: JsonValue): JsonValue {
 
 // --- JS values -----------------------------------------------------------------------------
 
+/**
+ * A JS number as JSON text that reads back as the same double. JSON.stringify writes 2 ** 60 as
+ * `1152921504606847000`, an integer literal the ledger refuses (a double cannot hold that
+ * integer exactly); the exponent form says "a double", as the number is.
+ */
+function writeNumber(value: number): string {
+  const text = formatNumber(value);
+  if (/^-?[0-9]+$/.test(text) && BigInt(text) !== BigInt(value)) return value.toExponential();
+  return text;
+}
+
 function notJson(message: string): never {
   refuse("INVALID_JSON", message);
 }
@@ -461,7 +461,7 @@ function writeValue(value: unknown, path: string, stack: Set<object>): string {
       return value ? "true" : "false";
     case "number":
       if (!Number.isFinite(value)) notJson(`${path} is ${value}, which JSON cannot carry`);
-      return formatNumber(value);
+      return writeNumber(value);
     case "bigint":
       return value.toString();
     case "undefined":

@@ -14,6 +14,8 @@ import {
   Ledger,
   LedgerError,
   NotFoundError,
+  OutcomeUnknownError,
+  ResultNotEncodableError,
   StaleClaimTokenError,
   UnavailableError,
 } from "../src/index.js";
@@ -128,15 +130,44 @@ describe("typed errors", () => {
     assert.equal(err.field, "result");
     assert.equal((await ledger.lookup({ key: claim.entry.key })).status, "ATTEMPTING");
 
+    // After the action ran, a refused result means the effect happened but cannot be replayed:
+    // the entry is UNKNOWN, and the error says so and how to settle it.
     const run = uniqueRun("big");
     const tooBig = await rejection(
       ledger.runOnce(run, "t", { n: 1 }, () => "x".repeat(2048)),
-      InvalidArgumentError,
+      ResultNotEncodableError,
     );
-    assert.equal(tooBig.reason, "RESULT_TOO_LARGE");
+    assert.ok(tooBig instanceof OutcomeUnknownError);
+    assert.ok(tooBig.cause instanceof InvalidArgumentError);
+    assert.equal(tooBig.cause.reason, "RESULT_TOO_LARGE");
+    assert.equal(tooBig.entry.status, "UNKNOWN");
+    assert.match(tooBig.message, /RESULT_TOO_LARGE/);
+    assert.match(tooBig.message, /is UNKNOWN/);
+    assert.match(tooBig.message, /Reconcile/);
+    assert.match(tooBig.message, /idempotency-ledger resolve/);
     const entry = await ledger.lookup({ runId: run, tool: "t", args: { n: 1 } });
     assert.equal(entry.status, "UNKNOWN");
-    assert.match(entry.error, /result was refused/);
+    assert.match(entry.error, /result could not be stored/);
+  });
+
+  test("a result the codec cannot encode: ResultNotEncodableError, the entry UNKNOWN", async () => {
+    const run = uniqueRun("encode");
+    let calls = 0;
+    const err = await rejection(
+      ledger.runOnce(run, "t", { n: 2 }, () => {
+        calls++;
+        return { n: 1n }; // JSON.stringify cannot write a bigint
+      }),
+      ResultNotEncodableError,
+    );
+    assert.equal(err.entry.status, "UNKNOWN");
+    assert.match(err.message, /could not be stored/);
+    assert.match(err.message, /BigInt/);
+    assert.match(err.message, new RegExp(err.entry.key));
+    assert.equal((await ledger.lookup({ runId: run, tool: "t", args: { n: 2 } })).status, "UNKNOWN");
+    // Never re-run silently.
+    await rejection(ledger.runOnce(run, "t", { n: 2 }, () => ++calls), OutcomeUnknownError);
+    assert.equal(calls, 1);
   });
 
   test("an absent entry is NotFoundError, reason ENTRY_NOT_FOUND", async () => {
@@ -151,14 +182,19 @@ describe("typed errors", () => {
   });
 
   test("a waiting claim is answered within its deadline (IN_PROGRESS near the deadline)", async () => {
+    // The server holds the call: another claim holds the entry and the wait is longer than the
+    // deadline. It answers IN_PROGRESS a reserve before the deadline (a fifth of it, at most
+    // 250 ms), so with 1.5 s the client's own timer never comes first, even on a loaded machine.
     const run = uniqueRun("deadline");
     await ledger.claim({ runId: run, tool: "t", args: {} });
     const started = Date.now();
-    const out = await ledger.claim({ runId: run, tool: "t", args: {}, waitMs: 5_000 }, { deadlineMs: 400 });
+    const out = await ledger.claim({ runId: run, tool: "t", args: {}, waitMs: 5_000 }, { deadlineMs: 1_500 });
     const elapsed = Date.now() - started;
-    assert.ok(elapsed < 400, `took ${elapsed} ms`);
     assert.equal(out.outcome, "IN_PROGRESS");
+    assert.equal(out.entry.status, "ATTEMPTING");
     assert.ok((out.retryAfter ?? 0) > 0);
+    // It was held (nothing changed the entry), and answered before the deadline.
+    assert.ok(elapsed >= 1_000 && elapsed < 1_500, `took ${elapsed} ms`);
   });
 
   test("a call that outlives its deadline is DeadlineExceededError (the default and per call)", async () => {

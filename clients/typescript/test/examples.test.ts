@@ -1,10 +1,14 @@
 // The examples, run as programs against the server: the dispatcher (one effect per intent, the
-// replay marker shown to the model) and the reconciler (unknown outcomes resolved by asking the
-// tool's paired read by external_ref).
+// replay marker shown to the model), the reconciler (unknown outcomes resolved by asking the
+// tool's paired read by external_ref), and one agent per framework adapter (Vercel AI SDK,
+// OpenAI Agents SDK, MCP), each playing examples/script.ts with its framework's offline model.
 
 import assert from "node:assert/strict";
 import { join } from "node:path";
 import { after, before, describe, test } from "node:test";
+import * as aiSdkAgent from "../examples/ai-sdk-agent.js";
+import * as mcpAgent from "../examples/mcp-agent.js";
+import * as openAiAgentsAgent from "../examples/openai-agents-agent.js";
 import { World } from "../examples/world.js";
 import { InProgressError, type Ledger } from "../src/index.js";
 import { runExample, startServer, uniqueRun, type TestServer } from "./support/server.js";
@@ -52,6 +56,58 @@ describe("examples", () => {
     assert.equal(world.credits().length, 2);
     assert.equal(world.replies().length, 2);
   });
+
+  // Each framework example plays the same turn: issue_credit twice at once, then again respelled
+  // next to send_reply. The model must read one credit result and two replay notes.
+  const agents = {
+    "ai-sdk-agent": aiSdkAgent.runAgent,
+    "openai-agents-agent": openAiAgentsAgent.runAgent,
+    "mcp-agent": mcpAgent.runAgent,
+  };
+  for (const [example, runAgent] of Object.entries(agents)) {
+    test(`${example}: one credit and one reply per run; the model reads the replays as replays`, async () => {
+      const file = join(server.dir, `world-${example}.json`);
+      const world = new World(file);
+      const exampleEnv = { LEDGER_ADDRESS: server.address, WORLD_FILE: file };
+      const run = uniqueRun(example);
+      const read = (stdout: string) =>
+        stdout
+          .split("\n")
+          .filter((l) => l.startsWith("  -> "))
+          .map((l) => l.slice(5));
+
+      const first = await runExample(example, { ...exampleEnv, RUN_ID: run });
+      assert.equal(first.code, 0, first.stderr);
+      assert.equal(world.credits().length, 1, first.stdout);
+      assert.equal(world.replies().length, 1, first.stdout);
+      const answers = read(first.stdout);
+      assert.equal(answers.length, 4, first.stdout);
+      const credit = world.credits()[0];
+      const results = answers.filter((a) => !/already performed/.test(a));
+      assert.deepEqual(results.sort(), [
+        JSON.stringify({ credit_id: credit.credit_id }),
+        JSON.stringify({ message_id: world.replies()[0].message_id }),
+      ].sort());
+      const replays = answers.filter((a) => /already performed.*No new action was taken/.test(a));
+      assert.equal(replays.length, 2, first.stdout);
+      for (const r of replays) assert.ok(r.includes(credit.credit_id), r);
+      assert.match(first.stdout, /world: 1 credit\(s\), 1 reply\(ies\)/);
+      // The credit carries the ledger's external_ref as its idempotency reference.
+      const ledgerEntry = await ledger.lookup({ runId: run, tool: "issue_credit", args: { customer: "c-42", amount: 200, currency: "EUR" } });
+      assert.equal(credit.ref, ledgerEntry.externalRef);
+
+      // The same run again (a restarted worker), in this process: everything is a replay.
+      const again = await runAgent(ledger, world, run);
+      assert.equal(again.calls.length, 4);
+      assert.ok(again.calls.every((c) => /already performed/.test(c.read)), JSON.stringify(again.calls));
+      assert.equal(world.credits().length, 1);
+
+      // A new run is a new intent.
+      await runAgent(ledger, world, uniqueRun(example));
+      assert.equal(world.credits().length, 2);
+      assert.equal(world.replies().length, 2);
+    });
+  }
 
   test("reconciler: unknown outcomes are resolved by the paired read, then replayed or retried", async () => {
     const file = join(server.dir, "world-reconcile.json");
@@ -108,6 +164,22 @@ describe("examples", () => {
     assert.equal(calls, 1);
     assert.equal((retried.value as { attempt: number }).attempt, 2);
     assert.equal(world.credits().length, 2);
+
+    // A worker that stops after one round of one entry answers it without holding another.
+    const stopping = [{ customer: "c-44", amount: 1, currency: "EUR" }, { customer: "c-45", amount: 1, currency: "EUR" }];
+    for (const args of stopping) {
+      await assert.rejects(ledger.runOnce(run, "issue_credit", args, () => Promise.reject(timeout())), { name: "TimeoutError" });
+    }
+    const once = await runExample("reconciler", { ...env, OLDER_THAN_MS: "0", LIMIT: "1", MAX_ROUNDS: "1" });
+    assert.equal(once.code, 0, once.stderr);
+    assert.match(once.stdout, /reconciled 1 entry/);
+    const statuses = await Promise.all(
+      stopping.map(async (args) => (await ledger.lookup({ runId: run, tool: "issue_credit", args })).status),
+    );
+    assert.deepEqual(statuses.sort(), ["FAILED", "UNKNOWN"]);
+    // The one left was not held for the stopped worker: the next one gets it at once.
+    const rest = await runExample("reconciler", { ...env, OLDER_THAN_MS: "0" });
+    assert.match(rest.stdout, /reconciled 1 entry/);
 
     // Nothing is left to reconcile.
     const idle = await runExample("reconciler", { ...env, OLDER_THAN_MS: "0" });

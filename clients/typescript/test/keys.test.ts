@@ -100,8 +100,7 @@ describe("arguments as JS values", () => {
       [{ s: new Set([1]) }, "INVALID_JSON"],
       [{ b: new Uint8Array(2) }, "INVALID_JSON"],
       [{ s: "\ud800" }, "LONE_SURROGATE"],
-      [{ n: 2 ** 60 }, "UNSAFE_INTEGER"], // its shortest spelling 1152921504606847000 is inexact
-      [{ n: 1e23 }, "UNSAFE_INTEGER"],
+      [{ n: 2n ** 53n + 1n }, "UNSAFE_INTEGER"], // a bigint is an integer literal: all its digits
       [[1, 2] as unknown as Record<string, unknown>, "ARGUMENTS_NOT_OBJECT"],
     ] as const) {
       const err = refusal(() => deriveKey("run-1", "t", value as Record<string, unknown>));
@@ -112,6 +111,18 @@ describe("arguments as JS values", () => {
     assert.equal(refusal(() => deriveKey("run-1", "t", cyclic)).reason, "INVALID_JSON");
     // 2^53 and 1e22 are held exactly, so they are accepted as numbers.
     assert.equal(canonicalize({ a: 2 ** 53, b: 1e22 }), '{"a":9007199254740992,"b":1e+22}');
+  });
+
+  test("a JS number is a double: one whose shortest spelling is an inexact integer is written with an exponent", () => {
+    // JSON.stringify writes 2 ** 60 as 1152921504606847000, an integer literal the ledger refuses
+    // (a double cannot hold that integer); the exponent form reads back as the same double.
+    assert.equal(toArgumentsJson({ n: 2 ** 60 }), '{"n":1.152921504606847e+18}');
+    const exact = vectors.cases.find((c) => c.name === "two_pow_60_is_exact_so_accepted")!;
+    assert.equal(canonicalize({ n: 2 ** 60 }), exact.canonical);
+    assert.equal(deriveKey(exact.run_id, exact.tool, { n: 2 ** 60 }), exact.key);
+    const e23 = vectors.cases.find((c) => c.name === "number_1e23_is_a_double")!;
+    assert.equal(deriveKey(e23.run_id, e23.tool, { n: 1e23 }), e23.key);
+    assert.equal(toArgumentsJson({ n: -(2 ** 60), m: 2 ** 53 }), '{"m":9007199254740992,"n":-1.152921504606847e+18}');
   });
 
   test("run_id and tool are checked as the server checks them", () => {

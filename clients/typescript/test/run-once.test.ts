@@ -8,7 +8,9 @@ import {
   ActionTimeoutError,
   deriveKey,
   InProgressError,
+  LedgerError,
   NotExecutedError,
+  OutcomeUnknownError,
   PermanentFailureError,
   PreviouslyFailedError,
   textCodec,
@@ -17,6 +19,23 @@ import {
 import { startServer, uniqueRun, type TestServer } from "./support/server.js";
 
 const REPLAY_NOTE = /already performed.*No new action was taken/;
+
+/** Records the wait of each claim a ledger sends; `sent(n)` resolves once n were sent. */
+function spyClaims(ledger: Ledger): { waitMs: Array<number | undefined>; sent(n: number): Promise<void> } {
+  const real = ledger.claim.bind(ledger);
+  const waitMs: Array<number | undefined> = [];
+  const waiters: Array<[number, () => void]> = [];
+  ledger.claim = (params, opts) => {
+    const call = real(params, opts);
+    waitMs.push(params.waitMs);
+    for (const [n, done] of waiters) if (waitMs.length >= n) done();
+    return call;
+  };
+  return {
+    waitMs,
+    sent: (n) => new Promise<void>((done) => (waitMs.length >= n ? done() : waiters.push([n, done]))),
+  };
+}
 
 describe("runOnce", () => {
   let server: TestServer;
@@ -106,7 +125,7 @@ describe("runOnce", () => {
     });
     await isStarted;
 
-    const err = await ledger.runOnce(run, "issue_credit", args, () => ++calls).then(
+    const err = await ledger.runOnce(run, "issue_credit", args, () => ++calls, { waitMs: 0 }).then(
       () => assert.fail("expected InProgressError"),
       (e: unknown) => e,
     );
@@ -115,9 +134,16 @@ describe("runOnce", () => {
     assert.equal(err.entry.status, "ATTEMPTING");
     assert.ok(err.note.length > 0);
 
-    // A waiting call is answered once the first completes.
-    const waiting = ledger.runOnce(run, "issue_credit", args, () => ++calls, { waitMs: 10_000 });
-    setTimeout(release, 300);
+    // A waiting call (the default wait) is answered once the first completes: it replays. (The
+    // first is released once the waiter's claim was sent; had the claim reached the server only
+    // after the release, it would replay at once: either way nothing runs twice. That the server
+    // holds a waiting claim is the errors suite's deadline test.)
+    const spied = server.ledger();
+    const waits = spyClaims(spied);
+    const waiting = spied.runOnce(run, "issue_credit", args, () => ++calls);
+    await waits.sent(1);
+    assert.deepEqual(waits.waitMs, [10_000]);
+    release();
     const [a, b] = await Promise.all([first, waiting]);
     assert.equal(calls, 1);
     assert.equal(a.replayed, false);
@@ -125,24 +151,108 @@ describe("runOnce", () => {
     assert.deepEqual(b.value, { credit_id: "cr-slow" });
   });
 
+  test("parallel identical calls: the duplicate waits by default (10 s) and replays the first's result", async () => {
+    const run = uniqueRun("parallel");
+    const args = { customer: "c-8", amount: 12 };
+    let calls = 0;
+    let release!: () => void;
+    const released = new Promise<void>((r) => (release = r));
+    const action = async () => {
+      calls++;
+      await released;
+      return { credit_id: `cr-${calls}` };
+    };
+    const spied = server.ledger();
+    const waits = spyClaims(spied);
+    const both = Promise.all([
+      spied.runOnce(run, "issue_credit", args, action),
+      spied.runOnce(run, "issue_credit", args, action),
+    ]);
+    // Released once both claims were sent. Whether the duplicate reaches the server before the
+    // release (it waits, then replays) or after (it replays at once), nothing runs twice.
+    await waits.sent(2);
+    release();
+    const outs = await both;
+    assert.deepEqual(waits.waitMs, [10_000, 10_000], "the default wait is sent with each claim");
+    assert.equal(calls, 1);
+    assert.deepEqual(outs.map((o) => o.replayed).sort(), [false, true]);
+    assert.deepEqual(outs[0].value, { credit_id: "cr-1" });
+    assert.deepEqual(outs[1].value, { credit_id: "cr-1" });
+  });
+
+  test("an abort before the action starts runs nothing; a claim already made is left retryable", async () => {
+    const args = { customer: "c-5", amount: 1 };
+    let calls = 0;
+    // Aborted before the call: nothing is claimed.
+    const early = uniqueRun("abort-early");
+    const err = await ledger
+      .runOnce(early, "issue_credit", args, () => ++calls, { signal: AbortSignal.abort() })
+      .catch((e: unknown) => e);
+    assert.ok(err instanceof NotExecutedError, String(err));
+    await assert.rejects(ledger.lookup({ runId: early, tool: "issue_credit", args }), { name: "NotFoundError" });
+
+    // Aborted while the claim was on its way: runOnce answers at once; the claim, when it
+    // lands, is completed FAILED retryable (never left to read UNKNOWN).
+    const late = uniqueRun("abort-late");
+    const controller = new AbortController();
+    const claim = ledger.claim.bind(ledger);
+    const aborting = server.ledger();
+    aborting.claim = async (params, opts) => {
+      const out = await claim(params, opts);
+      controller.abort(new Error("the user stopped the run"));
+      return out;
+    };
+    const lateErr = await aborting
+      .runOnce(late, "issue_credit", args, () => ++calls, { signal: controller.signal })
+      .catch((e: unknown) => e);
+    assert.ok(lateErr instanceof NotExecutedError, String(lateErr));
+    assert.match(lateErr.message, /aborted.*not started/);
+    let entry = await ledger.lookup({ runId: late, tool: "issue_credit", args });
+    while (entry.status === "ATTEMPTING") {
+      await new Promise((r) => setTimeout(r, 20));
+      entry = await ledger.lookup({ key: entry.key });
+    }
+    assert.equal(entry.status, "FAILED");
+    assert.equal(entry.retryable, true);
+    assert.match(entry.error, /aborted before the action started/);
+    assert.equal(calls, 0);
+    // The intent runs on the next call, as attempt 2.
+    const out = await ledger.runOnce(late, "issue_credit", args, (ctx) => ctx.attempt);
+    assert.equal(out.value, 2);
+  });
+
+  test("an action that is not a function is refused before anything is claimed", async () => {
+    const run = uniqueRun("not-a-function");
+    await assert.rejects(
+      ledger.runOnce(run, "t", {}, "issue it" as unknown as () => unknown),
+      (e: unknown) => e instanceof TypeError && /must be a function/.test(e.message),
+    );
+    await assert.rejects(ledger.lookup({ runId: run, tool: "t", args: {} }), { name: "NotFoundError" });
+  });
+
   test("a permanent failure is stored; the next call gets PreviouslyFailedError with the stored error", async () => {
     const run = uniqueRun("permanent");
     const args = { customer: "c-closed", amount: 10 };
     let calls = 0;
-    await assert.rejects(
-      ledger.runOnce(run, "issue_credit", args, () => {
+    const thrown = await ledger
+      .runOnce(run, "issue_credit", args, () => {
         calls++;
         throw new PermanentFailureError("account c-closed is closed");
-      }),
-      PermanentFailureError,
-    );
+      })
+      .catch((e: unknown) => e);
+    assert.ok(thrown instanceof PermanentFailureError && thrown instanceof LedgerError, String(thrown));
+    // The error carries the entry as recorded.
+    assert.equal(thrown.entry?.status, "FAILED");
+    assert.equal(thrown.entry?.retryable, false);
     const entry = await ledger.lookup({ runId: run, tool: "issue_credit", args });
     assert.equal(entry.status, "FAILED");
     assert.equal(entry.retryable, false);
     const err = await ledger.runOnce(run, "issue_credit", args, () => ++calls).catch((e: unknown) => e);
-    assert.ok(err instanceof PreviouslyFailedError, String(err));
+    assert.ok(err instanceof PreviouslyFailedError && err instanceof LedgerError, String(err));
     assert.match(err.storedError, /account c-closed is closed/);
     assert.ok(err.note.length > 0);
+    // The server's note quotes the stored error already: the message has it once.
+    assert.equal(err.message.split("account c-closed is closed").length - 1, 1, err.message);
     assert.equal(calls, 1);
   });
 
@@ -150,13 +260,15 @@ describe("runOnce", () => {
     const run = uniqueRun("retryable");
     const args = { customer: "c-9", amount: 3 };
     const attempts: number[] = [];
-    await assert.rejects(
-      ledger.runOnce(run, "issue_credit", args, (ctx) => {
+    const thrown = await ledger
+      .runOnce(run, "issue_credit", args, (ctx) => {
         attempts.push(ctx.attempt);
         throw new NotExecutedError("payments API refused the connection");
-      }),
-      NotExecutedError,
-    );
+      })
+      .catch((e: unknown) => e);
+    assert.ok(thrown instanceof NotExecutedError && thrown instanceof LedgerError, String(thrown));
+    assert.equal(thrown.entry?.status, "FAILED");
+    assert.equal(thrown.entry?.retryable, true);
     const failed = await ledger.lookup({ runId: run, tool: "issue_credit", args });
     assert.equal(failed.status, "FAILED");
     assert.equal(failed.retryable, true);
@@ -184,8 +296,10 @@ describe("runOnce", () => {
     assert.match(entry.error, /TimeoutError/);
     let calls = 0;
     const err = await ledger.runOnce(run, "issue_credit", args, () => ++calls).catch((e: unknown) => e);
-    assert.ok(err instanceof InProgressError, String(err));
+    assert.ok(err instanceof OutcomeUnknownError, String(err));
+    assert.ok(err instanceof InProgressError && err instanceof LedgerError);
     assert.equal(err.entry.status, "UNKNOWN");
+    assert.match(err.note, /outcome is unknown/);
     assert.equal(calls, 0);
   });
 
@@ -208,6 +322,10 @@ describe("runOnce", () => {
       )
       .catch((e: unknown) => e);
     assert.ok(err instanceof ActionTimeoutError, String(err));
+    assert.ok(err instanceof OutcomeUnknownError, "a timeout's outcome is unknown");
+    assert.equal(err.entry.status, "UNKNOWN");
+    assert.equal(err.retryAfter, 30_000, "an unknown outcome takes a reconciler's time");
+    assert.match(err.message, /200 ms/);
     assert.equal(aborted, true);
     const entry = await ledger.lookup({ runId: run, tool: "send_reply", args: { ticket: "T-9", body: "slow" } });
     assert.equal(entry.status, "UNKNOWN");

@@ -1,0 +1,181 @@
+// The OpenAI Agents JS SDK adapter against the real `@openai/agents` package and the real
+// server: `run(agent, input, { context: { runId } })` with an offline Model implementation that
+// scripts the model's function calls turn by turn. The transcript checked is the input of the
+// model's last turn.
+
+import assert from "node:assert/strict";
+import { after, before, describe, test } from "node:test";
+import {
+  Agent,
+  Usage,
+  run,
+  setTracingDisabled,
+  tool,
+  type AgentInputItem,
+  type AgentOutputItem,
+  type Model,
+  type ModelRequest,
+  type ModelResponse,
+} from "@openai/agents";
+import { z } from "zod";
+import { ledgerTool } from "../src/adapters/openai-agents.js";
+import { NotExecutedError, currentAttempt, type Ledger } from "../src/index.js";
+import { startServer, uniqueRun, type TestServer } from "./support/server.js";
+
+const REPLAY_NOTE = /already performed.*No new action was taken/;
+
+// No API key, no network: nothing may try to export traces.
+setTracingDisabled(true);
+
+/** A model that answers each turn with the next scripted output items. */
+class ScriptedModel implements Model {
+  readonly requests: ModelRequest[] = [];
+  constructor(private readonly turns: AgentOutputItem[][]) {}
+
+  async getResponse(request: ModelRequest): Promise<ModelResponse> {
+    this.requests.push(request);
+    const output = this.turns[this.requests.length - 1];
+    if (!output) throw new Error(`the script has no turn ${this.requests.length}`);
+    return { usage: new Usage(), output, responseId: `resp-${this.requests.length}` };
+  }
+
+  // eslint-disable-next-line require-yield
+  async *getStreamedResponse(): AsyncIterable<never> {
+    throw new Error("this scripted model does not stream");
+  }
+
+  /** The function-call outputs the model read, in order (the input of its last turn). */
+  resultsRead(): string[] {
+    const input = this.requests.at(-1)!.input as AgentInputItem[];
+    return input
+      .filter((item) => item.type === "function_call_result")
+      .map((item) => {
+        const output = (item as { output: { type: string; text: string } }).output;
+        assert.equal(output.type, "text");
+        return output.text;
+      });
+  }
+}
+
+let callCounter = 0;
+function calls(...calls: Array<[string, string]>): AgentOutputItem[] {
+  return calls.map(([name, args]) => ({
+    type: "function_call",
+    callId: `call-${++callCounter}`,
+    name,
+    arguments: args,
+    status: "completed",
+  }));
+}
+
+function say(text: string): AgentOutputItem[] {
+  return [{ type: "message", role: "assistant", status: "completed", content: [{ type: "output_text", text }] }];
+}
+
+describe("OpenAI Agents JS SDK (@openai/agents, a scripted Model)", () => {
+  let server: TestServer;
+  let ledger: Ledger;
+  before(async () => {
+    server = await startServer();
+    ledger = server.ledger();
+  });
+  after(async () => {
+    await server.stop();
+  });
+
+  function payments() {
+    const credits: Array<{ customer: string; amount: number; ref: string }> = [];
+    let down = false;
+    const issueCredit = tool(
+      ledgerTool(ledger, {
+        name: "issue_credit",
+        description: "Issue a credit to a customer's account.",
+        parameters: z.object({ customer: z.string(), amount: z.number(), currency: z.string() }),
+        execute: async (input) => {
+          if (down) throw new NotExecutedError("the payments API refused the connection");
+          credits.push({ customer: input.customer, amount: input.amount, ref: currentAttempt()!.externalRef });
+          return { credit_id: `cr-${credits.length}` };
+        },
+      }),
+    );
+    return { credits, issueCredit, setDown: (d: boolean) => (down = d) };
+  }
+
+  const CALL = '{"customer":"c-42","amount":200,"currency":"EUR"}';
+  const RESPELLED = '{"currency":"EUR","amount":2e2,"customer":"c-42"}';
+
+  async function turn(issueCredit: ReturnType<typeof payments>["issueCredit"], runId: string | undefined, turns: AgentOutputItem[][]) {
+    const model = new ScriptedModel([...turns, say("The credit is issued.")]);
+    const agent = new Agent({ name: "support", instructions: "Help customers.", model, tools: [issueCredit] });
+    const result = await run(agent, "Credit 200 EUR to customer c-42.", runId === undefined ? {} : { context: { runId } });
+    return { model, result };
+  }
+
+  test("two parallel identical calls and a respelled one: one credit, one result and two replay notes", async () => {
+    const { credits, issueCredit } = payments();
+    const runId = uniqueRun("agents");
+    const { model, result } = await turn(issueCredit, runId, [calls(["issue_credit", CALL], ["issue_credit", CALL]), calls(["issue_credit", RESPELLED])]);
+    assert.equal(credits.length, 1, "the side effect happened once");
+    const read = model.resultsRead();
+    assert.equal(read.length, 3);
+    assert.deepEqual(read.filter((t) => !REPLAY_NOTE.test(t)), ['{"credit_id":"cr-1"}']);
+    const replays = read.filter((t) => REPLAY_NOTE.test(t));
+    assert.equal(replays.length, 2);
+    for (const t of replays) assert.match(t, /Result: \{"credit_id":"cr-1"\}$/);
+    assert.equal(result.finalOutput, "The credit is issued.");
+    const entry = await ledger.lookup({ runId, tool: "issue_credit", args: CALL });
+    assert.equal(entry.externalRef, credits[0].ref);
+    assert.equal(entry.replayCount, 2);
+
+    const second = await turn(issueCredit, uniqueRun("agents"), [calls(["issue_credit", CALL])]);
+    assert.equal(credits.length, 2, "a second run acts again");
+    assert.deepEqual(second.model.resultsRead(), ['{"credit_id":"cr-2"}']);
+  });
+
+  test("a tool that throws before acting leaves the intent retryable: FAILED retryable, then attempt 2", async () => {
+    const { credits, issueCredit, setDown } = payments();
+    const runId = uniqueRun("agents-retry");
+    setDown(true);
+    const failed = await turn(issueCredit, runId, [calls(["issue_credit", CALL])]);
+    const [note] = failed.model.resultsRead();
+    assert.match(note, /^This action was not performed: the payments API refused the connection\. Nothing happened/);
+    assert.doesNotMatch(note, /An error occurred while running the tool/, "not the SDK's error text");
+    const entry = await ledger.lookup({ runId, tool: "issue_credit", args: CALL });
+    assert.equal(entry.status, "FAILED");
+    assert.equal(entry.retryable, true);
+
+    setDown(false);
+    const retried = await turn(issueCredit, runId, [calls(["issue_credit", RESPELLED])]);
+    assert.deepEqual(retried.model.resultsRead(), ['{"credit_id":"cr-1"}']);
+    assert.equal((await ledger.lookup({ key: entry.key })).attempt, 2);
+    assert.equal(credits.length, 1);
+  });
+
+  test("a run without a run id in its context: not performed, and the model is told why", async () => {
+    const { credits, issueCredit } = payments();
+    const { model } = await turn(issueCredit, undefined, [calls(["issue_credit", CALL])]);
+    const [note] = model.resultsRead();
+    assert.match(note, /not performed: the tool issue_credit was called without a run id/);
+    assert.match(note, /context: \{ runId \}/);
+    assert.equal(credits.length, 0);
+  });
+
+  test("the wrapped tool is the same tool to the SDK; an outputSchema is refused", async () => {
+    const { issueCredit } = payments();
+    assert.equal(issueCredit.type, "function");
+    assert.equal(issueCredit.name, "issue_credit");
+    assert.equal(issueCredit.description, "Issue a credit to a customer's account.");
+    assert.deepEqual(Object.keys(issueCredit.parameters.properties).sort(), ["amount", "currency", "customer"]);
+    assert.throws(
+      () =>
+        ledgerTool(ledger, {
+          name: "t",
+          description: "d",
+          parameters: z.object({}),
+          outputSchema: z.object({ id: z.string() }),
+          execute: async () => ({ id: "x" }),
+        }),
+      /outputSchema cannot carry the ledger's notes/,
+    );
+  });
+});

@@ -1,0 +1,197 @@
+// clients/parity.json is the one list of what the Python and the TypeScript clients share: the
+// defaults, and the error classes with their parents and the gRPC code and ErrorInfo reason
+// each one stands for. This test holds the TypeScript client to it, in both directions: every
+// listed class exists under its name and extends exactly its parent, every code and reason is
+// turned into that class by the client's error conversion, every error class the client
+// exports is listed, and the defaults are the client's own.
+
+import assert from "node:assert/strict";
+import { readFileSync } from "node:fs";
+import { join } from "node:path";
+import { describe, test } from "node:test";
+import { create } from "@bufbuild/protobuf";
+import { Code, ConnectError } from "@connectrpc/connect";
+import { ErrorInfoSchema } from "../src/gen/google/rpc/error_details_pb.js";
+import * as client from "../src/index.js";
+import { REPO_ROOT } from "./support/server.js";
+
+interface ParityError {
+  concept: string;
+  python: string;
+  typescript: string;
+  parent: string | null;
+  code: string | null;
+  reason: string | null;
+}
+
+const parity = JSON.parse(readFileSync(join(REPO_ROOT, "clients/parity.json"), "utf8")) as {
+  defaults: {
+    wait_seconds: number;
+    renew_every_fraction_of_lease: number;
+    canonicalization: string;
+    targets: string[];
+  };
+  errors: ParityError[];
+};
+
+const byConcept = new Map(parity.errors.map((e) => [e.concept, e]));
+const exported = client as unknown as Record<string, unknown>;
+
+function classNamed(name: string): Function {
+  const cls = exported[name];
+  assert.equal(typeof cls, "function", `the client exports no class ${name}`);
+  return cls as Function;
+}
+
+const CODES: Record<string, Code> = {
+  CANCELLED: Code.Canceled,
+  UNKNOWN: Code.Unknown,
+  INVALID_ARGUMENT: Code.InvalidArgument,
+  DEADLINE_EXCEEDED: Code.DeadlineExceeded,
+  NOT_FOUND: Code.NotFound,
+  ALREADY_EXISTS: Code.AlreadyExists,
+  PERMISSION_DENIED: Code.PermissionDenied,
+  RESOURCE_EXHAUSTED: Code.ResourceExhausted,
+  FAILED_PRECONDITION: Code.FailedPrecondition,
+  ABORTED: Code.Aborted,
+  OUT_OF_RANGE: Code.OutOfRange,
+  UNIMPLEMENTED: Code.Unimplemented,
+  INTERNAL: Code.Internal,
+  UNAVAILABLE: Code.Unavailable,
+  DATA_LOSS: Code.DataLoss,
+  UNAUTHENTICATED: Code.Unauthenticated,
+};
+
+/** What the client makes of an answer with this code and (optionally) an ErrorInfo reason. */
+function converted(code: string, reason: string | null): client.LedgerError {
+  const details = reason
+    ? [{ desc: ErrorInfoSchema, value: create(ErrorInfoSchema, { reason, domain: client.ERROR_DOMAIN }) }]
+    : [];
+  const answer = new ConnectError(`a ${code} answer`, CODES[code], undefined, details);
+  return client.toLedgerError(answer);
+}
+
+describe("parity.json: error classes", () => {
+  test("the list is well formed: unique names, known parents, one base", () => {
+    assert.equal(byConcept.size, parity.errors.length, "concepts are unique");
+    assert.equal(new Set(parity.errors.map((e) => e.typescript)).size, parity.errors.length);
+    assert.deepEqual(
+      parity.errors.filter((e) => e.parent === null).map((e) => e.typescript),
+      ["LedgerError"],
+    );
+    for (const e of parity.errors) {
+      if (e.parent !== null) assert.ok(byConcept.has(e.parent), `${e.concept}: unknown parent ${e.parent}`);
+      if (e.code !== null) assert.ok(e.code in CODES, `${e.concept}: unknown code ${e.code}`);
+    }
+  });
+
+  for (const e of parity.errors) {
+    const parent = e.parent === null ? null : byConcept.get(e.parent)!;
+    test(`${e.typescript} extends ${parent?.typescript ?? "Error"} (the prototype chain)`, () => {
+      const cls = classNamed(e.typescript);
+      assert.equal(cls.name, e.typescript);
+      const expected = parent === null ? Error : classNamed(parent.typescript);
+      assert.equal(Object.getPrototypeOf(cls.prototype), expected.prototype, "the direct parent");
+      assert.equal(Object.getPrototypeOf(cls), expected, "static side too");
+      assert.ok(cls === client.LedgerError || cls.prototype instanceof client.LedgerError);
+    });
+
+    if (e.code !== null) {
+      test(`${e.code}${e.reason ? ` / ${e.reason}` : ""} converts to ${e.typescript}`, () => {
+        const err = converted(e.code!, e.reason);
+        assert.equal(Object.getPrototypeOf(err), classNamed(e.typescript).prototype, err.name);
+        assert.equal(err.name, e.typescript);
+        assert.equal(err.code, e.code);
+        assert.equal(err.reason, e.reason ?? "");
+        assert.ok(err instanceof client.LedgerError);
+        // The code and reason are fields; the message is the server's text alone.
+        assert.equal(err.message, `a ${e.code} answer`);
+        if (e.reason === null) {
+          // A class that stands for its code takes any reason that names no subclass.
+          const other = converted(e.code!, "SOME_OTHER_REASON");
+          assert.equal(Object.getPrototypeOf(other), classNamed(e.typescript).prototype);
+        }
+      });
+    }
+  }
+
+  test("a reason names its subclass only under its own code", () => {
+    for (const e of parity.errors.filter((x) => x.reason !== null && x.code !== null)) {
+      const elsewhere = e.code === "INTERNAL" ? "UNAVAILABLE" : "INTERNAL";
+      const err = converted(elsewhere, e.reason);
+      const expected = parity.errors.find((x) => x.code === elsewhere && x.reason === null)!;
+      assert.equal(err.name, expected.typescript, `${e.reason} under ${elsewhere}`);
+    }
+  });
+
+  test("every error class the client exports is in the list", () => {
+    const listed = new Set(parity.errors.map((e) => e.typescript));
+    const classes = Object.entries(exported)
+      .filter(([, v]) => typeof v === "function" && (v === client.LedgerError || (v as Function).prototype instanceof client.LedgerError))
+      .map(([k]) => k);
+    assert.ok(classes.length >= parity.errors.length);
+    assert.deepEqual(classes.filter((k) => !listed.has(k)), []);
+  });
+
+  test("codes the list does not name (CANCELLED, UNKNOWN, …) are LedgerErrors with their code", () => {
+    const named = new Set(parity.errors.map((e) => e.code).filter((c) => c !== null));
+    for (const code of Object.keys(CODES).filter((c) => !named.has(c))) {
+      const err = converted(code, null);
+      assert.equal(Object.getPrototypeOf(err), client.LedgerError.prototype, code);
+      assert.equal(err.code, code);
+    }
+  });
+});
+
+describe("parity.json: defaults", () => {
+  const d = parity.defaults;
+
+  test("wait for a duplicate in flight", () => {
+    assert.equal(client.DEFAULT_WAIT_MS, d.wait_seconds * 1000);
+    assert.equal(client.DEFAULTS.waitMs, d.wait_seconds * 1000);
+  });
+
+  test("renew the lease every fraction of it", () => {
+    assert.equal(client.RENEW_EVERY_FRACTION_OF_LEASE, d.renew_every_fraction_of_lease);
+    assert.equal(client.DEFAULTS.renewEveryFractionOfLease, d.renew_every_fraction_of_lease);
+  });
+
+  test("canonicalization", () => {
+    assert.equal(`CANONICALIZATION_${client.DEFAULT_CANONICALIZATION}`, d.canonicalization);
+    // Unset, a key is derived as with the default.
+    const args = { amount: 200, currency: "EUR" };
+    assert.equal(
+      client.deriveKey("run-1", "t", args),
+      client.deriveKey("run-1", "t", args, client.DEFAULT_CANONICALIZATION),
+    );
+  });
+
+  test("the address forms are the client's, and each is accepted", () => {
+    assert.deepEqual([...client.ADDRESS_FORMS], d.targets);
+    const concrete = (form: string) => form.replace("host", "ledger.internal").replace("port", "50051");
+    assert.equal(client.ledgerUrl(concrete(d.targets[0]), false).href, "http://ledger.internal:50051/");
+    assert.equal(client.ledgerUrl(concrete(d.targets[0]), true).href, "https://ledger.internal:50051/");
+    for (const form of d.targets.slice(1)) {
+      assert.equal(client.ledgerUrl(concrete(form), false).href, `${concrete(form)}/`);
+      assert.doesNotThrow(() => new client.Ledger({ address: concrete(form) }).close());
+    }
+  });
+
+  test("other addresses are refused with a clear error", () => {
+    for (const bad of ["ledger.internal", "grpc://ledger:1", "http://ledger:1/api", "ledger:0", "ledger:70000", ""]) {
+      assert.throws(
+        () => client.ledgerUrl(bad, false),
+        (err: unknown) =>
+          err instanceof client.InvalidArgumentError &&
+          err.field === "address" &&
+          err.local &&
+          err.message.includes("host:port"),
+        bad,
+      );
+    }
+    assert.throws(
+      () => new client.Ledger({ address: "http://ledger:1", tls: true }),
+      /TLS options were given for an http:\/\/ address/,
+    );
+  });
+});
