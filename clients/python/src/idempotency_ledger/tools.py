@@ -145,7 +145,7 @@ class _ToolCall:
         self.name = name or getattr(fn, "__name__", None) or ""
         if not self.name:
             raise ValueError(f"{fn!r} has no __name__: give the tool a name")
-        self.signature = inspect.signature(fn)
+        self.signature = _signature(fn)
         unknown = set(exclude) - set(self.signature.parameters)
         if unknown:
             raise ValueError(f"exclude names no parameter of {self.name}: {sorted(unknown)}")
@@ -229,6 +229,15 @@ async def _for_model_async(outcome: Awaitable[Any]) -> Any:
         raise
     except (InProgressError, PreviouslyFailedError) as e:
         return e.for_model()
+
+
+def _signature(fn: Callable[..., Any]) -> inspect.Signature:
+    """The function's signature, with string annotations (``from __future__ import annotations``)
+    evaluated where they can be, as a framework that evaluates them would see it."""
+    try:
+        return inspect.signature(fn, eval_str=True)
+    except Exception:  # a name only imported under TYPE_CHECKING: keep the strings
+        return inspect.signature(fn)
 
 
 def _keep_signature(wrapper: Callable[..., Any], fn: Callable[..., Any],
