@@ -4,11 +4,15 @@ target/debug/idempotency-ledger), each on a free port with its own SQLite file."
 from __future__ import annotations
 
 import os
+import sys
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+
+# The adapters' tests share tests/scenario.py (the scripted conversation, the fake payments API).
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from idempotency_ledger import Ledger
 from idempotency_ledger.testing import LedgerServer

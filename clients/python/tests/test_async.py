@@ -244,3 +244,37 @@ def test_errors_are_typed(server: LedgerServer) -> None:
             await ledger.lookup("no-such-key")
 
     run(server, body)
+
+
+def test_a_claim_cancelled_while_waiting_is_released_not_left_to_read_unknown(
+        server: LedgerServer, run_id: str) -> None:
+    from idempotency_ledger import Ledger
+
+    tool = AsyncTool()
+
+    async def body(ledger: AsyncLedger) -> None:
+        with Ledger(server.address) as holder:
+            first = holder.claim(run_id, "issue_credit", ARGS)
+            waiter = asyncio.create_task(
+                ledger.run_once(run_id, "issue_credit", ARGS, tool, wait=10))
+            # The waiter's claim is held by the server while the first attempt is in flight.
+            while (await ledger.lookup(first.key)).status != Status.ATTEMPTING:
+                await asyncio.sleep(0.01)
+            await asyncio.sleep(0.2)
+            waiter.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await waiter
+            # The first attempt fails retryably: the server hands the claim to the waiter,
+            # whose caller is gone. The client releases it as not executed.
+            holder.complete(first.key, first.claim_token, Status.FAILED, error="429",
+                            retryable=True)
+            for _ in range(200):
+                entry = await ledger.lookup(first.key)
+                if entry.attempt == 2 and entry.status != Status.ATTEMPTING:
+                    break
+                await asyncio.sleep(0.02)
+            assert (entry.attempt, entry.status, entry.retryable) == (2, Status.FAILED, True)
+            assert "cancelled while claiming" in entry.error
+            assert not tool.calls
+
+    run(server, body)

@@ -115,3 +115,37 @@ def test_the_reconciler_resolves_what_timeouts_left_unknown(agent: Agent) -> Non
     retried = agent.call("run-2", "issue_credit", CREDIT)
     assert not retried["replayed"] and retried["result"]["credit_id"] == "cr-002"
     assert len(agent.credits()) == 2
+
+
+# --- the agents inside frameworks: one per adapter ------------------------------------------
+
+REPLAYED = "This action was already performed in this run"
+
+
+def run_agent(server: LedgerServer, world: Path, script: str, run_id: str) -> list[dict]:
+    done = subprocess.run(
+        [sys.executable, str(EXAMPLES / script), "--target", server.address,
+         "--world", str(world), "--run-id", run_id],
+        capture_output=True, text=True, timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    return [json.loads(line) for line in done.stdout.splitlines()]
+
+
+@pytest.mark.parametrize("script", ["pydantic_ai_agent.py"])
+def test_each_framework_agent_acts_once_per_run(fresh_server: LedgerServer, tmp_path: Path,
+                                                script: str) -> None:
+    world = tmp_path / "world.json"
+    first = run_agent(fresh_server, world, script, "run-1")
+    credits = [r for r in first if r["tool"] == "issue_credit"]
+    assert len(credits) == 3
+    assert sum(REPLAYED in json.dumps(r["read"]) for r in credits) == 2
+    state = json.loads(world.read_text())
+    assert len(state["credits"]) == 1 and len(state["replies"]) == 1
+    # The same run again: every call is a replay, nothing new happens.
+    again = run_agent(fresh_server, world, script, "run-1")
+    assert all(REPLAYED in json.dumps(r["read"]) for r in again)
+    assert json.loads(world.read_text()) == state
+    # Another run is a new intent: the credit is issued again.
+    run_agent(fresh_server, world, script, "run-2")
+    assert len(json.loads(world.read_text())["credits"]) == 2

@@ -800,8 +800,15 @@ class AsyncLedger(_Base):
             )
         self._channel = channel
         self._stub = pb_grpc.LedgerServiceStub(channel)
+        # Completions that outlive the call that started them (a claim released after its
+        # caller was cancelled), referenced so they are not collected mid-flight.
+        self._background: set[asyncio.Future[Any]] = set()
 
     async def close(self) -> None:
+        """Waits for the completions still in flight (releases of cancelled claims), then
+        closes the channel."""
+        if self._background:
+            await asyncio.wait(set(self._background), timeout=self.timeout)
         await self._channel.close()
 
     async def __aenter__(self) -> AsyncLedger:
@@ -940,10 +947,19 @@ class AsyncLedger(_Base):
         and re-raised. `action_timeout` cancels the awaitable the action returned when it has not
         finished by then (a plain function that blocks cannot be interrupted: give the
         ``AsyncLedger`` awaitables, or run blocking work with ``asyncio.to_thread``)."""
-        claim = await self.claim(run_id, tool, arguments, key=key,
-                                 canonicalization=canonicalization, lease=lease,
-                                 retention=retention, wait=wait, principal=principal,
-                                 timeout=timeout)
+        claiming = asyncio.ensure_future(self.claim(
+            run_id, tool, arguments, key=key, canonicalization=canonicalization, lease=lease,
+            retention=retention, wait=wait, principal=principal, timeout=timeout))
+        try:
+            claim = await asyncio.shield(claiming)
+        except asyncio.CancelledError:
+            # Cancelled while claiming (a framework cancels the sibling tool calls of one that
+            # failed): the server may still grant the claim, and nobody would complete it; it
+            # would read UNKNOWN when its lease ends. Release it as not executed instead.
+            self._background.add(claiming)
+            claiming.add_done_callback(self._background.discard)
+            claiming.add_done_callback(self._release_if_claimed)
+            raise
         if claim.outcome != Outcome.CLAIMED:
             return self._settled(claim, codec)
         attempt = Attempt(claim.entry, claim.claim_token)
@@ -994,6 +1010,19 @@ class AsyncLedger(_Base):
         from .tools import ledger_tool
 
         return ledger_tool(self, name, **options)
+
+    def _release_if_claimed(self, claiming: asyncio.Future[ClaimResult]) -> None:
+        if claiming.cancelled() or claiming.exception() is not None:
+            return
+        claim = claiming.result()
+        if claim.outcome != Outcome.CLAIMED:
+            return
+        release = asyncio.ensure_future(self._complete_durably(
+            claim, Status.FAILED, b"", "CancelledError: cancelled while claiming, before acting",
+            True, None))
+        self._background.add(release)
+        release.add_done_callback(self._background.discard)
+        release.add_done_callback(lambda task: task.cancelled() or task.exception())
 
     async def _renew(self, claim: ClaimResult, timeout: float | None) -> None:
         """Renews the attempt's lease every third of it until cancelled; see :class:`_Renewer`."""

@@ -56,8 +56,13 @@ __all__ = [
     "ToolDecorator",
     "current_attempt",
     "current_run_id",
+    "framework_not_executed",
+    "framework_run_id",
     "ledger_tool",
+    "run_options",
     "run_scope",
+    "run_tool_call",
+    "run_tool_call_sync",
 ]
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -129,6 +134,117 @@ def framework_run_id(value: Any) -> tuple[bool, str | None]:
     return False, None
 
 
+def framework_not_executed(error: BaseException) -> bool:
+    """Whether `error` is a framework's own way of saying the tool did not act (pydantic-ai's
+    ``ModelRetry``, ``CallDeferred``, ``ApprovalRequired``): recorded retryable, not UNKNOWN."""
+    for cls in type(error).__mro__:
+        adapter = _ADAPTERS.get(cls.__module__.partition(".")[0])
+        if adapter is not None:
+            return bool(importlib.import_module(adapter).is_not_executed(error))
+    return False
+
+
+def _acting(attempt: Attempt, not_executed: tuple[type[BaseException], ...]) -> Any:
+    """Sets the attempt for current_attempt() and sorts the action's exceptions; a context
+    manager for both kinds of action."""
+    return _Acting(attempt, not_executed)
+
+
+class _Acting:
+    def __init__(self, attempt: Attempt, not_executed: tuple[type[BaseException], ...]) -> None:
+        self.attempt = attempt
+        self.not_executed = not_executed
+
+    def __enter__(self) -> None:
+        self.token = _attempt.set(self.attempt)
+
+    def __exit__(self, kind: Any, error: BaseException | None, tb: Any) -> None:
+        _attempt.reset(self.token)
+        if error is not None and not isinstance(error, BeforeActing) and (
+                isinstance(error, self.not_executed) or framework_not_executed(error)):
+            raise BeforeActing(error) from None
+
+
+def run_options(
+    *,
+    codec: Codec = JSON,
+    wait: Seconds | None = DEFAULT_WAIT,
+    lease: Seconds | None = None,
+    retention: Seconds | None = None,
+    action_timeout: Seconds | None = None,
+    canonicalization: Canonicalization | str = Canonicalization.JCS,
+    principal: str | None = None,
+    timeout: float | None = None,
+) -> dict[str, Any]:
+    """The ``run_once`` options the wrapper and the adapters take, checked by name."""
+    return {"codec": codec, "wait": wait, "lease": lease, "retention": retention,
+            "action_timeout": action_timeout, "canonicalization": canonicalization,
+            "principal": principal, "timeout": timeout}
+
+
+async def run_tool_call(
+    ledger: Ledger | AsyncLedger,
+    *,
+    run_id: str,
+    tool: str,
+    arguments: Any,
+    act: Callable[[], Awaitable[Any]],
+    options: dict[str, Any],
+    not_executed: tuple[type[BaseException], ...] = (),
+) -> Any:
+    """Runs one tool call through the ledger from a coroutine and returns what the model reads
+    (``for_model()``). `act` starts the tool; the adapters' toolsets and middlewares use this."""
+    from .client import AsyncLedger
+
+    async def action(attempt: Attempt) -> Any:
+        with _acting(attempt, not_executed):
+            return await act()
+
+    if isinstance(ledger, AsyncLedger):
+        return await _for_model_async(ledger.run_once(run_id, tool, arguments, action,
+                                                      **options))
+    loop = asyncio.get_running_loop()
+    running: list[Any] = []
+
+    def blocking_action(attempt: Attempt) -> Any:
+        # Runs in run_once's worker thread; the coroutine itself runs on the caller's loop.
+        future = asyncio.run_coroutine_threadsafe(action(attempt), loop)
+        running.append(future)
+        return future.result()
+
+    blocking = asyncio.to_thread(ledger.run_once, run_id, tool, arguments, blocking_action,
+                                 **options)
+    try:
+        return await _for_model_async(blocking)
+    except asyncio.CancelledError:
+        for future in running:  # the thread then records the cancellation as UNKNOWN
+            future.cancel()
+        raise
+
+
+def run_tool_call_sync(
+    ledger: Ledger,
+    *,
+    run_id: str,
+    tool: str,
+    arguments: Any,
+    act: Callable[[], Any],
+    options: dict[str, Any],
+    not_executed: tuple[type[BaseException], ...] = (),
+) -> Any:
+    """:func:`run_tool_call` for blocking code, with the blocking client."""
+    from .client import AsyncLedger
+
+    if isinstance(ledger, AsyncLedger):
+        raise TypeError("a blocking tool call needs the blocking Ledger, not an AsyncLedger")
+
+    def action(attempt: Attempt) -> Any:
+        with _acting(attempt, not_executed):
+            return act()
+
+    return _for_model(lambda: ledger.run_once(run_id, tool, arguments, action, **options))
+
+
 class _ToolCall:
     """How one decorated function is called through the ledger: its signature, what it records,
     and where its run id comes from."""
@@ -192,23 +308,8 @@ class _ToolCall:
         return run_id
 
     def call_sync(self, attempt: Attempt, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-        token = _attempt.set(attempt)
-        try:
+        with _acting(attempt, self.not_executed):
             return self.fn(*args, **kwargs)
-        except self.not_executed as e:
-            raise BeforeActing(e) from None
-        finally:
-            _attempt.reset(token)
-
-    async def call_async(self, attempt: Attempt, args: tuple[Any, ...],
-                         kwargs: dict[str, Any]) -> Any:
-        token = _attempt.set(attempt)
-        try:
-            return await self.fn(*args, **kwargs)
-        except self.not_executed as e:
-            raise BeforeActing(e) from None
-        finally:
-            _attempt.reset(token)
 
 
 def _for_model(outcome: Callable[[], Any]) -> Any:
@@ -255,14 +356,7 @@ def ledger_tool(
     run_id: str | Callable[[], str | None] | None = None,
     exclude: Collection[str] = (),
     not_executed: tuple[type[BaseException], ...] = (),
-    codec: Codec = JSON,
-    wait: Seconds | None = DEFAULT_WAIT,
-    lease: Seconds | None = None,
-    retention: Seconds | None = None,
-    action_timeout: Seconds | None = None,
-    canonicalization: Canonicalization | str = Canonicalization.JCS,
-    principal: str | None = None,
-    timeout: float | None = None,
+    **options: Any,
 ) -> Callable[[F], F]:
     """The decorator behind ``Ledger.tool`` and ``AsyncLedger.tool``; see the module's
     documentation.
@@ -273,8 +367,9 @@ def ledger_tool(
         exclude: parameters that are not the model's arguments (injected dependencies).
         not_executed: exception classes that mean the function certainly did not act (a refusal
             before acting): recorded ``FAILED`` and retryable instead of ``UNKNOWN``.
-        codec, wait, lease, retention, action_timeout, canonicalization, principal, timeout:
-            as for ``run_once``.
+        options: ``codec``, ``wait``, ``lease``, ``retention``, ``action_timeout``,
+            ``canonicalization``, ``principal``, ``timeout``, as for ``run_once``
+            (:func:`run_options`).
 
     With a blocking :class:`~idempotency_ledger.Ledger`, a plain function stays a plain function;
     a coroutine function stays one, its ledger calls made from a worker thread so the event loop
@@ -284,27 +379,29 @@ def ledger_tool(
     """
     from .client import AsyncLedger
 
-    options = {"codec": codec, "wait": wait, "lease": lease, "retention": retention,
-               "action_timeout": action_timeout, "canonicalization": canonicalization,
-               "principal": principal, "timeout": timeout}
+    checked = run_options(**options)
     not_executed = tuple(not_executed)
 
     def decorate(fn: F) -> F:
-        call = _ToolCall(fn, name, run_id, exclude, not_executed, options)
+        call = _ToolCall(fn, name, run_id, exclude, not_executed, checked)
         is_async = inspect.iscoroutinefunction(fn)
-        if isinstance(ledger, AsyncLedger):
-            wrapper = _async_ledger_wrapper(ledger, call, is_async)
-        elif is_async:
-            wrapper = _sync_ledger_async_wrapper(ledger, call)
+        if is_async or isinstance(ledger, AsyncLedger):
+            wrapper = _async_wrapper(ledger, call, is_async)
         else:
-            wrapper = _sync_ledger_wrapper(ledger, call)
+            wrapper = _sync_wrapper(ledger, call)
         _keep_signature(wrapper, fn, call.signature)
         return cast(F, wrapper)
 
     return decorate
 
 
-def _sync_ledger_wrapper(ledger: Ledger, call: _ToolCall) -> Callable[..., Any]:
+# Keep the old keyword signature visible to readers and to test_parity (the defaults).
+ledger_tool.__signature__ = inspect.Signature(  # type: ignore[attr-defined]
+    [p for p in inspect.signature(ledger_tool).parameters.values() if p.name != "options"]
+    + [p for p in inspect.signature(run_options).parameters.values()])
+
+
+def _sync_wrapper(ledger: Ledger, call: _ToolCall) -> Callable[..., Any]:
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         run_id, arguments = call.prepare(args, kwargs)
         return _for_model(lambda: ledger.run_once(
@@ -314,42 +411,32 @@ def _sync_ledger_wrapper(ledger: Ledger, call: _ToolCall) -> Callable[..., Any]:
     return wrapper
 
 
-def _sync_ledger_async_wrapper(ledger: Ledger, call: _ToolCall) -> Callable[..., Any]:
+def _async_wrapper(ledger: Ledger | AsyncLedger, call: _ToolCall,
+                   is_async: bool) -> Callable[..., Any]:
     async def wrapper(*args: Any, **kwargs: Any) -> Any:
         run_id, arguments = call.prepare(args, kwargs)
-        loop = asyncio.get_running_loop()
-        running: list[Any] = []
+        if is_async:
+            def act() -> Awaitable[Any]:
+                return cast(Awaitable[Any], call.fn(*args, **kwargs))
+        else:
+            context = contextvars.copy_context()
 
-        def action(attempt: Attempt) -> Any:
-            # Runs in run_once's worker thread; the coroutine itself runs on the caller's loop.
-            future = asyncio.run_coroutine_threadsafe(call.call_async(attempt, args, kwargs),
-                                                      loop)
-            running.append(future)
-            return future.result()
-
-        blocking = asyncio.to_thread(ledger.run_once, run_id, call.name, arguments, action,
-                                     **call.run_options)
-        try:
-            return await _for_model_async(blocking)
-        except asyncio.CancelledError:
-            for future in running:  # the thread then records the cancellation as UNKNOWN
-                future.cancel()
-            raise
+            def act() -> Awaitable[Any]:
+                # A plain function on the async client: in a thread, with the attempt set.
+                attempt = _attempt.get()
+                return asyncio.to_thread(context.run, _with_attempt, attempt, call.fn, args,
+                                         kwargs)
+        return await run_tool_call(ledger, run_id=run_id, tool=call.name, arguments=arguments,
+                                   act=act, options=call.run_options,
+                                   not_executed=call.not_executed)
 
     return wrapper
 
 
-def _async_ledger_wrapper(ledger: AsyncLedger, call: _ToolCall,
-                          is_async: bool) -> Callable[..., Any]:
-    async def wrapper(*args: Any, **kwargs: Any) -> Any:
-        run_id, arguments = call.prepare(args, kwargs)
-
-        def action(attempt: Attempt) -> Awaitable[Any]:
-            if is_async:
-                return call.call_async(attempt, args, kwargs)
-            return asyncio.to_thread(call.call_sync, attempt, args, kwargs)
-
-        return await _for_model_async(ledger.run_once(run_id, call.name, arguments, action,
-                                                      **call.run_options))
-
-    return wrapper
+def _with_attempt(attempt: Attempt | None, fn: Callable[..., Any], args: tuple[Any, ...],
+                  kwargs: dict[str, Any]) -> Any:
+    token = _attempt.set(attempt)
+    try:
+        return fn(*args, **kwargs)
+    finally:
+        _attempt.reset(token)
