@@ -132,7 +132,8 @@ def run_agent(server: LedgerServer, world: Path, script: str, run_id: str) -> li
     return [json.loads(line) for line in done.stdout.splitlines()]
 
 
-@pytest.mark.parametrize("script", ["pydantic_ai_agent.py", "openai_agents_agent.py"])
+@pytest.mark.parametrize("script", ["pydantic_ai_agent.py", "openai_agents_agent.py",
+                                    "langchain_agent.py"])
 def test_each_framework_agent_acts_once_per_run(fresh_server: LedgerServer, tmp_path: Path,
                                                 script: str) -> None:
     world = tmp_path / "world.json"

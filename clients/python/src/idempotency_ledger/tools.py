@@ -165,6 +165,35 @@ class _Acting:
             raise BeforeActing(error) from None
 
 
+def for_model(outcome: Any) -> Any:
+    """What the model reads of an outcome: ``for_model()`` of a :class:`Result` or of the
+    not-a-result outcome errors."""
+    return outcome.for_model()
+
+
+def _for_model(outcome: Callable[[], Any], present: Callable[[Any], Any] = for_model) -> Any:
+    """What the model reads: the result presented, or the note of an outcome that is not a
+    result."""
+    try:
+        result = outcome()
+    except ResultNotEncodable:
+        raise
+    except (InProgressError, PreviouslyFailedError) as e:
+        return present(e)
+    return present(result)
+
+
+async def _for_model_async(outcome: Awaitable[Any],
+                           present: Callable[[Any], Any] = for_model) -> Any:
+    try:
+        result = await outcome
+    except ResultNotEncodable:
+        raise
+    except (InProgressError, PreviouslyFailedError) as e:
+        return present(e)
+    return present(result)
+
+
 def run_options(
     *,
     codec: Codec = JSON,
@@ -191,9 +220,11 @@ async def run_tool_call(
     act: Callable[[], Awaitable[Any]],
     options: dict[str, Any],
     not_executed: tuple[type[BaseException], ...] = (),
+    present: Callable[[Any], Any] = for_model,
 ) -> Any:
-    """Runs one tool call through the ledger from a coroutine and returns what the model reads
-    (``for_model()``). `act` starts the tool; the adapters' toolsets and middlewares use this."""
+    """Runs one tool call through the ledger from a coroutine and returns what the model reads:
+    `present` of the :class:`Result`, or of the ``InProgressError`` / ``PreviouslyFailedError``
+    (default: their ``for_model()``). `act` starts the tool; the adapters use this."""
     from .client import AsyncLedger
 
     async def action(attempt: Attempt) -> Any:
@@ -202,7 +233,7 @@ async def run_tool_call(
 
     if isinstance(ledger, AsyncLedger):
         return await _for_model_async(ledger.run_once(run_id, tool, arguments, action,
-                                                      **options))
+                                                      **options), present)
     loop = asyncio.get_running_loop()
     running: list[Any] = []
 
@@ -215,7 +246,7 @@ async def run_tool_call(
     blocking = asyncio.to_thread(ledger.run_once, run_id, tool, arguments, blocking_action,
                                  **options)
     try:
-        return await _for_model_async(blocking)
+        return await _for_model_async(blocking, present)
     except asyncio.CancelledError:
         for future in running:  # the thread then records the cancellation as UNKNOWN
             future.cancel()
@@ -231,6 +262,7 @@ def run_tool_call_sync(
     act: Callable[[], Any],
     options: dict[str, Any],
     not_executed: tuple[type[BaseException], ...] = (),
+    present: Callable[[Any], Any] = for_model,
 ) -> Any:
     """:func:`run_tool_call` for blocking code, with the blocking client."""
     from .client import AsyncLedger
@@ -242,7 +274,8 @@ def run_tool_call_sync(
         with _acting(attempt, not_executed):
             return act()
 
-    return _for_model(lambda: ledger.run_once(run_id, tool, arguments, action, **options))
+    return _for_model(lambda: ledger.run_once(run_id, tool, arguments, action, **options),
+                      present)
 
 
 class _ToolCall:
@@ -310,26 +343,6 @@ class _ToolCall:
     def call_sync(self, attempt: Attempt, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         with _acting(attempt, self.not_executed):
             return self.fn(*args, **kwargs)
-
-
-def _for_model(outcome: Callable[[], Any]) -> Any:
-    """What the model reads: the result's for_model(), or the note of an outcome that is not a
-    result."""
-    try:
-        return outcome().for_model()
-    except ResultNotEncodable:
-        raise
-    except (InProgressError, PreviouslyFailedError) as e:
-        return e.for_model()
-
-
-async def _for_model_async(outcome: Awaitable[Any]) -> Any:
-    try:
-        return (await outcome).for_model()
-    except ResultNotEncodable:
-        raise
-    except (InProgressError, PreviouslyFailedError) as e:
-        return e.for_model()
 
 
 def _signature(fn: Callable[..., Any]) -> inspect.Signature:
