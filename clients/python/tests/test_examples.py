@@ -133,7 +133,7 @@ def run_agent(server: LedgerServer, world: Path, script: str, run_id: str) -> li
 
 
 @pytest.mark.parametrize("script", ["pydantic_ai_agent.py", "openai_agents_agent.py",
-                                    "langchain_agent.py"])
+                                    "langchain_agent.py", "mcp_server.py"])
 def test_each_framework_agent_acts_once_per_run(fresh_server: LedgerServer, tmp_path: Path,
                                                 script: str) -> None:
     world = tmp_path / "world.json"

@@ -205,6 +205,20 @@ class BeforeActing(Exception):  # noqa: N818 (a wrapper, not an error of its own
         self.error = error
 
 
+def _action_failure(exc: BaseException) -> _ActionFailure | None:
+    """The NotExecuted or PermanentFailure that `exc` is, or was raised from (``raise ... from``):
+    a framework that wraps a tool's exception (FastMCP's ToolError) does not change what it
+    said."""
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        if isinstance(current, _ActionFailure):
+            return current
+        seen.add(id(current))
+        current = current.__cause__
+    return None
+
+
 def _granted_lease(claim: ClaimResult) -> float | None:
     """The lease the server granted the claim, in seconds (the claim's own, or the server's
     default), which renewals ask for again."""
@@ -369,10 +383,12 @@ class _Base:
         if isinstance(exc, BeforeActing):
             inner = exc.error
             return Status.FAILED, f"{type(inner).__name__}: {inner}"[:_MAX_ERROR_CHARS], True
-        text = f"{type(exc).__name__}: {exc}"[:_MAX_ERROR_CHARS]
-        if isinstance(exc, NotExecuted):
+        failure = _action_failure(exc)
+        said = failure if failure is not None else exc
+        text = f"{type(said).__name__}: {said}"[:_MAX_ERROR_CHARS]
+        if isinstance(failure, NotExecuted):
             return Status.FAILED, text, True
-        if isinstance(exc, PermanentFailure):
+        if isinstance(failure, PermanentFailure):
             return Status.FAILED, text, False
         return Status.UNKNOWN, text, False
 
@@ -641,8 +657,9 @@ class Ledger(_Base):
         except Exception as complete_error:
             target.add_note(f"the ledger did not record this failure: {complete_error}")
             return None
-        if isinstance(target, _ActionFailure):
-            target.entry = completion.entry
+        failure = _action_failure(target)
+        if failure is not None:
+            failure.entry = completion.entry
         return completion.entry
 
     def _not_encodable(self, claim: ClaimResult, exc: Exception,
@@ -1053,8 +1070,9 @@ class AsyncLedger(_Base):
         except BaseException as complete_error:
             target.add_note(f"the ledger did not record this failure: {complete_error!r}")
             return None
-        if isinstance(target, _ActionFailure):
-            target.entry = completion.entry
+        failure = _action_failure(target)
+        if failure is not None:
+            failure.entry = completion.entry
         return completion.entry
 
     async def _record_unknown(self, claim: ClaimResult, error: str, timeout: float | None,

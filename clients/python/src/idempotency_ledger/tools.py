@@ -144,6 +144,16 @@ def framework_not_executed(error: BaseException) -> bool:
     return False
 
 
+def _causes(error: BaseException) -> list[BaseException]:
+    """`error` and what it was raised from (``raise ... from``), as a framework wraps it."""
+    chain: list[BaseException] = []
+    current: BaseException | None = error
+    while current is not None and current not in chain:
+        chain.append(current)
+        current = current.__cause__
+    return chain
+
+
 def _acting(attempt: Attempt, not_executed: tuple[type[BaseException], ...]) -> Any:
     """Sets the attempt for current_attempt() and sorts the action's exceptions; a context
     manager for both kinds of action."""
@@ -160,8 +170,9 @@ class _Acting:
 
     def __exit__(self, kind: Any, error: BaseException | None, tb: Any) -> None:
         _attempt.reset(self.token)
-        if error is not None and not isinstance(error, BeforeActing) and (
-                isinstance(error, self.not_executed) or framework_not_executed(error)):
+        if error is not None and not isinstance(error, BeforeActing) and any(
+                isinstance(e, self.not_executed) or framework_not_executed(e)
+                for e in _causes(error)):
             raise BeforeActing(error) from None
 
 
