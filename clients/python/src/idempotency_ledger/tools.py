@@ -124,23 +124,34 @@ def run_scope(run_id: str) -> Iterator[str]:
 def framework_run_id(value: Any) -> tuple[bool, str | None]:
     """(whether `value` is a framework's context object, the run id it carries)."""
     for cls in type(value).__mro__:
-        adapter = _ADAPTERS.get(cls.__module__.partition(".")[0])
-        if adapter is None:
+        module = _adapter(cls)
+        if module is None:
             continue
-        module = importlib.import_module(adapter)
         is_context, run_id = module.run_id_of_context(value)
         if is_context:
             return True, run_id
     return False, None
 
 
+def _adapter(cls: type) -> Any:
+    """The adapter module for a class of one of the frameworks, or None (also when the
+    framework's package is not the one the adapter is for: another package named ``agents``)."""
+    adapter = _ADAPTERS.get(cls.__module__.partition(".")[0])
+    if adapter is None:
+        return None
+    try:
+        return importlib.import_module(adapter)
+    except ImportError:
+        return None
+
+
 def framework_not_executed(error: BaseException) -> bool:
     """Whether `error` is a framework's own way of saying the tool did not act (pydantic-ai's
     ``ModelRetry``, ``CallDeferred``, ``ApprovalRequired``): recorded retryable, not UNKNOWN."""
     for cls in type(error).__mro__:
-        adapter = _ADAPTERS.get(cls.__module__.partition(".")[0])
-        if adapter is not None:
-            return bool(importlib.import_module(adapter).is_not_executed(error))
+        module = _adapter(cls)
+        if module is not None:
+            return bool(module.is_not_executed(error))
     return False
 
 
