@@ -1,4 +1,5 @@
-"""The example dispatcher and reconciler, run as the programs they are against a real server."""
+"""The examples against a real server: the dispatcher and the reconciler, run as the programs
+they are, and the agent of each framework adapter, its main() run in this process."""
 
 from __future__ import annotations
 

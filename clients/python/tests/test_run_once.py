@@ -176,6 +176,9 @@ def test_a_permanent_failure_is_returned_to_every_repeat(ledger: Ledger, run_id:
     assert not tool.calls
     assert previously.value.error == "PermanentFailure: no customer"
     assert previously.value.note and previously.value.reason == "PREVIOUSLY_FAILED"
+    # The server's note quotes the stored error; the message says it once.
+    assert str(previously.value) == f"[PREVIOUSLY_FAILED] {previously.value.note}"
+    assert str(previously.value).count("no customer") == 1
 
 
 def test_a_timeout_completes_unknown_and_is_never_rerun(ledger: Ledger, run_id: str) -> None:
