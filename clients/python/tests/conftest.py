@@ -4,11 +4,15 @@ target/debug/idempotency-ledger), each on a free port with its own SQLite file."
 from __future__ import annotations
 
 import os
+import sys
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+
+# The adapters' tests share tests/scenario.py (the scripted conversation, the fake payments API).
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from idempotency_ledger import Ledger
 from idempotency_ledger.testing import LedgerServer
@@ -72,7 +76,13 @@ def _server_log_on_failure(request: pytest.FixtureRequest) -> Iterator[None]:
     if report is not None and report.failed:
         for name in ("server", "auth_server", "fresh_server"):
             if name in request.fixturenames:
-                print(f"--- {name} log ---\n{request.getfixturevalue(name).log()[-4000:]}")
+                try:
+                    log = request.getfixturevalue(name).log()[-4000:]
+                except pytest.FixtureLookupError:
+                    continue
+                except AssertionError:  # a function-scoped server already torn down
+                    continue
+                print(f"--- {name} log ---\n{log}")
 
 
 @pytest.hookimpl(wrapper=True, tryfirst=True)

@@ -1,7 +1,9 @@
-"""The example dispatcher and reconciler, run as the programs they are against a real server."""
+"""The examples against a real server: the dispatcher and the reconciler, run as the programs
+they are, and the agent of each framework adapter, its main() run in this process."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import subprocess
 import sys
@@ -115,3 +117,48 @@ def test_the_reconciler_resolves_what_timeouts_left_unknown(agent: Agent) -> Non
     retried = agent.call("run-2", "issue_credit", CREDIT)
     assert not retried["replayed"] and retried["result"]["credit_id"] == "cr-002"
     assert len(agent.credits()) == 2
+
+
+# --- the agents inside frameworks: one per adapter ------------------------------------------
+
+REPLAYED = "This action was already performed in this run"
+
+
+def run_agent(server: LedgerServer, world: Path, script: str, run_id: str,
+              capsys: pytest.CaptureFixture[str]) -> list[dict]:
+    """Runs the example's main() in this process (the frameworks are imported once for the
+    whole suite, where a program would import them anew each time: seconds a run)."""
+    sys.path.insert(0, str(EXAMPLES))  # the examples import world.py beside them
+    try:
+        spec = importlib.util.spec_from_file_location(f"example_{script[:-3]}", EXAMPLES / script)
+        assert spec is not None and spec.loader is not None
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[spec.name] = module  # dataclasses look their module up there
+        spec.loader.exec_module(module)
+        capsys.readouterr()
+        assert module.main(["--target", server.address, "--world", str(world),
+                            "--run-id", run_id]) == 0
+    finally:
+        sys.path.remove(str(EXAMPLES))
+    return [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+
+
+@pytest.mark.parametrize("script", ["pydantic_ai_agent.py", "openai_agents_agent.py",
+                                    "langchain_agent.py", "mcp_server.py"])
+def test_each_framework_agent_acts_once_per_run(fresh_server: LedgerServer, tmp_path: Path,
+                                                script: str,
+                                                capsys: pytest.CaptureFixture[str]) -> None:
+    world = tmp_path / "world.json"
+    first = run_agent(fresh_server, world, script, "run-1", capsys)
+    credits = [r for r in first if r["tool"] == "issue_credit"]
+    assert len(credits) == 3
+    assert sum(REPLAYED in json.dumps(r["read"]) for r in credits) == 2
+    state = json.loads(world.read_text())
+    assert len(state["credits"]) == 1 and len(state["replies"]) == 1
+    # The same run again (a runtime retrying it): every call is a replay, nothing new happens.
+    again = run_agent(fresh_server, world, script, "run-1", capsys)
+    assert all(REPLAYED in json.dumps(r["read"]) for r in again)
+    assert json.loads(world.read_text()) == state
+    # Another run is a new intent: the credit is issued again.
+    run_agent(fresh_server, world, script, "run-2", capsys)
+    assert len(json.loads(world.read_text())["credits"]) == 2

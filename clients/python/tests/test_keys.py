@@ -112,6 +112,20 @@ def test_integers_must_fit_a_double_exactly() -> None:
         canonicalize({"n": 10**400})
 
 
+def test_an_integer_literal_must_fit_but_a_float_is_a_double() -> None:
+    # The refined rule: only integer literals are refused; 1e23 written as a float is a double.
+    with pytest.raises(ArgumentsRefused) as refused:
+        canonicalize({"n": 10**23})  # a Python int: written as an integer literal
+    assert refused.value.reason == "UNSAFE_INTEGER"
+    assert canonicalize('{"n":1e23}') == canonicalize({"n": 1e23}) == '{"n":1e+23}'
+    assert canonicalize('{"n":9007199254740993.0}') == '{"n":9007199254740992}'
+    assert canonicalize('{"n":9007199254740993e0}') == '{"n":9007199254740992}'
+    with pytest.raises(ArgumentsRefused, match="UNSAFE_INTEGER"):
+        canonicalize('{"n":9007199254740993}')
+    with pytest.raises(ArgumentsRefused, match="beyond the double range"):
+        canonicalize('{"n":1e309}')
+
+
 def test_every_finite_float_is_accepted() -> None:
     # 1e23 as a double is 99999999999999991611392: written with all its digits it is exact,
     # and canonical JCS prints it back as 1e+23.

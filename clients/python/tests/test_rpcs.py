@@ -1,11 +1,16 @@
-"""The four RPCs through the client, and errors decoded into typed exceptions with reasons."""
+"""The RPCs through the client, and errors decoded into typed exceptions with reasons."""
 
 from __future__ import annotations
 
 import dataclasses
+import os
+import signal
 import socket
+import sqlite3
 import subprocess
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import timedelta
 from pathlib import Path
 
@@ -18,6 +23,7 @@ from idempotency_ledger import (
     FailedPrecondition,
     InvalidArgument,
     KeyReused,
+    LeaseEnded,
     Ledger,
     LedgerError,
     NotFound,
@@ -25,6 +31,7 @@ from idempotency_ledger import (
     Resolution,
     StaleClaimToken,
     Status,
+    Unauthenticated,
     Unavailable,
 )
 from idempotency_ledger.testing import LedgerServer
@@ -122,10 +129,48 @@ def test_a_claimant_may_complete_after_its_lease_expired(ledger: Ledger, run_id:
     assert late.entry.status == Status.SUCCEEDED
 
 
-def test_the_clients_own_deadline_is_deadline_exceeded(ledger: Ledger, run_id: str) -> None:
-    with pytest.raises(DeadlineExceeded) as late:
-        ledger.claim(run_id, "t", {}, timeout=0.000_001)
-    assert late.value.code == grpc.StatusCode.DEADLINE_EXCEEDED
+@contextmanager
+def paused(server: LedgerServer) -> Iterator[None]:
+    """The server process stopped (SIGSTOP): connections stay open, nothing is answered."""
+    os.kill(server.pid, signal.SIGSTOP)
+    try:
+        yield
+    finally:
+        os.kill(server.pid, signal.SIGCONT)
+
+
+def test_the_clients_own_deadline_is_deadline_exceeded(fresh_server: LedgerServer) -> None:
+    # A paused server cannot answer however long the call waits, so only the client's own timer
+    # can end the call: no race against the clock (a 1 us deadline was once answered in time).
+    with Ledger(fresh_server.address, timeout=5) as ledger:
+        with pytest.raises(NotFound):
+            ledger.lookup("warm-up")  # the channel is connected before the server stops
+        with paused(fresh_server), pytest.raises(DeadlineExceeded) as late:
+            ledger.claim("run-1", "t", {}, timeout=0.3)
+        assert late.value.code == grpc.StatusCode.DEADLINE_EXCEEDED
+        assert late.value.reason is None  # the client's, not the server's: no details
+        # The claim was sent: the server resumed and took it, so the truth is in the ledger.
+        assert ledger.claim("run-1", "t", {}).outcome in (Outcome.CLAIMED, Outcome.IN_PROGRESS)
+
+
+def test_a_call_the_server_cannot_finish_in_time_is_deadline_exceeded(
+        fresh_server: LedgerServer) -> None:
+    # Another process holds SQLite's write lock, so the server cannot write the claim before the
+    # deadline however fast the machine: it answers DEADLINE_EXCEEDED (or the client's timer does).
+    with Ledger(fresh_server.address, timeout=5) as ledger:
+        with pytest.raises(NotFound):
+            ledger.lookup("warm-up")
+        lock = sqlite3.connect(str(fresh_server.database), timeout=0, isolation_level=None)
+        try:
+            lock.execute("BEGIN EXCLUSIVE")
+            with pytest.raises(DeadlineExceeded) as late:
+                ledger.claim("run-1", "t", {}, timeout=0.5)
+            assert late.value.code == grpc.StatusCode.DEADLINE_EXCEEDED
+        finally:
+            lock.execute("ROLLBACK")
+            lock.close()
+        with pytest.raises(NotFound):  # nothing was written
+            ledger.lookup(run_id="run-1", tool="t", arguments={})
 
 
 def test_an_unreachable_server_is_unavailable() -> None:
@@ -173,5 +218,98 @@ def test_tls_with_a_root_certificate(ledger_bin: Path, tmp_path: Path) -> None:
         with Ledger(tls.address, root_certificates=cert) as ledger:
             claim = ledger.claim("run-1", "t", {})
             assert claim.outcome == Outcome.CLAIMED
-        with Ledger(tls.address, timeout=2) as plaintext, pytest.raises(Unavailable):
-            plaintext.lookup(claim.key)
+        # https:// means TLS, as in the TypeScript client and the CLI.
+        with Ledger(f"https://127.0.0.1:{tls.port}", root_certificates=cert) as ledger:
+            assert ledger.lookup(claim.key).key == claim.key
+        for plain_target in (tls.address, f"http://127.0.0.1:{tls.port}"):
+            with Ledger(plain_target, timeout=2) as plaintext, pytest.raises(Unavailable):
+                plaintext.lookup(claim.key)
+
+
+def test_renew_lease_extends_the_attempt_from_now(ledger: Ledger, run_id: str) -> None:
+    claim = ledger.claim(run_id, "t", {}, lease=1)
+    renewed = ledger.renew_lease(claim.key, claim.claim_token, timedelta(minutes=10))
+    assert renewed.status == Status.ATTEMPTING and renewed.key == claim.key
+    assert renewed.lease_expires_at - claim.entry.lease_expires_at > timedelta(minutes=9)
+    time.sleep(1.2)  # past the first lease: the renewed one holds
+    assert ledger.lookup(claim.key).status == Status.ATTEMPTING
+    # Unset: the server's default lease (60 s), counted from now.
+    default = ledger.renew_lease(claim.key, claim.claim_token)
+    assert timedelta(seconds=55) < default.lease_expires_at - renewed.started_at < timedelta(
+        seconds=70)
+
+
+def test_renew_lease_refusals(ledger: Ledger, run_id: str) -> None:
+    claim = ledger.claim(run_id, "t", {"n": 1})
+    with pytest.raises(StaleClaimToken) as stale:
+        ledger.renew_lease(claim.key, "0" * 32, 5)
+    assert (stale.value.code, stale.value.reason) == (grpc.StatusCode.FAILED_PRECONDITION,
+                                                      "STALE_CLAIM_TOKEN")
+    with pytest.raises(InvalidArgument) as too_long:
+        ledger.renew_lease(claim.key, claim.claim_token, timedelta(days=2))  # --max-lease 1h
+    assert (too_long.value.reason, too_long.value.field) == ("INVALID_FIELD", "lease")
+    ledger.complete(claim.key, claim.claim_token, Status.SUCCEEDED, result=b"1")
+    with pytest.raises(LeaseEnded) as resolved:
+        ledger.renew_lease(claim.key, claim.claim_token, 5)
+    assert isinstance(resolved.value, FailedPrecondition)
+    assert resolved.value.reason == "LEASE_ENDED"
+    assert ledger.lookup(claim.key).status == Status.SUCCEEDED  # unchanged
+
+    ended = ledger.claim(run_id, "t", {"n": 2}, lease=0.2)
+    time.sleep(0.4)
+    with pytest.raises(LeaseEnded):  # it reads UNKNOWN: a reconciler may be on it
+        ledger.renew_lease(ended.key, ended.claim_token, 5)
+    assert ledger.lookup(ended.key).status == Status.UNKNOWN
+
+
+def test_reconcile_resolve_only_hands_out_nothing(fresh_server: LedgerServer) -> None:
+    with Ledger(fresh_server.address) as ledger:
+        first = ledger.claim("run-1", "issue_credit", {"n": 1})
+        ledger.complete(first.key, first.claim_token, Status.UNKNOWN, error="timed out")
+        second = ledger.claim("run-1", "issue_credit", {"n": 2})
+        ledger.complete(second.key, second.claim_token, Status.UNKNOWN, error="timed out")
+        done = ledger.reconcile(resolutions=[Resolution.found(first.key, b'"found"')],
+                                resolve_only=True)
+        assert done.pending == []
+        assert [(e.key, e.status) for e in done.resolved] == [(first.key, Status.SUCCEEDED)]
+        # Nothing was held by the resolve-only call: the other entry is handed out now.
+        assert [e.key for e in ledger.reconcile().pending] == [second.key]
+
+
+def test_errors_name_their_code_once(auth_server: LedgerServer) -> None:
+    with Ledger(auth_server.address, token="wrong") as ledger, \
+            pytest.raises(Unauthenticated) as refused:
+        ledger.lookup("k")
+    assert refused.value.reason == "UNAUTHENTICATED"
+    assert str(refused.value) == f"[UNAUTHENTICATED] {refused.value.message}"
+    with Ledger(auth_server.address, token="token-a") as ledger, \
+            pytest.raises(NotFound) as absent:
+        ledger.lookup("k")
+    assert str(absent.value) == f"[NOT_FOUND ENTRY_NOT_FOUND] {absent.value.message}"
+
+
+@pytest.mark.parametrize(("target", "address"), [
+    ("127.0.0.1:{port}", "127.0.0.1:{port}"),
+    ("http://127.0.0.1:{port}", "127.0.0.1:{port}"),
+    ("http://localhost:{port}/", "localhost:{port}"),
+])
+def test_plaintext_targets(server: LedgerServer, target: str, address: str) -> None:
+    with Ledger(target.format(port=server.port)) as ledger:
+        assert ledger.address == address.format(port=server.port)
+        with pytest.raises(NotFound):
+            ledger.lookup("no-such-key")
+
+
+@pytest.mark.parametrize(("target", "kwargs", "message"), [
+    ("ftp://127.0.0.1:1", {}, "http:// or https://"),
+    ("http://127.0.0.1:1/v1", {}, "nothing more"),
+    ("http://127.0.0.1:99999", {}, "out of range"),
+    ("http://127.0.0.1:1", {"tls": True}, "use https://"),
+    ("http://127.0.0.1:1", {"root_certificates": b"pem"}, "use https://"),
+    ("https://127.0.0.1:1", {"tls": False}, "tls=False"),
+    ("127.0.0.1:1/x", {}, "expected host:port"),
+])
+def test_bad_targets_are_refused_before_connecting(target: str, kwargs: dict,
+                                                   message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        Ledger(target, **kwargs)

@@ -9,14 +9,18 @@ import pytest
 
 from idempotency_ledger import (
     BYTES,
+    ActionTimeout,
     Attempt,
     InProgressError,
     KeyReused,
     Ledger,
+    LedgerError,
     NotExecuted,
     OutcomeUnknownError,
     PermanentFailure,
     PreviouslyFailedError,
+    Result,
+    ResultNotEncodable,
     Status,
 )
 
@@ -73,12 +77,13 @@ def test_a_new_run_is_a_new_intent_and_runs_again(ledger: Ledger, run_id: str) -
     assert first.entry.key != second.entry.key
 
 
-def _run_in_background(ledger: Ledger, run_id: str, action) -> tuple[threading.Thread, list]:
+def _run_in_background(ledger: Ledger, run_id: str, action,
+                       **options) -> tuple[threading.Thread, list]:
     outcome: list = []
 
     def target() -> None:
         try:
-            outcome.append(ledger.run_once(run_id, "issue_credit", ARGS, action))
+            outcome.append(ledger.run_once(run_id, "issue_credit", ARGS, action, **options))
         except BaseException as e:  # noqa: BLE001  (handed to the test)
             outcome.append(e)
 
@@ -171,6 +176,9 @@ def test_a_permanent_failure_is_returned_to_every_repeat(ledger: Ledger, run_id:
     assert not tool.calls
     assert previously.value.error == "PermanentFailure: no customer"
     assert previously.value.note and previously.value.reason == "PREVIOUSLY_FAILED"
+    # The server's note quotes the stored error; the message says it once.
+    assert str(previously.value) == f"[PREVIOUSLY_FAILED] {previously.value.note}"
+    assert str(previously.value).count("no customer") == 1
 
 
 def test_a_timeout_completes_unknown_and_is_never_rerun(ledger: Ledger, run_id: str) -> None:
@@ -187,15 +195,154 @@ def test_a_timeout_completes_unknown_and_is_never_rerun(ledger: Ledger, run_id: 
     assert unknown.value.entry.status == Status.UNKNOWN and unknown.value.retry_after
 
 
-def test_any_other_error_and_an_unencodable_result_complete_unknown(ledger: Ledger,
-                                                                     run_id: str) -> None:
+def test_any_other_error_completes_unknown(ledger: Ledger, run_id: str) -> None:
     with pytest.raises(ConnectionResetError):
         ledger.run_once(run_id, "send_reply", {"n": 1}, Tool(error=ConnectionResetError("reset")))
-    with pytest.raises(TypeError):
-        ledger.run_once(run_id, "send_reply", {"n": 2}, Tool(result=object()))
-    for n in (1, 2):
-        assert ledger.lookup(run_id=run_id, tool="send_reply",
-                             arguments={"n": n}).status == Status.UNKNOWN
+    assert ledger.lookup(run_id=run_id, tool="send_reply",
+                         arguments={"n": 1}).status == Status.UNKNOWN
+
+
+def test_an_unencodable_result_is_unknown_and_says_how_to_settle_it(ledger: Ledger,
+                                                                     run_id: str) -> None:
+    tool = Tool(result={"at": object()})
+    with pytest.raises(ResultNotEncodable) as unencodable:
+        ledger.run_once(run_id, "send_reply", {"n": 2}, tool)
+    e = unencodable.value
+    assert isinstance(e, OutcomeUnknownError) and isinstance(e.__cause__, TypeError)
+    entry = ledger.lookup(run_id=run_id, tool="send_reply", arguments={"n": 2})
+    assert entry.status == Status.UNKNOWN and entry.error.startswith("ResultNotEncodable")
+    assert e.entry is not None and e.entry.key == e.key == entry.key
+    assert "UNKNOWN" in str(e) and "Reconcile" in str(e) and "idempotency-ledger resolve" in str(e)
+    assert entry.key in str(e)
+    # The action ran, so it is not run again.
+    with pytest.raises(OutcomeUnknownError):
+        ledger.run_once(run_id, "send_reply", {"n": 2}, tool, wait=0)
+    assert len(tool.calls) == 1
+
+
+def test_an_action_that_cannot_take_the_attempt_is_retryable_not_unknown(ledger: Ledger,
+                                                                         run_id: str) -> None:
+    with pytest.raises(TypeError, match="one argument"):
+        ledger.run_once(run_id, "t", {}, lambda: {"never": "called"})  # type: ignore[arg-type]
+    entry = ledger.lookup(run_id=run_id, tool="t", arguments={})
+    assert (entry.status, entry.retryable) == (Status.FAILED, True)
+    assert entry.error.startswith("TypeError")
+    result = ledger.run_once(run_id, "t", {}, lambda attempt: attempt.number)
+    assert (result.value, result.entry.attempt) == (2, 2)
+
+
+def test_action_failures_are_ledger_errors_carrying_the_entry(ledger: Ledger,
+                                                              run_id: str) -> None:
+    for n, error in enumerate((NotExecuted("429"), PermanentFailure("gone"))):
+        with pytest.raises(LedgerError) as failed:
+            ledger.run_once(run_id, "t", {"n": n}, Tool(error=error))
+        assert failed.value is error and error.entry is not None
+        assert error.entry.status == Status.FAILED and error.entry.attempt == 1
+
+
+def test_a_result_value_is_typed_by_the_action(ledger: Ledger, run_id: str) -> None:
+    result: Result[int] = ledger.run_once(run_id, "t", {}, lambda attempt: 41 + attempt.number)
+    assert result.value == 42
+    assert result.for_model() == 42  # a first run: the value itself
+    again = ledger.run_once(run_id, "t", {}, lambda attempt: 0)
+    assert again.for_model() == {"status": "already_done", "note": again.note, "result": 42}
+
+
+def test_an_action_that_outlives_its_timeout_is_unknown_then_completed_late(
+        ledger: Ledger, run_id: str) -> None:
+    release = threading.Event()
+    tool = Tool()
+
+    def slow(attempt: Attempt) -> object:
+        release.wait(30)
+        return tool(attempt)
+
+    started = time.monotonic()
+    with pytest.raises(ActionTimeout) as timed_out:
+        ledger.run_once(run_id, "issue_credit", ARGS, slow, action_timeout=0.3)
+    assert time.monotonic() - started < 5  # it did not wait for the action
+    e = timed_out.value
+    assert isinstance(e, OutcomeUnknownError) and e.timeout == 0.3
+    assert e.entry is not None and e.entry.status == Status.UNKNOWN
+    assert e.entry.error == "ActionTimeout: the action did not finish within 0.3 s"
+    assert e.for_model()["status"] == "outcome_unknown"
+    # Never run again while unknown.
+    with pytest.raises(OutcomeUnknownError):
+        ledger.run_once(run_id, "issue_credit", ARGS, tool, wait=0)
+    # The action finishes after all: its own Complete settles the entry.
+    release.set()
+    deadline = time.monotonic() + 10
+    while ledger.lookup(e.entry.key).status == Status.UNKNOWN and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert ledger.lookup(e.entry.key).status == Status.SUCCEEDED
+    assert ledger.run_once(run_id, "issue_credit", ARGS, tool).replayed
+    assert len(tool.calls) == 1
+
+
+def test_an_action_within_its_timeout_returns_its_result_and_sees_the_callers_context(
+        ledger: Ledger, run_id: str) -> None:
+    from idempotency_ledger import current_run_id, run_scope
+
+    def action(attempt: Attempt) -> object:
+        # Runs in a thread of its own (so that it can be abandoned), with the caller's context.
+        return {"scope": current_run_id(), "thread": threading.current_thread().name,
+                "n": attempt.number}
+
+    with run_scope("outer-scope"):
+        result = ledger.run_once(run_id, "t", {}, action, action_timeout=5)
+    assert result.value["scope"] == "outer-scope" and result.value["n"] == 1
+    assert result.value["thread"].startswith("ledger-action-")
+
+
+def test_a_slow_action_keeps_its_lease_so_a_duplicate_is_in_progress_not_unknown(
+        ledger: Ledger, run_id: str) -> None:
+    """Lease 1 s, action 3 s: the lease is renewed every third of it while the action runs."""
+    started, release = threading.Event(), threading.Event()
+    tool = Tool()
+
+    def slow(attempt: Attempt) -> object:
+        started.set()
+        release.wait(10)
+        return tool(attempt)
+
+    thread, outcome = _run_in_background(ledger, run_id, slow, lease=1)
+    try:
+        assert started.wait(10)
+        seen = []
+        for _ in range(2):
+            time.sleep(1.25)  # each time past the lease the claim was granted
+            with pytest.raises(InProgressError) as in_progress:
+                ledger.run_once(run_id, "issue_credit", ARGS_REORDERED, tool, wait=0)
+            seen.append((type(in_progress.value), in_progress.value.entry.status))
+        assert seen == [(InProgressError, Status.ATTEMPTING)] * 2
+    finally:
+        release.set()
+        thread.join(10)
+    assert not outcome[0].replayed and len(tool.calls) == 1
+    entry = ledger.lookup(outcome[0].entry.key)
+    assert entry.status == Status.SUCCEEDED and entry.attempt == 1
+
+
+def test_without_renewal_the_same_slow_action_reads_unknown(ledger: Ledger, run_id: str) -> None:
+    """The control for the test above: renew=False, and the lease ends under the action."""
+    started, release = threading.Event(), threading.Event()
+
+    def slow(attempt: Attempt) -> object:
+        started.set()
+        release.wait(10)
+        return {"late": True}
+
+    thread, outcome = _run_in_background(ledger, run_id, slow, lease=1, renew=False)
+    try:
+        assert started.wait(10)
+        time.sleep(1.25)
+        with pytest.raises(OutcomeUnknownError):
+            ledger.run_once(run_id, "issue_credit", ARGS, Tool(), wait=0)
+    finally:
+        release.set()
+        thread.join(10)
+    # The claimant's own late Complete still settles it (nobody resolved it meanwhile).
+    assert outcome[0].value == {"late": True}
 
 
 def test_the_bytes_codec_stores_bytes_as_they_are(ledger: Ledger, run_id: str) -> None:

@@ -8,21 +8,31 @@ call happen once: claim before acting, complete with the result, replay on repea
                                  lambda attempt: payments.credit(..., memo=attempt.external_ref))
         result.value, result.replayed, result.note
 
+Or one line per tool, inside an agent framework::
+
+    @ledger.tool()
+    def issue_credit(customer: str, amount: int) -> dict: ...
+
 See README.md beside the package, and the modules: ``client`` (Ledger, AsyncLedger, run_once),
-``errors`` (typed errors), ``keys`` (local key derivation), ``model`` (entries and answers),
-``codec`` (result encoding), ``testing`` (a real server for tests).
+``tools`` (the ``@ledger.tool()`` wrapper, ``current_attempt``, ``run_scope``), ``errors`` (typed
+errors), ``keys`` (local key derivation), ``model`` (entries and answers), ``codec`` (result
+encoding), ``testing`` (a real server for tests); and the framework adapters, each an optional
+extra: ``pydantic_ai``, ``openai_agents``, ``langchain``, ``mcp``.
 """
 
-from .client import AsyncLedger, Ledger
-from .codec import BYTES, JSON, BytesCodec, Codec, JsonCodec
+from .client import DEFAULT_WAIT, RENEW_EVERY_FRACTION_OF_LEASE, AsyncLedger, BeforeActing, Ledger
+from .codec import BYTES, JSON, BytesCodec, Codec, JsonCodec, to_jsonable
 from .errors import (
+    ActionTimeout,
     AlreadyResolved,
+    DataLoss,
     DeadlineExceeded,
     FailedPrecondition,
     InProgressError,
     InternalError,
     InvalidArgument,
     KeyReused,
+    LeaseEnded,
     LedgerError,
     NotExecuted,
     NotFound,
@@ -30,7 +40,9 @@ from .errors import (
     PermanentFailure,
     PreviouslyFailedError,
     ResourceExhausted,
+    ResultNotEncodable,
     StaleClaimToken,
+    StoreFull,
     Unauthenticated,
     Unavailable,
 )
@@ -54,19 +66,25 @@ from .model import (
     Result,
     Status,
 )
+from .tools import NoRunId, current_attempt, current_run_id, run_scope
 
 __all__ = [
     "BYTES",
+    "DEFAULT_WAIT",
     "JSON",
+    "RENEW_EVERY_FRACTION_OF_LEASE",
+    "ActionTimeout",
     "AlreadyResolved",
     "ArgumentsRefused",
     "AsyncLedger",
     "Attempt",
+    "BeforeActing",
     "BytesCodec",
     "Canonicalization",
     "ClaimResult",
     "Codec",
     "Completion",
+    "DataLoss",
     "DeadlineExceeded",
     "Entry",
     "FailedPrecondition",
@@ -75,8 +93,10 @@ __all__ = [
     "InvalidArgument",
     "JsonCodec",
     "KeyReused",
+    "LeaseEnded",
     "Ledger",
     "LedgerError",
+    "NoRunId",
     "NotExecuted",
     "NotFound",
     "Outcome",
@@ -87,13 +107,19 @@ __all__ = [
     "Resolution",
     "ResourceExhausted",
     "Result",
+    "ResultNotEncodable",
     "StaleClaimToken",
     "Status",
+    "StoreFull",
     "Unauthenticated",
     "Unavailable",
     "arguments_json",
     "canonicalize",
+    "current_attempt",
+    "current_run_id",
     "derive_key",
     "external_ref",
     "fingerprint",
+    "run_scope",
+    "to_jsonable",
 ]

@@ -23,13 +23,16 @@ ERROR_DOMAIN = "idempotency.v1"
 _DETAILS_TRAILER = "grpc-status-details-bin"
 
 __all__ = [
+    "ActionTimeout",
     "AlreadyResolved",
+    "DataLoss",
     "DeadlineExceeded",
     "FailedPrecondition",
     "InProgressError",
     "InternalError",
     "InvalidArgument",
     "KeyReused",
+    "LeaseEnded",
     "LedgerError",
     "NotExecuted",
     "NotFound",
@@ -37,7 +40,9 @@ __all__ = [
     "PermanentFailure",
     "PreviouslyFailedError",
     "ResourceExhausted",
+    "ResultNotEncodable",
     "StaleClaimToken",
+    "StoreFull",
     "Unauthenticated",
     "Unavailable",
     "error_from_rpc",
@@ -80,7 +85,10 @@ class LedgerError(Exception):
         self.details = details
 
     def __str__(self) -> str:
-        parts = [p for p in (self.code.name if self.code else None, self.reason) if p]
+        parts = [self.code.name] if self.code else []
+        # UNAUTHENTICATED and DEADLINE_EXCEEDED are both the code and the reason: say it once.
+        if self.reason and self.reason not in parts:
+            parts.append(self.reason)
         return f"[{' '.join(parts)}] {self.message}" if parts else self.message
 
 
@@ -111,6 +119,12 @@ class AlreadyResolved(FailedPrecondition):
     changed."""
 
 
+class LeaseEnded(FailedPrecondition):
+    """A RenewLease for an attempt whose lease already ended, or an entry already resolved
+    (``LEASE_ENDED``): the entry reads ``UNKNOWN`` (a reconciler may be asking the world about
+    it) or has its outcome, and nothing changed. Stop renewing; complete with what happened."""
+
+
 class NotFound(LedgerError):
     """No such entry for this tenant (``ENTRY_NOT_FOUND``): absent, expired or another
     tenant's, indistinguishably."""
@@ -125,14 +139,21 @@ class Unauthenticated(LedgerError):
 
 
 class ResourceExhausted(LedgerError):
-    """A limit or load shedding (``RESOURCE_EXHAUSTED``)."""
+    """A limit or load shedding (``RESOURCE_EXHAUSTED``: ``OVERLOADED``, ``RATE_LIMITED``,
+    ``MESSAGE_TOO_LARGE``); nothing was done for the call."""
 
     default_code = grpc.StatusCode.RESOURCE_EXHAUSTED
 
 
+class StoreFull(ResourceExhausted):
+    """The server's store has no space left (``STORE_FULL``): nothing was written; worth
+    trying again later, once an operator made room."""
+
+
 class Unavailable(LedgerError):
-    """The ledger or its database cannot be reached (``UNAVAILABLE``); ``retry_after`` says when
-    to try again when the server sent it."""
+    """The ledger or its store cannot serve the call now (``UNAVAILABLE``: ``STORE_UNAVAILABLE``,
+    ``STORE_IO_ERROR``, ``STORE_CONTENTION``, ``STORE_READ_ONLY``, or no server at the address);
+    ``retry_after`` says when to try again when the server sent it."""
 
     default_code = grpc.StatusCode.UNAVAILABLE
 
@@ -142,6 +163,13 @@ class DeadlineExceeded(LedgerError):
     finishes: look the entry up to learn the truth."""
 
     default_code = grpc.StatusCode.DEADLINE_EXCEEDED
+
+
+class DataLoss(LedgerError):
+    """The server found its store damaged (``DATA_LOSS``, ``STORE_CORRUPT``): an operator's
+    matter; retrying does not help."""
+
+    default_code = grpc.StatusCode.DATA_LOSS
 
 
 class InternalError(LedgerError):
@@ -164,6 +192,11 @@ class InProgressError(LedgerError):
         self.note = note
         self.entry = entry
 
+    def for_model(self) -> dict[str, Any]:
+        """What to hand the model instead of a result: the note, and when to look again. Not an
+        exception, so that a framework does not tell the model "tool failed, retry"."""
+        return {"status": "in_progress", "note": self.note, "retry_after_seconds": self.retry_after}
+
 
 class OutcomeUnknownError(InProgressError):
     """``OUTCOME_IN_PROGRESS`` with the entry ``STATUS_UNKNOWN``: an earlier attempt timed out
@@ -174,27 +207,78 @@ class OutcomeUnknownError(InProgressError):
         super().__init__(note, entry, retry_after)
         self.reason = "OUTCOME_UNKNOWN"
 
+    def for_model(self) -> dict[str, Any]:
+        """The note for the model: the outcome is unknown, do not repeat the call."""
+        return {"status": "outcome_unknown", "note": self.note}
+
+
+#: What the model reads when this very call's action outlived its timeout or its result could
+#: not be stored: the server's wording for an unknown outcome, as a repeat would get it.
+UNKNOWN_NOTE = ("An earlier attempt of this action may or may not have taken effect: its outcome "
+                "is unknown and is being reconciled. Do not repeat it. No new action was taken.")
+
+
+class ActionTimeout(OutcomeUnknownError):
+    """``run_once``'s action outlived ``action_timeout``: the entry was completed ``UNKNOWN``
+    (it may have acted) and waits for a reconciler or the action's own late Complete; it is never
+    re-executed. ``entry`` is the entry as recorded (``None`` if the ledger could not record it);
+    ``timeout`` is the limit in seconds."""
+
+    def __init__(self, entry: Entry | None, timeout: float) -> None:
+        LedgerError.__init__(
+            self, f"the action did not finish within its action_timeout of {timeout:g} s; the "
+            "entry is recorded UNKNOWN and will not be run again until it is reconciled",
+            reason="ACTION_TIMEOUT")
+        self.note = UNKNOWN_NOTE
+        self.entry = entry  # type: ignore[assignment]
+        self.timeout = timeout
+
+
+class ResultNotEncodable(OutcomeUnknownError):
+    """The action ran but the codec could not encode what it returned, so the ledger cannot store
+    the result: the entry is completed ``UNKNOWN`` (the action may have acted) and every repeat
+    gets :class:`OutcomeUnknownError` until it is settled. ``entry`` as recorded, ``key`` its key;
+    the codec's error is ``__cause__``."""
+
+    def __init__(self, key: str, entry: Entry | None, cause: BaseException) -> None:
+        LedgerError.__init__(
+            self, f"the action ran but its result could not be encoded ({type(cause).__name__}: "
+            f"{cause}); entry {key} is recorded UNKNOWN. Fix the action or the codec, then settle "
+            "the entry with what happened: Reconcile with Resolution.found(key, result) or "
+            "Resolution.not_found(key, error), or the CLI's `idempotency-ledger resolve` command",
+            reason="RESULT_NOT_ENCODABLE")
+        self.note = UNKNOWN_NOTE
+        self.entry = entry  # type: ignore[assignment]
+        self.key = key
+
 
 class PreviouslyFailedError(LedgerError):
     """``OUTCOME_PREVIOUSLY_FAILED``: the action failed permanently in this intent. ``error`` is
     the stored error; ``entry`` and ``note`` as the claim returned them."""
 
     def __init__(self, note: str, entry: Entry) -> None:
-        super().__init__(f"{note} ({entry.error})" if note else entry.error,
-                         reason="PREVIOUSLY_FAILED")
+        # The server's note already quotes the stored error.
+        super().__init__(note or entry.error, reason="PREVIOUSLY_FAILED")
         self.note = note
         self.entry = entry
         self.error = entry.error
+
+    def for_model(self) -> dict[str, Any]:
+        """The note for the model (it quotes the stored error): do not retry this intent."""
+        return {"status": "previously_failed", "note": self.note, "error": self.error}
 
 
 # --- what an action raises --------------------------------------------------------------------
 
 
-class _ActionFailure(Exception):
+class _ActionFailure(LedgerError):
     """Base of the exceptions an action raises to say how it failed. ``run_once`` records the
     failure, sets ``entry`` to the entry as completed, and re-raises."""
 
     entry: Entry | None = None
+
+    def __init__(self, message: str = "") -> None:
+        super().__init__(message)
 
 
 class NotExecuted(_ActionFailure):
@@ -219,11 +303,16 @@ _BY_CODE: dict[grpc.StatusCode, type[LedgerError]] = {
     grpc.StatusCode.RESOURCE_EXHAUSTED: ResourceExhausted,
     grpc.StatusCode.UNAVAILABLE: Unavailable,
     grpc.StatusCode.DEADLINE_EXCEEDED: DeadlineExceeded,
+    grpc.StatusCode.DATA_LOSS: DataLoss,
 }
-_BY_REASON: dict[str, type[LedgerError]] = {
-    "KEY_REUSED_WITH_DIFFERENT_REQUEST": KeyReused,
-    "STALE_CLAIM_TOKEN": StaleClaimToken,
-    "ALREADY_RESOLVED": AlreadyResolved,
+# A reason selects a subclass only under its own code: a reason the server one day sends with
+# another code must not turn, say, an UNAVAILABLE into a FailedPrecondition.
+_BY_REASON: dict[tuple[grpc.StatusCode, str], type[LedgerError]] = {
+    (grpc.StatusCode.FAILED_PRECONDITION, "KEY_REUSED_WITH_DIFFERENT_REQUEST"): KeyReused,
+    (grpc.StatusCode.FAILED_PRECONDITION, "STALE_CLAIM_TOKEN"): StaleClaimToken,
+    (grpc.StatusCode.FAILED_PRECONDITION, "ALREADY_RESOLVED"): AlreadyResolved,
+    (grpc.StatusCode.FAILED_PRECONDITION, "LEASE_ENDED"): LeaseEnded,
+    (grpc.StatusCode.RESOURCE_EXHAUSTED, "STORE_FULL"): StoreFull,
 }
 
 
@@ -264,6 +353,6 @@ def error_from_rpc(error: grpc.RpcError) -> LedgerError:
     trailers = error.trailing_metadata() if hasattr(error, "trailing_metadata") else None
     reason, field, retry_after, details, status_message = _decode_details(trailers)
     message = (error.details() if hasattr(error, "details") else None) or status_message
-    cls = _BY_REASON.get(reason or "") or _BY_CODE.get(code, InternalError)
+    cls = _BY_REASON.get((code, reason or "")) or _BY_CODE.get(code, InternalError)
     return cls(message or code.name, code=code, reason=reason, field=field,
                retry_after=retry_after, details=details)

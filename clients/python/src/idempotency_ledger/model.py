@@ -219,3 +219,14 @@ class Result(Generic[T]):
     replayed: bool
     note: str
     entry: Entry
+
+    def for_model(self) -> T | dict[str, Any]:
+        """What the model should read: the value itself on a first run; on a repeat, the stored
+        value with the ledger's note, so the model knows that nothing new was done::
+
+            {"status": "already_done", "note": "This action was already performed ...",
+             "result": <the stored value>}
+        """
+        if not self.replayed:
+            return self.value
+        return {"status": "already_done", "note": self.note, "result": self.value}

@@ -5,7 +5,9 @@
             ...
 
 The binary is ``binary=``, else ``$LEDGER_BIN``, else ``idempotency-ledger`` on ``PATH``, else
-``target/debug/idempotency-ledger`` in the current directory or one above it.
+``target/debug/idempotency-ledger`` or ``target/release/idempotency-ledger`` in the current
+directory or the nearest one above it that has either (the more recently built of the two when
+both are there).
 """
 
 from __future__ import annotations
@@ -36,10 +38,14 @@ def find_binary() -> Path:
         return Path(on_path)
     here = Path.cwd().resolve()
     for directory in (here, *here.parents):
-        candidate = directory / "target" / "debug" / "idempotency-ledger"
-        if candidate.is_file():
-            return candidate
-    raise FileNotFoundError("idempotency-ledger not found: set LEDGER_BIN or run `cargo build`")
+        builds = [directory / "target" / profile / "idempotency-ledger"
+                  for profile in ("debug", "release")]
+        found = [b for b in builds if b.is_file()]
+        if found:
+            # The newer build is the one that matches the sources a developer just changed.
+            return max(found, key=lambda b: b.stat().st_mtime)
+    raise FileNotFoundError("idempotency-ledger not found: set LEDGER_BIN, or build it "
+                            "(`cargo build` or `cargo build --release`)")
 
 
 class LedgerServer:
@@ -78,6 +84,14 @@ class LedgerServer:
     def port(self) -> int:
         return int(self.address.rsplit(":", 1)[1])
 
+    @property
+    def pid(self) -> int:
+        """The server process's id (to pause it with SIGSTOP in a test: a server that cannot
+        answer, deterministically)."""
+        if self._process is None:
+            raise RuntimeError("the server is not running")
+        return self._process.pid
+
     def log(self) -> str:
         """What the server wrote to stderr so far."""
         try:
@@ -108,8 +122,9 @@ class LedgerServer:
             if self._process.poll() is not None:
                 break
             time.sleep(0.02)
+        log = self.log()  # before stop() removes a directory of our own
         self.stop()
-        raise RuntimeError(f"the ledger did not start ({' '.join(command)}):\n{self.log()}")
+        raise RuntimeError(f"the ledger did not start ({' '.join(command)}):\n{log}")
 
     def stop(self) -> None:
         process, self._process = self._process, None

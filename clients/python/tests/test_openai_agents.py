@@ -1,0 +1,137 @@
+"""OpenAI Agents SDK (the real package, its offline ScriptedModel, an implementation of its Model
+interface): ToolContext tools made run-once with @ledger.tool(), against the real server."""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+from agents import Agent, RunConfig, Runner, function_tool, set_trace_processors
+from agents.testing import ScriptedModel, assistant_message, function_call
+from agents.tool_context import ToolContext
+from scenario import CREDIT, CREDIT_RESPELLED, Payments, count_notes
+
+from idempotency_ledger import AsyncLedger, Ledger, NoRunId, Status, current_attempt
+from idempotency_ledger.testing import LedgerServer
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _no_trace_export() -> None:
+    # Traces are still made (their ids are run ids), but not sent anywhere.
+    set_trace_processors([])
+
+
+@dataclass
+class Session:
+    """The context passed to Runner.run: it names the run."""
+
+    run_id: str
+
+
+def scripted(tool: str = "issue_credit", args: Any = None, parallel: bool = True) -> ScriptedModel:
+    args = CREDIT if args is None else args
+    first = [function_call(tool, args, call_id=f"call-{n}") for n in range(1, 3 if parallel else 2)]
+    again = CREDIT_RESPELLED if args is CREDIT else args
+    return ScriptedModel([first, [function_call(tool, again, call_id="call-3")],
+                          [assistant_message("done")]])
+
+
+def outputs(result: Any) -> list[str]:
+    return [item["output"] for item in result.to_input_list()
+            if item.get("type") == "function_call_output"]
+
+
+def credit_tool(ledger: Ledger | AsyncLedger, payments: Payments) -> Any:
+    @function_tool
+    @ledger.tool()
+    async def issue_credit(ctx: ToolContext[Session], customer: str, amount: int,
+                           currency: str) -> dict:
+        """Issue a credit to a customer."""
+        await asyncio.sleep(0)
+        return payments.issue_credit(customer, amount, currency, current_attempt().external_ref)
+
+    return issue_credit
+
+
+def test_a_tool_context_tool_runs_once_per_run(server: LedgerServer, run_id: str) -> None:
+    payments = Payments()
+
+    async def main() -> None:
+        async with AsyncLedger(server.address) as ledger:
+            tool = credit_tool(ledger, payments)
+            assert set(tool.params_json_schema["properties"]) == {"customer", "amount",
+                                                                  "currency"}
+            result = await Runner.run(Agent(name="support", model=scripted(), tools=[tool]),
+                                      "credit c-42", context=Session(run_id))
+            assert count_notes(outputs(result)) == (1, 2)
+            assert len(payments.credits) == 1
+            entry = await ledger.lookup(run_id=run_id, tool="issue_credit", arguments=CREDIT)
+            assert entry.replay_count == 2
+            # A second run is a new intent.
+            await Runner.run(Agent(name="support", model=scripted(), tools=[tool]),
+                             "credit c-42", context=Session(f"{run_id}-2"))
+            assert len(payments.credits) == 2
+
+    asyncio.run(main())
+
+
+def test_without_a_run_id_in_the_context_the_trace_names_the_run(server: LedgerServer) -> None:
+    payments = Payments(delay=0)
+    with Ledger(server.address) as ledger:
+        tool = credit_tool(ledger, payments)
+        first = Runner.run_sync(Agent(name="s", model=scripted(), tools=[tool]), "go",
+                                context={"user": "u-1"})  # a dict without run_id
+        second = Runner.run_sync(Agent(name="s", model=scripted(), tools=[tool]), "go")
+        assert count_notes(outputs(first)) == count_notes(outputs(second)) == (1, 2)
+        assert len(payments.credits) == 2  # every run has its own trace
+        # A trace id you give is the run's id: the same trace_id, the same intent.
+        config = RunConfig(trace_id="trace_0123456789abcdef0123456789abcdef")
+        Runner.run_sync(Agent(name="s", model=scripted(), tools=[tool]), "go", run_config=config)
+        Runner.run_sync(Agent(name="s", model=scripted(), tools=[tool]), "go", run_config=config)
+        assert len(payments.credits) == 3
+        # With tracing off and no run id anywhere, the tool refuses before claiming.
+        off = RunConfig(tracing_disabled=True)
+        refused = Runner.run_sync(Agent(name="s", model=scripted(parallel=False), tools=[tool]),
+                                  "go", run_config=off)
+        assert all("error occurred" in o for o in outputs(refused))  # the SDK's words for it
+        assert len(payments.credits) == 3
+        with pytest.raises(NoRunId):  # the wrapper itself, called outside any run
+            asyncio.run(_direct(ledger))
+
+
+async def _direct(ledger: Ledger) -> Any:
+    @ledger.tool()
+    async def issue_credit(customer: str) -> dict:
+        return {}
+
+    return await issue_credit("c-42")
+
+
+def test_a_tool_that_refuses_before_acting_is_retryable(server: LedgerServer,
+                                                        run_id: str) -> None:
+    payments = Payments(delay=0)
+    sent: list[int] = []
+    with Ledger(server.address) as ledger:
+        @function_tool
+        @ledger.tool()
+        def send_reply(ctx: ToolContext[Session], ticket: str, text: str) -> str:
+            """Reply to a ticket."""
+            payments.refuse_once()  # a 429: NotExecuted, nothing was sent
+            sent.append(current_attempt().number)
+            return "sent"
+
+        args = {"ticket": "t-1", "text": "hi"}
+        model = ScriptedModel([[function_call("send_reply", args, call_id="c-1")],
+                               [assistant_message("I will try again later.")]])
+        result = Runner.run_sync(Agent(name="s", model=model, tools=[send_reply]), "reply",
+                                 context=Session(run_id))
+        assert "error occurred" in outputs(result)[0]  # the SDK told the model it failed
+        entry = ledger.lookup(run_id=run_id, tool="send_reply", arguments=args)
+        assert (entry.status, entry.retryable) == (Status.FAILED, True)
+        # The same intent again runs it (attempt 2); once more replays.
+        again = Runner.run_sync(Agent(name="s", model=scripted("send_reply", args),
+                                      tools=[send_reply]), "reply", context=Session(run_id))
+        assert sent == [2]
+        assert count_notes(outputs(again)) == (1, 2) and "sent" in outputs(again)

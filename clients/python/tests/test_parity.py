@@ -1,0 +1,155 @@
+"""The client conforms to clients/parity.json, the one list of what the Python and TypeScript
+clients share: every error class exists with its parent, every gRPC code and reason the list
+names converts to its class, and the defaults are the client's.
+
+The conversions are checked through a real gRPC call: a small gRPC server in this process
+answers the ledger's Lookup with the code and ErrorInfo reason asked for (most of them, such as
+STORE_FULL or STORE_CORRUPT, the real server sends only when its disk or database fails), and
+the client's own call path turns the error into a class.
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+from collections.abc import Iterator
+from concurrent import futures
+from pathlib import Path
+
+import grpc
+import pytest
+from google.protobuf import any_pb2
+from google.rpc import error_details_pb2, status_pb2
+
+import idempotency_ledger
+from idempotency_ledger import AsyncLedger, Canonicalization, Ledger, LedgerError
+from idempotency_ledger.client import _canonicalization
+
+PARITY = json.loads(
+    (Path(__file__).resolve().parents[2] / "parity.json").read_text(encoding="utf-8"))
+ERRORS = PARITY["errors"]
+BY_CONCEPT = {e["concept"]: e for e in ERRORS}
+WITH_CODE = [e for e in ERRORS if e["code"]]
+
+
+def python_class(concept: str) -> type:
+    name = BY_CONCEPT[concept]["python"]
+    cls = getattr(idempotency_ledger, name, None)
+    assert isinstance(cls, type), f"idempotency_ledger.{name} ({concept}) does not exist"
+    return cls
+
+
+@pytest.mark.parametrize("error", ERRORS, ids=[e["concept"] for e in ERRORS])
+def test_every_error_class_exists_with_its_parent(error: dict) -> None:
+    cls = python_class(error["concept"])
+    assert issubclass(cls, Exception)
+    if error["parent"] is None:
+        assert cls is LedgerError
+    else:
+        parent = python_class(error["parent"])
+        assert issubclass(cls, parent), f"{cls.__name__} is not a {parent.__name__}"
+        assert cls is not parent
+
+
+def test_the_list_names_every_error_class_the_client_exports() -> None:
+    listed = {e["python"] for e in ERRORS}
+    exported = {name for name in idempotency_ledger.__all__
+                if isinstance(getattr(idempotency_ledger, name), type)
+                and issubclass(getattr(idempotency_ledger, name), LedgerError)}
+    # ArgumentsRefused is the local key derivation's InvalidArgument, not a class of the wire.
+    assert exported - listed == {"ArgumentsRefused"}
+
+
+class _Refuser(grpc.GenericRpcHandler):
+    """Answers every ledger call with the error its Lookup key names: ``CODE`` or
+    ``CODE/REASON``, detailed as the ledger details its errors (ErrorInfo, and RetryInfo)."""
+
+    def service(self, handler_call_details: grpc.HandlerCallDetails) -> grpc.RpcMethodHandler:
+        from idempotency.v1 import ledger_pb2 as pb
+
+        def refuse(request: pb.LookupRequest, context: grpc.ServicerContext) -> None:
+            code_name, _, reason = request.key.partition("/")
+            code = grpc.StatusCode[code_name]
+            status = status_pb2.Status(code=code.value[0], message=f"refused: {request.key}")
+            if reason:
+                detail = any_pb2.Any()
+                detail.Pack(error_details_pb2.ErrorInfo(domain="idempotency.v1", reason=reason))
+                status.details.append(detail)
+                retry = any_pb2.Any()
+                retry.Pack(error_details_pb2.RetryInfo(retry_delay={"seconds": 2}))
+                status.details.append(retry)
+            context.set_trailing_metadata(
+                (("grpc-status-details-bin", status.SerializeToString()),))
+            context.abort(code, status.message)
+
+        return grpc.unary_unary_rpc_method_handler(
+            refuse, request_deserializer=pb.LookupRequest.FromString,
+            response_serializer=pb.LookupResponse.SerializeToString)
+
+
+@pytest.fixture(scope="module")
+def refuser() -> Iterator[str]:
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
+    server.add_generic_rpc_handlers((_Refuser(),))
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    try:
+        yield f"127.0.0.1:{port}"
+    finally:
+        server.stop(None)
+
+
+@pytest.mark.parametrize("error", WITH_CODE, ids=[e["concept"] for e in WITH_CODE])
+def test_every_code_and_reason_converts_to_its_class(refuser: str, error: dict) -> None:
+    cls = python_class(error["concept"])
+    key = error["code"] + (f"/{error['reason']}" if error["reason"] else "")
+    with Ledger(refuser, timeout=5) as ledger, pytest.raises(LedgerError) as raised:
+        ledger.lookup(key)
+    assert type(raised.value) is cls, f"{key} converted to {type(raised.value).__name__}"
+    assert raised.value.code == grpc.StatusCode[error["code"]]
+    assert raised.value.reason == (error["reason"] or None)
+    if error["reason"]:
+        assert raised.value.retry_after == 2.0
+
+
+@pytest.mark.parametrize("reason", ["STORE_IO_ERROR", "STORE_CONTENTION", "STORE_READ_ONLY",
+                                    "STORE_UNAVAILABLE"])
+def test_the_store_reasons_of_unavailable_stay_unavailable(refuser: str, reason: str) -> None:
+    unavailable = python_class("unavailable")
+    with Ledger(refuser, timeout=5) as ledger, pytest.raises(unavailable) as raised:
+        ledger.lookup(f"UNAVAILABLE/{reason}")
+    assert type(raised.value) is unavailable and raised.value.retry_after == 2.0
+
+
+def test_a_reason_under_another_code_does_not_pick_the_subclass(refuser: str) -> None:
+    with Ledger(refuser, timeout=5) as ledger, pytest.raises(LedgerError) as raised:
+        ledger.lookup("UNAVAILABLE/STALE_CLAIM_TOKEN")
+    assert type(raised.value) is python_class("unavailable")
+
+
+def _default(function: object, parameter: str) -> object:
+    return inspect.signature(function).parameters[parameter].default  # type: ignore[arg-type]
+
+
+def test_the_defaults_are_the_clients() -> None:
+    defaults = PARITY["defaults"]
+    assert idempotency_ledger.DEFAULT_WAIT == defaults["wait_seconds"]
+    for function in (Ledger.run_once, AsyncLedger.run_once, idempotency_ledger.tools.ledger_tool):
+        assert _default(function, "wait") == defaults["wait_seconds"], function
+    assert idempotency_ledger.RENEW_EVERY_FRACTION_OF_LEASE == pytest.approx(
+        defaults["renew_every_fraction_of_lease"], abs=1e-12)
+    for function in (Ledger.run_once, AsyncLedger.run_once, Ledger.claim, AsyncLedger.claim,
+                     idempotency_ledger.tools.ledger_tool):
+        assert _canonicalization(_default(function, "canonicalization")) == defaults[
+            "canonicalization"], function
+    assert _canonicalization(Canonicalization.JCS) == defaults["canonicalization"]
+
+
+@pytest.mark.parametrize("form", PARITY["defaults"]["targets"])
+def test_every_target_form_is_accepted(form: str) -> None:
+    target = form.replace("host", "127.0.0.1").replace("port", "50051")
+    ledger = Ledger(target)
+    try:
+        assert ledger.address == "127.0.0.1:50051"
+    finally:
+        ledger.close()

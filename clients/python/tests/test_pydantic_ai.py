@@ -1,0 +1,170 @@
+"""pydantic-ai (the real package, its offline FunctionModel): the decorator on a RunContext tool
+and the LedgerToolset, against the real server."""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+from typing import Any
+
+import pytest
+from pydantic_ai import Agent, ModelRetry, RunContext
+from pydantic_ai.messages import ModelMessage, ModelResponse, TextPart, ToolCallPart, ToolReturnPart
+from pydantic_ai.models.function import AgentInfo, FunctionModel
+from pydantic_ai.toolsets import FunctionToolset
+
+from scenario import CREDIT, CREDIT_RESPELLED, REPLAY_NOTE, Payments, count_notes
+from idempotency_ledger import AsyncLedger, Ledger, Status, current_attempt
+from idempotency_ledger.pydantic_ai import LedgerToolset
+from idempotency_ledger.testing import LedgerServer
+
+
+def scripted(tool: str = "issue_credit", first_args: Any = None,
+             parallel: bool = True) -> FunctionModel:
+    """Two parallel calls (or one), then the same intent respelled, then a final answer."""
+    first_args = CREDIT if first_args is None else first_args
+
+    def respond(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
+        turn = sum(1 for m in messages if isinstance(m, ModelResponse))
+        if turn == 0:
+            calls = [ToolCallPart(tool, first_args, tool_call_id=f"call-{n}")
+                     for n in range(1, 3 if parallel else 2)]
+            return ModelResponse(parts=calls)
+        if turn == 1:
+            again = CREDIT_RESPELLED if first_args is CREDIT else dict(
+                reversed(list(first_args.items())))
+            return ModelResponse(parts=[ToolCallPart(tool, again, tool_call_id="call-3")])
+        return ModelResponse(parts=[TextPart("done")])
+
+    return FunctionModel(respond)
+
+
+def tool_outputs(messages: list[ModelMessage]) -> list[Any]:
+    return [part.content for m in messages for part in m.parts
+            if isinstance(part, ToolReturnPart)]
+
+
+def test_a_run_context_tool_runs_once_per_run(server: LedgerServer, run_id: str) -> None:
+    payments = Payments()
+    ledger = Ledger(server.address)
+    agent = Agent(scripted())
+
+    @agent.tool
+    @ledger.tool()
+    def issue_credit(ctx: RunContext[None], customer: str, amount: int, currency: str) -> dict:
+        """Issue a credit to a customer."""
+        return payments.issue_credit(customer, amount, currency,
+                                     reference=current_attempt().external_ref)
+
+    # The schema the model sees is the function's, without the context.
+    (definition,) = agent._function_toolset.tools.values()  # noqa: SLF001
+    assert set(definition.tool_def.parameters_json_schema["properties"]) == {
+        "customer", "amount", "currency"}
+    try:
+        result = agent.run_sync("credit c-42", run_id=run_id)
+        results, notes = count_notes(tool_outputs(result.all_messages()))
+        assert (results, notes) == (1, 2)
+        assert len(payments.credits) == 1
+        entry = ledger.lookup(run_id=run_id, tool="issue_credit", arguments=CREDIT)
+        assert entry.replay_count == 2 and entry.external_ref == payments.credits[0]["reference"]
+        assert entry.arguments_json == '{"amount":200,"currency":"EUR","customer":"c-42"}'
+        # A second run (a fresh run id) is a new intent: it acts again.
+        again = agent.run_sync("credit c-42 again")
+        assert count_notes(tool_outputs(again.all_messages())) == (1, 2)
+        assert len(payments.credits) == 2
+    finally:
+        ledger.close()
+
+
+def test_model_retry_before_acting_leaves_the_intent_retryable(server: LedgerServer,
+                                                               run_id: str) -> None:
+    payments = Payments(delay=0)
+    ledger = Ledger(server.address)
+    calls = []
+
+    def respond(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
+        turn = sum(1 for m in messages if isinstance(m, ModelResponse))
+        if turn < 2:  # the same call again after the retry prompt
+            return ModelResponse(parts=[ToolCallPart("issue_credit", CREDIT)])
+        return ModelResponse(parts=[TextPart("done")])
+
+    agent = Agent(FunctionModel(respond))
+
+    @agent.tool(retries=2)
+    @ledger.tool()
+    def issue_credit(ctx: RunContext[None], customer: str, amount: int, currency: str) -> dict:
+        """Issue a credit to a customer."""
+        calls.append(current_attempt().number)
+        if len(calls) == 1:
+            raise ModelRetry("the payments API is busy, call again")
+        return payments.issue_credit(customer, amount, currency, current_attempt().external_ref)
+
+    try:
+        agent.run_sync("credit c-42", run_id=run_id)
+        assert calls == [1, 2] and len(payments.credits) == 1
+        entry = ledger.lookup(run_id=run_id, tool="issue_credit", arguments=CREDIT)
+        assert (entry.status, entry.attempt) == (Status.SUCCEEDED, 2)
+    finally:
+        ledger.close()
+
+
+def test_the_toolset_makes_every_tool_run_once(server: LedgerServer, run_id: str) -> None:
+    payments = Payments()
+    toolset = FunctionToolset()
+    refused: list[str] = []
+
+    @toolset.tool_plain
+    def issue_credit(customer: str, amount: int, currency: str) -> dict:
+        """Issue a credit to a customer."""
+        return payments.issue_credit(customer, amount, currency, current_attempt().external_ref)
+
+    @toolset.tool_plain
+    def send_reply(ticket: str, text: str) -> str:
+        """Reply to a support ticket."""
+        refused.append(ticket)
+        payments.refuse_once()  # NotExecuted: nothing was sent
+        return "sent"
+
+    async def main() -> None:
+        async with AsyncLedger(server.address) as ledger:
+            agent = Agent(scripted(), toolsets=[LedgerToolset(toolset, ledger,
+                                                              tools={"issue_credit"})])
+            result = await agent.run("credit c-42", run_id=run_id)
+            assert count_notes(tool_outputs(result.all_messages())) == (1, 2)
+            assert len(payments.credits) == 1
+            await agent.run("credit c-42", run_id=f"{run_id}-2")
+            assert len(payments.credits) == 2
+
+            # A tool that refuses before acting: FAILED retryable, and the next call runs it.
+            replies = Agent(scripted("send_reply", {"ticket": "t-1", "text": "hi"},
+                                     parallel=False),
+                            toolsets=[LedgerToolset(toolset, ledger)])
+            with pytest.raises(Exception, match="429"):
+                await replies.run("reply", run_id=f"{run_id}-3")
+            entry = await ledger.lookup(run_id=f"{run_id}-3", tool="send_reply",
+                                        arguments={"ticket": "t-1", "text": "hi"})
+            assert (entry.status, entry.retryable) == (Status.FAILED, True)
+            done = await replies.run("reply", run_id=f"{run_id}-3")
+            outputs = tool_outputs(done.all_messages())
+            assert outputs == ["sent", {"status": "already_done", "note": REPLAY_NOTE,
+                                        "result": "sent"}]
+            entry = await ledger.lookup(entry.key)
+            assert (entry.status, entry.attempt) == (Status.SUCCEEDED, 2)
+
+    asyncio.run(main())
+
+
+def test_the_decorated_tool_keeps_what_pydantic_ai_reads(server: LedgerServer) -> None:
+    ledger = Ledger(server.address)
+
+    async def credit(ctx: RunContext[None], customer: str, amount: int = 1) -> dict:
+        """Credit."""
+        return {}
+
+    wrapped = ledger.tool()(credit)
+    try:
+        assert inspect.signature(wrapped) == inspect.signature(credit, eval_str=True)
+        assert inspect.iscoroutinefunction(wrapped)
+        assert wrapped.__doc__ == "Credit." and wrapped.__wrapped__ is credit
+    finally:
+        ledger.close()
