@@ -13,7 +13,7 @@ use crate::domain::canonical::JsonLimits;
 use crate::domain::redact::{self, ArgumentsPolicy, Redaction};
 use crate::ledger::Limits;
 use crate::metrics::MetricsOptions;
-use crate::storage::PoolOptions;
+use crate::storage::{PoolOptions, Pooler};
 use crate::telemetry::LogFormat;
 
 /// An idempotency ledger for AI agents' tool calls: claim a key before acting, complete it with
@@ -260,11 +260,12 @@ pub struct Settings {
 
     /// How claims waiting on one server learn of a completion on another server sharing the
     /// PostgreSQL database: `listen` (LISTEN/NOTIFY on a dedicated connection, with a 1 s poll
-    /// as a safety net) or `poll` (one read per watched key every --wait-poll-interval; for
-    /// PgBouncer in transaction mode, which cannot LISTEN). Waiters on the same server are
+    /// as a safety net) or `poll` (one read per watched key every --wait-poll-interval). When
+    /// unset: `listen`, or `poll` with `--postgres-pooler transaction`, which cannot LISTEN
+    /// (asking for `listen` there is refused at start-up). Waiters on the same server are
     /// always woken in-process.
-    #[arg(long, env = "LEDGER_WAIT_WAKEUP", value_enum, default_value_t = Wakeup::Listen, global = true)]
-    pub wait_wakeup: Wakeup,
+    #[arg(long, env = "LEDGER_WAIT_WAKEUP", value_enum, global = true)]
+    pub wait_wakeup: Option<Wakeup>,
 
     /// The poll interval of `--wait-wakeup poll`.
     #[arg(long, env = "LEDGER_WAIT_POLL_INTERVAL", default_value = "100ms", value_parser = parse_duration, global = true)]
@@ -361,6 +362,40 @@ pub struct Settings {
     #[arg(long, env = "LEDGER_HTTP2_KEEPALIVE_TIMEOUT", default_value = "10s", value_parser = parse_duration, global = true)]
     pub http2_keepalive_timeout: Duration,
 
+    /// How the server reaches PostgreSQL: `none` (directly, or through a pooler in session
+    /// mode, which gives each of its connections a server connection of its own) or
+    /// `transaction` (PgBouncer or another pooler in transaction mode, where a server
+    /// connection is ours for one transaction only: every statement runs unnamed inside its own
+    /// transaction, nothing is set on the session, waiters poll instead of LISTEN, and
+    /// migrations run only through --migrations-database-url or `migrate` against a direct
+    /// URL). With `none`, start-up refuses a store that turns out to share sessions between
+    /// connections.
+    #[arg(
+        long,
+        env = "LEDGER_POSTGRES_POOLER",
+        value_enum,
+        default_value_t = Pooler::None,
+        global = true
+    )]
+    pub postgres_pooler: Pooler,
+
+    /// PostgreSQL: a direct URL (not through a transaction pooler) for the migrations that
+    /// run at start-up, with --postgres-pooler transaction. Without it, such a server only
+    /// checks that the migrations were applied (`idempotency-ledger migrate` against a direct
+    /// URL applies them).
+    #[arg(long, env = "LEDGER_MIGRATIONS_DATABASE_URL", global = true)]
+    pub migrations_database_url: Option<String>,
+
+    /// PostgreSQL: the longest one statement of the server may run (`statement_timeout`);
+    /// a longer one is cancelled and answered UNAVAILABLE. 0 leaves the database's own
+    /// setting.
+    #[arg(long, env = "LEDGER_DB_STATEMENT_TIMEOUT", default_value = "10s", value_parser = parse_duration, global = true)]
+    pub db_statement_timeout: Duration,
+
+    /// How long opening one database connection may take before it counts as failed.
+    #[arg(long, env = "LEDGER_DB_CONNECT_TIMEOUT", default_value = "5s", value_parser = parse_duration, global = true)]
+    pub db_connect_timeout: Duration,
+
     /// Most database connections this server opens.
     #[arg(
         long,
@@ -430,7 +465,7 @@ impl Settings {
             reconcile_lease: self.reconcile_lease,
             reconcile_default_limit: self.reconcile_default_limit,
             reconcile_max_limit: self.reconcile_max_limit,
-            wait_poll_interval: match self.wait_wakeup {
+            wait_poll_interval: match self.wakeup() {
                 Wakeup::Listen => LISTEN_SAFETY_POLL.max(self.wait_poll_interval),
                 Wakeup::Poll => self.wait_poll_interval,
             },
@@ -446,9 +481,18 @@ impl Settings {
         }
     }
 
+    /// How waiters learn of other servers' completions: as set, or what the pooler allows.
+    pub fn wakeup(&self) -> Wakeup {
+        match (self.wait_wakeup, self.postgres_pooler) {
+            (Some(wakeup), _) => wakeup,
+            (None, Pooler::Transaction) => Wakeup::Poll,
+            (None, Pooler::None) => Wakeup::Listen,
+        }
+    }
+
     /// Whether this server should LISTEN for other servers' announcements.
     pub fn listens(&self) -> bool {
-        self.wait_wakeup == Wakeup::Listen
+        self.wakeup() == Wakeup::Listen
     }
 
     /// The store's pool settings.
@@ -457,6 +501,10 @@ impl Settings {
             max_connections: self.db_max_connections,
             acquire_timeout: self.db_acquire_timeout,
             write_batches: usize::from(self.db_write_batches),
+            pooler: self.postgres_pooler,
+            migrations_url: self.migrations_database_url.clone(),
+            statement_timeout: self.db_statement_timeout,
+            connect_timeout: self.db_connect_timeout,
         }
     }
 
@@ -495,6 +543,16 @@ impl Settings {
         }
         if self.max_json_depth == 0 || self.max_arguments_bytes == 0 {
             return Err("--max-json-depth and --max-arguments-bytes must be positive".into());
+        }
+        if self.postgres_pooler == Pooler::Transaction && self.wait_wakeup == Some(Wakeup::Listen) {
+            return Err(
+                "--wait-wakeup listen cannot work with --postgres-pooler transaction: a \
+                 transaction pooler keeps no LISTEN between transactions; use --wait-wakeup poll"
+                    .into(),
+            );
+        }
+        if self.db_connect_timeout.is_zero() {
+            return Err("--db-connect-timeout must be positive".into());
         }
         if self.http2_keepalive_interval.is_zero() || self.http2_keepalive_timeout.is_zero() {
             return Err(

@@ -120,6 +120,7 @@ impl LedgerError {
                 StoreError::Contention(_) => "STORE_CONTENTION",
                 StoreError::ReadOnly(_) => "STORE_READ_ONLY",
                 StoreError::Corrupt(_) => "STORE_CORRUPT",
+                StoreError::Misconfigured(_) => "STORE_MISCONFIGURED",
                 StoreError::Internal(_) => "INTERNAL",
             },
             LedgerError::LeaseEnded(_) => "LEASE_ENDED",
@@ -144,7 +145,8 @@ impl LedgerError {
                 StoreError::Unavailable(_)
                 | StoreError::Io(_)
                 | StoreError::Contention(_)
-                | StoreError::ReadOnly(_) => Code::Unavailable,
+                | StoreError::ReadOnly(_)
+                | StoreError::Misconfigured(_) => Code::Unavailable,
                 StoreError::Full(_) => Code::ResourceExhausted,
                 StoreError::Corrupt(_) => Code::DataLoss,
                 StoreError::Internal(_) => Code::Internal,
@@ -185,6 +187,9 @@ fn store_message(e: &StoreError) -> &'static str {
         StoreError::Corrupt(_) => {
             "the ledger's database reports corrupt files; an operator must restore it"
         }
+        StoreError::Misconfigured(_) => {
+            "the ledger's server is misconfigured for its database; its log says how"
+        }
         StoreError::Internal(_) => "internal error",
     }
 }
@@ -197,7 +202,7 @@ fn store_retry_delay(e: &StoreError) -> Option<Duration> {
         }
         StoreError::Contention(_) => Some(CONTENTION_RETRY_DELAY),
         StoreError::Full(_) => Some(FULL_RETRY_DELAY),
-        StoreError::Corrupt(_) | StoreError::Internal(_) => None,
+        StoreError::Corrupt(_) | StoreError::Misconfigured(_) | StoreError::Internal(_) => None,
     }
 }
 
@@ -232,6 +237,9 @@ fn log_store_error(e: &StoreError) {
         }
         StoreError::Corrupt(detail) => {
             tracing::error!(error = %detail, suppressed, "the store reports corrupt files");
+        }
+        StoreError::Misconfigured(detail) => {
+            tracing::error!(error = %detail, suppressed, "the server is misconfigured for its store");
         }
         StoreError::Full(detail) => {
             tracing::warn!(error = %detail, suppressed, "write refused: the store is out of disk space");

@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use clap::Parser;
 use idempotency_ledger::config::{Cli, Command};
-use idempotency_ledger::domain::time::SystemClock;
+use idempotency_ledger::domain::time::AlignedClock;
 use idempotency_ledger::{inspect, server, telemetry};
 
 #[tokio::main]
@@ -18,7 +18,10 @@ async fn main() -> ExitCode {
         return ExitCode::FAILURE;
     }
     let result = match cli.command.unwrap_or(Command::Serve) {
-        Command::Serve => server::run(cli.settings, Arc::new(SystemClock), shutdown_signal()).await,
+        Command::Serve => {
+            let clock = Arc::new(AlignedClock::default());
+            server::run(cli.settings, clock, shutdown_signal()).await
+        }
         Command::Migrate => server::migrate(&cli.settings).await,
         // The inspection commands print their own errors and choose their exit status.
         Command::Entries(args) => return inspect::entries(args).await,

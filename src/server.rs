@@ -19,12 +19,13 @@ use crate::admission::Admission;
 use crate::auth::Tenancy;
 use crate::config::Settings;
 use crate::connections::{self, ConnectionLimits, Listener};
+use crate::domain::Micros;
 use crate::domain::time::Clock;
 use crate::error::LedgerError;
 use crate::grpc::{LedgerApi, LedgerServiceServer, pb};
 use crate::ledger::Ledger;
 use crate::metrics::{self, GrpcMetricsLayer, Metrics};
-use crate::storage::{self, Store, redact_url};
+use crate::storage::{self, Store, StoreError, StoreResult, redact_url};
 
 /// The fully qualified name of the ledger service, as health and reflection report it.
 pub const LEDGER_SERVICE: &str = "idempotency.v1.LedgerService";
@@ -78,6 +79,7 @@ pub async fn serve(
     let tls = tls_config(&settings)?;
     let store = storage::open(&settings.database_url, &settings.pool()).await?;
     let metrics = Metrics::new(clock.clone(), &settings.metrics_options());
+    let probe_clock = clock.clone();
     let ledger = Ledger::new(store.clone(), clock, settings.limits());
     if settings.listens() {
         ledger.listen_for_announcements();
@@ -181,12 +183,15 @@ pub async fn serve(
     );
 
     let (drain_tx, mut drain_rx) = watch::channel(false);
+    let (fatal_tx, mut fatal_rx) = tokio::sync::oneshot::channel();
     let probe = tokio::spawn(probe_loop(
         store,
         reporter.clone(),
         state.clone(),
         metrics,
+        probe_clock,
         settings.health_probe_interval,
+        fatal_tx,
     ));
     let signal = {
         let reporter = reporter.clone();
@@ -233,6 +238,7 @@ pub async fn serve(
     };
     let result = tokio::select! {
         served = server => served.map_err(|e| ServeError::Transport(e.to_string())),
+        Ok(reason) = &mut fatal_rx => Err(ServeError::Store(StoreError::Misconfigured(reason))),
         () = bounded_drain => {
             tracing::warn!(grace = ?grace, "in-flight calls did not finish within the grace period");
             Ok(())
@@ -355,46 +361,73 @@ struct Readiness {
 
 /// Runs migrations until they succeed, then pings the store every `interval` and reports
 /// SERVING only while it answers and has room for writes: after a write failed for want of
-/// disk space, each probe also tries a write ([`Store::probe_write`]) until one commits.
+/// disk space, each probe also tries a write ([`Store::probe_write`]) until one commits. On a
+/// store several servers share, each probe also measures the database's clock and aligns
+/// `clock` to it (before the first call is served). Logs each change of health, and each
+/// change of the cause while it is not serving, in the database's own words. A store that
+/// does not fit the settings ([`StoreError::Misconfigured`]) ends the probe with the reason
+/// sent on `fatal`.
 async fn probe_loop(
     store: Arc<dyn Store>,
     reporter: HealthReporter,
     state: Arc<Readiness>,
     metrics: Arc<Metrics>,
+    clock: Arc<dyn Clock>,
     interval: std::time::Duration,
+    fatal: tokio::sync::oneshot::Sender<String>,
 ) {
     let mut serving = false;
+    let mut last_cause: Option<String> = None;
+    let mut alignment = ClockAlignment::default();
     loop {
-        let healthy = if state.migrated.load(Ordering::Acquire) {
-            let bound = interval.max(std::time::Duration::from_secs(1));
-            let check = async {
+        let bound = interval.max(std::time::Duration::from_secs(1));
+        let check = async {
+            if state.migrated.load(Ordering::Acquire) {
                 store.ping().await?;
                 if store.is_full() {
                     store.probe_write().await?;
                 }
-                Ok(())
-            };
-            tokio::time::timeout(bound, check)
-                .await
-                .map_err(|_| storage::StoreError::Unavailable("health probe timed out".into()))
-                .and_then(|r| r)
-        } else {
-            store.migrate().await.map(|()| {
+                alignment.align(&*store, &*clock).await
+            } else {
+                store.migrate().await?;
+                // Aligned before the first call is let in.
+                alignment.align(&*store, &*clock).await?;
                 state.migrated.store(true, Ordering::Release);
                 tracing::info!(backend = store.backend(), "store migrated");
-            })
+                Ok(())
+            }
         };
+        let healthy = match tokio::time::timeout(bound, check).await {
+            Ok(result) => result,
+            Err(_) => Err(StoreError::Unavailable(format!(
+                "the health probe got no answer within {bound:?}"
+            ))),
+        };
+        if let Err(StoreError::Misconfigured(reason)) = &healthy {
+            tracing::error!(error = %reason, store = %store.location(), "the server's settings do not fit its store");
+            let _ = fatal.send(reason.clone());
+            return;
+        }
         metrics.set_store_up(healthy.is_ok());
+        let cause = match &healthy {
+            Ok(()) => None,
+            Err(e) => Some(explain(&*store, e).await),
+        };
         let now_serving = healthy.is_ok() && !state.draining.load(Ordering::Acquire);
-        if now_serving != serving {
-            match &healthy {
-                Ok(()) => tracing::info!("store reachable and writable: health SERVING"),
-                Err(e) => tracing::warn!(
-                    error = %e,
-                    cause = e.kind(),
+        if now_serving != serving || (cause.is_some() && cause != last_cause) {
+            match (&cause, &healthy) {
+                (None, _) => tracing::info!("store reachable and writable: health SERVING"),
+                (Some(cause), Err(e)) => tracing::warn!(
+                    error = %cause,
+                    kind = e.kind(),
+                    store = %store.location(),
                     "store not ready for calls: health NOT_SERVING"
                 ),
+                (Some(_), Ok(())) => {}
             }
+        }
+        last_cause = cause;
+        if now_serving != serving {
             let status = if now_serving {
                 ServingStatus::Serving
             } else {
@@ -404,6 +437,71 @@ async fn probe_loop(
             serving = now_serving;
         }
         tokio::time::sleep(interval).await;
+    }
+}
+
+/// What a probe's failure says, in the database's own words: a pool that timed out says only
+/// that, so a connection of the store's own is opened to learn why (refused, a wrong
+/// password, a missing database, a TLS failure, a pooler's refusal).
+async fn explain(store: &dyn Store, error: &StoreError) -> String {
+    if let StoreError::Unavailable(detail) = error
+        && detail.contains("pool timed out")
+        && let Some(cause) = store.unreachable_cause().await
+    {
+        return cause;
+    }
+    error.to_string()
+}
+
+/// The clock's alignment to the database's, and what was logged of it.
+#[derive(Debug, Default)]
+struct ClockAlignment {
+    /// The offset last reported in the log, if any was far enough to say.
+    reported: Option<Micros>,
+}
+
+impl ClockAlignment {
+    /// A round trip slower than this says too little about when the database read its clock.
+    const MAX_ROUND_TRIP: std::time::Duration = std::time::Duration::from_millis(250);
+
+    /// An offset this large is logged (and again when it moves by as much).
+    const WORTH_SAYING: Micros = Micros(1_000_000);
+
+    /// Measures the database's clock against this machine's and has `clock` follow it.
+    async fn align(&mut self, store: &dyn Store, clock: &dyn Clock) -> StoreResult<()> {
+        let sent = Micros::now();
+        let started = std::time::Instant::now();
+        let Some(database) = store.database_now().await? else {
+            return Ok(());
+        };
+        let round_trip = started.elapsed();
+        if round_trip > Self::MAX_ROUND_TRIP {
+            return Ok(());
+        }
+        // The database read its clock about halfway through the round trip.
+        let local = sent.plus(Micros::from_duration(round_trip / 2));
+        let offset = database.minus(local);
+        clock.follow(offset);
+        let far = offset.0.abs() >= Self::WORTH_SAYING.0;
+        let moved = self
+            .reported
+            .is_none_or(|r| (r.0 - offset.0).abs() >= Self::WORTH_SAYING.0);
+        if far && moved {
+            tracing::warn!(
+                offset_ms = offset.0 / 1000,
+                "this server's clock is far from the database's: the ledger follows the \
+                 database's clock (leases, reconciliation, retention and every timestamp), but \
+                 check this machine's time synchronisation"
+            );
+            self.reported = Some(offset);
+        } else if !far && self.reported.is_some() {
+            tracing::info!(
+                offset_ms = offset.0 / 1000,
+                "this server's clock is close to the database's again"
+            );
+            self.reported = None;
+        }
+        Ok(())
     }
 }
 

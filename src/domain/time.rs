@@ -38,21 +38,50 @@ impl Micros {
     }
 }
 
-/// Where the ledger reads the time. Production uses the wall clock; tests move a manual one to
-/// expire leases and retention without sleeping.
+/// Where the ledger reads the time. Production uses the wall clock, aligned to the database's
+/// when several servers share one ([`AlignedClock`]); tests move a manual one to expire leases
+/// and retention without sleeping.
 pub trait Clock: Send + Sync + 'static {
     /// The current instant.
     fn now(&self) -> Micros;
+
+    /// Follows a reference clock that reads `offset` ahead of this machine's wall clock (the
+    /// database's, as the health probe measures it). Clocks that do not follow one (the wall
+    /// clock itself, a test's manual clock) ignore it.
+    fn follow(&self, _offset: Micros) {}
 }
 
-/// The system's wall clock. Servers sharing one database should keep their clocks in sync
-/// (NTP): leases and retention compare instants written by different processes.
+/// The system's wall clock, as it is.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct SystemClock;
 
 impl Clock for SystemClock {
     fn now(&self) -> Micros {
         Micros::now()
+    }
+}
+
+/// The system's wall clock moved by the offset of a reference clock: servers sharing one
+/// PostgreSQL database all follow the database's clock, so that leases, reconciliation and
+/// retention compare instants on one clock however far their own clocks drift apart (NTP
+/// fails in practice; the arbiter must not depend on it). The offset starts at zero and is
+/// measured by the health probe before the server serves.
+#[derive(Debug, Default)]
+pub struct AlignedClock {
+    /// Microseconds to add to the wall clock.
+    offset: std::sync::atomic::AtomicI64,
+}
+
+impl Clock for AlignedClock {
+    fn now(&self) -> Micros {
+        Micros::now().plus(Micros(
+            self.offset.load(std::sync::atomic::Ordering::Relaxed),
+        ))
+    }
+
+    fn follow(&self, offset: Micros) {
+        self.offset
+            .store(offset.0, std::sync::atomic::Ordering::Relaxed);
     }
 }
 
@@ -66,6 +95,21 @@ mod tests {
         assert_eq!(Micros::from_duration(d), Micros(1_500_000));
         assert_eq!(Micros(1_500_000).to_duration(), d);
         assert_eq!(Micros(-5).to_duration(), Duration::ZERO);
+    }
+
+    #[test]
+    fn an_aligned_clock_reads_the_reference_and_a_wall_clock_ignores_it() {
+        let aligned = AlignedClock::default();
+        let ahead = Micros::from_duration(Duration::from_secs(600));
+        aligned.follow(ahead);
+        let gap = aligned.now().minus(Micros::now());
+        assert!(
+            gap.0 > ahead.0 - 1_000_000 && gap.0 <= ahead.0,
+            "10 minutes ahead: {gap:?}"
+        );
+        let wall = SystemClock;
+        wall.follow(ahead);
+        assert!(wall.now().minus(Micros::now()).0 < 1_000_000);
     }
 
     #[test]

@@ -292,6 +292,18 @@ impl Store for GroupCommit {
         self.inner.is_full()
     }
 
+    async fn database_now(&self) -> StoreResult<Option<Micros>> {
+        self.inner.database_now().await
+    }
+
+    async fn unreachable_cause(&self) -> Option<String> {
+        self.inner.unreachable_cause().await
+    }
+
+    fn location(&self) -> String {
+        self.inner.location()
+    }
+
     async fn probe_write(&self) -> StoreResult<()> {
         self.inner.probe_write().await
     }

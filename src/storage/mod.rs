@@ -50,6 +50,10 @@ pub enum StoreError {
     /// The database reports its own files corrupt: an operator must restore them.
     #[error("store corrupt: {0}")]
     Corrupt(String),
+    /// The server's settings do not fit the database it reached (a transaction pooler that
+    /// `--postgres-pooler none` does not expect): the server refuses to start.
+    #[error("store misconfigured: {0}")]
+    Misconfigured(String),
     /// Anything else (a constraint we did not expect, a row we cannot read): a bug.
     #[error("store error: {0}")]
     Internal(String),
@@ -65,20 +69,37 @@ impl StoreError {
             StoreError::Contention(_) => "contention",
             StoreError::ReadOnly(_) => "read_only",
             StoreError::Corrupt(_) => "corrupt",
+            StoreError::Misconfigured(_) => "misconfigured",
             StoreError::Internal(_) => "internal",
         }
     }
 
-    /// Every kind, in the order metrics report them.
-    pub const KINDS: [&'static str; 7] = [
+    /// Every kind, in the order metrics report them; `internal` last.
+    pub const KINDS: [&'static str; 8] = [
         "unavailable",
         "io_error",
         "full",
         "contention",
         "read_only",
         "corrupt",
+        "misconfigured",
         "internal",
     ];
+
+    /// The same error with `context` before its detail (where the store was, what it did).
+    pub fn context(self, context: &str) -> StoreError {
+        let with = |detail: String| format!("{context}: {detail}");
+        match self {
+            StoreError::Unavailable(d) => StoreError::Unavailable(with(d)),
+            StoreError::Io(d) => StoreError::Io(with(d)),
+            StoreError::Full(d) => StoreError::Full(with(d)),
+            StoreError::Contention(d) => StoreError::Contention(with(d)),
+            StoreError::ReadOnly(d) => StoreError::ReadOnly(with(d)),
+            StoreError::Corrupt(d) => StoreError::Corrupt(with(d)),
+            StoreError::Misconfigured(d) => StoreError::Misconfigured(with(d)),
+            StoreError::Internal(d) => StoreError::Internal(with(d)),
+        }
+    }
 
     /// Whether the connection that produced this error should not be used again: after an
     /// I/O error, a full disk or a read-only server, the session may hold a half-rolled-back
@@ -232,9 +253,29 @@ macro_rules! run_on {
         loop {
             #[allow(unused_mut)]
             let mut $conn = $store.pool.acquire().await.map_err($classify)?;
-            match $body {
+            let mut broken = false;
+            let result = match $store.open_call(&mut *$conn).await {
+                Ok(()) => {
+                    let result = $body;
+                    match ($store.close_call(&mut *$conn, result.is_ok()).await, result) {
+                        (Ok(()), result) => result,
+                        // The COMMIT failed: so did the call.
+                        (Err(e), Ok(_)) => Err(e),
+                        // The ROLLBACK after an error failed: the session is in an unknown state.
+                        (Err(_), Err(e)) => {
+                            broken = true;
+                            Err(e)
+                        }
+                    }
+                }
+                Err(e) => Err(e),
+            };
+            match result {
                 Ok(done) => break Ok(done),
                 Err(e) => {
+                    if broken {
+                        $conn.close_on_drop();
+                    }
                     let error = $classify(e);
                     if let Err(e) =
                         $crate::storage::after_failure(error, $conn, &$store.health, &mut tries)
@@ -343,6 +384,26 @@ pub trait Store: Send + Sync + 'static {
     /// # Errors
     /// As the database fails (`Full` while there is still no space).
     async fn probe_write(&self) -> StoreResult<()>;
+
+    /// The database's clock, where other servers share the store and must agree on the time
+    /// (PostgreSQL); `None` for a store one server uses, whose own clock is the arbiter.
+    ///
+    /// # Errors
+    /// As the database fails.
+    async fn database_now(&self) -> StoreResult<Option<Micros>> {
+        Ok(None)
+    }
+
+    /// Why the store cannot be reached, in the database's own words, found by opening a
+    /// connection of its own (a pool only says that it timed out); `None` when it can.
+    async fn unreachable_cause(&self) -> Option<String> {
+        None
+    }
+
+    /// Where the store is, for logs (never a password).
+    fn location(&self) -> String {
+        String::new()
+    }
 
     /// Inserts `entry` unless (tenant, key) exists. `true` when this call inserted it: the
     /// unique constraint, not a prior read, decides among concurrent claimants.
@@ -617,6 +678,18 @@ pub async fn open(url: &str, options: &PoolOptions) -> StoreResult<Arc<dyn Store
     Ok(Arc::new(batch::GroupCommit::new(store, writers)))
 }
 
+/// How the server reaches PostgreSQL (`--postgres-pooler`).
+#[derive(clap::ValueEnum, Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Pooler {
+    /// Directly, or through a pooler in session mode, which gives each of the server's
+    /// connections a server connection of its own.
+    #[default]
+    None,
+    /// Through a pooler in transaction mode (PgBouncer's `pool_mode = transaction`), where a
+    /// server connection is the server's for one transaction only.
+    Transaction,
+}
+
 /// Connection pool settings shared by both backends.
 #[derive(Clone, Debug)]
 pub struct PoolOptions {
@@ -627,6 +700,14 @@ pub struct PoolOptions {
     /// PostgreSQL: how many group-commit batches of each kind (claims, completions) are written
     /// at once. Fewer means larger batches and less database time per call.
     pub write_batches: usize,
+    /// PostgreSQL: whether a transaction pooler sits between the server and the database.
+    pub pooler: Pooler,
+    /// PostgreSQL: a direct URL for migrations, when the store's goes through a pooler.
+    pub migrations_url: Option<String>,
+    /// PostgreSQL: `statement_timeout` of the server's statements (zero: the database's).
+    pub statement_timeout: std::time::Duration,
+    /// How long opening one connection may take.
+    pub connect_timeout: std::time::Duration,
 }
 
 impl Default for PoolOptions {
@@ -635,6 +716,10 @@ impl Default for PoolOptions {
             max_connections: 16,
             acquire_timeout: std::time::Duration::from_secs(3),
             write_batches: 2,
+            pooler: Pooler::None,
+            migrations_url: None,
+            statement_timeout: std::time::Duration::from_secs(10),
+            connect_timeout: std::time::Duration::from_secs(5),
         }
     }
 }

@@ -24,6 +24,16 @@ pub struct PgStore {
     listen_pool: PgPool,
     /// Whether the disk was last found full.
     health: std::sync::Arc<WriteHealth>,
+    /// How the connections are opened (for diagnosing a failure, and for migrations).
+    connect: PgConnectOptions,
+    /// A transaction pooler sits between the server and the database.
+    pooled: bool,
+    /// What every transaction starts with behind a transaction pooler.
+    begin: &'static str,
+    /// A direct URL for migrations, when `connect` goes through a transaction pooler.
+    migrations_url: Option<String>,
+    /// How long opening one connection may take.
+    connect_timeout: std::time::Duration,
 }
 
 /// A pooled connection idle longer than this is pinged before use: one that survived a
@@ -31,16 +41,45 @@ pub struct PgStore {
 /// pinged, which saves a round trip per statement.
 const PING_IF_IDLE_FOR: std::time::Duration = std::time::Duration::from_secs(1);
 
-/// Set on each of the server's sessions. Every statement the server runs is written to find
-/// its rows through an index (the primary key, the expiry, unresolved and run indexes), and
-/// its prepared statements keep the generic plan they got first. A plan made while the table
-/// was nearly empty (a new deployment, a truncated table) may be a sequential scan, which is
-/// right for a few rows and stays cached as the table grows until an ANALYZE invalidates it;
-/// for a batch's `UPDATE … FROM UNNEST(…)` that scanned the whole table per batch. Off, a
-/// sequential scan is only chosen where no index applies (as the planner still may). A
-/// statement rather than a startup option, so connection poolers that refuse startup options
-/// (PgBouncer) still connect.
-pub const PLAN_SETTINGS: &str = "SET enable_seqscan = off";
+/// Set on each of the server's own sessions (not behind a transaction pooler, where nothing
+/// is set on a session). Every statement the server runs is written to find its rows through
+/// an index (the primary key, the expiry, unresolved and run indexes), and its prepared
+/// statements keep the generic plan they got first. A plan made while the table was nearly
+/// empty (a new deployment, a truncated table) may be a sequential scan, which is right for a
+/// few rows and stays cached as the table grows until an ANALYZE invalidates it; for a
+/// batch's `UPDATE … FROM UNNEST(…)` that scanned the whole table per batch. Off, a
+/// sequential scan is only chosen where no index applies (as the planner still may). Behind a
+/// transaction pooler every statement is unnamed, so planned with its own parameters each
+/// time, and needs no such setting. `$1` is the `statement_timeout`. A statement rather than
+/// a startup option, so poolers that refuse startup options (PgBouncer) still connect.
+pub const SESSION_SETTINGS: &str = "SELECT set_config('enable_seqscan', 'off', false), \
+    set_config('statement_timeout', $1, false)";
+
+/// This build's migrations.
+static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("migrations/postgres");
+
+/// How long migrations wait for their advisory lock (another server migrating, or a session
+/// a pooler kept) before start-up says so, instead of waiting for ever.
+const MIGRATION_LOCK_TIMEOUT: &str = "15s";
+
+/// Set on the migration connection: the lock timeout, and no NOTICE for every `IF NOT EXISTS`
+/// the migrator runs (the log said `relation "_sqlx_migrations" already exists` at every start).
+const MIGRATION_SETTINGS: &str = "SELECT set_config('lock_timeout', $1, false), \
+    set_config('client_min_messages', 'warning', false)";
+
+/// The migrations already applied, to compare with this build's.
+const APPLIED_MIGRATIONS: &str =
+    "SELECT version FROM _sqlx_migrations WHERE success ORDER BY version";
+
+/// Whether this session's link to the server is encrypted, and with what.
+const SESSION_SSL: &str =
+    "SELECT ssl, COALESCE(version, '') FROM pg_stat_ssl WHERE pid = pg_backend_pid()";
+
+/// Sets and reads a placeholder setting that nothing else uses: when a value set on one of
+/// our connections shows on another, the two share a server session: a transaction pooler.
+const SESSION_PROBE_SET: &str = "SELECT set_config('idempotency_ledger.session_probe', $1, false)";
+const SESSION_PROBE_GET: &str =
+    "SELECT COALESCE(current_setting('idempotency_ledger.session_probe', true), '')";
 
 impl PgStore {
     /// Prepares a pool for `url` without connecting yet.
@@ -48,18 +87,21 @@ impl PgStore {
     /// # Errors
     /// `Internal` when the URL cannot be parsed.
     pub fn connect(url: &str, options: &PoolOptions) -> StoreResult<PgStore> {
-        let connect = PgConnectOptions::from_str(url)
-            .map_err(|e| StoreError::Internal(format!("invalid PostgreSQL URL: {e}")))?
-            .application_name("idempotency-ledger");
-        let pool = PgPoolOptions::new()
+        let connect = connect_options(url)?;
+        let pooled = options.pooler == super::Pooler::Transaction;
+        let session_timeout = format!("{}ms", options.statement_timeout.as_millis());
+        // Built once, from an integer: a transaction pooler keeps no session setting, so each
+        // transaction sets its own timeout in the same round trip as its BEGIN.
+        let begin: &'static str = Box::leak(
+            format!(
+                "BEGIN; SET LOCAL statement_timeout = {}",
+                options.statement_timeout.as_millis()
+            )
+            .into_boxed_str(),
+        );
+        let mut pool_options = PgPoolOptions::new()
             .max_connections(options.max_connections)
             .acquire_timeout(options.acquire_timeout)
-            .after_connect(|conn, _| {
-                Box::pin(async move {
-                    sqlx::query(self::PLAN_SETTINGS).execute(conn).await?;
-                    Ok(())
-                })
-            })
             .test_before_acquire(false)
             .before_acquire(|conn, meta| {
                 Box::pin(async move {
@@ -68,18 +110,226 @@ impl PgStore {
                     }
                     Ok(true)
                 })
-            })
-            .connect_lazy_with(connect.clone());
+            });
+        if !pooled {
+            pool_options = pool_options.after_connect(move |conn, _| {
+                let timeout = session_timeout.clone();
+                Box::pin(async move {
+                    sqlx::query(self::SESSION_SETTINGS)
+                        .bind(timeout)
+                        .execute(conn)
+                        .await?;
+                    Ok(())
+                })
+            });
+        }
+        let pool = pool_options.connect_lazy_with(connect.clone());
         let listen_pool = PgPoolOptions::new()
             .max_connections(1)
             .acquire_timeout(options.acquire_timeout)
-            .connect_lazy_with(connect);
+            .connect_lazy_with(connect.clone());
         Ok(PgStore {
             pool,
             listen_pool,
             health: std::sync::Arc::default(),
+            connect,
+            pooled,
+            begin,
+            migrations_url: options.migrations_url.clone(),
+            connect_timeout: options.connect_timeout,
         })
     }
+
+    /// Whether statements may be named prepared statements that outlive their transaction:
+    /// not behind a transaction pooler, where the next transaction may run on another server
+    /// connection (or one where the same name is another statement).
+    fn persistent(&self) -> bool {
+        !self.pooled
+    }
+
+    /// Starts what one store call runs in: behind a transaction pooler, a transaction, so
+    /// that sqlx's Parse and its Bind (two round trips) reach the same server connection.
+    async fn open_call(&self, conn: &mut sqlx::PgConnection) -> Result<(), sqlx::Error> {
+        if self.pooled {
+            sqlx::raw_sql(self.begin).execute(conn).await?;
+        }
+        Ok(())
+    }
+
+    /// Ends what [`PgStore::open_call`] started: commits after `ok`, else rolls back (so the
+    /// pooler gets its server connection back clean). The commit's result is the call's.
+    async fn close_call(&self, conn: &mut sqlx::PgConnection, ok: bool) -> Result<(), sqlx::Error> {
+        if self.pooled {
+            let end = if ok { "COMMIT" } else { "ROLLBACK" };
+            sqlx::raw_sql(end).execute(conn).await?;
+        }
+        Ok(())
+    }
+
+    /// Opens one connection of its own (not from the pool), within the connect timeout.
+    async fn connect_once(
+        &self,
+        options: &PgConnectOptions,
+    ) -> Result<sqlx::PgConnection, sqlx::Error> {
+        use sqlx::ConnectOptions as _;
+        match tokio::time::timeout(self.connect_timeout, options.connect()).await {
+            Ok(connected) => connected,
+            Err(_) => Err(sqlx::Error::Io(std::io::Error::new(
+                std::io::ErrorKind::TimedOut,
+                format!(
+                    "no connection within --db-connect-timeout ({:?})",
+                    self.connect_timeout
+                ),
+            ))),
+        }
+    }
+
+    /// Runs the migrations on `conn`, waiting at most [`MIGRATION_LOCK_TIMEOUT`] for their
+    /// lock.
+    async fn migrate_on(conn: &mut sqlx::PgConnection) -> StoreResult<()> {
+        sqlx::query(self::MIGRATION_SETTINGS)
+            .bind(MIGRATION_LOCK_TIMEOUT)
+            .execute(&mut *conn)
+            .await
+            .map_err(StoreError::from_postgres)?;
+        MIGRATOR
+            .run_direct(None, conn, false)
+            .await
+            .map_err(|e| match e {
+                sqlx::migrate::MigrateError::Execute(inner) => {
+                    match StoreError::from_postgres(inner) {
+                        StoreError::Unavailable(detail) if detail.contains("lock timeout") => {
+                            StoreError::Unavailable(format!(
+                                "cannot take the migrations' lock within \
+                                 {MIGRATION_LOCK_TIMEOUT}: another server is migrating, or a \
+                                 session (one a pooler kept) holds it ({detail})"
+                            ))
+                        }
+                        other => other,
+                    }
+                }
+                other => StoreError::Internal(other.to_string()),
+            })
+    }
+
+    /// Checks, behind a transaction pooler without a migrations URL, that this build's
+    /// migrations were all applied.
+    async fn check_migrations(&self) -> StoreResult<()> {
+        let applied: Vec<i64> = run_on!(self, StoreError::from_postgres, |conn| {
+            sqlx::query_scalar(self::APPLIED_MIGRATIONS)
+                .persistent(self.persistent())
+                .persistent(self.persistent())
+                .fetch_all(&mut *conn)
+                .await
+        })
+        .or_else(|e| match e {
+            // No _sqlx_migrations table: nothing was ever migrated.
+            StoreError::Internal(detail) if detail.contains("_sqlx_migrations") => Ok(Vec::new()),
+            other => Err(other),
+        })?;
+        let missing: Vec<String> = MIGRATOR
+            .iter()
+            .filter(|m| !applied.contains(&m.version))
+            .map(|m| format!("{} {}", m.version, m.description))
+            .collect();
+        if missing.is_empty() {
+            Ok(())
+        } else {
+            Err(StoreError::Unavailable(format!(
+                "the database lacks migrations {}; migrations take a session advisory lock, \
+                 which a transaction pooler cannot hold: run `idempotency-ledger migrate \
+                 --database-url <a direct URL>` once, or give the server \
+                 --migrations-database-url",
+                missing.join(", ")
+            )))
+        }
+    }
+
+    /// With `--postgres-pooler none`, refuses a store whose connections share server
+    /// sessions: a value set on one connection must never show on another.
+    async fn check_sessions_are_ours(&self) -> StoreResult<()> {
+        // Two connections of their own (not the pool's, which may hold only one), opened as
+        // the pool opens its.
+        let connect = |what: &'static str| async move {
+            self.connect_once(&self.connect)
+                .await
+                .map_err(|e| StoreError::from_postgres(e).context(what))
+        };
+        let mut first = connect("checking the sessions").await?;
+        let mut second = connect("checking the sessions").await?;
+        let marker = hex::encode(crate::splitmix::jitter(u64::MAX).to_be_bytes());
+        let seen: Result<String, sqlx::Error> = async {
+            sqlx::query(self::SESSION_PROBE_SET)
+                .bind(&marker)
+                .execute(&mut first)
+                .await?;
+            sqlx::query_scalar(self::SESSION_PROBE_GET)
+                .fetch_one(&mut second)
+                .await
+        }
+        .await;
+        let _ = sqlx::Connection::close(first).await;
+        let _ = sqlx::Connection::close(second).await;
+        if seen.map_err(StoreError::from_postgres)? == marker {
+            return Err(StoreError::Misconfigured(format!(
+                "the database URL ({}) reaches PostgreSQL through a pooler in transaction mode (a \
+                 setting made on one connection showed on another): start the server with \
+                 --postgres-pooler transaction",
+                self.describe()
+            )));
+        }
+        Ok(())
+    }
+
+    /// Logs, once migrated, whether the link to the database is encrypted (behind a pooler:
+    /// the pooler's link to the database).
+    async fn log_encryption(&self) {
+        let row: StoreResult<(bool, String)> = async {
+            run_on!(self, StoreError::from_postgres, |conn| {
+                sqlx::query_as(self::SESSION_SSL)
+                    .persistent(self.persistent())
+                    .fetch_one(&mut *conn)
+                    .await
+            })
+        }
+        .await;
+        match row {
+            Ok((encrypted, version)) => tracing::info!(
+                encrypted,
+                tls = version.as_str(),
+                sslmode = ?self.connect.get_ssl_mode(),
+                link = if self.pooled { "pooler to database" } else { "server to database" },
+                "store connection"
+            ),
+            Err(e) => tracing::debug!(error = %e, "cannot read the store connection's encryption"),
+        }
+    }
+
+    /// Where the store connects, for logs: host, port, database and user, never a password.
+    pub fn describe(&self) -> String {
+        format!(
+            "host={} port={} database={} user={}",
+            self.connect.get_host(),
+            self.connect.get_port(),
+            self.connect.get_database().unwrap_or(""),
+            self.connect.get_username()
+        )
+    }
+}
+
+/// The connection options a URL names, with the ledger's defaults: `application_name`
+/// `idempotency-ledger` unless the URL names one, and no `extra_float_digits` startup
+/// parameter (the ledger reads no floating-point values, and PgBouncer refuses startup
+/// parameters it does not know).
+fn connect_options(url: &str) -> StoreResult<PgConnectOptions> {
+    let options = PgConnectOptions::from_str(url)
+        .map_err(|e| StoreError::Internal(format!("invalid PostgreSQL URL: {e}")))?
+        .extra_float_digits(None);
+    Ok(if options.get_application_name().is_some() {
+        options
+    } else {
+        options.application_name("idempotency-ledger")
+    })
 }
 
 /// [`entry_columns!`](super::sql) of the table aliased `e`.
@@ -92,6 +342,13 @@ macro_rules! e_entry_columns {
 }
 
 impl PgStore {
+    /// Whether the server reached a standby: it accepts no writes.
+    const IN_RECOVERY: &str = "SELECT pg_is_in_recovery()";
+
+    /// The database's clock, in microseconds since the epoch (`clock_timestamp()`, which moves
+    /// within a transaction, unlike `now()`).
+    const DATABASE_NOW: &str = "SELECT (extract(epoch FROM clock_timestamp()) * 1000000)::int8";
+
     /// Hands out unresolved entries, holding each until `$6`. The rows are picked in a CTE,
     /// which PostgreSQL runs exactly once: a `LIMIT … FOR UPDATE SKIP LOCKED` subquery under
     /// `IN` may be re-run by the planner and pick more rows than the limit. SKIP LOCKED lets
@@ -205,6 +462,7 @@ impl_store!(PgStore, StoreError::from_postgres, {
             .bind(&expires)
             .bind(&replays)
             .bind(&arguments)
+            .persistent(self.persistent())
             .fetch_all(&mut *conn)
             .await)?;
         let inserted: std::collections::HashSet<String> = inserted.into_iter().collect();
@@ -243,6 +501,7 @@ impl_store!(PgStore, StoreError::from_postgres, {
             .bind(&retryables)
             .bind(&nows)
             .bind(&also_unknown)
+            .persistent(self.persistent())
             .fetch_all(&mut *conn)
             .await)?;
         // Tokens are unique, so they tell which command each written row answers.
@@ -263,6 +522,7 @@ impl_store!(PgStore, StoreError::from_postgres, {
         )
         .bind(WAKE_CHANNEL)
         .bind(&payload)
+        .persistent(self.persistent())
         .execute(&mut *conn)
         .await)?;
         Ok(())
@@ -320,23 +580,83 @@ impl_store!(PgStore, StoreError::from_postgres, {
     }
 
     async fn migrate(&self) -> StoreResult<()> {
-        // sqlx takes an advisory lock, so servers starting together migrate once.
-        sqlx::migrate!("migrations/postgres")
-            .run(&self.pool)
-            .await
-            .map_err(|e| match e {
-                sqlx::migrate::MigrateError::Execute(inner) => StoreError::from_postgres(inner),
-                other => StoreError::Internal(other.to_string()),
-            })
+        // Migrations take a session advisory lock (so servers starting together migrate
+        // once), on a connection of their own: a direct one, since a transaction pooler
+        // cannot hold a session lock.
+        let direct = match (self.pooled, &self.migrations_url) {
+            (false, _) => {
+                self.check_sessions_are_ours().await?;
+                Some(self.connect.clone())
+            }
+            (true, Some(url)) => Some(connect_options(url)?),
+            (true, None) => None,
+        };
+        match direct {
+            Some(options) => {
+                let at = format!(
+                    "migrating host={} port={} database={} user={}",
+                    options.get_host(),
+                    options.get_port(),
+                    options.get_database().unwrap_or(""),
+                    options.get_username()
+                );
+                let mut conn = self
+                    .connect_once(&options)
+                    .await
+                    .map_err(|e| StoreError::from_postgres(e).context(&at))?;
+                let migrated = Self::migrate_on(&mut conn)
+                    .await
+                    .map_err(|e| e.context(&at));
+                let _ = sqlx::Connection::close(conn).await;
+                migrated?;
+            }
+            None => self.check_migrations().await?,
+        }
+        self.log_encryption().await;
+        Ok(())
     }
 
     async fn ping(&self) -> StoreResult<()> {
-        run_on!(self, StoreError::from_postgres, |conn| sqlx::query(
-            "SELECT 1"
-        )
-        .execute(&mut *conn)
-        .await)
-        .map(|_| ())
+        // A standby answers reads, so a plain `SELECT 1` would call it healthy; the ledger's
+        // every call may write.
+        let in_recovery: bool = run_on!(self, StoreError::from_postgres, |conn| {
+            sqlx::query_scalar(Self::IN_RECOVERY)
+                .persistent(self.persistent())
+                .fetch_one(&mut *conn)
+                .await
+        })?;
+        if in_recovery {
+            return Err(StoreError::ReadOnly(format!(
+                "the database at {} is a standby in recovery: it accepts no writes",
+                self.describe()
+            )));
+        }
+        Ok(())
+    }
+
+    async fn database_now(&self) -> StoreResult<Option<Micros>> {
+        let now: i64 = run_on!(self, StoreError::from_postgres, |conn| {
+            sqlx::query_scalar(Self::DATABASE_NOW)
+                .persistent(self.persistent())
+                .fetch_one(&mut *conn)
+                .await
+        })?;
+        Ok(Some(Micros(now)))
+    }
+
+    async fn unreachable_cause(&self) -> Option<String> {
+        // The pool reports only that it timed out; a connection of our own says why.
+        match self.connect_once(&self.connect).await {
+            Ok(conn) => {
+                let _ = sqlx::Connection::close(conn).await;
+                None
+            }
+            Err(e) => Some(format!("{e} ({})", self.describe())),
+        }
+    }
+
+    fn location(&self) -> String {
+        self.describe()
     }
 });
 

@@ -207,6 +207,7 @@ macro_rules! impl_store {
         async fn insert(&self, tenant: &str, entry: &Entry) -> StoreResult<bool> {
             let done = run_on!(self, $classify, |conn| {
                 bind_entry!(sqlx::query(sql::INSERT), tenant, entry)
+                    .persistent(self.persistent())
                     .execute(&mut *conn)
                     .await
             })?;
@@ -218,6 +219,7 @@ macro_rules! impl_store {
                 sqlx::query_as(sql::GET)
                     .bind(tenant)
                     .bind(key)
+                    .persistent(self.persistent())
                     .fetch_all(&mut *conn)
                     .await
             })?;
@@ -235,6 +237,7 @@ macro_rules! impl_store {
             let done = run_on!(self, $classify, |conn| {
                 bind_entry!(sqlx::query(sql::RESTART), tenant, next)
                     .bind(expected_token)
+                    .persistent(self.persistent())
                     .execute(&mut *conn)
                     .await
             })?;
@@ -244,6 +247,7 @@ macro_rules! impl_store {
         async fn finish(&self, tenant: &str, cmd: &Finish) -> StoreResult<Option<Finished>> {
             let rows: Vec<FinishedRow> = run_on!(self, $classify, |conn| {
                 bind_finish!(sqlx::query_as(sql::FINISH), tenant, cmd)
+                    .persistent(self.persistent())
                     .fetch_all(&mut *conn)
                     .await
             })?;
@@ -265,6 +269,7 @@ macro_rules! impl_store {
                     .bind(key)
                     .bind(fingerprint)
                     .bind(now.0)
+                    .persistent(self.persistent())
                     .fetch_all(&mut *conn)
                     .await
             })?;
@@ -288,6 +293,7 @@ macro_rules! impl_store {
                     .bind(token)
                     .bind(lease_expires_at.0)
                     .bind(now.0)
+                    .persistent(self.persistent())
                     .fetch_all(&mut *conn)
                     .await
             })?;
@@ -313,6 +319,7 @@ macro_rules! impl_store {
                     .bind(done.finished_at.map(|m| m.0))
                     .bind(done.expires_at.map(|m| m.0))
                     .bind(now.0)
+                    .persistent(self.persistent())
                     .fetch_all(&mut *conn)
                     .await
             })?;
@@ -332,6 +339,7 @@ macro_rules! impl_store {
                     .bind(&query.tool)
                     .bind(i64::from(query.limit))
                     .bind(query.hold_until.0)
+                    .persistent(self.persistent())
                     .fetch_all(&mut *conn)
                     .await
             })?;
@@ -349,6 +357,7 @@ macro_rules! impl_store {
                 sqlx::query(Self::PRUNE)
                     .bind(now.0)
                     .bind(i64::from(limit))
+                    .persistent(self.persistent())
                     .execute(&mut *conn)
                     .await
             })?;
@@ -378,6 +387,7 @@ macro_rules! impl_store {
                     .bind(after_key)
                     .bind(i64::from(query.limit))
                     .bind(query.now.0)
+                    .persistent(self.persistent())
                     .fetch_all(&mut *conn)
                     .await
             })?;
@@ -389,6 +399,7 @@ macro_rules! impl_store {
                 sqlx::query(sql::MARK_WAITING)
                     .bind(tenant)
                     .bind(key)
+                    .persistent(self.persistent())
                     .execute(&mut *conn)
                     .await
             })?;
@@ -399,6 +410,7 @@ macro_rules! impl_store {
             run_on!(self, $classify, |conn| {
                 sqlx::query_as(sql::COUNT_UNRESOLVED)
                     .bind(now.0)
+                    .persistent(self.persistent())
                     .fetch_one(&mut *conn)
                     .await
             })
@@ -413,6 +425,7 @@ macro_rules! impl_store {
             run_on!(self, $classify, |conn| async {
                 sqlx::query(sql::PROBE_WRITE)
                     .bind(&filler)
+                    .persistent(self.persistent())
                     .execute(&mut *conn)
                     .await?;
                 sqlx::query(sql::PROBE_DELETE).execute(&mut *conn).await

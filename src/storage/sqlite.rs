@@ -56,6 +56,27 @@ impl SqliteStore {
 }
 
 impl SqliteStore {
+    /// Every statement may stay prepared: the connections are the server's own.
+    fn persistent(&self) -> bool {
+        true
+    }
+
+    /// Each call is one autocommit statement (or a transaction of its own): nothing to open.
+    #[allow(clippy::unused_async)]
+    async fn open_call(&self, _conn: &mut sqlx::SqliteConnection) -> Result<(), sqlx::Error> {
+        Ok(())
+    }
+
+    /// Nothing to close: see [`SqliteStore::open_call`].
+    #[allow(clippy::unused_async)]
+    async fn close_call(
+        &self,
+        _conn: &mut sqlx::SqliteConnection,
+        _ok: bool,
+    ) -> Result<(), sqlx::Error> {
+        Ok(())
+    }
+
     /// Hands out unresolved entries, holding each until `$6`. SQLite runs one writer at a
     /// time and evaluates the `IN` subquery once, so the statement needs no row locks.
     const TAKE_UNRESOLVED: &str = concat!(

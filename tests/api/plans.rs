@@ -6,7 +6,7 @@
 //! as its condition and filtered the whole backlog; on an empty table a batch's generic plan
 //! scanned the table, and kept doing so as it grew.)
 
-use idempotency_ledger::storage::postgres::{PLAN_SETTINGS, PgStore};
+use idempotency_ledger::storage::postgres::{PgStore, SESSION_SETTINGS};
 use idempotency_ledger::storage::sql;
 use sqlx::Connection;
 
@@ -20,7 +20,8 @@ async fn statements_on_one_entry_use_the_primary_key_in_generic_plans() {
     let db = TestDb::new(Backend::Postgres);
     let _store = db.store(1).await; // migrated
     let mut conn = sqlx::PgConnection::connect(&db.url).await.expect("connect");
-    sqlx::query(PLAN_SETTINGS)
+    sqlx::query(SESSION_SETTINGS)
+        .bind("10s")
         .execute(&mut conn)
         .await
         .expect("the server's session settings");

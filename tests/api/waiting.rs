@@ -82,7 +82,7 @@ async fn a_waiter_on_another_server_sharing_postgres_answers_within_100ms_by_not
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn without_notify_a_waiter_on_another_server_learns_by_polling_the_key() {
     let poll = |s: &mut idempotency_ledger::config::Settings| {
-        s.wait_wakeup = Wakeup::Poll;
+        s.wait_wakeup = Some(Wakeup::Poll);
         s.wait_poll_interval = Duration::from_millis(50);
     };
     let a = spawn_app_on(TestDb::new(Backend::Postgres), poll).await;
