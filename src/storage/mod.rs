@@ -174,9 +174,16 @@ impl StoreError {
             "XX001" | "XX002" => StoreError::Corrupt(detail),
             // query_canceled (statement_timeout), lock_not_available (lock_timeout).
             "57014" | "55P03" => StoreError::Unavailable(detail),
-            // Class 08 connection exception, 57P admin/crash shutdown or cannot connect now,
-            // 53 insufficient resources (out of memory, too many connections).
-            s if s.starts_with("08") || s.starts_with("57P") || s.starts_with("53") => {
+            // invalid_catalog_name: the database does not exist (yet).
+            "3D000" => StoreError::Unavailable(detail),
+            // Class 08 connection exception, 28 invalid authorization (a wrong password, an
+            // unknown role), 57P admin/crash shutdown or cannot connect now, 53 insufficient
+            // resources (out of memory, too many connections).
+            s if s.starts_with("08")
+                || s.starts_with("28")
+                || s.starts_with("57P")
+                || s.starts_with("53") =>
+            {
                 StoreError::Unavailable(detail)
             }
             // Class 40, transaction rollback: deadlock_detected, serialization_failure.
@@ -862,6 +869,8 @@ mod tests {
         assert_eq!(kind("57014"), "unavailable", "statement_timeout");
         assert_eq!(kind("23505"), "internal", "unique_violation");
         assert_eq!(kind("42P01"), "internal", "undefined_table");
+        assert_eq!(kind("28P01"), "unavailable", "invalid_password");
+        assert_eq!(kind("3D000"), "unavailable", "a missing database");
     }
 
     #[test]

@@ -75,11 +75,15 @@ const APPLIED_MIGRATIONS: &str =
 const SESSION_SSL: &str =
     "SELECT ssl, COALESCE(version, '') FROM pg_stat_ssl WHERE pid = pg_backend_pid()";
 
-/// Sets and reads a placeholder setting that nothing else uses: when a value set on one of
-/// our connections shows on another, the two share a server session: a transaction pooler.
-const SESSION_PROBE_SET: &str = "SELECT set_config('idempotency_ledger.session_probe', $1, false)";
+/// Sets, reads and resets a placeholder setting that nothing else uses: when the value set on
+/// one of our connections shows on another, the two share a server session, as behind a
+/// transaction pooler (a fresh session of a server of its own starts without it). Simple
+/// queries, so that no prepared statement is involved (behind a pooler, the second
+/// connection's would meet the first's on the shared session).
+const SESSION_PROBE_SET: &str = "SET idempotency_ledger.session_probe = 'set-by-another-session'";
 const SESSION_PROBE_GET: &str =
     "SELECT COALESCE(current_setting('idempotency_ledger.session_probe', true), '')";
+const SESSION_PROBE_RESET: &str = "RESET idempotency_ledger.session_probe";
 
 impl PgStore {
     /// Prepares a pool for `url` without connecting yet.
@@ -250,27 +254,30 @@ impl PgStore {
     async fn check_sessions_are_ours(&self) -> StoreResult<()> {
         // Two connections of their own (not the pool's, which may hold only one), opened as
         // the pool opens its.
-        let connect = |what: &'static str| async move {
+        let at = format!("checking the sessions of {}", self.describe());
+        let connect = || async {
             self.connect_once(&self.connect)
                 .await
-                .map_err(|e| StoreError::from_postgres(e).context(what))
+                .map_err(|e| StoreError::from_postgres(e).context(&at))
         };
-        let mut first = connect("checking the sessions").await?;
-        let mut second = connect("checking the sessions").await?;
-        let marker = hex::encode(crate::splitmix::jitter(u64::MAX).to_be_bytes());
+        let mut first = connect().await?;
+        let mut second = connect().await?;
         let seen: Result<String, sqlx::Error> = async {
-            sqlx::query(self::SESSION_PROBE_SET)
-                .bind(&marker)
+            sqlx::raw_sql(self::SESSION_PROBE_SET)
                 .execute(&mut first)
                 .await?;
-            sqlx::query_scalar(self::SESSION_PROBE_GET)
+            let row = sqlx::raw_sql(self::SESSION_PROBE_GET)
                 .fetch_one(&mut second)
-                .await
+                .await?;
+            sqlx::raw_sql(self::SESSION_PROBE_RESET)
+                .execute(&mut first)
+                .await?;
+            sqlx::Row::try_get::<String, _>(&row, 0)
         }
         .await;
         let _ = sqlx::Connection::close(first).await;
         let _ = sqlx::Connection::close(second).await;
-        if seen.map_err(StoreError::from_postgres)? == marker {
+        if seen.map_err(StoreError::from_postgres)? == "set-by-another-session" {
             return Err(StoreError::Misconfigured(format!(
                 "the database URL ({}) reaches PostgreSQL through a pooler in transaction mode (a \
                  setting made on one connection showed on another): start the server with \

@@ -428,7 +428,10 @@ macro_rules! impl_store {
                     .persistent(self.persistent())
                     .execute(&mut *conn)
                     .await?;
-                sqlx::query(sql::PROBE_DELETE).execute(&mut *conn).await
+                sqlx::query(sql::PROBE_DELETE)
+                    .persistent(self.persistent())
+                    .execute(&mut *conn)
+                    .await
             }
             .await)?;
             self.health.has_space();

@@ -16,7 +16,7 @@ use idempotency_ledger::storage::{Finish, Store, StoreError, UnresolvedQuery};
 
 use crate::support::{Backend, TestDb};
 
-on_every_backend!(every_write_reports_a_commit_that_fails_and_leaves_nothing_behind);
+on_every_store!(every_write_reports_a_commit_that_fails_and_leaves_nothing_behind);
 
 const TENANT: &str = "doomed";
 
@@ -29,12 +29,13 @@ struct CommitFailure {
 
 impl CommitFailure {
     async fn install(db: &TestDb) -> CommitFailure {
+        // Installed and armed on the database itself, not through a pooler.
         let this = CommitFailure {
             backend: db.backend,
-            url: db.url.clone(),
+            url: db.direct_url.clone(),
         };
         let statements: &[&str] = match db.backend {
-            Backend::Postgres => &[
+            Backend::Postgres | Backend::PgBouncer => &[
                 "CREATE TABLE test_armed (x int)",
                 "CREATE FUNCTION test_fail_at_commit() RETURNS trigger LANGUAGE plpgsql AS $$ \
                  BEGIN \
@@ -79,7 +80,7 @@ impl CommitFailure {
 
     async fn run(&self, statement: &'static str) {
         match self.backend {
-            Backend::Postgres => {
+            Backend::Postgres | Backend::PgBouncer => {
                 let pool = sqlx::PgPool::connect(&self.url).await.expect("connect");
                 sqlx::raw_sql(statement)
                     .execute(&pool)
@@ -109,7 +110,7 @@ impl CommitFailure {
     /// What the store must answer: the injected cause, classified.
     fn expected(&self, error: &StoreError) -> bool {
         match self.backend {
-            Backend::Postgres => matches!(error, StoreError::Io(_)),
+            Backend::Postgres | Backend::PgBouncer => matches!(error, StoreError::Io(_)),
             // SQLITE_CONSTRAINT_FOREIGNKEY: a constraint the ledger did not expect.
             Backend::Sqlite => matches!(error, StoreError::Internal(_)),
         }

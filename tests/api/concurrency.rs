@@ -92,13 +92,44 @@ async fn one_winner_among_simultaneous_claims(backend: Backend) {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn sixty_four_simultaneous_claims_of_one_key_give_one_claimed_through_pgbouncer() {
+    one_winner_among_simultaneous_claims(Backend::PgBouncer).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn two_server_processes_on_one_postgres_give_one_winner_per_key() {
+    two_servers_give_one_winner_per_key(&TestDb::new(Backend::Postgres)).await;
+}
+
+/// The same race with both servers behind one PgBouncer in transaction mode (the second
+/// server starting on the same pooler is part of it: named prepared statements of the first
+/// once kept it from starting). Afterwards, plain clients of the same pool see none of the
+/// servers' session state.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn two_server_processes_behind_pgbouncer_give_one_winner_per_key_and_leave_no_session_state()
+{
+    let db = TestDb::new(Backend::PgBouncer);
+    two_servers_give_one_winner_per_key(&db).await;
+    crate::pooler::assert_no_session_state_left(&db).await;
+}
+
+async fn two_servers_give_one_winner_per_key(db: &TestDb) {
     use crate::support::{ServerProcess, claim_req};
     use idempotency_ledger::grpc::pb;
 
-    let db = TestDb::new(Backend::Postgres);
-    let a = ServerProcess::start(&db.url, &[]).await;
-    let b = ServerProcess::start(&db.url, &[]).await;
+    let pooled = [
+        "--postgres-pooler",
+        "transaction",
+        "--migrations-database-url",
+        &db.direct_url,
+    ];
+    let extra: &[&str] = if db.backend == Backend::PgBouncer {
+        &pooled
+    } else {
+        &[]
+    };
+    let a = ServerProcess::start(&db.url, extra).await;
+    let b = ServerProcess::start(&db.url, extra).await;
     const KEYS: usize = 300;
     const CLIENTS_PER_KEY: usize = 4;
     let mut tasks = Vec::new();

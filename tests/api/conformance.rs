@@ -14,7 +14,7 @@ use idempotency_ledger::ledger::{
 
 use crate::support::{Backend, TestLedger};
 
-on_every_backend!(
+on_every_store!(
     a_first_claim_is_claimed_with_attempt_one_and_a_token,
     a_retry_with_reordered_arguments_replays_the_first_result,
     a_new_run_is_a_new_intent_and_claims_again,

@@ -7,6 +7,7 @@
 mod support;
 
 mod audit;
+mod clocks;
 mod commit_failures;
 mod concurrency;
 mod conformance;
@@ -22,6 +23,8 @@ mod metrics;
 mod no_panic;
 mod operations;
 mod plans;
+mod pooler;
 mod security;
+mod store_causes;
 mod tenants;
 mod waiting;

@@ -501,7 +501,7 @@ async fn the_replay_ratio_sql_agrees_with_the_gauge(backend: Backend) {
     ))
     .expect("docs/replay-ratio.sql");
     let marker = match backend {
-        Backend::Postgres => "-- [postgres]",
+        Backend::Postgres | Backend::PgBouncer => "-- [postgres]",
         Backend::Sqlite => "-- [sqlite]",
     };
     let query = sql
@@ -510,7 +510,7 @@ async fn the_replay_ratio_sql_agrees_with_the_gauge(backend: Backend) {
         .map(|(query, _)| query)
         .unwrap_or_else(|| panic!("no `{marker}` query in docs/replay-ratio.sql"));
     let (entries, replays, ratio): (i64, i64, f64) = match backend {
-        Backend::Postgres => {
+        Backend::Postgres | Backend::PgBouncer => {
             let pool = sqlx::PgPool::connect(&app.db.url).await.expect("connect");
             sqlx::query_as(sqlx::AssertSqlSafe(query.to_string()))
                 .fetch_one(&pool)

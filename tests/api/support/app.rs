@@ -22,6 +22,7 @@ use tonic_health::pb::HealthCheckRequest;
 use tonic_health::pb::health_check_response::ServingStatus;
 use tonic_health::pb::health_client::HealthClient;
 
+use super::pgbouncer::PgBouncer;
 use super::postgres::PgCluster;
 
 /// Which store a test runs on.
@@ -29,6 +30,8 @@ use super::postgres::PgCluster;
 pub enum Backend {
     Sqlite,
     Postgres,
+    /// PostgreSQL through PgBouncer in transaction mode (`--postgres-pooler transaction`).
+    PgBouncer,
 }
 
 /// A fresh, empty database: a SQLite file in its own temp dir, or a new database in this
@@ -36,6 +39,8 @@ pub enum Backend {
 pub struct TestDb {
     pub backend: Backend,
     pub url: String,
+    /// The database itself, not through the pooler (for migrations); `url` for the others.
+    pub direct_url: String,
     /// Keeps the SQLite file's directory alive.
     _dir: Option<tempfile::TempDir>,
 }
@@ -48,15 +53,29 @@ impl TestDb {
                 let url = format!("sqlite://{}", dir.path().join("ledger.db").display());
                 TestDb {
                     backend,
+                    direct_url: url.clone(),
                     url,
                     _dir: Some(dir),
                 }
             }
-            Backend::Postgres => TestDb {
-                backend,
-                url: PgCluster::shared().create_database(),
-                _dir: None,
-            },
+            Backend::Postgres => {
+                let url = PgCluster::shared().create_database();
+                TestDb {
+                    backend,
+                    direct_url: url.clone(),
+                    url,
+                    _dir: None,
+                }
+            }
+            Backend::PgBouncer => {
+                let direct_url = PgCluster::shared().create_database();
+                TestDb {
+                    backend,
+                    url: PgBouncer::shared().url_for(&direct_url),
+                    direct_url,
+                    _dir: None,
+                }
+            }
         }
     }
 
@@ -65,22 +84,52 @@ impl TestDb {
         TestDb {
             backend,
             url: url.to_string(),
+            direct_url: url.to_string(),
             _dir: None,
+        }
+    }
+
+    /// Another handle on this database.
+    pub fn again(&self) -> TestDb {
+        TestDb {
+            backend: self.backend,
+            url: self.url.clone(),
+            direct_url: self.direct_url.clone(),
+            _dir: None,
+        }
+    }
+
+    /// The pool settings a store of this backend runs with.
+    pub fn pool_options(&self, max_connections: u32) -> PoolOptions {
+        PoolOptions {
+            max_connections,
+            acquire_timeout: Duration::from_secs(10),
+            pooler: if self.backend == Backend::PgBouncer {
+                storage::Pooler::Transaction
+            } else {
+                storage::Pooler::None
+            },
+            migrations_url: (self.backend == Backend::PgBouncer).then(|| self.direct_url.clone()),
+            ..PoolOptions::default()
         }
     }
 
     /// A new, migrated store over this database, with its own connection pool.
     pub async fn store(&self, max_connections: u32) -> Arc<dyn Store> {
-        let options = PoolOptions {
-            max_connections,
-            acquire_timeout: Duration::from_secs(10),
-            ..PoolOptions::default()
-        };
-        let store = storage::open(&self.url, &options)
+        let store = storage::open(&self.url, &self.pool_options(max_connections))
             .await
             .expect("open store");
         store.migrate().await.expect("migrate");
         store
+    }
+
+    /// Sets the server settings this backend needs besides the URL.
+    pub fn configure(&self, settings: &mut Settings) {
+        settings.database_url = self.url.clone();
+        if self.backend == Backend::PgBouncer {
+            settings.postgres_pooler = storage::Pooler::Transaction;
+            settings.migrations_database_url = Some(self.direct_url.clone());
+        }
     }
 }
 
@@ -163,6 +212,7 @@ pub async fn spawn_app_with(backend: Backend, configure: impl FnOnce(&mut Settin
 pub async fn spawn_app_on(db: TestDb, configure: impl FnOnce(&mut Settings)) -> TestApp {
     init_tracing();
     let mut settings = test_settings(&db.url);
+    db.configure(&mut settings);
     configure(&mut settings);
     let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
     let addr = listener.local_addr().expect("addr");

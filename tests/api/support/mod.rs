@@ -18,7 +18,20 @@ macro_rules! on_every_backend {
     };
 }
 
+/// As [`on_every_backend!`], and once more through PgBouncer in transaction mode, as
+/// `pgbouncer::name`: what the storage conformance suite holds must also hold behind a pooler.
+macro_rules! on_every_store {
+    ($($name:ident),* $(,)?) => {
+        on_every_backend!($($name),*);
+        mod pgbouncer {
+            $(#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn $name() { super::$name(crate::support::Backend::PgBouncer).await })*
+        }
+    };
+}
+
 pub mod app;
+pub mod pgbouncer;
 pub mod postgres;
 pub mod proxy;
 

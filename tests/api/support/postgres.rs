@@ -915,3 +915,25 @@ const _: fn() = || {
     fn assert_send_sync<T: Send + Sync>() {}
     assert_send_sync::<PgCluster>();
 };
+
+/// A command running `program` as the user the PostgreSQL servers run as (the `postgres` OS
+/// user when the tests run as root, which PgBouncer refuses as much as PostgreSQL does), and
+/// `path` handed to that user: for other servers the tests start beside PostgreSQL.
+pub fn as_server_user(program: &Path, path: &Path) -> Command {
+    let tools = tools();
+    tools.give_to_server_user(path);
+    let mut cmd = if tools.server_user.is_some() {
+        let mut c = Command::new("setpriv");
+        c.arg(format!("--reuid={SERVER_OS_USER}"))
+            .arg(format!("--regid={SERVER_OS_USER}"))
+            .arg("--init-groups")
+            // Ends with the test process, even when a static holds it and is never dropped.
+            .arg("--pdeathsig=KILL")
+            .arg(program);
+        c
+    } else {
+        Command::new(program)
+    };
+    cmd.current_dir(std::env::temp_dir()).stdin(Stdio::null());
+    cmd
+}
