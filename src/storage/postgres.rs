@@ -58,6 +58,9 @@ pub const SESSION_SETTINGS: &str = "SELECT set_config('enable_seqscan', 'off', f
 /// This build's migrations.
 static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("migrations/postgres");
 
+/// [`SESSION_SETTINGS`] without the statement timeout (`--db-statement-timeout 0`).
+pub const PLAN_SETTING: &str = "SELECT set_config('enable_seqscan', 'off', false)";
+
 /// How long migrations wait for their advisory lock (another server migrating, or a session
 /// a pooler kept) before start-up says so, instead of waiting for ever.
 const MIGRATION_LOCK_TIMEOUT: &str = "15s";
@@ -93,16 +96,16 @@ impl PgStore {
     pub fn connect(url: &str, options: &PoolOptions) -> StoreResult<PgStore> {
         let connect = connect_options(url)?;
         let pooled = options.pooler == super::Pooler::Transaction;
-        let session_timeout = format!("{}ms", options.statement_timeout.as_millis());
+        // Zero leaves the database's (or the role's) own setting alone.
+        let timeout_ms = options.statement_timeout.as_millis();
+        let session_timeout = (timeout_ms > 0).then(|| format!("{timeout_ms}ms"));
         // Built once, from an integer: a transaction pooler keeps no session setting, so each
         // transaction sets its own timeout in the same round trip as its BEGIN.
-        let begin: &'static str = Box::leak(
-            format!(
-                "BEGIN; SET LOCAL statement_timeout = {}",
-                options.statement_timeout.as_millis()
-            )
-            .into_boxed_str(),
-        );
+        let begin: &'static str = if timeout_ms > 0 {
+            Box::leak(format!("BEGIN; SET LOCAL statement_timeout = {timeout_ms}").into_boxed_str())
+        } else {
+            "BEGIN"
+        };
         let mut pool_options = PgPoolOptions::new()
             .max_connections(options.max_connections)
             .acquire_timeout(options.acquire_timeout)
@@ -119,10 +122,15 @@ impl PgStore {
             pool_options = pool_options.after_connect(move |conn, _| {
                 let timeout = session_timeout.clone();
                 Box::pin(async move {
-                    sqlx::query(self::SESSION_SETTINGS)
-                        .bind(timeout)
-                        .execute(conn)
-                        .await?;
+                    match timeout {
+                        Some(timeout) => {
+                            sqlx::query(self::SESSION_SETTINGS)
+                                .bind(timeout)
+                                .execute(conn)
+                                .await?
+                        }
+                        None => sqlx::query(self::PLAN_SETTING).execute(conn).await?,
+                    };
                     Ok(())
                 })
             });
