@@ -280,7 +280,7 @@ macro_rules! run_on {
             match result {
                 Ok(done) => break Ok(done),
                 Err(e) => {
-                    if broken {
+                    if broken || $crate::storage::breaks_connection(&e) {
                         $conn.close_on_drop();
                     }
                     let error = $classify(e);
@@ -296,6 +296,19 @@ macro_rules! run_on {
     }};
 }
 pub(crate) use run_on;
+
+/// Whether `error` means the connection itself is gone or unusable (its socket failed, its TLS
+/// session broke, the server sent what the protocol does not allow, or it shut the session
+/// down): such a connection is closed, never lent again, so that after a failover no
+/// connection to the old primary lingers in the pool.
+pub(crate) fn breaks_connection(error: &sqlx::Error) -> bool {
+    match error {
+        sqlx::Error::Io(_) | sqlx::Error::Tls(_) | sqlx::Error::Protocol(_) => true,
+        // 57P01..57P03: the server is shutting down or cannot take the session.
+        sqlx::Error::Database(db) => db.code().is_some_and(|c| c.starts_with("57P")),
+        _ => false,
+    }
+}
 
 /// After a statement failed with `error` on `conn`: a connection whose error says its session
 /// may be broken (an I/O error, a full disk, a read-only server) is closed rather than
