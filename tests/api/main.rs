@@ -21,6 +21,7 @@ mod logs;
 mod metrics;
 mod no_panic;
 mod operations;
+mod pg_tls;
 mod plans;
 mod security;
 mod tenants;

@@ -19,6 +19,7 @@ macro_rules! on_every_backend {
 }
 
 pub mod app;
+pub mod clusters;
 pub mod postgres;
 pub mod proxy;
 
