@@ -12,6 +12,7 @@ mod concurrency;
 mod conformance;
 mod connections;
 mod contention;
+mod failover;
 mod faults;
 mod full_disk;
 mod grpc_api;
