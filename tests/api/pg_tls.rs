@@ -286,3 +286,58 @@ async fn without_a_client_certificate_the_server_is_refused_where_pg_hba_demands
     // The link itself was fine: the refusal is the database's, not a TLS failure.
     assert!(!line.contains("invalid peer certificate"), "{line}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn when_the_database_stops_letting_the_server_in_calls_answer_unavailable_not_internal() {
+    let pki = Pki::new();
+    let cluster = cluster(&pki, HBA_CLIENT_CERT);
+    let url = url_with(
+        &database(&cluster),
+        "localhost",
+        &format!(
+            "sslmode=verify-full&sslrootcert={}&sslcert={}&sslkey={}",
+            pki.path("ca.pem").display(),
+            pki.path("client.pem").display(),
+            pki.path("client.key").display()
+        ),
+    );
+    let server = LedgerProcess::spawn(&url, &["--db-acquire-timeout", "2s"]);
+    server
+        .wait_for_health(ServingStatus::Serving, Duration::from_secs(20))
+        .await;
+    let mut client = server.client().await;
+    client
+        .claim(claim_req("run-tls", "send_email", r#"{"n":0}"#))
+        .await
+        .expect("a claim while the database lets the server in");
+
+    // An operator's change (a revoked certificate, a rotated password, a pg_hba.conf line)
+    // refuses the server's new sessions: the database's condition, not the ledger's bug.
+    let hba = cluster.data_dir().join("pg_hba.conf");
+    std::fs::write(
+        &hba,
+        "hostssl postgres postgres 127.0.0.1/32 trust\nhostssl all all 127.0.0.1/32 reject\n",
+    )
+    .expect("rewrite pg_hba.conf");
+    tokio::task::block_in_place(|| cluster.restart());
+
+    let line = server
+        .wait_for_log("pg_hba.conf rejects connection", Duration::from_secs(10))
+        .await;
+    assert!(line.contains(NOT_READY), "{line}");
+    assert_eq!(server.health().await, Ok(ServingStatus::NotServing));
+    let mut answers = Vec::new();
+    for n in 1..=5 {
+        let args = format!(r#"{{"n":{n}}}"#);
+        let err = client
+            .claim(claim_req("run-tls", "send_email", &args))
+            .await
+            .expect_err("no claim while the database refuses the server");
+        answers.push(format!("{:?} {}", err.code(), crate::support::reason(&err)));
+    }
+    assert!(
+        answers.iter().all(|a| a == "Unavailable STORE_UNAVAILABLE"),
+        "a database that refuses the server's sessions is unavailable, not an internal error \
+         (the kind of every other condition an operator can act on): {answers:?}\n{line}"
+    );
+}
