@@ -481,3 +481,33 @@ async fn writes_that_reach_a_standby_answer_unavailable_store_read_only_and_heal
         .expect("entry");
     assert_eq!(completed.status(), pb::Status::Succeeded);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn health_returns_to_serving_once_new_connections_reach_the_primary_even_while_an_old_one_reaches_the_standby()
+ {
+    let pair = ReplicatedPair::start().await;
+    let db = tokio::task::block_in_place(|| pair.primary.create_database());
+    let proxy = Proxy::start(addr_of(&pair.primary)).await;
+    let server = ledger_on(&proxy.url_for(&db)).await;
+
+    // The address reaches the standby for a while: the probe's connections are made to it.
+    proxy.set_upstream(addr_of(&pair.standby));
+    assert_names_the_standby(&server).await;
+    assert_eq!(server.health().await, Ok(ServingStatus::NotServing));
+    // Then the address is put right, but nothing breaks the connections made meanwhile: a
+    // connection on which the probe found recovery must not be what it asks next time.
+    proxy.redirect_new_connections(addr_of(&pair.primary));
+    // Within a few probes; not at the next write that happens to take that connection (the
+    // pruner's, every --prune-interval), which a load balancer that believes NOT_SERVING
+    // never sends.
+    server
+        .wait_for_health(ServingStatus::Serving, Duration::from_secs(10))
+        .await;
+    let mut client = server.client().await;
+    let claimed = client
+        .claim(bounded(claim_req(RUN, TOOL, r#"{"after":"correction"}"#)))
+        .await
+        .expect("a claim once health is SERVING")
+        .into_inner();
+    assert_eq!(claimed.outcome(), pb::Outcome::Claimed);
+}

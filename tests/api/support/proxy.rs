@@ -9,7 +9,8 @@
 //! - [`Proxy::reset_all`]: every open connection is reset (both sockets closed with
 //!   `SO_LINGER` 0, so both peers get an RST);
 //! - [`Proxy::set_upstream`]: new connections go to another server (a promoted standby, as a
-//!   moved DNS name or virtual IP would send them) and every open connection is reset;
+//!   moved DNS name or virtual IP would send them) and every open connection is reset
+//!   ([`Proxy::redirect_new_connections`]: the open ones stay where they are);
 //! - [`Proxy::cut_writes_at_commit`]: the next `n` write statements on `ledger_entries` reach
 //!   PostgreSQL and run to their end (each is an autocommit statement, so it commits), but their
 //!   response is swallowed, up to and including the `ReadyForQuery` that follows the commit, and
@@ -162,12 +163,19 @@ impl Proxy {
     /// connect to.
     pub fn set_upstream(&self, upstream: SocketAddr) {
         // Before the reset: a connection that misses the reset reads the new address.
+        self.redirect_new_connections(upstream);
+        self.reset_all();
+    }
+
+    /// Sends new connections to `upstream` from now on, and leaves every open connection on
+    /// the server it reached: what clients see when an address moves but a middlebox (or
+    /// nothing at all) does not break the connections made before.
+    pub fn redirect_new_connections(&self, upstream: SocketAddr) {
         *self
             .shared
             .upstream
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner) = upstream;
-        self.reset_all();
     }
 
     /// Where new connections go now.
