@@ -31,6 +31,7 @@ macro_rules! on_every_store {
 }
 
 pub mod app;
+pub mod clusters;
 pub mod pgbouncer;
 pub mod postgres;
 pub mod proxy;

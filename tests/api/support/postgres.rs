@@ -96,6 +96,70 @@ impl StopMode {
     }
 }
 
+/// What [`PgCluster::start_with`] does to a new cluster's data directory before the server's
+/// first start, in this order: fill it, append to `postgresql.conf`, replace `pg_hba.conf`,
+/// write the files.
+#[derive(Default)]
+pub struct ClusterSetup {
+    populate: Option<Populate>,
+    conf: Vec<String>,
+    hba: Option<String>,
+    files: Vec<SetupFile>,
+}
+
+type Populate = Box<dyn FnOnce(&Path) -> Result<(), String>>;
+
+/// A file [`ClusterSetup::file`] writes into the data directory.
+struct SetupFile {
+    /// Relative to the data directory.
+    name: PathBuf,
+    contents: Vec<u8>,
+    mode: u32,
+}
+
+impl ClusterSetup {
+    /// Fills the data directory (given its path, which does not exist yet; its parent belongs
+    /// to the server user) instead of copying the template into it: with `pg_basebackup`
+    /// through [`server_command`], say. Its `postgresql.conf` must include the harness's
+    /// per-cluster file, as one copied from another harness cluster does.
+    pub fn populate(mut self, fill: impl FnOnce(&Path) -> Result<(), String> + 'static) -> Self {
+        self.populate = Some(Box::new(fill));
+        self
+    }
+
+    /// Appends `line` to `postgresql.conf`, after the harness's settings, so that it wins
+    /// over them (and over the server's defaults, but not over `postgresql.auto.conf`). The
+    /// port is the harness's: do not set it.
+    pub fn conf(mut self, line: impl Into<String>) -> Self {
+        self.conf.push(line.into());
+        self
+    }
+
+    /// Replaces `pg_hba.conf` with `contents`. The harness's own commands (`create_database`)
+    /// connect over TCP from 127.0.0.1 as `postgres` to the database `postgres`, without a
+    /// password or a client certificate: some line must still let them in.
+    pub fn hba(mut self, contents: impl Into<String>) -> Self {
+        self.hba = Some(contents.into());
+        self
+    }
+
+    /// Writes `contents` to `name` (relative to the data directory) with `mode`, owned by the
+    /// server user: PostgreSQL demands that of its private key (`0o600`).
+    pub fn file(
+        mut self,
+        name: impl Into<PathBuf>,
+        contents: impl Into<Vec<u8>>,
+        mode: u32,
+    ) -> Self {
+        self.files.push(SetupFile {
+            name: name.into(),
+            contents: contents.into(),
+            mode,
+        });
+        self
+    }
+}
+
 /// A throwaway PostgreSQL cluster owned by this test process.
 ///
 /// Reachable over TCP at `127.0.0.1:port()` as the superuser `postgres` with trust
@@ -124,8 +188,13 @@ impl PgCluster {
     /// machine, to build the cached template). Panics with the server log's tail if the
     /// server cannot start.
     pub fn start() -> PgCluster {
+        PgCluster::start_with(ClusterSetup::default())
+    }
+
+    /// As [`PgCluster::start`], with the data directory first filled, configured and given
+    /// files as `setup` says (see [`ClusterSetup`]), all before the server's first start.
+    pub fn start_with(setup: ClusterSetup) -> PgCluster {
         let tools = tools();
-        let template = template_dir();
 
         let dir = tempfile::Builder::new()
             .prefix("pgharness-")
@@ -139,15 +208,27 @@ impl PgCluster {
         let data_dir = dir.path().join("data");
         let log_path = dir.path().join("server.log");
 
-        // In-process rather than `cp -a`: a `cp` outlives a killed test and goes on
-        // writing into the directory while the watchdog deletes it.
-        copy_tree(template, &data_dir).unwrap_or_else(|e| {
-            panic!(
-                "cannot copy the PostgreSQL template {} to {}: {e}",
-                template.display(),
-                data_dir.display()
-            )
-        });
+        match setup.populate {
+            Some(populate) => populate(&data_dir).unwrap_or_else(|e| {
+                panic!(
+                    "cannot fill the data directory {} of a new cluster: {e}",
+                    data_dir.display()
+                )
+            }),
+            None => {
+                let template = template_dir();
+                // In-process rather than `cp -a`: a `cp` outlives a killed test and goes on
+                // writing into the directory while the watchdog deletes it.
+                copy_tree(template, &data_dir).unwrap_or_else(|e| {
+                    panic!(
+                        "cannot copy the PostgreSQL template {} to {}: {e}",
+                        template.display(),
+                        data_dir.display()
+                    )
+                });
+            }
+        }
+        apply_setup(&data_dir, &setup.conf, setup.hba.as_deref(), &setup.files);
 
         let mut cluster = PgCluster {
             port: 0,
@@ -313,28 +394,103 @@ impl PgCluster {
     /// Whether the server process is alive (it accepts connections whenever `start`,
     /// `restart` or `stop` is not in the middle of changing that).
     pub fn is_running(&self) -> bool {
+        self.postmaster_pid().is_some()
+    }
+
+    /// The pid of the server's postmaster while it is alive.
+    pub fn postmaster_pid(&self) -> Option<u32> {
         // Read directly rather than via `pg_ctl status`: no process to spawn, and a zombie postmaster, which `kill -0` reports as
         // alive, counts as dead here.
-        let Ok(pid_file) = fs::read_to_string(self.data_dir.join("postmaster.pid")) else {
-            return false;
-        };
-        let Some(pid) = pid_file
+        let pid_file = fs::read_to_string(self.data_dir.join("postmaster.pid")).ok()?;
+        let pid = pid_file
             .lines()
             .next()
-            .and_then(|l| l.trim().parse::<u32>().ok())
-        else {
-            return false;
-        };
-        let Ok(stat) = fs::read_to_string(format!("/proc/{pid}/stat")) else {
-            return false;
-        };
-        let alive =
-            matches!(stat.rsplit_once(") "), Some((_, rest)) if !rest.starts_with(['Z', 'X']));
+            .and_then(|l| l.trim().parse::<u32>().ok())?;
+        if !process_alive(pid) {
+            return None;
+        }
         // A stale pid file's pid may have been recycled by an unrelated process.
-        alive
-            && fs::read(format!("/proc/{pid}/cmdline"))
-                .map(|cmdline| contains(&cmdline, self.data_dir.as_os_str().as_encoded_bytes()))
-                .unwrap_or(false)
+        fs::read(format!("/proc/{pid}/cmdline"))
+            .is_ok_and(|cmdline| contains(&cmdline, self.data_dir.as_os_str().as_encoded_bytes()))
+            .then_some(pid)
+    }
+
+    /// Kills the postmaster with SIGKILL, as the kernel's OOM killer or a lost host would, and
+    /// waits until it and the backends it had are gone (they notice their postmaster's death
+    /// and exit on their own). No shutdown checkpoint is written: a `restart` runs crash
+    /// recovery. Does nothing if the server is not running.
+    pub fn kill(&self) {
+        let _lifecycle = self.lock_lifecycle();
+        let Some(pid) = self.postmaster_pid() else {
+            return;
+        };
+        let children = children_of(pid);
+        // Line 7 of postmaster.pid: the shared memory key and id. A killed postmaster cannot
+        // remove its System V segment; marked here, the kernel removes it once the last
+        // backend detaches, instead of it outliving the test.
+        let shmid = fs::read_to_string(self.data_dir.join("postmaster.pid"))
+            .ok()
+            .and_then(|f| {
+                f.lines()
+                    .nth(6)
+                    .and_then(|l| l.split_whitespace().nth(1).map(str::to_string))
+            });
+        let out = run(
+            Command::new("kill").arg("-KILL").arg(pid.to_string()),
+            "kill -KILL <postmaster>",
+        );
+        if !out.status.success() && self.is_running() {
+            panic!(
+                "kill -KILL {pid} failed for the cluster in {}:\n{}",
+                self.data_dir.display(),
+                describe(&out)
+            );
+        }
+        let deadline = Instant::now() + STOP_TIMEOUT;
+        while (self.is_running() || children.iter().any(|c| process_alive(*c)))
+            && Instant::now() < deadline
+        {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        assert!(
+            !self.is_running(),
+            "the postmaster {pid} of {} still runs {STOP_TIMEOUT:?} after SIGKILL",
+            self.data_dir.display()
+        );
+        if let Some(shmid) = shmid.filter(|id| id.parse::<u64>().is_ok()) {
+            let _ = Command::new("ipcrm")
+                .args(["-m", &shmid])
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .status();
+        }
+    }
+
+    /// `pg_ctl promote`: ends a standby's recovery and waits until it accepts writes. Panics
+    /// with the server log's tail if it does not.
+    pub fn promote(&self) {
+        let _lifecycle = self.lock_lifecycle();
+        let out = run(
+            tools()
+                .server_command("pg_ctl")
+                .arg("-D")
+                .arg(&self.data_dir)
+                .args(["-w", "-t", PG_CTL_TIMEOUT_SECS, "promote"]),
+            "pg_ctl promote",
+        );
+        if !out.status.success() {
+            panic!(
+                "pg_ctl promote failed for the cluster in {}:\n{}\n{}",
+                self.data_dir.display(),
+                describe(&out),
+                self.log_tail()
+            );
+        }
+    }
+
+    /// The server's log so far (`pg_ctl -l`), for assertions and failure messages.
+    pub fn server_log(&self) -> String {
+        fs::read_to_string(&self.log_path).unwrap_or_default()
     }
 
     fn lock_lifecycle(&self) -> MutexGuard<'_, ()> {
@@ -656,6 +812,70 @@ impl Tools {
         } else {
             PathBuf::from("psql")
         }
+    }
+}
+
+/// A command running the server-side program `tool` (`pg_basebackup`, `pg_ctl`, …) of the
+/// harness's PostgreSQL installation, as the server user when the tests run as root, from a
+/// directory that user can read.
+pub fn server_command(tool: &str) -> Command {
+    tools().server_command(tool)
+}
+
+/// Whether process `pid` exists and is not a zombie.
+fn process_alive(pid: u32) -> bool {
+    fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(
+        |stat| matches!(stat.rsplit_once(") "), Some((_, rest)) if !rest.starts_with(['Z', 'X'])),
+    )
+}
+
+/// The pids of the live processes whose parent is `parent`.
+fn children_of(parent: u32) -> Vec<u32> {
+    let Ok(entries) = fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    entries
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|pid| {
+            fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|stat| {
+                // After the command's closing parenthesis: state, then the parent's pid.
+                stat.rsplit_once(") ")
+                    .and_then(|(_, rest)| rest.split_whitespace().nth(1)?.parse::<u32>().ok())
+                    == Some(parent)
+            })
+        })
+        .collect()
+}
+
+/// What a [`ClusterSetup`] writes into a filled data directory.
+fn apply_setup(data_dir: &Path, conf: &[String], hba: Option<&str>, files: &[SetupFile]) {
+    let tools = tools();
+    if !conf.is_empty() {
+        let path = data_dir.join("postgresql.conf");
+        let mut lines = String::from("\n# ---- added by ClusterSetup::conf ----\n");
+        for line in conf {
+            lines.push_str(line);
+            lines.push('\n');
+        }
+        fs::OpenOptions::new()
+            .append(true)
+            .open(&path)
+            .and_then(|mut f| f.write_all(lines.as_bytes()))
+            .unwrap_or_else(|e| panic!("cannot append to {}: {e}", path.display()));
+    }
+    if let Some(hba) = hba {
+        let path = data_dir.join("pg_hba.conf");
+        fs::write(&path, hba).unwrap_or_else(|e| panic!("cannot write {}: {e}", path.display()));
+        tools.give_to_server_user(&path);
+    }
+    for file in files {
+        use std::os::unix::fs::PermissionsExt;
+        let path = data_dir.join(&file.name);
+        fs::write(&path, &file.contents)
+            .and_then(|()| fs::set_permissions(&path, fs::Permissions::from_mode(file.mode)))
+            .unwrap_or_else(|e| panic!("cannot write {}: {e}", path.display()));
+        tools.give_to_server_user(&path);
     }
 }
 

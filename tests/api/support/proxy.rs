@@ -8,6 +8,9 @@
 //!   partition heals within its retransmission timeout;
 //! - [`Proxy::reset_all`]: every open connection is reset (both sockets closed with
 //!   `SO_LINGER` 0, so both peers get an RST);
+//! - [`Proxy::set_upstream`]: new connections go to another server (a promoted standby, as a
+//!   moved DNS name or virtual IP would send them) and every open connection is reset
+//!   ([`Proxy::redirect_new_connections`]: the open ones stay where they are);
 //! - [`Proxy::cut_writes_at_commit`]: the next `n` write statements on `ledger_entries` reach
 //!   PostgreSQL and run to their end (each is an autocommit statement, so it commits), but their
 //!   response is swallowed, up to and including the `ReadyForQuery` that follows the commit, and
@@ -50,7 +53,8 @@ pub struct ProxyStats {
 
 /// The switches and counters every connection of one proxy shares.
 struct Shared {
-    upstream: SocketAddr,
+    /// Where new connections go.
+    upstream: std::sync::Mutex<SocketAddr>,
     /// Delay per forwarded chunk, in microseconds.
     latency_us: AtomicU64,
     /// `true` while nothing may pass.
@@ -65,6 +69,15 @@ struct Shared {
     resets: AtomicU64,
     commit_cuts: AtomicU64,
     byte_cuts: AtomicU64,
+}
+
+impl Shared {
+    fn upstream(&self) -> SocketAddr {
+        *self
+            .upstream
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
 }
 
 /// A running proxy; dropping it stops accepting and resets every connection it carries.
@@ -82,7 +95,7 @@ impl Proxy {
             .expect("bind the proxy");
         let addr = listener.local_addr().expect("proxy address");
         let shared = Arc::new(Shared {
-            upstream,
+            upstream: std::sync::Mutex::new(upstream),
             latency_us: AtomicU64::new(0),
             blackhole: watch::Sender::new(false),
             reset_epoch: watch::Sender::new(0),
@@ -143,6 +156,31 @@ impl Proxy {
     /// Stops (`true`) or resumes (`false`) all forwarding and new connections.
     pub fn blackhole(&self, on: bool) {
         self.shared.blackhole.send_replace(on);
+    }
+
+    /// Sends new connections to `upstream` from now on, and resets every connection open now
+    /// (whichever server it reached): what clients see when a failover moves the address they
+    /// connect to.
+    pub fn set_upstream(&self, upstream: SocketAddr) {
+        // Before the reset: a connection that misses the reset reads the new address.
+        self.redirect_new_connections(upstream);
+        self.reset_all();
+    }
+
+    /// Sends new connections to `upstream` from now on, and leaves every open connection on
+    /// the server it reached: what clients see when an address moves but a middlebox (or
+    /// nothing at all) does not break the connections made before.
+    pub fn redirect_new_connections(&self, upstream: SocketAddr) {
+        *self
+            .shared
+            .upstream
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = upstream;
+    }
+
+    /// Where new connections go now.
+    pub fn upstream(&self) -> SocketAddr {
+        self.shared.upstream()
     }
 
     /// Resets every connection open now (new ones are not affected).
@@ -230,7 +268,7 @@ async fn serve_connection(shared: Arc<Shared>, mut client: TcpStream) {
             return;
         }
     }
-    let Ok(mut upstream) = TcpStream::connect(shared.upstream).await else {
+    let Ok(mut upstream) = TcpStream::connect(shared.upstream()).await else {
         rst(&client);
         return;
     };
