@@ -380,9 +380,16 @@ async fn probe_loop(
     let mut last_cause: Option<String> = None;
     let mut alignment = ClockAlignment::default();
     loop {
-        let bound = interval.max(std::time::Duration::from_secs(1));
+        let migrated = state.migrated.load(Ordering::Acquire);
+        // A ping answers in milliseconds; migrations may take longer on a loaded machine (and
+        // wait up to their lock timeout), and are not to be cut off half way.
+        let bound = if migrated {
+            interval.max(std::time::Duration::from_secs(1))
+        } else {
+            MIGRATION_BOUND
+        };
         let check = async {
-            if state.migrated.load(Ordering::Acquire) {
+            if migrated {
                 store.ping().await?;
                 if store.is_full() {
                     store.probe_write().await?;
@@ -439,6 +446,10 @@ async fn probe_loop(
         tokio::time::sleep(interval).await;
     }
 }
+
+/// The longest one attempt at migrating may take before the probe counts it as failed (and
+/// tries again).
+const MIGRATION_BOUND: std::time::Duration = std::time::Duration::from_secs(120);
 
 /// What a probe's failure says, in the database's own words: a pool that timed out says only
 /// that, so a connection of the store's own is opened to learn why (refused, a wrong

@@ -135,7 +135,7 @@ impl StoreError {
     /// Classifies a PostgreSQL error by its SQLSTATE (see [`StoreError::sqlstate`]).
     pub(crate) fn from_postgres(err: sqlx::Error) -> StoreError {
         match database_code(&err) {
-            Some(state) => StoreError::sqlstate(&state, err.to_string()),
+            Some(state) => StoreError::sqlstate(&state, without_source_line(err.to_string())),
             None => StoreError::from_client(&err),
         }
     }
@@ -174,8 +174,9 @@ impl StoreError {
             "XX001" | "XX002" => StoreError::Corrupt(detail),
             // query_canceled (statement_timeout), lock_not_available (lock_timeout).
             "57014" | "55P03" => StoreError::Unavailable(detail),
-            // invalid_catalog_name: the database does not exist (yet).
-            "3D000" => StoreError::Unavailable(detail),
+            // invalid_catalog_name: the database does not exist (yet); insufficient_privilege:
+            // the role lacks a grant. Both the operator's to mend, neither a bug.
+            "3D000" | "42501" => StoreError::Unavailable(detail),
             // Class 08 connection exception, 28 invalid authorization (a wrong password, an
             // unknown role), 57P admin/crash shutdown or cannot connect now, 53 insufficient
             // resources (out of memory, too many connections).
@@ -200,6 +201,10 @@ impl StoreError {
 pub struct WriteHealth {
     /// Set while the store is known to be full.
     full: std::sync::atomic::AtomicBool,
+    /// Pooled connections opened before this instant are not lent again: one of them reached
+    /// a server that accepts no writes (a standby, as during a failover), and the others were
+    /// opened the same way, so they may well lead there too.
+    stale_before: std::sync::Mutex<Option<std::time::Instant>>,
 }
 
 impl WriteHealth {
@@ -217,6 +222,28 @@ impl WriteHealth {
     /// Whether the store is known to be full.
     pub fn is_full(&self) -> bool {
         self.full.load(std::sync::atomic::Ordering::Acquire)
+    }
+
+    /// Marks every connection open now as not to be lent again (see `stale_before`).
+    pub(crate) fn discard_connections_open_now(&self) {
+        let mut stale = self
+            .stale_before
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        *stale = Some(std::time::Instant::now());
+    }
+
+    /// Whether a connection of `age` was opened before connections were last marked stale.
+    pub(crate) fn is_stale(&self, age: std::time::Duration) -> bool {
+        let stale = self
+            .stale_before
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        stale.is_some_and(|before| {
+            std::time::Instant::now()
+                .checked_sub(age)
+                .is_none_or(|opened| opened <= before)
+        })
     }
 
     /// Notes that a write committed again; logs the end of an episode.
@@ -334,6 +361,10 @@ pub(crate) async fn after_failure<DB: sqlx::Database>(
             health.full(&detail);
             Err(StoreError::Full(detail))
         }
+        StoreError::ReadOnly(detail) => {
+            health.discard_connections_open_now();
+            Err(StoreError::ReadOnly(detail))
+        }
         StoreError::Contention(detail) if *tries < CONTENTION_RETRIES => {
             *tries += 1;
             tracing::debug!(error = %detail, tries = *tries, "write conflicted; trying again");
@@ -357,6 +388,20 @@ pub(crate) fn at_most_one<T>(mut rows: Vec<T>, what: &str) -> StoreResult<Option
             "{what} returned {n} rows for one key"
         ))),
     }
+}
+
+/// sqlx ends a PostgreSQL error with ` at line N`, the line of PostgreSQL's own C source that
+/// raised it, which reads as a line of the operator's file (`pg_hba.conf rejects connection …
+/// at line 476`): it is left out of what the log shows.
+fn without_source_line(mut detail: String) -> String {
+    if let Some(at) = detail.rfind(" at line ")
+        && detail[at + " at line ".len()..]
+            .bytes()
+            .all(|b| b.is_ascii_digit())
+    {
+        detail.truncate(at);
+    }
+    detail
 }
 
 /// The database's own error code (SQLSTATE, or SQLite's extended result code), if the error
@@ -867,6 +912,18 @@ mod tests {
     }
 
     #[test]
+    fn the_source_line_sqlx_appends_is_left_out() {
+        assert_eq!(
+            super::without_source_line("pg_hba.conf rejects connection at line 476".into()),
+            "pg_hba.conf rejects connection"
+        );
+        assert_eq!(
+            super::without_source_line("a value at line five".into()),
+            "a value at line five"
+        );
+    }
+
+    #[test]
     fn postgres_errors_are_classified_by_their_sqlstate() {
         let kind = |state| StoreError::sqlstate(state, String::new()).kind();
         assert_eq!(kind("53100"), "full");
@@ -884,6 +941,7 @@ mod tests {
         assert_eq!(kind("42P01"), "internal", "undefined_table");
         assert_eq!(kind("28P01"), "unavailable", "invalid_password");
         assert_eq!(kind("3D000"), "unavailable", "a missing database");
+        assert_eq!(kind("42501"), "unavailable", "insufficient_privilege");
     }
 
     #[test]

@@ -106,12 +106,20 @@ impl PgStore {
         } else {
             "BEGIN"
         };
+        let health = std::sync::Arc::new(WriteHealth::default());
+        let stale = health.clone();
         let mut pool_options = PgPoolOptions::new()
             .max_connections(options.max_connections)
             .acquire_timeout(options.acquire_timeout)
             .test_before_acquire(false)
-            .before_acquire(|conn, meta| {
+            .before_acquire(move |conn, meta| {
+                // Opened before one of them reached a standby: closed, not lent (after a
+                // failover the address leads elsewhere, but these still lead to the old host).
+                let stale = stale.is_stale(meta.age);
                 Box::pin(async move {
+                    if stale {
+                        return Ok(false);
+                    }
                     if meta.idle_for >= PING_IF_IDLE_FOR {
                         sqlx::Connection::ping(conn).await?;
                     }
@@ -143,7 +151,7 @@ impl PgStore {
         Ok(PgStore {
             pool,
             listen_pool,
-            health: std::sync::Arc::default(),
+            health,
             connect,
             pooled,
             begin,
@@ -312,8 +320,12 @@ impl PgStore {
             Ok((encrypted, version)) => tracing::info!(
                 encrypted,
                 tls = version.as_str(),
-                sslmode = ?self.connect.get_ssl_mode(),
-                link = if self.pooled { "pooler to database" } else { "server to database" },
+                sslmode = ssl_mode_name(self.connect.get_ssl_mode()),
+                link = if self.pooled {
+                    "pooler to database"
+                } else {
+                    "server to database"
+                },
                 "store connection"
             ),
             Err(e) => tracing::debug!(error = %e, "cannot read the store connection's encryption"),
@@ -329,6 +341,19 @@ impl PgStore {
             self.connect.get_database().unwrap_or(""),
             self.connect.get_username()
         )
+    }
+}
+
+/// An `sslmode` as libpq spells it.
+fn ssl_mode_name(mode: sqlx::postgres::PgSslMode) -> &'static str {
+    use sqlx::postgres::PgSslMode as M;
+    match mode {
+        M::Disable => "disable",
+        M::Allow => "allow",
+        M::Prefer => "prefer",
+        M::Require => "require",
+        M::VerifyCa => "verify-ca",
+        M::VerifyFull => "verify-full",
     }
 }
 
@@ -641,6 +666,8 @@ impl_store!(PgStore, StoreError::from_postgres, {
                 .await
         })?;
         if in_recovery {
+            // This connection, and the others opened the same way, lead to a standby.
+            self.health.discard_connections_open_now();
             return Err(StoreError::ReadOnly(format!(
                 "the database at {} is a standby in recovery: it accepts no writes",
                 self.describe()

@@ -140,7 +140,11 @@ async fn with_verify_full_and_the_test_ca_the_server_connects_serves_claims_and_
     let line = server
         .wait_for_log("store connection", Duration::from_secs(1))
         .await;
-    for word in ["encrypted=true", "tls=\"TLSv1.3\"", "sslmode=VerifyFull"] {
+    for word in [
+        "encrypted=true",
+        "tls=\"TLSv1.3\"",
+        "sslmode=\"verify-full\"",
+    ] {
         assert!(line.contains(word), "{word} in:\n{line}");
     }
     assert!(
