@@ -4,15 +4,22 @@
 # Builds the release binaries, starts a throwaway PostgreSQL cluster, and for each workload and
 # client count measures
 #   - the baseline: pgbench running exactly the SQL the server issues per operation
-#     (bench/pgbench/*.sql), as autocommit statements over C connections, and
+#     (bench/pgbench/*.sql), as autocommit statements over C connections,
+#   - the gRPC floor: target/release/ledger-floor, a server on the same tonic stack and
+#     settings that does no work, driven by ledger-bench with the same clients making the same
+#     RPCs (their number and sizes), and
 #   - ours: target/release/idempotency-ledger on the same database, driven over gRPC by
 #     target/release/ledger-bench with C clients;
-# then the SQLite store through the server, and (with --scale) a 5M-row table. Prints the
-# side-by-side table and writes it to bench/results/latest.md (+ .json); --smoke writes
-# bench/results/smoke.md (+ .json) instead, so CI never overwrites the committed record.
+# then claim-complete with --mux-clients clients over --mux-connections HTTP/2 connections
+# (as an agent runtime's channel pool connects) beside one connection per client, the SQLite
+# store through the server, and (with --scale) a 5M-row table. Prints the side-by-side tables
+# and writes them to bench/results/latest.md (+ .json, + .png: throughput and latency against
+# clients); --smoke writes bench/results/smoke.* instead, so CI never overwrites the committed
+# record.
 #
 # Usage: bench/compare.sh [options]
-#   --smoke                 a few hundred operations per cell, client counts 1 and 8 (CI)
+#   --smoke                 a few hundred operations per cell, client counts 1 and 8 and the
+#                           --mux-clients cell (CI)
 #   --scale                 also load 5M finished entries and compare claim-complete and lookup
 #                           on the empty and the loaded table (off by default, off in --smoke)
 #   --scale-rows N          rows --scale loads (default 5000000)
@@ -21,6 +28,11 @@
 #   --rounds N              run every cell N times, alternating the sides, and report each
 #                           side's median round by throughput (default 1)
 #   --clients "C ..."       client counts for PostgreSQL (default "1 8 32 64")
+#   --mux-clients N         the multiplexed cell: claim-complete with N clients, measured both
+#                           over --mux-connections connections and with one connection per
+#                           client (default 256; 0: no such cell)
+#   --mux-connections K     HTTP/2 connections the --mux-clients clients share, each a tonic
+#                           Channel carrying N/K concurrent clients (default 8)
 #   --sqlite-clients "C ..."  client counts for the SQLite store (default "1 32")
 #   --db-max-connections default|match|N
 #                           the server's PostgreSQL pool: default (the server's own default,
@@ -28,12 +40,14 @@
 #                           connections for requests as pgbench has, plus the one the server's
 #                           LISTEN keeps), or N
 #   --no-build              use the binaries already in target/release
+#   --no-plot               draw no picture (then gnuplot is not needed)
 #   --keep                  keep the temp dir (cluster, logs, raw outputs) and print its path
 #   -h, --help
 #
 # Needs: cargo, PostgreSQL's server programs (initdb, pg_ctl, postgres; found on PATH or under
-# /usr/lib/postgresql/<major>/bin, or set PG_BIN), psql and pgbench, and setpriv (util-linux)
-# when run as root, since PostgreSQL refuses to run as root: it then runs as the `postgres` user.
+# /usr/lib/postgresql/<major>/bin, or set PG_BIN), psql and pgbench, setpriv (util-linux)
+# when run as root, since PostgreSQL refuses to run as root: it then runs as the `postgres` user,
+# and gnuplot (Debian's gnuplot-nox) unless --no-plot.
 # Exits non-zero if any cell had an error.
 
 set -euo pipefail
@@ -47,6 +61,9 @@ ROUNDS=1
 ROUND=1
 CLIENTS="1 8 32 64"
 SQLITE_CLIENTS="1 32"
+MUX_CLIENTS=256
+MUX_CONNECTIONS=8
+PLOT=1
 POOL=default
 SMOKE=0
 SCALE=0
@@ -69,6 +86,9 @@ while (($#)); do
         --warmup) WARMUP=$2; shift ;;
         --rounds) ROUNDS=$2; shift ;;
         --clients) CLIENTS=$2; shift ;;
+        --mux-clients) MUX_CLIENTS=$2; shift ;;
+        --mux-connections) MUX_CONNECTIONS=$2; shift ;;
+        --no-plot) PLOT=0 ;;
         --sqlite-clients) SQLITE_CLIENTS=$2; shift ;;
         --db-max-connections) POOL=$2; shift ;;
         --no-build) BUILD=0 ;;
@@ -95,6 +115,17 @@ done
 log() { printf '[compare %s] %s\n' "$(date +%T)" "$*" >&2; }
 die() { log "error: $*"; exit 1; }
 
+[[ $MUX_CLIENTS =~ ^[0-9]+$ && $MUX_CONNECTIONS =~ ^[1-9][0-9]*$ ]] ||
+    die "--mux-clients takes a count (0: none) and --mux-connections a positive count"
+((MUX_CLIENTS == 0 || MUX_CONNECTIONS < MUX_CLIENTS)) ||
+    die "--mux-connections ($MUX_CONNECTIONS) must be fewer than --mux-clients ($MUX_CLIENTS)"
+if ((PLOT)) && ! command -v gnuplot >/dev/null; then
+    die "gnuplot not found (Debian: apt-get install gnuplot-nox), or pass --no-plot"
+fi
+# The most clients pgbench opens at once, for PostgreSQL's max_connections.
+MAX_CLIENTS=$MUX_CLIENTS
+for c in $CLIENTS; do if ((c > MAX_CLIENTS)); then MAX_CLIENTS=$c; fi; done
+
 # ---- build ------------------------------------------------------------------------------------
 TARGET_DIR=${CARGO_TARGET_DIR:-$ROOT/target}
 if ((BUILD)); then
@@ -103,7 +134,8 @@ if ((BUILD)); then
 fi
 SERVER=$TARGET_DIR/release/idempotency-ledger
 BENCH=$TARGET_DIR/release/ledger-bench
-[[ -x $SERVER && -x $BENCH ]] || die "no release binaries in $TARGET_DIR/release"
+FLOOR=$TARGET_DIR/release/ledger-floor
+[[ -x $SERVER && -x $BENCH && -x $FLOOR ]] || die "no release binaries in $TARGET_DIR/release"
 
 # ---- temp dir and cleanup --------------------------------------------------------------------
 WORK=$(mktemp -d "${TMPDIR:-/tmp}/ledger-compare.XXXXXX")
@@ -162,6 +194,7 @@ free_port() {
 
 PGDIR=$WORK/pg
 PGDATA=$PGDIR/data
+PG_MAX_CONNECTIONS=$((MAX_CLIENTS + 40 > 200 ? MAX_CLIENTS + 40 : 200))
 mkdir -p "$PGDIR"
 ((EUID == 0)) && chown postgres:postgres "$PGDIR"
 log "initdb ($("$PG_BIN/postgres" --version))"
@@ -169,14 +202,14 @@ as_pg "$PG_BIN/initdb" -D "$PGDATA" -U postgres -A trust -E UTF8 --locale=C --no
     >"$WORK/logs/initdb.log" 2>&1 || { cat "$WORK/logs/initdb.log" >&2; die "initdb failed"; }
 # The settings of both sides: pgbench and the server run against this one cluster, one after
 # the other. Durable commits as in production (fsync and synchronous_commit on, the defaults),
-# room for 64 pgbench connections plus the server's pool, and shared_buffers 128MB (the
-# default, stated so a changed default does not change the figures).
+# room for the most pgbench connections of any cell (at least 200) plus the server's pool, and
+# shared_buffers 128MB (the default, stated so a changed default does not change the figures).
 cat >>"$PGDATA/postgresql.conf" <<EOF
 
 # ---- bench/compare.sh ----
 listen_addresses = '127.0.0.1'
 unix_socket_directories = '$PGDIR'
-max_connections = 200
+max_connections = $PG_MAX_CONNECTIONS
 shared_buffers = 128MB
 fsync = on
 synchronous_commit = on
@@ -268,6 +301,8 @@ per_op() { awk -v t="$1" -v n="$2" 'BEGIN { if (n > 0) printf "%.3f", t * 10 / n
 CELLS_JSON=()
 ROWS=()
 CPU_ROWS=()
+FLOOR_ROWS=()
+PLOT_ROWS=()
 
 # pgbench_cell WORKLOAD C: fills PGB_* for the row that ours_cell then completes.
 pgbench_cell() {
@@ -328,22 +363,23 @@ pgbench_cell() {
         "${PGB_FAILED:-null}" "$rc" "$PGB_DB_CPU" "$PGB_CLIENT_CPU" "$statements")
 }
 
-start_server() { # URL POOL LOGNAME
-    local pool=()
-    [[ $2 == default ]] || pool=(--db-max-connections "$2")
+# start_server LOGNAME PROGRAM ARGS...: starts the ledger server or the floor on a port the
+# kernel picks and sets SERVER_PID and SERVER_PORT.
+start_server() {
+    local logname=$1
+    shift
     # Port 0: the kernel picks a free port and the start-up log names it (a port probed free
     # beforehand can be taken by an ephemeral client port before the server binds it).
-    RUST_LOG=info "$SERVER" --listen "127.0.0.1:0" --database-url "$1" "${pool[@]}" \
-        2>"$WORK/logs/$3.log" &
+    RUST_LOG=info "$@" --listen "127.0.0.1:0" 2>"$WORK/logs/$logname.log" &
     SERVER_PID=$!
     SERVER_PORT=""
     for _ in $(seq 300); do
-        SERVER_PORT=$(sed -n 's/.*listen=127\.0\.0\.1:\([0-9]*\).*/\1/p' "$WORK/logs/$3.log" | head -n 1)
+        SERVER_PORT=$(sed -n 's/.*listen=127\.0\.0\.1:\([0-9]*\).*/\1/p' "$WORK/logs/$logname.log" | head -n 1)
         [[ -n $SERVER_PORT ]] && break
         kill -0 "$SERVER_PID" 2>/dev/null || break
         sleep 0.1
     done
-    [[ -n $SERVER_PORT ]] || die "the server did not start; see $WORK/logs/$3.log"
+    [[ -n $SERVER_PORT ]] || die "$(basename "$1") did not start; see $WORK/logs/$logname.log"
 }
 
 stop_server() {
@@ -354,11 +390,55 @@ stop_server() {
     fi
 }
 
-# ours_cell STORE WORKLOAD C [extra ledger-bench args...]: fills OURS_JSON_FILE and OURS_ERR.
-ours_cell() {
-    local store=$1 workload=$2 c=$3 name="ours-$1-$2-c$3-r$ROUND"
+# conns_name C CONNS: how many connections C clients use (CONNS 0: one per client).
+conns_name() { if (($2 == 0)); then echo "$1"; else echo "$2"; fi; }
+
+# run_bench NAME ERRVAR LOGNAME ARGS...: ledger-bench against the started server, with the
+# measuring mode of this run; writes $WORK/json/NAME.json and sets ERRVAR to 0 or 1.
+run_bench() {
+    local name=$1 errvar=$2 logname=$3 rc=0 json=$WORK/json/$1.json run
     shift 3
-    local url pool db_pid=()
+    if ((SMOKE)); then run=(--count "$SMOKE_OPS" --warmup 0s); else
+        run=(--duration "${DURATION}s" --warmup "${WARMUP}s"); fi
+    "$BENCH" --addr "http://127.0.0.1:$SERVER_PORT" "${run[@]}" --server-pid "$SERVER_PID" \
+        --json "$json" "$@" >"$WORK/logs/$name.out" 2>&1 || rc=$?
+    stop_server
+    printf -v "$errvar" 0
+    if ((rc != 0)) || [[ ! -s $json ]] || [[ $(json_get "$json" failed_ops) != 0 ]]; then
+        printf -v "$errvar" 1
+        FAILED_CELLS+=("$name")
+        log "ledger-bench $name failed (exit $rc):"
+        tail -15 "$WORK/logs/$name.out" >&2
+        tail -5 "$WORK/logs/$logname.log" >&2
+        [[ -s $json ]] || echo '{}' >"$json"
+    fi
+}
+
+# floor_cell SHAPE C CONNS: the floor standing in for workload SHAPE with C clients over CONNS
+# connections; fills FLOOR_JSON_FILE and FLOOR_ERR. A cell already measured in this round (the
+# SQLite cells reuse PostgreSQL's) is not measured again.
+floor_cell() {
+    local shape=$1 c=$2 conns=$3
+    local name="floor-$shape-c$c-n$(conns_name "$c" "$conns")-r$ROUND"
+    FLOOR_JSON_FILE=$WORK/json/$name.json
+    if [[ -s $FLOOR_JSON_FILE ]]; then
+        FLOOR_ERR=$(cat "$WORK/json/$name.err")
+        return
+    fi
+    start_server "$name" "$FLOOR"
+    log "ledger-bench floor ($shape), $c clients over $(conns_name "$c" "$conns") connections"
+    run_bench "$name" FLOOR_ERR "$name" --workload floor --floor-of "$shape" --clients "$c" \
+        --connections "$conns" --label "floor of $shape"
+    echo "$FLOOR_ERR" >"$WORK/json/$name.err"
+}
+
+# ours_cell STORE WORKLOAD C CONNS [extra ledger-bench args...]: fills OURS_JSON_FILE and
+# OURS_ERR.
+ours_cell() {
+    local store=$1 workload=$2 c=$3 conns=$4
+    local name="ours-$1-$2-c$3-n$(conns_name "$c" "$conns")-r$ROUND"
+    shift 4
+    local url pool pool_args=() db_pid=()
     if [[ $store == postgres ]]; then
         url=$DB_URL
         db_pid=(--db-pid "$PM_PID")
@@ -373,31 +453,38 @@ ours_cell() {
         url="sqlite://$WORK/sqlite.db"
         pool=default # SQLite has one writer whatever the pool
     fi
-    start_server "$url" "$pool" "$name"
+    [[ $pool == default ]] || pool_args=(--db-max-connections "$pool")
+    start_server "$name" "$SERVER" --database-url "$url" "${pool_args[@]}"
     OURS_JSON_FILE=$WORK/json/$name.json
-    local run rc=0
-    if ((SMOKE)); then run=(--count "$SMOKE_OPS" --warmup 0s); else
-        run=(--duration "${DURATION}s" --warmup "${WARMUP}s"); fi
-    log "ledger-bench $store $workload, $c clients (pool $pool)"
-    "$BENCH" --addr "http://127.0.0.1:$SERVER_PORT" --workload "$workload" --clients "$c" \
-        "${run[@]}" --server-pid "$SERVER_PID" "${db_pid[@]}" --json "$OURS_JSON_FILE" \
-        --label "$store pool=$pool" "$@" >"$WORK/logs/$name.out" 2>&1 || rc=$?
-    stop_server
-    OURS_ERR=0
-    if ((rc != 0)) || [[ ! -s $OURS_JSON_FILE ]] || [[ $(json_get "$OURS_JSON_FILE" failed_ops) != 0 ]]; then
-        OURS_ERR=1
-        FAILED_CELLS+=("$name")
-        log "ledger-bench $name failed (exit $rc):"
-        tail -15 "$WORK/logs/$name.out" >&2
-        tail -5 "$WORK/logs/$name.log" >&2
-        [[ -s $OURS_JSON_FILE ]] || echo '{}' >"$OURS_JSON_FILE"
-    fi
+    log "ledger-bench $store $workload, $c clients over $(conns_name "$c" "$conns") connections (pool $pool)"
+    run_bench "$name" OURS_ERR "$name" --workload "$workload" --clients "$c" \
+        --connections "$conns" "${db_pid[@]}" --label "$store pool=$pool" "$@"
 }
 
-# add_row LABEL C HAS_PGBENCH: one table row and one JSON cell from PGB_* and OURS_*.
+# ratio A B: A / B to two places, or "-".
+ratio() {
+    awk -v a="$1" -v b="$2" 'BEGIN {
+        if (a != "null" && a != "" && b != "null" && b != "" && b + 0 > 0) printf "%.2f", a / b
+        else print "-" }'
+}
+
+# us_per_rpc MS_PER_OP RPCS [MINUS_MS...]: (MS_PER_OP - the others) * 1000 / RPCS, or "-".
+us_per_rpc() {
+    local v=$1 n=$2 m
+    shift 2
+    for m in "$v" "$@"; do [[ $m == null || -z $m ]] && { echo "-"; return; }; done
+    awk -v v="$v" -v n="$n" -v rest="$*" 'BEGIN {
+        k = split(rest, r, " "); for (i = 1; i <= k; i++) v -= r[i]
+        printf "%.0f", v * 1000 / n }'
+}
+
+# add_row LABEL C CONNS HAS_PGBENCH FLOOR_SHAPE RPCS: one row of each table and one JSON cell
+# from PGB_*, FLOOR_* and OURS_* (FLOOR_SHAPE none: no floor; RPCS: gRPC calls per operation).
 add_row() {
-    local label=$1 c=$2 has_pg=$3 f=$OURS_JSON_FILE
-    local tps p50 p99 p999 peak errs ratio pg_tps pg_avg pg_pct err_text
+    local label=$1 c=$2 conns=$3 has_pg=$4 shape=$5 rpcs=$6 f=$OURS_JSON_FILE
+    local nconn tps p50 p99 p999 peak errs pg_tps pg_pct pg_err pg_json floor_json
+    local fl_tps="-" fl_pct="-" fl_err="-" fl_p50=null fl_p99=null fl_raw=null
+    nconn=$(conns_name "$c" "$conns")
     tps=$(json_get "$f" throughput_ops_s)
     p50=$(json_get "$f" latency_ms.p50)
     p99=$(json_get "$f" latency_ms.p99)
@@ -407,22 +494,49 @@ add_row() {
     [[ $errs == null ]] && errs="failed"
     if ((has_pg)); then
         pg_tps=$(fmt "$PGB_TPS" 0)
-        pg_avg=$(fmt "$PGB_AVG" 3)
         pg_pct="$(fmt "$PGB_P50" 3) / $(fmt "$PGB_P99" 3)"
-        if [[ $tps != null && -n $PGB_TPS ]] && (($(awk -v a="$PGB_TPS" 'BEGIN { print (a > 0) }'))); then
-            ratio=$(awk -v a="$tps" -v b="$PGB_TPS" 'BEGIN { printf "%.2f", a / b }')
-        else ratio="-"; fi
-        err_text="${PGB_FAILED:-?} / ${errs}"
-        CELLS_JSON+=("{\"workload\": \"$label\", \"clients\": $c, \"rounds_ops_s\": {\"pgbench\": [$ROUNDS_PG], \"ours\": [$ROUNDS_OURS]}, \"pgbench\": $PGB_JSON, \"ours\": $(cat "$f")}")
+        pg_err=${PGB_FAILED:-?}
+        pg_json=$PGB_JSON
     else
-        pg_tps="-" pg_avg="-" pg_pct="-" ratio="-" err_text="- / ${errs}"
-        CELLS_JSON+=("{\"workload\": \"$label\", \"clients\": $c, \"rounds_ops_s\": {\"pgbench\": null, \"ours\": [$ROUNDS_OURS]}, \"pgbench\": null, \"ours\": $(cat "$f")}")
+        pg_tps="-" pg_pct="-" pg_err="-" pg_json=null
+        PGB_TPS="" PGB_P50=null PGB_P99=null PGB_DB_CPU=null PGB_CLIENT_CPU=null ROUNDS_PG=""
     fi
+    if [[ $shape != none ]]; then
+        fl_raw=$(json_get "$FLOOR_JSON_FILE" throughput_ops_s)
+        fl_tps=$(fmt "$fl_raw" 0)
+        fl_p50=$(json_get "$FLOOR_JSON_FILE" latency_ms.p50)
+        fl_p99=$(json_get "$FLOOR_JSON_FILE" latency_ms.p99)
+        fl_pct="$(fmt "$fl_p50" 3) / $(fmt "$fl_p99" 3)"
+        fl_err=$(json_get "$FLOOR_JSON_FILE" failed_ops)
+        [[ $fl_err == null ]] && fl_err="failed"
+        floor_json="{\"stands_in_for\": \"$shape\", \"rounds_ops_s\": [$ROUNDS_FLOOR], \"report\": $(cat "$FLOOR_JSON_FILE")}"
+    else
+        floor_json=null
+    fi
+    CELLS_JSON+=("{\"workload\": \"$label\", \"clients\": $c, \"connections\": $nconn, \"rpcs_per_op\": $rpcs, \"rounds_ops_s\": {\"pgbench\": $( ((has_pg)) && echo "[$ROUNDS_PG]" || echo null), \"ours\": [$ROUNDS_OURS]}, \"pgbench\": $pg_json, \"floor\": $floor_json, \"ours\": $(cat "$f")}")
     [[ $peak == null ]] && peak="-" || peak=$(awk -v k="$peak" 'BEGIN { printf "%.1f", k / 1024 }')
-    local cpu_pg="- | -"
+    ROWS+=("| $label | $c | $nconn | $pg_tps | $fl_tps | $(fmt "$tps" 0) | $(ratio "$tps" "$PGB_TPS") | $(ratio "$tps" "$fl_raw") | $pg_pct | $fl_pct | $(fmt "$p50" 3) / $(fmt "$p99" 3) | $(fmt "$p999" 3) | $peak | $pg_err / $fl_err / $errs |")
+    local cpu_pg="- | -" cpu_fl="- | -"
     ((has_pg)) && cpu_pg="$(fmt "$PGB_DB_CPU" 3) | $(fmt "$PGB_CLIENT_CPU" 3)"
-    CPU_ROWS+=("| $label | $c | $cpu_pg | $(fmt "$(json_get "$f" db_cpu.ms_per_op)" 3) | $(fmt "$(json_get "$f" server_cpu.ms_per_op)" 3) | $(fmt "$(json_get "$f" bench_cpu.ms_per_op)" 3) |")
-    ROWS+=("| $label | $c | $pg_tps | $(fmt "$tps" 0) | $ratio | $pg_avg | $pg_pct | $(fmt "$p50" 3) / $(fmt "$p99" 3) | $(fmt "$p999" 3) | $peak | $err_text |")
+    local fl_srv=null fl_bench=null
+    if [[ $shape != none ]]; then
+        fl_srv=$(json_get "$FLOOR_JSON_FILE" server_cpu.ms_per_op)
+        fl_bench=$(json_get "$FLOOR_JSON_FILE" bench_cpu.ms_per_op)
+        cpu_fl="$(fmt "$fl_srv" 3) | $(fmt "$fl_bench" 3)"
+    fi
+    local srv bench
+    srv=$(json_get "$f" server_cpu.ms_per_op)
+    bench=$(json_get "$f" bench_cpu.ms_per_op)
+    CPU_ROWS+=("| $label | $c | $nconn | $cpu_pg | $cpu_fl | $(fmt "$(json_get "$f" db_cpu.ms_per_op)" 3) | $(fmt "$srv" 3) | $(fmt "$bench" 3) |")
+    if [[ $shape != none ]]; then
+        # The server's own latency: only where nothing queues, so that the three add up.
+        local own="-"
+        if ((has_pg && c == 1)); then own=$(us_per_rpc "$p50" "$rpcs" "$fl_p50" "$PGB_P50"); fi
+        FLOOR_ROWS+=("| $label | $c | $nconn | $rpcs | $(us_per_rpc "$fl_srv" "$rpcs") | $(us_per_rpc "$srv" "$rpcs") | $(us_per_rpc "$srv" "$rpcs" "$fl_srv") | $(us_per_rpc "$fl_bench" "$rpcs") | $(us_per_rpc "$bench" "$rpcs") | $(us_per_rpc "$p50" "$rpcs" "$fl_p50") | $own |")
+        if [[ $label == *PostgreSQL* ]]; then
+            PLOT_ROWS+=("${label%% *} $c $nconn ${PGB_TPS:-null} $fl_raw $tps $PGB_P50 $PGB_P99 $fl_p50 $fl_p99 $p50 $p99")
+        fi
+    fi
 }
 
 # median LINES...: of "value payload" lines, the payload of the median value.
@@ -430,28 +544,45 @@ median() { printf '%s\n' "$@" | sort -g | sed -n "$((($# + 1) / 2))p" | cut -d' 
 
 PGB_VARS="PGB_TPS PGB_AVG PGB_DONE PGB_FAILED PGB_P50 PGB_P99 PGB_DB_CPU PGB_CLIENT_CPU PGB_JSON"
 
-# cell STORE WORKLOAD C WITH_PGBENCH [ledger-bench args...]: --rounds rounds of the cell,
-# alternating the sides; leaves each side's median round in PGB_* and OURS_JSON_FILE, and
-# every round's throughput in ROUNDS_PG and ROUNDS_OURS.
+# cell STORE WORKLOAD C CONNS WITH_PGBENCH FLOOR_SHAPE [ledger-bench args...]: --rounds rounds
+# of the cell, alternating the sides (pgbench, the floor standing in for FLOOR_SHAPE unless it
+# is none, ours); leaves each side's median round in PGB_*, FLOOR_JSON_FILE and
+# OURS_JSON_FILE, and every round's throughput in ROUNDS_PG, ROUNDS_FLOOR and ROUNDS_OURS.
+# pgbench has no connections to share: a cell that differs from an earlier one of the round
+# only in CONNS reuses its pgbench run.
 cell() {
-    local store=$1 workload=$2 c=$3 with_pg=$4 pg=() ours=() v tps
-    shift 4
+    local store=$1 workload=$2 c=$3 conns=$4 with_pg=$5 shape=$6 pg=() floor=() ours=() v tps
+    shift 6
     for ((ROUND = 1; ROUND <= ROUNDS; ROUND++)); do
         if ((with_pg)); then
-            pgbench_cell "$workload" "$c"
-            for v in $PGB_VARS; do printf '%s=%q\n' "$v" "${!v}"; done \
-                >"$WORK/pgbench/vars-$workload-c$c-r$ROUND.sh"
-            pg+=("${PGB_TPS:-0} $WORK/pgbench/vars-$workload-c$c-r$ROUND.sh")
+            local vars=$WORK/pgbench/vars-$workload-c$c-r$ROUND.sh
+            if [[ ! -s $vars ]]; then
+                pgbench_cell "$workload" "$c"
+                for v in $PGB_VARS; do printf '%s=%q\n' "$v" "${!v}"; done >"$vars"
+            else
+                # shellcheck disable=SC1090
+                source "$vars"
+            fi
+            pg+=("${PGB_TPS:-0} $vars")
         fi
-        ours_cell "$store" "$workload" "$c" "$@"
+        if [[ $shape != none ]]; then
+            floor_cell "$shape" "$c" "$conns"
+            tps=$(json_get "$FLOOR_JSON_FILE" throughput_ops_s)
+            floor+=("$([[ $tps == null ]] && echo 0 || echo "$tps") $FLOOR_JSON_FILE")
+        fi
+        ours_cell "$store" "$workload" "$c" "$conns" "$@"
         tps=$(json_get "$OURS_JSON_FILE" throughput_ops_s)
         ours+=("$([[ $tps == null ]] && echo 0 || echo "$tps") $OURS_JSON_FILE")
     done
-    ROUNDS_PG="" ROUNDS_OURS=$(printf '%s\n' "${ours[@]}" | cut -d' ' -f1 | paste -sd, -)
+    ROUNDS_PG="" ROUNDS_FLOOR="" ROUNDS_OURS=$(printf '%s\n' "${ours[@]}" | cut -d' ' -f1 | paste -sd, -)
     if ((with_pg)); then
         # shellcheck disable=SC1090
         source "$(median "${pg[@]}")"
         ROUNDS_PG=$(printf '%s\n' "${pg[@]}" | cut -d' ' -f1 | paste -sd, -)
+    fi
+    if [[ $shape != none ]]; then
+        FLOOR_JSON_FILE=$(median "${floor[@]}")
+        ROUNDS_FLOOR=$(printf '%s\n' "${floor[@]}" | cut -d' ' -f1 | paste -sd, -)
     fi
     OURS_JSON_FILE=$(median "${ours[@]}")
 }
@@ -470,24 +601,35 @@ commit_probe() {
 T0=$(date +%s)
 PROBE_BEFORE=$(commit_probe)
 
-# ---- PostgreSQL: pgbench and ours, cell by cell -----------------------------------------------
+# ---- PostgreSQL: pgbench, the floor and ours, cell by cell -----------------------------------
 for workload in claim-complete replay; do
+    extra=()
+    rpcs=2 # gRPC calls per operation: a Claim and a Complete
+    if [[ $workload == replay ]]; then extra=(--hot-keys "$HOT_KEYS") rpcs=1; fi
     for c in $CLIENTS; do
-        extra=()
-        [[ $workload == replay ]] && extra=(--hot-keys "$HOT_KEYS")
-        cell postgres "$workload" "$c" 1 "${extra[@]}"
-        add_row "$workload (PostgreSQL)" "$c" 1
+        cell postgres "$workload" "$c" 0 1 "$workload" "${extra[@]}"
+        add_row "$workload (PostgreSQL)" "$c" 0 1 "$workload" "$rpcs"
     done
+    # The way agents connect: many clients multiplexed over a few HTTP/2 connections, beside
+    # the same clients with a connection each (unless --clients measured that already).
+    if [[ $workload == claim-complete ]] && ((MUX_CLIENTS > 0)); then
+        mux_conns=("$MUX_CONNECTIONS")
+        [[ " $CLIENTS " == *" $MUX_CLIENTS "* ]] || mux_conns=(0 "$MUX_CONNECTIONS")
+        for conns in "${mux_conns[@]}"; do
+            cell postgres claim-complete "$MUX_CLIENTS" "$conns" 1 claim-complete
+            add_row "claim-complete (PostgreSQL)" "$MUX_CLIENTS" "$conns" 1 claim-complete 2
+        done
+    fi
 done
 if [[ -n $WAIT_CLIENTS ]]; then
-    cell postgres mixed-wait "$WAIT_CLIENTS" 0
-    add_row "mixed-wait (PostgreSQL)" "$WAIT_CLIENTS" 0
+    cell postgres mixed-wait "$WAIT_CLIENTS" 0 0 none
+    add_row "mixed-wait (PostgreSQL)" "$WAIT_CLIENTS" 0 0 none 2
 fi
 
-# ---- SQLite through the server ---------------------------------------------------------------
+# ---- SQLite through the server (the floor: the same as PostgreSQL's, reused when measured) ---
 for c in $SQLITE_CLIENTS; do
-    cell sqlite claim-complete "$c" 0
-    add_row "claim-complete (SQLite)" "$c" 0
+    cell sqlite claim-complete "$c" 0 0 claim-complete
+    add_row "claim-complete (SQLite)" "$c" 0 0 claim-complete 2
 done
 
 # ---- --scale: an empty table against a loaded one --------------------------------------------
@@ -497,11 +639,11 @@ if ((SCALE)); then
     scale_run() { # PHASE: claim-complete and lookup at SCALE_CLIENTS, one round each
         local phase=$1 lookup_args
         ROUND=$phase
-        KEEP_TABLE=1 ours_cell postgres claim-complete "$SCALE_CLIENTS"
+        KEEP_TABLE=1 ours_cell postgres claim-complete "$SCALE_CLIENTS" 0
         cp "$OURS_JSON_FILE" "$WORK/json/scale-$phase-cc.json"
         if [[ $phase == empty ]]; then lookup_args=(--hot-keys "$LOOKUP_KEYS"); else
             lookup_args=(--preloaded "$SCALE_ROWS" --preloaded-prefix bench-preload-); fi
-        KEEP_TABLE=1 ours_cell postgres lookup "$SCALE_CLIENTS" "${lookup_args[@]}"
+        KEEP_TABLE=1 ours_cell postgres lookup "$SCALE_CLIENTS" 0 "${lookup_args[@]}"
         cp "$OURS_JSON_FILE" "$WORK/json/scale-$phase-lookup.json"
     }
     reset_table
@@ -565,25 +707,36 @@ case $POOL in
     *) POOLTXT=$POOL ;;
 esac
 
+PICTURE=$RESULT_BASE.png
 {
-    echo "# Ledger server vs hand-written SQL"
+    echo "# Ledger server vs hand-written SQL and the gRPC floor"
     echo
     echo "- date: $(date -u +%Y-%m-%dT%H:%MZ); commit $COMMIT; $MODE; total ${ELAPSED}s"
     echo "- machine: $CORES cores, $MEM, $(uname -sr); server, database and load generators share it"
-    echo "- PostgreSQL $PGVER: fsync=on, synchronous_commit=on, shared_buffers=128MB, max_connections=200; a truncated table and a checkpoint before each cell"
+    echo "- PostgreSQL $PGVER: fsync=on, synchronous_commit=on, shared_buffers=128MB, max_connections=$PG_MAX_CONNECTIONS; a truncated table and a checkpoint before each cell"
     ((SMOKE)) || echo "- a one-row INSERT committed alone (the disk's fsync) took ${PROBE_BEFORE:-?} ms before the cells and ${PROBE_AFTER:-?} ms after"
-    echo "- pgbench: \`-n -M prepared -c C -j min(C,2)\`, bench/pgbench/*.sql; ours: ledger-bench, one HTTP/2 connection per client, server pool (\`--db-max-connections\`) $POOLTXT for PostgreSQL, the default for SQLite"
-    echo "- one op: claim-complete = Claim of a new key + Complete; replay = Claim of one of $HOT_KEYS completed keys; for pgbench one transaction of bench/pgbench/<workload>.sql, the server's statements for that op, each autocommit; ratio = ours / pgbench ops/s"
+    echo "- pgbench: \`-n -M prepared -c C -j min(C,2)\`, bench/pgbench/*.sql, one database connection per client; floor: ledger-floor (the server's tonic stack, runtime, listener and HTTP/2 settings; no database, no ledger) driven by ledger-bench making the RPCs of one operation with the ledger's message sizes; ours: ledger-bench against the server, pool (\`--db-max-connections\`) $POOLTXT for PostgreSQL, the default for SQLite"
+    echo "- connections: ledger-bench's HTTP/2 connections, for the floor and ours alike; as many as clients: one per client; fewer: client i uses connection i mod N (a runtime's channel pool)"
+    echo "- one op: claim-complete = Claim of a new key + Complete (2 RPCs); replay = Claim of one of $HOT_KEYS completed keys (1 RPC); for pgbench one transaction of bench/pgbench/<workload>.sql, the server's statements for that op, each autocommit; ratios of ops/s"
+    ((PLOT)) && echo "- picture: [$(basename "$PICTURE")]($(basename "$PICTURE")) (throughput and p50/p99 latency against clients)"
     echo
-    echo "| workload | clients | pgbench ops/s | ours ops/s | ratio | pgbench avg ms | pgbench p50 / p99 ms | ours p50 / p99 ms | ours p99.9 ms | server peak RSS MiB | errors (pgbench / ours) |"
-    echo "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"
+    echo "| workload | clients | connections | pgbench ops/s | floor ops/s | ours ops/s | ours / pgbench | ours / floor | pgbench p50 / p99 ms | floor p50 / p99 ms | ours p50 / p99 ms | ours p99.9 ms | server peak RSS MiB | errors (pgbench / floor / ours) |"
+    echo "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"
     printf '%s\n' "${ROWS[@]}"
     echo
     echo "## CPU per operation (ms, user + system, over the measured run)"
     echo
-    echo "| workload | clients | pgbench: database | pgbench: pgbench | ours: database | ours: server | ours: ledger-bench |"
-    echo "| --- | ---: | ---: | ---: | ---: | ---: | ---: |"
+    echo "| workload | clients | connections | pgbench: database | pgbench: pgbench | floor: server | floor: ledger-bench | ours: database | ours: server | ours: ledger-bench |"
+    echo "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"
     printf '%s\n' "${CPU_ROWS[@]}"
+    echo
+    echo "## Above the floor, per RPC (µs)"
+    echo
+    echo "CPU: the server process's, per gRPC call, the floor's and ours; ours − floor is what the ledger adds to the transport (the database's CPU is apart, in the table above). Latency: ours' p50 less the floor's, per call (the database's time included), and, at one client, where nothing queues, less pgbench's p50 as well: what is left is the server's own time per call."
+    echo
+    echo "| workload | clients | connections | RPCs per op | floor: server CPU | ours: server CPU | ours − floor: server CPU | floor: ledger-bench CPU | ours: ledger-bench CPU | p50: ours − floor | p50: ours − floor − pgbench |"
+    echo "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"
+    printf '%s\n' "${FLOOR_ROWS[@]}"
     if ((SCALE)); then
         echo
         echo "## Scale: empty table vs $SCALE_ROWS finished entries ($SCALE_CLIENTS clients)"
@@ -611,6 +764,103 @@ esac
     done
     printf '\n ],\n "scale": %s}\n' "$SCALE_JSON"
 } >"$RESULT_BASE.json"
+
+# ---- the picture -----------------------------------------------------------------------------
+# Throughput and p50/p99 latency against clients, for claim-complete and replay on PostgreSQL:
+# pgbench, the floor and ours with a connection per client as lines, the multiplexed cell as
+# separate points.
+draw_picture() {
+    local dir=$WORK/plot w
+    mkdir -p "$dir"
+    for w in claim-complete replay; do
+        # clients pg_tps floor_tps ours_tps pg_p50 pg_p99 floor_p50 floor_p99 ours_p50 ours_p99
+        printf '%s\n' "${PLOT_ROWS[@]}" | awk -v w="$w" '$1 == w && $2 == $3' |
+            cut -d' ' -f2,4- | sort -n >"$dir/$w.dat"
+        # clients connections, then the same columns
+        printf '%s\n' "${PLOT_ROWS[@]}" | awk -v w="$w" '$1 == w && $2 != $3' |
+            cut -d' ' -f2- | sort -n >"$dir/$w-mux.dat"
+    done
+    local xtics xmax mux_label="" legend title
+    xtics=$(printf '%s\n' "${PLOT_ROWS[@]}" | cut -d' ' -f2 | sort -nu |
+        awk '{ printf "%s\"%s\" %s", (NR > 1 ? ", " : ""), $1, $1 }')
+    xmax=$(printf '%s\n' "${PLOT_ROWS[@]}" | cut -d' ' -f2 | sort -n | tail -n1)
+    if [[ -s $dir/claim-complete-mux.dat ]]; then
+        mux_label=$(awk 'NR == 1 { printf "%s/%s", $1, $2 }' "$dir/claim-complete-mux.dat")
+    fi
+    legend="lines: a connection per client (pgbench: to the database; floor and ours: HTTP/2)"
+    [[ -z $mux_label ]] ||
+        legend+="; large hollow marks ($mux_label): ${mux_label%/*} clients sharing ${mux_label#*/} HTTP/2 connections"
+    title="commit $COMMIT, $(date -u +%Y-%m-%d), $MODE, $CORES cores shared by all processes"
+    cat >"$dir/picture.gp" <<GNUPLOT
+set terminal pngcairo size 1500,1200 font "sans,11" noenhanced
+set output "$PICTURE"
+set datafile missing "null"
+set logscale x 2
+set xrange [0.75:$xmax * 1.35]
+set xtics ($xtics)
+set xlabel "clients"
+set grid xtics ytics lc rgb "#dddddd"
+set key below horizontal maxcols 4 width -1 samplen 2 font ",10"
+set bmargin 8
+set border 3
+set tics nomirror
+set style line 1 lc rgb "#1f77b4" lw 2 pt 7 ps 1.1
+set style line 2 lc rgb "#7f7f7f" lw 2 pt 5 ps 1.1
+set style line 3 lc rgb "#d62728" lw 2 pt 9 ps 1.3
+set style line 4 lc rgb "#1f77b4" lw 1.5 dt 2 pt 6 ps 1.1
+set style line 5 lc rgb "#7f7f7f" lw 1.5 dt 2 pt 4 ps 1.1
+set style line 6 lc rgb "#d62728" lw 1.5 dt 2 pt 8 ps 1.3
+set style line 7 lc rgb "#7f7f7f" lw 2 pt 4 ps 2.2
+set style line 8 lc rgb "#d62728" lw 2 pt 8 ps 2.4
+set multiplot layout 2,2 title "ours (the ledger server) vs pgbench running its SQL vs the gRPC floor (ledger-floor)\n$title\n$legend" font "sans,12"
+mux_label = "$mux_label"
+do for [w in "claim-complete replay"] {
+    data = "$dir/".w.".dat"
+    mux = "$dir/".w."-mux.dat"
+    has_mux = (w eq "claim-complete" && mux_label ne "")
+    set title w." on PostgreSQL: throughput"
+    set ylabel "operations per second"
+    unset logscale y
+    set yrange [0:*]
+    if (has_mux) {
+        plot data u 1:2 w lp ls 1 t "pgbench", data u 1:3 w lp ls 2 t "floor", \
+             data u 1:4 w lp ls 3 t "ours", mux u 1:4 w p ls 7 t "floor ".mux_label, \
+             mux u 1:5 w p ls 8 t "ours ".mux_label
+    } else {
+        plot data u 1:2 w lp ls 1 t "pgbench", data u 1:3 w lp ls 2 t "floor", \
+             data u 1:4 w lp ls 3 t "ours"
+    }
+    set title w." on PostgreSQL: latency of an operation, p50 (solid) and p99 (dashed)"
+    set ylabel "milliseconds (log scale)"
+    set logscale y 10
+    set yrange [*:*]
+    if (has_mux) {
+        plot data u 1:5 w lp ls 1 t "pgbench p50", data u 1:6 w lp ls 4 t "pgbench p99", \
+             data u 1:7 w lp ls 2 t "floor p50", data u 1:8 w lp ls 5 t "floor p99", \
+             data u 1:9 w lp ls 3 t "ours p50", data u 1:10 w lp ls 6 t "ours p99", \
+             mux u 1:8 w p ls 7 t "floor ".mux_label." p50, p99", mux u 1:9 w p ls 7 notitle, \
+             mux u 1:10 w p ls 8 t "ours ".mux_label." p50, p99", mux u 1:11 w p ls 8 notitle
+    } else {
+        plot data u 1:5 w lp ls 1 t "pgbench p50", data u 1:6 w lp ls 4 t "pgbench p99", \
+             data u 1:7 w lp ls 2 t "floor p50", data u 1:8 w lp ls 5 t "floor p99", \
+             data u 1:9 w lp ls 3 t "ours p50", data u 1:10 w lp ls 6 t "ours p99"
+    }
+}
+unset multiplot
+GNUPLOT
+    rm -f "$PICTURE"
+    gnuplot "$dir/picture.gp" 2>"$WORK/logs/gnuplot.log" && [[ -s $PICTURE ]]
+}
+if ((PLOT)); then
+    if ((${#PLOT_ROWS[@]} == 0)); then
+        log "no PostgreSQL cell to draw"
+    elif draw_picture; then
+        log "drew $PICTURE"
+    else
+        cat "$WORK/logs/gnuplot.log" >&2
+        FAILED_CELLS+=("picture")
+    fi
+fi
 
 cat "$RESULT_BASE.md"
 log "wrote $RESULT_BASE.md and $RESULT_BASE.json in ${ELAPSED}s"

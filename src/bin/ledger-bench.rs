@@ -1,6 +1,7 @@
-//! `ledger-bench`: drives a running `idempotency-ledger` server over gRPC with N concurrent
-//! clients and reports throughput, latency percentiles (an HDR histogram with microsecond
-//! resolution), errors by gRPC code, and the server's memory and CPU time.
+//! `ledger-bench`: drives a running `idempotency-ledger` server (or the gRPC floor,
+//! `ledger-floor`) over gRPC with N concurrent clients and reports throughput, latency
+//! percentiles (an HDR histogram with microsecond resolution), errors by gRPC code, and the
+//! server's memory and CPU time.
 //!
 //! ```text
 //! ledger-bench --addr http://127.0.0.1:50051 --workload claim-complete --clients 32 \
@@ -8,7 +9,10 @@
 //! ```
 //!
 //! Each client is one task with its own tonic channel (one HTTP/2 connection, as separate agent
-//! processes would have); `--connections N` shares N channels round-robin instead. The run
+//! processes would have); `--connections N` opens N channels instead and client i uses channel
+//! i mod N, so each HTTP/2 connection carries the concurrent calls of clients/N tasks (as an
+//! agent runtime's channel pool would: `--clients 256 --connections 8` is 32 tasks per
+//! connection). The run
 //! lasts `--duration`, or until `--count` operations were measured, after a `--warmup` whose
 //! operations are not counted. A failed operation is counted by its gRPC code (or
 //! `UNEXPECTED_<OUTCOME>` when the Claim answered otherwise than the workload expects) and left
@@ -30,6 +34,14 @@
 //! - `lookup`: first creates `--hot-keys` completed entries, then each operation is a Lookup of a
 //!   random one by key. With `--preloaded N` it looks up random keys of N entries loaded
 //!   beforehand instead, whose keys are `hex(sha256(PREFIX || i))` for i in 0..N.
+//! - `floor`: against `ledger-floor` (bench.v1.FloorService/Call, which does no work), the
+//!   RPCs one operation of `--floor-of` makes, in the same order and with requests and
+//!   responses of the same encoded sizes: for `claim-complete` a Claim-sized call then a
+//!   Complete-sized one (reported as the claim and the complete parts), for `replay` one call
+//!   the size of a replayed Claim. What the transport alone costs per operation.
+//!
+//! The encoded sizes of the first request and response of each kind of RPC are reported
+//! (`rpc_bytes`), so that the floor's can be checked against the ledger's.
 //!
 //! CPU time (user + system, from /proc) is measured over the measured window for the server
 //! (`--server-pid`), the database (`--db-pid`: a PostgreSQL postmaster, counted with its
@@ -40,7 +52,7 @@ use std::error::Error;
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use clap::{Parser, ValueEnum};
@@ -49,8 +61,10 @@ use idempotency_ledger::config::parse_duration;
 use idempotency_ledger::error::code_name;
 use idempotency_ledger::grpc::pb::ledger_service_client::LedgerServiceClient;
 use idempotency_ledger::grpc::pb::{
-    ClaimRequest, ClaimResponse, CompleteRequest, LookupRequest, Outcome, Status as EntryStatus,
+    ClaimRequest, ClaimResponse, CompleteRequest, CompleteResponse, Entry, LookupRequest, Outcome,
+    Status as EntryStatus,
 };
+use prost::Message;
 use prost::bytes::Bytes;
 use serde::Serialize;
 use sha2::Digest;
@@ -61,6 +75,11 @@ use tonic::transport::{Channel, Endpoint};
 use tonic_health::pb::HealthCheckRequest;
 use tonic_health::pb::health_check_response::ServingStatus;
 use tonic_health::pb::health_client::HealthClient;
+
+mod floor_pb {
+    tonic::include_proto!("bench.v1");
+}
+use floor_pb::floor_service_client::FloorServiceClient;
 
 const TOOL: &str = "issue_credit";
 const ARGUMENTS: &str = r#"{"customer":"c-42","amount":200,"currency":"EUR"}"#;
@@ -86,13 +105,17 @@ struct Args {
     /// The server's address.
     #[arg(long, default_value = "http://127.0.0.1:50051")]
     addr: String,
-    /// What each operation does (see the binary's documentation).
+    /// What each operation does (see the binary's documentation); `floor` drives ledger-floor.
     #[arg(long, value_enum, default_value_t = Workload::ClaimComplete)]
     workload: Workload,
+    /// `floor`: the workload whose RPCs (their number, order and sizes) one operation makes.
+    #[arg(long, value_enum, default_value_t = FloorOf::ClaimComplete)]
+    floor_of: FloorOf,
     /// Concurrent clients, each running one operation at a time.
     #[arg(long, default_value_t = 32)]
     clients: usize,
-    /// Channels (HTTP/2 connections) shared round-robin by the clients; 0: one per client.
+    /// Channels (HTTP/2 connections) the clients share, client i on channel i mod N, so each
+    /// carries clients/N concurrent tasks; 0: one per client.
     #[arg(long, default_value_t = 0)]
     connections: usize,
     /// How long to measure (unless --count).
@@ -156,9 +179,32 @@ enum Workload {
     Replay,
     MixedWait,
     Lookup,
+    Floor,
 }
 
-type Client = LedgerServiceClient<Channel>;
+/// The workloads the floor can stand in for.
+#[derive(ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
+enum FloorOf {
+    ClaimComplete,
+    Replay,
+}
+
+/// One client's stubs, over one channel.
+#[derive(Clone)]
+struct Client {
+    ledger: LedgerServiceClient<Channel>,
+    floor: FloorServiceClient<Channel>,
+}
+
+impl Client {
+    fn new(channel: Channel) -> Client {
+        Client {
+            ledger: LedgerServiceClient::new(channel.clone()),
+            floor: FloorServiceClient::new(channel),
+        }
+    }
+}
+
 type Auth = Option<MetadataValue<Ascii>>;
 
 /// What every client reads.
@@ -176,6 +222,8 @@ struct Shared {
     hot: Vec<(String, String)>,
     /// `mixed-wait`: run_ids whose claim a holder keeps right now.
     held: Mutex<Vec<String>>,
+    /// `floor`: the calls of one operation, as (request, response payload bytes).
+    floor_calls: Vec<(Bytes, u32)>,
 }
 
 /// One successful operation: its latency and its parts' (indexed by [`PARTS`]).
@@ -302,6 +350,8 @@ struct Report {
     server_cpu: Option<Cpu>,
     db_cpu: Option<Cpu>,
     bench_cpu: Option<Cpu>,
+    /// Encoded bytes of the first request and response of each kind of RPC.
+    rpc_bytes: BTreeMap<&'static str, [usize; 2]>,
     finished_at_unix_s: u64,
 }
 
@@ -330,11 +380,13 @@ async fn run(args: Args) -> Result<(), Box<dyn Error>> {
     };
     let channels = connect(&args).await?;
     let clients: Vec<Client> = (0..args.clients)
-        .map(|i| LedgerServiceClient::new(channels[i % channels.len()].clone()))
+        .map(|i| Client::new(channels[i % channels.len()].clone()))
         .collect();
     let now_unix = SystemTime::now().duration_since(UNIX_EPOCH)?;
+    let run_tag = format!("{}-{}", std::process::id(), now_unix.as_millis());
     let mut shared = Shared {
-        run_tag: format!("{}-{}", std::process::id(), now_unix.as_millis()),
+        floor_calls: floor_calls(args.floor_of, &run_tag),
+        run_tag,
         auth,
         measure_from: Instant::now(),
         stop_at: None,
@@ -384,7 +436,7 @@ async fn run(args: Args) -> Result<(), Box<dyn Error>> {
 }
 
 /// Opens the channels, first waiting (up to --connect-timeout) for the server to report the
-/// ledger service SERVING.
+/// ledger service (or, for `floor`, the floor service) SERVING.
 async fn connect(args: &Args) -> Result<Vec<Channel>, Box<dyn Error>> {
     let endpoint = Endpoint::from_shared(args.addr.clone())?
         .tcp_nodelay(true)
@@ -393,7 +445,11 @@ async fn connect(args: &Args) -> Result<Vec<Channel>, Box<dyn Error>> {
     loop {
         let last_error = match endpoint.connect().await {
             Ok(channel) => {
-                let service = "idempotency.v1.LedgerService".to_string();
+                let service = match args.workload {
+                    Workload::Floor => "bench.v1.FloorService",
+                    _ => "idempotency.v1.LedgerService",
+                }
+                .to_string();
                 let check = HealthClient::new(channel)
                     .check(HealthCheckRequest { service })
                     .await;
@@ -529,13 +585,18 @@ async fn operation(
                 key,
                 ..LookupRequest::default()
             };
+            let request_len = request.encoded_len();
             let start = Instant::now();
-            client
+            let response = client
+                .ledger
                 .lookup(request_with(&shared.auth, args.timeout, request))
                 .await
                 .map_err(|s| code_name(s.code()).to_string())?;
-            Ok(Sample::single(start.elapsed(), "FOUND"))
+            let took = start.elapsed();
+            note_bytes(RpcKind::Lookup, request_len, response.get_ref());
+            Ok(Sample::single(took, "FOUND"))
         }
+        Workload::Floor => floor_op(client, shared).await,
         Workload::MixedWait => {
             let draw = rng.below_u64(100) as u32;
             if draw < args.wait_percent {
@@ -604,12 +665,21 @@ async fn claim(
         wait: wait.and_then(|w| prost_types::Duration::try_from(w).ok()),
         ..ClaimRequest::default()
     };
+    let request_len = request.encoded_len();
     let start = Instant::now();
     let response = client
+        .ledger
         .claim(request_with(auth, timeout, request))
         .await
         .map_err(|s| code_name(s.code()).to_string())?;
-    Ok((response.into_inner(), start.elapsed()))
+    let took = start.elapsed();
+    let response = response.into_inner();
+    let kind = match response.outcome() {
+        Outcome::Replayed => RpcKind::ClaimReplayed,
+        _ => RpcKind::ClaimClaimed,
+    };
+    note_bytes(kind, request_len, &response);
+    Ok((response, took))
 }
 
 async fn complete(
@@ -626,12 +696,185 @@ async fn complete(
         result: Bytes::from_static(RESULT),
         ..CompleteRequest::default()
     };
+    let request_len = request.encoded_len();
     let start = Instant::now();
-    client
+    let response = client
+        .ledger
         .complete(request_with(auth, timeout, request))
         .await
         .map_err(|s| code_name(s.code()).to_string())?;
-    Ok(start.elapsed())
+    let took = start.elapsed();
+    note_bytes(RpcKind::Complete, request_len, response.get_ref());
+    Ok(took)
+}
+
+/// One operation against the floor: the calls of `--floor-of`'s operation, one after the other.
+async fn floor_op(client: &mut Client, shared: &Shared) -> Result<Sample, String> {
+    let mut times = [None; 4];
+    let mut total = Duration::ZERO;
+    for (i, (payload, response_bytes)) in shared.floor_calls.iter().enumerate() {
+        let request = floor_pb::CallRequest {
+            payload: payload.clone(),
+            response_payload_bytes: *response_bytes,
+        };
+        let request_len = request.encoded_len();
+        let start = Instant::now();
+        let response = client
+            .floor
+            .call(request_with(&shared.auth, shared.args.timeout, request))
+            .await
+            .map_err(|s| code_name(s.code()).to_string())?;
+        let took = start.elapsed();
+        let kind = [RpcKind::FloorFirst, RpcKind::FloorSecond][i.min(1)];
+        note_bytes(kind, request_len, response.get_ref());
+        total += took;
+        if shared.floor_calls.len() == 2 {
+            times[[CLAIM, COMPLETE][i]] = Some(took);
+        }
+    }
+    times[OP] = Some(total);
+    Ok(Sample {
+        times,
+        outcome: "FLOOR",
+    })
+}
+
+/// The floor's calls for one operation of `of`: for each RPC that operation makes, a filler
+/// payload and a response size such that the floor's request and response encode to as many
+/// bytes as the ledger's would. The ledger's are built here as the server fills them (the
+/// server's own answers for ledger-bench's requests: the same key, token, fingerprint and
+/// timestamp lengths, the same result and note), so `rpc_bytes` of a real run and of a floor
+/// run agree to a few bytes.
+fn floor_calls(of: FloorOf, run_tag: &str) -> Vec<(Bytes, u32)> {
+    let hex = |n: usize| "0123456789abcdef".repeat(n.div_ceil(16))[..n].to_string();
+    let now = prost_types::Timestamp::from(SystemTime::now());
+    let later = |s: i64| prost_types::Timestamp {
+        seconds: now.seconds + s,
+        nanos: now.nanos,
+    };
+    let entry = |run_id: &str| Entry {
+        key: hex(64),
+        run_id: run_id.to_string(),
+        tool: TOOL.to_string(),
+        fingerprint: hex(64),
+        status: EntryStatus::Attempting as i32,
+        attempt: 1,
+        started_at: Some(now),
+        lease_expires_at: Some(later(60)),
+        external_ref: format!("idem-{}", hex(16)),
+        ..Entry::default()
+    };
+    let finished = |run_id: &str| Entry {
+        status: EntryStatus::Succeeded as i32,
+        result: Bytes::from_static(RESULT),
+        finished_at: Some(later(0)),
+        expires_at: Some(later(86_400)),
+        ..entry(run_id)
+    };
+    let claim_request = |run_id: &str| ClaimRequest {
+        run_id: run_id.to_string(),
+        tool: TOOL.to_string(),
+        arguments_json: ARGUMENTS.to_string(),
+        ..ClaimRequest::default()
+    };
+    let sizes: Vec<(usize, usize)> = match of {
+        FloorOf::ClaimComplete => {
+            let run_id = format!("bench-{run_tag}-c0-1000");
+            let claimed = ClaimResponse {
+                outcome: Outcome::Claimed as i32,
+                entry: Some(entry(&run_id)),
+                claim_token: hex(32),
+                ..ClaimResponse::default()
+            };
+            let complete = CompleteRequest {
+                key: hex(64),
+                claim_token: hex(32),
+                status: EntryStatus::Succeeded as i32,
+                result: Bytes::from_static(RESULT),
+                ..CompleteRequest::default()
+            };
+            let completed = CompleteResponse {
+                entry: Some(finished(&run_id)),
+                already_completed: false,
+            };
+            vec![
+                (claim_request(&run_id).encoded_len(), claimed.encoded_len()),
+                (complete.encoded_len(), completed.encoded_len()),
+            ]
+        }
+        FloorOf::Replay => {
+            let run_id = format!("bench-{run_tag}-hot-10");
+            let replayed = ClaimResponse {
+                outcome: Outcome::Replayed as i32,
+                entry: Some(Entry {
+                    replay_count: 1000,
+                    ..finished(&run_id)
+                }),
+                note: REPLAY_NOTE.to_string(),
+                ..ClaimResponse::default()
+            };
+            vec![(claim_request(&run_id).encoded_len(), replayed.encoded_len())]
+        }
+    };
+    sizes
+        .into_iter()
+        .map(|(request, response)| {
+            let payload = filler(request, |n| {
+                floor_pb::CallRequest {
+                    payload: Bytes::from(vec![0; n]),
+                    // Any value of the same varint length as the one sent.
+                    response_payload_bytes: response as u32,
+                }
+                .encoded_len()
+            });
+            let response_payload = filler(response, |n| {
+                floor_pb::CallResponse {
+                    payload: Bytes::from(vec![0; n]),
+                }
+                .encoded_len()
+            });
+            (Bytes::from(vec![0; payload]), response_payload as u32)
+        })
+        .collect()
+}
+
+/// The longest filler `n` whose message, `len(n)`, encodes to at most `target` bytes.
+fn filler(target: usize, len: impl Fn(usize) -> usize) -> usize {
+    (0..=target).rev().find(|&n| len(n) <= target).unwrap_or(0)
+}
+
+/// The note the server attaches to a replay within a run (src/ledger.rs `replay_note`).
+const REPLAY_NOTE: &str = "This action was already performed in this run; returning the \
+    earlier result. No new action was taken.";
+
+/// The kinds of RPC whose encoded sizes are reported.
+#[derive(Clone, Copy)]
+enum RpcKind {
+    ClaimClaimed,
+    ClaimReplayed,
+    Complete,
+    Lookup,
+    FloorFirst,
+    FloorSecond,
+}
+
+const RPC_KINDS: [(RpcKind, &str); 6] = [
+    (RpcKind::ClaimClaimed, "Claim (CLAIMED)"),
+    (RpcKind::ClaimReplayed, "Claim (REPLAYED)"),
+    (RpcKind::Complete, "Complete"),
+    (RpcKind::Lookup, "Lookup"),
+    (RpcKind::FloorFirst, "Floor call 1"),
+    (RpcKind::FloorSecond, "Floor call 2"),
+];
+
+/// The first (request, response) encoded sizes seen of each kind, indexed by `RpcKind`.
+static RPC_BYTES: [OnceLock<[usize; 2]>; 6] = [const { OnceLock::new() }; 6];
+
+fn note_bytes(kind: RpcKind, request: usize, response: &impl Message) {
+    let slot = &RPC_BYTES[kind as usize];
+    if slot.get().is_none() {
+        let _ = slot.set([request, response.encoded_len()]);
+    }
 }
 
 fn request_with<T>(auth: &Auth, timeout: Duration, msg: T) -> Request<T> {
@@ -668,12 +911,21 @@ fn report(
         .saturating_duration_since(shared.measure_from)
         .as_secs_f64();
     let (peak, rss) = args.server_pid.map_or((None, None), memory_of);
-    let mix = (args.workload == Workload::MixedWait).then(|| {
-        format!(
+    let mix = match args.workload {
+        Workload::MixedWait => Some(format!(
             "{}% wait ({:?}) for a held key, {}% hold ({:?}), the rest claim-complete",
             args.wait_percent, args.wait, args.hold_percent, args.hold_time
-        )
-    });
+        )),
+        Workload::Floor => Some(format!(
+            "the RPCs of one {} operation: {} floor call(s) of its sizes",
+            match args.floor_of {
+                FloorOf::ClaimComplete => "claim-complete",
+                FloorOf::Replay => "replay",
+            },
+            shared.floor_calls.len()
+        )),
+        _ => None,
+    };
     let cpu = |i: usize| match (cpu_before[i], cpu_after[i]) {
         (Some(a), Some(b)) if ops > 0 => Some(Cpu {
             seconds: b - a,
@@ -713,6 +965,10 @@ fn report(
         server_cpu: cpu(0),
         db_cpu: cpu(1),
         bench_cpu: cpu(2),
+        rpc_bytes: RPC_KINDS
+            .iter()
+            .filter_map(|&(kind, name)| Some((name, *RPC_BYTES[kind as usize].get()?)))
+            .collect(),
         finished_at_unix_s: SystemTime::now()
             .duration_since(UNIX_EPOCH)
             .map_or(0, |d| d.as_secs()),
