@@ -10,8 +10,8 @@ use std::time::Duration;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio::time::Instant;
 
+use crate::domain::Tenant;
 use crate::error::LedgerError;
-use crate::ledger::Tenant;
 
 /// When a shed call is worth retrying: long enough for some in-flight calls to finish.
 const OVERLOAD_RETRY_AFTER: Duration = Duration::from_millis(100);

@@ -10,8 +10,8 @@ use std::sync::Arc;
 use sha2::{Digest, Sha256};
 use tonic::{Request, Status};
 
+use crate::domain::Tenant;
 use crate::error::LedgerError;
-use crate::ledger::Tenant;
 
 /// How the server decides a call's tenant.
 #[derive(Clone, Debug)]

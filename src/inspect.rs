@@ -23,7 +23,7 @@ use tonic::metadata::{Ascii, MetadataValue};
 use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint, Identity};
 use tonic::{Code, Request};
 
-use crate::config::parse_duration;
+use crate::domain::time::parse_duration;
 use crate::error::code_name;
 use crate::grpc::pb;
 use crate::grpc::pb::ledger_service_client::LedgerServiceClient;

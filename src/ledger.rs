@@ -9,6 +9,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
+use crate::domain::Tenant;
 use crate::domain::canonical::{self, Canonicalization, JsonLimits};
 use crate::domain::key::{self, ExplicitKey, Principal, RunId, ToolName};
 use crate::domain::redact::ArgumentsPolicy;
@@ -84,17 +85,6 @@ impl Default for Limits {
             list_default_page_size: 100,
             list_max_page_size: 1000,
         }
-    }
-}
-
-/// The tenant a call acts for, taken from its credential, never from the request body.
-#[derive(Clone, Debug, PartialEq, Eq, Hash)]
-pub struct Tenant(pub String);
-
-impl Tenant {
-    /// The only tenant of a server without credentials.
-    pub fn default_tenant() -> Tenant {
-        Tenant("default".to_string())
     }
 }
 
@@ -357,8 +347,10 @@ impl Ledger {
         };
         // Wait: register first, then mark the entry so other servers announce its change,
         // then re-read in the loop, so that no completion can slip between read and sleep.
-        let watch = self.waits.watch(&tenant.0, &request.key);
-        self.store.mark_waiting(&tenant.0, &request.key).await?;
+        let watch = self.waits.watch(tenant.as_str(), &request.key);
+        self.store
+            .mark_waiting(tenant.as_str(), &request.key)
+            .await?;
         loop {
             let changed = watch.notified();
             let output = self.claim_once(tenant, &request).await?;
@@ -410,13 +402,13 @@ impl Ledger {
             also_unknown: false,
         };
         // The common case in one statement: the claimant completes its own attempt in flight.
-        if let Some(done) = self.store.finish(&tenant.0, &finish).await? {
+        if let Some(done) = self.store.finish(tenant.as_str(), &finish).await? {
             return Ok(self.completed(tenant, done, finish.now).await);
         }
         // Otherwise read the entry to learn what to answer, and write only if the domain says so.
         for _ in 0..MAX_RACES {
             let now = self.clock.now();
-            let Some(existing) = self.store.get(&tenant.0, key.as_str()).await? else {
+            let Some(existing) = self.store.get(tenant.as_str(), key.as_str()).await? else {
                 return Err(LedgerError::NotFound);
             };
             match decide_complete(&existing, &finish.claim_token, &finish.completion, now) {
@@ -434,7 +426,7 @@ impl Ledger {
                 CompleteDecision::Apply => {
                     finish.now = now;
                     finish.also_unknown = true;
-                    if let Some(done) = self.store.finish(&tenant.0, &finish).await? {
+                    if let Some(done) = self.store.finish(tenant.as_str(), &finish).await? {
                         return Ok(self.completed(tenant, done, now).await);
                     }
                 }
@@ -473,12 +465,18 @@ impl Ledger {
         // The common case in one statement; a read only to say why it did not apply.
         if let Some(entry) = self
             .store
-            .renew(&tenant.0, key.as_str(), &input.claim_token, until, now)
+            .renew(
+                tenant.as_str(),
+                key.as_str(),
+                &input.claim_token,
+                until,
+                now,
+            )
             .await?
         {
             return Ok(self.view(entry, now));
         }
-        let Some(existing) = self.store.get(&tenant.0, key.as_str()).await? else {
+        let Some(existing) = self.store.get(tenant.as_str(), key.as_str()).await? else {
             return Err(LedgerError::NotFound);
         };
         let now = self.clock.now();
@@ -500,7 +498,7 @@ impl Ledger {
     /// The answer to a Complete that wrote its outcome, after waking whoever waits for it.
     async fn completed(&self, tenant: &Tenant, done: Finished, now: Micros) -> CompleteOutput {
         if done.entry.status == Status::Succeeded {
-            self.finished.insert(&tenant.0, &done.entry.key);
+            self.finished.insert(tenant.as_str(), &done.entry.key);
         }
         self.changed(tenant, &done.entry.key, done.has_waiters)
             .await;
@@ -544,7 +542,7 @@ impl Ledger {
             ExplicitKey::parse(&input.key)?.as_str().to_string()
         };
         let now = self.clock.now();
-        match self.store.get(&tenant.0, &key).await? {
+        match self.store.get(tenant.as_str(), &key).await? {
             Some(entry) if !entry.is_expired(now) => Ok(self.audit_view(entry, now)),
             _ => Err(LedgerError::NotFound),
         }
@@ -604,7 +602,7 @@ impl Ledger {
             limit: page_size.saturating_add(1),
             now,
         };
-        let mut entries = self.store.list(&tenant.0, &query).await?;
+        let mut entries = self.store.list(tenant.as_str(), &query).await?;
         let more = entries.len() > page_size as usize;
         entries.truncate(page_size as usize);
         let next_page_token = match entries.last() {
@@ -711,7 +709,7 @@ impl Ledger {
         };
         let pending = self
             .store
-            .take_unresolved(&tenant.0, &query)
+            .take_unresolved(tenant.as_str(), &query)
             .await?
             .into_iter()
             .map(|e| self.view(e, now))
@@ -746,7 +744,7 @@ impl Ledger {
     ) -> Result<Option<EntryView>, LedgerError> {
         for _ in 0..MAX_RACES {
             let now = self.clock.now();
-            let Some(existing) = self.store.get(&tenant.0, key).await? else {
+            let Some(existing) = self.store.get(tenant.as_str(), key).await? else {
                 return Ok(None);
             };
             if existing.is_expired(now) {
@@ -757,7 +755,7 @@ impl Ledger {
                 return Ok(Some(self.view(existing, now)));
             }
             let done = completion.apply_to(&existing, now);
-            if let Some(has_waiters) = self.store.resolve(&tenant.0, &done, now).await? {
+            if let Some(has_waiters) = self.store.resolve(tenant.as_str(), &done, now).await? {
                 self.changed(tenant, key, has_waiters).await;
                 return Ok(Some(self.view(done, now)));
             }
@@ -771,10 +769,10 @@ impl Ledger {
     /// other servers when some claim waits for it. The outcome is already committed, so a
     /// failed announcement only delays waiters until their poll.
     async fn changed(&self, tenant: &Tenant, key: &str, has_waiters: bool) {
-        self.waits.wake(&tenant.0, key);
+        self.waits.wake(tenant.as_str(), key);
         if has_waiters
             && self.store.shared()
-            && let Err(e) = self.store.announce(&tenant.0, key).await
+            && let Err(e) = self.store.announce(tenant.as_str(), key).await
         {
             tracing::warn!(error = %e, "could not announce a completion to other servers");
         }
@@ -915,12 +913,15 @@ impl Ledger {
         // A key this server saw succeed recently is most likely a repeat: try the replay
         // first, which spares the insert (and its wait on the row lock of a concurrent replay).
         let mut replay_tried = false;
-        if self.finished.probably_contains(&tenant.0, &request.key) {
+        if self
+            .finished
+            .probably_contains(tenant.as_str(), &request.key)
+        {
             replay_tried = true;
             let now = self.clock.now();
             if let Some(entry) = self
                 .store
-                .replay(&tenant.0, &request.key, &request.fingerprint, now)
+                .replay(tenant.as_str(), &request.key, &request.fingerprint, now)
                 .await?
             {
                 let note = replay_note(&entry);
@@ -930,7 +931,7 @@ impl Ledger {
         for _ in 0..MAX_RACES {
             let now = self.clock.now();
             let fresh = request.new_entry(now, 1, new_claim_token()?);
-            if self.store.insert(&tenant.0, &fresh).await? {
+            if self.store.insert(tenant.as_str(), &fresh).await? {
                 return Ok(self.claimed(fresh, now));
             }
             // The row exists. The most common reason is a repeat of a finished call: replay it
@@ -938,16 +939,16 @@ impl Ledger {
             if !std::mem::take(&mut replay_tried)
                 && let Some(entry) = self
                     .store
-                    .replay(&tenant.0, &request.key, &request.fingerprint, now)
+                    .replay(tenant.as_str(), &request.key, &request.fingerprint, now)
                     .await?
             {
-                self.finished.insert(&tenant.0, &request.key);
+                self.finished.insert(tenant.as_str(), &request.key);
                 let note = replay_note(&entry);
                 return Ok(self.answer(Outcome::Replayed, entry, now, note, None));
             }
             // Otherwise read it in its own statement (a CTE on the insert would not see a row
             // committed after its snapshot) and let the domain decide.
-            let Some(existing) = self.store.get(&tenant.0, &request.key).await? else {
+            let Some(existing) = self.store.get(tenant.as_str(), &request.key).await? else {
                 continue; // pruned in between: insert again
             };
             match decide_claim(&existing, &request.fingerprint, now) {
@@ -962,7 +963,7 @@ impl Ledger {
                     let next = request.new_entry(now, attempt, fresh.claim_token);
                     if self
                         .store
-                        .restart(&tenant.0, &existing.claim_token, &next)
+                        .restart(tenant.as_str(), &existing.claim_token, &next)
                         .await?
                     {
                         return Ok(self.claimed(next, now));

@@ -933,10 +933,9 @@ where
                 return Ok(response.map(tonic::body::Body::new));
             };
             metrics.responded(rpc, started.elapsed());
-            // Answer the library's own refusals as the server's outer layer will, so the code
-            // counted is the code the caller gets.
-            let response =
-                crate::server::rewrite_library_errors(response.map(tonic::body::Body::new));
+            // Already rewritten (crate::grpc::rewrite_library_errors, inside this layer): the
+            // code counted is the code the caller gets.
+            let response = response.map(tonic::body::Body::new);
             if let Some(code) = grpc_status(response.headers()) {
                 // Trailers-only: an error before any message.
                 metrics.handled(rpc, code);

@@ -168,6 +168,9 @@ pub async fn serve(
             .max_encoding_message_size(settings.max_message_bytes),
         interceptor,
     );
+    // tonic's own refusals (an oversized or undecodable request) become the ledger's answers
+    // here, once, inside the metrics and the access log, so both see the code the caller gets.
+    let ledger_service = crate::grpc::LibraryErrors::new(ledger_service);
     // Outside the interceptor, so calls refused by authentication are counted too.
     let ledger_service =
         tower::Layer::layer(&GrpcMetricsLayer::new(metrics.clone()), ledger_service);
@@ -218,9 +221,8 @@ pub async fn serve(
             .map_err(|e| ServeError::Config(format!("TLS: {e}")))?;
     }
     let server = builder
-        // Outermost, so the access log sees the code the caller gets after the rewrite.
+        // Outermost, so the access log sees the code the caller gets.
         .layer(crate::telemetry::CallLogLayer)
-        .layer(tower::util::MapResponseLayer::new(rewrite_library_errors))
         .add_service(health_service)
         .add_service(reflection_v1)
         .add_service(reflection_v1alpha)
@@ -299,44 +301,6 @@ fn connection_limits(settings: &Settings) -> ConnectionLimits {
         max_connections,
         idle_timeout: settings.connection_idle_timeout,
     }
-}
-
-/// tonic answers two kinds of bad input itself, before any handler runs: a request over the
-/// message-size limit (OUT_OF_RANGE) and one that does not decode, such as a string field that
-/// is not UTF-8 (INTERNAL). The contract answers limits with RESOURCE_EXHAUSTED (as gRPC itself
-/// specifies for oversized messages), malformed input with INVALID_ARGUMENT, and every error
-/// with an ErrorInfo: this rewrites those two answers, and passes every other one through.
-pub(crate) fn rewrite_library_errors(
-    response: http::Response<tonic::body::Body>,
-) -> http::Response<tonic::body::Body> {
-    let headers = response.headers();
-    let code = headers.get("grpc-status").and_then(|v| v.to_str().ok());
-    let message = headers
-        .get("grpc-message")
-        .and_then(|m| m.to_str().ok())
-        .unwrap_or("");
-    let said = |text: &str| message.contains(text) || message.contains(&text.replace(' ', "%20"));
-    let (code, reason, text) = match code {
-        Some("11") if said("message length too large") => (
-            tonic::Code::ResourceExhausted,
-            "MESSAGE_TOO_LARGE",
-            "the request is larger than the server's --max-message-bytes",
-        ),
-        Some("13") if said("failed to decode Protobuf message") => (
-            tonic::Code::InvalidArgument,
-            "MALFORMED_MESSAGE",
-            "the request is not a valid protobuf message of this method (a string field that \
-             is not UTF-8, or a field of the wrong type)",
-        ),
-        _ => return response,
-    };
-    let mut details = tonic_types::ErrorDetails::new();
-    details.set_error_info(
-        reason,
-        crate::error::ERROR_DOMAIN,
-        std::collections::HashMap::new(),
-    );
-    <Status as tonic_types::StatusExt>::with_error_details(code, text, details).into_http()
 }
 
 /// Applies the migrations of the store `settings` names, and returns.

@@ -25,8 +25,9 @@ use tracing::Instrument as _;
 use tracing::field::Empty;
 use tracing_subscriber::EnvFilter;
 
+use crate::domain::Tenant;
 use crate::error::code_name;
-use crate::ledger::{ClaimOutput, EntryView, Outcome, Tenant};
+use crate::ledger::{ClaimOutput, EntryView, Outcome};
 
 /// The path prefix of the ledger's RPCs; other services (health, reflection) are not logged
 /// per call: load balancers probe health every second.

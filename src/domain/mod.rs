@@ -7,10 +7,12 @@ pub mod canonical;
 pub mod entry;
 pub mod key;
 pub mod redact;
+pub mod tenant;
 pub mod time;
 
 pub use entry::{
     ClaimDecision, CompleteDecision, Completion, Entry, FinalStatus, RenewDecision, Status,
     decide_claim, decide_complete, decide_renew,
 };
+pub use tenant::Tenant;
 pub use time::Micros;

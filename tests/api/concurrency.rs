@@ -6,8 +6,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use idempotency_ledger::domain::FinalStatus;
+use idempotency_ledger::domain::Tenant;
 use idempotency_ledger::domain::time::SystemClock;
-use idempotency_ledger::ledger::{ClaimInput, CompleteInput, Ledger, Limits, Outcome, Tenant};
+use idempotency_ledger::ledger::{ClaimInput, CompleteInput, Ledger, Limits, Outcome};
 use tokio::sync::Barrier;
 
 use crate::support::{Backend, TestDb};

@@ -5,11 +5,11 @@
 use std::time::Duration;
 
 use idempotency_ledger::domain::canonical::Canonicalization;
-use idempotency_ledger::domain::{Entry, FinalStatus, Status};
+use idempotency_ledger::domain::{Entry, FinalStatus, Status, Tenant};
 use idempotency_ledger::error::LedgerError;
 use idempotency_ledger::ledger::{
     ClaimInput, ClaimOutput, CompleteInput, EntryView, Ledger, Limits, LookupInput, Outcome,
-    ReconcileInput, RenewInput, ResolutionInput, Tenant,
+    ReconcileInput, RenewInput, ResolutionInput,
 };
 
 use crate::support::{Backend, TestLedger};
