@@ -45,4 +45,3 @@ pub mod server;
 pub mod splitmix;
 pub mod storage;
 pub mod telemetry;
-pub mod wait;

@@ -1,0 +1,353 @@
+//! Claim: validate the request, derive the key, insert the entry (the primary key decides
+//! among concurrent claimants), or read what the key holds and answer from it; with a wait,
+//! hold the call while an attempt is in flight.
+
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use super::notes::{IN_FLIGHT_NOTE, UNKNOWN_NOTE, failed_note, replay_note};
+use super::{EntryView, Ledger, MAX_RACES, UNKNOWN_RETRY_AFTER, bounded, new_claim_token};
+use crate::domain::Tenant;
+use crate::domain::canonical::{self, Canonicalization};
+use crate::domain::key::{self, ExplicitKey, Principal, RunId, ToolName};
+use crate::domain::{ClaimDecision, Entry, Micros, Status, decide_claim};
+use crate::error::LedgerError;
+
+/// A Claim as the caller sent it (durations already converted; `None` means unset).
+#[derive(Clone, Debug, Default)]
+pub struct ClaimInput {
+    /// The run; required unless `key` is set.
+    pub run_id: String,
+    /// The tool; always required.
+    pub tool: String,
+    /// The arguments as JSON text; always required.
+    pub arguments_json: String,
+    /// An explicit key, or empty to derive one.
+    pub key: String,
+    /// How the arguments are canonicalized.
+    pub canonicalization: Canonicalization,
+    /// The lease asked for.
+    pub lease: Option<Duration>,
+    /// The retention asked for.
+    pub retention: Option<Duration>,
+    /// How long to wait for an attempt in flight (already bounded by the call's deadline).
+    pub wait: Option<Duration>,
+    /// Who asks.
+    pub principal: String,
+}
+
+/// What a Claim found.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Outcome {
+    /// The caller holds the claim and must act.
+    Claimed,
+    /// The stored result is returned; no action.
+    Replayed,
+    /// An attempt is in flight or unknown; no action.
+    InProgress,
+    /// The stored permanent error is returned; no action.
+    PreviouslyFailed,
+}
+
+/// The answer to a Claim.
+#[derive(Clone, Debug)]
+pub struct ClaimOutput {
+    /// What the caller should do.
+    pub outcome: Outcome,
+    /// The entry after the claim.
+    pub entry: EntryView,
+    /// The fencing token, with `Claimed` only.
+    pub claim_token: Option<String>,
+    /// A sentence for the model; empty with `Claimed`.
+    pub note: String,
+    /// With `InProgress`: when trying again is worthwhile.
+    pub retry_after: Option<Duration>,
+}
+
+impl Ledger {
+    /// Claims a key before acting. With a wait, holds the call while the entry is in flight.
+    ///
+    /// # Errors
+    /// `InvalidArgument` for malformed input (nothing is written); `KeyReused` for an explicit
+    /// key with other arguments; `Unavailable`/`Internal` from the store.
+    pub async fn claim(
+        &self,
+        tenant: &Tenant,
+        input: ClaimInput,
+    ) -> Result<ClaimOutput, LedgerError> {
+        let request = self.prepare_claim(input)?;
+        let output = self.claim_once(tenant, &request).await?;
+        let until = match request.wait {
+            Some(wait) if !wait.is_zero() && in_flight(&output) => Instant::now() + wait,
+            _ => return Ok(output),
+        };
+        // Wait: register first, then mark the entry so other servers announce its change,
+        // then re-read in the loop, so that no completion can slip between read and sleep.
+        let watch = self.waits.watch(tenant.as_str(), &request.key);
+        self.store
+            .mark_waiting(tenant.as_str(), &request.key)
+            .await?;
+        loop {
+            let changed = watch.notified();
+            let output = self.claim_once(tenant, &request).await?;
+            if !in_flight(&output) || Instant::now() >= until {
+                return Ok(output);
+            }
+            // The lease ending turns the attempt unknown: answer then too.
+            let lease_left = output
+                .entry
+                .entry
+                .lease_expires_at
+                .minus(self.clock.now())
+                .to_duration();
+            let wake_at = until.min(Instant::now() + lease_left);
+            tokio::select! {
+                () = changed => {}
+                () = tokio::time::sleep_until(wake_at) => {}
+            }
+        }
+    }
+
+    /// Validates a claim and derives its key and fingerprint; nothing is written on error.
+    fn prepare_claim(&self, input: ClaimInput) -> Result<PreparedClaim, LedgerError> {
+        let (fingerprint, canonical, tool, value) =
+            self.canonical_request(&input.tool, &input.arguments_json, input.canonicalization)?;
+        let arguments = self.limits.arguments.stored(&value, &canonical);
+        let run_id = if input.key.is_empty() || !input.run_id.is_empty() {
+            Some(RunId::parse(&input.run_id)?)
+        } else {
+            None
+        };
+        let key = match (&run_id, input.key.is_empty()) {
+            (Some(run_id), true) => {
+                key::derive_key(run_id, &tool, &canonical, input.canonicalization)
+            }
+            _ => ExplicitKey::parse(&input.key)?.as_str().to_string(),
+        };
+        let principal = Principal::parse(&input.principal)?;
+        let lease = bounded(
+            "lease",
+            input.lease,
+            self.limits.default_lease,
+            self.limits.max_lease,
+        )?;
+        let retention = bounded(
+            "retention",
+            input.retention,
+            self.limits.default_retention,
+            self.limits.max_retention,
+        )?;
+        Ok(PreparedClaim {
+            key,
+            run_id: run_id.map(|r| r.as_str().to_string()).unwrap_or_default(),
+            tool: tool.as_str().to_string(),
+            fingerprint,
+            principal: principal.as_str().to_string(),
+            lease: Micros::from_duration(lease),
+            retention: Micros::from_duration(retention),
+            wait: input.wait.map(|w| w.min(self.limits.max_wait)),
+            arguments,
+        })
+    }
+
+    /// Canonicalizes the arguments and returns (fingerprint, canonical text, tool, the value
+    /// the text was written from).
+    pub(super) fn canonical_request(
+        &self,
+        tool: &str,
+        arguments_json: &str,
+        mode: Canonicalization,
+    ) -> Result<(String, String, ToolName, canonical::Value), LedgerError> {
+        let tool = ToolName::parse(tool)?;
+        if arguments_json.is_empty() {
+            // The same reason as the shared key vectors give for empty text, with a hint.
+            return Err(LedgerError::InvalidArgument {
+                field: "arguments_json",
+                reason: "INVALID_JSON",
+                message: "is required (empty text is not JSON); a tool without arguments sends {}"
+                    .to_string(),
+            });
+        }
+        let (value, canonical) =
+            canonical::canonical_value(arguments_json, mode, &self.limits.json)
+                .map_err(|e| LedgerError::from_canonical("arguments_json", e))?;
+        Ok((
+            key::fingerprint(&tool, &canonical, mode),
+            canonical,
+            tool,
+            value,
+        ))
+    }
+
+    /// One pass of the claim: insert, or read and act on what is there.
+    async fn claim_once(
+        &self,
+        tenant: &Tenant,
+        request: &PreparedClaim,
+    ) -> Result<ClaimOutput, LedgerError> {
+        // A key this server saw succeed recently is most likely a repeat: try the replay
+        // first, which spares the insert (and its wait on the row lock of a concurrent replay).
+        let mut replay_tried = false;
+        if self
+            .finished
+            .probably_contains(tenant.as_str(), &request.key)
+        {
+            replay_tried = true;
+            let now = self.clock.now();
+            if let Some(entry) = self
+                .store
+                .replay(tenant.as_str(), &request.key, &request.fingerprint, now)
+                .await?
+            {
+                let note = replay_note(&entry);
+                return Ok(self.answer(Outcome::Replayed, entry, now, note, None));
+            }
+        }
+        for _ in 0..MAX_RACES {
+            let now = self.clock.now();
+            let fresh = request.new_entry(now, 1, new_claim_token()?);
+            if self.store.insert(tenant.as_str(), &fresh).await? {
+                return Ok(self.claimed(fresh, now));
+            }
+            // The row exists. The most common reason is a repeat of a finished call: replay it
+            // in one statement (unless that was just tried and missed).
+            if !std::mem::take(&mut replay_tried)
+                && let Some(entry) = self
+                    .store
+                    .replay(tenant.as_str(), &request.key, &request.fingerprint, now)
+                    .await?
+            {
+                self.finished.insert(tenant.as_str(), &request.key);
+                let note = replay_note(&entry);
+                return Ok(self.answer(Outcome::Replayed, entry, now, note, None));
+            }
+            // Otherwise read it in its own statement (a CTE on the insert would not see a row
+            // committed after its snapshot) and let the domain decide.
+            let Some(existing) = self.store.get(tenant.as_str(), &request.key).await? else {
+                continue; // pruned in between: insert again
+            };
+            match decide_claim(&existing, &request.fingerprint, now) {
+                ClaimDecision::KeyReused => return Err(LedgerError::KeyReused),
+                decision @ (ClaimDecision::StartOver | ClaimDecision::Retry) => {
+                    // A retry continues the entry's attempts; an expired entry starts over.
+                    let attempt = if decision == ClaimDecision::Retry {
+                        existing.attempt.saturating_add(1)
+                    } else {
+                        1
+                    };
+                    let next = request.new_entry(now, attempt, fresh.claim_token);
+                    if self
+                        .store
+                        .restart(tenant.as_str(), &existing.claim_token, &next)
+                        .await?
+                    {
+                        return Ok(self.claimed(next, now));
+                    }
+                }
+                // Became a success after the replay statement looked: go round again.
+                ClaimDecision::Replay => {}
+                ClaimDecision::PreviouslyFailed => {
+                    let note = failed_note(&existing);
+                    return Ok(self.answer(Outcome::PreviouslyFailed, existing, now, note, None));
+                }
+                ClaimDecision::InProgress => {
+                    let status = existing.effective_status(now);
+                    let (note, retry_after) = if status == Status::Attempting {
+                        let remaining = existing.lease_expires_at.minus(now).to_duration();
+                        (
+                            IN_FLIGHT_NOTE.to_string(),
+                            remaining.clamp(Duration::from_millis(100), Duration::from_secs(1)),
+                        )
+                    } else {
+                        (UNKNOWN_NOTE.to_string(), UNKNOWN_RETRY_AFTER)
+                    };
+                    return Ok(self.answer(
+                        Outcome::InProgress,
+                        existing,
+                        now,
+                        note,
+                        Some(retry_after),
+                    ));
+                }
+            }
+        }
+        Err(LedgerError::Internal(format!(
+            "claim of {} lost {MAX_RACES} races in a row",
+            request.key
+        )))
+    }
+
+    fn claimed(&self, entry: Entry, now: Micros) -> ClaimOutput {
+        let token = entry.claim_token.clone();
+        ClaimOutput {
+            outcome: Outcome::Claimed,
+            entry: self.view(entry, now),
+            claim_token: Some(token),
+            note: String::new(),
+            retry_after: None,
+        }
+    }
+
+    fn answer(
+        &self,
+        outcome: Outcome,
+        entry: Entry,
+        now: Micros,
+        note: String,
+        retry_after: Option<Duration>,
+    ) -> ClaimOutput {
+        ClaimOutput {
+            outcome,
+            entry: self.view(entry, now),
+            claim_token: None,
+            note,
+            retry_after,
+        }
+    }
+}
+
+/// Whether a claim found an attempt still in flight (what a waiting claim waits out).
+fn in_flight(output: &ClaimOutput) -> bool {
+    output.outcome == Outcome::InProgress && output.entry.status == Status::Attempting
+}
+
+/// A validated claim with its derived key.
+#[derive(Clone, Debug)]
+struct PreparedClaim {
+    key: String,
+    run_id: String,
+    tool: String,
+    fingerprint: String,
+    principal: String,
+    lease: Micros,
+    retention: Micros,
+    wait: Option<Duration>,
+    /// What is stored of the arguments (see [`ArgumentsPolicy`]).
+    arguments: Option<String>,
+}
+
+impl PreparedClaim {
+    fn new_entry(&self, now: Micros, attempt: u32, claim_token: String) -> Entry {
+        Entry {
+            key: self.key.clone(),
+            run_id: self.run_id.clone(),
+            tool: self.tool.clone(),
+            fingerprint: self.fingerprint.clone(),
+            status: Status::Attempting,
+            attempt,
+            claim_token,
+            result: Vec::new(),
+            error: String::new(),
+            retryable: false,
+            principal: self.principal.clone(),
+            started_at: now,
+            finished_at: None,
+            lease_expires_at: now.plus(self.lease),
+            retention: self.retention,
+            expires_at: None,
+            replay_count: 0,
+            arguments: self.arguments.clone(),
+        }
+    }
+}

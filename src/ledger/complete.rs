@@ -1,0 +1,154 @@
+//! Complete: record a claimant's outcome, fenced by its claim token, and answer after it is
+//! committed; a repeat of the same outcome is `already_completed`.
+
+use super::{EntryView, Ledger, MAX_RACES};
+use crate::domain::Tenant;
+use crate::domain::key::ExplicitKey;
+use crate::domain::{CompleteDecision, Completion, FinalStatus, Micros, Status, decide_complete};
+use crate::error::LedgerError;
+use crate::storage::{Finish, Finished};
+
+/// A Complete as the caller sent it.
+#[derive(Clone, Debug)]
+pub struct CompleteInput {
+    /// The entry's key.
+    pub key: String,
+    /// The token from the claim.
+    pub claim_token: String,
+    /// The reported outcome.
+    pub status: FinalStatus,
+    /// The result, only with success.
+    pub result: Vec<u8>,
+    /// The error, with failure or unknown.
+    pub error: String,
+    /// With failure: may the intent be tried again.
+    pub retryable: bool,
+}
+
+/// The answer to a Complete.
+#[derive(Clone, Debug)]
+pub struct CompleteOutput {
+    /// The entry as stored.
+    pub entry: EntryView,
+    /// True when this outcome had already been recorded.
+    pub already_completed: bool,
+}
+
+impl Ledger {
+    /// Records the outcome of a claimed attempt; answers after it is committed.
+    ///
+    /// # Errors
+    /// `InvalidArgument` for malformed input; `NotFound`, `StaleClaimToken` or
+    /// `AlreadyResolved` as the entry stands (nothing changes); `Unavailable`/`Internal` from
+    /// the store.
+    pub async fn complete(
+        &self,
+        tenant: &Tenant,
+        input: CompleteInput,
+    ) -> Result<CompleteOutput, LedgerError> {
+        let key = ExplicitKey::parse(&input.key)?;
+        if input.claim_token.is_empty() {
+            return Err(LedgerError::invalid("claim_token", "is required"));
+        }
+        let completion = Completion {
+            status: input.status,
+            result: input.result,
+            error: input.error,
+            retryable: input.retryable,
+        };
+        self.check_outcome(&completion)?;
+        let mut finish = Finish {
+            key: key.as_str().to_string(),
+            claim_token: input.claim_token,
+            completion,
+            now: self.clock.now(),
+            also_unknown: false,
+        };
+        // The common case in one statement: the claimant completes its own attempt in flight.
+        if let Some(done) = self.store.finish(tenant.as_str(), &finish).await? {
+            return Ok(self.completed(tenant, done, finish.now).await);
+        }
+        // Otherwise read the entry to learn what to answer, and write only if the domain says so.
+        for _ in 0..MAX_RACES {
+            let now = self.clock.now();
+            let Some(existing) = self.store.get(tenant.as_str(), key.as_str()).await? else {
+                return Err(LedgerError::NotFound);
+            };
+            match decide_complete(&existing, &finish.claim_token, &finish.completion, now) {
+                CompleteDecision::NotFound => return Err(LedgerError::NotFound),
+                CompleteDecision::StaleToken => return Err(LedgerError::StaleClaimToken),
+                CompleteDecision::AlreadyResolved => {
+                    return Err(LedgerError::AlreadyResolved(existing.status.as_str()));
+                }
+                CompleteDecision::AlreadyCompleted => {
+                    return Ok(CompleteOutput {
+                        entry: self.view(existing, now),
+                        already_completed: true,
+                    });
+                }
+                CompleteDecision::Apply => {
+                    finish.now = now;
+                    finish.also_unknown = true;
+                    if let Some(done) = self.store.finish(tenant.as_str(), &finish).await? {
+                        return Ok(self.completed(tenant, done, now).await);
+                    }
+                }
+            }
+        }
+        Err(LedgerError::Internal(format!(
+            "complete of {} lost {MAX_RACES} races in a row",
+            key.as_str()
+        )))
+    }
+
+    /// The answer to a Complete that wrote its outcome, after waking whoever waits for it.
+    pub(super) async fn completed(
+        &self,
+        tenant: &Tenant,
+        done: Finished,
+        now: Micros,
+    ) -> CompleteOutput {
+        if done.entry.status == Status::Succeeded {
+            self.finished.insert(tenant.as_str(), &done.entry.key);
+        }
+        self.changed(tenant, &done.entry.key, done.has_waiters)
+            .await;
+        CompleteOutput {
+            entry: self.view(done.entry, now),
+            already_completed: false,
+        }
+    }
+
+    /// The rules every reported outcome follows: result only with success, retryable only with
+    /// failure, sizes within the limit.
+    pub(super) fn check_outcome(&self, input: &Completion) -> Result<(), LedgerError> {
+        if !input.result.is_empty() && input.status != FinalStatus::Succeeded {
+            return Err(LedgerError::invalid(
+                "result",
+                "is stored only with STATUS_SUCCEEDED; describe a failure in error",
+            ));
+        }
+        if input.retryable && input.status != FinalStatus::Failed {
+            return Err(LedgerError::invalid(
+                "retryable",
+                "applies only to STATUS_FAILED",
+            ));
+        }
+        let max = self.limits.max_result_bytes;
+        if input.result.len() > max {
+            return Err(LedgerError::InvalidArgument {
+                field: "result",
+                reason: "RESULT_TOO_LARGE",
+                message: format!("is {} bytes; the limit is {max}", input.result.len()),
+            });
+        }
+        if input.error.len() > max {
+            return Err(LedgerError::InvalidArgument {
+                field: "error",
+                reason: "RESULT_TOO_LARGE",
+                message: format!("is {} bytes; the limit is {max}", input.error.len()),
+            });
+        }
+        Ok(())
+    }
+}

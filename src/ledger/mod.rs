@@ -1,0 +1,288 @@
+//! The ledger's use cases, driven over a [`Store`], one file each: [`claim`], [`complete`],
+//! [`renew`] (RenewLease), [`lookup`], [`list`] (ListEntries), [`reconcile`], [`retention`]
+//! (pruning). Each validates its input, lets the domain decide, applies the store's
+//! compare-and-set write, and starts over from a fresh read when a concurrent writer won the
+//! race. [`wait`] holds claims that wait for an attempt in flight; [`notes`] are the sentences
+//! for the model; [`recent`] is a hint cache for the claim path.
+//!
+//! Independent of gRPC, so the conformance suite runs the same calls against every backend.
+
+mod claim;
+mod complete;
+mod list;
+mod lookup;
+mod notes;
+mod recent;
+mod reconcile;
+mod renew;
+mod retention;
+pub mod wait;
+
+pub use claim::{ClaimInput, ClaimOutput, Outcome};
+pub use complete::{CompleteInput, CompleteOutput};
+pub use list::{ListInput, ListOutput};
+pub use lookup::LookupInput;
+pub use reconcile::{ReconcileInput, ReconcileOutput, ResolutionInput};
+pub use renew::RenewInput;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::domain::canonical::JsonLimits;
+use crate::domain::redact::ArgumentsPolicy;
+use crate::domain::time::Clock;
+use crate::domain::{Entry, Micros, Status, Tenant};
+use crate::error::LedgerError;
+use crate::storage::Store;
+use recent::RecentKeys;
+use wait::WaitHub;
+
+/// How often a lost compare-and-set race is retried before the call gives up. Each retry
+/// follows another writer's success, so reaching this means a pathological storm.
+const MAX_RACES: usize = 16;
+
+/// The retry hint for an entry whose outcome is unknown: reconciliation takes a while.
+const UNKNOWN_RETRY_AFTER: Duration = Duration::from_secs(30);
+
+/// The server's limits and defaults for requests.
+#[derive(Clone, Debug)]
+pub struct Limits {
+    /// Lease when a claim sets none.
+    pub default_lease: Duration,
+    /// Longest lease a claim may ask for.
+    pub max_lease: Duration,
+    /// Retention when a claim sets none.
+    pub default_retention: Duration,
+    /// Longest retention a claim may ask for.
+    pub max_retention: Duration,
+    /// Longest a claim may wait for an attempt in flight.
+    pub max_wait: Duration,
+    /// Size and depth limits of `arguments_json`.
+    pub json: JsonLimits,
+    /// Largest result (and error text) a completion may store.
+    pub max_result_bytes: usize,
+    /// Prefix of every entry's `external_ref`.
+    pub external_ref_prefix: String,
+    /// How long a reconciler holds the unresolved entries it was handed.
+    pub reconcile_lease: Duration,
+    /// How many entries Reconcile hands out when the request sets no limit.
+    pub reconcile_default_limit: u32,
+    /// The most entries (and resolutions) one Reconcile call handles.
+    pub reconcile_max_limit: u32,
+    /// How often a key that claims wait on is read from a store other servers share: the
+    /// wake-up bound when announcements are off (`--wait-wakeup poll`), and the safety net
+    /// for missed announcements otherwise.
+    pub wait_poll_interval: Duration,
+    /// What of a claim's arguments is kept for audit (`--store-arguments`, `--redact-field`).
+    pub arguments: ArgumentsPolicy,
+    /// How many entries ListEntries returns when the request sets no page size.
+    pub list_default_page_size: u32,
+    /// The most entries one ListEntries page holds.
+    pub list_max_page_size: u32,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            default_lease: Duration::from_secs(60),
+            max_lease: Duration::from_secs(3600),
+            default_retention: Duration::from_secs(24 * 3600),
+            max_retention: Duration::from_secs(30 * 24 * 3600),
+            max_wait: Duration::from_secs(30),
+            json: JsonLimits::default(),
+            max_result_bytes: 1_048_576,
+            external_ref_prefix: "idem-".to_string(),
+            reconcile_lease: Duration::from_secs(60),
+            reconcile_default_limit: 100,
+            reconcile_max_limit: 1000,
+            wait_poll_interval: Duration::from_secs(1),
+            arguments: ArgumentsPolicy::default(),
+            list_default_page_size: 100,
+            list_max_page_size: 1000,
+        }
+    }
+}
+
+/// An entry as a caller is shown it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct EntryView {
+    /// The stored entry.
+    pub entry: Entry,
+    /// The status callers are told (an attempt past its lease reads as unknown).
+    pub status: Status,
+    /// The deterministic reference for external systems.
+    pub external_ref: String,
+}
+
+/// The ledger: a cheap-to-clone handle over a store, a clock and the server's limits.
+#[derive(Clone)]
+pub struct Ledger {
+    /// Where entries live.
+    store: Arc<dyn Store>,
+    /// Where time comes from (manual in tests).
+    clock: Arc<dyn Clock>,
+    /// Defaults and limits for requests.
+    limits: Arc<Limits>,
+    /// The claims waiting on this server for attempts in flight.
+    waits: Arc<WaitHub>,
+    /// Keys this server recently saw succeed: a hint for the claim path, never a decision.
+    finished: Arc<RecentKeys>,
+}
+
+impl Ledger {
+    /// A ledger over `store`. Waiting claims are woken in-process by completions on this server;
+    /// on a store other servers share, a watched key is also read every
+    /// `limits.wait_poll_interval`.
+    pub fn new(store: Arc<dyn Store>, clock: Arc<dyn Clock>, limits: Limits) -> Ledger {
+        let poll = store.shared().then_some(limits.wait_poll_interval);
+        Ledger {
+            waits: Arc::new(WaitHub::new(store.clone(), clock.clone(), poll)),
+            finished: Arc::new(RecentKeys::default()),
+            store,
+            clock,
+            limits: Arc::new(limits),
+        }
+    }
+
+    /// Wakes this server's waiters on the changes other servers announce (PostgreSQL
+    /// LISTEN/NOTIFY); without it, they learn of them by polling only. Call once, inside the
+    /// runtime.
+    pub fn listen_for_announcements(&self) {
+        let Some(mut announcements) = self.store.subscribe() else {
+            return;
+        };
+        let waits = self.waits.clone();
+        tokio::spawn(async move {
+            while let Some((tenant, key)) = announcements.recv().await {
+                waits.wake(&tenant, &key);
+            }
+        });
+    }
+
+    /// The waiting claims of this server.
+    pub fn waits(&self) -> &WaitHub {
+        &self.waits
+    }
+
+    /// The store, for health probes and migrations.
+    pub fn store(&self) -> &Arc<dyn Store> {
+        &self.store
+    }
+
+    /// The limits this ledger enforces.
+    pub fn limits(&self) -> &Limits {
+        &self.limits
+    }
+
+    /// After an entry left ATTEMPTING/UNKNOWN: wake this server's waiters, and announce it to
+    /// other servers when some claim waits for it. The outcome is already committed, so a
+    /// failed announcement only delays waiters until their poll.
+    async fn changed(&self, tenant: &Tenant, key: &str, has_waiters: bool) {
+        self.waits.wake(tenant.as_str(), key);
+        if has_waiters
+            && self.store.shared()
+            && let Err(e) = self.store.announce(tenant.as_str(), key).await
+        {
+            tracing::warn!(error = %e, "could not announce a completion to other servers");
+        }
+    }
+
+    /// The deterministic external reference of `key`: the prefix plus 16 hex characters, the
+    /// key's own when it is a derived (64 lowercase hex) key, else those of sha256(key).
+    pub fn external_ref(&self, key: &str) -> String {
+        external_ref(&self.limits.external_ref_prefix, key)
+    }
+
+    /// An entry as Claim, Complete and Reconcile answer it: about its outcome, without the
+    /// arguments kept for audit (which only some of their statements read back).
+    fn view(&self, mut entry: Entry, now: Micros) -> EntryView {
+        entry.arguments = None;
+        self.audit_view(entry, now)
+    }
+
+    /// An entry as Lookup and ListEntries show it: with the arguments kept for audit.
+    fn audit_view(&self, entry: Entry, now: Micros) -> EntryView {
+        EntryView {
+            status: entry.effective_status(now),
+            external_ref: self.external_ref(&entry.key),
+            entry,
+        }
+    }
+}
+
+/// The requested duration, or the default when unset; zero and above-maximum are refused.
+fn bounded(
+    field: &'static str,
+    asked: Option<Duration>,
+    default: Duration,
+    max: Duration,
+) -> Result<Duration, LedgerError> {
+    match asked {
+        None => Ok(default),
+        // Time is kept in whole microseconds: less than one would be stored as zero.
+        Some(d) if d < Duration::from_micros(1) => Err(LedgerError::invalid(
+            field,
+            "must be at least 1 microsecond; leave it unset for the server's default",
+        )),
+        Some(d) if d > max => Err(LedgerError::invalid(
+            field,
+            format!("{d:?} is above the server's maximum of {max:?}"),
+        )),
+        Some(d) => Ok(d),
+    }
+}
+
+/// A fresh 128-bit random claim token, hex.
+fn new_claim_token() -> Result<String, LedgerError> {
+    let mut bytes = [0u8; 16];
+    getrandom::fill(&mut bytes)
+        .map_err(|e| LedgerError::Internal(format!("no randomness for a claim token: {e}")))?;
+    Ok(hex::encode(bytes))
+}
+
+/// See [`Ledger::external_ref`].
+pub fn external_ref(prefix: &str, key: &str) -> String {
+    let derived = key.len() == 64 && key.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'));
+    if derived {
+        format!("{prefix}{}", &key[..16])
+    } else {
+        use sha2::Digest;
+        let digest = hex::encode(sha2::Sha256::digest(key.as_bytes()));
+        format!("{prefix}{}", &digest[..16])
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn external_refs_take_the_derived_keys_prefix_or_hash_an_explicit_key() {
+        let derived = "0123456789abcdef".repeat(4);
+        assert_eq!(external_ref("idem-", &derived), "idem-0123456789abcdef");
+        let explicit = external_ref("x-", "wf-1:step-2");
+        assert_eq!(explicit.len(), 2 + 16);
+        assert_eq!(explicit, external_ref("x-", "wf-1:step-2"));
+        assert_ne!(explicit, external_ref("x-", "wf-1:step-3"));
+    }
+
+    #[test]
+    fn durations_default_when_unset_and_are_refused_out_of_range() {
+        let d = Duration::from_secs(60);
+        let max = Duration::from_secs(3600);
+        assert_eq!(bounded("lease", None, d, max).ok(), Some(d));
+        assert!(bounded("lease", Some(Duration::ZERO), d, max).is_err());
+        assert!(bounded("lease", Some(Duration::from_nanos(999)), d, max).is_err());
+        assert!(bounded("lease", Some(Duration::from_micros(1)), d, max).is_ok());
+        assert!(bounded("lease", Some(max + Duration::from_micros(1)), d, max).is_err());
+        assert_eq!(bounded("lease", Some(max), d, max).ok(), Some(max));
+    }
+
+    #[test]
+    fn claim_tokens_are_fresh_each_time() {
+        let a = new_claim_token().ok();
+        let b = new_claim_token().ok();
+        assert_eq!(a.as_ref().map(String::len), Some(32));
+        assert_ne!(a, b);
+    }
+}
