@@ -30,8 +30,6 @@
 //! - [`telemetry`]: the log subscriber (text or JSON), one span and one access line per RPC,
 //!   W3C trace context.
 
-pub mod admission;
-pub mod auth;
 pub mod config;
 pub mod connections;
 pub mod domain;

@@ -15,13 +15,13 @@ use tonic::transport::{Certificate, Identity, Server, ServerTlsConfig};
 use tonic_health::ServingStatus;
 use tonic_health::server::HealthReporter;
 
-use crate::admission::Admission;
-use crate::auth::Tenancy;
 use crate::config::Settings;
 use crate::connections::{self, ConnectionLimits, Listener};
 use crate::domain::Micros;
 use crate::domain::time::Clock;
 use crate::error::LedgerError;
+use crate::grpc::admission::Admission;
+use crate::grpc::auth::Tenancy;
 use crate::grpc::{LedgerApi, LedgerServiceServer, pb};
 use crate::ledger::Ledger;
 use crate::metrics::{self, GrpcMetricsLayer, Metrics};

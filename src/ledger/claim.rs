@@ -31,8 +31,11 @@ pub struct ClaimInput {
     pub lease: Option<Duration>,
     /// The retention asked for.
     pub retention: Option<Duration>,
-    /// How long to wait for an attempt in flight (already bounded by the call's deadline).
+    /// How long to wait for an attempt in flight, as asked (bounded here by `--max-wait` and by
+    /// `answer_by`).
     pub wait: Option<Duration>,
+    /// When the caller stops listening (its deadline): a wait ends in time to answer before.
+    pub answer_by: Option<Instant>,
     /// Who asks.
     pub principal: String,
 }
@@ -146,7 +149,9 @@ impl Ledger {
             principal: principal.as_str().to_string(),
             lease: Micros::from_duration(lease),
             retention: Micros::from_duration(retention),
-            wait: input.wait.map(|w| w.min(self.limits.max_wait)),
+            wait: input
+                .wait
+                .map(|w| bounded_wait(w, self.limits.max_wait, input.answer_by)),
             arguments,
         })
     }
@@ -304,6 +309,26 @@ impl Ledger {
             note,
             retry_after,
         }
+    }
+}
+
+/// How much of a call's remaining time a waiting claim keeps for its last read and its
+/// answer: a fifth, within these bounds, so that even on a loaded machine the caller gets
+/// IN_PROGRESS rather than an expired call.
+const ANSWER_RESERVE_MIN: Duration = Duration::from_millis(50);
+const ANSWER_RESERVE_MAX: Duration = Duration::from_millis(250);
+
+/// The one bound on a claim's wait: what it asked, at most `max_wait`, and ending in time to
+/// answer before `answer_by`.
+fn bounded_wait(asked: Duration, max_wait: Duration, answer_by: Option<Instant>) -> Duration {
+    let wait = asked.min(max_wait);
+    match answer_by {
+        Some(deadline) => {
+            let remaining = deadline.saturating_duration_since(Instant::now());
+            let reserve = (remaining / 5).clamp(ANSWER_RESERVE_MIN, ANSWER_RESERVE_MAX);
+            wait.min(remaining.saturating_sub(reserve))
+        }
+        None => wait,
     }
 }
 

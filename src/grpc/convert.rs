@@ -1,0 +1,194 @@
+//! Proto ↔ domain conversions: enums, durations and timestamps in, entries and answers out.
+
+use std::time::Duration;
+
+use tonic::Status;
+
+use super::pb;
+use crate::domain::canonical::Canonicalization;
+use crate::domain::{FinalStatus, Micros};
+use crate::error::LedgerError;
+use crate::ledger::{ClaimOutput, EntryView, Outcome};
+
+pub(super) fn canonicalization(value: i32) -> Result<Canonicalization, Status> {
+    match pb::Canonicalization::try_from(value) {
+        Ok(pb::Canonicalization::Unspecified | pb::Canonicalization::Jcs) => {
+            Ok(Canonicalization::Jcs)
+        }
+        Ok(pb::Canonicalization::JcsLenient) => Ok(Canonicalization::JcsLenient),
+        Err(_) => Err(LedgerError::invalid(
+            "canonicalization",
+            format!("{value} is not a Canonicalization value"),
+        )
+        .into()),
+    }
+}
+
+/// A reported status of `field`: Complete accepts the three outcomes (Reconcile then refuses
+/// UNKNOWN, which is no finding).
+pub(super) fn final_status(field: &'static str, value: i32) -> Result<FinalStatus, Status> {
+    match pb::Status::try_from(value) {
+        Ok(pb::Status::Succeeded) => Ok(FinalStatus::Succeeded),
+        Ok(pb::Status::Failed) => Ok(FinalStatus::Failed),
+        Ok(pb::Status::Unknown) => Ok(FinalStatus::Unknown),
+        _ => Err(LedgerError::invalid(
+            field,
+            "must be STATUS_SUCCEEDED, STATUS_FAILED or STATUS_UNKNOWN",
+        )
+        .into()),
+    }
+}
+
+/// A proto duration as a std one; unset stays `None`, negative or malformed is refused.
+pub(super) fn duration(
+    field: &'static str,
+    value: Option<prost_types::Duration>,
+) -> Result<Option<Duration>, Status> {
+    let Some(d) = value else { return Ok(None) };
+    if d.seconds < 0 || d.nanos < 0 || d.nanos >= 1_000_000_000 {
+        return Err(LedgerError::invalid(field, "must be a non-negative duration").into());
+    }
+    Ok(Some(
+        Duration::from_secs(d.seconds.unsigned_abs())
+            + Duration::from_nanos(d.nanos.unsigned_abs().into()),
+    ))
+}
+
+pub(super) fn proto_duration(d: Duration) -> prost_types::Duration {
+    prost_types::Duration {
+        seconds: i64::try_from(d.as_secs()).unwrap_or(i64::MAX),
+        nanos: i32::try_from(d.subsec_nanos()).unwrap_or(0),
+    }
+}
+
+pub(super) fn timestamp(m: Micros) -> prost_types::Timestamp {
+    prost_types::Timestamp {
+        seconds: m.0.div_euclid(1_000_000),
+        nanos: i32::try_from(m.0.rem_euclid(1_000_000) * 1000).unwrap_or(0),
+    }
+}
+
+pub(super) fn status(s: crate::domain::Status) -> pb::Status {
+    match s {
+        crate::domain::Status::Attempting => pb::Status::Attempting,
+        crate::domain::Status::Succeeded => pb::Status::Succeeded,
+        crate::domain::Status::Failed => pb::Status::Failed,
+        crate::domain::Status::Unknown => pb::Status::Unknown,
+    }
+}
+
+/// A state a listing may filter by; unspecified means any.
+pub(super) fn status_filter(value: i32) -> Result<Option<crate::domain::Status>, Status> {
+    use crate::domain::Status as S;
+    match pb::Status::try_from(value) {
+        Ok(pb::Status::Unspecified) => Ok(None),
+        Ok(pb::Status::Attempting) => Ok(Some(S::Attempting)),
+        Ok(pb::Status::Succeeded) => Ok(Some(S::Succeeded)),
+        Ok(pb::Status::Failed) => Ok(Some(S::Failed)),
+        Ok(pb::Status::Unknown) => Ok(Some(S::Unknown)),
+        Err(_) => {
+            Err(LedgerError::invalid("status", format!("{value} is not a Status value")).into())
+        }
+    }
+}
+
+/// A proto timestamp as microseconds since the epoch; unset stays `None`, malformed is
+/// refused.
+pub(super) fn instant(
+    field: &'static str,
+    value: Option<prost_types::Timestamp>,
+) -> Result<Option<Micros>, Status> {
+    let Some(t) = value else { return Ok(None) };
+    if !(0..1_000_000_000).contains(&t.nanos) {
+        return Err(LedgerError::invalid(field, "nanos must be within 0..999999999").into());
+    }
+    t.seconds
+        .checked_mul(1_000_000)
+        .and_then(|us| us.checked_add(i64::from(t.nanos / 1000)))
+        .map(|us| Some(Micros(us)))
+        .ok_or_else(|| LedgerError::invalid(field, "is out of range").into())
+}
+
+/// An entry with the arguments kept for audit: what Lookup and ListEntries answer.
+pub(super) fn audited_entry(mut view: EntryView) -> pb::Entry {
+    let arguments = view.entry.arguments.take().unwrap_or_default();
+    pb::Entry {
+        arguments_json: arguments,
+        ..entry(view)
+    }
+}
+
+/// An entry as Claim, Complete and Reconcile answer it: about the outcome, without the
+/// stored arguments.
+pub(super) fn entry(view: EntryView) -> pb::Entry {
+    let e = view.entry;
+    pb::Entry {
+        key: e.key,
+        run_id: e.run_id,
+        tool: e.tool,
+        fingerprint: e.fingerprint,
+        status: status(view.status).into(),
+        attempt: e.attempt,
+        result: e.result.into(),
+        error: e.error,
+        retryable: e.retryable,
+        principal: e.principal,
+        started_at: Some(timestamp(e.started_at)),
+        finished_at: e.finished_at.map(timestamp),
+        lease_expires_at: Some(timestamp(e.lease_expires_at)),
+        expires_at: e.expires_at.map(timestamp),
+        replay_count: e.replay_count,
+        external_ref: view.external_ref,
+        arguments_json: String::new(),
+    }
+}
+
+pub(super) fn claim_response(out: ClaimOutput) -> pb::ClaimResponse {
+    let outcome = match out.outcome {
+        Outcome::Claimed => pb::Outcome::Claimed,
+        Outcome::Replayed => pb::Outcome::Replayed,
+        Outcome::InProgress => pb::Outcome::InProgress,
+        Outcome::PreviouslyFailed => pb::Outcome::PreviouslyFailed,
+    };
+    pb::ClaimResponse {
+        outcome: outcome.into(),
+        entry: Some(entry(out.entry)),
+        claim_token: out.claim_token.unwrap_or_default(),
+        note: out.note,
+        retry_after: out.retry_after.map(proto_duration),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn timestamps_split_micros_into_seconds_and_nanos() {
+        let t = timestamp(Micros(1_700_000_000_123_456));
+        assert_eq!((t.seconds, t.nanos), (1_700_000_000, 123_456_000));
+        let before_epoch = timestamp(Micros(-1));
+        assert_eq!(
+            (before_epoch.seconds, before_epoch.nanos),
+            (-1, 999_999_000)
+        );
+    }
+
+    #[test]
+    fn negative_durations_are_refused_and_unset_ones_stay_unset() {
+        assert_eq!(duration("lease", None).ok(), Some(None));
+        let neg = prost_types::Duration {
+            seconds: -1,
+            nanos: 0,
+        };
+        assert!(duration("lease", Some(neg)).is_err());
+        let ok = prost_types::Duration {
+            seconds: 1,
+            nanos: 500_000_000,
+        };
+        assert_eq!(
+            duration("lease", Some(ok)).ok(),
+            Some(Some(Duration::from_millis(1500)))
+        );
+    }
+}
