@@ -30,12 +30,11 @@
 //! - [`telemetry`]: the log subscriber (text or JSON), one span and one access line per RPC,
 //!   W3C trace context.
 
-pub mod config;
+pub mod cli;
 pub mod connections;
 pub mod domain;
 pub mod error;
 pub mod grpc;
-pub mod inspect;
 pub mod ledger;
 pub mod metrics;
 pub mod server;

@@ -5,9 +5,10 @@ use std::process::ExitCode;
 use std::sync::Arc;
 
 use clap::Parser;
-use idempotency_ledger::config::{Cli, Command};
+use idempotency_ledger::cli::inspect;
+use idempotency_ledger::cli::{Cli, Command};
 use idempotency_ledger::domain::time::AlignedClock;
-use idempotency_ledger::{inspect, server, telemetry};
+use idempotency_ledger::{server, telemetry};
 
 #[tokio::main]
 async fn main() -> ExitCode {

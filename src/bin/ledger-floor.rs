@@ -24,8 +24,8 @@ use std::net::SocketAddr;
 use std::process::ExitCode;
 
 use clap::Parser;
-use idempotency_ledger::config::Settings;
 use idempotency_ledger::connections::{self, ConnectionLimits, Listener};
+use idempotency_ledger::server::Settings;
 use idempotency_ledger::telemetry;
 use prost::bytes::Bytes;
 use tokio::net::TcpListener;

@@ -6,11 +6,11 @@
 use std::collections::HashSet;
 use std::time::Duration;
 
-use idempotency_ledger::config::StoreArguments;
 use idempotency_ledger::domain::canonical::{self, Canonicalization, JsonLimits};
 use idempotency_ledger::domain::key::{self, RunId, ToolName};
 use idempotency_ledger::domain::time::Clock;
 use idempotency_ledger::grpc::pb;
+use idempotency_ledger::server::StoreArguments;
 use tonic::{Code, Request};
 
 use crate::grpc_api::assert_error;

@@ -638,7 +638,7 @@ async fn an_absent_key_is_not_found_for_lookup_and_complete(b: Backend) {
 
 /// A server over a database of its own PostgreSQL cluster, which the test may stop.
 pub(crate) async fn spawn_app_on_own_cluster(
-    configure: impl FnOnce(&mut idempotency_ledger::config::Settings),
+    configure: impl FnOnce(&mut idempotency_ledger::server::Settings),
 ) -> (PgCluster, TestApp) {
     let cluster = PgCluster::start();
     // TestDb has no constructor for a given URL; its public fields take one.

@@ -27,6 +27,7 @@ mod pg_tls;
 mod plans;
 mod pooler;
 mod security;
+mod settings;
 mod store_causes;
 mod tenants;
 mod waiting;

@@ -73,7 +73,7 @@ fn metrics_addr() -> SocketAddr {
 /// A server with metrics on a fresh port, gauges refreshed every 100 ms.
 async fn app_with_metrics(
     backend: Backend,
-    configure: impl FnOnce(&mut idempotency_ledger::config::Settings),
+    configure: impl FnOnce(&mut idempotency_ledger::server::Settings),
 ) -> (TestApp, SocketAddr) {
     let addr = metrics_addr();
     let app = spawn_app_with(backend, |s| {

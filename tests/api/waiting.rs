@@ -4,8 +4,8 @@
 
 use std::time::Duration;
 
-use idempotency_ledger::config::Wakeup;
 use idempotency_ledger::grpc::pb;
+use idempotency_ledger::server::Wakeup;
 use tokio::time::Instant;
 
 use crate::support::{Backend, TestApp, TestDb, claim_req, spawn_app, spawn_app_on, success};
@@ -81,7 +81,7 @@ async fn a_waiter_on_another_server_sharing_postgres_answers_within_100ms_by_not
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn without_notify_a_waiter_on_another_server_learns_by_polling_the_key() {
-    let poll = |s: &mut idempotency_ledger::config::Settings| {
+    let poll = |s: &mut idempotency_ledger::server::Settings| {
         s.wait_wakeup = Some(Wakeup::Poll);
         s.wait_poll_interval = Duration::from_millis(50);
     };

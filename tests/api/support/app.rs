@@ -6,12 +6,12 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicI64, Ordering};
 use std::time::Duration;
 
-use idempotency_ledger::config::Settings;
 use idempotency_ledger::domain::Micros;
 use idempotency_ledger::domain::time::Clock;
 use idempotency_ledger::grpc::pb;
 use idempotency_ledger::grpc::pb::ledger_service_client::LedgerServiceClient;
 use idempotency_ledger::ledger::{Ledger, Limits};
+use idempotency_ledger::server::Settings;
 use idempotency_ledger::server::{self, ServeError};
 use idempotency_ledger::storage::{self, PoolOptions, Store};
 use tokio::net::TcpListener;
@@ -372,6 +372,14 @@ impl ServerProcess {
         use tokio::io::{AsyncBufReadExt, BufReader};
         let addr: SocketAddr = format!("127.0.0.1:{port}").parse().expect("addr");
         let mut command = tokio::process::Command::new(env!("CARGO_BIN_EXE_idempotency-ledger"));
+        // The server's settings come from its flags only: a variable the developer's shell
+        // exports (sqlx's DATABASE_URL, a LEDGER_* setting) must not change a test's server.
+        for (name, _) in std::env::vars_os() {
+            let name = name.to_string_lossy();
+            if name == "DATABASE_URL" || name.starts_with("LEDGER_") {
+                command.env_remove(name.as_ref());
+            }
+        }
         configure(&mut command);
         let mut child = command
             .arg("--listen")

@@ -1,13 +1,13 @@
-//! The command line: `serve` (the default), `migrate`, the inspection commands `entries` and
-//! `entry` (their arguments live in [`crate::inspect`]), and every setting as a flag with an
-//! environment variable of the same meaning. The doc comment of each field is its `--help`
-//! text, so `idempotency-ledger --help` is the configuration reference.
+//! The server's settings: every one a flag with an environment variable of the same meaning
+//! (the command line, [`crate::cli`], flattens them into `serve` and `migrate`). The doc
+//! comment of each field is its `--help` text, so `idempotency-ledger --help` is the
+//! configuration reference.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use clap::{Args, Parser, Subcommand};
+use clap::{Args, FromArgMatches as _};
 
 use crate::domain::time::parse_duration;
 
@@ -17,34 +17,6 @@ use crate::ledger::Limits;
 use crate::metrics::MetricsOptions;
 use crate::storage::{PoolOptions, Pooler};
 use crate::telemetry::LogFormat;
-
-/// An idempotency ledger for AI agents' tool calls: claim a key before acting, complete it with
-/// the result, and get the stored result back on a repeat.
-#[derive(Parser, Debug, Clone)]
-#[command(name = "idempotency-ledger", version, about, long_about = None)]
-pub struct Cli {
-    /// What to do; `serve` when omitted.
-    #[command(subcommand)]
-    pub command: Option<Command>,
-    /// The server's settings (`serve` and `migrate`; the inspection commands ignore them).
-    #[command(flatten, next_help_heading = "Server settings (serve, migrate)")]
-    pub settings: Settings,
-}
-
-/// The subcommands.
-#[derive(Subcommand, Debug, Clone, PartialEq, Eq)]
-pub enum Command {
-    /// Run the gRPC server (the default). Migrations run first.
-    Serve,
-    /// Apply the database migrations and exit.
-    Migrate,
-    /// List a running server's entries (ListEntries) as a table, or JSON with --json. A client
-    /// of the server: the server's settings do not apply.
-    Entries(crate::inspect::EntriesArgs),
-    /// Print one entry of a running server (Lookup by key), one field a line, or JSON with
-    /// --json. Exits 1 when there is no entry with that key.
-    Entry(crate::inspect::EntryArgs),
-}
 
 /// With `--wait-wakeup listen`, watched keys are still read this often, for announcements
 /// missed while the listening connection was down.
@@ -433,9 +405,14 @@ pub struct Settings {
 }
 
 impl Settings {
-    /// Settings as if no flag or variable were given (the documented defaults).
+    /// The documented defaults: settings as if no flag were given, whatever the environment
+    /// holds (an exported `DATABASE_URL` or `LEDGER_*` variable does not leak in).
     pub fn defaults() -> Settings {
-        Cli::parse_from(["idempotency-ledger"]).settings
+        let command = Settings::augment_args(clap::Command::new("idempotency-ledger"))
+            .mut_args(|arg| arg.env(None));
+        let matches = command.get_matches_from(["idempotency-ledger"]);
+        // Every flag has a default, so this parses whenever the defaults do (a test holds it).
+        Settings::from_arg_matches(&matches).expect("the built-in defaults parse")
     }
 
     /// The request limits these settings define.
@@ -598,31 +575,25 @@ mod tests {
     }
 
     #[test]
-    fn serve_is_the_default_subcommand_and_flags_work_on_either_side() {
-        let cli = Cli::parse_from(["idempotency-ledger", "--max-wait", "5s"]);
-        assert_eq!(cli.command, None);
-        assert_eq!(cli.settings.max_wait, Duration::from_secs(5));
-        let cli = Cli::parse_from([
-            "idempotency-ledger",
-            "migrate",
-            "--database-url",
-            "sqlite://x.db",
-        ]);
-        assert_eq!(cli.command, Some(Command::Migrate));
-        assert_eq!(cli.settings.database_url, "sqlite://x.db");
-    }
-
-    #[test]
-    fn the_log_format_is_text_unless_json_is_asked_for() {
-        assert_eq!(Settings::defaults().log_format, LogFormat::Text);
-        let cli = Cli::parse_from(["idempotency-ledger", "--log-format", "json"]);
-        assert_eq!(cli.settings.log_format, LogFormat::Json);
-        assert!(Cli::try_parse_from(["idempotency-ledger", "--log-format", "xml"]).is_err());
-    }
-
-    #[test]
-    fn a_default_above_its_maximum_is_refused() {
-        let cli = Cli::parse_from(["idempotency-ledger", "--default-lease", "2h"]);
-        assert!(cli.settings.validate().is_err());
+    fn the_defaults_ignore_the_environment() {
+        // What `Settings::defaults()` must not read: sqlx's own DATABASE_URL convention and any
+        // LEDGER_* variable an operator's shell exports (tests call it beside such a shell).
+        // The flags' environment variables are cleared, not the process's: no other test is
+        // disturbed.
+        let command = Settings::augment_args(clap::Command::new("x"));
+        let with_env: Vec<String> = command
+            .get_arguments()
+            .filter_map(|a| a.get_env().map(|e| e.to_string_lossy().into_owned()))
+            .collect();
+        assert!(
+            with_env.contains(&"DATABASE_URL".to_string()),
+            "{with_env:?}"
+        );
+        assert!(
+            with_env.len() > 40,
+            "every setting has a variable: {with_env:?}"
+        );
+        let stripped = Settings::augment_args(clap::Command::new("x")).mut_args(|a| a.env(None));
+        assert!(stripped.get_arguments().all(|a| a.get_env().is_none()));
     }
 }

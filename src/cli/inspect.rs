@@ -789,7 +789,7 @@ mod tests {
 
     #[test]
     fn the_inspection_commands_parse_their_flags_without_any_server_setting() {
-        use crate::config::{Cli, Command};
+        use crate::cli::{Cli, Command};
         use clap::Parser;
         let cli = Cli::parse_from([
             "idempotency-ledger",
