@@ -1,7 +1,9 @@
 //! Group commit: claims' inserts and claimants' completions that arrive while the store is busy
 //! are written together, one multi-row statement and one commit per batch.
 //!
-//! [`GroupCommit`] wraps a store and implements [`Store`] itself. Each kind of write has a
+//! [`GroupCommit`] wraps a [`Backend`] (a store that offers the multi-row writes,
+//! [`super::Batches`]) and is a [`super::Store`] itself, but not a backend: a batcher cannot be
+//! wrapped in another. Each kind of write has a
 //! queue and a dispatcher that runs at most `writers` batches at once. When a writer is free, a
 //! request is written at once, alone: no timer ever delays it. While every writer is busy,
 //! requests wait in the queue, and the next free writer takes all of them (up to a cap) as one
@@ -20,8 +22,8 @@ use async_trait::async_trait;
 use tokio::sync::{Semaphore, mpsc, oneshot};
 
 use super::{
-    Finish, Finished, ListQuery, PoolStats, Store, StoreError, StoreResult, UnresolvedCount,
-    UnresolvedQuery,
+    Announcements, Backend, Entries, Finish, Finished, ListQuery, Operations, PoolStats,
+    StoreError, StoreResult, UnresolvedCount, UnresolvedQuery,
 };
 use crate::domain::{Entry, Micros};
 
@@ -42,7 +44,7 @@ type FinishJob = Job<Finish, Option<Finished>>;
 /// to the inner store (replays and lookups stay on the shortest path).
 pub struct GroupCommit {
     /// The store that runs the statements.
-    inner: Arc<dyn Store>,
+    inner: Arc<dyn Backend>,
     /// Claims' inserts waiting for a writer.
     inserts: Queue<InsertJob>,
     /// Completions waiting for a writer.
@@ -84,7 +86,7 @@ impl GroupCommit {
     /// Wraps `inner`, running at most `writers` batches of each kind at once (at least 1).
     /// Call inside a tokio runtime: it spawns the two dispatchers, which end when this store
     /// is dropped.
-    pub fn new(inner: Arc<dyn Store>, writers: usize) -> GroupCommit {
+    pub fn new(inner: Arc<dyn Backend>, writers: usize) -> GroupCommit {
         let writers = writers.max(1);
         let stats = Arc::new(Stats::default());
         let inserts = Queue::start(writers, stats.clone(), {
@@ -204,7 +206,7 @@ async fn dispatch<T, R, F, Fut>(
     }
 }
 
-async fn write_inserts(store: &dyn Store, mut batch: Vec<InsertJob>) {
+async fn write_inserts(store: &dyn Backend, mut batch: Vec<InsertJob>) {
     // A lone request takes the one-row statement: PostgreSQL plans it once (a generic plan),
     // while the multi-row statement's array length is unknown to a generic plan, so it is
     // planned again for every batch; worth it for a batch, not for one row.
@@ -231,7 +233,7 @@ async fn write_inserts(store: &dyn Store, mut batch: Vec<InsertJob>) {
     }
 }
 
-async fn write_finishes(store: &dyn Store, mut batch: Vec<FinishJob>) {
+async fn write_finishes(store: &dyn Backend, mut batch: Vec<FinishJob>) {
     // One command per key and statement (an UPDATE … FROM would apply only one of two rows
     // for the same key, unpredictably); a later command for a key goes in the next round.
     while !batch.is_empty() {
@@ -271,43 +273,7 @@ fn fail_all<T, R>(batch: Vec<Job<T, R>>, error: &StoreError) {
 }
 
 #[async_trait]
-impl Store for GroupCommit {
-    fn backend(&self) -> &'static str {
-        self.inner.backend()
-    }
-
-    fn shared(&self) -> bool {
-        self.inner.shared()
-    }
-
-    async fn migrate(&self) -> StoreResult<()> {
-        self.inner.migrate().await
-    }
-
-    async fn ping(&self) -> StoreResult<()> {
-        self.inner.ping().await
-    }
-
-    fn is_full(&self) -> bool {
-        self.inner.is_full()
-    }
-
-    async fn database_now(&self) -> StoreResult<Option<Micros>> {
-        self.inner.database_now().await
-    }
-
-    async fn unreachable_cause(&self) -> Option<String> {
-        self.inner.unreachable_cause().await
-    }
-
-    fn location(&self) -> String {
-        self.inner.location()
-    }
-
-    async fn probe_write(&self) -> StoreResult<()> {
-        self.inner.probe_write().await
-    }
-
+impl Entries for GroupCommit {
     async fn insert(&self, tenant: &str, entry: &Entry) -> StoreResult<bool> {
         let inner = &self.inner;
         self.inserts
@@ -316,10 +282,6 @@ impl Store for GroupCommit {
                 inner.insert(t, e).await
             })
             .await
-    }
-
-    async fn insert_many(&self, batch: &[(String, Entry)]) -> StoreResult<Vec<bool>> {
-        self.inner.insert_many(batch).await
     }
 
     async fn get(&self, tenant: &str, key: &str) -> StoreResult<Option<Entry>> {
@@ -338,10 +300,6 @@ impl Store for GroupCommit {
                 inner.finish(t, c).await
             })
             .await
-    }
-
-    async fn finish_many(&self, batch: &[(String, Finish)]) -> StoreResult<Vec<Option<Finished>>> {
-        self.inner.finish_many(batch).await
     }
 
     async fn replay(
@@ -390,6 +348,13 @@ impl Store for GroupCommit {
     async fn mark_waiting(&self, tenant: &str, key: &str) -> StoreResult<()> {
         self.inner.mark_waiting(tenant, key).await
     }
+}
+
+#[async_trait]
+impl Announcements for GroupCommit {
+    fn shared(&self) -> bool {
+        self.inner.shared()
+    }
 
     async fn announce(&self, tenant: &str, key: &str) -> StoreResult<()> {
         self.inner.announce(tenant, key).await
@@ -397,6 +362,41 @@ impl Store for GroupCommit {
 
     fn subscribe(&self) -> Option<mpsc::Receiver<(String, String)>> {
         self.inner.subscribe()
+    }
+}
+
+#[async_trait]
+impl Operations for GroupCommit {
+    fn backend(&self) -> &'static str {
+        self.inner.backend()
+    }
+
+    async fn migrate(&self) -> StoreResult<()> {
+        self.inner.migrate().await
+    }
+
+    async fn ping(&self) -> StoreResult<()> {
+        self.inner.ping().await
+    }
+
+    fn is_full(&self) -> bool {
+        self.inner.is_full()
+    }
+
+    async fn probe_write(&self) -> StoreResult<()> {
+        self.inner.probe_write().await
+    }
+
+    async fn database_now(&self) -> StoreResult<Option<Micros>> {
+        self.inner.database_now().await
+    }
+
+    async fn unreachable_cause(&self) -> Option<String> {
+        self.inner.unreachable_cause().await
+    }
+
+    fn location(&self) -> String {
+        self.inner.location()
     }
 
     async fn count_unresolved(&self, now: Micros) -> StoreResult<UnresolvedCount> {

@@ -416,60 +416,10 @@ fn database_code(err: &sqlx::Error) -> Option<String> {
 /// Result alias for store calls.
 pub type StoreResult<T> = Result<T, StoreError>;
 
-/// The ledger's durable state: one row per (tenant, key).
+/// The entries of the ledger: the compare-and-set writes the domain decides on, and the reads
+/// that tell what to decide. One row per (tenant, key). What the use cases need.
 #[async_trait]
-pub trait Store: Send + Sync + 'static {
-    /// `"postgres"` or `"sqlite"`, for logs.
-    fn backend(&self) -> &'static str;
-
-    /// Whether other servers may write to the same database (so changes must be announced or
-    /// polled for, not only seen in-process).
-    fn shared(&self) -> bool {
-        false
-    }
-
-    /// Applies this backend's migrations (idempotent; safe with several servers starting at once).
-    ///
-    /// # Errors
-    /// `Unavailable` when the database cannot be reached; `Internal` when a migration fails.
-    async fn migrate(&self) -> StoreResult<()>;
-
-    /// Checks that the database answers (the health probe).
-    ///
-    /// # Errors
-    /// `Unavailable` when it does not.
-    async fn ping(&self) -> StoreResult<()>;
-
-    /// Whether the store last reported a full disk (see [`WriteHealth`]); no database call.
-    fn is_full(&self) -> bool;
-
-    /// Writes and deletes a probe row of 64 KiB, each in its own commit: whether a write of a
-    /// typical size commits now. Clears [`Store::is_full`] when both did.
-    ///
-    /// # Errors
-    /// As the database fails (`Full` while there is still no space).
-    async fn probe_write(&self) -> StoreResult<()>;
-
-    /// The database's clock, where other servers share the store and must agree on the time
-    /// (PostgreSQL); `None` for a store one server uses, whose own clock is the arbiter.
-    ///
-    /// # Errors
-    /// As the database fails.
-    async fn database_now(&self) -> StoreResult<Option<Micros>> {
-        Ok(None)
-    }
-
-    /// Why the store cannot be reached, in the database's own words, found by opening a
-    /// connection of its own (a pool only says that it timed out); `None` when it can.
-    async fn unreachable_cause(&self) -> Option<String> {
-        None
-    }
-
-    /// Where the store is, for logs (never a password).
-    fn location(&self) -> String {
-        String::new()
-    }
-
+pub trait Entries: Send + Sync + 'static {
     /// Inserts `entry` unless (tenant, key) exists. `true` when this call inserted it: the
     /// unique constraint, not a prior read, decides among concurrent claimants.
     ///
@@ -492,15 +442,6 @@ pub trait Store: Send + Sync + 'static {
     /// `Unavailable` or `Internal` as the database fails.
     async fn restart(&self, tenant: &str, expected_token: &str, next: &Entry) -> StoreResult<bool>;
 
-    /// Inserts each (tenant, entry) unless its (tenant, key) exists, in as few statements and
-    /// commits as the backend allows; per entry, whether this call inserted it. Within one
-    /// batch the first entry of a key wins, as if they had come one by one. All or nothing:
-    /// an error means none is known to be written.
-    ///
-    /// # Errors
-    /// `Unavailable` or `Internal` as the database fails.
-    async fn insert_many(&self, batch: &[(String, Entry)]) -> StoreResult<Vec<bool>>;
-
     /// Records a claimant's outcome (see [`Finish`]) only if the entry still carries its claim
     /// token and is ATTEMPTING (or also UNKNOWN, when `cmd.also_unknown`); the store computes
     /// `finished_at` and `expires_at` from the entry's retention. The entry as written when it
@@ -509,13 +450,6 @@ pub trait Store: Send + Sync + 'static {
     /// # Errors
     /// `Unavailable` or `Internal` as the database fails.
     async fn finish(&self, tenant: &str, cmd: &Finish) -> StoreResult<Option<Finished>>;
-
-    /// [`Store::finish`] for many entries at once, in as few statements and commits as the
-    /// backend allows; at most one command per (tenant, key) in a batch.
-    ///
-    /// # Errors
-    /// `Unavailable` or `Internal` as the database fails; none is known to be written then.
-    async fn finish_many(&self, batch: &[(String, Finish)]) -> StoreResult<Vec<Option<Finished>>>;
 
     /// Counts a replay and returns the entry, only if it is SUCCEEDED with `fingerprint` and
     /// not expired at `now`: the whole replay in one statement. `None` otherwise (read the
@@ -587,6 +521,38 @@ pub trait Store: Send + Sync + 'static {
     /// # Errors
     /// `Unavailable` or `Internal` as the database fails.
     async fn mark_waiting(&self, tenant: &str, key: &str) -> StoreResult<()>;
+}
+
+/// The multi-row forms of the two writes that are group-committed ([`batch::GroupCommit`]):
+/// what a backend offers to a batcher. A batcher is not one itself, so it cannot wrap another.
+#[async_trait]
+pub trait Batches: Entries {
+    /// Inserts each (tenant, entry) unless its (tenant, key) exists, in as few statements and
+    /// commits as the backend allows; per entry, whether this call inserted it. Within one
+    /// batch the first entry of a key wins, as if they had come one by one. All or nothing:
+    /// an error means none is known to be written.
+    ///
+    /// # Errors
+    /// `Unavailable` or `Internal` as the database fails.
+    async fn insert_many(&self, batch: &[(String, Entry)]) -> StoreResult<Vec<bool>>;
+
+    /// [`Store::finish`] for many entries at once, in as few statements and commits as the
+    /// backend allows; at most one command per (tenant, key) in a batch.
+    ///
+    /// # Errors
+    /// `Unavailable` or `Internal` as the database fails; none is known to be written then.
+    async fn finish_many(&self, batch: &[(String, Finish)]) -> StoreResult<Vec<Option<Finished>>>;
+}
+
+/// Telling other servers that share the database that an entry changed (for their waiting
+/// claims). A no-op for a store only one server uses.
+#[async_trait]
+pub trait Announcements: Send + Sync + 'static {
+    /// Whether other servers may write to the same database (so changes must be announced or
+    /// polled for, not only seen in-process).
+    fn shared(&self) -> bool {
+        false
+    }
 
     /// Tells other servers sharing the database that (tenant, key) changed. A no-op for a
     /// store only one server uses.
@@ -602,6 +568,56 @@ pub trait Store: Send + Sync + 'static {
     fn subscribe(&self) -> Option<tokio::sync::mpsc::Receiver<(String, String)>> {
         None
     }
+}
+
+/// What the server's probe, migrations and metrics need of a store: no entry is read or
+/// written here.
+#[async_trait]
+pub trait Operations: Send + Sync + 'static {
+    /// `"postgres"` or `"sqlite"`, for logs.
+    fn backend(&self) -> &'static str;
+
+    /// Applies this backend's migrations (idempotent; safe with several servers starting at once).
+    ///
+    /// # Errors
+    /// `Unavailable` when the database cannot be reached; `Internal` when a migration fails.
+    async fn migrate(&self) -> StoreResult<()>;
+
+    /// Checks that the database answers (the health probe).
+    ///
+    /// # Errors
+    /// `Unavailable` when it does not.
+    async fn ping(&self) -> StoreResult<()>;
+
+    /// Whether the store last reported a full disk (see [`WriteHealth`]); no database call.
+    fn is_full(&self) -> bool;
+
+    /// Writes and deletes a probe row of 64 KiB, each in its own commit: whether a write of a
+    /// typical size commits now. Clears [`Store::is_full`] when both did.
+    ///
+    /// # Errors
+    /// As the database fails (`Full` while there is still no space).
+    async fn probe_write(&self) -> StoreResult<()>;
+
+    /// The database's clock, where other servers share the store and must agree on the time
+    /// (PostgreSQL); `None` for a store one server uses, whose own clock is the arbiter.
+    ///
+    /// # Errors
+    /// As the database fails.
+    async fn database_now(&self) -> StoreResult<Option<Micros>> {
+        Ok(None)
+    }
+
+    /// Why the store cannot be reached, in the database's own words, found by opening a
+    /// connection of its own (a pool only says that it timed out); `None` when it can.
+    async fn unreachable_cause(&self) -> Option<String> {
+        None
+    }
+
+    /// Where the store is, for logs (never a password).
+    fn location(&self) -> String {
+        String::new()
+    }
 
     /// Counts the unresolved entries of every tenant at `now` (for the metrics gauge, which
     /// every server sharing the database reports alike): reported UNKNOWN or past their
@@ -614,6 +630,16 @@ pub trait Store: Send + Sync + 'static {
     /// How the connection pool is used right now (for the metrics gauges); no database call.
     fn pool_stats(&self) -> PoolStats;
 }
+
+/// Everything the server holds a store for: what [`open`] returns.
+pub trait Store: Entries + Announcements + Operations {}
+
+impl<T: Entries + Announcements + Operations + ?Sized> Store for T {}
+
+/// What a backend (PostgreSQL, SQLite) offers: a store that can also write batches.
+pub trait Backend: Store + Batches {}
+
+impl<T: Store + Batches + ?Sized> Backend for T {}
 
 /// The unresolved entries of the whole store, by the status callers would be told.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, sqlx::FromRow)]
@@ -725,22 +751,38 @@ pub struct UnresolvedQuery {
 /// `Internal` for an unsupported or malformed URL; `Unavailable` when the database cannot be
 /// opened.
 pub async fn open(url: &str, options: &PoolOptions) -> StoreResult<Arc<dyn Store>> {
-    let (store, writers): (Arc<dyn Store>, usize) =
-        if url.starts_with("postgres://") || url.starts_with("postgresql://") {
-            let writers = options
-                .write_batches
-                .min(options.max_connections as usize / 2)
-                .max(1);
-            (Arc::new(postgres::PgStore::connect(url, options)?), writers)
-        } else if url.starts_with("sqlite:") {
-            (Arc::new(sqlite::SqliteStore::open(url, options).await?), 1)
-        } else {
-            return Err(StoreError::Internal(format!(
-                "unsupported database URL scheme in {}: use postgres:// or sqlite://",
-                redact_url(url)
-            )));
-        };
-    Ok(Arc::new(batch::GroupCommit::new(store, writers)))
+    let writers = if is_postgres(url) {
+        options
+            .write_batches
+            .min(options.max_connections as usize / 2)
+            .max(1)
+    } else {
+        1
+    };
+    let backend = open_backend(url, options).await?;
+    Ok(Arc::new(batch::GroupCommit::new(backend, writers)))
+}
+
+/// The backend a database URL names, without group commit: each write its own statement.
+/// (What [`open`] batches; tests of the batcher start from it.)
+///
+/// # Errors
+/// As [`open`].
+pub async fn open_backend(url: &str, options: &PoolOptions) -> StoreResult<Arc<dyn Backend>> {
+    if is_postgres(url) {
+        Ok(Arc::new(postgres::PgStore::connect(url, options)?))
+    } else if url.starts_with("sqlite:") {
+        Ok(Arc::new(sqlite::SqliteStore::open(url, options).await?))
+    } else {
+        Err(StoreError::Internal(format!(
+            "unsupported database URL scheme in {}: use postgres:// or sqlite://",
+            redact_url(url)
+        )))
+    }
+}
+
+fn is_postgres(url: &str) -> bool {
+    url.starts_with("postgres://") || url.starts_with("postgresql://")
 }
 
 /// How the server reaches PostgreSQL (`--postgres-pooler`).

@@ -446,11 +446,8 @@ impl PgStore {
 /// whitespace, keys are printable ASCII).
 const WAKE_CHANNEL: &str = "ledger_wake";
 
-impl_store!(PgStore, StoreError::from_postgres, {
-    fn shared(&self) -> bool {
-        true
-    }
-
+#[async_trait::async_trait]
+impl super::Batches for PgStore {
     async fn insert_many(&self, batch: &[(String, Entry)]) -> StoreResult<Vec<bool>> {
         // Rows go in (tenant, key) order, so that two batches sharing keys lock them in the
         // same order and cannot deadlock; the sort is stable, so the first entry of a key
@@ -554,6 +551,13 @@ impl_store!(PgStore, StoreError::from_postgres, {
             .map(|(_, c)| written.remove(&c.claim_token))
             .collect())
     }
+}
+
+#[async_trait::async_trait]
+impl super::Announcements for PgStore {
+    fn shared(&self) -> bool {
+        true
+    }
 
     async fn announce(&self, tenant: &str, key: &str) -> StoreResult<()> {
         let payload = format!("{tenant} {key}");
@@ -614,7 +618,9 @@ impl_store!(PgStore, StoreError::from_postgres, {
         });
         Some(rx)
     }
+}
 
+impl_store!(PgStore, StoreError::from_postgres, operations: {
     fn backend(&self) -> &'static str {
         "postgres"
     }

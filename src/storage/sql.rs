@@ -199,10 +199,9 @@ macro_rules! bind_finish {
 /// rather than generics over `sqlx::Database`: the bounds those need are longer than the
 /// code. It emits the whole `impl` so that `async_trait` sees every method.
 macro_rules! impl_store {
-    ($ty:ty, $classify:expr, { $($own:tt)* }) => {
+    ($ty:ty, $classify:expr, operations: { $($own:tt)* }) => {
         #[async_trait::async_trait]
-        impl super::Store for $ty {
-        $($own)*
+        impl super::Entries for $ty {
 
         async fn insert(&self, tenant: &str, entry: &Entry) -> StoreResult<bool> {
             let done = run_on!(self, $classify, |conn| {
@@ -405,6 +404,12 @@ macro_rules! impl_store {
             })?;
             Ok(())
         }
+
+        }
+
+        #[async_trait::async_trait]
+        impl super::Operations for $ty {
+        $($own)*
 
         async fn count_unresolved(&self, now: Micros) -> StoreResult<super::UnresolvedCount> {
             run_on!(self, $classify, |conn| {

@@ -92,7 +92,8 @@ impl SqliteStore {
         SELECT tenant, key FROM ledger_entries WHERE expires_at <= $1 LIMIT $2)";
 }
 
-impl_store!(SqliteStore, StoreError::from_sqlite, {
+#[async_trait::async_trait]
+impl super::Batches for SqliteStore {
     async fn insert_many(&self, batch: &[(String, Entry)]) -> StoreResult<Vec<bool>> {
         // One transaction, so one commit (one fsync) for the batch; IMMEDIATE takes the write
         // lock up front, so the transaction never has to upgrade a read lock. The answers
@@ -134,7 +135,12 @@ impl_store!(SqliteStore, StoreError::from_sqlite, {
             })
             .collect()
     }
+}
 
+/// One server process uses the file: nothing to announce.
+impl super::Announcements for SqliteStore {}
+
+impl_store!(SqliteStore, StoreError::from_sqlite, operations: {
     fn backend(&self) -> &'static str {
         "sqlite"
     }

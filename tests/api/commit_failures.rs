@@ -12,7 +12,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use idempotency_ledger::domain::{Completion, Entry, FinalStatus, Micros, Status};
-use idempotency_ledger::storage::{Finish, Store, StoreError, UnresolvedQuery};
+use idempotency_ledger::storage::{self, Finish, StoreError, UnresolvedQuery};
 
 use crate::support::{Backend, TestDb};
 
@@ -166,7 +166,7 @@ fn finish(key: &str, token: &str, status: FinalStatus, now: Micros) -> Finish {
 /// Runs `write` with commits failing, and checks that it answered the injected error and that
 /// the entries of `keys` read afterwards as they did before.
 async fn fails_cleanly<T: std::fmt::Debug>(
-    store: &Arc<dyn Store>,
+    store: &Arc<dyn storage::Backend>,
     inject: &CommitFailure,
     what: &str,
     keys: &[&str],
@@ -194,7 +194,7 @@ async fn fails_cleanly<T: std::fmt::Debug>(
 
 async fn every_write_reports_a_commit_that_fails_and_leaves_nothing_behind(b: Backend) {
     let db = TestDb::new(b);
-    let store = db.store(4).await;
+    let store = db.backend(4).await;
     let inject = CommitFailure::install(&db).await;
     let now = Micros::now();
     let hour = Micros::from_duration(Duration::from_secs(3600));

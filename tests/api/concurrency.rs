@@ -197,7 +197,7 @@ async fn one_batcher_many_claimants(backend: Backend) {
     use std::sync::atomic::Ordering;
 
     let db = TestDb::new(backend);
-    let batched = Arc::new(GroupCommit::new(db.store(4).await, 1));
+    let batched = Arc::new(GroupCommit::new(db.backend(4).await, 1));
     let ledger = Ledger::new(batched.clone(), Arc::new(SystemClock), Limits::default());
     let barrier = Arc::new(Barrier::new(2 * CLAIMANTS));
     let mut tasks = Vec::new();
@@ -297,10 +297,10 @@ async fn a_failing_batch_fails_every_request_in_it_and_writes_none_on_sqlite() {
 /// as a whole, so every request of that batch gets the error and none of their rows exists.
 async fn a_failing_batch_writes_nothing(backend: Backend) {
     use idempotency_ledger::domain::{Entry, Micros, Status};
-    use idempotency_ledger::storage::Store;
+    use idempotency_ledger::storage::Entries as _;
 
     let db = TestDb::new(backend);
-    let inner = db.store(4).await;
+    let inner = db.backend(4).await;
     let entry = |n: usize, attempt: u32| Entry {
         key: format!("k-{n}"),
         run_id: "r".into(),

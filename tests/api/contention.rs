@@ -52,7 +52,7 @@ const ROUNDS: usize = 40;
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn postgres_batches_sharing_keys_in_any_order_never_deadlock() {
     let db = TestDb::new(Backend::Postgres);
-    let store = db.store(BATCHES as u32 + 2).await;
+    let store = db.backend(BATCHES as u32 + 2).await;
     let mut rng = SplitMix64(7);
     for round in 0..ROUNDS {
         let keys: Vec<String> = (0..KEYS).map(|k| format!("r{round}-k{k}")).collect();

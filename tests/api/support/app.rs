@@ -123,6 +123,16 @@ impl TestDb {
         store
     }
 
+    /// A new, migrated backend over this database, without group commit: for tests of the
+    /// backends' own statements (the multi-row ones included) and of the batcher.
+    pub async fn backend(&self, max_connections: u32) -> Arc<dyn storage::Backend> {
+        let backend = storage::open_backend(&self.url, &self.pool_options(max_connections))
+            .await
+            .expect("open backend");
+        backend.migrate().await.expect("migrate");
+        backend
+    }
+
     /// Sets the server settings this backend needs besides the URL.
     pub fn configure(&self, settings: &mut Settings) {
         settings.database_url = self.url.clone();
