@@ -32,6 +32,7 @@
 
 pub mod cli;
 pub mod connections;
+pub mod defaults;
 pub mod domain;
 pub mod error;
 pub mod grpc;

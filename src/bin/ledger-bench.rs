@@ -57,7 +57,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use clap::{Parser, ValueEnum};
 use hdrhistogram::Histogram;
-use idempotency_ledger::domain::time::parse_duration;
+use idempotency_ledger::defaults::parse_duration;
 use idempotency_ledger::error::code_name;
 use idempotency_ledger::grpc::pb::ledger_service_client::LedgerServiceClient;
 use idempotency_ledger::grpc::pb::{

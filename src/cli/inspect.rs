@@ -23,7 +23,7 @@ use tonic::metadata::{Ascii, MetadataValue};
 use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint, Identity};
 use tonic::{Code, Request};
 
-use crate::domain::time::parse_duration;
+use crate::defaults::parse_duration;
 use crate::error::code_name;
 use crate::grpc::pb;
 use crate::grpc::pb::ledger_service_client::LedgerServiceClient;
@@ -41,7 +41,7 @@ const ERROR_WIDTH: usize = 40;
 /// carries, so the two can be matched by eye.
 const KEY_WIDTH: usize = 16;
 /// The server's largest page (a larger `page_size` is shortened to it).
-const MAX_PAGE_SIZE: u32 = 1000;
+const MAX_PAGE_SIZE: u32 = crate::defaults::LIST_MAX_PAGE_SIZE;
 
 /// How to reach the server: shared by `entries` and `entry`.
 #[derive(Args, Debug, Clone, PartialEq, Eq)]

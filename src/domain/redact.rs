@@ -2,7 +2,7 @@
 //! members named like secrets. Keys and fingerprints never see this: they are always derived
 //! from the whole canonical text, so redaction can change only what an auditor reads.
 
-use std::collections::HashSet;
+use std::collections::BTreeSet;
 
 use super::canonical::Value;
 
@@ -62,7 +62,7 @@ impl ArgumentsPolicy {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Redaction {
     /// Normalized names (see [`normalize`]).
-    names: HashSet<String>,
+    names: BTreeSet<String>,
 }
 
 impl Redaction {

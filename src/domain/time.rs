@@ -85,52 +85,9 @@ impl Clock for AlignedClock {
     }
 }
 
-/// Parses `500ms`, `60s`, `15m`, `24h`, `30d` (an integer and a unit; a bare number is seconds).
-///
-/// # Errors
-/// A message naming the accepted forms.
-pub fn parse_duration(text: &str) -> Result<Duration, String> {
-    let text = text.trim();
-    let split = text
-        .find(|c: char| !c.is_ascii_digit())
-        .unwrap_or(text.len());
-    let (number, unit) = text.split_at(split);
-    let n: u64 = number
-        .parse()
-        .map_err(|_| format!("`{text}` is not a duration such as 500ms, 60s, 15m, 24h or 30d"))?;
-    let seconds = |factor: u64| {
-        n.checked_mul(factor)
-            .map(Duration::from_secs)
-            .ok_or_else(|| format!("`{text}` is too long"))
-    };
-    match unit {
-        "ms" => Ok(Duration::from_millis(n)),
-        "" | "s" => seconds(1),
-        "m" => seconds(60),
-        "h" => seconds(3600),
-        "d" => seconds(86_400),
-        _ => Err(format!(
-            "`{text}` has an unknown unit `{unit}`: use ms, s, m, h or d"
-        )),
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn durations_read_as_the_contract_writes_them() {
-        assert_eq!(parse_duration("60s"), Ok(Duration::from_secs(60)));
-        assert_eq!(parse_duration("24h"), Ok(Duration::from_secs(86_400)));
-        assert_eq!(parse_duration("30d"), Ok(Duration::from_secs(2_592_000)));
-        assert_eq!(parse_duration("250ms"), Ok(Duration::from_millis(250)));
-        assert_eq!(parse_duration("15m"), Ok(Duration::from_secs(900)));
-        assert_eq!(parse_duration("7"), Ok(Duration::from_secs(7)));
-        assert!(parse_duration("1.5h").is_err());
-        assert!(parse_duration("h").is_err());
-        assert!(parse_duration("10 years").is_err());
-    }
 
     #[test]
     fn durations_round_trip_through_micros() {

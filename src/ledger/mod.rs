@@ -82,23 +82,29 @@ pub struct Limits {
 }
 
 impl Default for Limits {
+    /// The shipped defaults ([`crate::defaults`]), as a server started without flags runs.
     fn default() -> Self {
+        use crate::defaults::{self as d, duration};
         Limits {
-            default_lease: Duration::from_secs(60),
-            max_lease: Duration::from_secs(3600),
-            default_retention: Duration::from_secs(24 * 3600),
-            max_retention: Duration::from_secs(30 * 24 * 3600),
-            max_wait: Duration::from_secs(30),
-            json: JsonLimits::default(),
-            max_result_bytes: 1_048_576,
-            external_ref_prefix: "idem-".to_string(),
-            reconcile_lease: Duration::from_secs(60),
-            reconcile_default_limit: 100,
-            reconcile_max_limit: 1000,
-            wait_poll_interval: Duration::from_secs(1),
+            default_lease: duration(d::DEFAULT_LEASE),
+            max_lease: duration(d::MAX_LEASE),
+            default_retention: duration(d::DEFAULT_RETENTION),
+            max_retention: duration(d::MAX_RETENTION),
+            max_wait: duration(d::MAX_WAIT),
+            json: JsonLimits {
+                max_bytes: d::MAX_ARGUMENTS_BYTES,
+                max_depth: d::MAX_JSON_DEPTH,
+            },
+            max_result_bytes: d::MAX_RESULT_BYTES,
+            external_ref_prefix: d::EXTERNAL_REF_PREFIX.to_string(),
+            reconcile_lease: duration(d::RECONCILE_LEASE),
+            reconcile_default_limit: d::RECONCILE_DEFAULT_LIMIT,
+            reconcile_max_limit: d::RECONCILE_MAX_LIMIT,
+            wait_poll_interval: duration(d::LISTEN_SAFETY_POLL)
+                .max(duration(d::WAIT_POLL_INTERVAL)),
             arguments: ArgumentsPolicy::default(),
-            list_default_page_size: 100,
-            list_max_page_size: 1000,
+            list_default_page_size: d::LIST_DEFAULT_PAGE_SIZE,
+            list_max_page_size: d::LIST_MAX_PAGE_SIZE,
         }
     }
 }

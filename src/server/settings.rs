@@ -9,7 +9,8 @@ use std::time::Duration;
 
 use clap::{Args, FromArgMatches as _};
 
-use crate::domain::time::parse_duration;
+use crate::defaults;
+use crate::defaults::parse_duration;
 
 use crate::domain::canonical::JsonLimits;
 use crate::domain::redact::{self, ArgumentsPolicy, Redaction};
@@ -17,10 +18,6 @@ use crate::ledger::Limits;
 use crate::metrics::MetricsOptions;
 use crate::storage::{PoolOptions, Pooler};
 use crate::telemetry::LogFormat;
-
-/// With `--wait-wakeup listen`, watched keys are still read this often, for announcements
-/// missed while the listening connection was down.
-const LISTEN_SAFETY_POLL: Duration = Duration::from_secs(1);
 
 /// How waiters learn of completions on other servers.
 #[derive(clap::ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
@@ -49,7 +46,7 @@ pub struct Settings {
     #[arg(
         long,
         env = "LEDGER_LISTEN",
-        default_value = "127.0.0.1:50051",
+        default_value = defaults::LISTEN,
         global = true
     )]
     pub listen: SocketAddr,
@@ -60,7 +57,7 @@ pub struct Settings {
     #[arg(
         long,
         env = "DATABASE_URL",
-        default_value = "sqlite://ledger.db",
+        default_value = defaults::DATABASE_URL,
         global = true
     )]
     pub database_url: String,
@@ -97,7 +94,7 @@ pub struct Settings {
     /// How often the metrics gauges read from the store (unresolved entries of every tenant,
     /// the same figure on every server sharing it) are refreshed, and the replay alarm is
     /// checked. Only with --metrics-listen.
-    #[arg(long, env = "LEDGER_METRICS_REFRESH_INTERVAL", default_value = "15s", value_parser = parse_duration, global = true)]
+    #[arg(long, env = "LEDGER_METRICS_REFRESH_INTERVAL", default_value = defaults::METRICS_REFRESH_INTERVAL, value_parser = parse_duration, global = true)]
     pub metrics_refresh_interval: Duration,
 
     /// How many distinct tool names get their own `tool` label value in the metrics; later
@@ -105,14 +102,14 @@ pub struct Settings {
     #[arg(
         long,
         env = "LEDGER_METRICS_MAX_TOOLS",
-        default_value_t = 50,
+        default_value_t = defaults::METRICS_MAX_TOOLS,
         global = true
     )]
     pub metrics_max_tools: usize,
 
     /// The sliding window of the replay ratio and the replay alarm (it slides by 1/60 of its
     /// length).
-    #[arg(long, env = "LEDGER_REPLAY_ALARM_WINDOW", default_value = "15m", value_parser = parse_duration, global = true)]
+    #[arg(long, env = "LEDGER_REPLAY_ALARM_WINDOW", default_value = defaults::REPLAY_ALARM_WINDOW, value_parser = parse_duration, global = true)]
     pub replay_alarm_window: Duration,
 
     /// Claims the replay window must hold before "not one replay" raises the alarm (a gauge
@@ -120,37 +117,37 @@ pub struct Settings {
     #[arg(
         long,
         env = "LEDGER_REPLAY_ALARM_MIN_CLAIMS",
-        default_value_t = 100,
+        default_value_t = defaults::REPLAY_ALARM_MIN_CLAIMS,
         global = true
     )]
     pub replay_alarm_min_claims: u64,
 
     /// Lease of a claim that sets none: how long the claimant may take before its attempt
     /// counts as unknown.
-    #[arg(long, env = "LEDGER_DEFAULT_LEASE", default_value = "60s", value_parser = parse_duration, global = true)]
+    #[arg(long, env = "LEDGER_DEFAULT_LEASE", default_value = defaults::DEFAULT_LEASE, value_parser = parse_duration, global = true)]
     pub default_lease: Duration,
 
     /// Longest lease a claim may ask for; longer is INVALID_ARGUMENT.
-    #[arg(long, env = "LEDGER_MAX_LEASE", default_value = "1h", value_parser = parse_duration, global = true)]
+    #[arg(long, env = "LEDGER_MAX_LEASE", default_value = defaults::MAX_LEASE, value_parser = parse_duration, global = true)]
     pub max_lease: Duration,
 
     /// How long a finished entry is kept (and replayed) when the claim sets no retention.
-    #[arg(long, env = "LEDGER_DEFAULT_RETENTION", default_value = "24h", value_parser = parse_duration, global = true)]
+    #[arg(long, env = "LEDGER_DEFAULT_RETENTION", default_value = defaults::DEFAULT_RETENTION, value_parser = parse_duration, global = true)]
     pub default_retention: Duration,
 
     /// Longest retention a claim may ask for; longer is INVALID_ARGUMENT.
-    #[arg(long, env = "LEDGER_MAX_RETENTION", default_value = "30d", value_parser = parse_duration, global = true)]
+    #[arg(long, env = "LEDGER_MAX_RETENTION", default_value = defaults::MAX_RETENTION, value_parser = parse_duration, global = true)]
     pub max_retention: Duration,
 
     /// Longest a claim may wait for an attempt in flight (a longer wait is shortened to this).
-    #[arg(long, env = "LEDGER_MAX_WAIT", default_value = "30s", value_parser = parse_duration, global = true)]
+    #[arg(long, env = "LEDGER_MAX_WAIT", default_value = defaults::MAX_WAIT, value_parser = parse_duration, global = true)]
     pub max_wait: Duration,
 
     /// Largest `arguments_json`, in bytes; larger is INVALID_ARGUMENT (ARGUMENTS_TOO_LARGE).
     #[arg(
         long,
         env = "LEDGER_MAX_ARGUMENTS_BYTES",
-        default_value_t = 1_048_576,
+        default_value_t = defaults::MAX_ARGUMENTS_BYTES,
         global = true
     )]
     pub max_arguments_bytes: usize,
@@ -160,7 +157,7 @@ pub struct Settings {
     #[arg(
         long,
         env = "LEDGER_MAX_RESULT_BYTES",
-        default_value_t = 1_048_576,
+        default_value_t = defaults::MAX_RESULT_BYTES,
         global = true
     )]
     pub max_result_bytes: usize,
@@ -170,7 +167,7 @@ pub struct Settings {
     #[arg(
         long,
         env = "LEDGER_MAX_JSON_DEPTH",
-        default_value_t = 64,
+        default_value_t = defaults::MAX_JSON_DEPTH,
         global = true
     )]
     pub max_json_depth: usize,
@@ -179,7 +176,7 @@ pub struct Settings {
     #[arg(
         long,
         env = "LEDGER_EXTERNAL_REF_PREFIX",
-        default_value = "idem-",
+        default_value = defaults::EXTERNAL_REF_PREFIX,
         global = true
     )]
     pub external_ref_prefix: String,
@@ -210,14 +207,14 @@ pub struct Settings {
 
     /// How long a reconciler holds the unresolved entries a Reconcile handed it; other
     /// reconcilers get them again only after it passed.
-    #[arg(long, env = "LEDGER_RECONCILE_LEASE", default_value = "60s", value_parser = parse_duration, global = true)]
+    #[arg(long, env = "LEDGER_RECONCILE_LEASE", default_value = defaults::RECONCILE_LEASE, value_parser = parse_duration, global = true)]
     pub reconcile_lease: Duration,
 
     /// How many entries Reconcile hands out when the request sets no limit.
     #[arg(
         long,
         env = "LEDGER_RECONCILE_DEFAULT_LIMIT",
-        default_value_t = 100,
+        default_value_t = defaults::RECONCILE_DEFAULT_LIMIT,
         global = true
     )]
     pub reconcile_default_limit: u32,
@@ -227,7 +224,7 @@ pub struct Settings {
     #[arg(
         long,
         env = "LEDGER_RECONCILE_MAX_LIMIT",
-        default_value_t = 1000,
+        default_value_t = defaults::RECONCILE_MAX_LIMIT,
         global = true
     )]
     pub reconcile_max_limit: u32,
@@ -242,11 +239,11 @@ pub struct Settings {
     pub wait_wakeup: Option<Wakeup>,
 
     /// The poll interval of `--wait-wakeup poll`.
-    #[arg(long, env = "LEDGER_WAIT_POLL_INTERVAL", default_value = "100ms", value_parser = parse_duration, global = true)]
+    #[arg(long, env = "LEDGER_WAIT_POLL_INTERVAL", default_value = defaults::WAIT_POLL_INTERVAL, value_parser = parse_duration, global = true)]
     pub wait_poll_interval: Duration,
 
     /// How often finished entries past their retention are deleted.
-    #[arg(long, env = "LEDGER_PRUNE_INTERVAL", default_value = "60s", value_parser = parse_duration, global = true)]
+    #[arg(long, env = "LEDGER_PRUNE_INTERVAL", default_value = defaults::PRUNE_INTERVAL, value_parser = parse_duration, global = true)]
     pub prune_interval: Duration,
 
     /// How many expired entries one delete statement removes; small batches keep pruning from
@@ -254,7 +251,7 @@ pub struct Settings {
     #[arg(
         long,
         env = "LEDGER_PRUNE_BATCH_SIZE",
-        default_value_t = 500,
+        default_value_t = defaults::PRUNE_BATCH_SIZE,
         global = true
     )]
     pub prune_batch_size: u32,
@@ -271,12 +268,12 @@ pub struct Settings {
 
     /// Largest gRPC message the server reads or writes, in bytes; a larger request is refused
     /// with RESOURCE_EXHAUSTED before it is decoded.
-    #[arg(long, env = "LEDGER_MAX_MESSAGE_BYTES", default_value_t = 4 * 1_048_576, global = true)]
+    #[arg(long, env = "LEDGER_MAX_MESSAGE_BYTES", default_value_t = defaults::MAX_MESSAGE_BYTES, global = true)]
     pub max_message_bytes: usize,
 
     /// The longest any call may take, whatever its own deadline (DEADLINE_EXCEEDED after it).
     /// Keep it above --max-wait.
-    #[arg(long, env = "LEDGER_REQUEST_TIMEOUT", default_value = "60s", value_parser = parse_duration, global = true)]
+    #[arg(long, env = "LEDGER_REQUEST_TIMEOUT", default_value = defaults::REQUEST_TIMEOUT, value_parser = parse_duration, global = true)]
     pub request_timeout: Duration,
 
     /// Most ledger calls running at once; more are shed at once with RESOURCE_EXHAUSTED
@@ -284,7 +281,7 @@ pub struct Settings {
     #[arg(
         long,
         env = "LEDGER_MAX_CONCURRENT_REQUESTS",
-        default_value_t = 1024,
+        default_value_t = defaults::MAX_CONCURRENT_REQUESTS,
         global = true
     )]
     pub max_concurrent_requests: usize,
@@ -294,7 +291,7 @@ pub struct Settings {
     #[arg(
         long,
         env = "LEDGER_TENANT_RATE_LIMIT",
-        default_value_t = 0.0,
+        default_value_t = defaults::TENANT_RATE_LIMIT,
         global = true
     )]
     pub tenant_rate_limit: f64,
@@ -303,7 +300,7 @@ pub struct Settings {
     #[arg(
         long,
         env = "LEDGER_TENANT_RATE_BURST",
-        default_value_t = 0.0,
+        default_value_t = defaults::TENANT_RATE_BURST,
         global = true
     )]
     pub tenant_rate_burst: f64,
@@ -315,7 +312,7 @@ pub struct Settings {
     #[arg(
         long,
         env = "LEDGER_MAX_CONNECTIONS",
-        default_value_t = 0,
+        default_value_t = defaults::MAX_CONNECTIONS,
         global = true
     )]
     pub max_connections: usize,
@@ -324,16 +321,16 @@ pub struct Settings {
     /// that connected and never spoke, or a dead peer). Live HTTP/2 clients answer the
     /// server's keepalive pings, so they never reach it; must exceed
     /// --http2-keepalive-interval plus --http2-keepalive-timeout.
-    #[arg(long, env = "LEDGER_CONNECTION_IDLE_TIMEOUT", default_value = "60s", value_parser = parse_duration, global = true)]
+    #[arg(long, env = "LEDGER_CONNECTION_IDLE_TIMEOUT", default_value = defaults::CONNECTION_IDLE_TIMEOUT, value_parser = parse_duration, global = true)]
     pub connection_idle_timeout: Duration,
 
     /// How often the server pings a client connection from which nothing was read (HTTP/2
     /// PING), so that dead peers are found and live ones keep talking.
-    #[arg(long, env = "LEDGER_HTTP2_KEEPALIVE_INTERVAL", default_value = "20s", value_parser = parse_duration, global = true)]
+    #[arg(long, env = "LEDGER_HTTP2_KEEPALIVE_INTERVAL", default_value = defaults::HTTP2_KEEPALIVE_INTERVAL, value_parser = parse_duration, global = true)]
     pub http2_keepalive_interval: Duration,
 
     /// How long the server waits for the answer to its ping before closing the connection.
-    #[arg(long, env = "LEDGER_HTTP2_KEEPALIVE_TIMEOUT", default_value = "10s", value_parser = parse_duration, global = true)]
+    #[arg(long, env = "LEDGER_HTTP2_KEEPALIVE_TIMEOUT", default_value = defaults::HTTP2_KEEPALIVE_TIMEOUT, value_parser = parse_duration, global = true)]
     pub http2_keepalive_timeout: Duration,
 
     /// How the server reaches PostgreSQL: `none` (directly, or through a pooler in session
@@ -363,18 +360,18 @@ pub struct Settings {
     /// PostgreSQL: the longest one statement of the server may run (`statement_timeout`);
     /// a longer one is cancelled and answered UNAVAILABLE. 0 leaves the database's own
     /// setting.
-    #[arg(long, env = "LEDGER_DB_STATEMENT_TIMEOUT", default_value = "10s", value_parser = parse_duration, global = true)]
+    #[arg(long, env = "LEDGER_DB_STATEMENT_TIMEOUT", default_value = defaults::DB_STATEMENT_TIMEOUT, value_parser = parse_duration, global = true)]
     pub db_statement_timeout: Duration,
 
     /// How long opening one database connection may take before it counts as failed.
-    #[arg(long, env = "LEDGER_DB_CONNECT_TIMEOUT", default_value = "5s", value_parser = parse_duration, global = true)]
+    #[arg(long, env = "LEDGER_DB_CONNECT_TIMEOUT", default_value = defaults::DB_CONNECT_TIMEOUT, value_parser = parse_duration, global = true)]
     pub db_connect_timeout: Duration,
 
     /// Most database connections this server opens.
     #[arg(
         long,
         env = "LEDGER_DB_MAX_CONNECTIONS",
-        default_value_t = 16,
+        default_value_t = defaults::DB_MAX_CONNECTIONS,
         global = true
     )]
     pub db_max_connections: u32,
@@ -385,22 +382,22 @@ pub struct Settings {
     #[arg(
         long,
         env = "LEDGER_DB_WRITE_BATCHES",
-        default_value_t = 2,
+        default_value_t = defaults::DB_WRITE_BATCHES,
         value_parser = clap::value_parser!(u16).range(1..),
         global = true
     )]
     pub db_write_batches: u16,
 
     /// How long a call waits for a database connection before answering UNAVAILABLE.
-    #[arg(long, env = "LEDGER_DB_ACQUIRE_TIMEOUT", default_value = "3s", value_parser = parse_duration, global = true)]
+    #[arg(long, env = "LEDGER_DB_ACQUIRE_TIMEOUT", default_value = defaults::DB_ACQUIRE_TIMEOUT, value_parser = parse_duration, global = true)]
     pub db_acquire_timeout: Duration,
 
     /// How often the health probe checks the database.
-    #[arg(long, env = "LEDGER_HEALTH_PROBE_INTERVAL", default_value = "1s", value_parser = parse_duration, global = true)]
+    #[arg(long, env = "LEDGER_HEALTH_PROBE_INTERVAL", default_value = defaults::HEALTH_PROBE_INTERVAL, value_parser = parse_duration, global = true)]
     pub health_probe_interval: Duration,
 
     /// How long in-flight calls may finish after SIGTERM or SIGINT before the server exits.
-    #[arg(long, env = "LEDGER_SHUTDOWN_GRACE", default_value = "10s", value_parser = parse_duration, global = true)]
+    #[arg(long, env = "LEDGER_SHUTDOWN_GRACE", default_value = defaults::SHUTDOWN_GRACE, value_parser = parse_duration, global = true)]
     pub shutdown_grace: Duration,
 }
 
@@ -438,14 +435,16 @@ impl Settings {
                         .chain(self.redact_fields.iter().map(String::as_str)),
                 )),
             },
-            list_default_page_size: 100,
-            list_max_page_size: 1000,
+            list_default_page_size: defaults::LIST_DEFAULT_PAGE_SIZE,
+            list_max_page_size: defaults::LIST_MAX_PAGE_SIZE,
             external_ref_prefix: self.external_ref_prefix.clone(),
             reconcile_lease: self.reconcile_lease,
             reconcile_default_limit: self.reconcile_default_limit,
             reconcile_max_limit: self.reconcile_max_limit,
             wait_poll_interval: match self.wakeup() {
-                Wakeup::Listen => LISTEN_SAFETY_POLL.max(self.wait_poll_interval),
+                Wakeup::Listen => {
+                    defaults::duration(defaults::LISTEN_SAFETY_POLL).max(self.wait_poll_interval)
+                }
                 Wakeup::Poll => self.wait_poll_interval,
             },
         }
@@ -572,6 +571,20 @@ mod tests {
         assert_eq!(s.external_ref_prefix, "idem-");
         assert!(s.auth_tokens_file.is_none() && s.tls_cert.is_none());
         assert!(s.validate().is_ok());
+    }
+
+    #[test]
+    fn the_types_built_from_the_defaults_are_the_shipped_configuration() {
+        // Built from the command line's defaults, and from the `Default` impls tests use.
+        let s = Settings::defaults();
+        assert_eq!(
+            format!("{:?}", s.limits()),
+            format!("{:?}", Limits::default())
+        );
+        assert_eq!(
+            format!("{:?}", s.pool()),
+            format!("{:?}", PoolOptions::default())
+        );
     }
 
     #[test]

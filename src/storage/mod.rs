@@ -818,15 +818,17 @@ pub struct PoolOptions {
 }
 
 impl Default for PoolOptions {
+    /// The shipped defaults ([`crate::defaults`]).
     fn default() -> Self {
+        use crate::defaults::{self as d, duration};
         PoolOptions {
-            max_connections: 16,
-            acquire_timeout: std::time::Duration::from_secs(3),
-            write_batches: 2,
+            max_connections: d::DB_MAX_CONNECTIONS,
+            acquire_timeout: duration(d::DB_ACQUIRE_TIMEOUT),
+            write_batches: usize::from(d::DB_WRITE_BATCHES),
             pooler: Pooler::None,
             migrations_url: None,
-            statement_timeout: std::time::Duration::from_secs(10),
-            connect_timeout: std::time::Duration::from_secs(5),
+            statement_timeout: duration(d::DB_STATEMENT_TIMEOUT),
+            connect_timeout: duration(d::DB_CONNECT_TIMEOUT),
         }
     }
 }
