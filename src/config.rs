@@ -15,8 +15,8 @@ use crate::domain::canonical::JsonLimits;
 use crate::domain::redact::{self, ArgumentsPolicy, Redaction};
 use crate::ledger::Limits;
 use crate::metrics::MetricsOptions;
+use crate::observe::telemetry::LogFormat;
 use crate::storage::{PoolOptions, Pooler};
-use crate::telemetry::LogFormat;
 
 /// An idempotency ledger for AI agents' tool calls: claim a key before acting, complete it with
 /// the result, and get the stored result back on a repeat.

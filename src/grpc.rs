@@ -21,7 +21,7 @@ use crate::ledger::{
     ReconcileInput, RenewInput, ResolutionInput,
 };
 use crate::metrics::Metrics;
-use crate::telemetry;
+use crate::observe::telemetry;
 
 /// The generated protobuf types and service traits of `idempotency.v1`.
 #[allow(clippy::all, missing_docs)]

@@ -27,8 +27,8 @@
 //! - [`config`]: the command line; every flag has an environment variable.
 //! - [`inspect`]: the `entries` and `entry` subcommands, a gRPC client that prints what a
 //!   running server holds.
-//! - [`telemetry`]: the log subscriber (text or JSON), one span and one access line per RPC,
-//!   W3C trace context.
+//! - [`observe`]: what the server tells about itself; for now the logs ([`observe::telemetry`]:
+//!   the subscriber, text or JSON, one span and one access line per RPC, W3C trace context).
 
 pub mod admission;
 pub mod auth;
@@ -40,9 +40,9 @@ pub mod grpc;
 pub mod inspect;
 pub mod ledger;
 pub mod metrics;
+pub mod observe;
 pub mod server;
 #[doc(hidden)]
 pub mod splitmix;
 pub mod storage;
-pub mod telemetry;
 pub mod wait;

@@ -7,7 +7,8 @@ use std::sync::Arc;
 use clap::Parser;
 use idempotency_ledger::config::{Cli, Command};
 use idempotency_ledger::domain::time::AlignedClock;
-use idempotency_ledger::{inspect, server, telemetry};
+use idempotency_ledger::observe::telemetry;
+use idempotency_ledger::{inspect, server};
 
 #[tokio::main]
 async fn main() -> ExitCode {

@@ -222,7 +222,7 @@ pub async fn serve(
     }
     let server = builder
         // Outermost, so the access log sees the code the caller gets.
-        .layer(crate::telemetry::CallLogLayer)
+        .layer(crate::observe::telemetry::CallLogLayer)
         .add_service(health_service)
         .add_service(reflection_v1)
         .add_service(reflection_v1alpha)

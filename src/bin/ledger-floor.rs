@@ -26,7 +26,7 @@ use std::process::ExitCode;
 use clap::Parser;
 use idempotency_ledger::config::Settings;
 use idempotency_ledger::connections::{self, ConnectionLimits, Listener};
-use idempotency_ledger::telemetry;
+use idempotency_ledger::observe::telemetry;
 use prost::bytes::Bytes;
 use tokio::net::TcpListener;
 use tonic::transport::Server;
