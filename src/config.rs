@@ -14,7 +14,7 @@ use crate::domain::time::parse_duration;
 use crate::domain::canonical::JsonLimits;
 use crate::domain::redact::{self, ArgumentsPolicy, Redaction};
 use crate::ledger::Limits;
-use crate::metrics::MetricsOptions;
+use crate::observe::MetricsOptions;
 use crate::observe::telemetry::LogFormat;
 use crate::storage::{PoolOptions, Pooler};
 

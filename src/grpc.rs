@@ -20,7 +20,7 @@ use crate::ledger::{
     ClaimInput, ClaimOutput, CompleteInput, EntryView, Ledger, ListInput, LookupInput, Outcome,
     ReconcileInput, RenewInput, ResolutionInput,
 };
-use crate::metrics::Metrics;
+use crate::observe::Metrics;
 use crate::observe::telemetry;
 
 /// The generated protobuf types and service traits of `idempotency.v1`.
@@ -116,7 +116,7 @@ impl LedgerApi {
 
     /// Counts a call that failed for the store's sake (or a bug's), and turns its error into
     /// the status sent. (Every call's code is counted around the service, by
-    /// [`crate::metrics::GrpcMetricsLayer`].)
+    /// [`crate::observe::GrpcMetricsLayer`].)
     fn observe<T>(&self, result: Result<T, LedgerError>) -> Result<T, Status> {
         result.map_err(|e| {
             self.metrics.call_failed(&e);

@@ -22,13 +22,13 @@
 //!   idle connections closed, an accept loop that backs off when descriptors run out.
 //! - [`wait`]: waking claims that wait for an attempt in flight, in-process and across
 //!   servers.
-//! - [`metrics`]: the Prometheus families (the gRPC layer, the ledger's counters, gauges read
-//!   from the store), the replay-rate alarm, and the optional `/metrics` endpoint.
+//! - [`observe`]: what the server tells about itself: the Prometheus families on
+//!   `prometheus-client` (the gRPC layer, the ledger's counters, gauges read from the store),
+//!   the replay-rate alarm, the optional `/metrics` endpoint, and the logs (text or JSON, one
+//!   span and one access line per RPC, W3C trace context).
 //! - [`config`]: the command line; every flag has an environment variable.
 //! - [`inspect`]: the `entries` and `entry` subcommands, a gRPC client that prints what a
 //!   running server holds.
-//! - [`observe`]: what the server tells about itself; for now the logs ([`observe::telemetry`]:
-//!   the subscriber, text or JSON, one span and one access line per RPC, W3C trace context).
 
 pub mod admission;
 pub mod auth;
@@ -39,7 +39,6 @@ pub mod error;
 pub mod grpc;
 pub mod inspect;
 pub mod ledger;
-pub mod metrics;
 pub mod observe;
 pub mod server;
 #[doc(hidden)]

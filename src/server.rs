@@ -24,7 +24,7 @@ use crate::domain::time::Clock;
 use crate::error::LedgerError;
 use crate::grpc::{LedgerApi, LedgerServiceServer, pb};
 use crate::ledger::Ledger;
-use crate::metrics::{self, GrpcMetricsLayer, Metrics};
+use crate::observe::{self, GrpcMetricsLayer, Metrics};
 use crate::storage::{self, Store, StoreError, StoreResult, redact_url};
 
 /// The fully qualified name of the ledger service, as health and reflection report it.
@@ -124,7 +124,7 @@ pub async fn serve(
     };
     let metrics_tasks = match settings.metrics_listen {
         Some(addr) => {
-            let listener = metrics::bind(addr).await.map_err(|e| {
+            let listener = observe::http::bind(addr).await.map_err(|e| {
                 ServeError::Transport(format!("cannot listen on {addr} for metrics: {e}"))
             })?;
             tracing::info!(metrics = %addr, "metrics endpoint listening");
@@ -134,8 +134,8 @@ pub async fn serve(
                 move || state.migrated.load(Ordering::Acquire)
             };
             vec![
-                tokio::spawn(metrics::serve_metrics(listener, metrics.clone())),
-                tokio::spawn(metrics::refresh_loop(
+                tokio::spawn(observe::http::serve(listener, metrics.clone())),
+                tokio::spawn(observe::refresh_loop(
                     metrics.clone(),
                     store.clone(),
                     migrated,
@@ -222,7 +222,7 @@ pub async fn serve(
     }
     let server = builder
         // Outermost, so the access log sees the code the caller gets.
-        .layer(crate::observe::telemetry::CallLogLayer)
+        .layer(observe::telemetry::CallLogLayer)
         .add_service(health_service)
         .add_service(reflection_v1)
         .add_service(reflection_v1alpha)

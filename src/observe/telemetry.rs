@@ -29,6 +29,7 @@ use tracing::Instrument as _;
 use tracing::field::Empty;
 use tracing_subscriber::EnvFilter;
 
+use super::Rpc;
 use crate::domain::Tenant;
 use crate::error::code_name;
 use crate::ledger::{ClaimOutput, EntryView, Outcome};
@@ -249,17 +250,12 @@ fn is_server_failure(code: Code) -> bool {
 
 /// The RPC a request path names, if it is one of the ledger's.
 fn ledger_rpc(path: &str) -> Option<&'static str> {
-    let method = path.strip_prefix(LEDGER_PATH)?;
-    Some(match method {
-        "Claim" => "Claim",
-        "Complete" => "Complete",
-        "Lookup" => "Lookup",
-        "Reconcile" => "Reconcile",
-        "ListEntries" => "ListEntries",
-        "RenewLease" => "RenewLease",
-        // tonic answers UNIMPLEMENTED; the caller's text is not echoed into the log.
-        _ => "unknown",
-    })
+    if !path.starts_with(LEDGER_PATH) {
+        return None;
+    }
+    // tonic answers an unknown method UNIMPLEMENTED; the caller's text is not echoed into the
+    // log.
+    Some(Rpc::from_path(path).map_or("unknown", Rpc::name))
 }
 
 /// A fresh span id for a call: 16 hex digits, never all zero. SplitMix64's output is a
