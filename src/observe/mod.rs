@@ -5,7 +5,7 @@
 //!   [`Metrics`] (tests run many servers in one process, so there is no global registry), and
 //!   the recording API; the refresh loop of the gauges read from the store.
 //! - [`replay`]: the replay-rate sliding window, its gauges and its once-per-window warning.
-//! - [`http`]: `GET /metrics` in the Prometheus text format (0.0.4).
+//! - [`http`]: `GET /metrics` in the Prometheus text format (0.0.4), served by hyper.
 //! - [`layer`]: the tower layer that counts the conventional gRPC families.
 //! - [`telemetry`]: the log subscriber, the `call` span and the access line.
 //!
