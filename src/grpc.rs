@@ -114,8 +114,9 @@ impl LedgerApi {
         })
     }
 
-    /// Counts a call that failed for the store's sake (or a bug's), and turns its error into
-    /// the status sent. (Every call's code is counted around the service, by
+    /// Counts a call that failed before its work began, for the store's sake (or a bug's), and
+    /// turns its error into the status sent. (The work's own errors are counted in its task,
+    /// by [`run`]; every call's code around the service, by
     /// [`crate::observe::GrpcMetricsLayer`].)
     fn observe<T>(&self, result: Result<T, LedgerError>) -> Result<T, Status> {
         result.map_err(|e| {
@@ -161,13 +162,13 @@ impl LedgerService for LedgerApi {
         // Counted in the task, with the store's change: a replay counts even if the caller's
         // deadline passed before it got the answer.
         let (metrics, tool) = (self.metrics.clone(), input.tool.clone());
-        let out = run(deadline, permit, async move {
+        let out = run(&self.metrics, deadline, permit, async move {
             let out = ledger.claim(&tenant, input).await;
             metrics.claim(&tool, &out);
             out
         })
         .await;
-        let out = self.observe(out)?;
+        let out = out.map_err(Status::from)?;
         telemetry::record_claim(&out);
         Ok(Response::new(claim_response(out)))
     }
@@ -193,13 +194,13 @@ impl LedgerService for LedgerApi {
         telemetry::record_request("", &input.key);
         let ledger = self.ledger.clone();
         let (metrics, status) = (self.metrics.clone(), input.status);
-        let out = run(deadline, permit, async move {
+        let out = run(&self.metrics, deadline, permit, async move {
             let out = ledger.complete(&tenant, input).await;
             metrics.complete(status, &out);
             out
         })
         .await;
-        let out = self.observe(out)?;
+        let out = out.map_err(Status::from)?;
         telemetry::record_entry(&out.entry);
         Ok(Response::new(pb::CompleteResponse {
             entry: Some(entry(out.entry)),
@@ -226,11 +227,11 @@ impl LedgerService for LedgerApi {
         };
         telemetry::record_request(&input.tool, &input.key);
         let ledger = self.ledger.clone();
-        let view = run(deadline, permit, async move {
+        let view = run(&self.metrics, deadline, permit, async move {
             ledger.lookup(&tenant, input).await
         })
         .await;
-        let view = self.observe(view)?;
+        let view = view.map_err(Status::from)?;
         telemetry::record_entry(&view);
         Ok(Response::new(pb::LookupResponse {
             entry: Some(audited_entry(view)),
@@ -271,7 +272,7 @@ impl LedgerService for LedgerApi {
         let ledger = self.ledger.clone();
         let metrics = self.metrics.clone();
         let statuses: Vec<FinalStatus> = input.resolutions.iter().map(|r| r.status).collect();
-        let out = run(deadline, permit, async move {
+        let out = run(&self.metrics, deadline, permit, async move {
             let out = ledger.reconcile(&tenant, input).await;
             if out.is_ok() {
                 metrics.resolutions(statuses);
@@ -279,7 +280,7 @@ impl LedgerService for LedgerApi {
             out
         })
         .await;
-        let out = self.observe(out)?;
+        let out = out.map_err(Status::from)?;
         Ok(Response::new(pb::ReconcileResponse {
             pending: out.pending.into_iter().map(entry).collect(),
             resolved: out.resolved.into_iter().map(entry).collect(),
@@ -309,11 +310,11 @@ impl LedgerService for LedgerApi {
         };
         telemetry::record_request(&input.tool, "");
         let ledger = self.ledger.clone();
-        let out = run(deadline, permit, async move {
+        let out = run(&self.metrics, deadline, permit, async move {
             ledger.list_entries(&tenant, input).await
         })
         .await;
-        let out = self.observe(out)?;
+        let out = out.map_err(Status::from)?;
         Ok(Response::new(pb::ListEntriesResponse {
             entries: out.entries.into_iter().map(audited_entry).collect(),
             next_page_token: out.next_page_token,
@@ -337,11 +338,11 @@ impl LedgerService for LedgerApi {
         };
         telemetry::record_request("", &input.key);
         let ledger = self.ledger.clone();
-        let out = run(deadline, permit, async move {
+        let out = run(&self.metrics, deadline, permit, async move {
             ledger.renew_lease(&tenant, input).await
         })
         .await;
-        let out = self.observe(out)?;
+        let out = out.map_err(Status::from)?;
         telemetry::record_entry(&out);
         Ok(Response::new(pb::RenewLeaseResponse {
             entry: Some(entry(out)),
@@ -444,8 +445,10 @@ fn margin(deadline: Instant) -> Duration {
 
 /// Runs `work` in its own task, holding the call's admission `permit` until the work ends, so
 /// that a cancelled or timed-out call never drops a write halfway; answers DEADLINE_EXCEEDED
-/// shortly before the deadline if it is still running.
+/// shortly before the deadline if it is still running. The work's store errors are counted
+/// in the task, once, also when the caller is no longer waiting.
 async fn run<T, F>(
+    metrics: &Arc<Metrics>,
     deadline: Instant,
     permit: OwnedSemaphorePermit,
     work: F,
@@ -454,19 +457,25 @@ where
     T: Send + 'static,
     F: Future<Output = Result<T, LedgerError>> + Send + 'static,
 {
+    let counted = metrics.clone();
     // In the call's span, so what the ledger and the store log is the call's.
     let task = tokio::spawn(
         async move {
             let done = work.await;
+            if let Err(e) = &done {
+                counted.call_failed(e);
+            }
             drop(permit);
             done
         }
         .instrument(tracing::Span::current()),
     );
     match tokio::time::timeout_at(deadline - margin(deadline), task).await {
-        Ok(joined) => {
-            joined.map_err(|e| LedgerError::Internal(format!("request task failed: {e}")))?
-        }
+        Ok(joined) => joined.map_err(|e| {
+            let e = LedgerError::Internal(format!("request task failed: {e}"));
+            metrics.call_failed(&e);
+            e
+        })?,
         Err(_) => Err(LedgerError::DeadlineExceeded),
     }
 }

@@ -8,8 +8,8 @@
 //! migrated, a message too large or that does not decode), and outside anything that changes
 //! the code sent (the rewrite of tonic's own refusals into the ledger's answers), so that it
 //! counts the caller's code. Requests for other paths pass through uncounted. A call whose
-//! response body is dropped before its trailers were sent (the caller went away) counts as
-//! `CANCELLED`.
+//! future or response body is dropped before its code was sent (the caller went away) counts
+//! as `CANCELLED`.
 
 use std::future::Future;
 use std::pin::Pin;
@@ -96,11 +96,13 @@ fn grpc_status(headers: &http::HeaderMap) -> Option<tonic::Code> {
         .map(tonic::Code::from_i32)
 }
 
-/// One ledger call being counted, from its arrival.
+/// One ledger call being counted: started when it arrived; when its future is dropped before
+/// the response, it counts as `CANCELLED`.
 struct CallCount {
     rpc: Rpc,
     started: Instant,
-    metrics: Arc<Metrics>,
+    /// Taken once the call's latency is observed.
+    metrics: Option<Arc<Metrics>>,
 }
 
 impl CallCount {
@@ -109,17 +111,19 @@ impl CallCount {
         CallCount {
             rpc,
             started: Instant::now(),
-            metrics,
+            metrics: Some(metrics),
         }
     }
 
     /// The response's headers are out: observes the latency, and counts the code now (a
     /// trailers-only error) or when the trailers pass.
     fn responded(
-        self,
+        mut self,
         response: http::Response<tonic::body::Body>,
     ) -> http::Response<tonic::body::Body> {
-        let metrics = self.metrics;
+        let Some(metrics) = self.metrics.take() else {
+            return response;
+        };
         metrics.grpc_responded(self.rpc, self.started.elapsed());
         if let Some(code) = grpc_status(response.headers()) {
             metrics.grpc_handled(self.rpc, code);
@@ -133,6 +137,15 @@ impl CallCount {
                 metrics: Some(metrics),
             })
         })
+    }
+}
+
+impl Drop for CallCount {
+    fn drop(&mut self) {
+        if let Some(metrics) = self.metrics.take() {
+            metrics.grpc_responded(self.rpc, self.started.elapsed());
+            metrics.grpc_handled(self.rpc, tonic::Code::Cancelled);
+        }
     }
 }
 
@@ -235,5 +248,35 @@ mod tests {
             Some("1")
         );
         assert!(!text.contains("Health"), "{text}");
+    }
+
+    #[tokio::test]
+    async fn a_call_dropped_before_its_answer_counts_as_cancelled() {
+        let m = metrics();
+        let mut service = GrpcMetricsLayer::new(m.clone()).layer(tower::service_fn(
+            |_: http::Request<tonic::body::Body>| async {
+                std::future::pending::<Result<http::Response<tonic::body::Body>, Infallible>>()
+                    .await
+            },
+        ));
+        let call = service
+            .ready()
+            .await
+            .expect("ready")
+            .call(request("/idempotency.v1.LedgerService/Claim"));
+        let text = m.render().expect("render");
+        assert_eq!(series(&text, "Claim", "CANCELLED"), None, "still running");
+        drop(call);
+        let text = m.render().expect("render");
+        assert_eq!(series(&text, "Claim", "CANCELLED").as_deref(), Some("1"));
+        for family in [
+            "grpc_server_started_total",
+            "grpc_server_handling_seconds_count",
+        ] {
+            let line = format!(
+                "{family}{{grpc_type=\"unary\",grpc_service=\"idempotency.v1.LedgerService\",grpc_method=\"Claim\"}} 1\n"
+            );
+            assert!(text.contains(&line), "no {line:?} in:\n{text}");
+        }
     }
 }

@@ -17,15 +17,14 @@
 //!   `grpc_server_handling_seconds`): [`GrpcMetricsLayer`], around the ledger service, outside
 //!   the authentication interceptor and outside the rewrite of tonic's own refusals, so every
 //!   ledger call is counted with the code the caller got, also those refused before a handler
-//!   runs.
+//!   runs and those whose caller went away (`CANCELLED`).
 //! - **What the ledger did** (`ledger_claims_total`, `ledger_replays_total`,
 //!   `ledger_key_reuse_refusals_total`, `ledger_stale_claim_tokens_total`,
-//!   `ledger_completions_total`, `ledger_reconcile_resolutions_total`, the replay window): the
-//!   service, in the task that runs the use case, as the ledger's answer comes back
-//!   ([`Metrics::claim`], [`Metrics::complete`], [`Metrics::resolutions`]), so the counts
-//!   agree with the store also when the caller's deadline passed. A call's store error
-//!   (`ledger_store_errors_total`): the handler, as it turns the error into the status sent
-//!   ([`Metrics::call_failed`]).
+//!   `ledger_completions_total`, `ledger_reconcile_resolutions_total`, the replay window, and
+//!   `ledger_store_errors_total` for the calls' store errors): the service, in the task that
+//!   runs the use case, as the ledger's answer comes back ([`Metrics::claim`],
+//!   [`Metrics::complete`], [`Metrics::resolutions`], [`Metrics::call_failed`]), so the counts
+//!   agree with the store also when the caller's deadline passed or the caller went away.
 //! - **Store errors outside calls**: the prune loop ([`Metrics::call_failed`]) and the
 //!   refresh loop ([`Metrics::store_error`]). Store errors are counted by
 //!   [`crate::storage::StoreError::kind`], never guessed back from a gRPC code.
