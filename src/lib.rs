@@ -22,13 +22,13 @@
 //!   idle connections closed, an accept loop that backs off when descriptors run out.
 //! - [`wait`]: waking claims that wait for an attempt in flight, in-process and across
 //!   servers.
-//! - [`metrics`]: the Prometheus families (the gRPC layer, the ledger's counters, gauges read
-//!   from the store), the replay-rate alarm, and the optional `/metrics` endpoint.
+//! - [`observe`]: what the server tells about itself: the Prometheus families on
+//!   `prometheus-client` (the gRPC layer, the ledger's counters, gauges read from the store),
+//!   the replay-rate alarm, the optional `/metrics` endpoint, and the logs (text or JSON, one
+//!   span and one access line per RPC, W3C trace context).
 //! - [`config`]: the command line; every flag has an environment variable.
 //! - [`inspect`]: the `entries` and `entry` subcommands, a gRPC client that prints what a
 //!   running server holds.
-//! - [`telemetry`]: the log subscriber (text or JSON), one span and one access line per RPC,
-//!   W3C trace context.
 
 pub mod cli;
 pub mod connections;
@@ -37,9 +37,8 @@ pub mod domain;
 pub mod error;
 pub mod grpc;
 pub mod ledger;
-pub mod metrics;
+pub mod observe;
 pub mod server;
 #[doc(hidden)]
 pub mod splitmix;
 pub mod storage;
-pub mod telemetry;

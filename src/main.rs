@@ -8,7 +8,8 @@ use clap::Parser;
 use idempotency_ledger::cli::inspect;
 use idempotency_ledger::cli::{Cli, Command};
 use idempotency_ledger::domain::time::AlignedClock;
-use idempotency_ledger::{server, telemetry};
+use idempotency_ledger::observe::telemetry;
+use idempotency_ledger::server;
 
 #[tokio::main]
 async fn main() -> ExitCode {

@@ -25,8 +25,8 @@ use std::process::ExitCode;
 
 use clap::Parser;
 use idempotency_ledger::connections::{self, ConnectionLimits, Listener};
+use idempotency_ledger::observe::telemetry;
 use idempotency_ledger::server::Settings;
-use idempotency_ledger::telemetry;
 use prost::bytes::Bytes;
 use tokio::net::TcpListener;
 use tonic::transport::Server;

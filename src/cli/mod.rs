@@ -41,7 +41,7 @@ mod tests {
     use std::time::Duration;
 
     use super::*;
-    use crate::telemetry::LogFormat;
+    use crate::observe::telemetry::LogFormat;
 
     #[test]
     fn serve_is_the_default_subcommand_and_flags_work_on_either_side() {

@@ -2,6 +2,7 @@
 //! completion while answering DEADLINE_EXCEEDED just before the deadline.
 
 use std::future::Future;
+use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::sync::OwnedSemaphorePermit;
@@ -9,6 +10,7 @@ use tokio::time::Instant;
 use tracing::Instrument as _;
 
 use crate::error::LedgerError;
+use crate::observe::Metrics;
 
 /// How much earlier than the caller's deadline the server answers DEADLINE_EXCEEDED (or a
 /// waiting claim answers IN_PROGRESS), so the answer arrives before the caller gives up.
@@ -20,8 +22,10 @@ fn margin(deadline: Instant) -> Duration {
 
 /// Runs `work` in its own task, holding the call's admission `permit` until the work ends, so
 /// that a cancelled or timed-out call never drops a write halfway; answers DEADLINE_EXCEEDED
-/// shortly before the deadline if it is still running.
+/// shortly before the deadline if it is still running. The work's store errors are counted
+/// in the task, once, also when the caller is no longer waiting.
 pub(super) async fn run<T, F>(
+    metrics: &Arc<Metrics>,
     deadline: Instant,
     permit: OwnedSemaphorePermit,
     work: F,
@@ -30,19 +34,25 @@ where
     T: Send + 'static,
     F: Future<Output = Result<T, LedgerError>> + Send + 'static,
 {
+    let counted = metrics.clone();
     // In the call's span, so what the ledger and the store log is the call's.
     let task = tokio::spawn(
         async move {
             let done = work.await;
+            if let Err(e) = &done {
+                counted.call_failed(e);
+            }
             drop(permit);
             done
         }
         .instrument(tracing::Span::current()),
     );
     match tokio::time::timeout_at(deadline - margin(deadline), task).await {
-        Ok(joined) => {
-            joined.map_err(|e| LedgerError::Internal(format!("request task failed: {e}")))?
-        }
+        Ok(joined) => joined.map_err(|e| {
+            let e = LedgerError::Internal(format!("request task failed: {e}"));
+            metrics.call_failed(&e);
+            e
+        })?,
         Err(_) => Err(LedgerError::DeadlineExceeded),
     }
 }

@@ -22,8 +22,8 @@ use crate::ledger::{
     ClaimInput, CompleteInput, Ledger, ListInput, LookupInput, ReconcileInput, RenewInput,
     ResolutionInput,
 };
-use crate::metrics::Metrics;
-use crate::telemetry;
+use crate::observe::Metrics;
+use crate::observe::telemetry;
 
 /// The `LedgerService` implementation: a thin shell over [`Ledger`].
 #[derive(Clone)]
@@ -90,9 +90,10 @@ impl LedgerApi {
         })
     }
 
-    /// Counts a call that failed for the store's sake (or a bug's), and turns its error into
-    /// the status sent. (Every call's code is counted around the service, by
-    /// [`crate::metrics::GrpcMetricsLayer`].)
+    /// Counts a call that failed before its work began, for the store's sake (or a bug's), and
+    /// turns its error into the status sent. (The work's own errors are counted in its task,
+    /// by [`run`]; every call's code around the service, by
+    /// [`crate::observe::GrpcMetricsLayer`].)
     fn observe<T>(&self, result: Result<T, LedgerError>) -> Result<T, Status> {
         result.map_err(|e| {
             self.metrics.call_failed(&e);
@@ -130,13 +131,13 @@ impl LedgerService for LedgerApi {
         // Counted in the task, with the store's change: a replay counts even if the caller's
         // deadline passed before it got the answer.
         let (metrics, tool) = (self.metrics.clone(), input.tool.clone());
-        let out = run(deadline, permit, async move {
+        let out = run(&self.metrics, deadline, permit, async move {
             let out = ledger.claim(&tenant, input).await;
             metrics.claim(&tool, &out);
             out
         })
         .await;
-        let out = self.observe(out)?;
+        let out = out.map_err(Status::from)?;
         telemetry::record_claim(&out);
         Ok(Response::new(claim_response(out)))
     }
@@ -162,13 +163,13 @@ impl LedgerService for LedgerApi {
         telemetry::record_request("", &input.key);
         let ledger = self.ledger.clone();
         let (metrics, status) = (self.metrics.clone(), input.status);
-        let out = run(deadline, permit, async move {
+        let out = run(&self.metrics, deadline, permit, async move {
             let out = ledger.complete(&tenant, input).await;
             metrics.complete(status, &out);
             out
         })
         .await;
-        let out = self.observe(out)?;
+        let out = out.map_err(Status::from)?;
         telemetry::record_entry(&out.entry);
         Ok(Response::new(pb::CompleteResponse {
             entry: Some(entry(out.entry)),
@@ -195,11 +196,11 @@ impl LedgerService for LedgerApi {
         };
         telemetry::record_request(&input.tool, &input.key);
         let ledger = self.ledger.clone();
-        let view = run(deadline, permit, async move {
+        let view = run(&self.metrics, deadline, permit, async move {
             ledger.lookup(&tenant, input).await
         })
         .await;
-        let view = self.observe(view)?;
+        let view = view.map_err(Status::from)?;
         telemetry::record_entry(&view);
         Ok(Response::new(pb::LookupResponse {
             entry: Some(audited_entry(view)),
@@ -240,7 +241,7 @@ impl LedgerService for LedgerApi {
         let ledger = self.ledger.clone();
         let metrics = self.metrics.clone();
         let statuses: Vec<FinalStatus> = input.resolutions.iter().map(|r| r.status).collect();
-        let out = run(deadline, permit, async move {
+        let out = run(&self.metrics, deadline, permit, async move {
             let out = ledger.reconcile(&tenant, input).await;
             if out.is_ok() {
                 metrics.resolutions(statuses);
@@ -248,7 +249,7 @@ impl LedgerService for LedgerApi {
             out
         })
         .await;
-        let out = self.observe(out)?;
+        let out = out.map_err(Status::from)?;
         Ok(Response::new(pb::ReconcileResponse {
             pending: out.pending.into_iter().map(entry).collect(),
             resolved: out.resolved.into_iter().map(entry).collect(),
@@ -278,11 +279,11 @@ impl LedgerService for LedgerApi {
         };
         telemetry::record_request(&input.tool, "");
         let ledger = self.ledger.clone();
-        let out = run(deadline, permit, async move {
+        let out = run(&self.metrics, deadline, permit, async move {
             ledger.list_entries(&tenant, input).await
         })
         .await;
-        let out = self.observe(out)?;
+        let out = out.map_err(Status::from)?;
         Ok(Response::new(pb::ListEntriesResponse {
             entries: out.entries.into_iter().map(audited_entry).collect(),
             next_page_token: out.next_page_token,
@@ -306,11 +307,11 @@ impl LedgerService for LedgerApi {
         };
         telemetry::record_request("", &input.key);
         let ledger = self.ledger.clone();
-        let out = run(deadline, permit, async move {
+        let out = run(&self.metrics, deadline, permit, async move {
             ledger.renew_lease(&tenant, input).await
         })
         .await;
-        let out = self.observe(out)?;
+        let out = out.map_err(Status::from)?;
         telemetry::record_entry(&out);
         Ok(Response::new(pb::RenewLeaseResponse {
             entry: Some(entry(out)),

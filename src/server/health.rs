@@ -10,7 +10,7 @@ use tonic_health::server::HealthReporter;
 
 use crate::domain::Micros;
 use crate::domain::time::Clock;
-use crate::metrics::Metrics;
+use crate::observe::Metrics;
 use crate::storage::{Store, StoreError, StoreResult};
 
 /// What the probe learned, shared with the interceptor and the shutdown.

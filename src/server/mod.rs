@@ -26,7 +26,7 @@ use crate::grpc::admission::Admission;
 use crate::grpc::auth::Tenancy;
 use crate::grpc::{LedgerApi, LedgerServiceServer, pb};
 use crate::ledger::Ledger;
-use crate::metrics::{self, GrpcMetricsLayer, Metrics};
+use crate::observe::{self, GrpcMetricsLayer, Metrics};
 use crate::storage::{self, StoreError, redact_url};
 use health::{Readiness, probe_loop, set_health};
 
@@ -127,7 +127,7 @@ pub async fn serve(
     };
     let metrics_tasks = match settings.metrics_listen {
         Some(addr) => {
-            let listener = metrics::bind(addr).await.map_err(|e| {
+            let listener = observe::http::bind(addr).await.map_err(|e| {
                 ServeError::Transport(format!("cannot listen on {addr} for metrics: {e}"))
             })?;
             tracing::info!(metrics = %addr, "metrics endpoint listening");
@@ -137,8 +137,8 @@ pub async fn serve(
                 move || state.migrated.load(Ordering::Acquire)
             };
             vec![
-                tokio::spawn(metrics::serve_metrics(listener, metrics.clone())),
-                tokio::spawn(metrics::refresh_loop(
+                tokio::spawn(observe::http::serve(listener, metrics.clone())),
+                tokio::spawn(observe::refresh_loop(
                     metrics.clone(),
                     store.clone(),
                     migrated,
@@ -225,7 +225,7 @@ pub async fn serve(
     }
     let server = builder
         // Outermost, so the access log sees the code the caller gets.
-        .layer(crate::telemetry::CallLogLayer)
+        .layer(observe::telemetry::CallLogLayer)
         .add_service(health_service)
         .add_service(reflection_v1)
         .add_service(reflection_v1alpha)

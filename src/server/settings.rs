@@ -15,9 +15,9 @@ use crate::defaults::parse_duration;
 use crate::domain::canonical::JsonLimits;
 use crate::domain::redact::{self, ArgumentsPolicy, Redaction};
 use crate::ledger::Limits;
-use crate::metrics::MetricsOptions;
+use crate::observe::MetricsOptions;
+use crate::observe::telemetry::LogFormat;
 use crate::storage::{PoolOptions, Pooler};
-use crate::telemetry::LogFormat;
 
 /// How waiters learn of completions on other servers.
 #[derive(clap::ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]

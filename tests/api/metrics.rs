@@ -1,6 +1,7 @@
 //! The Prometheus endpoint against the real server over real gRPC, on both stores: exact
 //! counts after a scripted mix, tool folding, the store-wide unresolved gauge, the replay
-//! alarm, and the docs that go with them (alert rules, the monitoring SQL).
+//! alarm, store errors counted once, and the docs that go with them (alert rules, the
+//! monitoring SQL).
 
 use std::net::SocketAddr;
 use std::time::Duration;
@@ -8,6 +9,8 @@ use std::time::Duration;
 use idempotency_ledger::grpc::pb;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
+use crate::support::postgres::PgCluster;
+use crate::support::proxy::Proxy;
 use crate::support::{
     Backend, ServerProcess, TestApp, TestDb, claim_req, free_port, reason, spawn_app_on,
     spawn_app_with, success,
@@ -691,6 +694,95 @@ async fn calls_refused_by_authentication_are_counted() {
         1.0,
     );
     assert!(!text.contains("s3cret") && !text.contains("acme"), "{text}");
+    app.shutdown().await.expect("shutdown");
+}
+
+/// The sum of every `ledger_store_errors_total` series.
+fn store_errors(text: &str) -> f64 {
+    text.lines()
+        .filter(|l| l.starts_with("ledger_store_errors_total{"))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
+/// A call's store error is counted in the call's task, when the store answers: also after the
+/// caller's deadline passed and the caller got DEADLINE_EXCEEDED, and only once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_store_error_is_counted_once_also_when_the_caller_stopped_waiting() {
+    let direct = PgCluster::shared().create_database();
+    let upstream: SocketAddr = format!("127.0.0.1:{}", PgCluster::shared().port())
+        .parse()
+        .expect("addr");
+    let proxy = Proxy::start(upstream).await;
+    let addr = metrics_addr();
+    let mut app = spawn_app_on(
+        TestDb::existing(Backend::Postgres, &proxy.url_for(&direct)),
+        |s| {
+            s.metrics_listen = Some(addr);
+            // Neither the gauges' refresh nor the pruner reads the store during the test: only
+            // the call's error counts.
+            s.metrics_refresh_interval = Duration::from_secs(3600);
+            s.prune_interval = Duration::from_secs(3600);
+        },
+    )
+    .await;
+    app.client
+        .claim(claim_req("run-e", "issue_credit", r#"{"n":1}"#))
+        .await
+        .expect("a claim while the link is up");
+    // The refresh loop's one read of the store is done (its gauge is there) before the link
+    // fails.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(15);
+    loop {
+        let text = scrape(addr).await;
+        if text.contains("ledger_unresolved_entries{") {
+            assert_eq!(store_errors(&text), 0.0, "{text}");
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "no refresh:\n{text}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+
+    // The link goes silent: the claim's statement hangs, and the caller gives up first.
+    proxy.blackhole(true);
+    let mut stuck = tonic::Request::new(claim_req("run-e", "issue_credit", r#"{"n":2}"#));
+    stuck.set_timeout(Duration::from_millis(500));
+    let gave_up = app
+        .client
+        .claim(stuck)
+        .await
+        .expect_err("the link is silent");
+    assert_eq!(gave_up.code(), tonic::Code::DeadlineExceeded, "{gave_up:?}");
+    // Then the connection breaks (and no new one gets through): the claim's task fails.
+    proxy.reset_all();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(15);
+    let text = loop {
+        let text = scrape(addr).await;
+        if store_errors(&text) > 0.0 {
+            break text;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the claim's store error was never counted:\n{text}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    // Long enough for a second count to show, were there one.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let text_later = scrape(addr).await;
+    assert_eq!(store_errors(&text_later), 1.0, "{text}\n{text_later}");
+    assert_series(
+        &text_later,
+        &format!(
+            "grpc_server_handled_total{{{},grpc_code=\"DEADLINE_EXCEEDED\"}}",
+            grpc("Claim")
+        ),
+        1.0,
+    );
+    proxy.blackhole(false);
     app.shutdown().await.expect("shutdown");
 }
 

@@ -12,6 +12,10 @@
 //! Arguments, results, error texts sent by callers, claim tokens and credentials are never
 //! recorded: only the fields named here, each of them either chosen by the server or an
 //! identifier (tool name, the first 12 characters of the key, tenant name).
+//!
+//! Everything this module logs has the target [`LOG_TARGET`], `idempotency_ledger::telemetry`,
+//! the module's path before it moved under `observe`: log pipelines and `RUST_LOG` filters name
+//! it.
 
 use std::cell::RefCell;
 use std::future::Future;
@@ -25,9 +29,14 @@ use tracing::Instrument as _;
 use tracing::field::Empty;
 use tracing_subscriber::EnvFilter;
 
+use super::Rpc;
 use crate::domain::Tenant;
 use crate::error::code_name;
 use crate::ledger::{ClaimOutput, EntryView, Outcome};
+use crate::splitmix::SplitMix64;
+
+/// The target of the `call` span, the access line and this module's other events.
+pub const LOG_TARGET: &str = "idempotency_ledger::telemetry";
 
 /// The path prefix of the ledger's RPCs; other services (health, reflection) are not logged
 /// per call: load balancers probe health every second.
@@ -241,21 +250,17 @@ fn is_server_failure(code: Code) -> bool {
 
 /// The RPC a request path names, if it is one of the ledger's.
 fn ledger_rpc(path: &str) -> Option<&'static str> {
-    let method = path.strip_prefix(LEDGER_PATH)?;
-    Some(match method {
-        "Claim" => "Claim",
-        "Complete" => "Complete",
-        "Lookup" => "Lookup",
-        "Reconcile" => "Reconcile",
-        "ListEntries" => "ListEntries",
-        "RenewLease" => "RenewLease",
-        // tonic answers UNIMPLEMENTED; the caller's text is not echoed into the log.
-        _ => "unknown",
-    })
+    if !path.starts_with(LEDGER_PATH) {
+        return None;
+    }
+    // tonic answers an unknown method UNIMPLEMENTED; the caller's text is not echoed into the
+    // log.
+    Some(Rpc::from_path(path).map_or("unknown", Rpc::name))
 }
 
-/// A fresh span id for a call: 16 hex digits, never all zero. A per-process random seed mixed
-/// with a counter (splitmix64) is unique within the process and costs no system call per call.
+/// A fresh span id for a call: 16 hex digits, never all zero. SplitMix64's output is a
+/// bijection of its state, so a per-process random seed plus a counter gives ids unique within
+/// the process, at no system call per call.
 fn new_span_id() -> String {
     static SEED: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
     static COUNTER: AtomicU64 = AtomicU64::new(0);
@@ -265,15 +270,8 @@ fn new_span_id() -> String {
         let _ = getrandom::fill(&mut bytes);
         u64::from_le_bytes(bytes)
     });
-    let mut z = seed.wrapping_add(
-        COUNTER
-            .fetch_add(1, Ordering::Relaxed)
-            .wrapping_mul(0x9E37_79B9_7F4A_7C15),
-    );
-    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-    z ^= z >> 31;
-    format!("{:016x}", z.max(1))
+    let id = SplitMix64(seed.wrapping_add(COUNTER.fetch_add(1, Ordering::Relaxed))).next();
+    format!("{:016x}", id.max(1))
 }
 
 /// The trace context of a request: one valid `traceparent`, or none. An invalid one (or
@@ -282,11 +280,11 @@ fn trace_parent(headers: &http::HeaderMap) -> Option<TraceParent> {
     let mut values = headers.get_all("traceparent").iter();
     let value = values.next()?;
     if values.next().is_some() {
-        tracing::debug!("ignoring traceparent: sent more than once");
+        tracing::debug!(target: LOG_TARGET, "ignoring traceparent: sent more than once");
         return None;
     }
     let Ok(text) = value.to_str() else {
-        tracing::debug!("ignoring traceparent: not visible ASCII");
+        tracing::debug!(target: LOG_TARGET, "ignoring traceparent: not visible ASCII");
         return None;
     };
     match TraceParent::parse(text) {
@@ -295,7 +293,12 @@ fn trace_parent(headers: &http::HeaderMap) -> Option<TraceParent> {
             // The value is a header, not a payload; shortened so a junk header cannot bloat
             // the log.
             let shown = text.get(..64).unwrap_or(text);
-            tracing::debug!(traceparent = shown, error = %e, "ignoring an invalid traceparent");
+            tracing::debug!(
+                target: LOG_TARGET,
+                traceparent = shown,
+                error = %e,
+                "ignoring an invalid traceparent"
+            );
             None
         }
     }
@@ -365,6 +368,7 @@ where
         let trace = trace_parent(request.headers());
         let span_id = new_span_id();
         let span = tracing::debug_span!(
+            target: LOG_TARGET,
             "call",
             rpc,
             tenant = Empty,
@@ -452,6 +456,7 @@ fn finished(
     macro_rules! event {
         ($level:expr) => {
             tracing::event!(
+                target: LOG_TARGET,
                 $level,
                 rpc,
                 tenant = c.tenant.as_deref(),
@@ -619,8 +624,11 @@ mod tests {
         assert_eq!(key_prefix(&"ab".repeat(32)), "abababababab");
         assert_eq!(key_prefix("short"), "short");
         assert_eq!(key_prefix("ééééééééééééééé"), "éééééééééééé");
-        let (a, b) = (new_span_id(), new_span_id());
-        assert_ne!(a, b);
-        assert!(a.len() == 16 && a.bytes().all(|c| c.is_ascii_hexdigit()));
+        let ids: std::collections::HashSet<String> = (0..10_000).map(|_| new_span_id()).collect();
+        assert_eq!(ids.len(), 10_000);
+        assert!(
+            ids.iter()
+                .all(|id| id.len() == 16 && id.bytes().all(|c| c.is_ascii_hexdigit()))
+        );
     }
 }

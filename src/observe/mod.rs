@@ -1,0 +1,131 @@
+//! What the server tells about itself: the Prometheus metrics, the replay-rate alarm, the
+//! optional `/metrics` endpoint, and the logs (one span and one access line per call).
+//!
+//! - [`metrics`]: the families, on `prometheus-client`, in a registry that belongs to one
+//!   [`Metrics`] (tests run many servers in one process, so there is no global registry), and
+//!   the recording API; the refresh loop of the gauges read from the store.
+//! - [`replay`]: the replay-rate sliding window, its gauges and its once-per-window warning.
+//! - [`http`]: `GET /metrics` in the Prometheus text format (0.0.4), served by hyper.
+//! - [`layer`]: the tower layer that counts the conventional gRPC families.
+//! - [`telemetry`]: the log subscriber, the `call` span and the access line.
+//!
+//! # Who counts what
+//!
+//! Each thing is recorded in one place, so that no call is counted twice in a family:
+//!
+//! - **What the caller got** (`grpc_server_started_total`, `grpc_server_handled_total`,
+//!   `grpc_server_handling_seconds`): [`GrpcMetricsLayer`], around the ledger service, outside
+//!   the authentication interceptor and outside the rewrite of tonic's own refusals, so every
+//!   ledger call is counted with the code the caller got, also those refused before a handler
+//!   runs and those whose caller went away (`CANCELLED`).
+//! - **What the ledger did** (`ledger_claims_total`, `ledger_replays_total`,
+//!   `ledger_key_reuse_refusals_total`, `ledger_stale_claim_tokens_total`,
+//!   `ledger_completions_total`, `ledger_reconcile_resolutions_total`, the replay window, and
+//!   `ledger_store_errors_total` for the calls' store errors): the service, in the task that
+//!   runs the use case, as the ledger's answer comes back ([`Metrics::claim`],
+//!   [`Metrics::complete`], [`Metrics::resolutions`], [`Metrics::call_failed`]), so the counts
+//!   agree with the store also when the caller's deadline passed or the caller went away.
+//! - **Store errors outside calls**: the prune loop ([`Metrics::call_failed`]) and the
+//!   refresh loop ([`Metrics::store_error`]). Store errors are counted by
+//!   [`crate::storage::StoreError::kind`], never guessed back from a gRPC code.
+//! - **Gauges**: `ledger_store_up` by the health probe, `ledger_unresolved_entries` and
+//!   `ledger_store_pool_connections` by [`refresh_loop`]; the replay gauges are computed from
+//!   the window at each scrape.
+//!
+//! Labels are bounded: methods, codes, outcomes, statuses and kinds are fixed sets; tool names
+//! fold into `other` beyond `--metrics-max-tools`; keys, runs, tenants and their tokens are
+//! never labels.
+
+pub mod http;
+pub mod layer;
+pub mod metrics;
+pub mod replay;
+pub mod telemetry;
+
+pub use layer::GrpcMetricsLayer;
+pub use metrics::{Metrics, MetricsOptions, refresh_loop};
+
+/// The service the gRPC families and the access log describe.
+pub const SERVICE: &str = "idempotency.v1.LedgerService";
+
+/// One of the ledger service's RPCs: a `grpc_method` label value, and the access log's `rpc`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Rpc {
+    /// `Claim`.
+    Claim,
+    /// `Complete`.
+    Complete,
+    /// `Lookup`.
+    Lookup,
+    /// `Reconcile`.
+    Reconcile,
+    /// `ListEntries`.
+    ListEntries,
+    /// `RenewLease`.
+    RenewLease,
+}
+
+impl Rpc {
+    /// Every RPC, in the order the families list them.
+    pub const ALL: [Rpc; 6] = [
+        Rpc::Claim,
+        Rpc::Complete,
+        Rpc::Lookup,
+        Rpc::Reconcile,
+        Rpc::ListEntries,
+        Rpc::RenewLease,
+    ];
+
+    /// The method's name, as the proto spells it.
+    pub fn name(self) -> &'static str {
+        match self {
+            Rpc::Claim => "Claim",
+            Rpc::Complete => "Complete",
+            Rpc::Lookup => "Lookup",
+            Rpc::Reconcile => "Reconcile",
+            Rpc::ListEntries => "ListEntries",
+            Rpc::RenewLease => "RenewLease",
+        }
+    }
+
+    /// The RPC a request path (`/idempotency.v1.LedgerService/Claim`) names, if any.
+    pub fn from_path(path: &str) -> Option<Rpc> {
+        let method = path
+            .strip_prefix('/')?
+            .strip_prefix(SERVICE)?
+            .strip_prefix('/')?;
+        Rpc::ALL.into_iter().find(|rpc| rpc.name() == method)
+    }
+
+    /// Its place in [`Rpc::ALL`], for per-method arrays.
+    fn index(self) -> usize {
+        self as usize
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn grpc_paths_name_the_ledger_methods_only() {
+        assert_eq!(
+            Rpc::from_path("/idempotency.v1.LedgerService/Claim"),
+            Some(Rpc::Claim)
+        );
+        assert_eq!(
+            Rpc::from_path("/idempotency.v1.LedgerService/RenewLease"),
+            Some(Rpc::RenewLease)
+        );
+        assert_eq!(Rpc::from_path("/grpc.health.v1.Health/Check"), None);
+        assert_eq!(Rpc::from_path("/idempotency.v1.LedgerService/Nope"), None);
+        assert_eq!(Rpc::from_path("/idempotency.v1.LedgerServiceX/Claim"), None);
+    }
+
+    #[test]
+    fn every_rpc_sits_at_its_own_index() {
+        for (i, rpc) in Rpc::ALL.into_iter().enumerate() {
+            assert_eq!(rpc.index(), i, "{rpc:?}");
+        }
+    }
+}
