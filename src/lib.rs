@@ -38,6 +38,7 @@ pub mod error;
 pub mod grpc;
 pub mod ledger;
 pub mod observe;
+pub mod proto;
 pub mod server;
 #[doc(hidden)]
 pub mod splitmix;

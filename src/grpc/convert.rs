@@ -143,15 +143,18 @@ pub(super) fn entry(view: EntryView) -> pb::Entry {
     }
 }
 
-pub(super) fn claim_response(out: ClaimOutput) -> pb::ClaimResponse {
-    let outcome = match out.outcome {
+fn outcome(o: Outcome) -> pb::Outcome {
+    match o {
         Outcome::Claimed => pb::Outcome::Claimed,
         Outcome::Replayed => pb::Outcome::Replayed,
         Outcome::InProgress => pb::Outcome::InProgress,
         Outcome::PreviouslyFailed => pb::Outcome::PreviouslyFailed,
-    };
+    }
+}
+
+pub(super) fn claim_response(out: ClaimOutput) -> pb::ClaimResponse {
     pb::ClaimResponse {
-        outcome: outcome.into(),
+        outcome: outcome(out.outcome).into(),
         entry: Some(entry(out.entry)),
         claim_token: out.claim_token.unwrap_or_default(),
         note: out.note,
@@ -162,6 +165,31 @@ pub(super) fn claim_response(out: ClaimOutput) -> pb::ClaimResponse {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_names_logs_and_metrics_use_are_the_protos() {
+        // The domain names its outcomes and statuses for logs, metrics and the store; they are
+        // the proto's names without the enum's prefix, so an operator reads one spelling.
+        for o in Outcome::ALL {
+            assert_eq!(
+                outcome(o).as_str_name(),
+                format!("OUTCOME_{}", o.as_str()),
+                "{o:?}"
+            );
+        }
+        for s in [
+            crate::domain::Status::Attempting,
+            crate::domain::Status::Succeeded,
+            crate::domain::Status::Failed,
+            crate::domain::Status::Unknown,
+        ] {
+            assert_eq!(
+                status(s).as_str_name(),
+                format!("STATUS_{}", s.as_str()),
+                "{s:?}"
+            );
+        }
+    }
 
     #[test]
     fn timestamps_split_micros_into_seconds_and_nanos() {

@@ -18,17 +18,5 @@ pub use library_errors::LibraryErrors;
 pub use pb::ledger_service_server::{LedgerService, LedgerServiceServer};
 pub use service::LedgerApi;
 
-/// The generated protobuf types and service traits of `idempotency.v1`.
-#[allow(clippy::all, missing_docs)]
-pub mod pb {
-    tonic::include_proto!("idempotency.v1");
-
-    /// The encoded descriptors of `ledger.proto` and its imports, for server reflection.
-    pub const FILE_DESCRIPTOR_SET: &[u8] =
-        include_bytes!(concat!(env!("OUT_DIR"), "/ledger_descriptor.bin"));
-
-    /// The descriptors of the `google.rpc` error details the ledger sends, so that reflective
-    /// clients (grpcurl) decode them.
-    pub const ERROR_DETAILS_DESCRIPTOR_SET: &[u8] =
-        include_bytes!(concat!(env!("OUT_DIR"), "/error_details_descriptor.bin"));
-}
+/// The generated protobuf types and service traits of `idempotency.v1` ([`crate::proto`]).
+pub use crate::proto as pb;

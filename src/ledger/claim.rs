@@ -53,6 +53,26 @@ pub enum Outcome {
     PreviouslyFailed,
 }
 
+impl Outcome {
+    /// Every outcome, in the proto's order.
+    pub const ALL: [Outcome; 4] = [
+        Outcome::Claimed,
+        Outcome::Replayed,
+        Outcome::InProgress,
+        Outcome::PreviouslyFailed,
+    ];
+
+    /// The name the proto gives it, without the `OUTCOME_` prefix (logs, metrics labels).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Outcome::Claimed => "CLAIMED",
+            Outcome::Replayed => "REPLAYED",
+            Outcome::InProgress => "IN_PROGRESS",
+            Outcome::PreviouslyFailed => "PREVIOUSLY_FAILED",
+        }
+    }
+}
+
 /// The answer to a Claim.
 #[derive(Clone, Debug)]
 pub struct ClaimOutput {

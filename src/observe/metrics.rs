@@ -46,8 +46,6 @@ pub const BUCKETS: [f64; 15] = [
     0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
 ];
 
-/// Claim outcomes as label values, in the order [`outcome_index`] gives.
-const OUTCOMES: [&str; 4] = ["claimed", "replayed", "in_progress", "previously_failed"];
 
 /// Completion statuses as label values: the three a claimant reports, and a repeat of an
 /// identical Complete.
@@ -141,7 +139,7 @@ struct GrpcSeries {
 /// One tool's series.
 #[derive(Debug)]
 struct ToolSeries {
-    /// `ledger_claims_total`, by [`OUTCOMES`].
+    /// `ledger_claims_total`, by [`Outcome::ALL`].
     claims: [Counter; 4],
     /// `ledger_replays_total`.
     replays: Counter,
@@ -162,9 +160,10 @@ impl ToolFamilies {
     fn series(&self, tool: &str) -> ToolSeries {
         let name = || Cow::Owned(tool.to_string());
         ToolSeries {
-            claims: OUTCOMES.map(|outcome| {
+            claims: Outcome::ALL.map(|outcome| {
+                let label = Cow::Owned(outcome.as_str().to_ascii_lowercase());
                 self.claims
-                    .get_or_create_owned(&[("outcome", Cow::Borrowed(outcome)), ("tool", name())])
+                    .get_or_create_owned(&[("outcome", label), ("tool", name())])
             }),
             replays: self.replays.get_or_create_owned(&[("tool", name())]),
             key_reused: self.key_reused.get_or_create_owned(&[("tool", name())]),
@@ -526,14 +525,9 @@ impl Metrics {
     }
 }
 
-/// The place of `outcome` in [`OUTCOMES`].
+/// The place of `outcome` in [`Outcome::ALL`].
 fn outcome_index(outcome: Outcome) -> usize {
-    match outcome {
-        Outcome::Claimed => 0,
-        Outcome::Replayed => 1,
-        Outcome::InProgress => 2,
-        Outcome::PreviouslyFailed => 3,
-    }
+    outcome as usize
 }
 
 /// Refreshes the gauges read from the store every `interval` (the store-wide unresolved
@@ -572,6 +566,13 @@ pub async fn refresh_loop(
 mod tests {
     use super::*;
     use crate::domain::time::SystemClock;
+
+    #[test]
+    fn every_outcome_counts_in_its_own_series() {
+        for (i, o) in Outcome::ALL.into_iter().enumerate() {
+            assert_eq!(outcome_index(o), i, "{o:?}");
+        }
+    }
 
     fn metrics(max_tools: usize) -> Arc<Metrics> {
         Metrics::new(

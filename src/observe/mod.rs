@@ -46,7 +46,7 @@ pub use layer::GrpcMetricsLayer;
 pub use metrics::{Metrics, MetricsOptions, refresh_loop};
 
 /// The service the gRPC families and the access log describe.
-pub const SERVICE: &str = "idempotency.v1.LedgerService";
+pub const SERVICE: &str = crate::proto::ledger_service_server::SERVICE_NAME;
 
 /// One of the ledger service's RPCs: a `grpc_method` label value, and the access log's `rpc`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -120,6 +120,23 @@ mod tests {
         assert_eq!(Rpc::from_path("/grpc.health.v1.Health/Check"), None);
         assert_eq!(Rpc::from_path("/idempotency.v1.LedgerService/Nope"), None);
         assert_eq!(Rpc::from_path("/idempotency.v1.LedgerServiceX/Claim"), None);
+    }
+
+    #[test]
+    fn the_rpcs_are_the_methods_the_proto_declares_in_its_order() {
+        use prost::Message as _;
+        let set = prost_types::FileDescriptorSet::decode(crate::proto::FILE_DESCRIPTOR_SET)
+            .expect("the descriptors decode");
+        let service = set
+            .file
+            .iter()
+            .filter(|f| f.package() == "idempotency.v1")
+            .flat_map(|f| f.service.iter())
+            .find(|s| format!("idempotency.v1.{}", s.name()) == SERVICE)
+            .expect("the ledger service is described");
+        let declared: Vec<&str> = service.method.iter().map(|m| m.name()).collect();
+        let listed: Vec<&str> = Rpc::ALL.iter().map(|r| r.name()).collect();
+        assert_eq!(listed, declared);
     }
 
     #[test]

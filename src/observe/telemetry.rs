@@ -32,7 +32,7 @@ use tracing_subscriber::EnvFilter;
 use super::Rpc;
 use crate::domain::Tenant;
 use crate::error::code_name;
-use crate::ledger::{ClaimOutput, EntryView, Outcome};
+use crate::ledger::{ClaimOutput, EntryView};
 use crate::splitmix::SplitMix64;
 
 /// The target of the `call` span, the access line and this module's other events.
@@ -197,7 +197,7 @@ pub fn record_entry(view: &EntryView) {
     let e = &view.entry;
     record_request(&e.tool, &e.key);
     with_record(|c| {
-        c.status = Some(status_name(view.status));
+        c.status = Some(view.status.as_str());
         c.attempt = Some(e.attempt);
     });
 }
@@ -205,7 +205,7 @@ pub fn record_entry(view: &EntryView) {
 /// Records a claim's outcome and its entry.
 pub fn record_claim(out: &ClaimOutput) {
     record_entry(&out.entry);
-    with_record(|c| c.outcome = Some(outcome_name(out.outcome)));
+    with_record(|c| c.outcome = Some(out.outcome.as_str()));
 }
 
 /// The first 12 characters of a key: enough to find it in the store, short enough for logs,
@@ -213,24 +213,6 @@ pub fn record_claim(out: &ClaimOutput) {
 pub fn key_prefix(key: &str) -> &str {
     let end = key.char_indices().nth(12).map_or(key.len(), |(at, _)| at);
     &key[..end]
-}
-
-fn outcome_name(o: Outcome) -> &'static str {
-    match o {
-        Outcome::Claimed => "CLAIMED",
-        Outcome::Replayed => "REPLAYED",
-        Outcome::InProgress => "IN_PROGRESS",
-        Outcome::PreviouslyFailed => "PREVIOUSLY_FAILED",
-    }
-}
-
-fn status_name(s: crate::domain::Status) -> &'static str {
-    match s {
-        crate::domain::Status::Attempting => "ATTEMPTING",
-        crate::domain::Status::Succeeded => "SUCCEEDED",
-        crate::domain::Status::Failed => "FAILED",
-        crate::domain::Status::Unknown => "UNKNOWN",
-    }
 }
 
 /// Whether a finished call is logged at WARN: the server failed it (a bug, the store, time).

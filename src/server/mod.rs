@@ -31,7 +31,7 @@ use crate::storage::{self, StoreError, redact_url};
 use health::{Readiness, probe_loop, set_health};
 
 /// The fully qualified name of the ledger service, as health and reflection report it.
-pub const LEDGER_SERVICE: &str = crate::grpc::pb::ledger_service_server::SERVICE_NAME;
+pub const LEDGER_SERVICE: &str = crate::proto::ledger_service_server::SERVICE_NAME;
 
 /// Why the server could not start or run.
 #[derive(Debug, thiserror::Error)]
