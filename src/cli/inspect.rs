@@ -2,15 +2,12 @@
 //! `idempotency-ledger entries` pages through `ListEntries` and prints a table (or JSON), and
 //! `idempotency-ledger entry KEY` prints one `Lookup` answer field by field (or as JSON).
 //!
-//! It is a plain gRPC client of the service: it never opens the store, so it sees exactly what
-//! the credential's tenant sees. Printing to stdout is its job; errors go to stderr with the
-//! gRPC code, message and `ErrorInfo` reason. Exit statuses: 0 success, 1 `entry` of a key
-//! there is no entry for, 2 any other failure (as for clap's usage errors).
+//! It is a plain gRPC client of the service ([`super::client`]): it never opens the store, so
+//! it sees exactly what the credential's tenant sees. Printing to stdout is its job; errors go
+//! to stderr with the gRPC code, message and `ErrorInfo` reason. Exit statuses: 0 success, 1
+//! `entry` of a key there is no entry for, 2 any other failure (as for clap's usage errors).
 
-use std::error::Error as StdError;
 use std::fmt::Write as _;
-use std::io::Write as _;
-use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::str::FromStr;
 use std::time::{Duration, SystemTime};
@@ -19,19 +16,10 @@ use base64::Engine as _;
 use clap::{Args, ValueEnum};
 use prost_types::Timestamp;
 use serde::Serialize;
-use tonic::metadata::{Ascii, MetadataValue};
-use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint, Identity};
-use tonic::{Code, Request};
 
+use super::client::{Connection, Failure, Output, connect, report};
 use crate::defaults::parse_duration;
-use crate::error::code_name;
 use crate::grpc::pb;
-use crate::grpc::pb::ledger_service_client::LedgerServiceClient;
-
-/// Exit status of `entry KEY` when there is no entry with that key.
-pub const EXIT_NOT_FOUND: u8 = 1;
-/// Exit status of every other failure (connection, credential, a refused request).
-pub const EXIT_FAILURE: u8 = 2;
 
 /// Longest tool or run id shown in a table cell unless `--wide`.
 const NAME_WIDTH: usize = 24;
@@ -42,41 +30,6 @@ const ERROR_WIDTH: usize = 40;
 const KEY_WIDTH: usize = 16;
 /// The server's largest page (a larger `page_size` is shortened to it).
 const MAX_PAGE_SIZE: u32 = crate::defaults::LIST_MAX_PAGE_SIZE;
-
-/// How to reach the server: shared by `entries` and `entry`.
-#[derive(Args, Debug, Clone, PartialEq, Eq)]
-pub struct Connection {
-    /// The server's URL: `http://HOST:PORT`, or `https://HOST:PORT` for TLS (with --ca-cert).
-    /// Without a scheme, `http://` is assumed.
-    #[arg(long, env = "LEDGER_SERVER", default_value = "http://127.0.0.1:50051")]
-    pub server: String,
-
-    /// Bearer token of the tenant to inspect, sent as `authorization: Bearer TOKEN` (prefer the
-    /// environment variable: a flag is visible in the process list).
-    #[arg(long, env = "LEDGER_TOKEN", hide_env_values = true)]
-    pub token: Option<String>,
-
-    /// PEM CA certificate that signed the server's TLS certificate (an https:// --server).
-    #[arg(long, env = "LEDGER_CA_CERT")]
-    pub ca_cert: Option<PathBuf>,
-
-    /// PEM client certificate, for a server that requires mutual TLS (needs --client-key).
-    #[arg(long, env = "LEDGER_CLIENT_CERT", requires = "client_key")]
-    pub client_cert: Option<PathBuf>,
-
-    /// PEM private key of --client-cert.
-    #[arg(long, env = "LEDGER_CLIENT_KEY", requires = "client_cert")]
-    pub client_key: Option<PathBuf>,
-
-    /// The name the server's certificate is checked against, when it differs from the host of
-    /// --server (a certificate for `localhost` reached by IP address).
-    #[arg(long, env = "LEDGER_TLS_SERVER_NAME")]
-    pub tls_server_name: Option<String>,
-
-    /// Deadline of connecting and of each call.
-    #[arg(long, default_value = "10s", value_parser = parse_duration)]
-    pub timeout: Duration,
-}
 
 /// `idempotency-ledger entries`: the arguments of a listing.
 #[derive(Args, Debug, Clone, PartialEq, Eq)]
@@ -208,33 +161,6 @@ pub fn parse_time_bound(text: &str) -> Result<TimeBound, String> {
     }
 }
 
-/// Why a command failed.
-#[derive(Debug)]
-enum Failure {
-    /// The server answered with an error.
-    Rpc(tonic::Status),
-    /// The server could not be reached.
-    Connect { server: String, detail: String },
-    /// A flag's value cannot be used (a file that cannot be read, a malformed token).
-    Usage(String),
-    /// Writing the output failed (other than the reader going away).
-    Output(std::io::Error),
-    /// The server broke the paging protocol.
-    Protocol(String),
-}
-
-impl From<tonic::Status> for Failure {
-    fn from(s: tonic::Status) -> Failure {
-        Failure::Rpc(s)
-    }
-}
-
-impl From<std::io::Error> for Failure {
-    fn from(e: std::io::Error) -> Failure {
-        Failure::Output(e)
-    }
-}
-
 /// Runs `entries`: lists what the store holds for the token's tenant.
 pub async fn entries(args: EntriesArgs) -> ExitCode {
     match list(&args).await {
@@ -252,7 +178,7 @@ pub async fn entry(args: EntryArgs) -> ExitCode {
 }
 
 async fn list(args: &EntriesArgs) -> Result<(), Failure> {
-    let (mut client, auth) = connect(&args.connection).await?;
+    let session = connect(&args.connection).await?;
     // Both bounds are fixed once: every page of one listing must carry the same request.
     let now = SystemTime::now();
     let mut request = pb::ListEntriesRequest {
@@ -277,8 +203,9 @@ async fn list(args: &EntriesArgs) -> Result<(), Failure> {
         let remaining = args.limit.map_or(u64::MAX, |l| l - count);
         let page_size = u64::from(args.page_size).min(remaining);
         request.page_size = i32::try_from(page_size).unwrap_or(i32::MAX);
-        let page = client
-            .list_entries(call(&auth, args.connection.timeout, request.clone()))
+        let page = session
+            .client()
+            .list_entries(session.request(request.clone()))
             .await?
             .into_inner();
         let mut entries = page.entries.into_iter();
@@ -322,13 +249,14 @@ async fn list(args: &EntriesArgs) -> Result<(), Failure> {
 }
 
 async fn show(args: &EntryArgs) -> Result<(), Failure> {
-    let (mut client, auth) = connect(&args.connection).await?;
+    let session = connect(&args.connection).await?;
     let request = pb::LookupRequest {
         key: args.key.clone(),
         ..Default::default()
     };
-    let entry = client
-        .lookup(call(&auth, args.connection.timeout, request))
+    let entry = session
+        .client()
+        .lookup(session.request(request))
         .await?
         .into_inner()
         .entry
@@ -341,160 +269,6 @@ async fn show(args: &EntryArgs) -> Result<(), Failure> {
         out.write(&render_entry(&entry))?;
     }
     out.flush()
-}
-
-/// Connects (eagerly, so that an unreachable server is told apart from a refused call) and
-/// prepares the `authorization` header.
-async fn connect(
-    c: &Connection,
-) -> Result<(LedgerServiceClient<Channel>, Option<MetadataValue<Ascii>>), Failure> {
-    let server = if c.server.contains("://") {
-        c.server.clone()
-    } else {
-        format!("http://{}", c.server)
-    };
-    let auth = match &c.token {
-        Some(token) => Some(
-            MetadataValue::try_from(format!("Bearer {token}"))
-                .map_err(|_| Failure::Usage("--token must be printable ASCII".into()))?,
-        ),
-        None => None,
-    };
-    let mut endpoint = Endpoint::from_shared(server.clone())
-        .map_err(|e| Failure::Usage(format!("--server {server}: {e}")))?
-        .connect_timeout(c.timeout);
-    let https = endpoint.uri().scheme_str() == Some("https");
-    if https {
-        let ca = c.ca_cert.as_ref().ok_or_else(|| {
-            Failure::Usage(
-                "an https:// --server needs --ca-cert: this build trusts no system roots".into(),
-            )
-        })?;
-        let mut tls = ClientTlsConfig::new().ca_certificate(Certificate::from_pem(read(ca)?));
-        if let (Some(cert), Some(key)) = (&c.client_cert, &c.client_key) {
-            tls = tls.identity(Identity::from_pem(read(cert)?, read(key)?));
-        }
-        if let Some(name) = &c.tls_server_name {
-            tls = tls.domain_name(name.clone());
-        }
-        endpoint = endpoint
-            .tls_config(tls)
-            .map_err(|e| Failure::Usage(format!("TLS settings: {}", chain(&e))))?;
-    } else if c.ca_cert.is_some() || c.client_cert.is_some() {
-        return Err(Failure::Usage(
-            "--ca-cert and --client-cert need an https:// --server".into(),
-        ));
-    }
-    let channel = endpoint.connect().await.map_err(|e| Failure::Connect {
-        server: server.clone(),
-        detail: chain(&e),
-    })?;
-    Ok((LedgerServiceClient::new(channel), auth))
-}
-
-fn read(path: &Path) -> Result<Vec<u8>, Failure> {
-    std::fs::read(path).map_err(|e| Failure::Usage(format!("cannot read {}: {e}", path.display())))
-}
-
-fn call<T>(auth: &Option<MetadataValue<Ascii>>, timeout: Duration, msg: T) -> Request<T> {
-    let mut request = Request::new(msg);
-    request.set_timeout(timeout);
-    if let Some(auth) = auth {
-        request.metadata_mut().insert("authorization", auth.clone());
-    }
-    request
-}
-
-/// An error and its sources, as one line: tonic's transport errors say only "transport error"
-/// at the top, and the cause (connection refused, a certificate problem) is further down.
-fn chain(e: &dyn StdError) -> String {
-    let mut text = e.to_string();
-    let mut source = e.source();
-    while let Some(s) = source {
-        let part = s.to_string();
-        if !text.contains(&part) {
-            text.push_str(": ");
-            text.push_str(&part);
-        }
-        source = s.source();
-    }
-    text
-}
-
-/// Prints the failure to stderr and chooses the exit status. `key` is the looked-up key of
-/// `entry`, for which NOT_FOUND is an answer (status 1), not a failure.
-fn report(failure: &Failure, key: Option<&str>) -> ExitCode {
-    let mut stderr = std::io::stderr().lock();
-    let message = failure_message(failure, key);
-    // Nothing better can be done if stderr itself is gone.
-    let _ = writeln!(stderr, "{message}");
-    match (failure, key) {
-        (Failure::Rpc(s), Some(_)) if s.code() == Code::NotFound => ExitCode::from(EXIT_NOT_FOUND),
-        _ => ExitCode::from(EXIT_FAILURE),
-    }
-}
-
-fn failure_message(failure: &Failure, key: Option<&str>) -> String {
-    match failure {
-        Failure::Rpc(s) if s.code() == Code::NotFound && key.is_some() => format!(
-            "no entry with key {} (it never existed, expired, or belongs to another tenant)",
-            key.unwrap_or_default()
-        ),
-        Failure::Rpc(s) => {
-            use tonic_types::StatusExt;
-            let mut text = format!("error: {}", code_name(s.code()));
-            if let Some(info) = s.get_details_error_info() {
-                let _ = write!(text, " ({})", info.reason);
-            }
-            let _ = write!(text, ": {}", s.message());
-            if s.code() == Code::Unimplemented {
-                text.push_str("\n(the server is older than this command: upgrade it)");
-            }
-            text
-        }
-        Failure::Connect { server, detail } => {
-            format!("error: cannot connect to {server}: {detail}")
-        }
-        Failure::Usage(m) => format!("error: {m}"),
-        Failure::Output(e) => format!("error: cannot write the output: {e}"),
-        Failure::Protocol(m) => format!("error: {m}"),
-    }
-}
-
-/// Stdout that treats a reader who went away (`entries | head`) as the end of the job rather
-/// than an error: `println!` would panic there.
-struct Output {
-    out: std::io::StdoutLock<'static>,
-    closed: bool,
-}
-
-impl Output {
-    fn stdout() -> Output {
-        Output {
-            out: std::io::stdout().lock(),
-            closed: false,
-        }
-    }
-
-    fn write(&mut self, text: &str) -> Result<(), Failure> {
-        if self.closed {
-            return Ok(());
-        }
-        match self.out.write_all(text.as_bytes()) {
-            Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => {
-                self.closed = true;
-                Ok(())
-            }
-            other => other.map_err(Failure::from),
-        }
-    }
-
-    fn flush(&mut self) -> Result<(), Failure> {
-        match self.out.flush() {
-            Err(e) if e.kind() != std::io::ErrorKind::BrokenPipe => Err(e.into()),
-            _ => Ok(()),
-        }
-    }
 }
 
 // --- rendering -------------------------------------------------------------------------------
@@ -1041,34 +815,5 @@ STARTED_AT            KEY               TOOL                      STATUS        
         let v: serde_json::Value = serde_json::from_str(&entry_json_pretty(&e)).expect("JSON");
         assert_eq!(v["resultText"], serde_json::Value::Null);
         assert_eq!(v["status"], 9);
-    }
-
-    #[test]
-    fn errors_name_the_code_the_reason_and_the_message() {
-        use tonic_types::{ErrorDetails, StatusExt};
-        let status = tonic::Status::with_error_details(
-            Code::Unauthenticated,
-            "unknown bearer token",
-            ErrorDetails::with_error_info(
-                "UNAUTHENTICATED",
-                "idempotency.v1",
-                std::collections::HashMap::new(),
-            ),
-        );
-        assert_eq!(
-            failure_message(&Failure::Rpc(status), None),
-            "error: UNAUTHENTICATED (UNAUTHENTICATED): unknown bearer token"
-        );
-        let missing = tonic::Status::not_found("no entry with this key");
-        assert_eq!(
-            failure_message(&Failure::Rpc(missing.clone()), Some("k-9")),
-            "no entry with key k-9 (it never existed, expired, or belongs to another tenant)"
-        );
-        // Without a key (a listing), NOT_FOUND is an error like any other.
-        assert_eq!(
-            failure_message(&Failure::Rpc(missing), None),
-            "error: NOT_FOUND: no entry with this key"
-        );
-        assert_eq!(code_name(Code::FailedPrecondition), "FAILED_PRECONDITION");
     }
 }

@@ -2,6 +2,7 @@
 //! ([`crate::server::Settings`]), and the inspection commands ([`inspect`]), clients of a
 //! running server that print what it holds.
 
+pub mod client;
 pub mod inspect;
 
 use clap::{Parser, Subcommand};
