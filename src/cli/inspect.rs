@@ -46,8 +46,10 @@ pub struct EntriesArgs {
     #[arg(long)]
     pub tool: Option<String>,
 
-    /// Only entries in this state (an attempt past its lease counts as `unknown`).
-    #[arg(long, value_enum)]
+    /// Only entries in this state (an attempt past its lease counts as `unknown`), in any
+    /// case and with or without the proto's `STATUS_` prefix (`failed`, `FAILED`,
+    /// `STATUS_FAILED`).
+    #[arg(long, value_enum, ignore_case = true)]
     pub status: Option<StatusFilter>,
 
     /// Only entries whose current attempt started at or after this time: RFC 3339
@@ -92,16 +94,21 @@ pub struct EntryArgs {
     pub json: bool,
 }
 
-/// An entry state to list (`--status`).
+/// An entry state to list (`--status`). Each also answers to its proto name (`STATUS_FAILED`),
+/// which is what `entry`, `--json` and grpcurl print; `--status` ignores case.
 #[derive(ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
 pub enum StatusFilter {
     /// Claimed, lease not yet expired.
+    #[value(alias = "status_attempting")]
     Attempting,
     /// The effect happened; the result is stored.
+    #[value(alias = "status_succeeded")]
     Succeeded,
     /// The effect did not happen (retryable or not).
+    #[value(alias = "status_failed")]
     Failed,
     /// Nobody knows: reported unknown, or the lease expired without a Complete.
+    #[value(alias = "status_unknown")]
     Unknown,
 }
 
@@ -604,6 +611,49 @@ mod tests {
             Cli::try_parse_from(["idempotency-ledger", "entries", "--page-size", "1001"]).is_err()
         );
         assert!(Cli::try_parse_from(["idempotency-ledger", "entry"]).is_err());
+    }
+
+    #[test]
+    fn a_status_is_accepted_in_any_case_and_with_its_proto_prefix() {
+        use crate::cli::{Cli, Command};
+        use clap::Parser;
+        let status = |text: &str| match Cli::try_parse_from([
+            "idempotency-ledger",
+            "entries",
+            "--status",
+            text,
+        ]) {
+            Ok(Cli {
+                command: Some(Command::Entries(args)),
+                ..
+            }) => Ok(args.status),
+            Ok(other) => panic!("not entries: {other:?}"),
+            Err(e) => Err(e.to_string()),
+        };
+        for text in [
+            "failed",
+            "Failed",
+            "FAILED",
+            "STATUS_FAILED",
+            "status_failed",
+        ] {
+            assert_eq!(status(text), Ok(Some(StatusFilter::Failed)), "{text}");
+        }
+        for (text, want) in [
+            ("ATTEMPTING", StatusFilter::Attempting),
+            ("Succeeded", StatusFilter::Succeeded),
+            ("STATUS_UNKNOWN", StatusFilter::Unknown),
+        ] {
+            assert_eq!(status(text), Ok(Some(want)), "{text}");
+        }
+        // Still only the four states: the message lists them.
+        for bad in ["STATUS_UNSPECIFIED", "done", "STATUS_"] {
+            let refused = status(bad).expect_err(bad);
+            assert!(
+                refused.contains("attempting, succeeded, failed, unknown"),
+                "{refused}"
+            );
+        }
     }
 
     #[test]

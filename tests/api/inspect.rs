@@ -424,15 +424,18 @@ async fn the_inspection_commands_print_what_the_store_holds(backend: Backend) {
     // Filters.
     let out = acme(&app, &["entries", "--run", RUN, "--tool", "send_reply"]).await;
     assert_eq!(table(&out).1, "3 entries", "{out}");
-    let out = acme(&app, &["entries", "--status", "failed", "--wide"]).await;
     let failures: Vec<String> = expected
         .iter()
         .filter(|(_, e)| e.0.starts_with("FAILED"))
         .map(|(k, _)| k.clone())
         .collect();
-    let mut listed = keys(&out);
-    listed.sort();
-    assert_eq!(listed, failures, "{out}");
+    // A state in any case, or by its proto name as `entry` and --json print it.
+    for status in ["failed", "FAILED", "Failed", "STATUS_FAILED"] {
+        let out = acme(&app, &["entries", "--status", status, "--wide"]).await;
+        let mut listed = keys(&out);
+        listed.sort();
+        assert_eq!(listed, failures, "--status {status}:\n{out}");
+    }
     let out = acme(&app, &["entries", "--status", "unknown"]).await;
     assert_eq!(table(&out).1, "1 entry", "{out}");
     let out = acme(&app, &["entries", "--status", "attempting", "--run", RUN]).await;
