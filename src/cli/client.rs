@@ -187,10 +187,11 @@ fn chain(e: &dyn StdError) -> String {
 }
 
 /// Prints the failure to stderr and chooses the exit status. `key` is the looked-up key of
-/// `entry`, for which NOT_FOUND is an answer (status 1), not a failure.
-pub(super) fn report(failure: &Failure, key: Option<&str>) -> ExitCode {
+/// `entry`, for which NOT_FOUND is an answer (status 1), not a failure; `connection` says how
+/// the command was told to reach the server, so that a refusal can name the flag to change.
+pub(super) fn report(failure: &Failure, key: Option<&str>, connection: &Connection) -> ExitCode {
     let mut stderr = std::io::stderr().lock();
-    let message = failure_message(failure, key);
+    let message = failure_message(failure, key, connection.token.is_some());
     // Nothing better can be done if stderr itself is gone.
     let _ = writeln!(stderr, "{message}");
     match (failure, key) {
@@ -199,7 +200,8 @@ pub(super) fn report(failure: &Failure, key: Option<&str>) -> ExitCode {
     }
 }
 
-pub(super) fn failure_message(failure: &Failure, key: Option<&str>) -> String {
+/// The line(s) [`report`] prints. `token_given`: whether --token (or `LEDGER_TOKEN`) was set.
+pub(super) fn failure_message(failure: &Failure, key: Option<&str>, token_given: bool) -> String {
     match failure {
         Failure::Rpc(s) if s.code() == Code::NotFound && key.is_some() => format!(
             "no entry with key {} (it never existed, expired, or belongs to another tenant)",
@@ -211,7 +213,24 @@ pub(super) fn failure_message(failure: &Failure, key: Option<&str>) -> String {
             if let Some(info) = s.get_details_error_info() {
                 let _ = write!(text, " ({})", info.reason);
             }
-            let _ = write!(text, ": {}", s.message());
+            match s.code() {
+                // The server's words are for a gRPC caller ("send `authorization: Bearer
+                // <token>`"); this command's user sets a flag or a variable instead.
+                Code::Unauthenticated if !token_given => text.push_str(
+                    ": the server requires a credential: give the tenant's token with --token \
+                     or the LEDGER_TOKEN environment variable",
+                ),
+                Code::Unauthenticated => {
+                    let _ = write!(
+                        text,
+                        ": {} (the token given with --token or LEDGER_TOKEN)",
+                        s.message()
+                    );
+                }
+                _ => {
+                    let _ = write!(text, ": {}", s.message());
+                }
+            }
             if s.code() == Code::Unimplemented {
                 text.push_str("\n(the server is older than this command: upgrade it)");
             }
@@ -282,19 +301,33 @@ mod tests {
             ),
         );
         assert_eq!(
-            failure_message(&Failure::Rpc(status), None),
-            "error: UNAUTHENTICATED (UNAUTHENTICATED): unknown bearer token"
+            failure_message(&Failure::Rpc(status), None, true),
+            "error: UNAUTHENTICATED (UNAUTHENTICATED): unknown bearer token (the token given \
+             with --token or LEDGER_TOKEN)"
         );
         let missing = tonic::Status::not_found("no entry with this key");
         assert_eq!(
-            failure_message(&Failure::Rpc(missing.clone()), Some("k-9")),
+            failure_message(&Failure::Rpc(missing.clone()), Some("k-9"), true),
             "no entry with key k-9 (it never existed, expired, or belongs to another tenant)"
         );
         // Without a key (a listing), NOT_FOUND is an error like any other.
         assert_eq!(
-            failure_message(&Failure::Rpc(missing), None),
+            failure_message(&Failure::Rpc(missing), None, true),
             "error: NOT_FOUND: no entry with this key"
         );
         assert_eq!(code_name(Code::FailedPrecondition), "FAILED_PRECONDITION");
+    }
+
+    #[test]
+    fn a_missing_credential_names_the_flag_and_the_variable_not_the_header() {
+        let status = tonic::Status::unauthenticated(
+            "missing credential: send `authorization: Bearer <token>`",
+        );
+        let message = failure_message(&Failure::Rpc(status), None, false);
+        assert_eq!(
+            message,
+            "error: UNAUTHENTICATED: the server requires a credential: give the tenant's token \
+             with --token or the LEDGER_TOKEN environment variable"
+        );
     }
 }

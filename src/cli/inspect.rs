@@ -172,7 +172,7 @@ pub fn parse_time_bound(text: &str) -> Result<TimeBound, String> {
 pub async fn entries(args: EntriesArgs) -> ExitCode {
     match list(&args).await {
         Ok(()) => ExitCode::SUCCESS,
-        Err(f) => report(&f, None),
+        Err(f) => report(&f, None, &args.connection),
     }
 }
 
@@ -180,7 +180,7 @@ pub async fn entries(args: EntriesArgs) -> ExitCode {
 pub async fn entry(args: EntryArgs) -> ExitCode {
     match show(&args).await {
         Ok(()) => ExitCode::SUCCESS,
-        Err(f) => report(&f, Some(&args.key)),
+        Err(f) => report(&f, Some(&args.key), &args.connection),
     }
 }
 

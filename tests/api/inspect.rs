@@ -573,6 +573,13 @@ async fn the_inspection_commands_print_what_the_store_holds(backend: Backend) {
                 "{args:?}: {}",
                 run.stderr
             );
+            // What to change is this command's flag or variable, not a gRPC header.
+            assert!(
+                run.stderr.contains("--token") && run.stderr.contains("LEDGER_TOKEN"),
+                "{args:?}: {}",
+                run.stderr
+            );
+            assert!(!run.stderr.contains("authorization"), "{}", run.stderr);
         }
     }
 }
