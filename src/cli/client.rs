@@ -72,8 +72,32 @@ pub(super) enum Failure {
     Usage(String),
     /// Writing the output failed (other than the reader going away).
     Output(std::io::Error),
-    /// The server broke the paging protocol.
+    /// The server broke the protocol (the same page token twice, an answer without its entry).
     Protocol(String),
+    /// There is no entry with the KEY given: the message says what was looked for.
+    NoEntry(String),
+    /// More than one entry matches a key prefix or an external_ref.
+    Ambiguous {
+        /// What was looked for.
+        text: String,
+        /// The first matching keys.
+        keys: Vec<String>,
+        /// How many entries matched.
+        count: u64,
+        /// How many entries were searched when the search stopped at its limit (then `count`
+        /// is a lower bound); `None` when every entry of the tenant was.
+        searched: Option<u64>,
+    },
+    /// A search for a key prefix or an external_ref stopped at its limit with fewer than two
+    /// matches: whether another entry matches further on is not known.
+    SearchCut {
+        /// What was looked for.
+        text: String,
+        /// How many entries were searched.
+        read: u64,
+        /// The one key that matched among them, if any.
+        found: Option<String>,
+    },
 }
 
 impl From<tonic::Status> for Failure {
@@ -186,27 +210,24 @@ fn chain(e: &dyn StdError) -> String {
     text
 }
 
-/// Prints the failure to stderr and chooses the exit status. `key` is the looked-up key of
-/// `entry`, for which NOT_FOUND is an answer (status 1), not a failure; `connection` says how
-/// the command was told to reach the server, so that a refusal can name the flag to change.
-pub(super) fn report(failure: &Failure, key: Option<&str>, connection: &Connection) -> ExitCode {
+/// Prints the failure to stderr and chooses the exit status: [`EXIT_NOT_FOUND`] when the
+/// entry asked for does not exist (an answer, not a failure), else [`EXIT_FAILURE`].
+/// `connection` says how the command was told to reach the server, so that a refusal can name
+/// the flag to change.
+pub(super) fn report(failure: &Failure, connection: &Connection) -> ExitCode {
     let mut stderr = std::io::stderr().lock();
-    let message = failure_message(failure, key, connection.token.is_some());
+    let message = failure_message(failure, connection.token.is_some());
     // Nothing better can be done if stderr itself is gone.
     let _ = writeln!(stderr, "{message}");
-    match (failure, key) {
-        (Failure::Rpc(s), Some(_)) if s.code() == Code::NotFound => ExitCode::from(EXIT_NOT_FOUND),
+    match failure {
+        Failure::NoEntry(_) => ExitCode::from(EXIT_NOT_FOUND),
         _ => ExitCode::from(EXIT_FAILURE),
     }
 }
 
 /// The line(s) [`report`] prints. `token_given`: whether --token (or `LEDGER_TOKEN`) was set.
-pub(super) fn failure_message(failure: &Failure, key: Option<&str>, token_given: bool) -> String {
+pub(super) fn failure_message(failure: &Failure, token_given: bool) -> String {
     match failure {
-        Failure::Rpc(s) if s.code() == Code::NotFound && key.is_some() => format!(
-            "no entry with key {} (it never existed, expired, or belongs to another tenant)",
-            key.unwrap_or_default()
-        ),
         Failure::Rpc(s) => {
             use tonic_types::StatusExt;
             let mut text = format!("error: {}", code_name(s.code()));
@@ -242,6 +263,50 @@ pub(super) fn failure_message(failure: &Failure, key: Option<&str>, token_given:
         Failure::Usage(m) => format!("error: {m}"),
         Failure::Output(e) => format!("error: cannot write the output: {e}"),
         Failure::Protocol(m) => format!("error: {m}"),
+        Failure::NoEntry(m) => m.clone(),
+        Failure::Ambiguous {
+            text,
+            keys,
+            count,
+            searched,
+        } => {
+            let how_many = match searched {
+                None => format!("{count} entries match it"),
+                Some(read) => {
+                    format!("at least {count} entries match it (of the first {read} searched)")
+                }
+            };
+            let mut text =
+                format!("error: `{text}` is ambiguous: {how_many}, by key prefix or external_ref:");
+            for key in keys {
+                let _ = write!(text, "\n  {key}");
+            }
+            let unlisted = count.saturating_sub(keys.len() as u64);
+            if unlisted > 0 {
+                let _ = write!(text, "\n  … and {unlisted} more");
+            }
+            text.push_str(
+                "\ngive more of the key, or all of it (`entries --wide` shows whole keys)",
+            );
+            text
+        }
+        Failure::SearchCut {
+            text,
+            read,
+            found: None,
+        } => format!(
+            "error: no entry with key {text}, and none of the tenant's first {read} entries \
+             starts with it or has it as external_ref; the search stops there: give the whole \
+             key (`entries --wide` shows whole keys)"
+        ),
+        Failure::SearchCut {
+            text,
+            read,
+            found: Some(key),
+        } => format!(
+            "error: `{text}` matches {key} among the tenant's first {read} entries, but the \
+             search stops there and another entry may match further on: give the whole key"
+        ),
     }
 }
 
@@ -301,18 +366,15 @@ mod tests {
             ),
         );
         assert_eq!(
-            failure_message(&Failure::Rpc(status), None, true),
+            failure_message(&Failure::Rpc(status), true),
             "error: UNAUTHENTICATED (UNAUTHENTICATED): unknown bearer token (the token given \
              with --token or LEDGER_TOKEN)"
         );
+        // The commands that look up a key tell a missing entry as Failure::NoEntry; a
+        // NOT_FOUND that reaches here is an error like any other.
         let missing = tonic::Status::not_found("no entry with this key");
         assert_eq!(
-            failure_message(&Failure::Rpc(missing.clone()), Some("k-9"), true),
-            "no entry with key k-9 (it never existed, expired, or belongs to another tenant)"
-        );
-        // Without a key (a listing), NOT_FOUND is an error like any other.
-        assert_eq!(
-            failure_message(&Failure::Rpc(missing), None, true),
+            failure_message(&Failure::Rpc(missing), true),
             "error: NOT_FOUND: no entry with this key"
         );
         assert_eq!(code_name(Code::FailedPrecondition), "FAILED_PRECONDITION");
@@ -323,11 +385,53 @@ mod tests {
         let status = tonic::Status::unauthenticated(
             "missing credential: send `authorization: Bearer <token>`",
         );
-        let message = failure_message(&Failure::Rpc(status), None, false);
+        let message = failure_message(&Failure::Rpc(status), false);
         assert_eq!(
             message,
             "error: UNAUTHENTICATED: the server requires a credential: give the tenant's token \
              with --token or the LEDGER_TOKEN environment variable"
         );
+    }
+
+    #[test]
+    fn an_ambiguous_key_lists_how_many_and_which_entries_match() {
+        let keys: Vec<String> = (0..12).map(|i| format!("wf-42:step-{i}")).collect();
+        let message = failure_message(
+            &Failure::Ambiguous {
+                text: "wf-42:".into(),
+                keys: keys[..10].to_vec(),
+                count: 12,
+                searched: None,
+            },
+            true,
+        );
+        let lines: Vec<&str> = message.lines().collect();
+        assert_eq!(
+            lines[0],
+            "error: `wf-42:` is ambiguous: 12 entries match it, by key prefix or external_ref:"
+        );
+        assert_eq!(
+            &lines[1..11],
+            keys[..10]
+                .iter()
+                .map(|k| format!("  {k}"))
+                .collect::<Vec<_>>()
+        );
+        assert_eq!(lines[11], "  … and 2 more");
+        assert!(lines[12].starts_with("give more of the key"), "{message}");
+        let cut = failure_message(
+            &Failure::Ambiguous {
+                text: "wf-42:".into(),
+                keys: keys[..2].to_vec(),
+                count: 2,
+                searched: Some(20_000),
+            },
+            true,
+        );
+        assert!(
+            cut.contains("at least 2 entries match it (of the first 20000 searched)"),
+            "{cut}"
+        );
+        assert!(!cut.contains("more\n"), "{cut}");
     }
 }

@@ -1,6 +1,7 @@
 //! Command-line inspection of a running server, for the operator without grpcurl at hand:
 //! `idempotency-ledger entries` pages through `ListEntries` and prints a table (or JSON), and
-//! `idempotency-ledger entry KEY` prints one `Lookup` answer field by field (or as JSON).
+//! `idempotency-ledger entry KEY` prints one `Lookup` answer field by field (or as JSON); KEY
+//! may also be a unique key prefix or an `external_ref` ([`super::find`]).
 //!
 //! It is a plain gRPC client of the service ([`super::client`]): it never opens the store, so
 //! it sees exactly what the credential's tenant sees. Printing to stdout is its job; errors go
@@ -18,6 +19,7 @@ use prost_types::Timestamp;
 use serde::Serialize;
 
 use super::client::{Connection, Failure, Output, connect, report};
+use super::find::{KeyArgs, find_entry};
 use crate::defaults::parse_duration;
 use crate::grpc::pb;
 
@@ -86,8 +88,9 @@ pub struct EntryArgs {
     #[command(flatten)]
     pub connection: Connection,
 
-    /// The entry's key (derived or explicit), as `entries --wide` shows it.
-    pub key: String,
+    /// Which entry.
+    #[command(flatten)]
+    pub key: KeyArgs,
 
     /// Print one JSON object (proto3 JSON field names) instead of one field a line.
     #[arg(long)]
@@ -172,7 +175,7 @@ pub fn parse_time_bound(text: &str) -> Result<TimeBound, String> {
 pub async fn entries(args: EntriesArgs) -> ExitCode {
     match list(&args).await {
         Ok(()) => ExitCode::SUCCESS,
-        Err(f) => report(&f, None, &args.connection),
+        Err(f) => report(&f, &args.connection),
     }
 }
 
@@ -180,7 +183,7 @@ pub async fn entries(args: EntriesArgs) -> ExitCode {
 pub async fn entry(args: EntryArgs) -> ExitCode {
     match show(&args).await {
         Ok(()) => ExitCode::SUCCESS,
-        Err(f) => report(&f, Some(&args.key), &args.connection),
+        Err(f) => report(&f, &args.connection),
     }
 }
 
@@ -257,17 +260,7 @@ async fn list(args: &EntriesArgs) -> Result<(), Failure> {
 
 async fn show(args: &EntryArgs) -> Result<(), Failure> {
     let session = connect(&args.connection).await?;
-    let request = pb::LookupRequest {
-        key: args.key.clone(),
-        ..Default::default()
-    };
-    let entry = session
-        .client()
-        .lookup(session.request(request))
-        .await?
-        .into_inner()
-        .entry
-        .ok_or_else(|| Failure::Protocol("the server answered Lookup without an entry".into()))?;
+    let entry = find_entry(&session, &args.key).await?;
     let mut out = Output::stdout();
     if args.json {
         out.write(&entry_json_pretty(&entry))?;
@@ -605,12 +598,47 @@ mod tests {
         let Some(Command::Entry(args)) = cli.command else {
             panic!("not entry: {:?}", cli.command);
         };
-        assert_eq!((args.key.as_str(), args.json), ("wf-1:step-2", true));
+        assert_eq!((args.key.key.text(), args.json), ("wf-1:step-2", true));
         // A page larger than the server's is refused rather than silently shortened.
         assert!(
             Cli::try_parse_from(["idempotency-ledger", "entries", "--page-size", "1001"]).is_err()
         );
         assert!(Cli::try_parse_from(["idempotency-ledger", "entry"]).is_err());
+        // A table's shortened key is a prefix; one too short to mean one entry is refused.
+        let cli = Cli::parse_from(["idempotency-ledger", "entry", "43ba67c5ba6df15…"]);
+        let Some(Command::Entry(args)) = cli.command else {
+            panic!("not entry: {:?}", cli.command);
+        };
+        assert_eq!(args.key.key.text(), "43ba67c5ba6df15");
+        assert_eq!(args.key.search_limit, crate::cli::find::SEARCH_LIMIT);
+        let refused = Cli::try_parse_from(["idempotency-ledger", "entry", "43b…"])
+            .expect_err("too short")
+            .to_string();
+        assert!(refused.contains("at least 6 characters"), "{refused}");
+    }
+
+    #[test]
+    fn the_help_of_entry_states_the_prefix_length_and_search_limit_the_code_has() {
+        use crate::cli::Cli;
+        use crate::cli::find::{MIN_PREFIX_CHARS, SEARCH_LIMIT};
+        use clap::CommandFactory;
+        let mut command = Cli::command();
+        let entry = command.find_subcommand_mut("entry").expect("entry");
+        // One space between words: the help is wrapped to the terminal.
+        let help = entry
+            .render_long_help()
+            .to_string()
+            .split_whitespace()
+            .collect::<Vec<_>>()
+            .join(" ");
+        assert!(
+            help.contains(&format!("at least {MIN_PREFIX_CHARS} characters")),
+            "{help}"
+        );
+        assert!(
+            help.contains(&format!("[default: {SEARCH_LIMIT}]")),
+            "{help}"
+        );
     }
 
     #[test]

@@ -3,6 +3,7 @@
 //! running server that print what it holds.
 
 pub mod client;
+pub mod find;
 pub mod inspect;
 
 use clap::{Parser, Subcommand};
@@ -32,8 +33,9 @@ pub enum Command {
     /// List a running server's entries (ListEntries) as a table, or JSON with --json. A client
     /// of the server: the server's settings do not apply.
     Entries(inspect::EntriesArgs),
-    /// Print one entry of a running server (Lookup by key), one field a line, or JSON with
-    /// --json. Exits 1 when there is no entry with that key.
+    /// Print one entry of a running server (Lookup by key, or found by a unique key prefix or
+    /// its external_ref), one field a line, or JSON with --json. Exits 1 when there is no such
+    /// entry.
     Entry(inspect::EntryArgs),
 }
 

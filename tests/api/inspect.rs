@@ -14,7 +14,10 @@ use tonic::Request;
 use crate::grpc_api::tokens_file;
 use crate::support::{Backend, TestApp, free_port, spawn_app_with};
 
-on_every_backend!(the_inspection_commands_print_what_the_store_holds);
+on_every_backend!(
+    the_inspection_commands_print_what_the_store_holds,
+    entry_finds_an_entry_by_a_unique_key_prefix_or_its_external_ref,
+);
 
 const ACME: &str = "token-acme";
 const GLOBEX: &str = "token-globex";
@@ -74,6 +77,26 @@ async fn acme(app: &TestApp, args: &[&str]) -> String {
         run.stderr
     );
     run.stdout
+}
+
+/// Runs the command as tenant acme against `app`, whatever its exit status.
+async fn acme_run(app: &TestApp, args: &[&str]) -> Run {
+    let server = format!("http://{}", app.addr);
+    let mut all = args.to_vec();
+    all.extend(["--server", &server]);
+    cli(&all, &[("LEDGER_TOKEN", ACME)]).await
+}
+
+/// The value of one field of `entry`'s output (`name`, two spaces or more, the value).
+fn field(out: &str, name: &str) -> String {
+    out.lines()
+        .find_map(|l| {
+            l.strip_prefix(name)
+                .filter(|rest| rest.starts_with("  "))
+                .map(str::trim)
+        })
+        .unwrap_or_else(|| panic!("no {name} in:\n{out}"))
+        .to_string()
 }
 
 fn bearer<T>(message: T, token: &str) -> Request<T> {
@@ -582,6 +605,168 @@ async fn the_inspection_commands_print_what_the_store_holds(backend: Backend) {
             assert!(!run.stderr.contains("authorization"), "{}", run.stderr);
         }
     }
+}
+
+async fn entry_finds_an_entry_by_a_unique_key_prefix_or_its_external_ref(backend: Backend) {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let tokens = tokens_file(&dir);
+    let app = spawn_app_with(backend, |s| {
+        s.auth_tokens_file = Some(tokens);
+        s.max_lease = Duration::from_secs(4 * 3600);
+    })
+    .await;
+    let mut derived = Vec::new();
+    for i in 0..5 {
+        let args = format!("{{\"customer\":\"c-{i}\"}}");
+        derived.push(
+            make(
+                &app,
+                ACME,
+                claim(RUN, "issue_credit", &args),
+                succeeded(b"{}"),
+            )
+            .await,
+        );
+    }
+    for key in ["wf-42:step-3", "wf-42:step-4"] {
+        let request = pb::ClaimRequest {
+            key: key.into(),
+            ..claim(RUN, "charge_card", &format!("{{\"step\":\"{key}\"}}"))
+        };
+        make(&app, ACME, request, succeeded(b"{}")).await;
+    }
+    // Another tenant's keys neither match nor make a prefix ambiguous.
+    for key in ["wf-42:step-5", "wf-43:step-1"] {
+        let request = pb::ClaimRequest {
+            key: key.into(),
+            ..claim(RUN, "charge_card", "{}")
+        };
+        make(&app, GLOBEX, request, succeeded(b"{}")).await;
+    }
+
+    // The table's shortened keys, with and without the `…`, print what the whole key does.
+    let out = acme(&app, &["entries", "--run", RUN]).await;
+    let (rows, _) = table(&out);
+    let mut seen = 0;
+    for row in &rows {
+        let cell = row[1];
+        let Some(prefix) = cell.strip_suffix('…') else {
+            continue;
+        };
+        assert_eq!(prefix.chars().count(), 15, "{cell}");
+        let key = derived
+            .iter()
+            .find(|k| k.starts_with(prefix))
+            .unwrap_or_else(|| panic!("{cell} is none of {derived:?}"));
+        let whole = acme(&app, &["entry", key]).await;
+        assert_eq!(field(&whole, "key"), *key);
+        assert_eq!(acme(&app, &["entry", cell]).await, whole, "{cell}");
+        assert_eq!(acme(&app, &["entry", prefix]).await, whole, "{prefix}");
+        // Six characters are enough when they are unique (five random keys: they are).
+        assert_eq!(acme(&app, &["entry", &key[..6]]).await, whole);
+        seen += 1;
+    }
+    assert_eq!(seen, derived.len(), "{out}");
+
+    // An external_ref, of a derived key and of an explicit one.
+    for key in [derived[0].as_str(), "wf-42:step-3"] {
+        let stored = lookup(&app, key).await;
+        assert!(stored.external_ref.starts_with("idem-"), "{stored:?}");
+        let by_ref = acme(&app, &["entry", &stored.external_ref]).await;
+        assert_eq!(by_ref, acme(&app, &["entry", key]).await);
+        let json = acme(&app, &["entry", &stored.external_ref, "--json"]).await;
+        assert_same_entry(
+            &serde_json::from_str(&json).expect("a JSON object"),
+            &stored,
+        );
+    }
+
+    // An ambiguous prefix is refused, naming how many and which keys match (acme's only).
+    for prefix in ["wf-42:", "wf-42:step-", "wf-42:step…"] {
+        let run = acme_run(&app, &["entry", prefix]).await;
+        assert_eq!(run.code, Some(2), "{prefix}: {}{}", run.stdout, run.stderr);
+        assert_eq!(run.stdout, "");
+        let shown = prefix.trim_end_matches('…');
+        assert!(
+            run.stderr.starts_with(&format!(
+                "error: `{shown}` is ambiguous: 2 entries match it"
+            )),
+            "{}",
+            run.stderr
+        );
+        let listed: Vec<&str> = run
+            .stderr
+            .lines()
+            .filter_map(|l| l.strip_prefix("  "))
+            .collect();
+        assert_eq!(listed, ["wf-42:step-3", "wf-42:step-4"], "{}", run.stderr);
+    }
+
+    // What matches nothing is a missing entry (1); what is too short to mean one is refused.
+    for (text, message) in [
+        (
+            "wf-43:",
+            "no entry with key wf-43:, nor one whose key starts with it".to_string(),
+        ),
+        (
+            "ffffff0000…",
+            "no entry whose key starts with ffffff0000".to_string(),
+        ),
+        ("wf-4", "no entry with key wf-4".to_string()),
+        (
+            &"0".repeat(64),
+            format!("no entry with key {}", "0".repeat(64)),
+        ),
+    ] {
+        let run = acme_run(&app, &["entry", text]).await;
+        assert_eq!(run.code, Some(1), "{text}: {}{}", run.stdout, run.stderr);
+        assert!(run.stderr.starts_with(&message), "{text}: {}", run.stderr);
+    }
+    let run = acme_run(&app, &["entry", "wf-4"]).await;
+    assert!(
+        run.stderr.contains("at least 6 characters"),
+        "{}",
+        run.stderr
+    );
+    let run = acme_run(&app, &["entry", "wf-…"]).await;
+    assert_eq!(run.code, Some(2), "{}", run.stderr);
+    assert!(
+        run.stderr.contains("at least 6 characters"),
+        "{}",
+        run.stderr
+    );
+
+    // The search is bounded. Oldest first, the sixth entry is wf-42:step-3: a search that
+    // stops there has seen one match of `wf-42:`, and is refused, for wf-42:step-4 is next.
+    let run = acme_run(&app, &["entry", "wf-42:", "--search-limit", "6"]).await;
+    assert_eq!(run.code, Some(2), "{}{}", run.stdout, run.stderr);
+    assert_eq!(run.stdout, "");
+    assert!(
+        run.stderr.starts_with(
+            "error: `wf-42:` matches wf-42:step-3 among the tenant's first 6 entries, but the \
+             search stops there"
+        ),
+        "{}",
+        run.stderr
+    );
+    let step_4 = lookup(&app, "wf-42:step-4").await.external_ref;
+    let run = acme_run(&app, &["entry", &step_4, "--search-limit", "6"]).await;
+    assert_eq!(run.code, Some(2), "{}{}", run.stdout, run.stderr);
+    assert!(
+        run.stderr.contains("none of the tenant's first 6 entries"),
+        "{}",
+        run.stderr
+    );
+    // A limit that reaches it finds it; a whole key is never searched for.
+    let whole = acme(&app, &["entry", "wf-42:step-4"]).await;
+    assert_eq!(
+        acme(&app, &["entry", &step_4, "--search-limit", "7"]).await,
+        whole
+    );
+    assert_eq!(
+        acme(&app, &["entry", "wf-42:step-4", "--search-limit", "1"]).await,
+        whole
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
