@@ -5,8 +5,8 @@ use std::process::ExitCode;
 use std::sync::Arc;
 
 use clap::Parser;
-use idempotency_ledger::cli::inspect;
 use idempotency_ledger::cli::{Cli, Command};
+use idempotency_ledger::cli::{inspect, operate};
 use idempotency_ledger::domain::time::AlignedClock;
 use idempotency_ledger::observe::telemetry;
 use idempotency_ledger::server;
@@ -28,6 +28,7 @@ async fn main() -> ExitCode {
         // The inspection commands print their own errors and choose their exit status.
         Command::Entries(args) => return inspect::entries(args).await,
         Command::Entry(args) => return inspect::entry(args).await,
+        Command::Resolve(args) => return operate::resolve(args).await,
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -34,7 +34,7 @@ pub struct Connection {
     #[arg(long, env = "LEDGER_SERVER", default_value = "http://127.0.0.1:50051")]
     pub server: String,
 
-    /// Bearer token of the tenant to inspect, sent as `authorization: Bearer TOKEN` (prefer the
+    /// Bearer token of the tenant whose entries to read or change, sent as `authorization: Bearer TOKEN` (prefer the
     /// environment variable: a flag is visible in the process list).
     #[arg(long, env = "LEDGER_TOKEN", hide_env_values = true)]
     pub token: Option<String>,
@@ -87,6 +87,14 @@ pub(super) enum Failure {
         /// How many entries were searched when the search stopped at its limit (then `count`
         /// is a lower bound); `None` when every entry of the tenant was.
         searched: Option<u64>,
+    },
+    /// The server left the entry as it was, for a reason the command tells as the server would
+    /// have refused a `Complete` (`ALREADY_RESOLVED`, `LEASE_NOT_ENDED`).
+    Refused {
+        /// The `ErrorInfo`-style reason.
+        reason: &'static str,
+        /// What stands and what to do.
+        message: String,
     },
     /// A search for a key prefix or an external_ref stopped at its limit with fewer than two
     /// matches: whether another entry matches further on is not known.
@@ -264,6 +272,9 @@ pub(super) fn failure_message(failure: &Failure, token_given: bool) -> String {
         Failure::Output(e) => format!("error: cannot write the output: {e}"),
         Failure::Protocol(m) => format!("error: {m}"),
         Failure::NoEntry(m) => m.clone(),
+        Failure::Refused { reason, message } => {
+            format!("error: FAILED_PRECONDITION ({reason}): {message}")
+        }
         Failure::Ambiguous {
             text,
             keys,

@@ -466,7 +466,7 @@ pub fn entry_json_pretty(e: &pb::Entry) -> String {
 
 /// The STATUS column: the state, and for a failure whether a new claim may try again (the
 /// difference between "will run again" and "never in this intent").
-fn status_label(e: &pb::Entry) -> String {
+pub(super) fn status_label(e: &pb::Entry) -> String {
     let name = status_name(e.status);
     if e.status == pb::Status::Failed as i32 {
         let kind = if e.retryable {

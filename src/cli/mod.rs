@@ -1,10 +1,13 @@
 //! The command line: `serve` (the default) and `migrate` with the server's settings
-//! ([`crate::server::Settings`]), and the inspection commands ([`inspect`]), clients of a
-//! running server that print what it holds.
+//! ([`crate::server::Settings`]), and the commands that are clients of a running server
+//! ([`client`]): the inspection commands ([`inspect`]) print what it holds, and the operator's
+//! writes ([`operate`]) settle an unknown outcome. Those that take a KEY find
+//! the entry by its key, a unique key prefix or its external_ref ([`find`]).
 
 pub mod client;
 pub mod find;
 pub mod inspect;
+pub mod operate;
 
 use clap::{Parser, Subcommand};
 
@@ -37,6 +40,12 @@ pub enum Command {
     /// its external_ref), one field a line, or JSON with --json. Exits 1 when there is no such
     /// entry.
     Entry(inspect::EntryArgs),
+    /// Settle an entry whose outcome nobody knows (UNKNOWN, or ATTEMPTING past its lease) with
+    /// what the outside world says: --succeeded RESULT, or --failed ERROR [--retryable]. One
+    /// Reconcile call that hands out nothing. Prints the resolved entry as `entry` does; exits 1
+    /// when there is no such entry, 2 when it cannot be resolved (another outcome recorded, an
+    /// attempt still in its lease).
+    Resolve(operate::ResolveArgs),
 }
 
 #[cfg(test)]

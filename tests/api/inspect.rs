@@ -17,6 +17,7 @@ use crate::support::{Backend, TestApp, free_port, spawn_app_with};
 on_every_backend!(
     the_inspection_commands_print_what_the_store_holds,
     entry_finds_an_entry_by_a_unique_key_prefix_or_its_external_ref,
+    resolve_settles_an_unknown_outcome_once_and_claims_nothing,
 );
 
 const ACME: &str = "token-acme";
@@ -767,6 +768,203 @@ async fn entry_finds_an_entry_by_a_unique_key_prefix_or_its_external_ref(backend
         acme(&app, &["entry", "wf-42:step-4", "--search-limit", "1"]).await,
         whole
     );
+}
+
+fn unknown(error: &str) -> Option<pb::CompleteRequest> {
+    Some(pb::CompleteRequest {
+        status: pb::Status::Unknown.into(),
+        error: error.into(),
+        ..Default::default()
+    })
+}
+
+async fn claim_again(app: &TestApp, request: pb::ClaimRequest) -> pb::ClaimResponse {
+    app.client
+        .clone()
+        .claim(bearer(request, ACME))
+        .await
+        .expect("claim")
+        .into_inner()
+}
+
+async fn resolve_settles_an_unknown_outcome_once_and_claims_nothing(backend: Backend) {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let tokens = tokens_file(&dir);
+    let app = spawn_app_with(backend, |s| {
+        s.auth_tokens_file = Some(tokens);
+        s.max_lease = Duration::from_secs(4 * 3600);
+    })
+    .await;
+    let sms = claim(RUN, "send_sms", "{\"to\":\"+15550100\"}");
+    let sms_key = make(&app, ACME, sms.clone(), unknown("timed out after 30 s")).await;
+    let refund = claim(RUN, "refund", "{\"order\":\"o-1\"}");
+    let refund_key = make(&app, ACME, refund.clone(), unknown("gateway timed out")).await;
+    let left_key = make(
+        &app,
+        ACME,
+        claim(RUN, "send_sms", "{\"to\":\"+15550101\"}"),
+        unknown("timed out"),
+    )
+    .await;
+    let in_flight = make(&app, ACME, claim(RUN, "send_reply", "{\"ticket\":1}"), None).await;
+    let short = pb::ClaimRequest {
+        lease: Some(prost_types::Duration {
+            seconds: 60,
+            nanos: 0,
+        }),
+        ..claim(RUN, "open_ticket", "{\"queue\":\"billing\"}")
+    };
+    let lapsing = make(&app, ACME, short.clone(), None).await;
+    let done = make(
+        &app,
+        ACME,
+        claim(RUN, "issue_credit", "{\"amount\":5}"),
+        succeeded(b"{\"credit_id\":\"cr-1\"}"),
+    )
+    .await;
+    let globex = make(
+        &app,
+        GLOBEX,
+        pb::ClaimRequest {
+            key: "wf-globex:1".into(),
+            ..claim(RUN, "send_sms", "{}")
+        },
+        unknown("timed out"),
+    )
+    .await;
+
+    // The effect was found: by the table's prefix, the entry is SUCCEEDED with the result,
+    // printed as `entry` prints it, and a repeat of the intent replays it.
+    let found = "{\"sms_id\":\"s-981\"}";
+    let cut = format!("{}…", &sms_key[..15]);
+    let out = acme(&app, &["resolve", &cut, "--succeeded", found]).await;
+    assert_eq!(field(&out, "key"), sms_key);
+    assert_eq!(field(&out, "status"), "SUCCEEDED");
+    assert_eq!(field(&out, "result (UTF-8)"), found);
+    assert_eq!(out, acme(&app, &["entry", &sms_key]).await);
+    let again = claim_again(&app, sms.clone()).await;
+    assert_eq!(again.outcome(), pb::Outcome::Replayed);
+    assert_eq!(&again.entry.expect("entry").result[..], found.as_bytes());
+    // The same resolution again changes nothing, and says so.
+    let run = acme_run(&app, &["resolve", &sms_key, "--succeeded", found]).await;
+    assert_eq!(run.code, Some(0), "{}", run.stderr);
+    assert_eq!(run.stdout, acme(&app, &["entry", &sms_key]).await);
+    assert!(
+        run.stderr
+            .contains("already resolved with this outcome: nothing changed"),
+        "{}",
+        run.stderr
+    );
+    // Another outcome for a resolved entry (by the resolution above, or by its claimant) is
+    // refused and changes nothing.
+    for key in [sms_key.as_str(), done.as_str()] {
+        let run = acme_run(
+            &app,
+            &["resolve", key, "--failed", "no such sms", "--retryable"],
+        )
+        .await;
+        assert_eq!(run.code, Some(2), "{key}: {}{}", run.stdout, run.stderr);
+        assert_eq!(run.stdout, "");
+        assert!(
+            run.stderr
+                .starts_with("error: FAILED_PRECONDITION (ALREADY_RESOLVED): "),
+            "{}",
+            run.stderr
+        );
+        assert!(run.stderr.contains("SUCCEEDED"), "{}", run.stderr);
+        assert_eq!(lookup(&app, key).await.status(), pb::Status::Succeeded);
+    }
+
+    // The effect was not found, by external_ref: retryable, so the next claim tries again.
+    let reference = lookup(&app, &refund_key).await.external_ref;
+    let out = acme(
+        &app,
+        &[
+            "resolve",
+            &reference,
+            "--failed",
+            "no refund at the gateway",
+            "--retryable",
+            "--json",
+        ],
+    )
+    .await;
+    let json: serde_json::Value = serde_json::from_str(&out).expect("a JSON object");
+    assert_eq!(json["key"], refund_key.as_str());
+    assert_eq!(json["status"], "STATUS_FAILED");
+    assert_eq!(json["error"], "no refund at the gateway");
+    assert_eq!(json["retryable"], true);
+    let again = claim_again(&app, refund).await;
+    assert_eq!(again.outcome(), pb::Outcome::Claimed);
+    assert_eq!(again.entry.expect("entry").attempt, 2);
+
+    // An attempt in its lease is its claimant's: refused, still ATTEMPTING.
+    let run = acme_run(&app, &["resolve", &in_flight, "--succeeded", "{}"]).await;
+    assert_eq!(run.code, Some(2), "{}{}", run.stdout, run.stderr);
+    assert!(
+        run.stderr
+            .starts_with("error: FAILED_PRECONDITION (LEASE_NOT_ENDED): "),
+        "{}",
+        run.stderr
+    );
+    assert_eq!(
+        lookup(&app, &in_flight).await.status(),
+        pb::Status::Attempting
+    );
+    // Past its lease it reads UNKNOWN and is resolved like one; a permanent failure.
+    app.clock.advance(Duration::from_secs(120));
+    let out = acme(&app, &["resolve", &lapsing, "--failed", "queue closed"]).await;
+    assert_eq!(field(&out, "status"), "FAILED");
+    assert_eq!(field(&out, "retryable"), "false");
+    let again = claim_again(&app, short).await;
+    assert_eq!(again.outcome(), pb::Outcome::PreviouslyFailed);
+
+    // No entry (and another tenant's, indistinguishable): exit 1, and globex's is untouched.
+    for key in ["no-such-key", globex.as_str()] {
+        let run = acme_run(&app, &["resolve", key, "--succeeded", "{}"]).await;
+        assert_eq!(run.code, Some(1), "{key}: {}{}", run.stdout, run.stderr);
+        assert!(
+            run.stderr.starts_with(&format!("no entry with key {key}")),
+            "{}",
+            run.stderr
+        );
+    }
+    let stays = app
+        .client
+        .clone()
+        .lookup(bearer(
+            pb::LookupRequest {
+                key: globex.clone(),
+                ..Default::default()
+            },
+            GLOBEX,
+        ))
+        .await
+        .expect("globex lookup")
+        .into_inner()
+        .entry
+        .expect("entry");
+    assert_eq!(stays.status(), pb::Status::Unknown);
+
+    // resolve hands out and holds nothing: after one more, a reconciler still gets the
+    // unknown entry nobody resolved.
+    acme(&app, &["resolve", &sms_key, "--succeeded", found]).await;
+    let pending = app
+        .client
+        .clone()
+        .reconcile(bearer(
+            pb::ReconcileRequest {
+                limit: 100,
+                ..Default::default()
+            },
+            ACME,
+        ))
+        .await
+        .expect("reconcile")
+        .into_inner()
+        .pending;
+    let keys: Vec<&str> = pending.iter().map(|e| e.key.as_str()).collect();
+    assert_eq!(keys, [left_key.as_str()]);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -1,0 +1,302 @@
+//! The operator's writes, for what no worker or claimant will do: `idempotency-ledger resolve
+//! KEY` settles an outcome nobody knows. Like the inspection commands they are gRPC clients of a running
+//! server ([`super::client`]), and KEY takes the same forms as `entry`'s ([`super::find`]).
+//!
+//! `resolve` is one `Reconcile` call with one resolution and `resolve_only`, so it hands out
+//! and holds nothing: a reconciler worker running beside it is not kept from any entry.
+//! Reconcile applies a resolution only while the outcome is unknown and otherwise answers the
+//! entry as it stands, without an error; `resolve` compares that answer with what it asked for
+//! and tells a refusal as a `Complete` would have been refused: `FAILED_PRECONDITION` with the
+//! reason `ALREADY_RESOLVED` (another outcome is recorded) or `LEASE_NOT_ENDED` (an attempt is
+//! still in its lease; its claimant may yet complete it).
+
+use std::process::ExitCode;
+
+use clap::{ArgGroup, Args};
+
+use super::client::{Connection, Failure, Output, connect, report};
+use super::find::{KeyArgs, Missing, find_entry, missing_message};
+use super::inspect::{entry_json_pretty, render_entry, status_label};
+use crate::grpc::pb;
+
+/// `idempotency-ledger resolve KEY --succeeded RESULT | --failed ERROR [--retryable]`.
+#[derive(Args, Debug, Clone, PartialEq, Eq)]
+#[command(group(ArgGroup::new("outcome").required(true).args(["succeeded", "failed"])))]
+pub struct ResolveArgs {
+    /// Where the server is.
+    #[command(flatten)]
+    pub connection: Connection,
+
+    /// Which entry.
+    #[command(flatten)]
+    pub key: KeyArgs,
+
+    /// The effect happened (the tool's own records show it): RESULT, as UTF-8 text, becomes the
+    /// stored result that every repeat of the intent gets back.
+    #[arg(long, value_name = "RESULT")]
+    pub succeeded: Option<String>,
+
+    /// The effect did not happen: ERROR is stored as the failure, permanent (a repeat gets
+    /// PREVIOUSLY_FAILED) unless --retryable.
+    #[arg(long, value_name = "ERROR")]
+    pub failed: Option<String>,
+
+    /// With --failed: the intent may be tried again, so the next Claim of it gets CLAIMED with
+    /// attempt + 1 (the usual case when the effect did not happen).
+    // Both: clap counts `requires = "failed"` as met by any member of the outcome group.
+    #[arg(long, requires = "failed", conflicts_with = "succeeded")]
+    pub retryable: bool,
+
+    /// Print the resolved entry as one JSON object, as `entry --json` does.
+    #[arg(long)]
+    pub json: bool,
+}
+
+impl ResolveArgs {
+    /// The resolution these flags ask for, of `key`.
+    fn resolution(&self, key: &str) -> pb::Resolution {
+        match (&self.succeeded, &self.failed) {
+            (Some(result), _) => pb::Resolution {
+                key: key.to_string(),
+                status: pb::Status::Succeeded.into(),
+                result: result.clone().into_bytes().into(),
+                ..Default::default()
+            },
+            // clap requires one of the two.
+            (None, failed) => pb::Resolution {
+                key: key.to_string(),
+                status: pb::Status::Failed.into(),
+                error: failed.clone().unwrap_or_default(),
+                retryable: self.retryable,
+                ..Default::default()
+            },
+        }
+    }
+}
+
+/// Runs `resolve KEY`: records what the outside world says about an unknown outcome.
+pub async fn resolve(args: ResolveArgs) -> ExitCode {
+    match settle(&args).await {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(f) => report(&f, &args.connection),
+    }
+}
+
+async fn settle(args: &ResolveArgs) -> Result<(), Failure> {
+    let session = connect(&args.connection).await?;
+    let before = find_entry(&session, &args.key).await?;
+    let asked = args.resolution(&before.key);
+    let request = pb::ReconcileRequest {
+        resolutions: vec![asked.clone()],
+        resolve_only: true,
+        ..Default::default()
+    };
+    let answer = session
+        .client()
+        .reconcile(session.request(request))
+        .await?
+        .into_inner();
+    // A key that no longer exists (it expired since it was found) is left out of `resolved`.
+    let after = answer
+        .resolved
+        .into_iter()
+        .find(|e| e.key == before.key)
+        .ok_or_else(|| Failure::NoEntry(missing_message(&before.key, Missing::Key)))?;
+    let settled = judge(&before, &after, &asked)?;
+    // Reconcile answers about outcomes, without the arguments kept for audit; they are those
+    // of the same key that Lookup showed, so the entry prints as `entry` prints it.
+    let after = pb::Entry {
+        arguments_json: before.arguments_json,
+        ..after
+    };
+    let mut out = Output::stdout();
+    if settled == Settled::Already {
+        // Like a repeated Complete: a success that changed nothing, and says so.
+        eprintln_note(&format!(
+            "{} was already resolved with this outcome: nothing changed",
+            after.key
+        ));
+    }
+    if args.json {
+        out.write(&entry_json_pretty(&after))?;
+        out.write("\n")?;
+    } else {
+        out.write(&render_entry(&after))?;
+    }
+    out.flush()
+}
+
+/// How a resolution went.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Settled {
+    /// This call recorded it.
+    Now,
+    /// The entry already recorded exactly this outcome before the call.
+    Already,
+}
+
+/// Compares the entry Reconcile answered (`after`) with the resolution asked for.
+///
+/// # Errors
+/// `ALREADY_RESOLVED` when another outcome is recorded; `LEASE_NOT_ENDED` when the attempt is
+/// still in its lease; a protocol failure when the server left the outcome unknown.
+fn judge(
+    before: &pb::Entry,
+    after: &pb::Entry,
+    asked: &pb::Resolution,
+) -> Result<Settled, Failure> {
+    if records(after, asked) {
+        return Ok(if records(before, asked) {
+            Settled::Already
+        } else {
+            Settled::Now
+        });
+    }
+    let time =
+        |t: Option<&prost_types::Timestamp>| t.map_or_else(|| "-".into(), ToString::to_string);
+    match pb::Status::try_from(after.status) {
+        Ok(pb::Status::Succeeded | pb::Status::Failed) => Err(Failure::Refused {
+            reason: "ALREADY_RESOLVED",
+            message: format!(
+                "{} is already resolved as {} (at {}) with a different outcome; nothing \
+                 changed (`entry` shows it)",
+                after.key,
+                status_label(after),
+                time(after.finished_at.as_ref()),
+            ),
+        }),
+        Ok(pb::Status::Attempting) => Err(Failure::Refused {
+            reason: "LEASE_NOT_ENDED",
+            message: format!(
+                "{} is ATTEMPTING: its claimant holds the lease until {} and may still \
+                 complete it; nothing changed. Resolve it once the lease has ended (it then \
+                 reads UNKNOWN)",
+                after.key,
+                time(after.lease_expires_at.as_ref()),
+            ),
+        }),
+        _ => Err(Failure::Protocol(format!(
+            "the server answered the resolution of {} with the entry still {}",
+            after.key,
+            status_label(after)
+        ))),
+    }
+}
+
+/// Whether `entry` records exactly the outcome `asked` describes.
+fn records(entry: &pb::Entry, asked: &pb::Resolution) -> bool {
+    entry.status == asked.status
+        && entry.result == asked.result
+        && entry.error == asked.error
+        && entry.retryable == asked.retryable
+}
+
+/// A line on stderr that is not an error.
+fn eprintln_note(text: &str) {
+    use std::io::Write as _;
+    // Nothing better can be done if stderr itself is gone.
+    let _ = writeln!(std::io::stderr().lock(), "{text}");
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cli::{Cli, Command};
+    use clap::Parser;
+
+    fn parse(args: &[&str]) -> Result<Command, String> {
+        let mut all = vec!["idempotency-ledger"];
+        all.extend(args);
+        match Cli::try_parse_from(all) {
+            Ok(cli) => cli.command.ok_or_else(|| "no command".to_string()),
+            Err(e) => Err(e.to_string()),
+        }
+    }
+
+    fn resolution_of(args: &[&str]) -> pb::Resolution {
+        match parse(args) {
+            Ok(Command::Resolve(r)) => r.resolution("k"),
+            other => panic!("not resolve: {other:?}"),
+        }
+    }
+
+    fn entry(status: pb::Status) -> pb::Entry {
+        pb::Entry {
+            key: "wf-1:step-2".into(),
+            status: status.into(),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn resolve_takes_exactly_one_outcome() {
+        let found = resolution_of(&["resolve", "wf-1:step-2", "--succeeded", "{\"id\":7}"]);
+        assert_eq!(found.status(), pb::Status::Succeeded);
+        assert_eq!(&found.result[..], b"{\"id\":7}");
+        assert!(!found.retryable && found.error.is_empty());
+        let missing = resolution_of(&["resolve", "k-1", "--failed", "no such sms", "--retryable"]);
+        assert_eq!(missing.status(), pb::Status::Failed);
+        assert_eq!(
+            (missing.error.as_str(), missing.retryable),
+            ("no such sms", true)
+        );
+        assert!(missing.result.is_empty());
+        assert!(!resolution_of(&["resolve", "k-1", "--failed", "gone"]).retryable);
+        for refused in [
+            vec!["resolve", "k-1"],
+            vec!["resolve", "k-1", "--succeeded", "{}", "--failed", "x"],
+            vec!["resolve", "k-1", "--succeeded", "{}", "--retryable"],
+            vec!["resolve", "--failed", "x"],
+        ] {
+            assert!(parse(&refused).is_err(), "{refused:?}");
+        }
+    }
+
+    #[test]
+    fn a_resolution_is_judged_by_the_entry_the_server_answered() {
+        let unknown = entry(pb::Status::Unknown);
+        let asked = pb::Resolution {
+            key: unknown.key.clone(),
+            status: pb::Status::Succeeded.into(),
+            result: b"{}".to_vec().into(),
+            ..Default::default()
+        };
+        let mut succeeded = entry(pb::Status::Succeeded);
+        succeeded.result = b"{}".to_vec().into();
+        assert_eq!(judge(&unknown, &succeeded, &asked).ok(), Some(Settled::Now));
+        assert_eq!(
+            judge(&succeeded, &succeeded, &asked).ok(),
+            Some(Settled::Already)
+        );
+        // Another result, or a failure, is another outcome.
+        let mut other = succeeded.clone();
+        other.result = b"{\"id\":1}".to_vec().into();
+        let mut failed = entry(pb::Status::Failed);
+        failed.retryable = true;
+        for stands in [other, failed] {
+            match judge(&unknown, &stands, &asked) {
+                Err(Failure::Refused { reason, message }) => {
+                    assert_eq!(reason, "ALREADY_RESOLVED");
+                    assert!(message.contains("nothing changed"), "{message}");
+                }
+                other => panic!("{other:?}"),
+            }
+        }
+        let mut attempting = entry(pb::Status::Attempting);
+        attempting.lease_expires_at = Some(prost_types::Timestamp {
+            seconds: 1_800_000_000,
+            nanos: 0,
+        });
+        match judge(&attempting, &attempting, &asked) {
+            Err(Failure::Refused { reason, message }) => {
+                assert_eq!(reason, "LEASE_NOT_ENDED");
+                assert!(message.contains("until 2027-01-15T08:00:00Z"), "{message}");
+            }
+            other => panic!("{other:?}"),
+        }
+        assert!(matches!(
+            judge(&unknown, &unknown, &asked),
+            Err(Failure::Protocol(_))
+        ));
+    }
+}
