@@ -29,6 +29,7 @@ async fn main() -> ExitCode {
         Command::Entries(args) => return inspect::entries(args).await,
         Command::Entry(args) => return inspect::entry(args).await,
         Command::Resolve(args) => return operate::resolve(args).await,
+        Command::Renew(args) => return operate::renew(args).await,
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -1,7 +1,7 @@
 //! The command line: `serve` (the default) and `migrate` with the server's settings
 //! ([`crate::server::Settings`]), and the commands that are clients of a running server
 //! ([`client`]): the inspection commands ([`inspect`]) print what it holds, and the operator's
-//! writes ([`operate`]) settle an unknown outcome. Those that take a KEY find
+//! writes ([`operate`]) settle an unknown outcome or extend a lease. Those that take a KEY find
 //! the entry by its key, a unique key prefix or its external_ref ([`find`]).
 
 pub mod client;
@@ -46,6 +46,9 @@ pub enum Command {
     /// when there is no such entry, 2 when it cannot be resolved (another outcome recorded, an
     /// attempt still in its lease).
     Resolve(operate::ResolveArgs),
+    /// Extend the lease of an attempt in flight (RenewLease) with its claim token, so that a
+    /// duplicate keeps getting IN_PROGRESS instead of UNKNOWN. Prints the new end of the lease.
+    Renew(operate::RenewArgs),
 }
 
 #[cfg(test)]

@@ -1,5 +1,6 @@
 //! The operator's writes, for what no worker or claimant will do: `idempotency-ledger resolve
-//! KEY` settles an outcome nobody knows. Like the inspection commands they are gRPC clients of a running
+//! KEY` settles an outcome nobody knows, and `idempotency-ledger renew KEY` extends the lease
+//! of an attempt in flight. Like the inspection commands they are gRPC clients of a running
 //! server ([`super::client`]), and KEY takes the same forms as `entry`'s ([`super::find`]).
 //!
 //! `resolve` is one `Reconcile` call with one resolution and `resolve_only`, so it hands out
@@ -11,12 +12,14 @@
 //! still in its lease; its claimant may yet complete it).
 
 use std::process::ExitCode;
+use std::time::Duration;
 
 use clap::{ArgGroup, Args};
 
 use super::client::{Connection, Failure, Output, connect, report};
 use super::find::{KeyArgs, Missing, find_entry, missing_message};
 use super::inspect::{entry_json_pretty, render_entry, status_label};
+use crate::defaults::parse_duration;
 use crate::grpc::pb;
 
 /// `idempotency-ledger resolve KEY --succeeded RESULT | --failed ERROR [--retryable]`.
@@ -74,9 +77,44 @@ impl ResolveArgs {
     }
 }
 
+/// `idempotency-ledger renew KEY --claim-token TOKEN [--lease DURATION]`.
+#[derive(Args, Debug, Clone, PartialEq, Eq)]
+pub struct RenewArgs {
+    /// Where the server is.
+    #[command(flatten)]
+    pub connection: Connection,
+
+    /// Which entry.
+    #[command(flatten)]
+    pub key: KeyArgs,
+
+    /// The claim token the Claim answered with OUTCOME_CLAIMED: only the holder of the current
+    /// attempt may renew its lease.
+    #[arg(long, value_name = "TOKEN")]
+    pub claim_token: String,
+
+    /// The new lease, counted from now (not added to what is left): `90s`, `15m`, `1h`. The
+    /// server's default lease when omitted; longer than the server's --max-lease is refused.
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
+    pub lease: Option<Duration>,
+
+    /// Print the renewed entry as one JSON object, as `entry --json` does, instead of its key
+    /// and the new end of its lease.
+    #[arg(long)]
+    pub json: bool,
+}
+
 /// Runs `resolve KEY`: records what the outside world says about an unknown outcome.
 pub async fn resolve(args: ResolveArgs) -> ExitCode {
     match settle(&args).await {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(f) => report(&f, &args.connection),
+    }
+}
+
+/// Runs `renew KEY`: extends the lease of an attempt in flight.
+pub async fn renew(args: RenewArgs) -> ExitCode {
+    match extend(&args).await {
         Ok(()) => ExitCode::SUCCESS,
         Err(f) => report(&f, &args.connection),
     }
@@ -124,6 +162,47 @@ async fn settle(args: &ResolveArgs) -> Result<(), Failure> {
         out.write(&render_entry(&after))?;
     }
     out.flush()
+}
+
+async fn extend(args: &RenewArgs) -> Result<(), Failure> {
+    let session = connect(&args.connection).await?;
+    let entry = find_entry(&session, &args.key).await?;
+    let lease = args
+        .lease
+        .map(prost_types::Duration::try_from)
+        .transpose()
+        .map_err(|e| Failure::Usage(format!("--lease: {e}")))?;
+    let request = pb::RenewLeaseRequest {
+        key: entry.key.clone(),
+        claim_token: args.claim_token.clone(),
+        lease,
+    };
+    let renewed = match session.client().renew_lease(session.request(request)).await {
+        Ok(answer) => answer.into_inner().entry.ok_or_else(|| {
+            Failure::Protocol("the server answered RenewLease without an entry".into())
+        })?,
+        Err(s) if s.code() == tonic::Code::NotFound => {
+            return Err(Failure::NoEntry(missing_message(&entry.key, Missing::Key)));
+        }
+        Err(s) => return Err(s.into()),
+    };
+    let mut out = Output::stdout();
+    if args.json {
+        out.write(&entry_json_pretty(&renewed))?;
+        out.write("\n")?;
+    } else {
+        out.write(&render_lease(&renewed))?;
+    }
+    out.flush()
+}
+
+/// What `renew` prints: the key and the new end of the lease, as `entry` prints those fields.
+pub fn render_lease(e: &pb::Entry) -> String {
+    let until = e
+        .lease_expires_at
+        .as_ref()
+        .map_or_else(|| "-".to_string(), ToString::to_string);
+    format!("key               {}\nlease_expires_at  {until}\n", e.key)
 }
 
 /// How a resolution went.
@@ -253,6 +332,28 @@ mod tests {
     }
 
     #[test]
+    fn renew_needs_the_claim_token_and_takes_a_duration() {
+        let Ok(Command::Renew(args)) = parse(&[
+            "renew",
+            "wf-1:step-2",
+            "--claim-token",
+            "0a1b",
+            "--lease",
+            "15m",
+        ]) else {
+            panic!("not renew");
+        };
+        assert_eq!(args.claim_token, "0a1b");
+        assert_eq!(args.lease, Some(Duration::from_secs(900)));
+        let Ok(Command::Renew(args)) = parse(&["renew", "k-1", "--claim-token", "t"]) else {
+            panic!("not renew");
+        };
+        assert_eq!(args.lease, None);
+        assert!(parse(&["renew", "k-1"]).is_err());
+        assert!(parse(&["renew", "k-1", "--claim-token", "t", "--lease", "soon"]).is_err());
+    }
+
+    #[test]
     fn a_resolution_is_judged_by_the_entry_the_server_answered() {
         let unknown = entry(pb::Status::Unknown);
         let asked = pb::Resolution {
@@ -298,5 +399,18 @@ mod tests {
             judge(&unknown, &unknown, &asked),
             Err(Failure::Protocol(_))
         ));
+    }
+
+    #[test]
+    fn renew_prints_the_key_and_the_new_end_of_the_lease() {
+        let mut e = entry(pb::Status::Attempting);
+        e.lease_expires_at = Some(prost_types::Timestamp {
+            seconds: 1_800_000_000,
+            nanos: 5_000,
+        });
+        assert_eq!(
+            render_lease(&e),
+            "key               wf-1:step-2\nlease_expires_at  2027-01-15T08:00:00.000005Z\n"
+        );
     }
 }

@@ -18,6 +18,7 @@ on_every_backend!(
     the_inspection_commands_print_what_the_store_holds,
     entry_finds_an_entry_by_a_unique_key_prefix_or_its_external_ref,
     resolve_settles_an_unknown_outcome_once_and_claims_nothing,
+    renew_extends_the_lease_of_the_attempt_whose_token_it_has,
 );
 
 const ACME: &str = "token-acme";
@@ -965,6 +966,111 @@ async fn resolve_settles_an_unknown_outcome_once_and_claims_nothing(backend: Bac
         .pending;
     let keys: Vec<&str> = pending.iter().map(|e| e.key.as_str()).collect();
     assert_eq!(keys, [left_key.as_str()]);
+}
+
+async fn renew_extends_the_lease_of_the_attempt_whose_token_it_has(backend: Backend) {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let tokens = tokens_file(&dir);
+    // The default lease (60 s) and maximum (1 h).
+    let app = spawn_app_with(backend, |s| s.auth_tokens_file = Some(tokens)).await;
+    let request = pb::ClaimRequest {
+        lease: None,
+        ..claim(RUN, "request_approval", "{\"amount\":5000}")
+    };
+    let claimed = claim_again(&app, request.clone()).await;
+    assert_eq!(claimed.outcome(), pb::Outcome::Claimed);
+    let token = claimed.claim_token;
+    let entry = claimed.entry.expect("entry");
+    let key = entry.key;
+    let started = entry.started_at.expect("started_at");
+    let after = |seconds: i64| {
+        Timestamp {
+            seconds: started.seconds + seconds,
+            nanos: started.nanos,
+        }
+        .to_string()
+    };
+
+    // By the table's prefix: ten minutes from now, printed and stored.
+    app.clock.advance(Duration::from_secs(30));
+    let cut = format!("{}…", &key[..15]);
+    let out = acme(
+        &app,
+        &["renew", &cut, "--claim-token", &token, "--lease", "10m"],
+    )
+    .await;
+    assert_eq!(
+        out,
+        format!(
+            "key               {key}\nlease_expires_at  {}\n",
+            after(630)
+        )
+    );
+    assert_eq!(
+        lookup(&app, &key)
+            .await
+            .lease_expires_at
+            .map(|t| t.to_string()),
+        Some(after(630))
+    );
+    // Past the first lease, a duplicate still finds the attempt in flight, not UNKNOWN.
+    app.clock.advance(Duration::from_secs(300));
+    let duplicate = claim_again(&app, request.clone()).await;
+    assert_eq!(duplicate.outcome(), pb::Outcome::InProgress);
+    assert_eq!(
+        duplicate.entry.expect("entry").status(),
+        pb::Status::Attempting
+    );
+    // Without --lease, the server's default from now; --json prints the entry.
+    let out = acme(&app, &["renew", &key, "--claim-token", &token, "--json"]).await;
+    let json: serde_json::Value = serde_json::from_str(&out).expect("a JSON object");
+    assert_eq!(json["key"], key.as_str());
+    assert_eq!(json["status"], "STATUS_ATTEMPTING");
+    assert_eq!(json["leaseExpiresAt"], after(330 + 60).as_str());
+
+    // A wrong token, or a lease above the maximum, is refused and changes nothing.
+    for (args, refusal) in [
+        (
+            vec!["--claim-token", "0123456789abcdef0123456789abcdef"],
+            "error: FAILED_PRECONDITION (STALE_CLAIM_TOKEN): ",
+        ),
+        (
+            vec!["--claim-token", token.as_str(), "--lease", "2h"],
+            "error: INVALID_ARGUMENT",
+        ),
+    ] {
+        let mut all = vec!["renew", key.as_str()];
+        all.extend(args);
+        let run = acme_run(&app, &all).await;
+        assert_eq!(run.code, Some(2), "{all:?}: {}{}", run.stdout, run.stderr);
+        assert_eq!(run.stdout, "");
+        assert!(run.stderr.starts_with(refusal), "{}", run.stderr);
+    }
+    assert_eq!(
+        lookup(&app, &key)
+            .await
+            .lease_expires_at
+            .map(|t| t.to_string()),
+        Some(after(390))
+    );
+    // A lease that ended is not revived: the entry reads UNKNOWN, a reconciler's now.
+    app.clock.advance(Duration::from_secs(120));
+    let run = acme_run(&app, &["renew", &key, "--claim-token", &token]).await;
+    assert_eq!(run.code, Some(2), "{}{}", run.stdout, run.stderr);
+    assert!(
+        run.stderr
+            .starts_with("error: FAILED_PRECONDITION (LEASE_ENDED): "),
+        "{}",
+        run.stderr
+    );
+    assert_eq!(lookup(&app, &key).await.status(), pb::Status::Unknown);
+    let run = acme_run(&app, &["renew", "no-such-key", "--claim-token", &token]).await;
+    assert_eq!(run.code, Some(1), "{}{}", run.stdout, run.stderr);
+    assert!(
+        run.stderr.starts_with("no entry with key no-such-key"),
+        "{}",
+        run.stderr
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
