@@ -29,5 +29,6 @@ mod pooler;
 mod security;
 mod settings;
 mod store_causes;
+mod tasks;
 mod tenants;
 mod waiting;
