@@ -135,7 +135,11 @@ pub async fn serve(
             let listener = observe::http::bind(addr).await.map_err(|e| {
                 ServeError::Transport(format!("cannot listen on {addr} for metrics: {e}"))
             })?;
-            tracing::info!(metrics = %addr, "metrics endpoint listening");
+            // The address bound, which differs from the one asked for with port 0.
+            let bound = listener
+                .local_addr()
+                .map_err(|e| ServeError::Transport(format!("metrics listener: {e}")))?;
+            tracing::info!(metrics = %bound, "metrics endpoint listening");
             // The store is read for gauges only when someone can scrape them.
             let migrated = {
                 let state = state.clone();
