@@ -130,33 +130,30 @@ pub async fn serve(
             }
         }
     };
-    match settings.metrics_listen {
-        Some(addr) => {
-            let listener = observe::http::bind(addr).await.map_err(|e| {
-                ServeError::Transport(format!("cannot listen on {addr} for metrics: {e}"))
-            })?;
-            // The address bound, which differs from the one asked for with port 0.
-            let bound = listener
-                .local_addr()
-                .map_err(|e| ServeError::Transport(format!("metrics listener: {e}")))?;
-            tracing::info!(metrics = %bound, "metrics endpoint listening");
-            // The store is read for gauges only when someone can scrape them.
-            let migrated = {
-                let state = state.clone();
-                move || state.migrated.load(Ordering::Acquire)
-            };
-            tasks.push(tokio::spawn(observe::http::serve(
-                listener,
-                metrics.clone(),
-            )));
-            tasks.push(tokio::spawn(observe::refresh_loop(
-                metrics.clone(),
-                store.clone(),
-                migrated,
-                settings.metrics_refresh_interval,
-            )));
-        }
-        None => {}
+    if let Some(addr) = settings.metrics_listen {
+        let listener = observe::http::bind(addr).await.map_err(|e| {
+            ServeError::Transport(format!("cannot listen on {addr} for metrics: {e}"))
+        })?;
+        // The address bound, which differs from the one asked for with port 0.
+        let bound = listener
+            .local_addr()
+            .map_err(|e| ServeError::Transport(format!("metrics listener: {e}")))?;
+        tracing::info!(metrics = %bound, "metrics endpoint listening");
+        // The store is read for gauges only when someone can scrape them.
+        let migrated = {
+            let state = state.clone();
+            move || state.migrated.load(Ordering::Acquire)
+        };
+        tasks.push(tokio::spawn(observe::http::serve(
+            listener,
+            metrics.clone(),
+        )));
+        tasks.push(tokio::spawn(observe::refresh_loop(
+            metrics.clone(),
+            store.clone(),
+            migrated,
+            settings.metrics_refresh_interval,
+        )));
     }
     tasks.push(tokio::spawn(prune_loop(
         ledger.clone(),
