@@ -25,12 +25,13 @@ pub const GET: &str = concat!(
     ", arguments FROM ledger_entries WHERE tenant = $1 AND key = $2"
 );
 
-/// Starts a new attempt on a resolved entry that still carries the token the caller saw.
+/// Starts a new attempt on a resolved entry that still carries the token the caller saw. The
+/// new attempt has no waiters yet (those of the last one were answered by its outcome).
 pub const RESTART: &str = "UPDATE ledger_entries SET run_id = $3, tool = $4, \
     fingerprint = $5, status = $6, attempt = $7, claim_token = $8, result = $9, error = $10, \
     retryable = $11, principal = $12, started_at = $13, finished_at = $14, \
     lease_expires_at = $15, retention_us = $16, expires_at = $17, replay_count = $18, \
-    arguments = $19 \
+    arguments = $19, has_waiters = FALSE \
     WHERE tenant = $1 AND key = $2 AND claim_token = $20 \
     AND status IN ('SUCCEEDED', 'FAILED')";
 
