@@ -241,30 +241,21 @@ def test_a_tool_call_step_by_step(walkthrough: Walkthrough) -> None:
 
 def test_reconciling_unknown_outcomes(walkthrough: Walkthrough) -> None:
     text = section("Reconciling unknown outcomes")
-    pending, resolve = steps(text)
+    claim, pending, resolve = steps(text)
+    assert [rpc(s) for s in (claim, pending, resolve)] == ["Claim", "Reconcile", "Reconcile"]
     shown_entry = json.loads(pending.shown)["pending"][0]
     assert shown_entry["externalRef"] == "idem-" + shown_entry["key"][:16]
-    assert "(lease 2 s)" in text and "next call of the same tool with the same arguments" in text
+    assert '"lease":"2s"' in claim.command and claim.shown is None
+    assert "next call of the same tool with the same arguments" in text
 
-    # The README does not show the claim it reconciles (run-7f3a, issue_credit, a 2 s lease, and
-    # arguments it does not give): make one like it, and read the README's key, fingerprint
-    # and external_ref as this claim's.
-    arguments = json.dumps({"customer": "c-42", "amount": 50, "currency": "EUR"})
-    claim_command = (
-        "grpcurl -plaintext -d "
-        + "'" + json.dumps({"run_id": "run-7f3a", "tool": "issue_credit",
-                            "arguments_json": arguments, "lease": "2s"}) + "' "
-        + f"{README_ADDRESS} idempotency.v1.LedgerService/Claim"
-    )
-    claimed = json.loads(walkthrough.run(claim_command).stdout)
+    # The claim the README shows, whose claimant never answers; its lease ends.
+    claimed = walkthrough.check(claim)
     assert claimed["outcome"] == "OUTCOME_CLAIMED"
-    for field in ("key", "fingerprint", "externalRef"):
-        walkthrough.bindings[shown_entry[field]] = claimed["entry"][field]
-    time.sleep(2.2)  # the claimant never answers; its lease ends
+    time.sleep(2.2)
 
     walkthrough.check(pending)
     walkthrough.check(resolve)
 
-    again = json.loads(walkthrough.run(claim_command).stdout)
+    again = json.loads(walkthrough.run(claim.command).stdout)
     assert again["outcome"] == "OUTCOME_REPLAYED"
     assert again["entry"]["result"] == json.loads(resolve.shown)["resolved"][0]["result"]
