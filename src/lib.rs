@@ -2,8 +2,8 @@
 //!
 //! A gRPC service that lets an AI agent's side-effecting tool call happen once: the runtime
 //! **claims** a key before acting, **completes** it with the result, and a repeat of the same
-//! intent gets the stored result back with an honest "already done" note. The behaviour is
-//! specified in the project's contract; the README is the user's guide.
+//! intent gets the stored result back with an honest "already done" note. `docs/behaviour.md`
+//! is the reference for that behaviour; the README is the user's guide.
 //!
 //! # Layout
 //! - [`domain`]: keys (RFC 8785 canonical JSON, derivation, field validation), what of the
