@@ -164,7 +164,7 @@ for c in $CLIENTS; do if ((c > MAX_CLIENTS)); then MAX_CLIENTS=$c; fi; done
 TARGET_DIR=${CARGO_TARGET_DIR:-$ROOT/target}
 if ((BUILD)); then
     log "building release binaries"
-    cargo build --release --bins --quiet
+    cargo build --release --bins --features bench --quiet
 fi
 SERVER=$TARGET_DIR/release/idempotency-ledger
 BENCH=$TARGET_DIR/release/ledger-bench

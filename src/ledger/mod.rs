@@ -174,11 +174,6 @@ impl Ledger {
         &self.store
     }
 
-    /// The limits this ledger enforces.
-    pub fn limits(&self) -> &Limits {
-        &self.limits
-    }
-
     /// After an entry left ATTEMPTING/UNKNOWN: wake this server's waiters, and announce it to
     /// other servers when some claim waits for it. The outcome is already committed, so a
     /// failed announcement only delays waiters until their poll.
