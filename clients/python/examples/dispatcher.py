@@ -74,7 +74,7 @@ class Dispatcher:
             result = self.ledger.run_once(run_id, tool, arguments,
                                           lambda attempt: self.tools[tool](attempt, arguments))
         except PreviouslyFailedError as e:
-            return {"ok": False, "error": e.error, "note": e.note}
+            return {"ok": False, "note": e.note}  # the note quotes the stored error
         except OutcomeUnknownError as e:
             return {"ok": False, "status": "unknown", "note": e.note}
         except InProgressError as e:
