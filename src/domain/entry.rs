@@ -1,7 +1,7 @@
 //! The entry and its state machine: what a Claim or a Complete does to an entry as it stands.
 //!
 //! The stores only apply compare-and-set writes; every decision about which write to attempt is
-//! made here, from the entry the store returned, so the contract's state table is tested without
+//! made here, from the entry the store returned, so the state table (docs/behaviour.md) is tested without
 //! a database.
 
 use super::time::Micros;

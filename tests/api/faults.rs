@@ -1,6 +1,6 @@
 //! Fault injection: the ledger under load while its process is killed, its database crashes,
 //! and the link to the database is slowed, partitioned, reset and cut at the worst moment; then
-//! a checker reads the final state and counts what the contract forbids.
+//! a checker reads the final state and counts what the documented behaviour forbids.
 //!
 //! # Scenarios
 //!
@@ -35,7 +35,7 @@
 //!   `CLAIMED` and is then `NOT_FOUND` counts too.
 //! - `duplicated`: two different tokens answered `CLAIMED` for the same key and attempt (each
 //!   extra winner counts one).
-//! - `unexpected`: answers the contract does not allow where they came (each answer counts
+//! - `unexpected`: answers the documented behaviour does not allow where they came (each answer counts
 //!   once, whatever is wrong with it), namely
 //!   - `INTERNAL`, or any error other than `UNAVAILABLE`/`DEADLINE_EXCEEDED`/no answer, to a
 //!     well-formed Claim or Complete (except `STALE_CLAIM_TOKEN` for a retried retryable

@@ -80,7 +80,7 @@ pub(crate) fn assert_error(status: &tonic::Status, code: Code, reason: &str, fie
     }
 }
 
-/// The key the contract derives, computed here independently of the library.
+/// The key docs/behaviour.md derives, computed here independently of the library.
 pub(crate) fn expected_key(domain: &str, run: &str, tool: &str, canonical: &str) -> String {
     let mut h = Sha256::new();
     for part in [domain, run, tool] {
