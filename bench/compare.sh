@@ -11,11 +11,12 @@
 #   - ours: target/release/idempotency-ledger on the same database, driven over gRPC by
 #     target/release/ledger-bench with C clients;
 # then claim-complete with --mux-clients clients over --mux-connections HTTP/2 connections
-# (as an agent runtime's channel pool connects) beside one connection per client, the SQLite
-# store through the server, and (with --scale) a 5M-row table. Prints the side-by-side tables
-# and writes them to bench/results/latest.md (+ .json, + .png: throughput and latency against
-# clients); --smoke writes bench/results/smoke.* instead, so CI never overwrites the committed
-# record.
+# (as an agent runtime's channel pool connects) beside one connection per client, pgbench and
+# the server both through PgBouncer in transaction mode (--pooler-clients, 32) beside the
+# direct cells, the SQLite store through the server, and (with --scale) a 5M-row table. Prints
+# the side-by-side tables and writes them to bench/results/latest.md (+ .json, + .png:
+# throughput and latency against clients); --smoke writes bench/results/smoke.* instead, so CI
+# never overwrites the committed record, and --results BASE writes BASE.* (a partial run).
 #
 # Usage: bench/compare.sh [options]
 #   --smoke                 a few hundred operations per cell, client counts 1 and 8 and the
@@ -33,12 +34,21 @@
 #                           client (default 256; 0: no such cell)
 #   --mux-connections K     HTTP/2 connections the --mux-clients clients share, each a tonic
 #                           Channel carrying N/K concurrent clients (default 8)
+#   --pooler-clients "C ..."  client counts of the pooler cells: pgbench (-M extended) and the
+#                           server (--postgres-pooler transaction) through PgBouncer in
+#                           transaction mode, beside the direct cells (default "32"; --smoke:
+#                           8; "": none)
+#   --pooler-workloads "W ..."  workloads of the pooler cells (default "claim-complete replay")
+#   --no-pooler             no pooler cells (the same as --pooler-clients ""); then PgBouncer
+#                           is not needed
 #   --sqlite-clients "C ..."  client counts for the SQLite store (default "1 32")
 #   --db-max-connections default|match|N
 #                           the server's PostgreSQL pool: default (the server's own default,
 #                           16, as deployed), match (C + 1 in a cell of C clients: as many
 #                           connections for requests as pgbench has, plus the one the server's
 #                           LISTEN keeps), or N
+#   --results BASE          write BASE.md, BASE.json and BASE.png (default bench/results/latest;
+#                           --smoke: bench/results/smoke)
 #   --no-build              use the binaries already in target/release
 #   --no-plot               draw no picture (then gnuplot is not needed)
 #   --keep                  keep the temp dir (cluster, logs, raw outputs) and print its path
@@ -46,8 +56,9 @@
 #
 # Needs: cargo, PostgreSQL's server programs (initdb, pg_ctl, postgres; found on PATH or under
 # /usr/lib/postgresql/<major>/bin, or set PG_BIN), psql and pgbench, setpriv (util-linux)
-# when run as root, since PostgreSQL refuses to run as root: it then runs as the `postgres` user,
-# and gnuplot (Debian's gnuplot-nox) unless --no-plot.
+# when run as root, since PostgreSQL refuses to run as root: it then runs as the `postgres` user
+# (as does PgBouncer), PgBouncer (Debian's pgbouncer: /usr/sbin/pgbouncer, or set PGBOUNCER)
+# unless --no-pooler, and gnuplot (Debian's gnuplot-nox) unless --no-plot.
 # Exits non-zero if any cell had an error.
 
 set -euo pipefail
@@ -63,6 +74,8 @@ CLIENTS="1 8 32 64"
 SQLITE_CLIENTS="1 32"
 MUX_CLIENTS=256
 MUX_CONNECTIONS=8
+POOLER_CLIENTS="32"
+POOLER_WORKLOADS="claim-complete replay"
 PLOT=1
 POOL=default
 SMOKE=0
@@ -71,6 +84,7 @@ SCALE_ROWS=5000000
 SCALE_CLIENTS=32
 BUILD=1
 KEEP=0
+RESULT_BASE=""
 SMOKE_OPS=300          # operations per cell in --smoke
 HOT_KEYS=100           # the replay workload's hot set
 LOOKUP_KEYS=1000       # --scale: entries the empty-table lookup reads
@@ -88,9 +102,13 @@ while (($#)); do
         --clients) CLIENTS=$2; shift ;;
         --mux-clients) MUX_CLIENTS=$2; shift ;;
         --mux-connections) MUX_CONNECTIONS=$2; shift ;;
+        --pooler-clients) POOLER_CLIENTS=$2; shift ;;
+        --pooler-workloads) POOLER_WORKLOADS=$2; shift ;;
+        --no-pooler) POOLER_CLIENTS="" ;;
         --no-plot) PLOT=0 ;;
         --sqlite-clients) SQLITE_CLIENTS=$2; shift ;;
         --db-max-connections) POOL=$2; shift ;;
+        --results) RESULT_BASE=$2; shift ;;
         --no-build) BUILD=0 ;;
         --keep) KEEP=1 ;;
         -h | --help) usage; exit 0 ;;
@@ -101,10 +119,11 @@ done
 if ((SMOKE)); then
     CLIENTS="1 8"
     SQLITE_CLIENTS="1 8"
+    [[ -z $POOLER_CLIENTS ]] || POOLER_CLIENTS="8"
     SCALE=0
-    RESULT_BASE=bench/results/smoke
+    RESULT_BASE=${RESULT_BASE:-bench/results/smoke}
 else
-    RESULT_BASE=bench/results/latest
+    RESULT_BASE=${RESULT_BASE:-bench/results/latest}
 fi
 # mixed-wait runs once, at the largest client count from 8 to 32 (with one client nobody waits).
 WAIT_CLIENTS=""
@@ -122,6 +141,21 @@ die() { log "error: $*"; exit 1; }
 if ((PLOT)) && ! command -v gnuplot >/dev/null; then
     die "gnuplot not found (Debian: apt-get install gnuplot-nox), or pass --no-plot"
 fi
+for w in $POOLER_WORKLOADS; do
+    [[ $w == claim-complete || $w == replay ]] ||
+        die "--pooler-workloads takes claim-complete and/or replay, not $w"
+done
+[[ -n $POOLER_WORKLOADS ]] || POOLER_CLIENTS=""
+if [[ -n $POOLER_CLIENTS ]]; then
+    if [[ -z ${PGBOUNCER:-} ]]; then
+        for p in /usr/sbin/pgbouncer /usr/bin/pgbouncer "$(command -v pgbouncer || true)"; do
+            if [[ -n $p && -x $p ]]; then PGBOUNCER=$p; break; fi
+        done
+    fi
+    [[ -n ${PGBOUNCER:-} && -x $PGBOUNCER ]] ||
+        die "pgbouncer not found (Debian: apt-get install pgbouncer; or set PGBOUNCER), or pass --no-pooler"
+    POOLER_VERSION=$("$PGBOUNCER" --version 2>/dev/null | head -n1)
+fi
 # The most clients pgbench opens at once, for PostgreSQL's max_connections.
 MAX_CLIENTS=$MUX_CLIENTS
 for c in $CLIENTS; do if ((c > MAX_CLIENTS)); then MAX_CLIENTS=$c; fi; done
@@ -130,7 +164,7 @@ for c in $CLIENTS; do if ((c > MAX_CLIENTS)); then MAX_CLIENTS=$c; fi; done
 TARGET_DIR=${CARGO_TARGET_DIR:-$ROOT/target}
 if ((BUILD)); then
     log "building release binaries"
-    cargo build --release --bins --quiet
+    cargo build --release --bins --features bench --quiet
 fi
 SERVER=$TARGET_DIR/release/idempotency-ledger
 BENCH=$TARGET_DIR/release/ledger-bench
@@ -142,6 +176,7 @@ WORK=$(mktemp -d "${TMPDIR:-/tmp}/ledger-compare.XXXXXX")
 chmod 0711 "$WORK" # the cluster's directory below belongs to the postgres user when we are root
 mkdir -p "$WORK/logs" "$WORK/json" "$WORK/pgbench"
 SERVER_PID=""
+POOLER_PID=""
 PG_STARTED=0
 FAILED_CELLS=()
 
@@ -150,6 +185,10 @@ cleanup() {
     if [[ -n $SERVER_PID ]]; then
         kill -TERM "$SERVER_PID" 2>/dev/null || true
         wait "$SERVER_PID" 2>/dev/null || true
+    fi
+    if [[ -n $POOLER_PID ]]; then
+        kill -TERM "$POOLER_PID" 2>/dev/null || true
+        wait "$POOLER_PID" 2>/dev/null || true
     fi
     if ((PG_STARTED)); then
         as_pg "$PG_BIN/pg_ctl" -D "$PGDATA" -m immediate -w stop >/dev/null 2>&1 || true
@@ -233,6 +272,74 @@ DB_URL="postgres://postgres@127.0.0.1:$PGPORT/ledger"
     { cat "$WORK/logs/migrate.log" >&2; die "migrations failed"; }
 log "PostgreSQL on port $PGPORT, migrated"
 
+# ---- PgBouncer (the pooler cells) ------------------------------------------------------------
+# The server's PostgreSQL pool in a cell of C clients (--db-max-connections), as a number: the
+# default is the server's own (src/defaults.rs).
+DEFAULT_POOL=$(sed -n 's/^pub const DB_MAX_CONNECTIONS: u32 = \([0-9]*\);.*/\1/p' src/defaults.rs)
+DEFAULT_POOL=${DEFAULT_POOL:-16}
+pool_size() {
+    case $POOL in
+        default) echo "$DEFAULT_POOL" ;;
+        match) echo $(($1 + 1)) ;;
+        *) echo "$POOL" ;;
+    esac
+}
+
+# start_pooler POOL_SIZE C NAME: a fresh PgBouncer in transaction mode in front of the cluster,
+# with POOL_SIZE server connections (default_pool_size; the database sees no more) for up to
+# C + 50 clients; sets POOLER_PID and POOLER_PORT. The configuration is the tests' (see
+# tests/api/support/pgbouncer.rs: trust, as the cluster, with the user in auth_file), with the
+# pool's size, the client limit, and extra_float_digits ignored (a startup parameter PgBouncer
+# refuses unless told to ignore it; sqlx sends it by default, the ledger's connections turn it
+# off, src/storage/postgres.rs, and pgbench does not send it: set for any sqlx client).
+start_pooler() {
+    local size=$1 c=$2 dir=$WORK/pgbouncer/$3 attempt run=("$PGBOUNCER")
+    mkdir -p "$dir"
+    ((EUID == 0)) && chown postgres:postgres "$dir" &&
+        run=(setpriv --reuid=postgres --regid=postgres --init-groups "$PGBOUNCER")
+    echo '"postgres" ""' >"$dir/users.txt"
+    for attempt in 1 2 3 4 5; do
+        POOLER_PORT=$(free_port)
+        cat >"$dir/pgbouncer.ini" <<INI
+[databases]
+ledger = host=127.0.0.1 port=$PGPORT dbname=ledger
+
+[pgbouncer]
+listen_addr = 127.0.0.1
+listen_port = $POOLER_PORT
+unix_socket_dir =
+auth_type = trust
+auth_file = $dir/users.txt
+pool_mode = transaction
+default_pool_size = $size
+max_client_conn = $((c + 50))
+ignore_startup_parameters = extra_float_digits
+INI
+        # It logs to stderr.
+        "${run[@]}" "$dir/pgbouncer.ini" >/dev/null 2>>"$dir/pgbouncer.log" &
+        POOLER_PID=$!
+        for _ in $(seq 200); do
+            if (exec 3<>"/dev/tcp/127.0.0.1/$POOLER_PORT") 2>/dev/null; then return 0; fi
+            kill -0 "$POOLER_PID" 2>/dev/null || break
+            sleep 0.05
+        done
+        stop_pooler
+    done
+    tail -5 "$dir/pgbouncer.log" >&2 || true
+    die "PgBouncer did not start; see $dir"
+}
+
+stop_pooler() {
+    if [[ -n $POOLER_PID ]]; then
+        kill -TERM "$POOLER_PID" 2>/dev/null || true # SIGTERM: PgBouncer's immediate shutdown
+        wait "$POOLER_PID" 2>/dev/null || true
+        POOLER_PID=""
+    fi
+}
+
+# CPU clock ticks (user + system) used so far by one process (PgBouncer: one process).
+pid_cpu_ticks() { awk '{ sub(/^.*\) /, ""); print $12 + $13 }' "/proc/$1/stat" 2>/dev/null || echo 0; }
+
 # ---- the values both sides store ------------------------------------------------------------
 TENANT=default
 TOOL=issue_credit
@@ -304,9 +411,13 @@ CPU_ROWS=()
 FLOOR_ROWS=()
 PLOT_ROWS=()
 
-# pgbench_cell WORKLOAD C: fills PGB_* for the row that ours_cell then completes.
+# pgbench_cell WORKLOAD C [VIA]: fills PGB_* for the row that ours_cell then completes. VIA
+# pgbouncer: through a fresh PgBouncer (start_pooler) of the server's pool size, with
+# `-M extended` (unnamed statements: a transaction pooler keeps no prepared statement for the
+# next transaction), instead of straight to PostgreSQL with `-M prepared`.
 pgbench_cell() {
-    local workload=$1 c=$2 name="pg-$1-c$2-r$ROUND"
+    local workload=$1 c=$2 via=${3:-postgres} name="pg-$1-c$2-r$ROUND" port=$PGPORT mode=prepared
+    [[ $via == pgbouncer ]] && name="pg-pgbouncer-$1-c$2-r$ROUND"
     local script="bench/pgbench/${workload//-/_}.sql"
     local threads=$((c < 2 ? c : 2))
     local defs
@@ -317,7 +428,11 @@ pgbench_cell() {
             -v hot_keys="$HOT_KEYS" -v tool="$TOOL" -v fingerprint="$FINGERPRINT" \
             -v result="$RESULT" -v retention_us="$RETENTION_US" -f bench/pgbench/hot_set.sql
     fi
-    local common=(-h 127.0.0.1 -p "$PGPORT" -U postgres -n -M prepared -c "$c" -j "$threads"
+    if [[ $via == pgbouncer ]]; then
+        start_pooler "$(pool_size "$c")" "$c" "$name"
+        port=$POOLER_PORT mode=extended
+    fi
+    local common=(-h 127.0.0.1 -p "$port" -U postgres -n -M "$mode" -c "$c" -j "$threads"
         -f "$script" "${defs[@]}")
     local run
     if ((SMOKE)); then
@@ -327,13 +442,16 @@ pgbench_cell() {
         run=(-T "$DURATION")
     fi
     local out=$WORK/pgbench/out-$name.txt rc=0
-    log "pgbench $workload, $c clients"
-    local db0 cl0 db1 cl1
+    log "pgbench $workload, $c clients$([[ $via == pgbouncer ]] && echo " through PgBouncer (pool $(pool_size "$c"))")"
+    local db0 cl0 db1 cl1 pb0=0 pb1=0
+    [[ -z $POOLER_PID ]] || pb0=$(pid_cpu_ticks "$POOLER_PID")
     db0=$(db_cpu_ticks) cl0=$(children_cpu_ticks)
     "$PGBENCH" "${common[@]}" "${run[@]}" -r -l --log-prefix="$WORK/pgbench/log-$name" ledger \
         >"$out" 2>&1 || rc=$?
     sleep 0.2 # the postmaster reaps the backends, adding their CPU time to its children's
     db1=$(db_cpu_ticks) cl1=$(children_cpu_ticks)
+    [[ -z $POOLER_PID ]] || pb1=$(pid_cpu_ticks "$POOLER_PID")
+    stop_pooler
     PGB_TPS=$(sed -n 's/^tps = \([0-9.]*\) .*/\1/p' "$out")
     PGB_AVG=$(sed -n 's/^latency average = \([0-9.]*\) ms.*/\1/p' "$out")
     PGB_DONE=$(sed -n 's/^number of transactions actually processed: \([0-9]*\).*/\1/p' "$out")
@@ -341,6 +459,8 @@ pgbench_cell() {
     read -r PGB_P50 PGB_P99 < <(log_percentiles "$WORK/pgbench/log-$name".*)
     PGB_DB_CPU=$(per_op $((db1 - db0)) "${PGB_DONE:-0}")
     PGB_CLIENT_CPU=$(per_op $((cl1 - cl0)) "${PGB_DONE:-0}")
+    PGB_POOLER_CPU=null
+    [[ $via == pgbouncer ]] && PGB_POOLER_CPU=$(per_op $((pb1 - pb0)) "${PGB_DONE:-0}")
     PGB_ERR=0
     if ((rc != 0)) || [[ -z $PGB_TPS || ${PGB_FAILED:-0} != 0 || ${PGB_DONE:-0} == 0 ]]; then
         PGB_ERR=1
@@ -358,9 +478,10 @@ pgbench_cell() {
             gsub(/"/, "\\\"", text)
             printf "%s{\"avg_ms\": %s, \"statement\": \"%s\"}", (n++ ? ", " : ""), $1, text
         }' "$out")
-    PGB_JSON=$(printf '{"tps": %s, "latency_avg_ms": %s, "p50_ms": %s, "p99_ms": %s, "transactions": %s, "failed": %s, "exit": %s, "db_cpu_ms_per_op": %s, "pgbench_cpu_ms_per_op": %s, "statements": [%s]}' \
-        "${PGB_TPS:-null}" "${PGB_AVG:-null}" "$PGB_P50" "$PGB_P99" "${PGB_DONE:-null}" \
-        "${PGB_FAILED:-null}" "$rc" "$PGB_DB_CPU" "$PGB_CLIENT_CPU" "$statements")
+    PGB_JSON=$(printf '{"via": "%s", "query_mode": "%s", "tps": %s, "latency_avg_ms": %s, "p50_ms": %s, "p99_ms": %s, "transactions": %s, "failed": %s, "exit": %s, "db_cpu_ms_per_op": %s, "pooler_cpu_ms_per_op": %s, "pgbench_cpu_ms_per_op": %s, "statements": [%s]}' \
+        "$via" "$mode" "${PGB_TPS:-null}" "${PGB_AVG:-null}" "$PGB_P50" "$PGB_P99" \
+        "${PGB_DONE:-null}" "${PGB_FAILED:-null}" "$rc" "$PGB_DB_CPU" "$PGB_POOLER_CPU" \
+        "$PGB_CLIENT_CPU" "$statements")
 }
 
 # start_server LOGNAME PROGRAM ARGS...: starts the ledger server or the floor on a port the
@@ -433,13 +554,14 @@ floor_cell() {
 }
 
 # ours_cell STORE WORKLOAD C CONNS [extra ledger-bench args...]: fills OURS_JSON_FILE and
-# OURS_ERR.
+# OURS_ERR. STORE postgres, pgbouncer (PostgreSQL through a fresh PgBouncer of the server's pool
+# size, the server with --postgres-pooler transaction, migrations checked directly) or sqlite.
 ours_cell() {
     local store=$1 workload=$2 c=$3 conns=$4
     local name="ours-$1-$2-c$3-n$(conns_name "$c" "$conns")-r$ROUND"
     shift 4
-    local url pool pool_args=() db_pid=()
-    if [[ $store == postgres ]]; then
+    local url pool pool_args=() db_pid=() pooler_args=()
+    if [[ $store == postgres || $store == pgbouncer ]]; then
         url=$DB_URL
         db_pid=(--db-pid "$PM_PID")
         case $POOL in
@@ -448,17 +570,24 @@ ours_cell() {
             *) pool=$POOL ;;
         esac
         [[ ${KEEP_TABLE:-0} == 1 ]] || reset_table
+        if [[ $store == pgbouncer ]]; then
+            start_pooler "$(pool_size "$c")" "$c" "$name"
+            url="postgres://postgres@127.0.0.1:$POOLER_PORT/ledger"
+            pooler_args=(--postgres-pooler transaction --migrations-database-url "$DB_URL")
+            db_pid+=(--pooler-pid "$POOLER_PID")
+        fi
     else
         rm -f "$WORK"/sqlite.db*
         url="sqlite://$WORK/sqlite.db"
         pool=default # SQLite has one writer whatever the pool
     fi
     [[ $pool == default ]] || pool_args=(--db-max-connections "$pool")
-    start_server "$name" "$SERVER" --database-url "$url" "${pool_args[@]}"
+    start_server "$name" "$SERVER" --database-url "$url" "${pool_args[@]}" "${pooler_args[@]}"
     OURS_JSON_FILE=$WORK/json/$name.json
     log "ledger-bench $store $workload, $c clients over $(conns_name "$c" "$conns") connections (pool $pool)"
     run_bench "$name" OURS_ERR "$name" --workload "$workload" --clients "$c" \
         --connections "$conns" "${db_pid[@]}" --label "$store pool=$pool" "$@"
+    stop_pooler
 }
 
 # ratio A B: A / B to two places, or "-".
@@ -499,7 +628,8 @@ add_row() {
         pg_json=$PGB_JSON
     else
         pg_tps="-" pg_pct="-" pg_err="-" pg_json=null
-        PGB_TPS="" PGB_P50=null PGB_P99=null PGB_DB_CPU=null PGB_CLIENT_CPU=null ROUNDS_PG=""
+        PGB_TPS="" PGB_P50=null PGB_P99=null PGB_DB_CPU=null PGB_CLIENT_CPU=null PGB_POOLER_CPU=null
+        ROUNDS_PG=""
     fi
     if [[ $shape != none ]]; then
         fl_raw=$(json_get "$FLOOR_JSON_FILE" throughput_ops_s)
@@ -533,16 +663,40 @@ add_row() {
         local own="-"
         if ((has_pg && c == 1)); then own=$(us_per_rpc "$p50" "$rpcs" "$fl_p50" "$PGB_P50"); fi
         FLOOR_ROWS+=("| $label | $c | $nconn | $rpcs | $(us_per_rpc "$fl_srv" "$rpcs") | $(us_per_rpc "$srv" "$rpcs") | $(us_per_rpc "$srv" "$rpcs" "$fl_srv") | $(us_per_rpc "$fl_bench" "$rpcs") | $(us_per_rpc "$bench" "$rpcs") | $(us_per_rpc "$p50" "$rpcs" "$fl_p50") | $own |")
-        if [[ $label == *PostgreSQL* ]]; then
+        if [[ $label == *"(PostgreSQL)" ]]; then # the pooler cells are not drawn
             PLOT_ROWS+=("${label%% *} $c $nconn ${PGB_TPS:-null} $fl_raw $tps $PGB_P50 $PGB_P99 $fl_p50 $fl_p99 $p50 $p99")
         fi
     fi
 }
 
+# note_direct WORKLOAD C: keeps the direct cell's figures just added (add_row), for the pooler
+# table's direct side.
+declare -A DIRECT
+note_direct() {
+    local f=$OURS_JSON_FILE
+    DIRECT["$1|$2"]="${PGB_TPS:-null} $PGB_P50 $PGB_P99 $(json_get "$f" throughput_ops_s) $(json_get "$f" latency_ms.p50) $(json_get "$f" latency_ms.p99)"
+}
+
+# add_pooler_row WORKLOAD C: the pooler table's rows for the pooler cell just added (add_row),
+# beside the direct cell of the same workload and clients (when --clients measured it).
+POOLER_ROWS=()
+POOLER_CPU_ROWS=()
+add_pooler_row() {
+    local w=$1 c=$2 f=$OURS_JSON_FILE d
+    local d_pg_tps d_pg_p50 d_pg_p99 d_tps d_p50 d_p99 tps p50 p99
+    d=${DIRECT["$w|$c"]:-null null null null null null}
+    read -r d_pg_tps d_pg_p50 d_pg_p99 d_tps d_p50 d_p99 <<<"$d"
+    tps=$(json_get "$f" throughput_ops_s)
+    p50=$(json_get "$f" latency_ms.p50)
+    p99=$(json_get "$f" latency_ms.p99)
+    POOLER_ROWS+=("| $w | $c | $(pool_size "$c") | $(fmt "$d_pg_tps" 0) → $(fmt "$PGB_TPS" 0) | $(ratio "$PGB_TPS" "$d_pg_tps") | $(fmt "$d_tps" 0) → $(fmt "$tps" 0) | $(ratio "$tps" "$d_tps") | $(ratio "$d_tps" "$d_pg_tps") → $(ratio "$tps" "$PGB_TPS") | $(fmt "$d_pg_p50" 3) / $(fmt "$d_pg_p99" 3) → $(fmt "$PGB_P50" 3) / $(fmt "$PGB_P99" 3) | $(fmt "$d_p50" 3) / $(fmt "$d_p99" 3) → $(fmt "$p50" 3) / $(fmt "$p99" 3) |")
+    POOLER_CPU_ROWS+=("| $w | $c | $(fmt "$PGB_DB_CPU" 3) | $(fmt "$PGB_POOLER_CPU" 3) | $(fmt "$PGB_CLIENT_CPU" 3) | $(fmt "$(json_get "$f" db_cpu.ms_per_op)" 3) | $(fmt "$(json_get "$f" pooler_cpu.ms_per_op)" 3) | $(fmt "$(json_get "$f" server_cpu.ms_per_op)" 3) | $(fmt "$(json_get "$f" bench_cpu.ms_per_op)" 3) |")
+}
+
 # median LINES...: of "value payload" lines, the payload of the median value.
 median() { printf '%s\n' "$@" | sort -g | sed -n "$((($# + 1) / 2))p" | cut -d' ' -f2-; }
 
-PGB_VARS="PGB_TPS PGB_AVG PGB_DONE PGB_FAILED PGB_P50 PGB_P99 PGB_DB_CPU PGB_CLIENT_CPU PGB_JSON"
+PGB_VARS="PGB_TPS PGB_AVG PGB_DONE PGB_FAILED PGB_P50 PGB_P99 PGB_DB_CPU PGB_CLIENT_CPU PGB_POOLER_CPU PGB_JSON"
 
 # cell STORE WORKLOAD C CONNS WITH_PGBENCH FLOOR_SHAPE [ledger-bench args...]: --rounds rounds
 # of the cell, alternating the sides (pgbench, the floor standing in for FLOOR_SHAPE unless it
@@ -555,9 +709,9 @@ cell() {
     shift 6
     for ((ROUND = 1; ROUND <= ROUNDS; ROUND++)); do
         if ((with_pg)); then
-            local vars=$WORK/pgbench/vars-$workload-c$c-r$ROUND.sh
+            local vars=$WORK/pgbench/vars-$store-$workload-c$c-r$ROUND.sh
             if [[ ! -s $vars ]]; then
-                pgbench_cell "$workload" "$c"
+                pgbench_cell "$workload" "$c" "$store"
                 for v in $PGB_VARS; do printf '%s=%q\n' "$v" "${!v}"; done >"$vars"
             else
                 # shellcheck disable=SC1090
@@ -609,6 +763,7 @@ for workload in claim-complete replay; do
     for c in $CLIENTS; do
         cell postgres "$workload" "$c" 0 1 "$workload" "${extra[@]}"
         add_row "$workload (PostgreSQL)" "$c" 0 1 "$workload" "$rpcs"
+        note_direct "$workload" "$c"
     done
     # The way agents connect: many clients multiplexed over a few HTTP/2 connections, beside
     # the same clients with a connection each (unless --clients measured that already).
@@ -618,6 +773,15 @@ for workload in claim-complete replay; do
         for conns in "${mux_conns[@]}"; do
             cell postgres claim-complete "$MUX_CLIENTS" "$conns" 1 claim-complete
             add_row "claim-complete (PostgreSQL)" "$MUX_CLIENTS" "$conns" 1 claim-complete 2
+            ((conns != 0)) || note_direct claim-complete "$MUX_CLIENTS"
+        done
+    fi
+    # Through PgBouncer in transaction mode, pgbench and ours alike, beside the direct cells.
+    if [[ " $POOLER_WORKLOADS " == *" $workload "* ]]; then
+        for c in $POOLER_CLIENTS; do
+            cell pgbouncer "$workload" "$c" 0 1 "$workload" "${extra[@]}"
+            add_row "$workload (PostgreSQL via PgBouncer)" "$c" 0 1 "$workload" "$rpcs"
+            add_pooler_row "$workload" "$c"
         done
     fi
 done
@@ -707,6 +871,11 @@ case $POOL in
     *) POOLTXT=$POOL ;;
 esac
 
+POOLER_JSON=null
+if ((${#POOLER_ROWS[@]})); then
+    POOLER_JSON="{\"program\": \"$POOLER_VERSION\", \"pool_mode\": \"transaction\", \"default_pool_size\": \"the server's pool\", \"pgbench_query_mode\": \"extended\", \"server\": \"--postgres-pooler transaction\"}"
+fi
+
 PICTURE=$RESULT_BASE.png
 {
     echo "# Ledger server vs hand-written SQL and the gRPC floor"
@@ -716,6 +885,9 @@ PICTURE=$RESULT_BASE.png
     echo "- PostgreSQL $PGVER: fsync=on, synchronous_commit=on, shared_buffers=128MB, max_connections=$PG_MAX_CONNECTIONS; a truncated table and a checkpoint before each cell"
     ((SMOKE)) || echo "- a one-row INSERT committed alone (the disk's fsync) took ${PROBE_BEFORE:-?} ms before the cells and ${PROBE_AFTER:-?} ms after"
     echo "- pgbench: \`-n -M prepared -c C -j min(C,2)\`, bench/pgbench/*.sql, one database connection per client; floor: ledger-floor (the server's tonic stack, runtime, listener and HTTP/2 settings; no database, no ledger) driven by ledger-bench making the RPCs of one operation with the ledger's message sizes; ours: ledger-bench against the server, pool (\`--db-max-connections\`) $POOLTXT for PostgreSQL, the default for SQLite"
+    if ((${#POOLER_ROWS[@]})); then
+        echo "- via PgBouncer: $POOLER_VERSION in transaction mode (\`pool_mode = transaction\`), a fresh one for each side of a cell, \`default_pool_size\` = the server's pool (so pgbench's C clients and the server reach PostgreSQL over the same number of connections); pgbench \`-M extended\` (unnamed statements, each autocommit), ours \`--postgres-pooler transaction\` (each store call BEGIN … COMMIT, unnamed statements), migrations directly"
+    fi
     echo "- connections: ledger-bench's HTTP/2 connections, for the floor and ours alike; as many as clients: one per client; fewer: client i uses connection i mod N (a runtime's channel pool)"
     echo "- one op: claim-complete = Claim of a new key + Complete (2 RPCs); replay = Claim of one of $HOT_KEYS completed keys (1 RPC); for pgbench one transaction of bench/pgbench/<workload>.sql, the server's statements for that op, each autocommit; ratios of ops/s"
     ((PLOT)) && echo "- picture: [$(basename "$PICTURE")]($(basename "$PICTURE")) (throughput and p50/p99 latency against clients)"
@@ -737,6 +909,22 @@ PICTURE=$RESULT_BASE.png
     echo "| workload | clients | connections | RPCs per op | floor: server CPU | ours: server CPU | ours − floor: server CPU | floor: ledger-bench CPU | ours: ledger-bench CPU | p50: ours − floor | p50: ours − floor − pgbench |"
     echo "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"
     printf '%s\n' "${FLOOR_ROWS[@]}"
+    if ((${#POOLER_ROWS[@]})); then
+        echo
+        echo "## Through PgBouncer (transaction mode) vs direct"
+        echo
+        echo "Each figure direct → via PgBouncer. Direct: pgbench \`-M prepared\` over C connections, ours over its pool; via PgBouncer: pgbench \`-M extended\` and ours \`--postgres-pooler transaction\`, both over PgBouncer's pool of the server's size (the PostgreSQL connections column)."
+        echo
+        echo "| workload | clients | PostgreSQL connections via PgBouncer | pgbench ops/s | pgbench: PgBouncer / direct | ours ops/s | ours: PgBouncer / direct | ours / pgbench | pgbench p50 / p99 ms | ours p50 / p99 ms |"
+        echo "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"
+        printf '%s\n' "${POOLER_ROWS[@]}"
+        echo
+        echo "CPU per operation via PgBouncer (ms, user + system, over the measured run; direct: the CPU table above):"
+        echo
+        echo "| workload | clients | pgbench: database | pgbench: PgBouncer | pgbench: pgbench | ours: database | ours: PgBouncer | ours: server | ours: ledger-bench |"
+        echo "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"
+        printf '%s\n' "${POOLER_CPU_ROWS[@]}"
+    fi
     if ((SCALE)); then
         echo
         echo "## Scale: empty table vs $SCALE_ROWS finished entries ($SCALE_CLIENTS clients)"
@@ -762,7 +950,7 @@ PICTURE=$RESULT_BASE.png
         ((i > 0)) && echo ","
         printf '%s' "${CELLS_JSON[$i]}"
     done
-    printf '\n ],\n "scale": %s}\n' "$SCALE_JSON"
+    printf '\n ],\n "pooler": %s,\n "scale": %s}\n' "$POOLER_JSON" "$SCALE_JSON"
 } >"$RESULT_BASE.json"
 
 # ---- the picture -----------------------------------------------------------------------------

@@ -109,7 +109,7 @@ pub fn is_hex64(s: &str) -> bool {
     s.len() == 64 && s.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'))
 }
 
-/// `hex(sha256(parts joined by 0x00))`, written from the contract, not from `src/`.
+/// `hex(sha256(parts joined by 0x00))`, written from docs/behaviour.md, not from `src/`.
 pub fn reference_hash(parts: &[&str]) -> String {
     let mut hasher = Sha256::new();
     for (i, part) in parts.iter().enumerate() {
@@ -121,7 +121,7 @@ pub fn reference_hash(parts: &[&str]) -> String {
     hex::encode(hasher.finalize())
 }
 
-/// The contract's key of (run, tool, canonical) under `mode`.
+/// The documented key of (run, tool, canonical) under `mode`.
 pub fn reference_key(run: &str, tool: &str, canonical: &str, mode: Canonicalization) -> String {
     let domain = match mode {
         Canonicalization::Jcs => "idem.v1",
@@ -130,7 +130,7 @@ pub fn reference_key(run: &str, tool: &str, canonical: &str, mode: Canonicalizat
     reference_hash(&[domain, run, tool, canonical])
 }
 
-/// The contract's fingerprint of (tool, canonical) under `mode`.
+/// The documented fingerprint of (tool, canonical) under `mode`.
 pub fn reference_fingerprint(tool: &str, canonical: &str, mode: Canonicalization) -> String {
     let domain = match mode {
         Canonicalization::Jcs => "idem.v1.fp",
@@ -139,7 +139,7 @@ pub fn reference_fingerprint(tool: &str, canonical: &str, mode: Canonicalization
     reference_hash(&[domain, tool, canonical])
 }
 
-/// The field validators take any string without panicking and accept exactly what the contract
+/// The field validators take any string without panicking and accept exactly what docs/behaviour.md
 /// says: run id and tool 1 to 256 bytes without control characters, principal 0 to 256, explicit
 /// key 1 to 255 bytes of printable ASCII without space.
 fn check_fields(text: &str) -> Result<(), String> {
@@ -156,7 +156,7 @@ fn check_fields(text: &str) -> Result<(), String> {
     ] {
         if got != want {
             return Err(format!(
-                "{field} validation: accepted = {got}, but the contract says {want}"
+                "{field} validation: accepted = {got}, but docs/behaviour.md says {want}"
             ));
         }
     }
@@ -438,7 +438,7 @@ fn check_modes_agree(
     }
 }
 
-/// Key and fingerprint are 64 lowercase hex digits, as the contract computes them, and differ
+/// Key and fingerprint are 64 lowercase hex digits, as docs/behaviour.md computes them, and differ
 /// between the two modes and between runs.
 fn check_derivation(text: &str, canonical: &str, mode: Canonicalization) -> Result<(), String> {
     let (Ok(run), Ok(tool)) = (RunId::parse(RUN), ToolName::parse(TOOL)) else {
@@ -452,10 +452,10 @@ fn check_derivation(text: &str, canonical: &str, mode: Canonicalization) -> Resu
         ));
     }
     if key != reference_key(RUN, TOOL, canonical, mode) {
-        return Err(format!("key {key} is not the contract's"));
+        return Err(format!("key {key} is not the documented one"));
     }
     if fp != reference_fingerprint(TOOL, canonical, mode) {
-        return Err(format!("fingerprint {fp} is not the contract's"));
+        return Err(format!("fingerprint {fp} is not the documented one"));
     }
     let other_mode = match mode {
         Canonicalization::Jcs => Canonicalization::JcsLenient,
@@ -484,7 +484,7 @@ fn check_derivation(text: &str, canonical: &str, mode: Canonicalization) -> Resu
 
 /// An independent reference: a recursive-descent RFC 8259 parser with the ledger's refusals,
 /// and a JCS writer. Deliberately simple (quadratic duplicate check, recursion bounded by the
-/// depth limit) and written from the contract rather than from `src/`.
+/// depth limit) and written from docs/behaviour.md rather than from `src/`.
 pub mod model {
     use idempotency_ledger::domain::canonical::{Canonicalization, Value};
 

@@ -168,7 +168,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn durations_read_as_the_contract_writes_them() {
+    fn durations_read_as_the_docs_write_them() {
         assert_eq!(parse_duration("60s"), Ok(Duration::from_secs(60)));
         assert_eq!(parse_duration("24h"), Ok(Duration::from_secs(86_400)));
         assert_eq!(parse_duration("30d"), Ok(Duration::from_secs(2_592_000)));

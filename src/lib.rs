@@ -2,33 +2,40 @@
 //!
 //! A gRPC service that lets an AI agent's side-effecting tool call happen once: the runtime
 //! **claims** a key before acting, **completes** it with the result, and a repeat of the same
-//! intent gets the stored result back with an honest "already done" note. The behaviour is
-//! specified in the project's contract; the README is the user's guide.
+//! intent gets the stored result back with an honest "already done" note. `docs/behaviour.md`
+//! is the reference for that behaviour; the README is the user's guide.
 //!
 //! # Layout
-//! - [`domain`]: keys (RFC 8785 canonical JSON, derivation, field validation), what of the
-//!   arguments is kept for audit (redaction), and the entry state machine. No tonic, no sqlx:
-//!   unit-tested on its own.
-//! - [`storage`]: the [`storage::Store`] trait and its PostgreSQL and SQLite implementations;
-//!   `sqlx::Error` never leaves it.
-//! - [`ledger`]: the use cases (Claim, Complete, Lookup, Reconcile, ListEntries) driving the
-//!   domain over a store.
-//! - [`grpc`]: the generated `idempotency.v1` types and the service, converting proto ↔ domain.
-//! - [`error`]: the one error type and the one mapping to gRPC codes and details.
-//! - [`admission`]: load shedding and per-tenant rate limits.
-//! - [`auth`]: bearer tokens to tenants, as an interceptor on the ledger service.
-//! - [`server`]: health, reflection, the readiness probe, graceful shutdown.
+//!
+//! The dependency rule, in one line (a module uses only modules to its left; the test
+//! `tests/layout.rs` holds it):
+//!
+//! `domain, proto, defaults, connections, splitmix ← storage ← error ← ledger ← observe ← grpc ← server ← cli`
+//!
+//! - [`domain`]: keys (RFC 8785 canonical JSON, derivation, field validation), tenants, what
+//!   of the arguments is kept for audit (redaction), and the entry state machine with the
+//!   compare-and-set predicates the stores' statements implement. No tonic, no sqlx.
+//! - [`proto`]: the generated `idempotency.v1` types and descriptors.
+//! - [`defaults`]: every default setting, for the command line and the `Default` impls alike.
 //! - [`connections`]: the client connections, bounded: the descriptor limit raised, a cap,
 //!   idle connections closed, an accept loop that backs off when descriptors run out.
-//! - [`wait`]: waking claims that wait for an attempt in flight, in-process and across
-//!   servers.
+//! - [`storage`]: the store traits (split by who needs them: the use cases' entries, the
+//!   batcher's multi-row writes, announcements to other servers, operations) and the
+//!   PostgreSQL and SQLite backends, behind group commit; `sqlx::Error` never leaves it.
+//! - [`error`]: the one error type and the one mapping to gRPC codes, reasons and details.
+//! - [`ledger`]: the use cases, one file each (claim, complete, renew, lookup, list,
+//!   reconcile, retention), the notes, and the claims that wait for an attempt in flight.
 //! - [`observe`]: what the server tells about itself: the Prometheus families on
-//!   `prometheus-client` (the gRPC layer, the ledger's counters, gauges read from the store),
-//!   the replay-rate alarm, the optional `/metrics` endpoint, and the logs (text or JSON, one
-//!   span and one access line per RPC, W3C trace context).
-//! - [`config`]: the command line; every flag has an environment variable.
-//! - [`inspect`]: the `entries` and `entry` subcommands, a gRPC client that prints what a
-//!   running server holds.
+//!   `prometheus-client`, the replay-rate alarm, the `/metrics` endpoint on hyper, and the
+//!   logs (one span and one access line per RPC, W3C trace context). Below [`grpc`], which
+//!   records into it; it knows the ledger's answers (to count them), not the service.
+//! - [`grpc`]: the service, the proto ↔ domain conversions, deadlines, the one rewrite of
+//!   tonic's own refusals, authentication and admission (load shedding, tenant rate limits).
+//! - [`server`]: the settings, health and its store probe, reflection, graceful shutdown;
+//!   every task it starts ends with it.
+//! - [`cli`]: the command line (`serve`, `migrate`) and the inspection commands, gRPC clients
+//!   of a running server.
+//! - `main.rs` and `src/bin/` (the benchmark's client and its gRPC floor) use any of them.
 
 pub mod cli;
 pub mod connections;

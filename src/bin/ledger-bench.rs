@@ -45,7 +45,8 @@
 //!
 //! CPU time (user + system, from /proc) is measured over the measured window for the server
 //! (`--server-pid`), the database (`--db-pid`: a PostgreSQL postmaster, counted with its
-//! backends) and ledger-bench itself, and reported per operation.
+//! backends), a connection pooler between them (`--pooler-pid`: PgBouncer) and ledger-bench
+//! itself, and reported per operation.
 
 use std::collections::BTreeMap;
 use std::error::Error;
@@ -165,6 +166,10 @@ struct Args {
     /// children (the backends) is reported.
     #[arg(long)]
     db_pid: Option<u32>,
+    /// A connection pooler's process id (PgBouncer, between the server and the database): its
+    /// CPU time is reported.
+    #[arg(long)]
+    pooler_pid: Option<u32>,
     /// Also write the results as JSON to this file.
     #[arg(long)]
     json: Option<PathBuf>,
@@ -349,6 +354,7 @@ struct Report {
     server_rss_kib: Option<u64>,
     server_cpu: Option<Cpu>,
     db_cpu: Option<Cpu>,
+    pooler_cpu: Option<Cpu>,
     bench_cpu: Option<Cpu>,
     /// Encoded bytes of the first request and response of each kind of RPC.
     rpc_bytes: BTreeMap<&'static str, [usize; 2]>,
@@ -405,7 +411,11 @@ async fn run(args: Args) -> Result<(), Box<dyn Error>> {
         shared.stop_at = Some(shared.measure_from + shared.args.duration);
     }
     let shared = Arc::new(shared);
-    let pids = [shared.args.server_pid, shared.args.db_pid];
+    let pids = [
+        shared.args.server_pid,
+        shared.args.db_pid,
+        shared.args.pooler_pid,
+    ];
     let measure_from = shared.measure_from;
     let cpu_before = tokio::spawn(async move {
         tokio::time::sleep_until(measure_from).await;
@@ -901,8 +911,8 @@ fn outcome_name(o: Outcome) -> &'static str {
 fn report(
     shared: &Shared,
     total: &Tally,
-    cpu_before: [Option<f64>; 3],
-    cpu_after: [Option<f64>; 3],
+    cpu_before: [Option<f64>; 4],
+    cpu_after: [Option<f64>; 4],
 ) -> Report {
     let args = &shared.args;
     let ops = total.hists[OP].len();
@@ -964,7 +974,8 @@ fn report(
         server_rss_kib: rss,
         server_cpu: cpu(0),
         db_cpu: cpu(1),
-        bench_cpu: cpu(2),
+        pooler_cpu: cpu(2),
+        bench_cpu: cpu(3),
         rpc_bytes: RPC_KINDS
             .iter()
             .filter_map(|&(kind, name)| Some((name, *RPC_BYTES[kind as usize].get()?)))
@@ -989,11 +1000,13 @@ fn memory_of(pid: u32) -> (Option<u64>, Option<u64>) {
     (field("VmHWM:"), field("VmRSS:"))
 }
 
-/// CPU seconds so far of [the server, the database with its children, this process].
-fn cpu_times([server, db]: [Option<u32>; 2]) -> [Option<f64>; 3] {
+/// CPU seconds so far of [the server, the database with its children, the pooler, this
+/// process].
+fn cpu_times([server, db, pooler]: [Option<u32>; 3]) -> [Option<f64>; 4] {
     [
         server.and_then(|p| cpu_of(&p.to_string(), false)),
         db.and_then(|p| cpu_of(&p.to_string(), true)),
+        pooler.and_then(|p| cpu_of(&p.to_string(), false)),
         cpu_of("self", false),
     ]
 }
@@ -1106,6 +1119,7 @@ fn print_table(r: &Report) {
     let cpu = [
         ("server", &r.server_cpu),
         ("database", &r.db_cpu),
+        ("pooler", &r.pooler_cpu),
         ("ledger-bench", &r.bench_cpu),
     ];
     let cpu: Vec<String> = cpu

@@ -1,7 +1,7 @@
 //! Canonical JSON for tool-call arguments: a strict RFC 8259 parser with the ledger's refusals
 //! (duplicate members, lone surrogates, integers a double cannot hold, nesting and size limits),
 //! the optional lenient clean-up, and RFC 8785 (JCS) serialization. The canonical text is what the
-//! key and fingerprint in [`super::key`] hash, so every byte it produces is part of the contract.
+//! key and fingerprint in [`super::key`] hash, so every byte it produces is part of the documented behaviour.
 
 use std::collections::HashSet;
 use std::fmt::Write as _;

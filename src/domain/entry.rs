@@ -1,7 +1,7 @@
 //! The entry and its state machine: what a Claim or a Complete does to an entry as it stands.
 //!
 //! The stores only apply compare-and-set writes; every decision about which write to attempt is
-//! made here, from the entry the store returned, so the contract's state table is tested without
+//! made here, from the entry the store returned, so the state table (docs/behaviour.md) is tested without
 //! a database.
 
 use super::time::Micros;
@@ -165,6 +165,45 @@ impl Completion {
     }
 }
 
+/// The compare-and-set conditions of the stores' single-entry writes. Each is the `WHERE`
+/// clause of one statement in `storage::sql` (and of its multi-row form), written here in
+/// Rust: the decisions in this module choose which write to attempt, and these say when a
+/// store applies it. The integration test `predicates` holds both stores to them on random
+/// entries, boundaries included.
+pub mod cas {
+    use super::{Entry, Micros, Status};
+
+    /// REPLAY: a success that is still there for a request with `fingerprint` at `now`.
+    pub fn replays(e: &Entry, fingerprint: &str, now: Micros) -> bool {
+        e.status == Status::Succeeded
+            && e.fingerprint == fingerprint
+            && e.expires_at.is_some_and(|at| at > now)
+    }
+
+    /// FINISH: the claimant's `token` on an unresolved attempt: ATTEMPTING (in its lease or
+    /// past it), or also UNKNOWN when `also_unknown`.
+    pub fn finishes(e: &Entry, token: &str, also_unknown: bool) -> bool {
+        e.claim_token == token
+            && (e.status == Status::Attempting || (e.status == Status::Unknown && also_unknown))
+    }
+
+    /// RENEW: the holder's `token` on an attempt whose lease has not ended at `now`.
+    pub fn renews(e: &Entry, token: &str, now: Micros) -> bool {
+        e.claim_token == token && e.status == Status::Attempting && e.lease_expires_at > now
+    }
+
+    /// RESOLVE: an outcome nobody knows at `now`: UNKNOWN, or an attempt past its lease (no
+    /// token: the answer concerns the intent, whichever attempt acted).
+    pub fn resolves(e: &Entry, now: Micros) -> bool {
+        e.status == Status::Unknown || (e.status == Status::Attempting && e.lease_expires_at <= now)
+    }
+
+    /// RESTART: a resolved entry that still carries the `token` the claimant read.
+    pub fn restarts(e: &Entry, token: &str) -> bool {
+        e.claim_token == token && e.status.is_resolved()
+    }
+}
+
 /// What a Claim of an existing entry must do.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum ClaimDecision {
@@ -212,8 +251,8 @@ pub enum RenewDecision {
     Apply,
 }
 
-/// Decides what renewing the lease of `existing` with `token` does at `now`. The same rule as
-/// the RENEW statement's `WHERE`: ATTEMPTING with this token and `lease_expires_at > now`.
+/// Decides what renewing the lease of `existing` with `token` does at `now`: applied exactly
+/// when the RENEW statement applies ([`cas::renews`]).
 pub fn decide_renew(existing: &Entry, token: &str, now: Micros) -> RenewDecision {
     if existing.is_expired(now) {
         return RenewDecision::NotFound;
@@ -221,7 +260,7 @@ pub fn decide_renew(existing: &Entry, token: &str, now: Micros) -> RenewDecision
     if existing.claim_token != token {
         return RenewDecision::StaleToken;
     }
-    if existing.effective_status(now) == Status::Attempting {
+    if cas::renews(existing, token, now) {
         RenewDecision::Apply
     } else {
         RenewDecision::LeaseEnded

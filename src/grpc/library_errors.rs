@@ -58,7 +58,7 @@ where
 
 /// tonic answers two kinds of bad input itself, before any handler runs: a request over the
 /// message-size limit (OUT_OF_RANGE) and one that does not decode, such as a string field that
-/// is not UTF-8 (INTERNAL). The contract answers limits with RESOURCE_EXHAUSTED (as gRPC itself
+/// is not UTF-8 (INTERNAL). The ledger answers limits with RESOURCE_EXHAUSTED (as gRPC itself
 /// specifies for oversized messages), malformed input with INVALID_ARGUMENT, and every error
 /// with an ErrorInfo: this rewrites those two answers, and passes every other one through.
 fn rewrite_library_errors(

@@ -107,10 +107,13 @@ impl Ledger {
         };
         // Wait: register first, then mark the entry so other servers announce its change,
         // then re-read in the loop, so that no completion can slip between read and sleep.
+        // Only other servers read the mark: a store no other server shares gets no write.
         let watch = self.waits.watch(tenant.as_str(), &request.key);
-        self.store
-            .mark_waiting(tenant.as_str(), &request.key)
-            .await?;
+        if self.store.shared() {
+            self.store
+                .mark_waiting(tenant.as_str(), &request.key)
+                .await?;
+        }
         loop {
             let changed = watch.notified();
             let output = self.claim_once(tenant, &request).await?;

@@ -152,17 +152,16 @@ impl Ledger {
 
     /// Wakes this server's waiters on the changes other servers announce (PostgreSQL
     /// LISTEN/NOTIFY); without it, they learn of them by polling only. Call once, inside the
-    /// runtime.
-    pub fn listen_for_announcements(&self) {
-        let Some(mut announcements) = self.store.subscribe() else {
-            return;
-        };
+    /// runtime. The relay is the caller's to stop: aborting the task returned drops the
+    /// store's subscription, and with it the store's listening connection.
+    pub fn listen_for_announcements(&self) -> Option<tokio::task::JoinHandle<()>> {
+        let mut announcements = self.store.subscribe()?;
         let waits = self.waits.clone();
-        tokio::spawn(async move {
+        Some(tokio::spawn(async move {
             while let Some((tenant, key)) = announcements.recv().await {
                 waits.wake(&tenant, &key);
             }
-        });
+        }))
     }
 
     /// The waiting claims of this server.
@@ -173,11 +172,6 @@ impl Ledger {
     /// The store, for health probes and migrations.
     pub fn store(&self) -> &Arc<dyn Store> {
         &self.store
-    }
-
-    /// The limits this ledger enforces.
-    pub fn limits(&self) -> &Limits {
-        &self.limits
     }
 
     /// After an entry left ATTEMPTING/UNKNOWN: wake this server's waiters, and announce it to

@@ -46,7 +46,6 @@ pub const BUCKETS: [f64; 15] = [
     0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
 ];
 
-
 /// Completion statuses as label values: the three a claimant reports, and a repeat of an
 /// identical Complete.
 const COMPLETIONS: [&str; 4] = ["succeeded", "failed", "unknown", "already_completed"];

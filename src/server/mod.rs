@@ -84,8 +84,13 @@ pub async fn serve(
     let metrics = Metrics::new(clock.clone(), &settings.metrics_options());
     let probe_clock = clock.clone();
     let ledger = Ledger::new(store.clone(), clock, settings.limits());
-    if settings.listens() {
-        ledger.listen_for_announcements();
+    // Every task this server starts is owned here and stopped when `serve` returns, also on
+    // an early return below.
+    let mut tasks = OwnedTasks::default();
+    if settings.listens()
+        && let Some(relay) = ledger.listen_for_announcements()
+    {
+        tasks.push(relay);
     }
     let addr: SocketAddr = listener
         .local_addr()
@@ -125,36 +130,38 @@ pub async fn serve(
             }
         }
     };
-    let metrics_tasks = match settings.metrics_listen {
-        Some(addr) => {
-            let listener = observe::http::bind(addr).await.map_err(|e| {
-                ServeError::Transport(format!("cannot listen on {addr} for metrics: {e}"))
-            })?;
-            tracing::info!(metrics = %addr, "metrics endpoint listening");
-            // The store is read for gauges only when someone can scrape them.
-            let migrated = {
-                let state = state.clone();
-                move || state.migrated.load(Ordering::Acquire)
-            };
-            vec![
-                tokio::spawn(observe::http::serve(listener, metrics.clone())),
-                tokio::spawn(observe::refresh_loop(
-                    metrics.clone(),
-                    store.clone(),
-                    migrated,
-                    settings.metrics_refresh_interval,
-                )),
-            ]
-        }
-        None => Vec::new(),
-    };
-    let pruner = tokio::spawn(prune_loop(
+    if let Some(addr) = settings.metrics_listen {
+        let listener = observe::http::bind(addr).await.map_err(|e| {
+            ServeError::Transport(format!("cannot listen on {addr} for metrics: {e}"))
+        })?;
+        // The address bound, which differs from the one asked for with port 0.
+        let bound = listener
+            .local_addr()
+            .map_err(|e| ServeError::Transport(format!("metrics listener: {e}")))?;
+        tracing::info!(metrics = %bound, "metrics endpoint listening");
+        // The store is read for gauges only when someone can scrape them.
+        let migrated = {
+            let state = state.clone();
+            move || state.migrated.load(Ordering::Acquire)
+        };
+        tasks.push(tokio::spawn(observe::http::serve(
+            listener,
+            metrics.clone(),
+        )));
+        tasks.push(tokio::spawn(observe::refresh_loop(
+            metrics.clone(),
+            store.clone(),
+            migrated,
+            settings.metrics_refresh_interval,
+        )));
+    }
+    tasks.push(tokio::spawn(prune_loop(
         ledger.clone(),
         state.clone(),
         metrics.clone(),
         settings.prune_interval,
         settings.prune_batch_size,
-    ));
+    )));
     let admission = Arc::new(Admission::new(
         settings.max_concurrent_requests,
         settings.tenant_rate_limit,
@@ -199,10 +206,12 @@ pub async fn serve(
         settings.health_probe_interval,
         fatal_tx,
     ));
+    let probe_stop = probe.abort_handle();
+    tasks.push(probe);
     let signal = {
         let reporter = reporter.clone();
         let state = state.clone();
-        let probe = probe.abort_handle();
+        let probe = probe_stop;
         async move {
             shutdown.await;
             // Health goes first, so load balancers stop sending before the listener closes; the
@@ -249,13 +258,28 @@ pub async fn serve(
             Ok(())
         }
     };
-    probe.abort();
-    pruner.abort();
-    for task in metrics_tasks {
-        task.abort();
-    }
+    drop(tasks);
     tracing::info!("idempotency-ledger stopped");
     result
+}
+
+/// The background tasks of one server, aborted when dropped: `serve` owns them, so none
+/// outlives it, whichever way it returns.
+#[derive(Default)]
+struct OwnedTasks(Vec<tokio::task::JoinHandle<()>>);
+
+impl OwnedTasks {
+    fn push(&mut self, task: tokio::task::JoinHandle<()>) {
+        self.0.push(task);
+    }
+}
+
+impl Drop for OwnedTasks {
+    fn drop(&mut self) {
+        for task in &self.0 {
+            task.abort();
+        }
+    }
 }
 
 /// The bounds of the client connections: `--max-connections` (or what the open-files limit,

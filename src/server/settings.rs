@@ -555,7 +555,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn the_defaults_are_the_contracts() {
+    fn the_defaults_are_the_documented_ones() {
         let s = Settings::defaults();
         assert_eq!(s.listen.to_string(), "127.0.0.1:50051");
         assert_eq!(s.database_url, "sqlite://ledger.db");

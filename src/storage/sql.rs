@@ -1,6 +1,7 @@
 //! The statements both backends run. PostgreSQL and SQLite (through sqlx, which maps `$N` to
 //! SQLite's numbered parameters) accept the same text, so the claim path is written once.
-//! Every statement is a single atomic statement; its `WHERE` clause is the compare-and-set.
+//! Every statement is a single atomic statement; its `WHERE` clause is the compare-and-set,
+//! the one [`cas`](crate::domain::entry::cas) names in Rust for each write.
 
 /// The columns of [`EntryRow`](super::EntryRow), for `RETURNING` clauses.
 macro_rules! entry_columns {
@@ -25,19 +26,22 @@ pub const GET: &str = concat!(
     ", arguments FROM ledger_entries WHERE tenant = $1 AND key = $2"
 );
 
-/// Starts a new attempt on a resolved entry that still carries the token the caller saw.
+/// Starts a new attempt on a resolved entry that still carries the token the caller saw
+/// ([`cas::restarts`](crate::domain::entry::cas::restarts)). The
+/// new attempt has no waiters yet (those of the last one were answered by its outcome).
 pub const RESTART: &str = "UPDATE ledger_entries SET run_id = $3, tool = $4, \
     fingerprint = $5, status = $6, attempt = $7, claim_token = $8, result = $9, error = $10, \
     retryable = $11, principal = $12, started_at = $13, finished_at = $14, \
     lease_expires_at = $15, retention_us = $16, expires_at = $17, replay_count = $18, \
-    arguments = $19 \
+    arguments = $19, has_waiters = FALSE \
     WHERE tenant = $1 AND key = $2 AND claim_token = $20 \
     AND status IN ('SUCCEEDED', 'FAILED')";
 
 /// Records a claimant's outcome `$4` at `$8`, fenced by the claim token and the entry being
 /// ATTEMPTING (or also UNKNOWN when `$9`). A resolved outcome sets `finished_at` and
 /// `expires_at` from the entry's own retention, so the statement needs no prior read.
-/// Returns the entry as written and whether a claim waits for it.
+/// Returns the entry as written and whether a claim waits for it. Applies as
+/// [`cas::finishes`](crate::domain::entry::cas::finishes) says.
 pub const FINISH: &str = concat!(
     "UPDATE ledger_entries SET status = $4, result = $5, error = $6, retryable = $7, \
      finished_at = CASE WHEN $4 IN ('SUCCEEDED', 'FAILED') THEN $8 END, \
@@ -51,7 +55,8 @@ pub const FINISH: &str = concat!(
 );
 
 /// Counts a replay of a result that is still there for this request: SUCCEEDED, the same
-/// fingerprint `$3`, not expired at `$4`. Returns the entry with its new count.
+/// fingerprint `$3`, not expired at `$4` ([`cas::replays`](crate::domain::entry::cas::replays)). Returns the entry with its new
+/// count.
 pub const REPLAY: &str = concat!(
     "UPDATE ledger_entries SET replay_count = replay_count + 1 \
      WHERE tenant = $1 AND key = $2 AND status = 'SUCCEEDED' AND fingerprint = $3 \
@@ -60,8 +65,7 @@ pub const REPLAY: &str = concat!(
 );
 
 /// Extends the lease of the attempt holding token `$3` to `$4`, only while it is ATTEMPTING
-/// and its lease has not ended at `$5` (the same rule as `domain::decide_renew`). Returns the
-/// entry as written.
+/// and its lease has not ended at `$5` ([`cas::renews`](crate::domain::entry::cas::renews)). Returns the entry as written.
 pub const RENEW: &str = concat!(
     "UPDATE ledger_entries SET lease_expires_at = $4 \
      WHERE tenant = $1 AND key = $2 AND claim_token = $3 AND status = 'ATTEMPTING' \
@@ -71,7 +75,7 @@ pub const RENEW: &str = concat!(
 
 /// Records what a reconciler found, fenced by the outcome being unknown at `$9` (reported
 /// UNKNOWN, or an attempt past its lease); no token, since the answer concerns the intent,
-/// whichever attempt made it happen.
+/// whichever attempt made it happen ([`cas::resolves`](crate::domain::entry::cas::resolves)).
 pub const RESOLVE: &str = "UPDATE ledger_entries SET status = $3, result = $4, \
     error = $5, retryable = $6, finished_at = $7, expires_at = $8, reconcile_until = NULL \
     WHERE tenant = $1 AND key = $2 \

@@ -10,7 +10,7 @@ use idempotency_ledger::grpc::pb;
 use idempotency_ledger::grpc::pb::ledger_service_client::LedgerServiceClient;
 use tonic::transport::Channel;
 
-use crate::support::{Backend, ServerProcess, TestDb, claim_req, free_port};
+use crate::support::{Backend, ServerProcess, TestDb, claim_req};
 
 const LIBFAKETIME: &str = "/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1";
 
@@ -20,7 +20,7 @@ async fn skewed_server(url: &str, offset: &'static str) -> ServerProcess {
         std::path::Path::new(LIBFAKETIME).is_file(),
         "{LIBFAKETIME} is missing (Debian's `faketime` package; .ci/run installs it)"
     );
-    ServerProcess::start_with(url, free_port(), &[], move |command| {
+    ServerProcess::start_with(url, 0, &[], move |command| {
         command
             .env("LD_PRELOAD", LIBFAKETIME)
             .env("FAKETIME", offset);

@@ -1,4 +1,4 @@
-//! The storage conformance suite: every row of the contract's state table and every bullet of
+//! The storage conformance suite: every row of the state table (docs/behaviour.md) and every bullet of
 //! Claim, Complete and Lookup, written once against the [`Ledger`] and run on SQLite and on
 //! PostgreSQL. A behaviour only one backend is tested for is not a behaviour of the product.
 

@@ -13,7 +13,7 @@ use idempotency_ledger::grpc::pb::ledger_service_client::LedgerServiceClient;
 use tokio::io::AsyncReadExt;
 use tokio::net::TcpStream;
 
-use crate::support::{ServerProcess, TestDb, claim_req, free_port};
+use crate::support::{ServerProcess, TestDb, claim_req};
 
 const IDLE_CONNECTIONS: usize = 1500;
 
@@ -24,7 +24,7 @@ async fn server_with_descriptor_limit(
     hard: u64,
     extra: &[&str],
 ) -> ServerProcess {
-    ServerProcess::start_with(&db.url, free_port(), extra, move |command| {
+    ServerProcess::start_with(&db.url, 0, extra, move |command| {
         // SAFETY: setrlimit is async-signal-safe, and the closure touches nothing else.
         unsafe {
             command.pre_exec(move || {

@@ -1,6 +1,6 @@
 //! Fault injection: the ledger under load while its process is killed, its database crashes,
 //! and the link to the database is slowed, partitioned, reset and cut at the worst moment; then
-//! a checker reads the final state and counts what the contract forbids.
+//! a checker reads the final state and counts what the documented behaviour forbids.
 //!
 //! # Scenarios
 //!
@@ -35,7 +35,7 @@
 //!   `CLAIMED` and is then `NOT_FOUND` counts too.
 //! - `duplicated`: two different tokens answered `CLAIMED` for the same key and attempt (each
 //!   extra winner counts one).
-//! - `unexpected`: answers the contract does not allow where they came (each answer counts
+//! - `unexpected`: answers the documented behaviour does not allow where they came (each answer counts
 //!   once, whatever is wrong with it), namely
 //!   - `INTERNAL`, or any error other than `UNAVAILABLE`/`DEADLINE_EXCEEDED`/no answer, to a
 //!     well-formed Claim or Complete (except `STALE_CLAIM_TOKEN` for a retried retryable
@@ -105,7 +105,7 @@ use tonic_types::StatusExt;
 
 use crate::support::postgres::{PgCluster, StopMode};
 use crate::support::proxy::Proxy;
-use crate::support::{Backend, ServerProcess, TestDb, claim_req, free_port, reason};
+use crate::support::{Backend, ServerProcess, TestDb, claim_req, reason};
 
 /// Flags of every server the scenarios start.
 const SERVER_FLAGS: &[&str] = &["--db-acquire-timeout", "2s"];
@@ -1439,8 +1439,9 @@ async fn kill9_under_load(
     let profile = profile(bounded_kills, full_kills);
     let mut rng = Rng(seed(name));
     let db = TestDb::new(backend);
-    let port = free_port();
-    let mut server = ServerProcess::start_on(&db.url, port, SERVER_FLAGS).await;
+    let mut server = ServerProcess::start(&db.url, SERVER_FLAGS).await;
+    // Restarts come back on the port the kernel gave the first start.
+    let port = server.addr.port();
     let load = Load::start(12, &[server.addr], opts, rng.next(), plan);
     let started = Instant::now();
     let slot = profile.load / u32::try_from(profile.faults + 1).expect("few faults");
@@ -1473,17 +1474,12 @@ async fn faults_three_servers_on_postgres_one_killed() {
     let profile = profile(1, 3).full_acknowledged(200);
     let mut rng = Rng(seed(name));
     let db = TestDb::new(Backend::Postgres);
-    let mut ports = Vec::new();
-    while ports.len() < 3 {
-        let p = free_port();
-        if !ports.contains(&p) {
-            ports.push(p);
-        }
-    }
     let mut servers = Vec::new();
-    for port in &ports {
-        servers.push(ServerProcess::start_on(&db.url, *port, SERVER_FLAGS).await);
+    for _ in 0..3 {
+        servers.push(ServerProcess::start(&db.url, SERVER_FLAGS).await);
     }
+    // Restarts come back on the ports the kernel gave the first starts.
+    let ports: Vec<u16> = servers.iter().map(|s| s.addr.port()).collect();
     let addrs: Vec<SocketAddr> = servers.iter().map(|s| s.addr).collect();
     // Four groups of 16 clients; a group's clients sweep the same blocks of 8 keys together,
     // each block in a different order, on different servers.

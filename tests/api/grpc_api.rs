@@ -80,7 +80,7 @@ pub(crate) fn assert_error(status: &tonic::Status, code: Code, reason: &str, fie
     }
 }
 
-/// The key the contract derives, computed here independently of the library.
+/// The key docs/behaviour.md derives, computed here independently of the library.
 pub(crate) fn expected_key(domain: &str, run: &str, tool: &str, canonical: &str) -> String {
     let mut h = Sha256::new();
     for part in [domain, run, tool] {
@@ -719,10 +719,13 @@ async fn a_call_whose_deadline_passes_first_is_deadline_exceeded() {
     };
     // The pool would wait for its 2 s acquire timeout; the 1 s deadline comes first.
     assert_eq!(err.code(), Code::DeadlineExceeded, "{err:?}");
-    if let Some(info) = err.get_details_error_info() {
-        assert_eq!(info.reason, "DEADLINE_EXCEEDED", "{err:?}");
-        assert_eq!(info.domain, "idempotency.v1", "{err:?}");
-    }
+    // The server's answer, not the client's timer: tonic's client only sends the deadline
+    // (grpc-timeout) and does not enforce it, so the status has the ledger's ErrorInfo.
+    let info = err
+        .get_details_error_info()
+        .unwrap_or_else(|| panic!("no ErrorInfo: not the server's answer? {err:?}"));
+    assert_eq!(info.reason, "DEADLINE_EXCEEDED", "{err:?}");
+    assert_eq!(info.domain, "idempotency.v1", "{err:?}");
     assert!(
         took < Duration::from_millis(1800),
         "answered at the deadline, took {took:?}"

@@ -272,7 +272,7 @@ async fn the_start_up_log_hides_the_database_password() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn help_documents_every_flag_and_environment_variable_of_the_contract() {
+async fn help_documents_every_flag_and_its_environment_variable() {
     let out = tokio::time::timeout(
         Duration::from_secs(20),
         tokio::process::Command::new(BIN)

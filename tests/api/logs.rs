@@ -14,7 +14,7 @@ use tonic::transport::Channel;
 
 use crate::support::postgres::PgCluster;
 use crate::support::proxy::Proxy;
-use crate::support::{Backend, TestDb, claim_req, free_port, success};
+use crate::support::{Backend, STARTING, TestDb, claim_req, success, wait_for_logged_addr};
 
 /// Every log line at trace level, less the HTTP/2 frame chatter.
 const TRACE: &str = "trace,h2=info,hyper=info,tower=info";
@@ -39,10 +39,9 @@ impl LoggedServer {
         let log_path = dir.path().join("server.log");
         let tokens = dir.path().join("tokens");
         std::fs::write(&tokens, format!("acme {TOKEN}\n")).expect("tokens file");
-        let addr: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().expect("addr");
         let child = tokio::process::Command::new(env!("CARGO_BIN_EXE_idempotency-ledger"))
             .arg("--listen")
-            .arg(addr.to_string())
+            .arg("127.0.0.1:0")
             .arg("--database-url")
             .arg(url)
             .arg("--auth-tokens-file")
@@ -57,6 +56,7 @@ impl LoggedServer {
             .kill_on_drop(true)
             .spawn()
             .expect("spawn idempotency-ledger");
+        let addr = wait_for_logged_addr(&log_path, STARTING, "listen").await;
         let server = LoggedServer {
             child,
             addr,

@@ -606,14 +606,34 @@ async fn every_server_on_one_postgres_reports_the_stores_unresolved_count() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn both_endpoints_log_the_addresses_they_bound() {
+    // Port 0 for both: the kernel picks, the start-up log says what it picked, and that is
+    // where the server answers (the log once said `metrics=127.0.0.1:0`).
+    let db = TestDb::new(Backend::Sqlite);
+    let server = ServerProcess::start(&db.url, &["--metrics-listen", "127.0.0.1:0"]).await;
+    let metrics = server.metrics_addr();
+    assert_ne!(metrics.port(), 0, "{}", server.startup_log);
+    assert_ne!(server.addr.port(), 0, "{}", server.startup_log);
+    let mut client = server.client().await;
+    client
+        .claim(claim_req("run-a", "issue_credit", r#"{"n":1}"#))
+        .await
+        .expect("claim on the logged address");
+    let text = scrape(metrics).await;
+    assert!(
+        text.contains("ledger_claims_total{outcome=\"claimed\",tool=\"issue_credit\"} 1"),
+        "{text}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_replay_alarm_logs_one_warning_per_window() {
     let db = TestDb::new(Backend::Sqlite);
-    let metrics = metrics_addr();
     let server = ServerProcess::start(
         &db.url,
         &[
             "--metrics-listen",
-            &metrics.to_string(),
+            "127.0.0.1:0",
             "--metrics-refresh-interval",
             "50ms",
             "--replay-alarm-window",
@@ -661,7 +681,11 @@ async fn the_replay_alarm_logs_one_warning_per_window() {
         logged[0].contains("claims=3") && logged[0].contains("replays=0"),
         "{logged:?}"
     );
-    assert_series(&scrape(metrics).await, "ledger_replay_alarm", 1.0);
+    assert_series(
+        &scrape(server.metrics_addr()).await,
+        "ledger_replay_alarm",
+        1.0,
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -978,7 +978,7 @@ async fn raw_claim<M: prost::Message + Send + Sync + 'static>(app: &TestApp, mes
 }
 
 /// A request message that does not decode (a `string` field that is not UTF-8, or a field of
-/// the wrong wire type) is malformed input, which the contract answers with INVALID_ARGUMENT.
+/// the wrong wire type) is malformed input, which the ledger answers with INVALID_ARGUMENT.
 /// tonic answers it with INTERNAL ("failed to decode Protobuf message: ClaimRequest.run_id:
 /// invalid string value: data is not UTF-8 encoded"), without an ErrorInfo, before any ledger
 /// code runs. FAILS until the server rewrites that answer, as it already does for oversized

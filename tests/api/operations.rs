@@ -65,10 +65,8 @@ async fn the_server_speaks_tls_with_the_given_certificate() {
 
     let db = crate::support::TestDb::new(Backend::Sqlite);
     let url = db.url.clone();
-    let port = free_port();
-    let server = crate::support::ServerProcess::start_on(
+    let server = crate::support::ServerProcess::start(
         &url,
-        port,
         &[
             "--tls-cert",
             cert_path.to_str().expect("utf-8"),
@@ -77,6 +75,7 @@ async fn the_server_speaks_tls_with_the_given_certificate() {
         ],
     )
     .await;
+    let port = server.addr.port();
     assert!(
         server.startup_log.contains("tls=true"),
         "{}",
@@ -133,10 +132,8 @@ pub(crate) async fn mutual_tls_server(
 ) -> (crate::support::TestDb, u16, crate::support::ServerProcess) {
     let path = |name: &str| pki.dir.path().join(name).to_string_lossy().into_owned();
     let db = crate::support::TestDb::new(Backend::Sqlite);
-    let port = free_port();
-    let server = crate::support::ServerProcess::start_on(
+    let server = crate::support::ServerProcess::start(
         &db.url,
-        port,
         &[
             "--tls-cert",
             &path("server.pem"),
@@ -147,6 +144,7 @@ pub(crate) async fn mutual_tls_server(
         ],
     )
     .await;
+    let port = server.addr.port();
     (db, port, server)
 }
 

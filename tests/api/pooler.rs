@@ -9,7 +9,7 @@ use std::time::Duration;
 use sqlx::ConnectOptions as _;
 use sqlx::postgres::PgConnectOptions;
 
-use crate::support::{Backend, ServerProcess, TestDb, claim_req, free_port};
+use crate::support::{Backend, ServerProcess, TestDb, claim_req};
 
 /// A plain client of PgBouncer: what another application sharing the pool would use.
 async fn plain_client(url: &str) -> sqlx::PgConnection {
@@ -82,10 +82,9 @@ async fn run_to_exit(args: &[&str]) -> (std::process::ExitStatus, String) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_server_that_expects_no_pooler_refuses_to_start_behind_one_in_transaction_mode() {
     let db = TestDb::new(Backend::PgBouncer);
-    let listen = format!("127.0.0.1:{}", free_port());
     let (status, log) = run_to_exit(&[
         "--listen",
-        &listen,
+        "127.0.0.1:0",
         "--database-url",
         &db.url,
         "--health-probe-interval",
@@ -126,14 +125,8 @@ async fn behind_a_transaction_pooler_migrations_run_against_the_database_itself(
     let pooled = ["--postgres-pooler", "transaction"];
 
     // Not migrated, no migrations URL: the server says what to run and serves nothing.
-    let port = free_port();
     let mut server = tokio::process::Command::new(env!("CARGO_BIN_EXE_idempotency-ledger"))
-        .args([
-            "--listen",
-            &format!("127.0.0.1:{port}"),
-            "--database-url",
-            &db.url,
-        ])
+        .args(["--listen", "127.0.0.1:0", "--database-url", &db.url])
         .args(pooled)
         .args(["--health-probe-interval", "200ms"])
         .env("RUST_LOG", "info")

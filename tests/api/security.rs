@@ -8,7 +8,7 @@ use idempotency_ledger::grpc::pb;
 use idempotency_ledger::grpc::pb::ledger_service_client::LedgerServiceClient;
 use tonic::transport::Channel;
 
-use crate::support::{Backend, TestDb, claim_req, free_port, success};
+use crate::support::{Backend, STARTING, TestDb, claim_req, success, wait_for_logged_addr};
 
 const CANARY: &str = "CANARY-7f1d9c-sk_live_do_not_log";
 
@@ -19,15 +19,9 @@ async fn arguments_and_results_never_appear_in_the_logs() {
         let log_dir = tempfile::tempdir().expect("dir");
         let log_path = log_dir.path().join("server.log");
         let log = std::fs::File::create(&log_path).expect("log file");
-        let port = free_port();
         // The most verbose level our crate and sqlx log at.
         let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_idempotency-ledger"))
-            .args([
-                "--listen",
-                &format!("127.0.0.1:{port}"),
-                "--database-url",
-                &db.url,
-            ])
+            .args(["--listen", "127.0.0.1:0", "--database-url", &db.url])
             .env(
                 "RUST_LOG",
                 "trace,h2=info,hyper=info,tower=info,tonic=debug",
@@ -38,6 +32,9 @@ async fn arguments_and_results_never_appear_in_the_logs() {
             .kill_on_drop(true)
             .spawn()
             .expect("spawn");
+        let port = wait_for_logged_addr(&log_path, STARTING, "listen")
+            .await
+            .port();
         let channel = connect(port).await;
         let mut client = LedgerServiceClient::new(channel);
         let args = format!("{{\"card_number\":\"{CANARY}\",\"amount\":5}}");

@@ -10,15 +10,16 @@ use tonic_health::pb::health_client::HealthClient;
 
 use crate::support::pgbouncer::PgBouncer;
 use crate::support::postgres::PgCluster;
-use crate::support::{claim_req, free_port};
+use crate::support::{STARTING, claim_req, free_port, wait_for_logged_addr};
 
 /// Runs the server on `url` for `for_how_long`, sending a claim now and then (each answered
 /// UNAVAILABLE), and returns what it logged.
 async fn log_of_a_server_on(url: &str, for_how_long: Duration) -> String {
     use idempotency_ledger::grpc::pb::ledger_service_client::LedgerServiceClient;
-    let addr = format!("127.0.0.1:{}", free_port());
+    let dir = tempfile::tempdir().expect("dir");
+    let log_path = dir.path().join("server.log");
     let mut server = tokio::process::Command::new(env!("CARGO_BIN_EXE_idempotency-ledger"))
-        .args(["--listen", &addr, "--database-url", url])
+        .args(["--listen", "127.0.0.1:0", "--database-url", url])
         .args([
             "--health-probe-interval",
             "200ms",
@@ -26,10 +27,11 @@ async fn log_of_a_server_on(url: &str, for_how_long: Duration) -> String {
             "1s",
         ])
         .env("RUST_LOG", "info")
-        .stderr(std::process::Stdio::piped())
+        .stderr(std::fs::File::create(&log_path).expect("log file"))
         .kill_on_drop(true)
         .spawn()
         .expect("spawn");
+    let addr = wait_for_logged_addr(&log_path, STARTING, "listen").await;
     let started = tokio::time::Instant::now();
     let mut calls = 0;
     while started.elapsed() < for_how_long {
@@ -60,8 +62,8 @@ async fn log_of_a_server_on(url: &str, for_how_long: Duration) -> String {
     }
     assert!(calls >= 3, "the server answered only {calls} calls");
     server.start_kill().expect("kill");
-    let out = server.wait_with_output().await.expect("output");
-    String::from_utf8_lossy(&out.stderr).into_owned()
+    server.wait().await.expect("exit");
+    std::fs::read_to_string(&log_path).expect("log")
 }
 
 /// The cause is logged once, at WARN, with where the store is.

@@ -157,3 +157,97 @@ async fn a_wait_is_cut_to_the_servers_maximum() {
         "{took:?}"
     );
 }
+
+/// The stored `has_waiters` flag of `key`, read from the database itself.
+async fn waiter_flag(db: &TestDb, key: &str) -> bool {
+    use sqlx::Connection as _;
+    let sql = "SELECT has_waiters FROM ledger_entries WHERE key = $1";
+    match db.backend {
+        Backend::Sqlite => {
+            let mut conn = sqlx::SqliteConnection::connect(&db.url)
+                .await
+                .expect("connect");
+            sqlx::query_scalar(sql)
+                .bind(key)
+                .fetch_one(&mut conn)
+                .await
+                .expect("read")
+        }
+        _ => {
+            let mut conn = sqlx::PgConnection::connect(&db.direct_url)
+                .await
+                .expect("connect");
+            sqlx::query_scalar(sql)
+                .bind(key)
+                .fetch_one(&mut conn)
+                .await
+                .expect("read")
+        }
+    }
+}
+
+/// A claim of `ARGS` that waits up to 300 ms; its outcome.
+async fn short_wait(app: &TestApp) -> pb::Outcome {
+    app.client
+        .clone()
+        .claim(pb::ClaimRequest {
+            wait: Some(prost_types::Duration {
+                seconds: 0,
+                nanos: 300_000_000,
+            }),
+            ..claim_req("run-f", "open_ticket", ARGS)
+        })
+        .await
+        .expect("waiting claim")
+        .into_inner()
+        .outcome()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_waiter_flag_is_written_only_where_it_is_read_and_a_new_attempt_clears_it() {
+    for backend in [Backend::Sqlite, Backend::Postgres] {
+        let app = spawn_app(backend).await;
+        let first = app
+            .client
+            .clone()
+            .claim(claim_req("run-f", "open_ticket", ARGS))
+            .await
+            .expect("claim")
+            .into_inner();
+        let key = first.entry.as_ref().expect("entry").key.clone();
+        assert_eq!(short_wait(&app).await, pb::Outcome::InProgress);
+        // Only another server reads the flag (to announce the change); SQLite has no other
+        // server, so a waiter there writes nothing.
+        assert_eq!(
+            waiter_flag(&app.db, &key).await,
+            backend == Backend::Postgres,
+            "{backend:?}: the flag after a wait"
+        );
+        // A retryable failure, then the next claim starts attempt 2 on the same row: nobody
+        // waits for that attempt yet, so its completion must not be announced.
+        app.client
+            .clone()
+            .complete(pb::CompleteRequest {
+                status: pb::Status::Failed.into(),
+                error: "upstream timed out before acting".into(),
+                retryable: true,
+                result: Default::default(),
+                ..success(&key, &first.claim_token, b"")
+            })
+            .await
+            .expect("complete failed");
+        let second = app
+            .client
+            .clone()
+            .claim(claim_req("run-f", "open_ticket", ARGS))
+            .await
+            .expect("claim again")
+            .into_inner();
+        assert_eq!(second.outcome(), pb::Outcome::Claimed, "{backend:?}");
+        assert_eq!(second.entry.as_ref().expect("entry").attempt, 2);
+        assert!(
+            !waiter_flag(&app.db, &key).await,
+            "{backend:?}: a new attempt starts with no waiters"
+        );
+    }
+}

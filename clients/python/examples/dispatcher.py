@@ -74,7 +74,7 @@ class Dispatcher:
             result = self.ledger.run_once(run_id, tool, arguments,
                                           lambda attempt: self.tools[tool](attempt, arguments))
         except PreviouslyFailedError as e:
-            return {"ok": False, "error": e.error, "note": e.note}
+            return {"ok": False, "note": e.note}  # the note quotes the stored error
         except OutcomeUnknownError as e:
             return {"ok": False, "status": "unknown", "note": e.note}
         except InProgressError as e:
@@ -105,13 +105,14 @@ def reply_result(reply: dict[str, Any]) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n", 1)[0])
     parser.add_argument("--target", default="127.0.0.1:50051", help="the ledger's host:port")
     parser.add_argument("--token", help="bearer token of the tenant, if the ledger needs one")
     parser.add_argument("--world", required=True, help="the example world's JSON file")
     parser.add_argument("--run-id", required=True, help="the agent run")
     parser.add_argument("--fault", choices=("rate-limited", "timeout-before-effect",
-                                            "timeout-after-effect"))
+                                            "timeout-after-effect"),
+                        help="make the API fail this way (see world.py)")
     parser.add_argument("tool", help="issue_credit or send_reply")
     parser.add_argument("arguments", help="the tool call's arguments, a JSON object")
     ns = parser.parse_args(argv)

@@ -71,7 +71,7 @@ def build_agent(ledger: Ledger, world: World) -> Agent[None, str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n", 1)[0])
     parser.add_argument("--target", default="127.0.0.1:50051", help="the ledger's address")
     parser.add_argument("--world", required=True, help="the example world's JSON file")
     parser.add_argument("--run-id", required=True, help="the agent run (pydantic-ai's run_id)")

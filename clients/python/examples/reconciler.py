@@ -62,7 +62,7 @@ def reconcile(ledger: Ledger, world: World, *, older_than: float = 30.0, tool: s
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n", 1)[0])
     parser.add_argument("--target", default="127.0.0.1:50051", help="the ledger's host:port")
     parser.add_argument("--token", help="bearer token of the tenant, if the ledger needs one")
     parser.add_argument("--world", required=True, help="the example world's JSON file")

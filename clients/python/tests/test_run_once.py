@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 
@@ -179,6 +180,8 @@ def test_a_permanent_failure_is_returned_to_every_repeat(ledger: Ledger, run_id:
     # The server's note quotes the stored error; the message says it once.
     assert str(previously.value) == f"[PREVIOUSLY_FAILED] {previously.value.note}"
     assert str(previously.value).count("no customer") == 1
+    # And what the model reads says it once too.
+    assert json.dumps(previously.value.for_model()).count("no customer") == 1
 
 
 def test_a_timeout_completes_unknown_and_is_never_rerun(ledger: Ledger, run_id: str) -> None:

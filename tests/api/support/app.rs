@@ -362,11 +362,14 @@ pub struct ServerProcess {
 impl ServerProcess {
     /// Starts the binary with `--database-url url` and `extra` flags, and waits until its health
     /// reports SERVING.
+    /// It listens on a port the kernel picks (`--listen 127.0.0.1:0`); its start-up log says
+    /// which.
     pub async fn start(url: &str, extra: &[&str]) -> ServerProcess {
-        ServerProcess::start_on(url, free_port(), extra).await
+        ServerProcess::start_on(url, 0, extra).await
     }
 
-    /// As [`ServerProcess::start`], on a given port.
+    /// As [`ServerProcess::start`], on a given port (a restart on the port a first start
+    /// was given; 0 lets the kernel pick).
     pub async fn start_on(url: &str, port: u16, extra: &[&str]) -> ServerProcess {
         ServerProcess::start_with(url, port, extra, |_| {}).await
     }
@@ -431,12 +434,24 @@ impl ServerProcess {
                 sink.push('\n');
             }
         });
+        let addr = if port == 0 {
+            logged_addr(&startup_log, STARTING, "listen")
+                .unwrap_or_else(|| panic!("no bound address in the start-up log:\n{startup_log}"))
+        } else {
+            addr
+        };
         ServerProcess {
             addr,
             child,
             startup_log,
             log,
         }
+    }
+
+    /// Where the metrics endpoint listens, as the start-up log says (`--metrics-listen`).
+    pub fn metrics_addr(&self) -> SocketAddr {
+        logged_addr(&self.startup_log, "metrics endpoint listening", "metrics")
+            .unwrap_or_else(|| panic!("no metrics address logged:\n{}", self.startup_log))
     }
 
     pub async fn channel(&self) -> Channel {
@@ -462,6 +477,70 @@ impl ServerProcess {
         assert!(status.success());
     }
 }
+
+/// `line` without its colour escapes (the text log format colours field names on a
+/// terminal, and some environments force it).
+pub fn plain(line: &str) -> String {
+    let mut out = String::with_capacity(line.len());
+    let mut chars = line.chars();
+    while let Some(c) = chars.next() {
+        if c == '\u{1b}' {
+            for d in chars.by_ref() {
+                if d.is_ascii_alphabetic() {
+                    break;
+                }
+            }
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
+
+/// The address a server logged in the field `field` of its line with `message` (text or JSON
+/// log format): where it bound `--listen 127.0.0.1:0` (`"idempotency-ledger starting"`,
+/// `listen`) or `--metrics-listen 127.0.0.1:0` (`"metrics endpoint listening"`, `metrics`).
+pub fn logged_addr(log: &str, message: &str, field: &str) -> Option<SocketAddr> {
+    let (text, json) = (format!(" {field}="), format!("\"{field}\":\""));
+    log.lines()
+        .map(plain)
+        .filter(|l| l.contains(message))
+        .find_map(|l| {
+            let at = l
+                .find(&text)
+                .map(|i| i + text.len())
+                .or_else(|| l.find(&json).map(|i| i + json.len()))?;
+            let rest = &l[at..];
+            let end = rest
+                .find(|c: char| c.is_whitespace() || c == '"' || c == ',')
+                .unwrap_or(rest.len());
+            rest[..end].parse().ok()
+        })
+}
+
+/// Waits until the log file at `path` holds the address [`logged_addr`] finds; panics with
+/// the log after 20 s.
+pub async fn wait_for_logged_addr(
+    path: &std::path::Path,
+    message: &str,
+    field: &str,
+) -> SocketAddr {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    loop {
+        let log = std::fs::read_to_string(path).unwrap_or_default();
+        if let Some(addr) = logged_addr(&log, message, field) {
+            return addr;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "no {field} address logged with {message:?} within 20 s:\n{log}"
+        );
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+}
+
+/// The line the server logs, with its bound address (`listen`), once it is about to serve.
+pub const STARTING: &str = "idempotency-ledger starting";
 
 /// A TCP port that was free a moment ago.
 /// A port that is free now, for a listener a test cannot bind itself (a server process, or a

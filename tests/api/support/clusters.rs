@@ -18,7 +18,7 @@ use tonic_health::pb::HealthCheckRequest;
 use tonic_health::pb::health_check_response::ServingStatus;
 use tonic_health::pb::health_client::HealthClient;
 
-use super::free_port;
+use super::app::{STARTING, logged_addr, plain};
 use super::postgres::{ClusterSetup, PgCluster, server_command};
 
 /// `pg_hba.conf` that lets anyone in from 127.0.0.1 over TLS, and nobody without it.
@@ -245,20 +245,18 @@ fn base_backup(port: u16, data: &Path) -> Result<(), String> {
 /// whether or not its store ever lets it serve (unlike `ServerProcess`, which waits until
 /// it does).
 pub struct LedgerProcess {
-    pub addr: SocketAddr,
     pub child: tokio::process::Child,
     log: Arc<Mutex<String>>,
 }
 
 impl LedgerProcess {
-    /// Starts the binary on a free port with `--database-url url`, a 200 ms health probe, and
-    /// `extra` flags; returns at once.
+    /// Starts the binary on a port the kernel picks (its log says which) with
+    /// `--database-url url`, a 200 ms health probe, and `extra` flags; returns at once.
     pub fn spawn(url: &str, extra: &[&str]) -> LedgerProcess {
         use tokio::io::{AsyncBufReadExt, BufReader};
-        let addr: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().expect("addr");
         let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_idempotency-ledger"))
             .arg("--listen")
-            .arg(addr.to_string())
+            .arg("127.0.0.1:0")
             .arg("--database-url")
             .arg(url)
             .arg("--health-probe-interval")
@@ -283,7 +281,14 @@ impl LedgerProcess {
                 sink.push('\n');
             }
         });
-        LedgerProcess { addr, child, log }
+        LedgerProcess { child, log }
+    }
+
+    /// Where it listens, once its start-up line says (within 20 s).
+    pub async fn addr(&self) -> SocketAddr {
+        let line = self.wait_for_log(STARTING, Duration::from_secs(20)).await;
+        logged_addr(&line, STARTING, "listen")
+            .unwrap_or_else(|| panic!("no address in the start-up line: {line}"))
     }
 
     /// Everything the server logged so far, without colour escapes.
@@ -318,7 +323,7 @@ impl LedgerProcess {
     }
 
     pub async fn channel(&self) -> Result<Channel, tonic::transport::Error> {
-        Channel::from_shared(format!("http://{}", self.addr))
+        Channel::from_shared(format!("http://{}", self.addr().await))
             .expect("uri")
             .connect_timeout(Duration::from_secs(2))
             .connect()
@@ -333,8 +338,8 @@ impl LedgerProcess {
                 Ok(channel) => return LedgerServiceClient::new(channel),
                 Err(e) => assert!(
                     tokio::time::Instant::now() < deadline,
-                    "the server does not listen on {}: {e}; its log:\n{}",
-                    self.addr,
+                    "the server does not listen ({} log lines): {e}; its log:\n{}",
+                    self.log().lines().count(),
                     self.log()
                 ),
             }
@@ -373,22 +378,4 @@ impl LedgerProcess {
     pub fn is_running(&mut self) -> bool {
         matches!(self.child.try_wait(), Ok(None))
     }
-}
-
-/// A log line without its ANSI colour escapes.
-fn plain(line: &str) -> String {
-    let mut out = String::with_capacity(line.len());
-    let mut chars = line.chars();
-    while let Some(c) = chars.next() {
-        if c == '\u{1b}' {
-            for d in chars.by_ref() {
-                if d.is_ascii_alphabetic() {
-                    break;
-                }
-            }
-        } else {
-            out.push(c);
-        }
-    }
-    out
 }

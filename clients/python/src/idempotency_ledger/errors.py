@@ -264,8 +264,9 @@ class PreviouslyFailedError(LedgerError):
         self.error = entry.error
 
     def for_model(self) -> dict[str, Any]:
-        """The note for the model (it quotes the stored error): do not retry this intent."""
-        return {"status": "previously_failed", "note": self.note, "error": self.error}
+        """The note for the model: do not retry this intent. The server's note quotes the
+        stored error, so the error is not added again (``error`` has it for code)."""
+        return {"status": "previously_failed", "note": self.note or self.error}
 
 
 # --- what an action raises --------------------------------------------------------------------

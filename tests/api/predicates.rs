@@ -1,0 +1,241 @@
+//! The stores' compare-and-set writes apply exactly when the domain's predicates
+//! (`domain::entry::cas`) say, on random entries, on both stores, through the unbatched
+//! backend and through group commit (whose multi-row FINISH has a `WHERE` of its own).
+//!
+//! Each case stores a random entry under a fresh key (any status, either of two tokens and
+//! fingerprints, a lease and an expiry just before, at or just after `now`), runs one write
+//! with random parameters, and compares "the store wrote it" with the predicate.
+
+use std::sync::Arc;
+
+use idempotency_ledger::domain::entry::cas;
+use idempotency_ledger::domain::{Completion, Entry, FinalStatus, Micros, Status};
+use idempotency_ledger::splitmix::SplitMix64;
+use idempotency_ledger::storage::{Entries, Finish};
+
+use crate::support::{Backend, TestDb};
+
+const TENANT: &str = "acme";
+const NOW: Micros = Micros(1_800_000_000_000_000);
+const CASES: usize = 60;
+
+/// One second, in the store's unit.
+const S: i64 = 1_000_000;
+
+struct Gen(SplitMix64);
+
+impl Gen {
+    fn pick<T: Copy>(&mut self, of: &[T]) -> T {
+        *self.0.pick(of)
+    }
+
+    /// `NOW` moved by one of -1 s, -1 µs, 0, +1 µs, +1 s: the boundaries the statements
+    /// compare with `<`, `<=` and `>`.
+    fn near_now(&mut self) -> Micros {
+        Micros(NOW.0 + self.pick(&[-S, -1, 0, 1, S]))
+    }
+
+    fn entry(&mut self, key: String) -> Entry {
+        let status = self.pick(&[
+            Status::Attempting,
+            Status::Succeeded,
+            Status::Failed,
+            Status::Unknown,
+        ]);
+        let resolved = status.is_resolved();
+        Entry {
+            key,
+            run_id: "run-p".into(),
+            tool: "issue_credit".into(),
+            fingerprint: self.pick(&["f1", "f2"]).into(),
+            status,
+            attempt: 1,
+            claim_token: self.pick(&["t1", "t2"]).into(),
+            result: if status == Status::Succeeded {
+                b"done".to_vec()
+            } else {
+                Vec::new()
+            },
+            error: if status == Status::Failed {
+                "declined".into()
+            } else {
+                String::new()
+            },
+            retryable: status == Status::Failed && self.pick(&[false, true]),
+            principal: String::new(),
+            started_at: Micros(NOW.0 - 10 * S),
+            finished_at: resolved.then_some(Micros(NOW.0 - 5 * S)),
+            lease_expires_at: self.near_now(),
+            retention: Micros(3600 * S),
+            expires_at: resolved.then(|| self.near_now()),
+            replay_count: 0,
+            arguments: None,
+        }
+    }
+}
+
+/// The five writes; each case runs one of them.
+#[derive(Clone, Copy, Debug)]
+enum Write {
+    Replay,
+    Finish,
+    Renew,
+    Resolve,
+    Restart,
+}
+
+/// Runs `write` with random parameters against `stored` (already in `store`); whether the
+/// store applied it, and whether the domain says it should have.
+async fn run_case(
+    store: &dyn Entries,
+    g: &mut Gen,
+    write: Write,
+    stored: &Entry,
+) -> (bool, bool, String) {
+    let token = g.pick(&["t1", "t2"]);
+    let fingerprint = g.pick(&["f1", "f2"]);
+    let key = stored.key.as_str();
+    match write {
+        Write::Replay => {
+            let wrote = store
+                .replay(TENANT, key, fingerprint, NOW)
+                .await
+                .expect("replay")
+                .is_some();
+            (
+                wrote,
+                cas::replays(stored, fingerprint, NOW),
+                format!("fingerprint {fingerprint}"),
+            )
+        }
+        Write::Finish => {
+            let also_unknown = g.pick(&[false, true]);
+            let cmd = Finish {
+                key: key.to_string(),
+                claim_token: token.to_string(),
+                completion: Completion {
+                    status: FinalStatus::Succeeded,
+                    result: b"ok".to_vec(),
+                    error: String::new(),
+                    retryable: false,
+                },
+                now: NOW,
+                also_unknown,
+            };
+            let wrote = store.finish(TENANT, &cmd).await.expect("finish").is_some();
+            (
+                wrote,
+                cas::finishes(stored, token, also_unknown),
+                format!("token {token}, also_unknown {also_unknown}"),
+            )
+        }
+        Write::Renew => {
+            let wrote = store
+                .renew(TENANT, key, token, Micros(NOW.0 + 60 * S), NOW)
+                .await
+                .expect("renew")
+                .is_some();
+            (
+                wrote,
+                cas::renews(stored, token, NOW),
+                format!("token {token}"),
+            )
+        }
+        Write::Resolve => {
+            let done = Completion {
+                status: FinalStatus::Failed,
+                result: Vec::new(),
+                error: "never sent".into(),
+                retryable: false,
+            }
+            .apply_to(stored, NOW);
+            let wrote = store
+                .resolve(TENANT, &done, NOW)
+                .await
+                .expect("resolve")
+                .is_some();
+            (wrote, cas::resolves(stored, NOW), String::new())
+        }
+        Write::Restart => {
+            let next = Entry {
+                status: Status::Attempting,
+                attempt: stored.attempt + 1,
+                claim_token: "t3".into(),
+                result: Vec::new(),
+                error: String::new(),
+                retryable: false,
+                finished_at: None,
+                expires_at: None,
+                lease_expires_at: Micros(NOW.0 + 60 * S),
+                ..stored.clone()
+            };
+            let wrote = store.restart(TENANT, token, &next).await.expect("restart");
+            (
+                wrote,
+                cas::restarts(stored, token),
+                format!("token {token}"),
+            )
+        }
+    }
+}
+
+async fn agree(store: Arc<dyn Entries>, label: &str, seed: u64) {
+    let mut g = Gen(SplitMix64(seed));
+    let mut applied = [0usize; 2];
+    for case in 0..CASES {
+        for write in [
+            Write::Replay,
+            Write::Finish,
+            Write::Renew,
+            Write::Resolve,
+            Write::Restart,
+        ] {
+            let stored = g.entry(format!("{label}-{write:?}-{case}"));
+            assert!(
+                store.insert(TENANT, &stored).await.expect("insert"),
+                "a fresh key"
+            );
+            let (wrote, should, params) = run_case(store.as_ref(), &mut g, write, &stored).await;
+            assert_eq!(
+                wrote,
+                should,
+                "{label}, seed {seed}: {write:?} ({params}) on {stored:?}: the store {} it, \
+                 the domain says it {}",
+                if wrote { "applied" } else { "refused" },
+                if should { "applies" } else { "does not" },
+            );
+            applied[usize::from(wrote)] += 1;
+        }
+    }
+    // Random cases that never apply (or always do) would prove little.
+    assert!(
+        applied[0] > CASES / 2 && applied[1] > CASES / 2,
+        "{label}: refused {}, applied {}",
+        applied[0],
+        applied[1]
+    );
+}
+
+fn seed() -> u64 {
+    std::env::var("PREDICATES_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| {
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(7, |d| d.as_nanos() as u64)
+        })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_stores_writes_apply_exactly_when_the_domain_says() {
+    let seed = seed();
+    eprintln!("PREDICATES_SEED={seed}");
+    for backend in [Backend::Sqlite, Backend::Postgres] {
+        let db = TestDb::new(backend);
+        let direct: Arc<dyn Entries> = db.backend(4).await;
+        agree(direct, &format!("{backend:?} backend"), seed).await;
+        let batched: Arc<dyn Entries> = db.store(4).await;
+        agree(batched, &format!("{backend:?} group commit"), seed ^ 1).await;
+    }
+}

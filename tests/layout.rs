@@ -1,0 +1,170 @@
+//! The crate's dependency rule, as `src/lib.rs` states it: a module uses only the modules of
+//! lower layers. Read from the source (code lines, not comments), so a new `use crate::…`
+//! that points upward fails here with the file and line.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+/// The layers, lowest first; a module may use any module of a lower layer, none of its own
+/// or a higher one.
+const LAYERS: &[&[&str]] = &[
+    &["domain", "proto", "defaults", "connections", "splitmix"],
+    &["storage"],
+    &["error"],
+    &["ledger"],
+    &["observe"],
+    &["grpc"],
+    &["server"],
+    &["cli"],
+];
+
+fn layer_of(module: &str) -> Option<usize> {
+    LAYERS.iter().position(|layer| layer.contains(&module))
+}
+
+/// The `.rs` files of the top-level module `name`: `src/name.rs` or everything in `src/name/`.
+fn files_of(src: &Path, name: &str) -> Vec<PathBuf> {
+    let file = src.join(format!("{name}.rs"));
+    if file.is_file() {
+        return vec![file];
+    }
+    let mut files = Vec::new();
+    let mut dirs = vec![src.join(name)];
+    while let Some(dir) = dirs.pop() {
+        for entry in std::fs::read_dir(&dir).unwrap_or_else(|e| panic!("{}: {e}", dir.display())) {
+            let path = entry.expect("entry").path();
+            if path.is_dir() {
+                dirs.push(path);
+            } else if path.extension().is_some_and(|e| e == "rs") {
+                files.push(path);
+            }
+        }
+    }
+    files
+}
+
+/// Every `crate::name` a line of code in `text` mentions (comments left out), with its line.
+fn crate_paths(text: &str) -> Vec<(usize, String)> {
+    let mut found = Vec::new();
+    for (n, line) in text.lines().enumerate() {
+        let code = line.split("//").next().unwrap_or("");
+        let mut rest = code;
+        while let Some(at) = rest.find("crate::") {
+            let after = &rest[at + "crate::".len()..];
+            let name: String = after
+                .chars()
+                .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
+                .collect();
+            // `$crate::` in a macro is the crate too; `foo_crate::` is not.
+            let before = rest[..at].chars().next_back();
+            if !before.is_some_and(|c| c.is_ascii_alphanumeric() || c == '_') {
+                found.push((n + 1, name));
+            }
+            rest = after;
+        }
+    }
+    found
+}
+
+/// The top-level modules `src/lib.rs` declares.
+fn declared_modules(src: &Path) -> Vec<String> {
+    std::fs::read_to_string(src.join("lib.rs"))
+        .expect("lib.rs")
+        .lines()
+        .filter_map(|l| l.trim().strip_prefix("pub mod "))
+        .map(|l| l.trim_end_matches(';').to_string())
+        .collect()
+}
+
+fn src() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("src")
+}
+
+#[test]
+fn every_module_has_a_layer() {
+    for module in declared_modules(&src()) {
+        assert!(
+            layer_of(&module).is_some(),
+            "{module} is in no layer: add it to LAYERS here and to the rule in src/lib.rs"
+        );
+    }
+}
+
+#[test]
+fn no_module_uses_its_own_layer_or_a_higher_one() {
+    let src = src();
+    let mut upward: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    for module in declared_modules(&src) {
+        let own = layer_of(&module).expect("every module has a layer");
+        for file in files_of(&src, &module) {
+            let text = std::fs::read_to_string(&file).expect("read");
+            for (line, used) in crate_paths(&text) {
+                if used == module {
+                    continue;
+                }
+                let Some(theirs) = layer_of(&used) else {
+                    continue; // a macro exported at the crate root, such as run_on!
+                };
+                if theirs >= own {
+                    upward.entry(module.clone()).or_default().push(format!(
+                        "{}:{line} uses crate::{used}",
+                        file.strip_prefix(&src).expect("under src").display()
+                    ));
+                }
+            }
+        }
+    }
+    assert!(upward.is_empty(), "imports against the rule: {upward:#?}");
+}
+
+#[test]
+fn the_rule_is_the_one_lib_rs_states() {
+    let rule = LAYERS
+        .iter()
+        .map(|layer| layer.join(", "))
+        .collect::<Vec<_>>()
+        .join(" ← ");
+    let lib = std::fs::read_to_string(src().join("lib.rs")).expect("lib.rs");
+    assert!(
+        lib.contains(&format!("//! `{rule}`")),
+        "src/lib.rs must state the rule `{rule}`"
+    );
+}
+
+#[test]
+fn the_checker_sees_an_upward_import() {
+    // The check above passes trivially if it finds nothing; it does find these.
+    let text = "use crate::server::Settings; // crate::cli in a comment\n\
+                fn f() { $crate::storage::x(); my_crate::grpc::y(); }\n";
+    assert_eq!(
+        crate_paths(text),
+        vec![(1, "server".to_string()), (2, "storage".to_string())]
+    );
+}
+
+#[test]
+fn the_service_depends_on_no_benchmark_crate() {
+    // ledger-bench's histograms come with the `bench` feature only.
+    let out = std::process::Command::new(env!("CARGO"))
+        .args([
+            "tree",
+            "--offline",
+            "--edges",
+            "normal",
+            "--prefix",
+            "none",
+            "--package",
+            "idempotency-ledger",
+        ])
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .output()
+        .expect("cargo tree");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let tree = String::from_utf8_lossy(&out.stdout);
+    assert!(tree.contains("tonic"), "a real dependency tree:\n{tree}");
+    assert!(!tree.contains("hdrhistogram"), "{tree}");
+}
