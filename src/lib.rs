@@ -33,8 +33,9 @@
 //!   tonic's own refusals, authentication and admission (load shedding, tenant rate limits).
 //! - [`server`]: the settings, health and its store probe, reflection, graceful shutdown;
 //!   every task it starts ends with it.
-//! - [`cli`]: the command line (`serve`, `migrate`) and the inspection commands, gRPC clients
-//!   of a running server.
+//! - [`cli`]: the command line: `serve`, `migrate`, and the operator's commands, gRPC clients
+//!   of a running server (`entries`, `entry` by key, prefix or external reference, `resolve`,
+//!   `renew`).
 //! - `main.rs` and `src/bin/` (the benchmark's client and its gRPC floor) use any of them.
 
 pub mod cli;
