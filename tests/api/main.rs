@@ -26,6 +26,7 @@ mod operations;
 mod pg_tls;
 mod plans;
 mod pooler;
+mod replays;
 mod security;
 mod settings;
 mod store_causes;
