@@ -281,12 +281,18 @@ const CONTENTION_RETRIES: u32 = 4;
 /// autocommit COMMIT reports at the statement's end) and, for a transaction, end with the
 /// result of `commit()`. So an `Ok` here is a committed write, and a commit that failed is the
 /// write's error. What happens after an error is [`after_failure`]'s.
+///
+/// `pool: $pool` takes the connection from `$pool` instead (SQLite counts replays on
+/// connections of their own: see [`sqlite::SqliteStore`]).
 macro_rules! run_on {
-    ($store:expr, $classify:expr, |$conn:ident| $body:expr) => {{
+    ($store:expr, $classify:expr, |$conn:ident| $body:expr) => {
+        $crate::storage::run_on!($store, $classify, pool: $store.pool, |$conn| $body)
+    };
+    ($store:expr, $classify:expr, pool: $pool:expr, |$conn:ident| $body:expr) => {{
         let mut tries = 0u32;
         loop {
             #[allow(unused_mut)]
-            let mut $conn = $store.pool.acquire().await.map_err($classify)?;
+            let mut $conn = $pool.acquire().await.map_err($classify)?;
             let mut broken = false;
             let result = match $store.open_call(&mut *$conn).await {
                 Ok(()) => {
@@ -454,6 +460,12 @@ pub trait Entries: Send + Sync + 'static {
     /// Counts a replay and returns the entry, only if it is SUCCEEDED with `fingerprint` and
     /// not expired at `now`: the whole replay in one statement. `None` otherwise (read the
     /// entry to learn why).
+    ///
+    /// The one write whose commit does not wait for the disk: it changes only the count, and
+    /// the outcome it answers with was made durable by its Complete. So the count is
+    /// committed (every server sees it; concurrent replays are numbered one by one) but not
+    /// synced: a crash of the database or its machine may lose the counts of its last moments,
+    /// never an outcome (see the backends' `REPLAY`).
     ///
     /// # Errors
     /// `Unavailable` or `Internal` as the database fails.

@@ -1,13 +1,14 @@
 //! The production store: PostgreSQL, which several server processes may share. Claims are
 //! decided by the primary key, so no advisory locks or serializable transactions are needed;
-//! every write is one autocommit statement, acknowledged only after it committed.
+//! every write is one autocommit statement, acknowledged only after it committed. A replay's
+//! count alone commits without waiting for the WAL flush ([`PgStore::REPLAY`]).
 
 use std::str::FromStr;
 
 use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
 
 use super::run_on;
-use super::sql::{self, bind_entry, bind_finish, impl_store, unresolved_where};
+use super::sql::{self, bind_entry, bind_finish, impl_store, replay_update, unresolved_where};
 use super::{
     EntryRow, Finish, Finished, FinishedRow, ListQuery, PoolOptions, StoreError, StoreResult,
     UnresolvedQuery, WriteHealth,
@@ -382,6 +383,26 @@ macro_rules! e_entry_columns {
 }
 
 impl PgStore {
+    /// [`sql::REPLAY`], whose commit does not wait for the WAL to reach the disk: the one-row
+    /// CTE turns `synchronous_commit` off for the statement's own transaction (`set_config`
+    /// with `is_local`, as `SET LOCAL`), which is the autocommit statement itself, or behind a
+    /// transaction pooler the store's `BEGIN … COMMIT` around it. No session setting, no extra
+    /// round trip. What that risks: a crash of the database (or a failover) may lose the counts
+    /// committed in its last moments (at most three `wal_writer_delay`s, 600 ms by default,
+    /// before the WAL writer flushes them), never an outcome: an outcome's commit is
+    /// synchronous, and flushing it flushes every commit before it. The count stays exact
+    /// otherwise: the statement reads the entry it answers from and counts under the row's
+    /// lock, so concurrent replays of a key, on any server, are numbered one by one.
+    pub const REPLAY: &str = concat!(
+        "WITH no_flush_wait AS (SELECT set_config('synchronous_commit', 'off', true)) ",
+        replay_update!(" FROM no_flush_wait")
+    );
+
+    /// Where replays are counted: the pool every statement uses.
+    fn replay_pool(&self) -> &PgPool {
+        &self.pool
+    }
+
     /// Whether the server reached a standby: it accepts no writes.
     const IN_RECOVERY: &str = "SELECT pg_is_in_recovery()";
 

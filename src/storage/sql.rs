@@ -54,15 +54,28 @@ pub const FINISH: &str = concat!(
     ", has_waiters"
 );
 
+/// [`REPLAY`] with `$from` (a `FROM` clause, or nothing) after its `SET`: PostgreSQL's form
+/// joins the one-row CTE that sets its commit apart (see `PgStore::REPLAY`).
+macro_rules! replay_update {
+    ($from:expr) => {
+        concat!(
+            "UPDATE ledger_entries SET replay_count = replay_count + 1",
+            $from,
+            " WHERE tenant = $1 AND key = $2 AND status = 'SUCCEEDED' AND fingerprint = $3 \
+             AND expires_at > $4 RETURNING ",
+            $crate::storage::sql::entry_columns!()
+        )
+    };
+}
+
 /// Counts a replay of a result that is still there for this request: SUCCEEDED, the same
-/// fingerprint `$3`, not expired at `$4` ([`cas::replays`](crate::domain::entry::cas::replays)). Returns the entry with its new
-/// count.
-pub const REPLAY: &str = concat!(
-    "UPDATE ledger_entries SET replay_count = replay_count + 1 \
-     WHERE tenant = $1 AND key = $2 AND status = 'SUCCEEDED' AND fingerprint = $3 \
-     AND expires_at > $4 RETURNING ",
-    entry_columns!()
-);
+/// fingerprint `$3`, not expired at `$4`
+/// ([`cas::replays`](crate::domain::entry::cas::replays)). Returns the entry with its new count. The read
+/// that answers the replay and the count are one statement, so concurrent replays of a key
+/// are numbered one by one. Only the count is written, so its commit need not wait for the
+/// disk: SQLite runs this on a connection that does not sync its commits, PostgreSQL runs
+/// `PgStore::REPLAY`, this with the commit's flush turned off.
+pub const REPLAY: &str = replay_update!("");
 
 /// Extends the lease of the attempt holding token `$3` to `$4`, only while it is ATTEMPTING
 /// and its lease has not ended at `$5` ([`cas::renews`](crate::domain::entry::cas::renews)). Returns the entry as written.
@@ -196,7 +209,8 @@ macro_rules! bind_finish {
     };
 }
 
-/// Implements [`Store`](super::Store) for a type with a `pool` field: the backend-specific
+/// Implements [`Store`](super::Store) for a type with a `pool` field, a `replay_pool()` (where
+/// replays are counted) and a `REPLAY` statement: the backend-specific
 /// methods given as `$own`, plus the methods whose SQL both backends share, every statement
 /// run through [`run_on`](super::run_on) with the backend's error classifier `$classify`, and
 /// read to the end (`execute` or `fetch_all`, never `fetch_optional`: see `run_on`). A macro
@@ -266,8 +280,9 @@ macro_rules! impl_store {
             fingerprint: &str,
             now: Micros,
         ) -> StoreResult<Option<Entry>> {
-            let rows: Vec<EntryRow> = run_on!(self, $classify, |conn| {
-                sqlx::query_as(sql::REPLAY)
+            // Its own statement and, on SQLite, its own connections: see sql::REPLAY.
+            let rows: Vec<EntryRow> = run_on!(self, $classify, pool: self.replay_pool(), |conn| {
+                sqlx::query_as(Self::REPLAY)
                     .bind(tenant)
                     .bind(key)
                     .bind(fingerprint)
@@ -461,4 +476,6 @@ macro_rules! impl_store {
     };
 }
 
-pub(crate) use {bind_entry, bind_finish, entry_columns, impl_store, unresolved_where};
+pub(crate) use {
+    bind_entry, bind_finish, entry_columns, impl_store, replay_update, unresolved_where,
+};

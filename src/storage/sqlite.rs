@@ -3,6 +3,10 @@
 //! the process or the machine. Each write is one autocommit statement, which SQLite runs under
 //! its write lock from the start, so no transaction ever upgrades a read lock (the source of
 //! SQLITE_BUSY deadlocks).
+//!
+//! Replays are the exception, and only for their count: they run on a connection of their own
+//! with `synchronous = NORMAL`, whose commits are written to the WAL but not synced
+//! ([`SqliteStore::open`] says why that is safe).
 
 use std::str::FromStr;
 
@@ -25,12 +29,25 @@ pub struct SqliteStore {
     /// Several connections so reads do not queue behind writes; writers serialize on
     /// SQLite's lock, waiting up to the busy timeout.
     pool: SqlitePool,
+    /// The one connection replays are counted on, with `synchronous = NORMAL` (see
+    /// [`SqliteStore::open`]). One is enough: SQLite writes one at a time, and replays then
+    /// queue here rather than in each other's busy handlers.
+    replays: SqlitePool,
     /// Whether the disk was last found full.
     health: std::sync::Arc<WriteHealth>,
 }
 
 impl SqliteStore {
     /// Opens (creating if missing) the file `url` names, such as `sqlite://ledger.db`.
+    ///
+    /// Replays are counted on a connection with `synchronous = NORMAL` (SQLite's setting is
+    /// per connection; SQLite has none per transaction): its commits go to the WAL file but
+    /// do not sync it, so a replay never waits for the disk. A crash of the process loses none
+    /// of them (the WAL is written before the commit returns); a crash of the machine or a
+    /// power cut may lose the counts committed since the WAL was last synced, which the next
+    /// claim, completion or checkpoint does. Never an outcome: those commit with `FULL`, and
+    /// syncing the WAL makes every commit before them durable too; the WAL is replayed in
+    /// order, so what a crash takes is a tail of replay counts, never a hole.
     ///
     /// # Errors
     /// `Internal` for a malformed URL; `Io`, `ReadOnly`, `Full` or `Unavailable` when the file
@@ -45,17 +62,31 @@ impl SqliteStore {
         let pool = SqlitePoolOptions::new()
             .max_connections(options.max_connections)
             .acquire_timeout(options.acquire_timeout)
-            .connect_with(connect)
+            .connect_with(connect.clone())
             .await
             .map_err(StoreError::from_sqlite)?;
+        // Opened when the first replay comes, after the main pool created the file.
+        let replays = SqlitePoolOptions::new()
+            .max_connections(1)
+            .acquire_timeout(options.acquire_timeout)
+            .connect_lazy_with(connect.synchronous(SqliteSynchronous::Normal));
         Ok(SqliteStore {
             pool,
+            replays,
             health: std::sync::Arc::default(),
         })
     }
 }
 
 impl SqliteStore {
+    /// [`sql::REPLAY`], as it is.
+    const REPLAY: &str = sql::REPLAY;
+
+    /// Where replays are counted: the connection that does not sync (see [`SqliteStore::open`]).
+    fn replay_pool(&self) -> &SqlitePool {
+        &self.replays
+    }
+
     /// Every statement may stay prepared: the connections are the server's own.
     fn persistent(&self) -> bool {
         true
@@ -164,3 +195,35 @@ impl_store!(SqliteStore, StoreError::from_sqlite, operations: {
         .map(|_| ())
     }
 });
+
+#[cfg(test)]
+mod tests {
+    use super::SqliteStore;
+    use crate::storage::PoolOptions;
+
+    async fn synchronous(pool: &sqlx::SqlitePool) -> i64 {
+        sqlx::query_scalar("PRAGMA synchronous")
+            .fetch_one(pool)
+            .await
+            .expect("PRAGMA synchronous")
+    }
+
+    #[tokio::test]
+    async fn replays_count_on_a_connection_that_does_not_sync_and_the_rest_on_ones_that_do() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let url = format!("sqlite://{}", dir.path().join("ledger.db").display());
+        let store = SqliteStore::open(&url, &PoolOptions::default())
+            .await
+            .expect("open");
+        // 2 is FULL: every claim and completion syncs the WAL before it answers.
+        assert_eq!(synchronous(&store.pool).await, 2);
+        // 1 is NORMAL: a replay's count is written to the WAL, not synced.
+        assert_eq!(synchronous(store.replay_pool()).await, 1);
+        let journal: String = sqlx::query_scalar("PRAGMA journal_mode")
+            .fetch_one(store.replay_pool())
+            .await
+            .expect("PRAGMA journal_mode");
+        // NORMAL keeps the file consistent through a power cut only in WAL mode.
+        assert_eq!(journal, "wal");
+    }
+}

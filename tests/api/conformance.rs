@@ -8,8 +8,8 @@ use idempotency_ledger::domain::canonical::Canonicalization;
 use idempotency_ledger::domain::{Entry, FinalStatus, Status, Tenant};
 use idempotency_ledger::error::LedgerError;
 use idempotency_ledger::ledger::{
-    ClaimInput, ClaimOutput, CompleteInput, EntryView, Ledger, Limits, LookupInput, Outcome,
-    ReconcileInput, RenewInput, ResolutionInput,
+    ClaimInput, ClaimOutput, CompleteInput, EntryView, Ledger, Limits, ListInput, LookupInput,
+    Outcome, ReconcileInput, RenewInput, ResolutionInput,
 };
 
 use crate::support::{Backend, TestLedger};
@@ -17,6 +17,7 @@ use crate::support::{Backend, TestLedger};
 on_every_store!(
     a_first_claim_is_claimed_with_attempt_one_and_a_token,
     a_retry_with_reordered_arguments_replays_the_first_result,
+    concurrent_replays_are_numbered_one_by_one_and_lookup_and_listing_show_the_count,
     a_new_run_is_a_new_intent_and_claims_again,
     a_claim_while_attempting_is_in_progress_and_not_executed,
     an_attempt_past_its_lease_reads_unknown_and_is_not_reexecuted,
@@ -213,6 +214,61 @@ async fn a_retry_with_reordered_arguments_replays_the_first_result(b: Backend) {
             .replay_count,
         2
     );
+}
+
+/// "`replay_count` goes up by one", also when the replays come at once: each counts under
+/// the entry's lock, so the answers are 1 to N, each once, and Lookup and ListEntries show N.
+async fn concurrent_replays_are_numbered_one_by_one_and_lookup_and_listing_show_the_count(
+    b: Backend,
+) {
+    const REPLAYS: u64 = 16;
+    let t = TestLedger::new(b).await;
+    let first = claim(&t.ledger, RUN, TOOL, ARGS).await;
+    let key = first.entry.entry.key.clone();
+    t.ledger
+        .complete(
+            &tenant(),
+            done(&key, &token(&first), FinalStatus::Succeeded, b"cr-1"),
+        )
+        .await
+        .expect("complete");
+    let mut replays = Vec::new();
+    for _ in 0..REPLAYS {
+        let ledger = t.ledger.clone();
+        replays.push(tokio::spawn(async move {
+            claim(&ledger, RUN, TOOL, ARGS).await
+        }));
+    }
+    let mut counts = Vec::new();
+    for replay in replays {
+        let out = replay.await.expect("join");
+        assert_eq!(out.outcome, Outcome::Replayed);
+        assert_eq!(out.entry.entry.result, b"cr-1");
+        counts.push(out.entry.entry.replay_count);
+    }
+    counts.sort_unstable();
+    assert_eq!(counts, (1..=REPLAYS).collect::<Vec<_>>());
+    assert_eq!(
+        lookup_key(&t.ledger, &key)
+            .await
+            .expect("lookup")
+            .entry
+            .replay_count,
+        REPLAYS
+    );
+    let listed = t
+        .ledger
+        .list_entries(
+            &tenant(),
+            ListInput {
+                run_id: RUN.into(),
+                ..Default::default()
+            },
+        )
+        .await
+        .expect("list");
+    assert_eq!(listed.entries.len(), 1);
+    assert_eq!(listed.entries[0].entry.replay_count, REPLAYS);
 }
 
 async fn a_new_run_is_a_new_intent_and_claims_again(b: Backend) {

@@ -27,6 +27,7 @@ mod pg_tls;
 mod plans;
 mod pooler;
 mod predicates;
+mod replays;
 mod security;
 mod settings;
 mod store_causes;

@@ -77,7 +77,7 @@ async fn check_plans(conn: &mut sqlx::PgConnection) {
             sql::FINISH,
             "text, text, text, text, bytea, text, bool, int8, bool".into(),
         ),
-        ("REPLAY", sql::REPLAY, "text, text, text, int8".into()),
+        ("REPLAY", PgStore::REPLAY, "text, text, text, int8".into()),
         (
             "RESOLVE",
             sql::RESOLVE,
