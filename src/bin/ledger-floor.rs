@@ -115,7 +115,7 @@ async fn serve(settings: Settings) -> Result<(), Box<dyn std::error::Error>> {
     Ok(())
 }
 
-/// The ledger server's connection bounds (src/server.rs `connection_limits`), without a
+/// The ledger server's connection bounds (src/server/mod.rs `connection_limits`), without a
 /// database pool to reserve descriptors for.
 fn connection_limits(settings: &Settings) -> ConnectionLimits {
     let max_connections = match connections::raise_descriptor_limit() {
