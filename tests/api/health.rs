@@ -12,7 +12,7 @@ use tonic_types::StatusExt;
 
 use crate::grpc_api::{assert_error, claim_ok, key_req, lookup_entry, spawn_app_on_own_cluster};
 use crate::support::postgres::{PgCluster, StopMode};
-use crate::support::{Backend, ServerProcess, TestApp, claim_req, spawn_app, success};
+use crate::support::{Backend, ServerProcess, TestApp, claim_req, plain, spawn_app, success};
 
 const LEDGER: &str = "idempotency.v1.LedgerService";
 const BIN: &str = env!("CARGO_BIN_EXE_idempotency-ledger");
@@ -187,25 +187,6 @@ async fn a_call_in_flight_when_shutdown_begins_gets_its_answer() {
         .expect("the waiting claim is answered, not cut off")
         .into_inner();
     assert_eq!(answer.outcome(), pb::Outcome::InProgress);
-}
-
-/// The text of a log with its ANSI colour escapes removed.
-fn plain(log: &str) -> String {
-    let mut out = String::with_capacity(log.len());
-    let mut chars = log.chars();
-    while let Some(c) = chars.next() {
-        if c == '\u{1b}' {
-            // CSI: ESC [ parameters final-byte
-            for d in chars.by_ref() {
-                if d.is_ascii_alphabetic() {
-                    break;
-                }
-            }
-        } else {
-            out.push(c);
-        }
-    }
-    out
 }
 
 async fn terminate_and_expect_exit_zero(mut server: ServerProcess) {
