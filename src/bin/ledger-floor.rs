@@ -2,7 +2,8 @@
 //! (`bench.v1.FloorService/Call`, `proto/bench/v1/floor.proto`) at once, with no database and
 //! no ledger, on the ledger server's own transport:
 //!
-//! - the same runtime (`#[tokio::main]`: tokio's multi-threaded runtime, one worker per core),
+//! - the same runtime (`#[tokio::main]`: tokio's multi-threaded runtime, one worker per core)
+//!   and the same allocator (mimalloc),
 //! - the same listener (`connections::Listener`: TCP_NODELAY on every accepted socket, the
 //!   descriptor limit raised, the connection cap and the idle timeout),
 //! - the same tonic `Server` settings (HTTP/2 keepalive interval and timeout), and the
@@ -74,6 +75,10 @@ impl FloorService for Floor {
         }))
     }
 }
+
+/// The ledger server's allocator (src/main.rs), so that the floor is the same stack.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 #[tokio::main]
 async fn main() -> ExitCode {
