@@ -205,6 +205,26 @@ pub struct WriteHealth {
     /// a server that accepts no writes (a standby, as during a failover), and the others were
     /// opened the same way, so they may well lead there too.
     stale_before: std::sync::Mutex<Option<std::time::Instant>>,
+    /// Whether `stale_before` was ever set (read on every call, without the lock).
+    stale_marked: std::sync::atomic::AtomicBool,
+    /// When a store call last succeeded, and last failed: microseconds since [`since_start`]
+    /// plus one (0: never). They decide whether [`acquire`] may take an idle connection as it
+    /// is.
+    last_ok: std::sync::atomic::AtomicU64,
+    last_failure: std::sync::atomic::AtomicU64,
+}
+
+/// How recently a store call must have succeeded (and none failed) for [`acquire`] to lend an
+/// idle connection without the pool's checks.
+const CONNECTIONS_PROVEN_FOR: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// Microseconds since the first call of this function in the process, plus one.
+fn since_start() -> u64 {
+    static START: std::sync::OnceLock<std::time::Instant> = std::sync::OnceLock::new();
+    let start = START.get_or_init(std::time::Instant::now);
+    u64::try_from(start.elapsed().as_micros())
+        .unwrap_or(u64::MAX - 1)
+        .saturating_add(1)
 }
 
 impl WriteHealth {
@@ -231,6 +251,35 @@ impl WriteHealth {
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
         *stale = Some(std::time::Instant::now());
+        self.stale_marked
+            .store(true, std::sync::atomic::Ordering::Release);
+    }
+
+    /// Notes a store call that succeeded.
+    pub(crate) fn call_succeeded(&self) {
+        self.last_ok
+            .store(since_start(), std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// Notes a store call that failed.
+    fn call_failed(&self) {
+        self.last_failure
+            .store(since_start(), std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// Whether the pool's idle connections are proven good: a call succeeded within
+    /// [`CONNECTIONS_PROVEN_FOR`], none failed within it, and no connection was ever marked
+    /// stale. Then an idle connection is lent as it is; otherwise through the pool's checks
+    /// (PostgreSQL: the stale mark, and a ping for one idle a second or more).
+    fn connections_proven(&self) -> bool {
+        use std::sync::atomic::Ordering::{Acquire, Relaxed};
+        let window = u64::try_from(CONNECTIONS_PROVEN_FOR.as_micros()).unwrap_or(u64::MAX);
+        let now = since_start();
+        let (ok, failed) = (self.last_ok.load(Relaxed), self.last_failure.load(Relaxed));
+        ok != 0
+            && now.saturating_sub(ok) < window
+            && (failed == 0 || now.saturating_sub(failed) >= window)
+            && !self.stale_marked.load(Acquire)
     }
 
     /// Whether a connection of `age` was opened before connections were last marked stale.
@@ -292,7 +341,9 @@ macro_rules! run_on {
         let mut tries = 0u32;
         loop {
             #[allow(unused_mut)]
-            let mut $conn = $pool.acquire().await.map_err($classify)?;
+            let mut $conn = $crate::storage::acquire(&$pool, &$store.health)
+                .await
+                .map_err($classify)?;
             let mut broken = false;
             let result = match $store.open_call(&mut *$conn).await {
                 Ok(()) => {
@@ -311,7 +362,10 @@ macro_rules! run_on {
                 Err(e) => Err(e),
             };
             match result {
-                Ok(done) => break Ok(done),
+                Ok(done) => {
+                    $store.health.call_succeeded();
+                    break Ok(done);
+                }
                 Err(e) => {
                     if broken || $crate::storage::breaks_connection(&e) {
                         $conn.close_on_drop();
@@ -329,6 +383,28 @@ macro_rules! run_on {
     }};
 }
 pub(crate) use run_on;
+
+/// A connection from `pool` for one store call. While the store's connections are proven
+/// good ([`WriteHealth::connections_proven`]: a call succeeded within the last second and none
+/// failed), an idle connection is taken at once, without the pool's checks; otherwise, or
+/// when none is idle, through the pool's `acquire`, which runs them (a stale connection is
+/// closed, one idle a second or more pinged) and waits for one.
+///
+/// Why not always `acquire`: sqlx's acquire future holds its whole connect path (TLS
+/// included), about 14 KB in a release build. Held inline, it made every store call's future
+/// as large, and each call copied it into `async_trait`'s box; here it is boxed only when
+/// used. (Measured in bench/README.md, "The claim path, profiled".)
+pub(crate) async fn acquire<DB: sqlx::Database>(
+    pool: &sqlx::Pool<DB>,
+    health: &WriteHealth,
+) -> Result<sqlx::pool::PoolConnection<DB>, sqlx::Error> {
+    if health.connections_proven()
+        && let Some(conn) = pool.try_acquire()
+    {
+        return Ok(conn);
+    }
+    Box::pin(pool.acquire()).await
+}
 
 /// Whether `error` means the connection itself is gone or unusable (its socket failed, its TLS
 /// session broke, the server sent what the protocol does not allow, or it shut the session
@@ -358,6 +434,7 @@ pub(crate) async fn after_failure<DB: sqlx::Database>(
     health: &WriteHealth,
     tries: &mut u32,
 ) -> StoreResult<()> {
+    health.call_failed();
     if error.poisons_connection() {
         conn.close_on_drop();
     }
