@@ -11,6 +11,7 @@
 //! `sqlx::Error` never leaves this module: it becomes [`StoreError`].
 
 pub mod batch;
+pub(crate) mod held;
 pub mod postgres;
 #[doc(hidden)]
 pub mod sql;
@@ -216,7 +217,7 @@ pub struct WriteHealth {
 
 /// How recently a store call must have succeeded (and none failed) for [`acquire`] to lend an
 /// idle connection without the pool's checks.
-const CONNECTIONS_PROVEN_FOR: std::time::Duration = std::time::Duration::from_secs(1);
+pub(crate) const CONNECTIONS_PROVEN_FOR: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// Microseconds since the first call of this function in the process, plus one.
 fn since_start() -> u64 {
@@ -271,7 +272,7 @@ impl WriteHealth {
     /// [`CONNECTIONS_PROVEN_FOR`], none failed within it, and no connection was ever marked
     /// stale. Then an idle connection is lent as it is; otherwise through the pool's checks
     /// (PostgreSQL: the stale mark, and a ping for one idle a second or more).
-    fn connections_proven(&self) -> bool {
+    pub(crate) fn connections_proven(&self) -> bool {
         use std::sync::atomic::Ordering::{Acquire, Relaxed};
         let window = u64::try_from(CONNECTIONS_PROVEN_FOR.as_micros()).unwrap_or(u64::MAX);
         let now = since_start();
@@ -341,9 +342,9 @@ macro_rules! run_on {
         let mut tries = 0u32;
         loop {
             #[allow(unused_mut)]
-            let mut $conn = $crate::storage::acquire(&$pool, &$store.health)
-                .await
-                .map_err($classify)?;
+            let lent = $pool.acquire(&$store.health).await.map_err($classify)?;
+            let taken_at = lent.taken_at;
+            let mut $conn = lent.conn;
             let mut broken = false;
             let result = match $store.open_call(&mut *$conn).await {
                 Ok(()) => {
@@ -364,6 +365,10 @@ macro_rules! run_on {
             match result {
                 Ok(done) => {
                     $store.health.call_succeeded();
+                    $pool.keep($crate::storage::held::Lent {
+                        conn: $conn,
+                        taken_at,
+                    });
                     break Ok(done);
                 }
                 Err(e) => {
@@ -383,28 +388,6 @@ macro_rules! run_on {
     }};
 }
 pub(crate) use run_on;
-
-/// A connection from `pool` for one store call. While the store's connections are proven
-/// good ([`WriteHealth::connections_proven`]: a call succeeded within the last second and none
-/// failed), an idle connection is taken at once, without the pool's checks; otherwise, or
-/// when none is idle, through the pool's `acquire`, which runs them (a stale connection is
-/// closed, one idle a second or more pinged) and waits for one.
-///
-/// Why not always `acquire`: sqlx's acquire future holds its whole connect path (TLS
-/// included), about 14 KB in a release build. Held inline, it made every store call's future
-/// as large, and each call copied it into `async_trait`'s box; here it is boxed only when
-/// used. (Measured in bench/README.md, "The claim path, profiled".)
-pub(crate) async fn acquire<DB: sqlx::Database>(
-    pool: &sqlx::Pool<DB>,
-    health: &WriteHealth,
-) -> Result<sqlx::pool::PoolConnection<DB>, sqlx::Error> {
-    if health.connections_proven()
-        && let Some(conn) = pool.try_acquire()
-    {
-        return Ok(conn);
-    }
-    Box::pin(pool.acquire()).await
-}
 
 /// Whether `error` means the connection itself is gone or unusable (its socket failed, its TLS
 /// session broke, the server sent what the protocol does not allow, or it shut the session

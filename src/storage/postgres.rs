@@ -20,7 +20,7 @@ use crate::domain::{Entry, Micros};
 pub struct PgStore {
     /// Connections opened lazily, so the server starts (and reports NOT_SERVING) while the
     /// database is still down.
-    pool: PgPool,
+    pool: super::held::Connections<sqlx::Postgres>,
     /// One more connection, kept apart for LISTEN so that it never takes a request's place.
     listen_pool: PgPool,
     /// Whether the disk was last found full.
@@ -150,7 +150,7 @@ impl PgStore {
             .acquire_timeout(options.acquire_timeout)
             .connect_lazy_with(connect.clone());
         Ok(PgStore {
-            pool,
+            pool: super::held::Connections::new(pool),
             listen_pool,
             health,
             connect,
@@ -399,7 +399,7 @@ impl PgStore {
     );
 
     /// Where replays are counted: the pool every statement uses.
-    fn replay_pool(&self) -> &PgPool {
+    fn replay_pool(&self) -> &super::held::Connections<sqlx::Postgres> {
         &self.pool
     }
 

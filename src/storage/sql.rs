@@ -463,12 +463,15 @@ macro_rules! impl_store {
         }
 
         fn pool_stats(&self) -> super::PoolStats {
-            let size = self.pool.size();
-            let idle = u32::try_from(self.pool.num_idle()).unwrap_or(u32::MAX).min(size);
+            // Connections the store holds between its calls are idle too.
+            let size = self.pool.pool().size();
+            let idle = u32::try_from(self.pool.pool().num_idle() + self.pool.held())
+                .unwrap_or(u32::MAX)
+                .min(size);
             super::PoolStats {
                 in_use: size - idle,
                 idle,
-                max: self.pool.options().get_max_connections(),
+                max: self.pool.pool().options().get_max_connections(),
             }
         }
 

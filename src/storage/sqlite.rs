@@ -11,9 +11,7 @@
 use std::str::FromStr;
 
 use sqlx::Connection as _;
-use sqlx::sqlite::{
-    SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteSynchronous,
-};
+use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteSynchronous};
 
 use super::run_on;
 use super::sql::{self, bind_entry, bind_finish, entry_columns, impl_store, unresolved_where};
@@ -28,11 +26,11 @@ use crate::domain::{Entry, Micros};
 pub struct SqliteStore {
     /// Several connections so reads do not queue behind writes; writers serialize on
     /// SQLite's lock, waiting up to the busy timeout.
-    pool: SqlitePool,
+    pool: super::held::Connections<sqlx::Sqlite>,
     /// The one connection replays are counted on, with `synchronous = NORMAL` (see
     /// [`SqliteStore::open`]). One is enough: SQLite writes one at a time, and replays then
     /// queue here rather than in each other's busy handlers.
-    replays: SqlitePool,
+    replays: super::held::Connections<sqlx::Sqlite>,
     /// Whether the disk was last found full.
     health: std::sync::Arc<WriteHealth>,
 }
@@ -71,8 +69,8 @@ impl SqliteStore {
             .acquire_timeout(options.acquire_timeout)
             .connect_lazy_with(connect.synchronous(SqliteSynchronous::Normal));
         Ok(SqliteStore {
-            pool,
-            replays,
+            pool: super::held::Connections::new(pool),
+            replays: super::held::Connections::new(replays),
             health: std::sync::Arc::default(),
         })
     }
@@ -83,7 +81,7 @@ impl SqliteStore {
     const REPLAY: &str = sql::REPLAY;
 
     /// Where replays are counted: the connection that does not sync (see [`SqliteStore::open`]).
-    fn replay_pool(&self) -> &SqlitePool {
+    fn replay_pool(&self) -> &super::held::Connections<sqlx::Sqlite> {
         &self.replays
     }
 
@@ -178,7 +176,7 @@ impl_store!(SqliteStore, StoreError::from_sqlite, operations: {
 
     async fn migrate(&self) -> StoreResult<()> {
         sqlx::migrate!("migrations/sqlite")
-            .run(&self.pool)
+            .run(self.pool.pool())
             .await
             .map_err(|e| match e {
                 sqlx::migrate::MigrateError::Execute(inner) => StoreError::from_sqlite(inner),
@@ -216,11 +214,11 @@ mod tests {
             .await
             .expect("open");
         // 2 is FULL: every claim and completion syncs the WAL before it answers.
-        assert_eq!(synchronous(&store.pool).await, 2);
+        assert_eq!(synchronous(store.pool.pool()).await, 2);
         // 1 is NORMAL: a replay's count is written to the WAL, not synced.
-        assert_eq!(synchronous(store.replay_pool()).await, 1);
+        assert_eq!(synchronous(store.replay_pool().pool()).await, 1);
         let journal: String = sqlx::query_scalar("PRAGMA journal_mode")
-            .fetch_one(store.replay_pool())
+            .fetch_one(store.replay_pool().pool())
             .await
             .expect("PRAGMA journal_mode");
         // NORMAL keeps the file consistent through a power cut only in WAL mode.

@@ -1,0 +1,312 @@
+//! A sqlx pool, and the connections the store keeps out of it between its calls.
+//!
+//! sqlx returns a connection to its pool in a task of its own, and before it lends it again it
+//! asks the database whether the session is still good: a Sync and its ReadyForQuery, one more
+//! round trip, on both ends, for every statement the server runs (PostgreSQL; on SQLite a trip
+//! to the connection's worker thread). A store call that succeeded instead puts its connection
+//! on a stack of its own, and the next call takes it from there, in the same task. A
+//! connection goes back to sqlx (and through its checks: the session, the connection's
+//! lifetime, the stale mark and the idle ping of a PostgreSQL store) when
+//!
+//! - it was idle on the stack for [`super::CONNECTIONS_PROVEN_FOR`] or longer, or held out of
+//!   the pool for [`HOLD_AT_MOST`] or longer,
+//! - a call failed within the last [`super::CONNECTIONS_PROVEN_FOR`], no call succeeded
+//!   within it, or connections were marked stale ([`super::WriteHealth::connections_proven`]):
+//!   then the whole stack goes back, and calls take their connections through sqlx's checks,
+//! - someone waits in sqlx's pool for a connection: the stack never keeps one from a waiter,
+//! - or its call failed: such a connection is never put on the stack.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use sqlx::pool::PoolConnection;
+
+use super::{CONNECTIONS_PROVEN_FOR, WriteHealth};
+
+/// How long a connection stays out of sqlx's pool at most, from when it was taken from it: then
+/// it goes back once, so that sqlx's own rules (the session check, the lifetime) apply to it
+/// within this long.
+pub(crate) const HOLD_AT_MOST: Duration = Duration::from_secs(10);
+
+/// A sqlx pool and the connections held out of it for the next store call; a clone shares
+/// both.
+pub(crate) struct Connections<DB: sqlx::Database> {
+    /// The pool: it opens, checks and limits the connections.
+    pool: sqlx::Pool<DB>,
+    /// Connections taken from `pool` and kept between calls, the last given back on top.
+    held: Arc<Mutex<Vec<Held<DB>>>>,
+    /// Calls waiting in `pool` for a connection: while there are any, none is held.
+    waiting: Arc<AtomicUsize>,
+}
+
+impl<DB: sqlx::Database> Clone for Connections<DB> {
+    fn clone(&self) -> Self {
+        Connections {
+            pool: self.pool.clone(),
+            held: self.held.clone(),
+            waiting: self.waiting.clone(),
+        }
+    }
+}
+
+impl<DB: sqlx::Database> std::fmt::Debug for Connections<DB> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Connections")
+            .field("pool", &self.pool)
+            .field("held", &self.held())
+            .finish()
+    }
+}
+
+/// A connection held out of the pool.
+struct Held<DB: sqlx::Database> {
+    conn: PoolConnection<DB>,
+    /// When it was taken from the pool.
+    taken_at: Instant,
+    /// When it was given back to the stack.
+    idle_since: Instant,
+}
+
+impl<DB: sqlx::Database> Held<DB> {
+    fn fresh(&self, now: Instant) -> bool {
+        now.duration_since(self.idle_since) < CONNECTIONS_PROVEN_FOR
+            && now.duration_since(self.taken_at) < HOLD_AT_MOST
+    }
+}
+
+/// A connection lent for one store call, and when it was taken from the pool.
+pub(crate) struct Lent<DB: sqlx::Database> {
+    pub(crate) conn: PoolConnection<DB>,
+    pub(crate) taken_at: Instant,
+}
+
+/// Counts a call waiting in the pool while it lives.
+struct Waiting<'a>(&'a AtomicUsize);
+
+impl<'a> Waiting<'a> {
+    fn new(count: &'a AtomicUsize) -> Self {
+        count.fetch_add(1, Ordering::SeqCst);
+        Waiting(count)
+    }
+}
+
+impl Drop for Waiting<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+impl<DB: sqlx::Database> Connections<DB> {
+    pub(crate) fn new(pool: sqlx::Pool<DB>) -> Self {
+        Connections {
+            pool,
+            held: Arc::default(),
+            waiting: Arc::default(),
+        }
+    }
+
+    /// The pool itself (for migrations at start-up and for its counts).
+    pub(crate) fn pool(&self) -> &sqlx::Pool<DB> {
+        &self.pool
+    }
+
+    /// Connections held out of the pool now, idle.
+    pub(crate) fn held(&self) -> usize {
+        self.lock().len()
+    }
+
+    /// A connection for one store call: a held one, while `health` says the connections are
+    /// proven; else an idle one of the pool's, taken at once while proven; else through the
+    /// pool's `acquire`, which runs its checks and waits for one.
+    ///
+    /// sqlx's acquire future holds its whole connect path (TLS included), about 14 KB in a
+    /// release build: inline, it made every store call's future as large, and each call copied
+    /// that into `async_trait`'s box. It is boxed here, when used.
+    pub(crate) async fn acquire(&self, health: &WriteHealth) -> Result<Lent<DB>, sqlx::Error> {
+        let proven = health.connections_proven();
+        if proven {
+            if let Some(lent) = self.pop_fresh() {
+                return Ok(lent);
+            }
+            if let Some(conn) = self.pool.try_acquire() {
+                return Ok(Lent {
+                    conn,
+                    taken_at: Instant::now(),
+                });
+            }
+        } else {
+            self.give_all_back();
+        }
+        let _waiting = Waiting::new(&self.waiting);
+        // Given back before this call counted as waiting, and so kept: taken here.
+        if proven && let Some(lent) = self.pop_fresh() {
+            return Ok(lent);
+        }
+        let conn = Box::pin(self.pool.acquire()).await?;
+        Ok(Lent {
+            conn,
+            taken_at: Instant::now(),
+        })
+    }
+
+    /// Keeps the connection of a call that succeeded for the next call, unless it was held
+    /// long enough or someone waits in the pool (then it goes back to the pool).
+    pub(crate) fn keep(&self, lent: Lent<DB>) {
+        let now = Instant::now();
+        if now.duration_since(lent.taken_at) >= HOLD_AT_MOST {
+            return;
+        }
+        let mut held = self.lock();
+        // Read under the lock: a waiter counts itself before it looks at the stack.
+        if self.waiting.load(Ordering::SeqCst) > 0 {
+            return;
+        }
+        held.push(Held {
+            conn: lent.conn,
+            taken_at: lent.taken_at,
+            idle_since: now,
+        });
+    }
+
+    /// The connection given back last, if it is fresh; the ones found stale on the way (and
+    /// the bottom one, if stale) go back to the pool.
+    fn pop_fresh(&self) -> Option<Lent<DB>> {
+        let now = Instant::now();
+        let mut stale = Vec::new();
+        let found = {
+            let mut held = self.lock();
+            if held.first().is_some_and(|h| !h.fresh(now)) {
+                stale.push(held.remove(0));
+            }
+            loop {
+                match held.pop() {
+                    Some(h) if h.fresh(now) => break Some(h),
+                    Some(h) => stale.push(h),
+                    None => break None,
+                }
+            }
+        };
+        // Dropped outside the lock: each goes back to the pool in a task of sqlx's.
+        drop(stale);
+        found.map(|h| Lent {
+            conn: h.conn,
+            taken_at: h.taken_at,
+        })
+    }
+
+    /// Gives every held connection back to the pool.
+    fn give_all_back(&self) {
+        let all = std::mem::take(&mut *self.lock());
+        drop(all);
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Vec<Held<DB>>> {
+        self.held
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use sqlx::sqlite::SqlitePoolOptions;
+
+    use super::*;
+
+    async fn pool(max: u32) -> sqlx::SqlitePool {
+        SqlitePoolOptions::new()
+            .max_connections(max)
+            .acquire_timeout(Duration::from_secs(3))
+            .connect("sqlite::memory:")
+            .await
+            .expect("in-memory SQLite")
+    }
+
+    /// The connection of a call that succeeded is held and lent to the next call, without
+    /// going back to the pool in between.
+    #[tokio::test]
+    async fn a_succeeded_calls_connection_serves_the_next_call() {
+        let conns = Connections::new(pool(4).await);
+        let health = WriteHealth::default();
+        let first = conns.acquire(&health).await.expect("first");
+        health.call_succeeded();
+        conns.keep(first);
+        assert_eq!(conns.held(), 1);
+        let second = conns.acquire(&health).await.expect("second");
+        assert_eq!(conns.held(), 0, "taken from the stack");
+        assert_eq!(conns.pool().size(), 1, "no second connection was opened");
+        conns.keep(second);
+        assert_eq!(conns.held(), 1);
+    }
+
+    /// A call waiting in the pool gets the connection the other call gives back, which is not
+    /// held: with one connection in all, the waiter is answered long before the pool's 3 s
+    /// acquire timeout.
+    #[tokio::test]
+    async fn a_connection_goes_to_a_waiter_rather_than_onto_the_stack() {
+        let conns = Connections::new(pool(1).await);
+        let health = WriteHealth::default();
+        health.call_succeeded();
+        let first = conns.acquire(&health).await.expect("first");
+        let waiter = {
+            let conns = conns.clone();
+            tokio::spawn(async move {
+                let health = WriteHealth::default();
+                health.call_succeeded();
+                let started = Instant::now();
+                let lent = conns.acquire(&health).await.map(|_| ());
+                (lent, started.elapsed())
+            })
+        };
+        while conns.waiting.load(Ordering::SeqCst) == 0 {
+            tokio::task::yield_now().await;
+        }
+        conns.keep(first);
+        assert_eq!(conns.held(), 0, "not held while someone waits");
+        let (lent, took) = waiter.await.expect("the waiter's task");
+        lent.expect("the waiter got the connection");
+        assert!(took < Duration::from_secs(2), "took {took:?}");
+    }
+
+    /// Once a call failed, the held connections go back to the pool and calls take theirs
+    /// through the pool's checks; so they do before any call succeeded.
+    #[tokio::test]
+    async fn after_a_failure_held_connections_go_back_to_the_pool() {
+        let conns = Connections::new(pool(4).await);
+        let health = WriteHealth::default();
+        assert!(
+            !health.connections_proven(),
+            "nothing proven before a success"
+        );
+        let (a, b) = (
+            conns.acquire(&health).await.expect("a"),
+            conns.acquire(&health).await.expect("b"),
+        );
+        health.call_succeeded();
+        assert!(health.connections_proven());
+        conns.keep(a);
+        conns.keep(b);
+        assert_eq!(conns.held(), 2);
+        health.call_failed();
+        assert!(!health.connections_proven());
+        let c = conns.acquire(&health).await.expect("c");
+        assert_eq!(conns.held(), 0, "all went back");
+        drop(c);
+    }
+
+    /// A connection held longer than HOLD_AT_MOST goes back to the pool instead of onto the
+    /// stack.
+    #[tokio::test]
+    async fn a_connection_held_long_enough_goes_back() {
+        let conns = Connections::new(pool(2).await);
+        let health = WriteHealth::default();
+        health.call_succeeded();
+        let mut lent = conns.acquire(&health).await.expect("lent");
+        lent.taken_at = Instant::now()
+            .checked_sub(HOLD_AT_MOST)
+            .expect("the clock has run that long");
+        conns.keep(lent);
+        assert_eq!(conns.held(), 0);
+    }
+}
