@@ -39,7 +39,8 @@ pub struct PgStore {
 
 /// A pooled connection idle longer than this is pinged before use: one that survived a
 /// database restart then fails the ping, not the caller's statement. A busy connection is not
-/// pinged, which saves a round trip per statement.
+/// pinged, which saves a round trip per statement. (Connections the store holds between its
+/// calls, `super::held`, go back to the pool once idle this long, or when a call failed.)
 const PING_IF_IDLE_FOR: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// Set on each of the server's own sessions (not behind a transaction pooler, where nothing
