@@ -202,21 +202,19 @@ impl StoreError {
 pub struct WriteHealth {
     /// Set while the store is known to be full.
     full: std::sync::atomic::AtomicBool,
-    /// Pooled connections opened before this instant are not lent again: one of them reached
-    /// a server that accepts no writes (a standby, as during a failover), and the others were
-    /// opened the same way, so they may well lead there too.
-    stale_before: std::sync::Mutex<Option<std::time::Instant>>,
-    /// Whether `stale_before` was ever set (read on every call, without the lock).
-    stale_marked: std::sync::atomic::AtomicBool,
-    /// When a store call last succeeded, and last failed: microseconds since [`since_start`]
-    /// plus one (0: never). They decide whether [`acquire`] may take an idle connection as it
-    /// is.
+    /// Pooled connections opened at or before this instant are not lent again: one of them
+    /// reached a server that accepts no writes (a standby, as during a failover), and the
+    /// others were opened the same way, so they may well lead there too. Like the two below,
+    /// in [`since_start`]'s microseconds (0: never).
+    stale_before: std::sync::atomic::AtomicU64,
+    /// When a store call last succeeded, and last failed. They decide whether
+    /// [`held::Connections::acquire`] may lend a connection without the pool's checks.
     last_ok: std::sync::atomic::AtomicU64,
     last_failure: std::sync::atomic::AtomicU64,
 }
 
-/// How recently a store call must have succeeded (and none failed) for [`acquire`] to lend an
-/// idle connection without the pool's checks.
+/// How recently a store call must have succeeded (and none failed) for
+/// [`held::Connections::acquire`] to lend a connection without the pool's checks.
 pub(crate) const CONNECTIONS_PROVEN_FOR: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// Microseconds since the first call of this function in the process, plus one.
@@ -247,13 +245,8 @@ impl WriteHealth {
 
     /// Marks every connection open now as not to be lent again (see `stale_before`).
     pub(crate) fn discard_connections_open_now(&self) {
-        let mut stale = self
-            .stale_before
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        *stale = Some(std::time::Instant::now());
-        self.stale_marked
-            .store(true, std::sync::atomic::Ordering::Release);
+        self.stale_before
+            .store(since_start(), std::sync::atomic::Ordering::Release);
     }
 
     /// Notes a store call that succeeded.
@@ -280,20 +273,15 @@ impl WriteHealth {
         ok != 0
             && now.saturating_sub(ok) < window
             && (failed == 0 || now.saturating_sub(failed) >= window)
-            && !self.stale_marked.load(Acquire)
+            && self.stale_before.load(Acquire) == 0
     }
 
     /// Whether a connection of `age` was opened before connections were last marked stale.
+    /// (One older than the process's first mark of time counts as opened at its start.)
     pub(crate) fn is_stale(&self, age: std::time::Duration) -> bool {
-        let stale = self
-            .stale_before
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        stale.is_some_and(|before| {
-            std::time::Instant::now()
-                .checked_sub(age)
-                .is_none_or(|opened| opened <= before)
-        })
+        let before = self.stale_before.load(std::sync::atomic::Ordering::Acquire);
+        let age = u64::try_from(age.as_micros()).unwrap_or(u64::MAX);
+        before != 0 && since_start().saturating_sub(age) <= before
     }
 
     /// Notes that a write committed again; logs the end of an episode.
@@ -988,7 +976,35 @@ impl TryFrom<EntryRow> for Entry {
 
 #[cfg(test)]
 mod tests {
-    use super::{StoreError, redact_url};
+    use std::time::Duration;
+
+    use super::{StoreError, WriteHealth, redact_url};
+
+    /// Connections opened before the mark are stale, those opened after it are not, and a mark
+    /// ends the lending of connections without the pool's checks.
+    #[test]
+    fn connections_opened_before_the_stale_mark_are_stale() {
+        let health = WriteHealth::default();
+        assert!(!health.is_stale(Duration::from_secs(3600)), "no mark yet");
+        health.call_succeeded();
+        assert!(health.connections_proven());
+        std::thread::sleep(Duration::from_millis(2));
+        health.discard_connections_open_now();
+        assert!(!health.connections_proven(), "a mark ends it");
+        assert!(
+            health.is_stale(Duration::from_millis(1)),
+            "opened before the mark"
+        );
+        assert!(
+            health.is_stale(Duration::from_secs(3600)),
+            "opened long before"
+        );
+        std::thread::sleep(Duration::from_millis(5));
+        assert!(
+            !health.is_stale(Duration::from_millis(1)),
+            "opened after the mark"
+        );
+    }
 
     #[test]
     fn sqlite_errors_are_classified_by_their_primary_code() {
