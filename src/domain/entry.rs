@@ -88,6 +88,9 @@ pub struct Entry {
     /// The arguments kept for audit (canonical, redacted per policy), when stored and read:
     /// statements on the claim path do not read them back.
     pub arguments: Option<String>,
+    /// Who settled an unknown outcome (a Reconcile's principal); empty when the claimant's
+    /// own Complete resolved it, or while unresolved. A new attempt starts with it empty.
+    pub resolved_by: String,
 }
 
 impl Entry {
@@ -337,6 +340,7 @@ mod tests {
             expires_at: None,
             replay_count: 0,
             arguments: None,
+            resolved_by: String::new(),
         }
     }
 

@@ -140,6 +140,7 @@ pub(super) fn entry(view: EntryView) -> pb::Entry {
         replay_count: e.replay_count,
         external_ref: view.external_ref,
         arguments_json: String::new(),
+        resolved_by: e.resolved_by,
     }
 }
 

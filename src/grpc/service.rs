@@ -236,6 +236,8 @@ impl LedgerService for LedgerApi {
             limit: r.limit,
             resolutions,
             resolve_only: r.resolve_only,
+            keys: r.keys,
+            principal: r.principal,
         };
         telemetry::record_request(&input.tool, "");
         let ledger = self.ledger.clone();

@@ -396,6 +396,7 @@ impl PreparedClaim {
             expires_at: None,
             replay_count: 0,
             arguments: self.arguments.clone(),
+            resolved_by: String::new(),
         }
     }
 }

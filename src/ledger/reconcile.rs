@@ -5,8 +5,8 @@ use std::time::Duration;
 
 use super::{EntryView, Ledger, MAX_RACES};
 use crate::domain::Tenant;
-use crate::domain::key::{ExplicitKey, ToolName};
-use crate::domain::{Completion, FinalStatus, Micros, Status};
+use crate::domain::key::{ExplicitKey, Principal, ToolName};
+use crate::domain::{Completion, Entry, FinalStatus, Micros, Status};
 use crate::error::LedgerError;
 use crate::storage::UnresolvedQuery;
 
@@ -38,6 +38,11 @@ pub struct ReconcileInput {
     pub resolutions: Vec<ResolutionInput>,
     /// Apply the resolutions only: hand out (and hold) nothing new.
     pub resolve_only: bool,
+    /// Hand out only these keys (each if unresolved and not held by another reconciler);
+    /// empty for any unresolved entry.
+    pub keys: Vec<String>,
+    /// Who reconciles: recorded as `resolved_by` on every entry a resolution settles.
+    pub principal: String,
 }
 
 /// The answer to a Reconcile.
@@ -78,6 +83,21 @@ impl Ledger {
         if !input.tool.is_empty() {
             ToolName::parse(&input.tool)?;
         }
+        let principal = Principal::parse(&input.principal)?;
+        if input.keys.len() > max as usize {
+            return Err(LedgerError::invalid(
+                "keys",
+                format!("{} keys; at most {max} per call", input.keys.len()),
+            ));
+        }
+        let mut keys = Vec::with_capacity(input.keys.len());
+        for (i, k) in input.keys.iter().enumerate() {
+            let key = ExplicitKey::parse(k)
+                .map_err(|e| LedgerError::invalid("keys", format!("[{i}]: {}", e.message)))?;
+            if !keys.iter().any(|seen: &String| seen == key.as_str()) {
+                keys.push(key.as_str().to_string());
+            }
+        }
         let mut checked = Vec::with_capacity(input.resolutions.len());
         for (i, r) in input.resolutions.into_iter().enumerate() {
             let key = ExplicitKey::parse(&r.key).map_err(|e| {
@@ -112,7 +132,10 @@ impl Ledger {
 
         let mut resolved = Vec::with_capacity(checked.len());
         for (key, completion) in checked {
-            if let Some(view) = self.resolve_one(tenant, key.as_str(), &completion).await? {
+            if let Some(view) = self
+                .resolve_one(tenant, key.as_str(), &completion, principal.as_str())
+                .await?
+            {
                 resolved.push(view);
             }
         }
@@ -125,9 +148,11 @@ impl Ledger {
         }
         let now = self.clock.now();
         let limit = match input.limit {
+            0 if !keys.is_empty() => max,
             0 => self.limits.reconcile_default_limit,
             n => n.min(max),
         };
+        keys.truncate(limit as usize);
         let older_than = input
             .older_than
             .map(Micros::from_duration)
@@ -138,6 +163,7 @@ impl Ledger {
             tool: input.tool,
             limit,
             hold_until: now.plus(Micros::from_duration(self.limits.reconcile_lease)),
+            keys,
         };
         let pending = self
             .store
@@ -155,6 +181,7 @@ impl Ledger {
         tenant: &Tenant,
         key: &str,
         completion: &Completion,
+        principal: &str,
     ) -> Result<Option<EntryView>, LedgerError> {
         for _ in 0..MAX_RACES {
             let now = self.clock.now();
@@ -168,7 +195,10 @@ impl Ledger {
                 // Resolved already, or an attempt still in flight: nothing to reconcile.
                 return Ok(Some(self.view(existing, now)));
             }
-            let done = completion.apply_to(&existing, now);
+            let done = Entry {
+                resolved_by: principal.to_string(),
+                ..completion.apply_to(&existing, now)
+            };
             if let Some(has_waiters) = self.store.resolve(tenant.as_str(), &done, now).await? {
                 self.changed(tenant, key, has_waiters).await;
                 return Ok(Some(self.view(done, now)));

@@ -799,6 +799,9 @@ pub struct UnresolvedQuery {
     pub limit: u32,
     /// The reconcile hold ends here.
     pub hold_until: Micros,
+    /// Only these keys (each if unresolved and not held), at most `limit` of them; any
+    /// unresolved entry when empty.
+    pub keys: Vec<String>,
 }
 
 /// Opens the store a database URL names: `postgres://` or `postgresql://` for PostgreSQL,
@@ -943,6 +946,7 @@ pub(crate) struct EntryRow {
     /// Read only by the statements that select it (Lookup's and the listings).
     #[sqlx(default)]
     pub arguments: Option<String>,
+    pub resolved_by: String,
 }
 
 impl TryFrom<EntryRow> for Entry {
@@ -970,6 +974,7 @@ impl TryFrom<EntryRow> for Entry {
             expires_at: r.expires_at.map(Micros),
             replay_count: non_negative(r.replay_count, "replay_count")?,
             arguments: r.arguments,
+            resolved_by: r.resolved_by,
         })
     }
 }

@@ -379,7 +379,7 @@ macro_rules! e_entry_columns {
     () => {
         "e.key, e.run_id, e.tool, e.fingerprint, e.status, e.attempt, e.claim_token, \
          e.result, e.error, e.retryable, e.principal, e.started_at, e.finished_at, \
-         e.lease_expires_at, e.retention_us, e.expires_at, e.replay_count"
+         e.lease_expires_at, e.retention_us, e.expires_at, e.replay_count, e.resolved_by"
     };
 }
 

@@ -8,7 +8,7 @@ macro_rules! entry_columns {
     () => {
         "key, run_id, tool, fingerprint, status, attempt, claim_token, result, error, \
          retryable, principal, started_at, finished_at, lease_expires_at, retention_us, \
-         expires_at, replay_count"
+         expires_at, replay_count, resolved_by"
     };
 }
 
@@ -33,7 +33,7 @@ pub const RESTART: &str = "UPDATE ledger_entries SET run_id = $3, tool = $4, \
     fingerprint = $5, status = $6, attempt = $7, claim_token = $8, result = $9, error = $10, \
     retryable = $11, principal = $12, started_at = $13, finished_at = $14, \
     lease_expires_at = $15, retention_us = $16, expires_at = $17, replay_count = $18, \
-    arguments = $19, has_waiters = FALSE \
+    arguments = $19, has_waiters = FALSE, resolved_by = '' \
     WHERE tenant = $1 AND key = $2 AND claim_token = $20 \
     AND status IN ('SUCCEEDED', 'FAILED')";
 
@@ -89,8 +89,10 @@ pub const RENEW: &str = concat!(
 /// Records what a reconciler found, fenced by the outcome being unknown at `$9` (reported
 /// UNKNOWN, or an attempt past its lease); no token, since the answer concerns the intent,
 /// whichever attempt made it happen ([`cas::resolves`](crate::domain::entry::cas::resolves)).
+/// `$10` is who resolved it (the Reconcile's principal).
 pub const RESOLVE: &str = "UPDATE ledger_entries SET status = $3, result = $4, \
-    error = $5, retryable = $6, finished_at = $7, expires_at = $8, reconcile_until = NULL \
+    error = $5, retryable = $6, finished_at = $7, expires_at = $8, reconcile_until = NULL, \
+    resolved_by = $10 \
     WHERE tenant = $1 AND key = $2 \
     AND (status = 'UNKNOWN' OR (status = 'ATTEMPTING' AND lease_expires_at <= $9)) \
     RETURNING has_waiters";
@@ -131,6 +133,16 @@ macro_rules! unresolved_where {
          AND (reconcile_until IS NULL OR reconcile_until <= $2)"
     };
 }
+
+/// Takes one named unresolved entry (key `$5`) for a reconciler until `$6`, as the pick of
+/// [`unresolved_where!`] would: a Reconcile with `keys` settles these entries and takes no
+/// other. Its key makes it a primary-key update, so both backends share it.
+pub const TAKE_KEY: &str = concat!(
+    "UPDATE ledger_entries SET reconcile_until = $6 WHERE ",
+    unresolved_where!(),
+    " AND key = $5 RETURNING ",
+    entry_columns!()
+);
 
 /// The filters and cursor of a listing (see [`LIST`]): tool `$3` (any when empty), status `$4`
 /// as Lookup reports it at `$10` (any when empty; an attempt past its lease is UNKNOWN),
@@ -337,6 +349,7 @@ macro_rules! impl_store {
                     .bind(done.finished_at.map(|m| m.0))
                     .bind(done.expires_at.map(|m| m.0))
                     .bind(now.0)
+                    .bind(&done.resolved_by)
                     .persistent(self.persistent())
                     .fetch_all(&mut *conn)
                     .await
@@ -349,6 +362,29 @@ macro_rules! impl_store {
             tenant: &str,
             query: &UnresolvedQuery,
         ) -> StoreResult<Vec<Entry>> {
+            if !query.keys.is_empty() {
+                // The named keys only, each its own primary-key update.
+                let mut entries = Vec::with_capacity(query.keys.len());
+                for key in &query.keys {
+                    let rows: Vec<EntryRow> = run_on!(self, $classify, |conn| {
+                        sqlx::query_as(sql::TAKE_KEY)
+                            .bind(tenant)
+                            .bind(query.now.0)
+                            .bind(query.started_before.0)
+                            .bind(&query.tool)
+                            .bind(key)
+                            .bind(query.hold_until.0)
+                            .persistent(self.persistent())
+                            .fetch_all(&mut *conn)
+                            .await
+                    })?;
+                    if let Some(row) = super::at_most_one(rows, "TAKE_KEY")? {
+                        entries.push(Entry::try_from(row)?);
+                    }
+                }
+                entries.sort_by(|a, b| (a.started_at, &a.key).cmp(&(b.started_at, &b.key)));
+                return Ok(entries);
+            }
             let rows: Vec<EntryRow> = run_on!(self, $classify, |conn| {
                 sqlx::query_as(Self::TAKE_UNRESOLVED)
                     .bind(tenant)

@@ -137,6 +137,7 @@ fn attempt(key: &str, token: &str, now: Micros) -> Entry {
         expires_at: None,
         replay_count: 0,
         arguments: Some("{}".into()),
+        resolved_by: String::new(),
     }
 }
 
@@ -308,6 +309,7 @@ async fn every_write_reports_a_commit_that_fails_and_leaves_nothing_behind(b: Ba
         tool: String::new(),
         limit: 10,
         hold_until: later.plus(hour),
+        keys: Vec::new(),
     };
     fails_cleanly(
         &store,

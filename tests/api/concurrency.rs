@@ -320,6 +320,7 @@ async fn a_failing_batch_writes_nothing(backend: Backend) {
         expires_at: None,
         replay_count: 0,
         arguments: None,
+        resolved_by: String::new(),
     };
     let mut batch: Vec<(String, Entry)> = (0..10)
         .map(|n| ("default".to_string(), entry(n, 1)))

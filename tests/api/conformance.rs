@@ -1082,6 +1082,7 @@ async fn lookup_by_key_and_by_derivation_agree_and_change_nothing(b: Backend) {
         EntryView {
             entry: Entry {
                 arguments: None,
+                resolved_by: String::new(),
                 ..derived.entry
             },
             ..derived

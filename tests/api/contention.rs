@@ -38,6 +38,7 @@ fn attempt(key: &str, token: &str, now: Micros) -> Entry {
         expires_at: None,
         replay_count: 0,
         arguments: None,
+        resolved_by: String::new(),
     }
 }
 

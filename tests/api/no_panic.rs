@@ -856,9 +856,21 @@ fn gen_reconcile(rng: &mut Rng, pool: &Pool) -> pb::ReconcileRequest {
             .map(|_| gen_resolution(rng, pool))
             .collect(),
         resolve_only: rng.one_in(4),
+        keys: if rng.one_in(3) {
+            (0..rng.below(3)).map(|_| any_key(rng, pool)).collect()
+        } else {
+            Vec::new()
+        },
+        principal: if rng.one_in(2) {
+            String::new()
+        } else {
+            "reconciler".to_owned()
+        },
     };
     for _ in 0..spoils(rng) {
-        match rng.below(5) {
+        match rng.below(7) {
+            5 => r.keys.push(text(rng)),
+            6 => r.principal = text(rng),
             0 => r.older_than = odd_duration(rng),
             1 => r.tool = text(rng),
             2 => {

@@ -70,6 +70,7 @@ impl Gen {
             expires_at: resolved.then(|| self.near_now()),
             replay_count: 0,
             arguments: None,
+            resolved_by: String::new(),
         }
     }
 }
