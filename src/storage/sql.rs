@@ -135,7 +135,7 @@ macro_rules! unresolved_where {
 }
 
 /// Takes one named unresolved entry (key `$5`) for a reconciler until `$6`, as the pick of
-/// [`unresolved_where!`] would: a Reconcile with `keys` settles these entries and takes no
+/// `unresolved_where!` would: a Reconcile with `keys` settles these entries and takes no
 /// other. Its key makes it a primary-key update, so both backends share it.
 pub const TAKE_KEY: &str = concat!(
     "UPDATE ledger_entries SET reconcile_until = $6 WHERE ",
@@ -160,7 +160,7 @@ macro_rules! list_filter {
     };
 }
 
-/// A page of one run's entries (run `$2`), with their stored arguments; see [`list_filter!`].
+/// A page of one run's entries (run `$2`), with their stored arguments; see `list_filter!`.
 /// The run's own statement, so that its plan can use the (tenant, run_id, started_at, key)
 /// index: a generic plan cannot when the run is an optional filter.
 pub const LIST_RUN: &str = concat!(
@@ -171,7 +171,7 @@ pub const LIST_RUN: &str = concat!(
 );
 
 /// A page of a tenant's entries of any run (`$2` is empty), with their stored arguments; see
-/// [`list_filter!`].
+/// `list_filter!`.
 pub const LIST: &str = concat!(
     "SELECT ",
     entry_columns!(),
@@ -477,7 +477,7 @@ macro_rules! impl_store {
         }
 
         fn is_full(&self) -> bool {
-            self.health.is_full()
+            self.marks.is_full()
         }
 
         async fn probe_write(&self) -> StoreResult<()> {
@@ -494,7 +494,7 @@ macro_rules! impl_store {
                     .await
             }
             .await)?;
-            self.health.has_space();
+            self.marks.has_space();
             Ok(())
         }
 
