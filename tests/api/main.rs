@@ -13,6 +13,7 @@ mod concurrency;
 mod conformance;
 mod connections;
 mod contention;
+mod docs;
 mod failover;
 mod faults;
 mod full_disk;
