@@ -245,7 +245,8 @@ async fn a_calls_span_is_a_child_of_the_callers_traceparent_with_its_attributes_
     let mut client = client(&server).await;
 
     // A claim, its completion and a replay, with the canary in the arguments and the result.
-    let args = format!(r#"{{"password":"{CANARY}","amount":5}}"#);
+    // In a member named like a secret (redacted where arguments are kept) and in a plain one.
+    let args = format!(r#"{{"password":"{CANARY}","note":"{CANARY}","amount":5}}"#);
     let result = format!(r#"{{"receipt":"{CANARY}"}}"#);
     let claimed = client
         .claim(traced(claim_req("run-t", "issue_credit", &args), TRACE_ID))
