@@ -135,10 +135,13 @@ impl TraceConfig {
                 });
             }
         }
-        let Some(endpoint) = get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
-            .or_else(|| get("OTEL_EXPORTER_OTLP_ENDPOINT"))
-        else {
-            return Ok(None);
+        let (endpoint_var, endpoint) = match (
+            get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"),
+            get("OTEL_EXPORTER_OTLP_ENDPOINT"),
+        ) {
+            (Some(e), _) => ("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", e),
+            (None, Some(e)) => ("OTEL_EXPORTER_OTLP_ENDPOINT", e),
+            (None, None) => return Ok(None),
         };
         let (protocol_var, protocol) = match get("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL") {
             Some(p) => ("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", Some(p)),
@@ -159,11 +162,14 @@ impl TraceConfig {
                 });
             }
         };
-        if protocol == TraceProtocol::HttpProtobuf && endpoint.starts_with("https:") {
+        // No TLS client is built in for the collector (neither transport has trust roots here):
+        // refused now, rather than failing every export later.
+        if endpoint.to_ascii_lowercase().starts_with("https:") {
             return Err(TraceConfigError::Invalid {
-                name: "OTEL_EXPORTER_OTLP_ENDPOINT",
+                name: endpoint_var,
                 value: endpoint,
-                why: "http/protobuf is sent over plain http only; use grpc for an https endpoint",
+                why: "traces are sent over plain http only: point the server at a collector or \
+                      agent it reaches without TLS (on the host, or a sidecar)",
             });
         }
         let sampler = get("OTEL_TRACES_SAMPLER").unwrap_or_else(|| "parentbased_always_on".into());
@@ -599,6 +605,13 @@ mod tests {
                 ],
                 "OTEL_EXPORTER_OTLP_ENDPOINT",
             ),
+            (
+                vec![(
+                    "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT",
+                    "HTTPS://collector:4317",
+                )],
+                "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT",
+            ),
         ] {
             match config(&vars) {
                 Err(TraceConfigError::Invalid { name: got, .. }) => assert_eq!(got, name),
@@ -626,8 +639,8 @@ mod tests {
         };
         assert_eq!(shown("http://127.0.0.1:4317"), "127.0.0.1:4317");
         assert_eq!(
-            shown("https://user:secret@collector.example:443/v1/traces?key=k"),
-            "collector.example:443"
+            shown("http://user:secret@collector.example:4318/v1/traces?key=k"),
+            "collector.example:4318"
         );
         assert_eq!(shown("collector:4317"), "collector:4317");
     }
