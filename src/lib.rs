@@ -27,9 +27,10 @@
 //! - [`ledger`]: the use cases, one file each (claim, complete, renew, lookup, list,
 //!   reconcile, retention), the notes, and the claims that wait for an attempt in flight.
 //! - [`observe`]: what the server tells about itself: the Prometheus families on
-//!   `prometheus-client`, the replay-rate alarm, the `/metrics` endpoint on hyper, and the
-//!   logs (one span and one access line per RPC, W3C trace context). Below [`grpc`], which
-//!   records into it; it knows the ledger's answers (to count them), not the service.
+//!   `prometheus-client`, the replay-rate alarm, the `/metrics` endpoint on hyper, the
+//!   logs (one span and one access line per RPC, W3C trace context), and the traces exported
+//!   over OTLP when `OTEL_EXPORTER_OTLP_ENDPOINT` is set. Below [`grpc`], which records into
+//!   it; it knows the ledger's answers (to count them), not the service.
 //! - [`grpc`]: the service, the proto ↔ domain conversions, deadlines, the one rewrite of
 //!   tonic's own refusals, authentication and admission (load shedding, tenant rate limits).
 //! - [`server`]: the settings, health and its store probe, reflection, graceful shutdown;
