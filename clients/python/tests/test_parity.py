@@ -23,7 +23,7 @@ from google.rpc import error_details_pb2, status_pb2
 
 import idempotency_ledger
 from idempotency_ledger import AsyncLedger, Canonicalization, Ledger, LedgerError
-from idempotency_ledger.client import _canonicalization
+from idempotency_ledger._wire import canonicalization_name as _canonicalization
 
 PARITY = json.loads(
     (Path(__file__).resolve().parents[2] / "parity.json").read_text(encoding="utf-8"))

@@ -25,6 +25,7 @@ _DETAILS_TRAILER = "grpc-status-details-bin"
 __all__ = [
     "ActionTimeout",
     "AlreadyResolved",
+    "BeforeActing",
     "DataLoss",
     "DeadlineExceeded",
     "FailedPrecondition",
@@ -270,6 +271,16 @@ class PreviouslyFailedError(LedgerError):
 
 
 # --- what an action raises --------------------------------------------------------------------
+
+
+class BeforeActing(Exception):  # noqa: N818 (a wrapper, not an error of its own)
+    """Raised by an action's own set-up code, before it could have acted, around the real error:
+    ``run_once`` records the attempt ``FAILED`` and retryable (not ``UNKNOWN``) and re-raises the
+    real error. The tool wrapper and the adapters use it for their own failures."""
+
+    def __init__(self, error: BaseException) -> None:
+        super().__init__(str(error))
+        self.error = error
 
 
 class _ActionFailure(LedgerError):
