@@ -202,7 +202,7 @@ class InProgressError(LedgerError):
 class OutcomeUnknownError(InProgressError):
     """``OUTCOME_IN_PROGRESS`` with the entry ``STATUS_UNKNOWN``: an earlier attempt timed out
     or its lease ended without a Complete. It is never re-executed silently: a reconciler asks
-    the outside world (see ``examples/reconciler.py``)."""
+    the outside world: the tool's ``confirm``, or the :class:`~idempotency_ledger.Reconciler`."""
 
     def __init__(self, note: str, entry: Entry, retry_after: float | None) -> None:
         super().__init__(note, entry, retry_after)
