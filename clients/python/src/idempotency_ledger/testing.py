@@ -60,6 +60,8 @@ class LedgerServer:
             removed on stop).
         database_url: the store, such as ``postgres://user@host:5432/db`` (default: a fresh
             SQLite file in `directory`).
+        env: more environment variables for the server, such as ``{"RUST_LOG": "debug"}``
+            (default ``RUST_LOG=info``).
         startup_timeout: seconds to wait for the server to serve.
     """
 
@@ -71,6 +73,7 @@ class LedgerServer:
         args: Sequence[str] = (),
         directory: str | Path | None = None,
         database_url: str | None = None,
+        env: Mapping[str, str] | None = None,
         startup_timeout: float = 30.0,
     ) -> None:
         self.binary = Path(binary) if binary else find_binary()
@@ -81,6 +84,7 @@ class LedgerServer:
         self.directory = Path(directory or tempfile.mkdtemp(prefix="ledger-"))
         self.database = self.directory / "ledger.db"
         self.database_url = database_url or f"sqlite://{self.database}"
+        self.env = dict(env or {})
         self.log_path = self.directory / "server.log"
         self.address = ""
         self._process: subprocess.Popen[bytes] | None = None
@@ -113,7 +117,7 @@ class LedgerServer:
             tokens_file.write_text("".join(f"{t} {k}\n" for t, k in self.tokens.items()))
             command += ["--auth-tokens-file", str(tokens_file)]
         command += self.args
-        env = {**os.environ, "RUST_LOG": "info", "NO_COLOR": "1"}
+        env = {**os.environ, "RUST_LOG": "info", "NO_COLOR": "1", **self.env}
         with open(self.log_path, "wb") as log:
             self._process = subprocess.Popen(command, stdin=subprocess.DEVNULL,
                                              stdout=subprocess.DEVNULL, stderr=log, env=env)
