@@ -24,6 +24,7 @@ from google.rpc import error_details_pb2, status_pb2
 import idempotency_ledger
 from idempotency_ledger import AsyncLedger, Canonicalization, Ledger, LedgerError
 from idempotency_ledger._core import NOT_PERFORMED_NOTE
+from idempotency_ledger._proto import ledger_pb2 as pb
 from idempotency_ledger._wire import canonicalization_name as _canonicalization
 from idempotency_ledger.errors import UNKNOWN_NOTE
 
@@ -67,8 +68,6 @@ class _Refuser(grpc.GenericRpcHandler):
     ``CODE/REASON``, detailed as the ledger details its errors (ErrorInfo, and RetryInfo)."""
 
     def service(self, handler_call_details: grpc.HandlerCallDetails) -> grpc.RpcMethodHandler:
-        from idempotency.v1 import ledger_pb2 as pb
-
         def refuse(request: pb.LookupRequest, context: grpc.ServicerContext) -> None:
             code_name, _, reason = request.key.partition("/")
             code = grpc.StatusCode[code_name]

@@ -13,11 +13,12 @@ Or one line per tool, inside an agent framework::
     @ledger.tool()
     def issue_credit(customer: str, amount: int) -> dict: ...
 
-See README.md beside the package, and the modules: ``client`` (Ledger, AsyncLedger, run_once),
-``tools`` (the ``@ledger.tool()`` wrapper, ``current_attempt``, ``run_scope``), ``errors`` (typed
-errors), ``keys`` (local key derivation), ``model`` (entries and answers), ``codec`` (result
-encoding), ``testing`` (a real server for tests); and the framework adapters, each an optional
-extra: ``pydantic_ai``, ``openai_agents``, ``langchain``, ``mcp``.
+See README.md beside the package. The layers, each importing only from those below it (README,
+"Layers"): ``model`` and ``errors``; ``codec`` and ``keys``; the ledger (``_wire``, ``_trace``,
+``_core``: run-once written once, ``client``: ``LedgerClient`` and ``AsyncLedgerClient``); the tools
+(``tools``: ``@ledger.tool()``, ``Ledger``, ``AsyncLedger``; ``reconciler``); and the framework
+adapters, each an optional extra, imported by you and never by the rest: ``pydantic_ai``,
+``openai_agents``, ``langchain``, ``mcp``. ``testing`` starts a real server for tests.
 """
 
 from .client import (
@@ -25,8 +26,8 @@ from .client import (
     DEFAULT_RETRY_BUDGET,
     DEFAULT_WAIT,
     RENEW_EVERY_FRACTION_OF_LEASE,
-    AsyncLedger,
-    Ledger,
+    AsyncLedgerClient,
+    LedgerClient,
 )
 from .codec import BYTES, JSON, BytesCodec, Codec, JsonCodec, to_jsonable
 from .errors import (
@@ -83,7 +84,15 @@ from .model import (
     not_found,
 )
 from .reconciler import Reconciler, Settlement
-from .tools import LedgerTool, NoRunId, current_attempt, current_run_id, run_scope
+from .tools import (
+    AsyncLedger,
+    Ledger,
+    LedgerTool,
+    NoRunId,
+    current_attempt,
+    current_run_id,
+    run_scope,
+)
 
 __all__ = [
     "BYTES",
@@ -97,6 +106,7 @@ __all__ = [
     "Answer",
     "ArgumentsRefused",
     "AsyncLedger",
+    "AsyncLedgerClient",
     "Attempt",
     "BeforeActing",
     "BytesCodec",
@@ -118,6 +128,7 @@ __all__ = [
     "Kind",
     "LeaseEnded",
     "Ledger",
+    "LedgerClient",
     "LedgerError",
     "LedgerTool",
     "NoRunId",

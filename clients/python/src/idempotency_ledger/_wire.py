@@ -14,7 +14,7 @@ from urllib.parse import urlsplit
 
 from google.protobuf import duration_pb2, timestamp_pb2
 
-from ._stubs import ledger_pb2 as pb
+from ._proto import ledger_pb2 as pb
 from .keys import arguments_json
 from .model import (
     Canonicalization,

@@ -1,7 +1,8 @@
-"""The clients: :class:`Ledger` (blocking, on ``grpc``) and :class:`AsyncLedger` (asyncio, on
-``grpc.aio``), each with the RPCs (``list_entries`` pages through ListEntries as an iterator),
-:meth:`~Ledger.run_once`, the call agent code wants, and :meth:`~Ledger.attempt`, the same
-without raising.
+"""The clients: :class:`LedgerClient` (blocking, on ``grpc``) and :class:`AsyncLedgerClient`
+(asyncio, on ``grpc.aio``), each with the RPCs (``list_entries`` pages through ListEntries as an
+iterator), :meth:`~LedgerClient.run_once`, the call agent code wants, and
+:meth:`~LedgerClient.attempt`, the same without raising. ``idempotency_ledger.Ledger`` and
+``AsyncLedger`` are these with ``tool()``, the decorator of the layer above (``tools``).
 
 ``run_once(run_id, tool, arguments, action)``:
 
@@ -30,7 +31,7 @@ without raising.
 5. ``PREVIOUSLY_FAILED``: raises :class:`PreviouslyFailedError` with the stored error.
 
 What run_once decides is written once, in ``_core``, for both clients; this module drives it:
-with blocking calls and threads here, with awaits and tasks in :class:`AsyncLedger`.
+with blocking calls and threads here, with awaits and tasks in :class:`AsyncLedgerClient`.
 
 Every RPC has a deadline: the client's `timeout` (10 s unless given), or the call's own
 ``timeout=``; a claim that waits gets at least its wait plus a second. ``timeout`` never bounds the
@@ -56,7 +57,7 @@ import grpc.aio
 
 from . import _core as core
 from . import _wire as wire
-from ._stubs import ledger_pb2_grpc as pb_grpc
+from ._proto import ledger_pb2_grpc as pb_grpc
 from ._trace import trace_metadata
 from ._wire import Arguments, Seconds
 from .codec import JSON, Codec
@@ -76,7 +77,7 @@ from .model import (
     UnknownAttempt,
 )
 
-__all__ = ["AsyncLedger", "Ledger"]
+__all__ = ["AsyncLedgerClient", "LedgerClient"]
 
 T = TypeVar("T")
 
@@ -178,7 +179,7 @@ class _Base:
         return lease * RENEW_EVERY_FRACTION_OF_LEASE
 
 
-class Ledger(_Base):
+class LedgerClient(_Base):
     """A blocking client of the ledger.
 
     Args:
@@ -235,7 +236,7 @@ class Ledger(_Base):
     def close(self) -> None:
         self._channel.close()
 
-    def __enter__(self) -> Ledger:
+    def __enter__(self) -> LedgerClient:
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -519,18 +520,6 @@ class Ledger(_Base):
                           confirm_delay=confirm_delay)
         return self._drive(core.attempt(self._policy, call))
 
-    def tool(self, name: str | None = None, **options: Any) -> Any:
-        """A decorator that makes a tool function run once per intent; see
-        :func:`idempotency_ledger.tools.ledger_tool` for the options. The function keeps its
-        signature, so a framework builds the same schema from it::
-
-            @ledger.tool(run_id=lambda: current_run, confirm=find_credit)
-            def issue_credit(customer: str, amount: int) -> dict: ...
-        """
-        from .tools import ledger_tool
-
-        return ledger_tool(self, name, **options)
-
 
 class _Renewer:
     """Renews the lease of a blocking run_once's attempt from a thread of its own while the
@@ -538,7 +527,7 @@ class _Renewer:
     and tried at the next tick after that; one the server refuses for good (LEASE_ENDED,
     STALE_CLAIM_TOKEN) ends the renewals."""
 
-    def __init__(self, ledger: Ledger, claim: ClaimResult, timeout: float | None) -> None:
+    def __init__(self, ledger: LedgerClient, claim: ClaimResult, timeout: float | None) -> None:
         self._ledger = ledger
         self._claim = claim
         self._lease = core.granted_lease(claim)
@@ -576,8 +565,8 @@ class _Renewer:
             self._thread.join()
 
 
-class AsyncLedger(_Base):
-    """The asyncio client (``grpc.aio``): the same methods as :class:`Ledger`, as coroutines.
+class AsyncLedgerClient(_Base):
+    """The asyncio client (``grpc.aio``): the same methods as :class:`LedgerClient`, as coroutines.
     Create it inside the running event loop (``async with AsyncLedger(...) as ledger:``).
     ``run_once``'s action may be a plain function or return an awaitable; so may ``confirm``
     (a plain one runs in a thread)."""
@@ -619,7 +608,7 @@ class AsyncLedger(_Base):
             await asyncio.wait(set(self._background), timeout=self.timeout)
         await self._channel.close()
 
-    async def __aenter__(self) -> AsyncLedger:
+    async def __aenter__(self) -> AsyncLedgerClient:
         return self
 
     async def __aexit__(self, *exc: object) -> None:
@@ -750,7 +739,7 @@ class AsyncLedger(_Base):
         principal: str | None = None,
         timeout: float | None = None,
     ) -> ClaimResult:
-        """See :meth:`Ledger.claim`."""
+        """See :meth:`LedgerClient.claim`."""
         request = wire.claim_request(
             run_id, tool, arguments, key=key, canonicalization=canonicalization, lease=lease,
             retention=retention, wait=wait,
@@ -768,7 +757,7 @@ class AsyncLedger(_Base):
         retryable: bool = False,
         timeout: float | None = None,
     ) -> Completion:
-        """See :meth:`Ledger.complete`."""
+        """See :meth:`LedgerClient.complete`."""
         return await self._drive(core.complete(self._policy, key, claim_token, status, result,
                                                error, retryable, timeout))
 
@@ -782,7 +771,7 @@ class AsyncLedger(_Base):
         canonicalization: Canonicalization | str = Canonicalization.JCS,
         timeout: float | None = None,
     ) -> Entry:
-        """See :meth:`Ledger.lookup`."""
+        """See :meth:`LedgerClient.lookup`."""
         request = wire.lookup_request(key, run_id, tool, arguments, canonicalization)
         return await self._drive(core.lookup(self._policy, request, timeout))
 
@@ -798,7 +787,7 @@ class AsyncLedger(_Base):
         principal: str | None = None,
         timeout: float | None = None,
     ) -> Reconciliation:
-        """See :meth:`Ledger.reconcile`."""
+        """See :meth:`LedgerClient.reconcile`."""
         request = wire.reconcile_request(older_than, tool, limit, resolutions, resolve_only,
                                          keys, self.principal if principal is None else principal)
         return await self._drive(core.reconcile(self._policy, request, timeout))
@@ -811,7 +800,7 @@ class AsyncLedger(_Base):
         *,
         timeout: float | None = None,
     ) -> Entry:
-        """See :meth:`Ledger.renew_lease`."""
+        """See :meth:`LedgerClient.renew_lease`."""
         return await self._drive(core.renew_lease(self._policy, key, claim_token, lease,
                                                   timeout))
 
@@ -826,7 +815,8 @@ class AsyncLedger(_Base):
         page_size: int = 100,
         timeout: float | None = None,
     ) -> AsyncIterator[Entry]:
-        """See :meth:`Ledger.list_entries`: an async iterator (``async for entry in ...``)."""
+        """See :meth:`LedgerClient.list_entries`: an async iterator (``async for entry in
+        ...``)."""
         request = wire.list_request(run_id, tool, status, started_after, started_before,
                                     page_size)
         while True:
@@ -859,8 +849,8 @@ class AsyncLedger(_Base):
         confirm: Confirm | None = None,
         confirm_delay: float = DEFAULT_CONFIRM_DELAY,
     ) -> Result[T]:
-        """See :meth:`Ledger.run_once`. A cancellation of the action is recorded as ``UNKNOWN``
-        and re-raised. `action_timeout` cancels the awaitable the action returned when it has not
+        """See :meth:`LedgerClient.run_once`. A cancellation of the action is recorded as
+        ``UNKNOWN`` and re-raised. `action_timeout` cancels the awaitable the action returned when it has not
         finished by then (a plain function that blocks cannot be interrupted: give the
         ``AsyncLedger`` awaitables, or run blocking work with ``asyncio.to_thread``)."""
         return core.result_of(await self.attempt(
@@ -890,20 +880,13 @@ class AsyncLedger(_Base):
         confirm: Confirm | None = None,
         confirm_delay: float = DEFAULT_CONFIRM_DELAY,
     ) -> CallOutcome[T]:
-        """See :meth:`Ledger.attempt`."""
+        """See :meth:`LedgerClient.attempt`."""
         call = self._call(run_id, tool, arguments, action, codec=codec, wait=wait, key=key,
                           canonicalization=canonicalization, lease=lease, retention=retention,
                           principal=principal, timeout=timeout, action_timeout=action_timeout,
                           renew=renew, not_executed=not_executed, confirm=confirm,
                           confirm_delay=confirm_delay)
         return await self._drive(core.attempt(self._policy, call))
-
-    def tool(self, name: str | None = None, **options: Any) -> Any:
-        """See :meth:`Ledger.tool`: the wrapped function is a coroutine function (a plain one
-        runs in a thread, with ``asyncio.to_thread``)."""
-        from .tools import ledger_tool
-
-        return ledger_tool(self, name, **options)
 
 
 def _is_coroutine_function(fn: Any) -> bool:

@@ -14,6 +14,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 import grpc
+from google.rpc import error_details_pb2, status_pb2
 
 if TYPE_CHECKING:
     from .model import Entry
@@ -333,8 +334,6 @@ _Details = tuple[str | None, str | None, float | None, tuple[Any, ...], str]
 
 def _decode_details(trailers: Any) -> _Details:
     """(reason, field, retry_after, details, message) from the status-details trailer."""
-    from google.rpc import error_details_pb2, status_pb2
-
     raw = next((v for k, v in (trailers or ()) if k == _DETAILS_TRAILER), None)
     if raw is None:
         return None, None, None, (), ""

@@ -59,7 +59,7 @@ from langgraph.types import Command
 from pydantic import BaseModel
 
 from ._core import causes
-from .client import AsyncLedger, Ledger
+from .client import AsyncLedgerClient, LedgerClient
 from .codec import to_jsonable
 from .errors import BeforeActing, NotExecuted
 from .model import CallOutcome, Kind, UnknownAttempt
@@ -151,7 +151,7 @@ class LedgerMiddleware(AgentMiddleware[Any, Any]):
             ``confirm_delay``, ...).
     """
 
-    def __init__(self, ledger: Ledger | AsyncLedger, *, tools: Collection[str] | None = None,
+    def __init__(self, ledger: LedgerClient | AsyncLedgerClient, *, tools: Collection[str] | None = None,
                  confirm: Mapping[str, Callable[[UnknownAttempt], Any]] | None = None,
                  run_id: str | Callable[[ToolCallRequest], Any] = "run",
                  **options: Any) -> None:

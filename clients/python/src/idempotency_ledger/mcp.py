@@ -56,7 +56,7 @@ from fastmcp.server.middleware import CallNext, Middleware, MiddlewareContext
 from fastmcp.tools import ToolResult
 from pydantic import TypeAdapter
 
-from .client import AsyncLedger, Ledger
+from .client import AsyncLedgerClient, LedgerClient
 from .codec import to_jsonable
 from .errors import BeforeActing
 from .model import Answer, CallOutcome, Confirmation, Kind, UnknownAttempt, found
@@ -154,7 +154,7 @@ class LedgerMiddleware(Middleware):
             ``confirm_delay``, ...).
     """
 
-    def __init__(self, ledger: Ledger | AsyncLedger, *, tools: Collection[str] | None = None,
+    def __init__(self, ledger: LedgerClient | AsyncLedgerClient, *, tools: Collection[str] | None = None,
                  confirm: Mapping[str, Callable[[UnknownAttempt], Any]] | None = None,
                  run_id: Callable[[MiddlewareContext[mt.CallToolRequestParams]], Any]
                  | None = None,

@@ -44,7 +44,7 @@ from pydantic_ai.exceptions import ApprovalRequired, CallDeferred
 from pydantic_ai.toolsets import AbstractToolset, WrapperToolset
 from pydantic_ai.toolsets.abstract import ToolsetTool
 
-from .client import AsyncLedger, Ledger
+from .client import AsyncLedgerClient, LedgerClient
 from .codec import to_jsonable
 from .model import UnknownAttempt
 from .tools import (
@@ -97,13 +97,13 @@ class LedgerToolset(WrapperToolset[Any]):
             ``confirm_delay``, ...).
     """
 
-    ledger: Ledger | AsyncLedger
+    ledger: LedgerClient | AsyncLedgerClient
     tools: Collection[str] | None
     confirm: Mapping[str, Callable[[UnknownAttempt], Any]]
     run_id: Callable[[RunContext[Any]], str | None] | None
     options: dict[str, Any]
 
-    def __init__(self, wrapped: AbstractToolset[Any], ledger: Ledger | AsyncLedger, *,
+    def __init__(self, wrapped: AbstractToolset[Any], ledger: LedgerClient | AsyncLedgerClient, *,
                  tools: Collection[str] | None = None,
                  confirm: Mapping[str, Callable[[UnknownAttempt], Any]] | None = None,
                  run_id: Callable[[RunContext[Any]], str | None] | None = None,

@@ -40,10 +40,10 @@ from typing import Any
 
 from . import _core as core
 from . import _wire as wire
-from .client import AsyncLedger, Ledger
+from .client import AsyncLedgerClient, LedgerClient
 from .errors import LedgerError, NotFound
 from .model import Confirmation, Entry, Status, UnknownAttempt
-from .tools import LedgerTool, ledger_tools_of
+from .tools import Ledger, LedgerTool, ledger_tools_of
 
 __all__ = ["Reconciler", "Settlement", "main"]
 
@@ -153,7 +153,7 @@ class Reconciler:
         max_backoff: the longest pause after failing rounds (doubling from ``interval``).
     """
 
-    def __init__(self, ledger: Ledger | AsyncLedger, tools: Any, *, principal: str | None = None,
+    def __init__(self, ledger: LedgerClient | AsyncLedgerClient, tools: Any, *, principal: str | None = None,
                  older_than: float = DEFAULT_OLDER_THAN, interval: float = DEFAULT_INTERVAL,
                  batch: int = 20, rate: float = 10.0, max_backoff: float = 60.0) -> None:
         if rate <= 0 or batch <= 0 or interval < 0:
@@ -195,7 +195,7 @@ class Reconciler:
 
     def run_round(self) -> list[Settlement]:
         """One pass over every tool (blocking client); returns what it settled."""
-        if not isinstance(self.ledger, Ledger):
+        if not isinstance(self.ledger, LedgerClient):
             raise TypeError("run_round needs the blocking Ledger; use arun_round")
         settled = self.ledger._drive(self._steps())
         self.settlements += settled
@@ -221,7 +221,7 @@ class Reconciler:
     def start(self) -> Reconciler:
         """Runs in the background beside the agent: a thread with the blocking client, a task
         (of the running loop) with the asyncio one. Returns the reconciler."""
-        if isinstance(self.ledger, AsyncLedger):
+        if isinstance(self.ledger, AsyncLedgerClient):
             self._task = asyncio.get_running_loop().create_task(self.arun())
         else:
             self._thread = threading.Thread(target=self.run, name="ledger-reconciler",
@@ -254,7 +254,7 @@ class Reconciler:
 
     async def arun_round(self) -> list[Settlement]:
         """One pass over every tool (asyncio client); returns what it settled."""
-        if not isinstance(self.ledger, AsyncLedger):
+        if not isinstance(self.ledger, AsyncLedgerClient):
             raise TypeError("arun_round needs the AsyncLedger; use run_round")
         settled = await self.ledger._drive(self._steps())
         self.settlements += settled

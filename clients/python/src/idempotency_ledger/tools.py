@@ -55,13 +55,15 @@ from typing import Any, TypeVar, cast
 
 from ._core import NOT_PERFORMED_NOTE
 from ._wire import Seconds
-from .client import DEFAULT_CONFIRM_DELAY, DEFAULT_WAIT, AsyncLedger, Ledger
+from .client import DEFAULT_CONFIRM_DELAY, DEFAULT_WAIT, AsyncLedgerClient, LedgerClient
 from .codec import JSON, Codec, to_jsonable
 from .errors import UNKNOWN_NOTE, ResultNotEncodable
 from .model import Attempt, CallOutcome, Canonicalization, Kind, UnknownAttempt
 
 __all__ = [
+    "AsyncLedger",
     "FrameworkContext",
+    "Ledger",
     "LedgerTool",
     "NoRunId",
     "current_attempt",
@@ -218,7 +220,7 @@ def _register(tool: LedgerTool) -> None:
         _REGISTERED[tool.name] = tool
 
 
-def require_confirm(ledger: Ledger | AsyncLedger, name: str, confirm: Confirm | None) -> None:
+def require_confirm(ledger: LedgerClient | AsyncLedgerClient, name: str, confirm: Confirm | None) -> None:
     """Strict mode (``require_confirm=True``): refuses a tool without its paired read."""
     if getattr(ledger, "require_confirm", False) and confirm is None:
         raise ValueError(
@@ -354,7 +356,7 @@ def _with_attempt(attempt: Attempt, fn: Callable[..., Any], *args: Any, **kwargs
 
 
 async def run_tool_call(
-    ledger: Ledger | AsyncLedger,
+    ledger: LedgerClient | AsyncLedgerClient,
     *,
     run_id: str,
     tool: str,
@@ -377,7 +379,7 @@ async def run_tool_call(
         finally:
             _attempt.reset(token)
 
-    if isinstance(ledger, AsyncLedger):
+    if isinstance(ledger, AsyncLedgerClient):
         outcome = await ledger.attempt(run_id, tool, arguments, action,
                                        not_executed=not_executed, confirm=confirm, **options)
         return present(outcome)
@@ -408,7 +410,7 @@ async def run_tool_call(
 
 
 def run_tool_call_sync(
-    ledger: Ledger,
+    ledger: LedgerClient,
     *,
     run_id: str,
     tool: str,
@@ -420,7 +422,7 @@ def run_tool_call_sync(
     present: Callable[[CallOutcome[Any]], Any] = model_view,
 ) -> Any:
     """:func:`run_tool_call` for blocking code, with the blocking client."""
-    if isinstance(ledger, AsyncLedger):
+    if isinstance(ledger, AsyncLedgerClient):
         raise TypeError("a blocking tool call needs the blocking Ledger, not an AsyncLedger")
     outcome = ledger.attempt(run_id, tool, arguments,
                              lambda attempt: _with_attempt(attempt, act),
@@ -540,7 +542,7 @@ def _keep_signature(wrapper: Callable[..., Any], fn: Callable[..., Any],
 
 
 def ledger_tool(
-    ledger: Ledger | AsyncLedger,
+    ledger: LedgerClient | AsyncLedgerClient,
     name: str | None = None,
     *,
     run_id: str | Callable[[], str | None] | None = None,
@@ -585,7 +587,7 @@ def ledger_tool(
         spec = LedgerTool(call.name, confirm, checked["codec"])
         _register(spec)
         is_async = inspect.iscoroutinefunction(fn)
-        if is_async or isinstance(ledger, AsyncLedger):
+        if is_async or isinstance(ledger, AsyncLedgerClient):
             wrapper = _async_wrapper(ledger, call, is_async)
         else:
             wrapper = _sync_wrapper(ledger, call)
@@ -602,7 +604,7 @@ ledger_tool.__signature__ = inspect.Signature(  # type: ignore[attr-defined]
     + [p for p in inspect.signature(run_options).parameters.values()])
 
 
-def _sync_wrapper(ledger: Ledger, call: _ToolCall) -> Callable[..., Any]:
+def _sync_wrapper(ledger: LedgerClient, call: _ToolCall) -> Callable[..., Any]:
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         prepared = call.prepare(args, kwargs)
         if isinstance(prepared, dict):
@@ -615,7 +617,7 @@ def _sync_wrapper(ledger: Ledger, call: _ToolCall) -> Callable[..., Any]:
     return wrapper
 
 
-def _async_wrapper(ledger: Ledger | AsyncLedger, call: _ToolCall,
+def _async_wrapper(ledger: LedgerClient | AsyncLedgerClient, call: _ToolCall,
                    is_async: bool) -> Callable[..., Any]:
     async def wrapper(*args: Any, **kwargs: Any) -> Any:
         prepared = call.prepare(args, kwargs)
@@ -637,3 +639,37 @@ def _async_wrapper(ledger: Ledger | AsyncLedger, call: _ToolCall,
                                    not_executed=call.not_executed, confirm=call.confirm)
 
     return wrapper
+
+
+# --- the clients with the decorator -----------------------------------------------------------
+
+
+class Ledger(LedgerClient):
+    """The blocking client (:class:`~idempotency_ledger.client.LedgerClient`: the RPCs,
+    ``run_once``, ``attempt``) with :meth:`tool`, the one-line decorator of this layer."""
+
+    def tool(self, name: str | None = None, **options: Any) -> Callable[[F], F]:
+        """A decorator that makes a tool function run once per intent; see :func:`ledger_tool`
+        for the options. The function keeps its signature, so a framework builds the same
+        schema from it::
+
+            @ledger.tool(run_id=lambda: current_run, confirm=find_credit)
+            def issue_credit(customer: str, amount: int) -> dict: ...
+        """
+        return ledger_tool(self, name, **options)
+
+    def __enter__(self) -> Ledger:
+        return self
+
+
+class AsyncLedger(AsyncLedgerClient):
+    """The asyncio client (:class:`~idempotency_ledger.client.AsyncLedgerClient`) with
+    :meth:`tool`."""
+
+    def tool(self, name: str | None = None, **options: Any) -> Callable[[F], F]:
+        """See :meth:`Ledger.tool`: the wrapped function is a coroutine function (a plain one
+        runs in a thread, with ``asyncio.to_thread``)."""
+        return ledger_tool(self, name, **options)
+
+    async def __aenter__(self) -> AsyncLedger:
+        return self
