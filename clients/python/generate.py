@@ -32,7 +32,8 @@ SDIST_PROTO = HERE / "proto"
 PROTO_FILE = "idempotency/v1/ledger.proto"
 #: Where the stubs go, under the output directory: the package's own namespace.
 PACKAGE = "idempotency_ledger/_proto"
-INIT = '"""The gRPC stubs of idempotency/v1/ledger.proto, generated at build time by generate.py."""\n'
+INIT = ('"""The gRPC stubs of idempotency/v1/ledger.proto, generated at build time by '
+        'generate.py."""\n')
 
 
 def proto_root() -> Path:

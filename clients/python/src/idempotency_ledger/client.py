@@ -850,9 +850,9 @@ class AsyncLedgerClient(_Base):
         confirm_delay: float = DEFAULT_CONFIRM_DELAY,
     ) -> Result[T]:
         """See :meth:`LedgerClient.run_once`. A cancellation of the action is recorded as
-        ``UNKNOWN`` and re-raised. `action_timeout` cancels the awaitable the action returned when it has not
-        finished by then (a plain function that blocks cannot be interrupted: give the
-        ``AsyncLedger`` awaitables, or run blocking work with ``asyncio.to_thread``)."""
+        ``UNKNOWN`` and re-raised. `action_timeout` cancels the awaitable the action returned
+        when it has not finished by then (a plain function that blocks cannot be interrupted:
+        give the ``AsyncLedger`` awaitables, or run blocking work with ``asyncio.to_thread``)."""
         return core.result_of(await self.attempt(
             run_id, tool, arguments, action, codec=codec, wait=wait, key=key,
             canonicalization=canonicalization, lease=lease, retention=retention,

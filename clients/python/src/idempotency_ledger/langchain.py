@@ -3,8 +3,8 @@
 
 One line per agent::
 
-    agent = create_agent(model, tools=[issue_credit, send_reply],
-                         middleware=[LedgerMiddleware(ledger, confirm={"issue_credit": find_credit})])
+    agent = create_agent(model, tools=[issue_credit, send_reply], middleware=[
+        LedgerMiddleware(ledger, confirm={"issue_credit": find_credit})])
     agent.invoke({"messages": [...]}, config={"run_id": uuid.uuid4()})
 
 ``LedgerMiddleware.wrap_tool_call`` / ``awrap_tool_call`` claim each tool call (the model's tool
@@ -151,7 +151,8 @@ class LedgerMiddleware(AgentMiddleware[Any, Any]):
             ``confirm_delay``, ...).
     """
 
-    def __init__(self, ledger: LedgerClient | AsyncLedgerClient, *, tools: Collection[str] | None = None,
+    def __init__(self, ledger: LedgerClient | AsyncLedgerClient, *,
+                 tools: Collection[str] | None = None,
                  confirm: Mapping[str, Callable[[UnknownAttempt], Any]] | None = None,
                  run_id: str | Callable[[ToolCallRequest], Any] = "run",
                  **options: Any) -> None:

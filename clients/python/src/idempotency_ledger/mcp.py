@@ -154,7 +154,8 @@ class LedgerMiddleware(Middleware):
             ``confirm_delay``, ...).
     """
 
-    def __init__(self, ledger: LedgerClient | AsyncLedgerClient, *, tools: Collection[str] | None = None,
+    def __init__(self, ledger: LedgerClient | AsyncLedgerClient, *,
+                 tools: Collection[str] | None = None,
                  confirm: Mapping[str, Callable[[UnknownAttempt], Any]] | None = None,
                  run_id: Callable[[MiddlewareContext[mt.CallToolRequestParams]], Any]
                  | None = None,

@@ -153,7 +153,8 @@ class Reconciler:
         max_backoff: the longest pause after failing rounds (doubling from ``interval``).
     """
 
-    def __init__(self, ledger: LedgerClient | AsyncLedgerClient, tools: Any, *, principal: str | None = None,
+    def __init__(self, ledger: LedgerClient | AsyncLedgerClient, tools: Any, *,
+                 principal: str | None = None,
                  older_than: float = DEFAULT_OLDER_THAN, interval: float = DEFAULT_INTERVAL,
                  batch: int = 20, rate: float = 10.0, max_backoff: float = 60.0) -> None:
         if rate <= 0 or batch <= 0 or interval < 0:

@@ -220,7 +220,8 @@ def _register(tool: LedgerTool) -> None:
         _REGISTERED[tool.name] = tool
 
 
-def require_confirm(ledger: LedgerClient | AsyncLedgerClient, name: str, confirm: Confirm | None) -> None:
+def require_confirm(ledger: LedgerClient | AsyncLedgerClient, name: str,
+                    confirm: Confirm | None) -> None:
     """Strict mode (``require_confirm=True``): refuses a tool without its paired read."""
     if getattr(ledger, "require_confirm", False) and confirm is None:
         raise ValueError(
