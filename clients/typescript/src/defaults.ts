@@ -1,7 +1,7 @@
 // The defaults both clients share (clients/parity.json, checked by test/parity.test.ts), and the
 // forms of address the client accepts.
 
-import { InvalidArgumentError } from "./errors.js";
+import { InvalidArgumentError } from "./error-base.js";
 import type { Canonicalization } from "./keys.js";
 
 /** The default deadline of every call, unless the Ledger or the call sets another. */

@@ -1,23 +1,50 @@
 // idempotency-ledger: the TypeScript client of the idempotency ledger.
 export {
+  DEFAULT_CONFIRM_DELAY_MS,
   Ledger,
+  classify,
+  currentAttempt,
   type ActionContext,
-  type AttemptOutcome,
+  type ErrorClass,
+  type LedgerOptions,
+  type RunOnceOptions,
+  type RunOnceResult,
+  type RunToolOptions,
+  type ToolRegistration,
+} from "./ledger.js";
+export {
+  LedgerRpc,
   type CallOptions,
   type ClaimParams,
   type ClaimResult,
   type CompleteParams,
   type CompleteResult,
-  type LedgerOptions,
+  type LedgerRpcOptions,
   type ListEntriesParams,
   type LookupParams,
   type ReconcileParams,
   type ReconcileResult,
   type Resolution,
-  type RunOnceOptions,
-  type RunOnceResult,
   type TlsOptions,
-} from "./ledger.js";
+} from "./rpc.js";
+export {
+  cannotTell,
+  found,
+  notFound,
+  type CannotTell,
+  type Confirm,
+  type ConfirmAttempt,
+  type Confirmation,
+  type Found,
+  type NotFound,
+} from "./confirm.js";
+export { stderrLogger, type LedgerLogger } from "./log.js";
+export {
+  Reconciler,
+  type ReconcilerOptions,
+  type ReconcilerTools,
+  type SettlementRecord,
+} from "./reconciler.js";
 export {
   ADDRESS_FORMS,
   DEFAULTS,
@@ -29,15 +56,18 @@ export {
 } from "./defaults.js";
 export {
   ToolCallResult,
-  currentAttempt,
-  missingRunId,
   modelTextOf,
   toolResultCodec,
-  withAttempt,
-  type RunToolOptions,
+  type AttemptOutcome,
   type ToolCallResultJson,
-  type ToolLike,
   type ToolOutcome,
+} from "./outcome.js";
+export {
+  LEDGER_TOOL,
+  markRegistered,
+  registrationOf,
+  wrapTool,
+  type ToolLike,
   type ToolValue,
   type WrapToolOptions,
   type WrappedTool,
@@ -53,6 +83,8 @@ export {
   InternalError,
   InvalidArgumentError,
   KeyReusedError,
+  MissingRunIdError,
+  UNKNOWN_NOTE,
   LeaseEndedError,
   LedgerError,
   NotExecutedError,

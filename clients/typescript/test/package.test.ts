@@ -10,6 +10,7 @@ import { PACKAGE_ROOT } from "./support/server.js";
 
 const pkg = JSON.parse(readFileSync(join(PACKAGE_ROOT, "package.json"), "utf8")) as {
   name: string;
+  bin: Record<string, string>;
   exports: Record<string, { types: string; default: string }>;
   dependencies: Record<string, string>;
   peerDependencies: Record<string, string>;
@@ -64,5 +65,11 @@ describe("package", () => {
     }
     // The check reads real imports: the adapters do import the client's own modules.
     assert.ok(runtimeImports(join(dir, "adapters/mcp.js")).includes("../tools.js"));
+  });
+
+  test("the reconciler command is the package's bin: compiled, with its shebang", () => {
+    assert.deepEqual(Object.keys(pkg.bin), ["idempotency-ledger-reconciler"]);
+    const script = readFileSync(join(PACKAGE_ROOT, pkg.bin["idempotency-ledger-reconciler"]), "utf8");
+    assert.ok(script.startsWith("#!/usr/bin/env node\n"), "runs as a command");
   });
 });

@@ -102,12 +102,20 @@ export async function startServer(options: ServerOptions = {}): Promise<TestServ
 }
 
 /** Runs a compiled example (dist/examples/NAME.js) and returns its output. */
-export async function runExample(
+export function runExample(
   name: string,
   env: Record<string, string>,
 ): Promise<{ code: number | null; stdout: string; stderr: string }> {
-  const script = join(PACKAGE_ROOT, "dist/examples", `${name}.js`);
-  const child = spawn(process.execPath, [script], {
+  return runScript(join(PACKAGE_ROOT, "dist/examples", `${name}.js`), [], env);
+}
+
+/** Runs a compiled script of the package with arguments and returns its output. */
+export async function runScript(
+  script: string,
+  args: string[],
+  env: Record<string, string>,
+): Promise<{ code: number | null; stdout: string; stderr: string }> {
+  const child = spawn(process.execPath, [script, ...args], {
     env: { ...process.env, ...env },
     stdio: ["ignore", "pipe", "pipe"],
   });
