@@ -55,6 +55,7 @@ export {
   ledgerUrl,
 } from "./defaults.js";
 export {
+  NOT_PERFORMED_NOTE,
   ToolCallResult,
   modelTextOf,
   toolResultCodec,

@@ -669,7 +669,7 @@ function notFoundWhy(why: string, entry: LedgerEntry): string {
 function notFoundOutcome<T>(error: unknown, entry: LedgerEntry, why?: string): AttemptOutcome<T> {
   const notExecuted = new NotExecutedError(why === undefined ? entry.error : notFoundWhy(why, entry), { cause: error });
   notExecuted.entry = entry;
-  return { kind: "thrown", error: notExecuted, actionRan: true, recorded: "not_executed", entry };
+  return { kind: "thrown", error: notExecuted, actionRan: true, recorded: "not_found", entry };
 }
 
 /**

@@ -48,7 +48,8 @@ export type AttemptOutcome<T> =
       kind: "thrown";
       error: unknown;
       actionRan: boolean;
-      recorded?: "not_executed" | "failed" | "unknown";
+      /** How the ledger recorded it; `not_found`: unknown, then settled FAILED retryable by confirm. */
+      recorded?: "not_executed" | "not_found" | "failed" | "unknown";
       entry?: LedgerEntry;
     };
 
@@ -85,7 +86,10 @@ export class ToolCallResult<T = unknown> {
   readonly error: unknown;
   /** With in_progress and outcome_unknown: milliseconds after which asking again is worth it. */
   readonly retryAfter: number | undefined;
-  /** True when the action's outcome was unknown and the tool's paired read found the effect. */
+  /**
+   * True when the action's outcome was unknown and the tool's paired read settled it: found
+   * (performed) or found nothing (not_executed).
+   */
   readonly confirmed: boolean;
 
   constructor(init: {
@@ -198,6 +202,14 @@ export const toolResultCodec: Codec<unknown> = {
   },
 };
 
+/**
+ * What the model reads when an outcome was unknown and the tool's paired read found nothing:
+ * word for word the Python client's (clients/parity.json, model_reads.not_performed).
+ */
+export const NOT_PERFORMED_NOTE =
+  "This action did not take effect: its outcome was unknown, and a check found that nothing " +
+  "happened. No action was taken; it may be called again.";
+
 /** The note of a call that did not run, and may be made again. */
 export function notExecutedNote(err: unknown): string {
   return `This action was not performed: ${describe(err)}. Nothing happened, so it may be called again.`;
@@ -225,6 +237,8 @@ export function render<T>(out: AttemptOutcome<T>): ToolCallResult<T> {
   switch (out.recorded) {
     case "not_executed":
       return new ToolCallResult({ outcome: "not_executed", note: notExecutedNote(err), entry, error: err });
+    case "not_found":
+      return new ToolCallResult({ outcome: "not_executed", note: NOT_PERFORMED_NOTE, entry, error: err, confirmed: true });
     case "failed":
       return failedResult(err, entry);
     case "unknown":

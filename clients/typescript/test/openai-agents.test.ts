@@ -20,7 +20,7 @@ import {
 } from "@openai/agents";
 import { z } from "zod";
 import { ledgerTool } from "../src/adapters/openai-agents.js";
-import { MissingRunIdError, NotExecutedError, UNKNOWN_NOTE, currentAttempt, type Ledger } from "../src/index.js";
+import { MissingRunIdError, NotExecutedError, NOT_PERFORMED_NOTE, UNKNOWN_NOTE, currentAttempt, type Ledger } from "../src/index.js";
 import { Payments, captureLog, sleep } from "./support/payments.js";
 import { startServer, uniqueRun, type TestServer } from "./support/server.js";
 
@@ -223,10 +223,7 @@ describe("OpenAI Agents JS SDK (@openai/agents, a scripted Model)", () => {
     const runId = uniqueRun("agents-timeout");
     const first = await turn(issueCredit, runId, [calls(["issue_credit", CALL])]);
     const [note] = first.model.resultsRead();
-    assert.match(
-      note,
-      /^This action was not performed: the attempt failed \(the action did not finish within 150 ms\) and the tool's paired read found no effect \(external_ref idem-[0-9a-f]{16}\)\. Nothing happened, so it may be called again\.$/,
-    );
+    assert.equal(note, NOT_PERFORMED_NOTE);
     assert.doesNotMatch(note, /timed out after/, "not the SDK's own timeout text");
     const entry = await ledger.lookup({ runId, tool: "issue_credit", args: CALL });
     assert.equal(entry.status, "FAILED");

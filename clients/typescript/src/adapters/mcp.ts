@@ -160,6 +160,10 @@ function toCallToolResult(result: ToolCallResult<CallToolResult>, hasOutput: boo
       const stored = asCallToolResult(result.value);
       return { ...stored, content: [text(result.note), ...(stored.content ?? [])] };
     }
+    case "not_executed":
+      // Settled by the paired read (nothing happened): a normal result, like the unknown
+      // outcome it was. Anything else not performed is a tool error the model may retry.
+      return { content: [text(result.toModelText())], isError: result.confirmed ? hasOutput : true };
     case "outcome_unknown":
     case "in_progress":
       // Not a failure to retry: a normal result the model reads (the SDK insists on isError
