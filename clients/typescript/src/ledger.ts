@@ -11,7 +11,6 @@ import { DEFAULT_WAIT_MS, RENEW_EVERY_FRACTION_OF_LEASE } from "./defaults.js";
 import {
   ActionTimeoutError,
   AlreadyResolvedError,
-  DeadlineExceededError,
   FailedPreconditionError,
   InProgressError,
   InvalidArgumentError,
@@ -23,7 +22,6 @@ import {
   PreviouslyFailedError,
   ResultNotEncodableError,
   UNKNOWN_RETRY_AFTER_MS,
-  UnavailableError,
 } from "./errors.js";
 import { toArgumentsJson, type ArgumentsInput, type Canonicalization } from "./keys.js";
 import { defaultPrincipal, stderrLogger, type LedgerLogger } from "./log.js";
@@ -155,8 +153,6 @@ export interface ToolRegistration<T = unknown> {
 
 /** The options of runTool: runOnce's. The default codec is toolResultCodec. */
 export type RunToolOptions<T> = RunOnceOptions<T>;
-
-const TRANSIENT_COMPLETE_RETRIES = [100, 300, 900];
 
 const attempts = new AsyncLocalStorage<ActionContext>();
 
@@ -397,8 +393,9 @@ export class Ledger extends LedgerRpc {
     const { entry } = claim;
 
     const callOpts: CallOptions = { deadlineMs: options.deadlineMs };
+    const leaseMs = options.leaseMs ?? leaseOf(entry);
     const finish = (p: Omit<CompleteParams, "key" | "claimToken">) =>
-      this.completeWithRetry({ key: entry.key, claimToken: claim.claimToken, ...p }, callOpts);
+      this.completeWithRetry({ key: entry.key, claimToken: claim.claimToken, ...p }, callOpts, leaseMs);
 
     if (signal?.aborted) {
       return {
@@ -630,18 +627,13 @@ export class Ledger extends LedgerRpc {
     ).catch(() => {});
   }
 
-  /** Complete, retried on transient failures (the identical Complete is idempotent). */
-  private async completeWithRetry(params: CompleteParams, opts: CallOptions): Promise<CompleteResult> {
-    for (let i = 0; ; i++) {
-      try {
-        return await this.complete(params, opts);
-      } catch (err) {
-        const transient = err instanceof UnavailableError || err instanceof DeadlineExceededError;
-        if (!transient || i >= TRANSIENT_COMPLETE_RETRIES.length) throw err;
-        const delay = (err as UnavailableError).retryAfter ?? TRANSIENT_COMPLETE_RETRIES[i];
-        await sleep(delay);
-      }
-    }
+  /**
+   * Complete, sent again on UNAVAILABLE and DEADLINE_EXCEEDED (the identical Complete is
+   * idempotent) within the retry budget, and at least the claim's lease: an action that ran
+   * must not turn into an unknown outcome because the ledger's database was failing over.
+   */
+  private completeWithRetry(params: CompleteParams, opts: CallOptions, leaseMs = 0): Promise<CompleteResult> {
+    return this.complete(params, opts, leaseMs);
   }
 }
 
@@ -696,8 +688,7 @@ class LeaseRenewer {
     deadlineMs: number,
   ): LeaseRenewer | undefined {
     // Unset, the lease is the server's default: what the claim's entry shows.
-    const { startedAt, leaseExpiresAt } = claimed.entry;
-    const lease = leaseMs ?? (startedAt && leaseExpiresAt ? leaseExpiresAt.getTime() - startedAt.getTime() : 0);
+    const lease = leaseMs ?? leaseOf(claimed.entry);
     if (!(lease > 0)) return undefined;
     const every = lease * RENEW_EVERY_FRACTION_OF_LEASE;
     // A renewal stuck longer than the interval would hold up the next one: it gives up first.
@@ -712,7 +703,8 @@ class LeaseRenewer {
     if (this.stopped || this.inFlight) return;
     const { entry, claimToken } = this.claimed;
     this.inFlight = this.ledger
-      .renewLease(entry.key, claimToken, this.leaseMs, { deadlineMs: this.deadlineMs })
+      // A renewal retried past the interval would hold up the next one.
+      .renewLease(entry.key, claimToken, this.leaseMs, { deadlineMs: this.deadlineMs, retryBudgetMs: this.deadlineMs })
       .then(
         () => {},
         (err: unknown) => {
@@ -755,6 +747,12 @@ function raceAbort<T>(p: Promise<T>, signal: AbortSignal | undefined): Promise<T
       },
     );
   });
+}
+
+/** The lease an entry was claimed with (0 when its times are unset). */
+function leaseOf(entry: LedgerEntry): number {
+  const { startedAt, leaseExpiresAt } = entry;
+  return startedAt && leaseExpiresAt ? Math.max(0, leaseExpiresAt.getTime() - startedAt.getTime()) : 0;
 }
 
 function sleep(ms: number): Promise<void> {

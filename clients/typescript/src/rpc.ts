@@ -1,7 +1,9 @@
 // The ledger's RPCs: Claim, Complete, Lookup, Reconcile, ListEntries (as an async iterator) and
 // RenewLease over gRPC (Connect-ES's gRPC transport on Node's http2), bearer-token credentials,
-// optional TLS, per-call deadlines with a default. The Ledger (ledger.ts) adds runOnce and the
-// tool calls on top; this layer knows nothing of actions or tools.
+// optional TLS, per-call deadlines with a default, and Claim, Lookup, RenewLease and Complete
+// sent again while the ledger answers UNAVAILABLE (a failover, a restart of its database, a cut
+// connection) within a retry budget. The Ledger (ledger.ts) adds runOnce and the tool calls on
+// top; this layer knows nothing of actions or tools.
 
 import { create } from "@bufbuild/protobuf";
 import { timestampFromDate } from "@bufbuild/protobuf/wkt";
@@ -18,8 +20,8 @@ import {
   ResolutionSchema,
   Status as PbStatus,
 } from "./gen/idempotency/v1/ledger_pb.js";
-import { DEFAULT_DEADLINE_MS, ledgerUrl } from "./defaults.js";
-import { toLedgerError } from "./errors.js";
+import { DEFAULT_DEADLINE_MS, DEFAULT_RETRY_BUDGET_MS, ledgerUrl } from "./defaults.js";
+import { DeadlineExceededError, UnavailableError, toLedgerError, type LedgerError } from "./errors.js";
 import { toArgumentsJson, type ArgumentsInput, type Canonicalization } from "./keys.js";
 import {
   canonicalizationValue,
@@ -53,15 +55,24 @@ export interface LedgerRpcOptions {
   deadlineMs?: number;
   /** Default `principal` of claims, for the audit trail. */
   principal?: string;
+  /**
+   * How long Claim, Lookup, RenewLease and Complete are sent again while the ledger answers
+   * UNAVAILABLE (default 30 s, long enough for a failover; 0: never). Each waits the delay the
+   * server's RetryInfo asks (jittered), or a backoff when the server cannot be reached. A
+   * Complete after an action keeps trying at least as long as the claim's lease.
+   */
+  retryBudgetMs?: number;
   /** Use this transport instead of building one (tests, custom interceptors). */
   transport?: Transport;
 }
 
 /** Per-call options of every RPC method. */
 export interface CallOptions {
-  /** This call's deadline in milliseconds (default: the Ledger's). */
+  /** This call's deadline in milliseconds (default: the Ledger's), for each time it is sent. */
   deadlineMs?: number;
   signal?: AbortSignal;
+  /** This call's retry budget on UNAVAILABLE (default: the Ledger's); Claim, Lookup, RenewLease and Complete. */
+  retryBudgetMs?: number;
 }
 
 /** A Claim. */
@@ -182,9 +193,13 @@ export class LedgerRpc {
   protected readonly deadlineMs: number;
   /** The default principal of claims (and of settlements). */
   readonly principal: string | undefined;
+  /** How long a call is sent again while the ledger answers UNAVAILABLE. */
+  readonly retryBudgetMs: number;
 
   constructor(options: LedgerRpcOptions) {
     this.deadlineMs = options.deadlineMs ?? DEFAULT_DEADLINE_MS;
+    this.retryBudgetMs = options.retryBudgetMs ?? DEFAULT_RETRY_BUDGET_MS;
+    if (!(this.retryBudgetMs >= 0)) throw new RangeError("retryBudgetMs: must be a non-negative number of milliseconds");
     this.principal = options.principal;
     let transport = options.transport;
     if (!transport) {
@@ -230,6 +245,56 @@ export class LedgerRpc {
     };
   }
 
+  /**
+   * A call's answer, or its error as a typed LedgerError (what `retrying` decides on). A call
+   * cancelled though its caller did not cancel it lost its connection (Node's HTTP/2 resets
+   * the streams of a session whose socket closed): UNAVAILABLE, as gRPC says of a transport
+   * failure, not CANCELLED.
+   */
+  private async send<T>(call: Promise<T>, signal: AbortSignal | undefined): Promise<T> {
+    try {
+      return await call;
+    } catch (err) {
+      const e = toLedgerError(err);
+      if (e.code === "CANCELLED" && !signal?.aborted) {
+        throw new UnavailableError(`the connection to the ledger closed before it answered (${e.message})`, {
+          code: "UNAVAILABLE",
+          cause: err,
+        });
+      }
+      throw e;
+    }
+  }
+
+  /**
+   * Sends a call, and again while the ledger answers UNAVAILABLE (and, for `deadlineToo`,
+   * DEADLINE_EXCEEDED: a Complete whose answer was lost is sent again identically), within the
+   * retry budget: after the delay the server's RetryInfo asks, or a doubling backoff from 100 ms
+   * to 2 s when there is none (the server could not be reached), each stretched by up to half
+   * (jitter, so that clients do not come back in step). The last error is thrown once the next
+   * wait would pass the budget, or the call's signal aborts.
+   */
+  protected async retrying<T>(
+    opts: CallOptions | undefined,
+    send: () => Promise<T>,
+    { minBudgetMs = 0, deadlineToo = false }: { minBudgetMs?: number; deadlineToo?: boolean } = {},
+  ): Promise<T> {
+    const budget = Math.max(opts?.retryBudgetMs ?? this.retryBudgetMs, minBudgetMs);
+    const started = Date.now();
+    for (let failures = 0; ; failures++) {
+      try {
+        return await send();
+      } catch (err) {
+        const transient = err instanceof UnavailableError || (deadlineToo && err instanceof DeadlineExceededError);
+        if (!transient || opts?.signal?.aborted) throw err;
+        const asked = (err as LedgerError).retryAfter;
+        const delay = (asked ?? Math.min(2_000, 100 * 2 ** failures)) * (1 + Math.random() / 2);
+        if (Date.now() - started + delay > budget) throw err;
+        await pause(delay, opts?.signal);
+      }
+    }
+  }
+
   /** Claims the key of one tool call before acting. A repeat is never an error. */
   async claim(params: ClaimParams, opts?: CallOptions): Promise<ClaimResult> {
     const req = create(ClaimRequestSchema, {
@@ -245,7 +310,7 @@ export class LedgerRpc {
     });
     try {
       // A waiting claim gets the wait on top of the default deadline.
-      const res = await this.client.claim(req, this.callOptions(opts, params.waitMs ?? 0));
+      const res = await this.retrying(opts, () => this.send(this.client.claim(req, this.callOptions(opts, params.waitMs ?? 0)), opts?.signal));
       return {
         outcome: outcomeName(res.outcome),
         entry: entryFrom(res.entry),
@@ -258,8 +323,12 @@ export class LedgerRpc {
     }
   }
 
-  /** Records the outcome of a claimed attempt (durable when this returns). */
-  async complete(params: CompleteParams, opts?: CallOptions): Promise<CompleteResult> {
+  /**
+   * Records the outcome of a claimed attempt (durable when this returns). Sent again on
+   * UNAVAILABLE and DEADLINE_EXCEEDED within the retry budget, or `minBudgetMs` if longer: the
+   * identical Complete is idempotent (`alreadyCompleted`).
+   */
+  async complete(params: CompleteParams, opts?: CallOptions, minBudgetMs = 0): Promise<CompleteResult> {
     const req = create(CompleteRequestSchema, {
       key: params.key,
       claimToken: params.claimToken,
@@ -269,7 +338,10 @@ export class LedgerRpc {
       retryable: params.retryable ?? false,
     });
     try {
-      const res = await this.client.complete(req, this.callOptions(opts));
+      const res = await this.retrying(opts, () => this.send(this.client.complete(req, this.callOptions(opts)), opts?.signal), {
+        minBudgetMs,
+        deadlineToo: true,
+      });
       return { entry: entryFrom(res.entry), alreadyCompleted: res.alreadyCompleted };
     } catch (err) {
       throw toLedgerError(err);
@@ -296,7 +368,7 @@ export class LedgerRpc {
       lease: durationOf(leaseMs, "leaseMs"),
     });
     try {
-      const res = await this.client.renewLease(req, this.callOptions(opts));
+      const res = await this.retrying(opts, () => this.send(this.client.renewLease(req, this.callOptions(opts)), opts?.signal));
       return entryFrom(res.entry);
     } catch (err) {
       throw toLedgerError(err);
@@ -315,7 +387,7 @@ export class LedgerRpc {
             canonicalization: canonicalizationValue(params.canonicalization),
           });
     try {
-      const res = await this.client.lookup(req, this.callOptions(opts));
+      const res = await this.retrying(opts, () => this.send(this.client.lookup(req, this.callOptions(opts)), opts?.signal));
       return entryFrom(res.entry);
     } catch (err) {
       throw toLedgerError(err);
@@ -386,4 +458,17 @@ export class LedgerRpc {
       req.pageToken = res.nextPageToken;
     }
   }
+}
+
+/** Resolves after `ms`, or at once when `signal` aborts. */
+function pause(ms: number, signal: AbortSignal | undefined): Promise<void> {
+  return new Promise((done) => {
+    const timer = setTimeout(finish, ms);
+    function finish() {
+      clearTimeout(timer);
+      signal?.removeEventListener("abort", finish);
+      done();
+    }
+    signal?.addEventListener("abort", finish, { once: true });
+  });
 }

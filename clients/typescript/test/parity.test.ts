@@ -206,6 +206,14 @@ describe("parity.json: what the model reads, and the paired read", () => {
     assert.deepEqual(parity.model_reads.not_performed, { status: "not_executed", note: client.NOT_PERFORMED_NOTE });
   });
 
+  test("the retry budget on UNAVAILABLE is the clients'", () => {
+    assert.equal(client.DEFAULT_RETRY_BUDGET_MS, parity.defaults.retry_budget_seconds * 1000);
+    assert.equal(client.DEFAULTS.retryBudgetMs, parity.defaults.retry_budget_seconds * 1000);
+    const ledger = new client.Ledger({ address: "127.0.0.1:1" });
+    assert.equal(ledger.retryBudgetMs, parity.defaults.retry_budget_seconds * 1000);
+    ledger.close();
+  });
+
   test("the confirm delay is the clients'", () => {
     assert.equal(client.DEFAULT_CONFIRM_DELAY_MS, parity.defaults.confirm_delay_seconds * 1000);
   });

@@ -240,7 +240,7 @@ describe("wrapTool and runTool", () => {
     assert.equal(refused.outcome, "not_executed");
     assert.match(refused.toModelText(), /arguments were refused \(UNSAFE_INTEGER\)/);
 
-    const down = new Ledger({ address: "127.0.0.1:1", deadlineMs: 2_000 });
+    const down = new Ledger({ address: "127.0.0.1:1", deadlineMs: 2_000, retryBudgetMs: 0 });
     try {
       const out = await wrapTool(down, tool, { runId: "r" }).execute({ customer: "c-4", amount: 4 }, {});
       assert.equal(out.outcome, "not_executed");

@@ -24,6 +24,8 @@ export interface ServerOptions {
   /** Tenants and their tokens: writes a tokens file and passes --auth-tokens-file. */
   tokens?: Array<[tenant: string, token: string]>;
   args?: string[];
+  /** The store (default a temp SQLite file). */
+  databaseUrl?: string;
 }
 
 export interface TestServer {
@@ -45,7 +47,7 @@ export async function startServer(options: ServerOptions = {}): Promise<TestServ
     "--listen",
     "127.0.0.1:0",
     "--database-url",
-    `sqlite://${join(dir, "ledger.db")}`,
+    options.databaseUrl ?? `sqlite://${join(dir, "ledger.db")}`,
     ...(options.args ?? []),
   ];
   if (options.tokens) {
