@@ -22,6 +22,7 @@ import {
 } from "./gen/idempotency/v1/ledger_pb.js";
 import { DEFAULT_DEADLINE_MS, DEFAULT_RETRY_BUDGET_MS, ledgerUrl } from "./defaults.js";
 import { DeadlineExceededError, UnavailableError, toLedgerError, type LedgerError } from "./errors.js";
+import { traceInterceptor } from "./trace.js";
 import { toArgumentsJson, type ArgumentsInput, type Canonicalization } from "./keys.js";
 import {
   canonicalizationValue,
@@ -62,7 +63,10 @@ export interface LedgerRpcOptions {
    * Complete after an action keeps trying at least as long as the claim's lease.
    */
   retryBudgetMs?: number;
-  /** Use this transport instead of building one (tests, custom interceptors). */
+  /**
+   * Use this transport instead of building one (tests, custom interceptors); it then carries
+   * neither the token nor the trace context unless its own interceptors add them.
+   */
   transport?: Transport;
 }
 
@@ -215,7 +219,8 @@ export class LedgerRpc {
           }
         : {};
       this.sessionManager = new Http2SessionManager(baseUrl, {}, nodeOptions);
-      const interceptors: Interceptor[] = [];
+      // The caller's OpenTelemetry span, when there is one, as traceparent.
+      const interceptors: Interceptor[] = [traceInterceptor];
       const token = options.token;
       if (token !== undefined) {
         interceptors.push((next) => async (req) => {

@@ -18,6 +18,8 @@ const pkg = JSON.parse(readFileSync(join(PACKAGE_ROOT, "package.json"), "utf8"))
 };
 
 const FRAMEWORKS = ["ai", "@openai/agents", "@modelcontextprotocol/sdk"];
+/** Loaded on demand (import()) when installed: the caller's span goes to the ledger as traceparent. */
+const OPTIONAL = ["@opentelemetry/api"];
 
 /** The module specifiers a compiled file imports at run time. */
 function runtimeImports(file: string): string[] {
@@ -40,8 +42,8 @@ describe("package", () => {
   });
 
   test("the frameworks are optional peer dependencies, never dependencies", () => {
-    assert.deepEqual(Object.keys(pkg.peerDependencies).sort(), [...FRAMEWORKS].sort());
-    for (const name of FRAMEWORKS) {
+    assert.deepEqual(Object.keys(pkg.peerDependencies).sort(), [...FRAMEWORKS, ...OPTIONAL].sort());
+    for (const name of [...FRAMEWORKS, ...OPTIONAL]) {
       assert.equal(pkg.peerDependenciesMeta[name]?.optional, true, name);
       assert.ok(!(name in pkg.dependencies), name);
     }
@@ -65,6 +67,9 @@ describe("package", () => {
     }
     // The check reads real imports: the adapters do import the client's own modules.
     assert.ok(runtimeImports(join(dir, "adapters/mcp.js")).includes("../tools.js"));
+    // The one module loaded on demand is OpenTelemetry's API, and only if it is installed.
+    const dynamic = files.flatMap((f) => [...readFileSync(f, "utf8").matchAll(/\bimport\(\s*["']([^"']+)["']\s*\)/g)].map((m) => m[1]));
+    assert.deepEqual([...new Set(dynamic)], OPTIONAL);
   });
 
   test("the reconciler command is the package's bin: compiled, with its shebang", () => {

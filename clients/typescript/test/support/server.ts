@@ -26,6 +26,8 @@ export interface ServerOptions {
   args?: string[];
   /** The store (default a temp SQLite file). */
   databaseUrl?: string;
+  /** RUST_LOG (default "info"). */
+  rustLog?: string;
 }
 
 export interface TestServer {
@@ -57,7 +59,7 @@ export async function startServer(options: ServerOptions = {}): Promise<TestServ
   }
   const child = spawn(serverBinary(), args, {
     stdio: ["ignore", "ignore", "pipe"],
-    env: { ...process.env, RUST_LOG: "info", NO_COLOR: "1" },
+    env: { ...process.env, RUST_LOG: options.rustLog ?? "info", NO_COLOR: "1" },
   });
   running.add(child);
   let log = "";
