@@ -52,7 +52,7 @@ export interface ReconcilerOptions {
   maxBackoffMs?: number;
   /** Who reconciles, recorded as resolvedBy (default `reconciler@<host>:<pid>`). */
   principal?: string;
-  /** How long one confirm may take before it counts as "cannot tell" (default the Ledger's deadline). */
+  /** How long one confirm may take before it counts as "cannot tell" (default 10 s). */
   confirmTimeoutMs?: number;
   /** Stops the reconciler when aborted. */
   signal?: AbortSignal;
