@@ -144,6 +144,11 @@ pub struct Ledger {
     finished: Arc<RecentKeys>,
     /// Finished entries this server remembers, to answer repeats without the store.
     memory: Arc<ReplayMemory>,
+    /// Held for writing while replay counts go from memory to the store, and for reading
+    /// while a Lookup or a listing reads the store and adds the counts not yet written: so
+    /// that those see each replay this server answered exactly once, never in both places
+    /// nor in neither.
+    counts_in_flight: Arc<tokio::sync::RwLock<()>>,
 }
 
 impl Ledger {
@@ -156,6 +161,7 @@ impl Ledger {
             waits: Arc::new(WaitHub::new(store.clone(), clock.clone(), poll)),
             finished: Arc::new(RecentKeys::default()),
             memory: Arc::new(ReplayMemory::new(limits.replay_memory_bytes)),
+            counts_in_flight: Arc::default(),
             store,
             clock,
             limits: Arc::new(limits),
@@ -183,6 +189,7 @@ impl Ledger {
     /// # Errors
     /// As the store fails; the counts are kept for the next call then.
     pub async fn flush_replay_counts(&self) -> Result<usize, LedgerError> {
+        let _writing = self.counts_in_flight.write().await;
         let taken = self.memory.take_counts();
         if taken.is_empty() {
             return Ok(0);

@@ -363,6 +363,14 @@ fn reasons_in_source() -> BTreeSet<String> {
             let end = body.find("\n    }\n").expect("the end of fn reason");
             reasons.extend(screaming_literals(&body[..end]));
         }
+        if path.ends_with("src/proto.rs") {
+            // The codec's refusal of a message that does not decode.
+            reasons.extend(
+                text.lines()
+                    .filter(|l| l.contains("pub const") && l.contains(": &str ="))
+                    .flat_map(screaming_literals),
+            );
+        }
         if path.ends_with("grpc/library_errors.rs") {
             reasons.extend(
                 text.lines()
