@@ -1,6 +1,6 @@
 //! The ledger's use cases, driven over a [`Store`], one file each: [`claim`], [`complete`],
 //! [`renew`] (RenewLease), [`lookup`], [`list`] (ListEntries), [`reconcile`], [`retention`]
-//! (pruning). Each validates its input, lets the domain decide, applies the store's
+//! (pruning), and [`find`] (an entry by key, key prefix or `external_ref`, for operators). Each validates its input, lets the domain decide, applies the store's
 //! compare-and-set write, and starts over from a fresh read when a concurrent writer won the
 //! race. [`wait`] holds claims that wait for an attempt in flight; [`notes`] are the sentences
 //! for the model; [`recent`] is a hint cache for the claim path.
@@ -9,6 +9,7 @@
 
 mod claim;
 mod complete;
+pub mod find;
 mod list;
 mod lookup;
 mod notes;
