@@ -990,13 +990,14 @@ fn replay_rate(console: &Console, call: &Call, who: &Who) -> Answer {
             name = esc(&name),
         );
     }
-    body.push_str("</tbody></table>");
+    body.push_str("</tbody></table><h2>A bar a minute, the last hour</h2>");
+    body.push_str(legend);
     let all = std::iter::once(&figures.total).chain(figures.tools.iter());
     for series in all {
         let name = series_name(series);
         let _ = write!(
             body,
-            "<h2>{}{}</h2><div class=\"chart\">{}</div>{legend}",
+            "<h2>{}{}</h2><div class=\"chart\">{}</div>",
             esc(&name),
             if series.alarm {
                 " <span class=\"warn\">alarm on</span>"
