@@ -417,8 +417,16 @@ async fn resolving_through_the_form_records_resolved_by_and_the_next_claim_answe
         .into_inner();
     assert_eq!(refused.outcome(), pb::Outcome::PreviouslyFailed);
 
-    // The entry's page shows who resolved it, the result as JSON, and its timeline.
-    let page = browser.get(&format!("/entry?key={}", found.key)).await;
+    // The entry's page shows who resolved it, the result as JSON, and its timeline. (A replay's
+    // count may reach the store up to a second later: the server writes counts in batches.)
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    let page = loop {
+        let page = browser.get(&format!("/entry?key={}", found.key)).await;
+        if page.body.contains("replayed 1 time since") || tokio::time::Instant::now() > deadline {
+            break page;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
     assert_eq!(page.status, 200, "{}", page.body);
     for text in [
         "<dt>resolved_by</dt><dd class=\"mono\">console:ada</dd>",
