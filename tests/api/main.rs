@@ -1,8 +1,8 @@
 //! Every integration test in one binary (one link, one shared PostgreSQL template): the storage
 //! conformance suite run on SQLite and PostgreSQL, the gRPC API through a real tonic client,
-//! tenants, health and shutdown, the inspection commands (the binary as a client), logs and
-//! traces (to a collector run by the tests), and concurrency across connections and server
-//! processes.
+//! tenants, health and shutdown, the operator's console over HTTP, the inspection commands (the
+//! binary as a client), logs and traces (to a collector run by the tests), and concurrency
+//! across connections and server processes.
 
 #[macro_use]
 mod support;
@@ -13,6 +13,7 @@ mod commit_failures;
 mod concurrency;
 mod conformance;
 mod connections;
+mod console;
 mod contention;
 mod docs;
 mod failover;
