@@ -52,6 +52,9 @@ pub const MAX_JSON_DEPTH: usize = 64;
 /// `--external-ref-prefix`.
 pub const EXTERNAL_REF_PREFIX: &str = "idem-";
 
+/// `--replay-memory-bytes`: 32 MiB of remembered results.
+pub const REPLAY_MEMORY_BYTES: u64 = 32 * 1024 * 1024;
+
 /// `--reconcile-lease`.
 pub const RECONCILE_LEASE: &str = "60s";
 

@@ -219,6 +219,18 @@ pub struct Settings {
     )]
     pub reconcile_default_limit: u32,
 
+    /// How many bytes of finished entries (results and errors, plus about 512 bytes each) this
+    /// server remembers to answer repeats without a database round trip; 0 turns the memory
+    /// off. A repeat of a key that is not remembered reads the database as before; the replay
+    /// counts of repeats answered from memory reach the database within a second.
+    #[arg(
+        long,
+        env = "LEDGER_REPLAY_MEMORY_BYTES",
+        default_value_t = defaults::REPLAY_MEMORY_BYTES,
+        global = true
+    )]
+    pub replay_memory_bytes: u64,
+
     /// The most entries one Reconcile hands out (a larger limit is shortened to this) and the
     /// most resolutions it accepts.
     #[arg(
@@ -443,6 +455,7 @@ impl Settings {
             reconcile_lease: self.reconcile_lease,
             reconcile_default_limit: self.reconcile_default_limit,
             reconcile_max_limit: self.reconcile_max_limit,
+            replay_memory_bytes: self.replay_memory_bytes,
             wait_poll_interval: match self.wakeup() {
                 Wakeup::Listen => {
                     defaults::duration(defaults::LISTEN_SAFETY_POLL).max(self.wait_poll_interval)

@@ -655,6 +655,14 @@ pub trait Entries: Send + Sync + 'static {
     /// # Errors
     /// `Unavailable` or `Internal` as the database fails.
     async fn mark_waiting(&self, tenant: &str, key: &str) -> StoreResult<()>;
+
+    /// Adds replays a server answered from memory to their entries' `replay_count`, each
+    /// only to the attempt it replayed (its claim token) while it is SUCCEEDED. Like a replay,
+    /// only a count: its commit does not wait for the disk, so a crash may lose it.
+    ///
+    /// # Errors
+    /// `Unavailable` or `Internal` as the database fails; nothing was counted then.
+    async fn count_replays(&self, counts: &[ReplayCount]) -> StoreResult<()>;
 }
 
 /// The multi-row forms of the two writes that are group-committed ([`batch::GroupCommit`]):
@@ -858,6 +866,19 @@ pub struct ListQuery {
     pub limit: u32,
     /// The time an attempt's lease is judged at.
     pub now: Micros,
+}
+
+/// Replays of one entry answered from a server's memory, to be added to its count.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ReplayCount {
+    /// The entry's tenant.
+    pub tenant: String,
+    /// The entry's key.
+    pub key: String,
+    /// The attempt that was replayed.
+    pub claim_token: String,
+    /// How many replays.
+    pub count: u64,
 }
 
 /// Which unresolved entries a reconciler asks for, and how long it holds them.

@@ -77,6 +77,25 @@ impl SqliteStore {
 }
 
 impl SqliteStore {
+    /// Adds replay counts in one transaction on the connection that does not sync its commits
+    /// (the replay pool): counts only, like a replay's own.
+    async fn write_replay_counts(&self, counts: &[super::ReplayCount]) -> StoreResult<()> {
+        run_on!(self, StoreError::from_sqlite, pool: self.replays, |conn| async {
+            let mut tx = conn.begin_with("BEGIN IMMEDIATE").await?;
+            for c in counts {
+                sqlx::query(sql::ADD_REPLAYS)
+                    .bind(&c.tenant)
+                    .bind(&c.key)
+                    .bind(&c.claim_token)
+                    .bind(i64::try_from(c.count).unwrap_or(i64::MAX))
+                    .execute(&mut *tx)
+                    .await?;
+            }
+            tx.commit().await
+        }
+        .await)
+    }
+
     /// [`sql::REPLAY`], as it is.
     const REPLAY: &str = sql::REPLAY;
 
