@@ -288,7 +288,18 @@ impl Topology {
         let mut out = String::new();
         for name in ["etcd.log", "pg1.log", "pg2.log", "haproxy.log"] {
             let text = std::fs::read_to_string(self.dir.path().join(name)).unwrap_or_default();
-            let lines: Vec<&str> = text.lines().collect();
+            // Patroni's REST server logs a traceback each time HAProxy's check hangs up
+            // before the body: noise.
+            let lines: Vec<&str> = text
+                .lines()
+                .filter(|l| {
+                    !(l.starts_with(' ')
+                        || l.starts_with("Traceback")
+                        || l.contains("Exception happened")
+                        || l.starts_with("BrokenPipeError")
+                        || l.starts_with("ConnectionResetError"))
+                })
+                .collect();
             out.push_str(&format!(
                 "--- {name} ---\n{}\n",
                 lines[lines.len().saturating_sub(30)..].join("\n")
@@ -366,7 +377,7 @@ fn patroni_config(
         "scope: ledger-ha
 name: {name}
 log:
-  level: WARNING
+  level: INFO
 restapi:
   listen: 127.0.0.1:{rest}
   connect_address: 127.0.0.1:{rest}

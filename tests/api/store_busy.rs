@@ -174,17 +174,20 @@ async fn on_postgres_calls_that_find_every_connection_in_use_past_the_timeout_ar
         .into_inner();
     let key = claimed.entry.expect("entry").key;
     // Both connections open (opening one through the slow link below would take longer than
-    // the acquire timeout: a link too slow to open a connection on, not a busy pool).
-    let mut warm = tokio::task::JoinSet::new();
-    for _ in 0..8 {
-        let mut client = client.clone();
-        let key = key.clone();
-        warm.spawn(async move { client.lookup(key_req(&key)).await.map(drop) });
-    }
-    while let Some(answer) = warm.join_next().await {
-        answer
-            .expect("a lookup task")
-            .expect("a lookup on the fast link");
+    // the acquire timeout: a link too slow to open a connection on, not a busy pool): two
+    // lookups at once until both are served (on a loaded machine, opening the second may
+    // itself take longer than 300 ms).
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    loop {
+        let (mut a, mut b) = (client.clone(), client.clone());
+        let (x, y) = tokio::join!(a.lookup(key_req(&key)), b.lookup(key_req(&key)));
+        if x.is_ok() && y.is_ok() {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "two lookups at once on the fast link: {x:?} {y:?}"
+        );
     }
     // Each statement now takes at least 400 ms (its request and its answer wait 200 ms each):
     // two connections serve 24 lookups at once slower than 300 ms allows the waiting ones.
