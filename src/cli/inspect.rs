@@ -456,13 +456,13 @@ impl EntryJson {
     }
 }
 
-/// One entry as a one-line JSON object (see [`EntryJson`]).
+/// One entry as a one-line JSON object (see `EntryJson`).
 pub fn entry_json_line(e: &pb::Entry) -> String {
     // A struct of strings, numbers and options always serializes.
     serde_json::to_string(&EntryJson::of(e)).unwrap_or_default()
 }
 
-/// One entry as an indented JSON object (see [`EntryJson`]).
+/// One entry as an indented JSON object (see `EntryJson`).
 pub fn entry_json_pretty(e: &pb::Entry) -> String {
     serde_json::to_string_pretty(&EntryJson::of(e)).unwrap_or_default()
 }

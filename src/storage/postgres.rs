@@ -10,8 +10,8 @@ use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
 use super::run_on;
 use super::sql::{self, bind_entry, bind_finish, impl_store, replay_update, unresolved_where};
 use super::{
-    EntryRow, Finish, Finished, FinishedRow, ListQuery, PoolOptions, StoreError, StoreResult,
-    UnresolvedQuery, WriteHealth,
+    EntryRow, Finish, Finished, FinishedRow, ListQuery, PoolOptions, StoreError, StoreMarks,
+    StoreResult, UnresolvedQuery,
 };
 use crate::domain::{Entry, Micros};
 
@@ -24,7 +24,7 @@ pub struct PgStore {
     /// One more connection, kept apart for LISTEN so that it never takes a request's place.
     listen_pool: PgPool,
     /// Whether the disk was last found full.
-    health: std::sync::Arc<WriteHealth>,
+    marks: std::sync::Arc<StoreMarks>,
     /// How the connections are opened (for diagnosing a failure, and for migrations).
     connect: PgConnectOptions,
     /// A transaction pooler sits between the server and the database.
@@ -108,8 +108,8 @@ impl PgStore {
         } else {
             "BEGIN"
         };
-        let health = std::sync::Arc::new(WriteHealth::default());
-        let stale = health.clone();
+        let marks = std::sync::Arc::new(StoreMarks::default());
+        let stale = marks.clone();
         let mut pool_options = PgPoolOptions::new()
             .max_connections(options.max_connections)
             .acquire_timeout(options.acquire_timeout)
@@ -153,7 +153,7 @@ impl PgStore {
         Ok(PgStore {
             pool: super::held::Connections::new(pool),
             listen_pool,
-            health,
+            marks,
             connect,
             pooled,
             begin,
@@ -739,7 +739,7 @@ impl_store!(PgStore, StoreError::from_postgres, operations: {
         })?;
         if in_recovery {
             // This connection, and the others opened the same way, lead to a standby.
-            self.health.discard_connections_open_now();
+            self.marks.discard_connections_open_now();
             return Err(StoreError::ReadOnly(format!(
                 "the database at {} is a standby in recovery: it accepts no writes",
                 self.describe()

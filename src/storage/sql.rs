@@ -140,7 +140,7 @@ macro_rules! unresolved_where {
 }
 
 /// Takes one named unresolved entry (key `$5`) for a reconciler until `$6`, on the conditions
-/// of [`unresolved_where!`] (at `$2`, started by `$3`, of tool `$4`): a Reconcile with `keys`
+/// of `unresolved_where!` (at `$2`, started by `$3`, of tool `$4`): a Reconcile with `keys`
 /// settles these entries and takes no other. A statement on one entry: it does not say
 /// `expires_at IS NULL` (the status test implies it), so that its plan keeps to the primary key
 /// rather than the unresolved index (migration 0003; tests/api/plans.rs).
@@ -169,7 +169,7 @@ macro_rules! list_filter {
     };
 }
 
-/// A page of one run's entries (run `$2`), with their stored arguments; see [`list_filter!`].
+/// A page of one run's entries (run `$2`), with their stored arguments; see `list_filter!`.
 /// The run's own statement, so that its plan can use the (tenant, run_id, started_at, key)
 /// index: a generic plan cannot when the run is an optional filter.
 pub const LIST_RUN: &str = concat!(
@@ -180,7 +180,7 @@ pub const LIST_RUN: &str = concat!(
 );
 
 /// A page of a tenant's entries of any run (`$2` is empty), with their stored arguments; see
-/// [`list_filter!`].
+/// `list_filter!`.
 pub const LIST: &str = concat!(
     "SELECT ",
     entry_columns!(),
@@ -493,7 +493,7 @@ macro_rules! impl_store {
         }
 
         fn is_full(&self) -> bool {
-            self.health.is_full()
+            self.marks.is_full()
         }
 
         async fn probe_write(&self) -> StoreResult<()> {
@@ -510,7 +510,7 @@ macro_rules! impl_store {
                     .await
             }
             .await)?;
-            self.health.has_space();
+            self.marks.has_space();
             Ok(())
         }
 

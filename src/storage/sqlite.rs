@@ -16,8 +16,8 @@ use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, S
 use super::run_on;
 use super::sql::{self, bind_entry, bind_finish, entry_columns, impl_store, unresolved_where};
 use super::{
-    EntryRow, Finish, Finished, FinishedRow, ListQuery, PoolOptions, StoreError, StoreResult,
-    UnresolvedQuery, WriteHealth,
+    EntryRow, Finish, Finished, FinishedRow, ListQuery, PoolOptions, StoreError, StoreMarks,
+    StoreResult, UnresolvedQuery,
 };
 use crate::domain::{Entry, Micros};
 
@@ -32,7 +32,7 @@ pub struct SqliteStore {
     /// queue here rather than in each other's busy handlers.
     replays: super::held::Connections<sqlx::Sqlite>,
     /// Whether the disk was last found full.
-    health: std::sync::Arc<WriteHealth>,
+    marks: std::sync::Arc<StoreMarks>,
 }
 
 impl SqliteStore {
@@ -71,7 +71,7 @@ impl SqliteStore {
         Ok(SqliteStore {
             pool: super::held::Connections::new(pool),
             replays: super::held::Connections::new(replays),
-            health: std::sync::Arc::default(),
+            marks: std::sync::Arc::default(),
         })
     }
 }
