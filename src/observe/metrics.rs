@@ -338,7 +338,8 @@ impl Metrics {
         let store_errors = Family::<Labels<1>, Counter>::default();
         registry.register(
             "ledger_store_errors",
-            "Store errors, by kind: unavailable (cannot be reached, busy), io_error, full (out \
+            "Store errors, by kind: unavailable (cannot be reached), busy (no connection or \
+             lock came free in time), io_error, full (out \
              of disk space), contention (deadlocks past the retries), read_only (a standby), \
              corrupt, misconfigured (the store does not fit the settings), or internal (a \
              failed statement, or a bug)",

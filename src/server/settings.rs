@@ -400,7 +400,9 @@ pub struct Settings {
     )]
     pub db_write_batches: u16,
 
-    /// How long a call waits for a database connection before answering UNAVAILABLE.
+    /// How long a call waits for a database connection before answering UNAVAILABLE:
+    /// STORE_BUSY when every connection was in use by other calls, STORE_UNAVAILABLE when
+    /// none could be opened. On SQLite, also how long a write waits for the database's lock.
     #[arg(long, env = "LEDGER_DB_ACQUIRE_TIMEOUT", default_value = defaults::DB_ACQUIRE_TIMEOUT, value_parser = parse_duration)]
     pub db_acquire_timeout: Duration,
 
