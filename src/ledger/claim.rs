@@ -109,6 +109,7 @@ impl Ledger {
         // then re-read in the loop, so that no completion can slip between read and sleep.
         // Only other servers read the mark: a store no other server shares gets no write.
         let watch = self.waits.watch(tenant.as_str(), &request.key);
+        let _waiting = self.waits.waiting();
         if self.store.shared() {
             self.store
                 .mark_waiting(tenant.as_str(), &request.key)
