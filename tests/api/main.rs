@@ -18,6 +18,7 @@ mod faults;
 mod full_disk;
 mod grpc_api;
 mod health;
+mod history;
 mod inspect;
 mod logs;
 mod metrics;
