@@ -109,7 +109,6 @@ impl Ledger {
         // then re-read in the loop, so that no completion can slip between read and sleep.
         // Only other servers read the mark: a store no other server shares gets no write.
         let watch = self.waits.watch(tenant.as_str(), &request.key);
-        let _waiting = self.waits.waiting();
         if self.store.shared() {
             self.store
                 .mark_waiting(tenant.as_str(), &request.key)
@@ -129,6 +128,7 @@ impl Ledger {
                 .minus(self.clock.now())
                 .to_duration();
             let wake_at = until.min(Instant::now() + lease_left);
+            let _parked = self.waits.waiting();
             tokio::select! {
                 () = changed => {}
                 () = tokio::time::sleep_until(wake_at) => {}

@@ -47,8 +47,8 @@ pub struct WaitHub {
     /// How often a watched key is read from the store; `None` when every change is announced
     /// in-process (a store only this server uses).
     poll_interval: Option<Duration>,
-    /// Claims waiting now, each counted from the read that found the attempt in flight until
-    /// it answers (see [`WaitHub::waiting`]).
+    /// Claims parked now: each read the entry, found the attempt in flight, and sleeps until a
+    /// wake-up or its time is up (see [`WaitHub::waiting`]).
     waiting: AtomicUsize,
 }
 
@@ -77,15 +77,15 @@ impl WaitHub {
         }
     }
 
-    /// Counts a claim that found an attempt in flight and waits for it, until the guard is
-    /// dropped.
+    /// Counts a claim parked until its next wake-up (its watch's, or its own timer), from
+    /// after the read that found the attempt in flight until the guard is dropped.
     pub fn waiting(&self) -> Waiting<'_> {
         self.waiting.fetch_add(1, Ordering::Relaxed);
         Waiting(&self.waiting)
     }
 
-    /// How many claims wait now, on any key: what shows, from outside, that a claim is
-    /// waiting rather than yet to arrive (for tests and metrics).
+    /// How many claims are parked now, on any key: what shows, from outside, that a claim
+    /// waits for a change rather than being yet to arrive or to read (for tests and metrics).
     pub fn waiting_claims(&self) -> usize {
         self.waiting.load(Ordering::Relaxed)
     }

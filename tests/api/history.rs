@@ -11,7 +11,7 @@
 //!
 //! # The clients
 //!
-//! *Workers* (12 on PostgreSQL, 8 on SQLite) run claim, act, complete on a few hot intents:
+//! Twelve *workers* run claim, act, complete on a few hot intents:
 //! three explicit keys at a time, out of a window that moves on every 250 ms, so many workers
 //! meet on one key. Half of the claims wait up to a second for an attempt in flight. Acting is
 //! an effect in the *world*, an in-test outside system that records every effect with its key,
@@ -1563,7 +1563,7 @@ async fn one_server_on_sqlite_keeps_each_intent_to_one_effect_under_kills() {
         run(
             Plan {
                 store: "sqlite",
-                workers: 8,
+                workers: 12,
                 reconcilers: 2,
             },
             seed,
