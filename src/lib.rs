@@ -3,7 +3,8 @@
 //! A gRPC service that lets an AI agent's side-effecting tool call happen once: the runtime
 //! **claims** a key before acting, **completes** it with the result, and a repeat of the same
 //! intent gets the stored result back with an honest "already done" note. `docs/behaviour.md`
-//! is the reference for that behaviour; the README is the user's guide.
+//! is the reference for that behaviour; the README and the guides under `docs/` (indexed by
+//! `docs/README.md`) are the user's.
 //!
 //! # Layout
 //!

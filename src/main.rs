@@ -19,18 +19,26 @@ static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 #[tokio::main]
 async fn main() -> ExitCode {
-    // The command line first: it chooses the log format. (clap reports its own errors.)
+    // The command line first: it chooses the log format. (clap reports its own errors.) The
+    // operator's commands have no --log-format: they print their own errors, and log only
+    // what the environment asks for (LEDGER_LOG_FORMAT, read with the default settings).
     let cli = Cli::parse();
-    if let Err(e) = telemetry::init(cli.settings.log_format) {
+    let log_format = cli.settings.log_format;
+    let command = cli.into_command();
+    let log_format = match &command {
+        Command::Serve(settings) | Command::Migrate(settings) => settings.log_format,
+        _ => log_format,
+    };
+    if let Err(e) = telemetry::init(log_format) {
         eprintln!("idempotency-ledger: cannot set up logging: {e}");
         return ExitCode::FAILURE;
     }
-    let result = match cli.command.unwrap_or(Command::Serve) {
-        Command::Serve => {
+    let result = match command {
+        Command::Serve(settings) => {
             let clock = Arc::new(AlignedClock::default());
-            server::run(cli.settings, clock, shutdown_signal()).await
+            server::run(settings, clock, shutdown_signal()).await
         }
-        Command::Migrate => server::migrate(&cli.settings).await,
+        Command::Migrate(settings) => server::migrate(&settings).await,
         // The inspection commands print their own errors and choose their exit status.
         Command::Entries(args) => return inspect::entries(args).await,
         Command::Entry(args) => return inspect::entry(args).await,

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# The Python client's tests, against the real server binary, and the README's grpcurl
-# walk-through (../../tests/readme_walkthrough.py).
+# The Python client's tests, against the real server binary, and the documented grpcurl
+# walk-throughs of the README and docs/agents.md (../../tests/readme_walkthrough.py).
 #
 # Creates (or reuses) the venv .venv beside this file, installs the package with its test extras
 # and the framework adapters' extras at the versions of constraints.txt (the build regenerates the gRPC stubs from ../../proto), finds

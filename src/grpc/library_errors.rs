@@ -5,7 +5,7 @@ use std::future::Future;
 
 use tonic::Status;
 
-/// A service answering `inner`'s library refusals as [`rewrite_library_errors`] describes: what
+/// A service answering `inner`'s library refusals as `rewrite_library_errors` describes: what
 /// the server puts around the ledger service, inside its metrics and access log, so that the
 /// rewrite happens once and both see the code the caller gets.
 #[derive(Clone, Debug)]

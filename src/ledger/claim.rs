@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
+use super::memory::Recalled;
 use super::notes::{IN_FLIGHT_NOTE, UNKNOWN_NOTE, failed_note, replay_note};
 use super::{EntryView, Ledger, MAX_RACES, UNKNOWN_RETRY_AFTER, bounded, new_claim_token};
 use crate::domain::Tenant;
@@ -215,6 +216,27 @@ impl Ledger {
         tenant: &Tenant,
         request: &PreparedClaim,
     ) -> Result<ClaimOutput, LedgerError> {
+        // A finished entry this server remembers answers without the store.
+        let remembered = self.memory.recall(
+            tenant.as_str(),
+            &request.key,
+            &request.fingerprint,
+            self.clock.now(),
+        );
+        if let Some(recalled) = remembered {
+            let now = self.clock.now();
+            return match recalled {
+                Recalled::Replay(entry) => {
+                    let note = replay_note(&entry);
+                    Ok(self.answer(Outcome::Replayed, entry, now, note, None))
+                }
+                Recalled::PreviouslyFailed(entry) => {
+                    let note = failed_note(&entry);
+                    Ok(self.answer(Outcome::PreviouslyFailed, entry, now, note, None))
+                }
+                Recalled::KeyReused => Err(LedgerError::KeyReused),
+            };
+        }
         // A key this server saw succeed recently is most likely a repeat: try the replay
         // first, which spares the insert (and its wait on the row lock of a concurrent replay).
         let mut replay_tried = false;
@@ -229,6 +251,7 @@ impl Ledger {
                 .replay(tenant.as_str(), &request.key, &request.fingerprint, now)
                 .await?
             {
+                self.memory.remember(tenant.as_str(), &entry);
                 let note = replay_note(&entry);
                 return Ok(self.answer(Outcome::Replayed, entry, now, note, None));
             }
@@ -248,6 +271,7 @@ impl Ledger {
                     .await?
             {
                 self.finished.insert(tenant.as_str(), &request.key);
+                self.memory.remember(tenant.as_str(), &entry);
                 let note = replay_note(&entry);
                 return Ok(self.answer(Outcome::Replayed, entry, now, note, None));
             }
@@ -277,6 +301,7 @@ impl Ledger {
                 // Became a success after the replay statement looked: go round again.
                 ClaimDecision::Replay => {}
                 ClaimDecision::PreviouslyFailed => {
+                    self.memory.remember(tenant.as_str(), &existing);
                     let note = failed_note(&existing);
                     return Ok(self.answer(Outcome::PreviouslyFailed, existing, now, note, None));
                 }

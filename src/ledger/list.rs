@@ -101,7 +101,7 @@ impl Ledger {
         Ok(ListOutput {
             entries: entries
                 .into_iter()
-                .map(|e| self.audit_view(e, now))
+                .map(|e| self.audit_view(self.with_unwritten_replays(tenant, e), now))
                 .collect(),
             next_page_token,
         })

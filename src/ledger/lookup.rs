@@ -57,7 +57,9 @@ impl Ledger {
         };
         let now = self.clock.now();
         match self.store.get(tenant.as_str(), &key).await? {
-            Some(entry) if !entry.is_expired(now) => Ok(self.audit_view(entry, now)),
+            Some(entry) if !entry.is_expired(now) => {
+                Ok(self.audit_view(self.with_unwritten_replays(tenant, entry), now))
+            }
             _ => Err(LedgerError::NotFound),
         }
     }

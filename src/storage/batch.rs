@@ -23,7 +23,7 @@ use tokio::sync::{Semaphore, mpsc, oneshot};
 
 use super::{
     Announcements, Backend, Entries, Finish, Finished, ListQuery, Operations, PoolStats,
-    StoreError, StoreResult, UnresolvedCount, UnresolvedQuery,
+    ReplayCount, StoreError, StoreResult, UnresolvedCount, UnresolvedQuery,
 };
 use crate::domain::{Entry, Micros};
 
@@ -347,6 +347,10 @@ impl Entries for GroupCommit {
 
     async fn mark_waiting(&self, tenant: &str, key: &str) -> StoreResult<()> {
         self.inner.mark_waiting(tenant, key).await
+    }
+
+    async fn count_replays(&self, counts: &[ReplayCount]) -> StoreResult<()> {
+        self.inner.count_replays(counts).await
     }
 }
 
