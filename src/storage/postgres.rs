@@ -8,7 +8,9 @@ use std::str::FromStr;
 use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
 
 use super::run_on;
-use super::sql::{self, bind_entry, bind_finish, impl_store, replay_update, unresolved_where};
+use const_format::concatcp;
+
+use super::sql::{self, impl_store};
 use super::{
     EntryRow, Finish, Finished, FinishedRow, ListQuery, PoolOptions, StoreError, StoreMarks,
     StoreResult, UnresolvedQuery,
@@ -374,15 +376,6 @@ fn connect_options(url: &str) -> StoreResult<PgConnectOptions> {
     })
 }
 
-/// [`entry_columns!`](super::sql) of the table aliased `e`.
-macro_rules! e_entry_columns {
-    () => {
-        "e.key, e.run_id, e.tool, e.fingerprint, e.status, e.attempt, e.claim_token, \
-         e.result, e.error, e.retryable, e.principal, e.started_at, e.finished_at, \
-         e.lease_expires_at, e.retention_us, e.expires_at, e.replay_count, e.resolved_by"
-    };
-}
-
 impl PgStore {
     /// Adds replay counts (`$1` tenants, `$2` keys, `$3` tokens, `$4` counts, in (tenant, key)
     /// order) in one statement whose commit does not wait for the WAL flush, as
@@ -427,9 +420,11 @@ impl PgStore {
     /// synchronous, and flushing it flushes every commit before it. The count stays exact
     /// otherwise: the statement reads the entry it answers from and counts under the row's
     /// lock, so concurrent replays of a key, on any server, are numbered one by one.
-    pub const REPLAY: &str = concat!(
+    pub const REPLAY: &str = concatcp!(
         "WITH no_flush_wait AS (SELECT set_config('synchronous_commit', 'off', true)) ",
-        replay_update!(" FROM no_flush_wait")
+        sql::REPLAY_SET,
+        " FROM no_flush_wait",
+        sql::REPLAY_WHERE
     );
 
     /// Where replays are counted: the pool every statement uses.
@@ -449,30 +444,30 @@ impl PgStore {
     /// `IN` may be re-run by the planner and pick more rows than the limit. SKIP LOCKED lets
     /// concurrent reconcilers on several servers pass each other's rows instead of waiting,
     /// and FOR UPDATE re-checks the condition on rows changed meanwhile.
-    pub const TAKE_UNRESOLVED: &str = concat!(
+    pub const TAKE_UNRESOLVED: &str = concatcp!(
         "WITH picked AS (SELECT tenant, key FROM ledger_entries WHERE ",
-        unresolved_where!(),
+        sql::UNRESOLVED_WHERE,
         " ORDER BY started_at, key LIMIT $5 FOR UPDATE SKIP LOCKED) ",
         "UPDATE ledger_entries AS e SET reconcile_until = $6 FROM picked ",
         "WHERE e.tenant = picked.tenant AND e.key = picked.key RETURNING ",
-        e_entry_columns!()
+        sql::E_ENTRY_COLUMNS
     );
 
     /// Claims many keys in one statement: one array per column, so the statement is the same
     /// for every batch size and stays prepared. Rows go in array order, so the first entry
     /// of a key wins; the others meet the conflict. Returns the tokens of the inserted rows.
-    pub const INSERT_MANY: &str = "INSERT INTO ledger_entries (tenant, key, run_id, tool, \
-        fingerprint, status, attempt, claim_token, result, error, retryable, principal, \
-        started_at, finished_at, lease_expires_at, retention_us, expires_at, replay_count, \
-        arguments) \
-        SELECT * FROM UNNEST($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], \
-        $6::text[], $7::int8[], $8::text[], $9::bytea[], $10::text[], $11::bool[], $12::text[], \
-        $13::int8[], $14::int8[], $15::int8[], $16::int8[], $17::int8[], $18::int8[], \
-        $19::text[]) \
-        ON CONFLICT (tenant, key) DO NOTHING RETURNING claim_token";
+    pub const INSERT_MANY: &str = concatcp!(
+        "INSERT INTO ledger_entries (",
+        sql::INSERT_COLUMNS,
+        ") SELECT * FROM UNNEST($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], \
+         $6::text[], $7::int8[], $8::text[], $9::bytea[], $10::text[], $11::bool[], \
+         $12::text[], $13::int8[], $14::int8[], $15::int8[], $16::int8[], $17::int8[], \
+         $18::int8[], $19::text[]) \
+         ON CONFLICT (tenant, key) DO NOTHING RETURNING claim_token"
+    );
 
     /// [`sql::FINISH`] for many entries in one statement (one per key: see the batcher).
-    pub const FINISH_MANY: &str = concat!(
+    pub const FINISH_MANY: &str = concatcp!(
         "UPDATE ledger_entries AS e SET status = v.status, result = v.result, \
          error = v.error, retryable = v.retryable, \
          finished_at = CASE WHEN v.status IN ('SUCCEEDED', 'FAILED') THEN v.now END, \
@@ -484,7 +479,7 @@ impl PgStore {
          WHERE e.tenant = v.tenant AND e.key = v.key AND e.claim_token = v.claim_token \
          AND (e.status = 'ATTEMPTING' OR (e.status = 'UNKNOWN' AND v.also_unknown)) \
          RETURNING ",
-        e_entry_columns!(),
+        sql::E_ENTRY_COLUMNS,
         ", e.has_waiters"
     );
 
@@ -687,7 +682,7 @@ async fn relay_announcements(pool: sqlx::PgPool, tx: tokio::sync::mpsc::Sender<(
     }
 }
 
-impl_store!(PgStore, StoreError::from_postgres, operations: {
+impl_store!(PgStore, sqlx::Postgres, StoreError::from_postgres, operations: {
     fn backend(&self) -> &'static str {
         "postgres"
     }

@@ -14,7 +14,7 @@ use sqlx::Connection as _;
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteSynchronous};
 
 use super::run_on;
-use super::sql::{self, bind_entry, bind_finish, entry_columns, impl_store, unresolved_where};
+use super::sql::{self, impl_store};
 use super::{
     EntryRow, Finish, Finished, FinishedRow, ListQuery, PoolOptions, StoreError, StoreMarks,
     StoreResult, UnresolvedQuery,
@@ -127,12 +127,12 @@ impl SqliteStore {
 
     /// Hands out unresolved entries, holding each until `$6`. SQLite runs one writer at a
     /// time and evaluates the `IN` subquery once, so the statement needs no row locks.
-    const TAKE_UNRESOLVED: &str = concat!(
+    const TAKE_UNRESOLVED: &str = const_format::concatcp!(
         "UPDATE ledger_entries SET reconcile_until = $6 WHERE (tenant, key) IN (",
         "SELECT tenant, key FROM ledger_entries WHERE ",
-        unresolved_where!(),
+        sql::UNRESOLVED_WHERE,
         " ORDER BY started_at, key LIMIT $5) RETURNING ",
-        entry_columns!()
+        sql::ENTRY_COLUMNS
     );
 
     /// Deletes up to `$2` finished entries past their expiry at `$1`.
@@ -150,7 +150,8 @@ impl super::Batches for SqliteStore {
             let mut tx = conn.begin_with("BEGIN IMMEDIATE").await?;
             let mut inserted = Vec::with_capacity(batch.len());
             for (tenant, entry) in batch {
-                let done = bind_entry!(sqlx::query(sql::INSERT), tenant, entry)
+                let args = sql::arguments::<sqlx::Sqlite>(sql::entry_params(tenant, entry))?;
+                let done = sqlx::query_with(sql::INSERT, args)
                     .execute(&mut *tx)
                     .await?;
                 inserted.push(done.rows_affected() == 1);
@@ -166,7 +167,8 @@ impl super::Batches for SqliteStore {
             let mut tx = conn.begin_with("BEGIN IMMEDIATE").await?;
             let mut rows = Vec::with_capacity(batch.len());
             for (tenant, cmd) in batch {
-                let row: Vec<FinishedRow> = bind_finish!(sqlx::query_as(sql::FINISH), tenant, cmd)
+                let args = sql::arguments::<sqlx::Sqlite>(sql::finish_params(tenant, cmd))?;
+                let row: Vec<FinishedRow> = sqlx::query_as_with(sql::FINISH, args)
                     .fetch_all(&mut *tx)
                     .await?;
                 rows.push(row);
@@ -188,7 +190,7 @@ impl super::Batches for SqliteStore {
 /// One server process uses the file: nothing to announce.
 impl super::Announcements for SqliteStore {}
 
-impl_store!(SqliteStore, StoreError::from_sqlite, operations: {
+impl_store!(SqliteStore, sqlx::Sqlite, StoreError::from_sqlite, operations: {
     fn backend(&self) -> &'static str {
         "sqlite"
     }
