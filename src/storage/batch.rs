@@ -28,7 +28,7 @@ use tracing::Instrument as _;
 
 use super::{
     Announcements, Backend, Entries, Finish, Finished, ListQuery, Operations, PoolStats,
-    ReplayCount, StoreError, StoreResult, UnresolvedCount, UnresolvedQuery,
+    ReplayCount, StoreError, StoreResult, UnresolvedCount, UnresolvedQuery, Upkeep,
 };
 use crate::domain::{Entry, Micros};
 
@@ -417,14 +417,6 @@ impl Operations for GroupCommit {
         self.inner.ping().await
     }
 
-    fn is_full(&self) -> bool {
-        self.inner.is_full()
-    }
-
-    async fn probe_write(&self) -> StoreResult<()> {
-        self.inner.probe_write().await
-    }
-
     async fn database_now(&self) -> StoreResult<Option<Micros>> {
         self.inner.database_now().await
     }
@@ -435,6 +427,17 @@ impl Operations for GroupCommit {
 
     fn location(&self) -> String {
         self.inner.location()
+    }
+}
+
+#[async_trait]
+impl Upkeep for GroupCommit {
+    fn is_full(&self) -> bool {
+        self.inner.is_full()
+    }
+
+    async fn probe_write(&self) -> StoreResult<()> {
+        self.inner.probe_write().await
     }
 
     async fn count_unresolved(&self, now: Micros) -> StoreResult<UnresolvedCount> {

@@ -231,18 +231,40 @@ fn the_sql_check_sees_every_way_to_run_text_built_at_run_time() {
 const REVIEWED: &[(&str, &str, &str)] = &[
     (
         "storage/postgres.rs",
-        r#"Box::leak(format!("BEGIN; SET LOCAL statement_timeout = {timeout_ms}").into_boxed_str())"#,
-        "an integer (the statement timeout's milliseconds), built once at start-up",
+        "sqlx::raw_sql(sqlx::AssertSqlSafe(self.begin.clone()))",
+        "the BEGIN built once in PgStore::connect from an integer (the statement timeout's \
+         milliseconds), or the literal \"BEGIN\"",
     ),
     (
         "storage/postgres.rs",
-        "sqlx::raw_sql(self.begin)",
-        "the BEGIN above, or the literal \"BEGIN\"",
+        "AssertSqlSafe(self.begin.clone())",
+        "as the line above",
     ),
     (
         "storage/postgres.rs",
         "sqlx::raw_sql(end)",
         "the literal \"COMMIT\" or \"ROLLBACK\"",
+    ),
+    (
+        "storage/postgres.rs",
+        "sqlx::query_with(statement, args)",
+        "the statement of the store's own `execute`, whose every call this test checks as it \
+         checks sqlx's (a method of that name)",
+    ),
+    (
+        "storage/postgres.rs",
+        "sqlx::query_as_with(statement, args)",
+        "the statement of the store's own `fetch_all`, checked at its calls as above",
+    ),
+    (
+        "storage/sqlite.rs",
+        "sqlx::query_with(statement, args)",
+        "the statement of the store's own `execute`, checked at its calls as above",
+    ),
+    (
+        "storage/sqlite.rs",
+        "sqlx::query_as_with(statement, args)",
+        "the statement of the store's own `fetch_all`, checked at its calls as above",
     ),
 ];
 
