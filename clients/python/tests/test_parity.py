@@ -239,7 +239,7 @@ PARITY_ROWS = (
     + ["confirm.answers", "errors"])
 
 
-@pytest.mark.parametrize("readme", ["python"])
+@pytest.mark.parametrize("readme", ["python", "typescript"])
 def test_every_row_of_the_list_is_documented_in_the_readmes_parity_table(readme: str) -> None:
     text = (Path(__file__).resolve().parents[2] / readme / "README.md").read_text(
         encoding="utf-8")
