@@ -391,13 +391,16 @@ def test_a_repeat_waits_for_a_settlement_another_caller_is_making(ledger: Ledger
     def never(attempt: UnknownAttempt) -> Confirmation:
         raise AssertionError("the entry is someone else's to settle")
 
-    settler = threading.Timer(0.5, lambda: ledger.reconcile(
+    # The operator answers a second later; the repeat (no confirm_delay) asks at once, is not
+    # handed the entry, and must wait for that answer.
+    settler = threading.Timer(1.0, lambda: ledger.reconcile(
         resolutions=[Resolution.found(claimed.key, b'{"credit_id": "cr-9"}')],
         resolve_only=True, principal="operator"))
     settler.start()
     try:
         waited = ledger.run_once(run_id, "issue_credit", CREDIT,
-                                 lambda a: pytest.fail("acted again"), confirm=never, wait=10)
+                                 lambda a: pytest.fail("acted again"), confirm=never,
+                                 confirm_delay=0, wait=10)
     finally:
         settler.join()
     assert waited.replayed and waited.value == {"credit_id": "cr-9"}
@@ -410,7 +413,8 @@ def test_a_repeat_waits_for_a_settlement_another_caller_is_making(ledger: Ledger
     started = time.monotonic()
     with pytest.raises(OutcomeUnknownError):
         ledger.run_once(f"{run_id}-2", "issue_credit", CREDIT,
-                        lambda a: pytest.fail("acted again"), confirm=never, wait=0.6)
+                        lambda a: pytest.fail("acted again"), confirm=never,
+                        confirm_delay=0, wait=0.6)
     assert time.monotonic() - started >= 0.5
 
 
