@@ -367,19 +367,12 @@ impl<const N: usize> Hex<N> {
 /// trailers-only response, so its `grpc-status` is in the headers; one that succeeds has its
 /// status in the trailers, so no `grpc-status` here means OK.
 fn answer<B>(response: &http::Response<B>) -> (Code, Option<String>) {
-    let headers = response.headers();
-    let Some(code) = headers.get("grpc-status") else {
+    let Some(status) = tonic::Status::from_header_map(response.headers()) else {
         return (Code::Ok, None);
     };
-    let code = code
-        .to_str()
-        .ok()
-        .and_then(|c| c.parse::<i32>().ok())
-        .map_or(Code::Unknown, Code::from_i32);
     // Only failed calls pay for decoding the details.
-    let reason = tonic::Status::from_header_map(headers)
-        .and_then(|s| tonic_types::StatusExt::get_details_error_info(&s).map(|info| info.reason));
-    (code, reason)
+    let reason = tonic_types::StatusExt::get_details_error_info(&status).map(|info| info.reason);
+    (status.code(), reason)
 }
 
 /// The tower layer that opens a `call` span for each ledger RPC, runs the call inside it, and

@@ -335,7 +335,7 @@ impl TraceExport {
     }
 
     /// Flushes the spans still queued (those of the calls that finished while the server
-    /// drained) and stops the exporter, in at most [`FLUSH_TIMEOUT`]; logs what was sent.
+    /// drained) and stops the exporter, in at most `FLUSH_TIMEOUT`; logs what was sent.
     pub async fn shutdown(self) {
         let provider = self.provider.clone();
         // Blocking: the processor's thread does the last export (on this runtime) first.
