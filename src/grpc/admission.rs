@@ -3,6 +3,7 @@
 //! queued without bound; an optional token bucket per tenant keeps one tenant from taking
 //! the whole server.
 
+use crate::reason::Reason;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -67,7 +68,7 @@ impl Admission {
             .clone()
             .try_acquire_owned()
             .map_err(|_| LedgerError::ResourceExhausted {
-                reason: "OVERLOADED",
+                reason: Reason::Overloaded,
                 message: format!(
                     "the server is running its maximum of {} calls; retry shortly",
                     self.max_running
@@ -97,7 +98,7 @@ impl TenantRate {
             *tokens = refilled;
             let wait = Duration::from_secs_f64((1.0 - refilled) / self.per_second);
             Err(LedgerError::ResourceExhausted {
-                reason: "RATE_LIMITED",
+                reason: Reason::RateLimited,
                 message: format!(
                     "this tenant's rate limit of {} calls a second is reached; retry in {} ms",
                     self.per_second,
