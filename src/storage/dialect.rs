@@ -6,6 +6,7 @@
 use async_trait::async_trait;
 use sqlx::pool::PoolConnection;
 
+use super::batch::GroupCommit;
 use super::sql::{self, Param};
 use super::{
     Entries, EntryRow, Finish, Finished, FinishedRow, ListQuery, PoolStats, ReplayCount,
@@ -68,6 +69,9 @@ pub(crate) trait Dialect: Calls + 'static {
         params: &[Param<'_>],
         on: On,
     ) -> impl Future<Output = StoreResult<Vec<R>>> + Send;
+
+    /// The batcher the backend's claims and completions go through, if it has one.
+    fn group_commit(&self) -> Option<&GroupCommit>;
 
     /// Adds replay counts, as the backend commits a count: without waiting for the disk.
     fn write_replay_counts(
@@ -257,9 +261,10 @@ pub(crate) fn at_most_one<T>(mut rows: Vec<T>, what: &str) -> StoreResult<Option
 #[async_trait]
 impl<D: Dialect> Entries for D {
     async fn insert(&self, tenant: &str, entry: &Entry) -> StoreResult<bool> {
-        let params = sql::entry_params(tenant, entry);
-        let inserted = self.execute(sql::INSERT, &params, On::Pool).await?;
-        Ok(inserted == 1)
+        match self.group_commit() {
+            Some(batcher) => batcher.insert(tenant, entry).await,
+            None => insert_one(self, tenant, entry).await,
+        }
     }
 
     async fn get(&self, tenant: &str, key: &str) -> StoreResult<Option<Entry>> {
@@ -276,11 +281,10 @@ impl<D: Dialect> Entries for D {
     }
 
     async fn finish(&self, tenant: &str, cmd: &Finish) -> StoreResult<Option<Finished>> {
-        let params = sql::finish_params(tenant, cmd);
-        let rows: Vec<FinishedRow> = self.fetch_all(sql::FINISH, &params, On::Pool).await?;
-        at_most_one(rows, "FINISH")?
-            .map(Finished::try_from)
-            .transpose()
+        match self.group_commit() {
+            Some(batcher) => batcher.finish(tenant, cmd).await,
+            None => finish_one(self, tenant, cmd).await,
+        }
     }
 
     async fn replay(
@@ -425,6 +429,36 @@ impl<D: Dialect> Entries for D {
         }
         self.write_replay_counts(counts).await
     }
+}
+
+/// Claims a key in one statement of its own ([`sql::INSERT`]).
+///
+/// # Errors
+/// As the database fails.
+pub(crate) async fn insert_one<D: Dialect>(
+    store: &D,
+    tenant: &str,
+    entry: &Entry,
+) -> StoreResult<bool> {
+    let params = sql::entry_params(tenant, entry);
+    let inserted = store.execute(sql::INSERT, &params, On::Pool).await?;
+    Ok(inserted == 1)
+}
+
+/// Records an outcome in one statement of its own ([`sql::FINISH`]).
+///
+/// # Errors
+/// As the database fails.
+pub(crate) async fn finish_one<D: Dialect>(
+    store: &D,
+    tenant: &str,
+    cmd: &Finish,
+) -> StoreResult<Option<Finished>> {
+    let params = sql::finish_params(tenant, cmd);
+    let rows: Vec<FinishedRow> = store.fetch_all(sql::FINISH, &params, On::Pool).await?;
+    at_most_one(rows, "FINISH")?
+        .map(Finished::try_from)
+        .transpose()
 }
 
 /// The upkeep of a SQL backend: its marks, the write probe, the gauges.

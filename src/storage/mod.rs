@@ -8,6 +8,13 @@
 //! [`batch::GroupCommit`] collects the claims and completions that arrive while the store is
 //! busy into one multi-row statement and one commit.
 //!
+//! The traits are implemented once for both backends (`dialect`): each backend states what it
+//! does its own way as a `Dialect` (the statements it words differently, how it runs one
+//! statement, where its claims and completions go), the statements they share are constants
+//! in [`sql`] built from one column list, and every statement runs through
+//! `dialect::run_on`. A store opened by [`open`] sends its claims and completions, and only
+//! those, through its [`batch::GroupCommit`].
+//!
 //! `sqlx::Error` never leaves this module: it becomes [`StoreError`].
 
 pub mod batch;
@@ -162,10 +169,23 @@ pub trait Entries: Send + Sync + 'static {
     async fn count_replays(&self, counts: &[ReplayCount]) -> StoreResult<()>;
 }
 
-/// The multi-row forms of the two writes that are group-committed ([`batch::GroupCommit`]):
-/// what a backend offers to a batcher. A batcher is not one itself, so it cannot wrap another.
+/// The two writes that are group-committed ([`batch::GroupCommit`]), one row and many, each
+/// straight to the database: what a backend offers to a batcher. A batcher is not one itself,
+/// so it cannot wrap another.
 #[async_trait]
-pub trait Batches: Entries {
+pub trait Batches: Send + Sync + 'static {
+    /// [`Entries::insert`], as its own statement.
+    ///
+    /// # Errors
+    /// `Unavailable` or `Internal` as the database fails.
+    async fn insert_one(&self, tenant: &str, entry: &Entry) -> StoreResult<bool>;
+
+    /// [`Entries::finish`], as its own statement.
+    ///
+    /// # Errors
+    /// `Unavailable` or `Internal` as the database fails.
+    async fn finish_one(&self, tenant: &str, cmd: &Finish) -> StoreResult<Option<Finished>>;
+
     /// Inserts each (tenant, entry) unless its (tenant, key) exists, in as few statements and
     /// commits as the backend allows; per entry, whether this call inserted it. Within one
     /// batch the first entry of a key wins, as if they had come one by one. All or nothing:
@@ -407,8 +427,31 @@ pub async fn open(url: &str, options: &PoolOptions) -> StoreResult<Arc<dyn Store
     } else {
         1
     };
-    let backend = open_backend(url, options).await?;
-    Ok(Arc::new(batch::GroupCommit::new(backend, writers)))
+    Ok(open_with_writers(url, options, writers).await?.0)
+}
+
+/// [`open`] with `writers` group-commit writers of each kind, and the batches' counts.
+///
+/// # Errors
+/// As [`open`].
+pub async fn open_with_writers(
+    url: &str,
+    options: &PoolOptions,
+    writers: usize,
+) -> StoreResult<(Arc<dyn Store>, Arc<batch::Stats>)> {
+    if is_postgres(url) {
+        let store = postgres::PgStore::connect(url, options)?.with_group_commit(writers);
+        let stats = store.batch_stats();
+        Ok((Arc::new(store), stats))
+    } else if url.starts_with("sqlite:") {
+        let store = sqlite::SqliteStore::open(url, options)
+            .await?
+            .with_group_commit(writers);
+        let stats = store.batch_stats();
+        Ok((Arc::new(store), stats))
+    } else {
+        Err(unsupported(url))
+    }
 }
 
 /// The backend a database URL names, without group commit: each write its own statement.
@@ -422,11 +465,15 @@ pub async fn open_backend(url: &str, options: &PoolOptions) -> StoreResult<Arc<d
     } else if url.starts_with("sqlite:") {
         Ok(Arc::new(sqlite::SqliteStore::open(url, options).await?))
     } else {
-        Err(StoreError::Internal(format!(
-            "unsupported database URL scheme in {}: use postgres:// or sqlite://",
-            redact_url(url)
-        )))
+        Err(unsupported(url))
     }
+}
+
+fn unsupported(url: &str) -> StoreError {
+    StoreError::Internal(format!(
+        "unsupported database URL scheme in {}: use postgres:// or sqlite://",
+        redact_url(url)
+    ))
 }
 
 fn is_postgres(url: &str) -> bool {

@@ -9,6 +9,7 @@ use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
 
 use const_format::concatcp;
 
+use super::batch::GroupCommit;
 use super::dialect::{Calls, Dialect, On, Row, at_most_one, run_on};
 use super::sql::{self, Param};
 use super::{PoolOptions, ReplayCount, StoreError, StoreMarks, StoreResult, held};
@@ -38,6 +39,9 @@ pub struct PgStore {
     migrations_url: Option<String>,
     /// How long opening one connection may take.
     connect_timeout: std::time::Duration,
+    /// Where claims and completions go: a batcher over a clone of this store without one
+    /// ([`PgStore::with_group_commit`]), or straight to the database.
+    batcher: Option<std::sync::Arc<GroupCommit>>,
 }
 
 /// A pooled connection idle longer than this is pinged before use: one that survived a
@@ -162,6 +166,7 @@ impl PgStore {
             begin,
             migrations_url: options.migrations_url.clone(),
             connect_timeout: options.connect_timeout,
+            batcher: None,
         })
     }
 
@@ -561,7 +566,29 @@ impl Calls for PgStore {
     }
 }
 
+impl PgStore {
+    /// This store with its claims and completions group-committed by `writers` writers of
+    /// each kind ([`GroupCommit`]), over a clone of it that writes them straight.
+    #[must_use]
+    pub fn with_group_commit(mut self, writers: usize) -> PgStore {
+        let direct = std::sync::Arc::new(self.clone());
+        self.batcher = Some(std::sync::Arc::new(GroupCommit::new(direct, writers)));
+        self
+    }
+
+    /// The counts of the batches written so far (none without a batcher).
+    pub fn batch_stats(&self) -> std::sync::Arc<crate::storage::batch::Stats> {
+        self.batcher
+            .as_ref()
+            .map_or_else(std::sync::Arc::default, |b| b.stats_handle())
+    }
+}
+
 impl Dialect for PgStore {
+    fn group_commit(&self) -> Option<&GroupCommit> {
+        self.batcher.as_deref()
+    }
+
     const REPLAY: &str = PgStore::REPLAY;
     const TAKE_UNRESOLVED: &str = PgStore::TAKE_UNRESOLVED;
     const PRUNE: &str = PgStore::PRUNE;

@@ -15,6 +15,7 @@ use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, S
 
 use const_format::concatcp;
 
+use super::batch::GroupCommit;
 use super::dialect::{Calls, Dialect, On, Row, at_most_one, run_on};
 use super::sql::{self, Param};
 use super::{
@@ -35,6 +36,9 @@ pub struct SqliteStore {
     replays: held::Connections<sqlx::Sqlite>,
     /// Whether the disk was last found full.
     marks: std::sync::Arc<StoreMarks>,
+    /// Where claims and completions go: a batcher over a clone of this store without one
+    /// ([`SqliteStore::with_group_commit`]), or straight to the database.
+    batcher: Option<std::sync::Arc<GroupCommit>>,
 }
 
 impl SqliteStore {
@@ -74,6 +78,7 @@ impl SqliteStore {
             pool: held::Connections::new(pool),
             replays: held::Connections::new(replays),
             marks: std::sync::Arc::default(),
+            batcher: None,
         })
     }
 }
@@ -119,7 +124,29 @@ impl Calls for SqliteStore {
     }
 }
 
+impl SqliteStore {
+    /// This store with its claims and completions group-committed by `writers` writers of
+    /// each kind ([`GroupCommit`]), over a clone of it that writes them straight.
+    #[must_use]
+    pub fn with_group_commit(mut self, writers: usize) -> SqliteStore {
+        let direct = std::sync::Arc::new(self.clone());
+        self.batcher = Some(std::sync::Arc::new(GroupCommit::new(direct, writers)));
+        self
+    }
+
+    /// The counts of the batches written so far (none without a batcher).
+    pub fn batch_stats(&self) -> std::sync::Arc<crate::storage::batch::Stats> {
+        self.batcher
+            .as_ref()
+            .map_or_else(std::sync::Arc::default, |b| b.stats_handle())
+    }
+}
+
 impl Dialect for SqliteStore {
+    fn group_commit(&self) -> Option<&GroupCommit> {
+        self.batcher.as_deref()
+    }
+
     /// [`sql::REPLAY`], as it is, on the connection that does not sync.
     const REPLAY: &str = sql::REPLAY;
 
@@ -203,6 +230,14 @@ impl Dialect for SqliteStore {
 
 #[async_trait::async_trait]
 impl super::Batches for SqliteStore {
+    async fn insert_one(&self, tenant: &str, entry: &Entry) -> StoreResult<bool> {
+        super::dialect::insert_one(self, tenant, entry).await
+    }
+
+    async fn finish_one(&self, tenant: &str, cmd: &Finish) -> StoreResult<Option<Finished>> {
+        super::dialect::finish_one(self, tenant, cmd).await
+    }
+
     async fn insert_many(&self, batch: &[(String, Entry)]) -> StoreResult<Vec<bool>> {
         // One transaction, so one commit (one fsync) for the batch; IMMEDIATE takes the write
         // lock up front, so the transaction never has to upgrade a read lock. The answers

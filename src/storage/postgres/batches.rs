@@ -8,6 +8,14 @@ use crate::storage::{Finish, Finished, FinishedRow, StoreResult};
 
 #[async_trait::async_trait]
 impl crate::storage::Batches for PgStore {
+    async fn insert_one(&self, tenant: &str, entry: &Entry) -> StoreResult<bool> {
+        crate::storage::dialect::insert_one(self, tenant, entry).await
+    }
+
+    async fn finish_one(&self, tenant: &str, cmd: &Finish) -> StoreResult<Option<Finished>> {
+        crate::storage::dialect::finish_one(self, tenant, cmd).await
+    }
+
     async fn insert_many(&self, batch: &[(String, Entry)]) -> StoreResult<Vec<bool>> {
         // Rows go in (tenant, key) order, so that two batches sharing keys lock them in the
         // same order and cannot deadlock; the sort is stable, so the first entry of a key
