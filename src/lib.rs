@@ -23,8 +23,9 @@
 //! - [`connections`]: the client connections, bounded: the descriptor limit raised, a cap,
 //!   idle connections closed, an accept loop that backs off when descriptors run out.
 //! - [`storage`]: the store traits (split by who needs them: the use cases' entries, the
-//!   batcher's multi-row writes, announcements to other servers, operations) and the
-//!   PostgreSQL and SQLite backends, behind group commit; `sqlx::Error` never leaves it.
+//!   batcher's writes, announcements to other servers, operations, upkeep), implemented once
+//!   over a SQL dialect for the PostgreSQL and SQLite backends, whose claims and completions
+//!   go through group commit; `sqlx::Error` never leaves it.
 //! - [`error`]: the one error type and the one mapping to gRPC codes, reasons and details.
 //! - [`ledger`]: the use cases, one file each (claim, complete, renew, lookup, list,
 //!   reconcile, retention, and find: an entry by key, prefix or external reference), the

@@ -1,9 +1,9 @@
 //! Group commit: claims' inserts and claimants' completions that arrive while the store is busy
 //! are written together, one multi-row statement and one commit per batch.
 //!
-//! [`GroupCommit`] wraps a [`Backend`] (a store that offers the multi-row writes,
-//! [`super::Batches`]) and is a [`super::Store`] itself, but not a backend: a batcher cannot be
-//! wrapped in another. Each kind of write has a
+//! [`GroupCommit`] is the write path of a store (its `insert` and `finish`), over the store's
+//! [`Batches`] (the one-row and multi-row writes): not a store itself, so only those two
+//! calls go through it, and it cannot wrap another batcher. Each kind of write has a
 //! queue and a dispatcher that runs at most `writers` batches at once. When a writer is free, a
 //! request is written at once, alone: no timer ever delays it. While every writer is busy,
 //! requests wait in the queue, and the next free writer takes all of them (up to a cap) as one
@@ -22,15 +22,11 @@ use std::collections::HashSet;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
-use async_trait::async_trait;
 use tokio::sync::{Semaphore, mpsc, oneshot};
 use tracing::Instrument as _;
 
-use super::{
-    Announcements, Backend, Entries, Finish, Finished, ListQuery, Operations, PoolStats,
-    ReplayCount, StoreError, StoreResult, UnresolvedCount, UnresolvedQuery,
-};
-use crate::domain::{Entry, Micros};
+use super::{Batches, Finish, Finished, StoreError, StoreResult};
+use crate::domain::Entry;
 
 /// The most requests one statement carries.
 const MAX_BATCH: usize = 256;
@@ -59,11 +55,12 @@ struct Job<T, R> {
 type InsertJob = Job<Entry, bool>;
 type FinishJob = Job<Finish, Option<Finished>>;
 
-/// A store whose inserts and completions are group-committed; every other call goes straight
-/// to the inner store (replays and lookups stay on the shortest path).
+/// The write path of a store whose inserts and completions are group-committed: the only
+/// calls it takes are those two, and it reaches the database only through [`Batches`], so
+/// nothing else can go through it, and a call it lacks cannot fall back to another path.
 pub struct GroupCommit {
     /// The store that runs the statements.
-    inner: Arc<dyn Backend>,
+    inner: Arc<dyn Batches>,
     /// Claims' inserts waiting for a writer.
     inserts: Queue<InsertJob>,
     /// Completions waiting for a writer.
@@ -105,7 +102,7 @@ impl GroupCommit {
     /// Wraps `inner`, running at most `writers` batches of each kind at once (at least 1).
     /// Call inside a tokio runtime: it spawns the two dispatchers, which end when this store
     /// is dropped.
-    pub fn new(inner: Arc<dyn Backend>, writers: usize) -> GroupCommit {
+    pub fn new(inner: Arc<dyn Batches>, writers: usize) -> GroupCommit {
         let writers = writers.max(1);
         let stats = Arc::new(Stats::default());
         let inserts = Queue::start(writers, stats.clone(), {
@@ -133,6 +130,11 @@ impl GroupCommit {
     /// How batching went so far.
     pub fn stats(&self) -> &Stats {
         &self.stats
+    }
+
+    /// The counts, shared.
+    pub fn stats_handle(&self) -> Arc<Stats> {
+        self.stats.clone()
     }
 }
 
@@ -236,13 +238,15 @@ async fn dispatch<T, R, F, Fut>(
     }
 }
 
-async fn write_inserts(store: &dyn Backend, mut batch: Vec<InsertJob>) {
+async fn write_inserts(store: &dyn Batches, mut batch: Vec<InsertJob>) {
     // A lone request takes the one-row statement: PostgreSQL plans it once (a generic plan),
     // while the multi-row statement's array length is unknown to a generic plan, so it is
     // planned again for every batch; worth it for a batch, not for one row.
     if batch.len() == 1 {
         let job = batch.pop().expect("one job");
-        let _ = job.reply.send(store.insert(&job.tenant, &job.write).await);
+        let _ = job
+            .reply
+            .send(store.insert_one(&job.tenant, &job.write).await);
         return;
     }
     let writes: Vec<(String, Entry)> = batch
@@ -263,13 +267,15 @@ async fn write_inserts(store: &dyn Backend, mut batch: Vec<InsertJob>) {
     }
 }
 
-async fn write_finishes(store: &dyn Backend, mut batch: Vec<FinishJob>) {
+async fn write_finishes(store: &dyn Batches, mut batch: Vec<FinishJob>) {
     // One command per key and statement (an UPDATE … FROM would apply only one of two rows
     // for the same key, unpredictably); a later command for a key goes in the next round.
     while !batch.is_empty() {
         if batch.len() == 1 {
             let job = batch.pop().expect("one job");
-            let _ = job.reply.send(store.finish(&job.tenant, &job.write).await);
+            let _ = job
+                .reply
+                .send(store.finish_one(&job.tenant, &job.write).await);
             return;
         }
         let mut keys = HashSet::new();
@@ -302,146 +308,46 @@ fn fail_all<T, R>(batch: Vec<Job<T, R>>, error: &StoreError) {
     }
 }
 
-#[async_trait]
-impl Entries for GroupCommit {
-    async fn insert(&self, tenant: &str, entry: &Entry) -> StoreResult<bool> {
+impl GroupCommit {
+    /// Claims a key as [`Batches::insert_one`] does, in a batch with the claims that wait
+    /// with it.
+    ///
+    /// # Errors
+    /// The batch's error, or `Unavailable` while the store shuts down.
+    pub async fn insert(&self, tenant: &str, entry: &Entry) -> StoreResult<bool> {
         let inner = &self.inner;
         let span = commit_span("insert");
         self.inserts
             .submit(tenant, entry, &span, async |t: &str, e: &Entry| {
                 self.stats.record(1);
-                inner.insert(t, e).await
+                inner.insert_one(t, e).await
             })
             .instrument(span.clone())
             .await
     }
 
-    async fn get(&self, tenant: &str, key: &str) -> StoreResult<Option<Entry>> {
-        self.inner.get(tenant, key).await
-    }
-
-    async fn restart(&self, tenant: &str, expected_token: &str, next: &Entry) -> StoreResult<bool> {
-        self.inner.restart(tenant, expected_token, next).await
-    }
-
-    async fn finish(&self, tenant: &str, cmd: &Finish) -> StoreResult<Option<Finished>> {
+    /// Records an outcome as [`Batches::finish_one`] does, in a batch with the completions
+    /// that wait with it.
+    ///
+    /// # Errors
+    /// As [`GroupCommit::insert`].
+    pub async fn finish(&self, tenant: &str, cmd: &Finish) -> StoreResult<Option<Finished>> {
         let inner = &self.inner;
         let span = commit_span("finish");
         self.finishes
             .submit(tenant, cmd, &span, async |t: &str, c: &Finish| {
                 self.stats.record(1);
-                inner.finish(t, c).await
+                inner.finish_one(t, c).await
             })
             .instrument(span.clone())
             .await
     }
-
-    async fn replay(
-        &self,
-        tenant: &str,
-        key: &str,
-        fingerprint: &str,
-        now: Micros,
-    ) -> StoreResult<Option<Entry>> {
-        self.inner.replay(tenant, key, fingerprint, now).await
-    }
-
-    async fn renew(
-        &self,
-        tenant: &str,
-        key: &str,
-        token: &str,
-        lease_expires_at: Micros,
-        now: Micros,
-    ) -> StoreResult<Option<Entry>> {
-        self.inner
-            .renew(tenant, key, token, lease_expires_at, now)
-            .await
-    }
-
-    async fn resolve(&self, tenant: &str, done: &Entry, now: Micros) -> StoreResult<Option<bool>> {
-        self.inner.resolve(tenant, done, now).await
-    }
-
-    async fn take_unresolved(
-        &self,
-        tenant: &str,
-        query: &UnresolvedQuery,
-    ) -> StoreResult<Vec<Entry>> {
-        self.inner.take_unresolved(tenant, query).await
-    }
-
-    async fn prune(&self, now: Micros, limit: u32) -> StoreResult<u64> {
-        self.inner.prune(now, limit).await
-    }
-
-    async fn list(&self, tenant: &str, query: &ListQuery) -> StoreResult<Vec<Entry>> {
-        self.inner.list(tenant, query).await
-    }
-
-    async fn mark_waiting(&self, tenant: &str, key: &str) -> StoreResult<()> {
-        self.inner.mark_waiting(tenant, key).await
-    }
-
-    async fn count_replays(&self, counts: &[ReplayCount]) -> StoreResult<()> {
-        self.inner.count_replays(counts).await
-    }
 }
 
-#[async_trait]
-impl Announcements for GroupCommit {
-    fn shared(&self) -> bool {
-        self.inner.shared()
-    }
-
-    async fn announce(&self, tenant: &str, key: &str) -> StoreResult<()> {
-        self.inner.announce(tenant, key).await
-    }
-
-    fn subscribe(&self) -> Option<mpsc::Receiver<(String, String)>> {
-        self.inner.subscribe()
-    }
-}
-
-#[async_trait]
-impl Operations for GroupCommit {
-    fn backend(&self) -> &'static str {
-        self.inner.backend()
-    }
-
-    async fn migrate(&self) -> StoreResult<()> {
-        self.inner.migrate().await
-    }
-
-    async fn ping(&self) -> StoreResult<()> {
-        self.inner.ping().await
-    }
-
-    fn is_full(&self) -> bool {
-        self.inner.is_full()
-    }
-
-    async fn probe_write(&self) -> StoreResult<()> {
-        self.inner.probe_write().await
-    }
-
-    async fn database_now(&self) -> StoreResult<Option<Micros>> {
-        self.inner.database_now().await
-    }
-
-    async fn unreachable_cause(&self) -> Option<String> {
-        self.inner.unreachable_cause().await
-    }
-
-    fn location(&self) -> String {
-        self.inner.location()
-    }
-
-    async fn count_unresolved(&self, now: Micros) -> StoreResult<UnresolvedCount> {
-        self.inner.count_unresolved(now).await
-    }
-
-    fn pool_stats(&self) -> PoolStats {
-        self.inner.pool_stats()
+impl std::fmt::Debug for GroupCommit {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("GroupCommit")
+            .field("stats", &self.stats)
+            .finish_non_exhaustive()
     }
 }

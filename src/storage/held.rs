@@ -157,6 +157,20 @@ impl<DB: sqlx::Database> Connections<DB> {
     }
 
     /// Connections held out of the pool now, idle.
+    pub(crate) fn stats(&self) -> super::PoolStats {
+        // Connections the store holds between its calls are idle too.
+        let size = self.pool.size();
+        let idle = u32::try_from(self.pool.num_idle() + self.held())
+            .unwrap_or(u32::MAX)
+            .min(size);
+        super::PoolStats {
+            in_use: size - idle,
+            idle,
+            max: self.pool.options().get_max_connections(),
+        }
+    }
+
+    /// How many connections are held idle out of the pool now.
     pub(crate) fn held(&self) -> usize {
         self.lock().len()
     }

@@ -7,20 +7,23 @@ use std::str::FromStr;
 
 use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
 
-use super::run_on;
-use super::sql::{self, bind_entry, bind_finish, impl_store, replay_update, unresolved_where};
-use super::{
-    EntryRow, Finish, Finished, FinishedRow, ListQuery, PoolOptions, StoreError, StoreMarks,
-    StoreResult, UnresolvedQuery,
-};
-use crate::domain::{Entry, Micros};
+use const_format::concatcp;
+
+use super::batch::GroupCommit;
+use super::dialect::{Calls, Dialect, On, Row, at_most_one, run_on};
+use super::sql::{self, Param};
+use super::{PoolOptions, ReplayCount, StoreError, StoreMarks, StoreResult, held};
+use crate::domain::Micros;
+
+mod batches;
+mod listen;
 
 /// A PostgreSQL store: a cheap-to-clone pool handle.
 #[derive(Clone, Debug)]
 pub struct PgStore {
     /// Connections opened lazily, so the server starts (and reports NOT_SERVING) while the
     /// database is still down.
-    pool: super::held::Connections<sqlx::Postgres>,
+    pool: held::Connections<sqlx::Postgres>,
     /// One more connection, kept apart for LISTEN so that it never takes a request's place.
     listen_pool: PgPool,
     /// Whether the disk was last found full.
@@ -29,12 +32,16 @@ pub struct PgStore {
     connect: PgConnectOptions,
     /// A transaction pooler sits between the server and the database.
     pooled: bool,
-    /// What every transaction starts with behind a transaction pooler.
-    begin: &'static str,
+    /// What every transaction starts with behind a transaction pooler: `BEGIN`, and the
+    /// statement timeout when there is one. Built once, shared by the store's clones.
+    begin: std::sync::Arc<str>,
     /// A direct URL for migrations, when `connect` goes through a transaction pooler.
     migrations_url: Option<String>,
     /// How long opening one connection may take.
     connect_timeout: std::time::Duration,
+    /// Where claims and completions go: a batcher over a clone of this store without one
+    /// ([`PgStore::with_group_commit`]), or straight to the database.
+    batcher: Option<std::sync::Arc<GroupCommit>>,
 }
 
 /// A pooled connection idle longer than this is pinged before use: one that survived a
@@ -103,10 +110,10 @@ impl PgStore {
         let session_timeout = (timeout_ms > 0).then(|| format!("{timeout_ms}ms"));
         // Built once, from an integer: a transaction pooler keeps no session setting, so each
         // transaction sets its own timeout in the same round trip as its BEGIN.
-        let begin: &'static str = if timeout_ms > 0 {
-            Box::leak(format!("BEGIN; SET LOCAL statement_timeout = {timeout_ms}").into_boxed_str())
+        let begin: std::sync::Arc<str> = if timeout_ms > 0 {
+            format!("BEGIN; SET LOCAL statement_timeout = {timeout_ms}").into()
         } else {
-            "BEGIN"
+            "BEGIN".into()
         };
         let marks = std::sync::Arc::new(StoreMarks::default());
         let stale = marks.clone();
@@ -151,7 +158,7 @@ impl PgStore {
             .acquire_timeout(options.acquire_timeout)
             .connect_lazy_with(connect.clone());
         Ok(PgStore {
-            pool: super::held::Connections::new(pool),
+            pool: held::Connections::new(pool),
             listen_pool,
             marks,
             connect,
@@ -159,6 +166,7 @@ impl PgStore {
             begin,
             migrations_url: options.migrations_url.clone(),
             connect_timeout: options.connect_timeout,
+            batcher: None,
         })
     }
 
@@ -167,25 +175,6 @@ impl PgStore {
     /// connection (or one where the same name is another statement).
     fn persistent(&self) -> bool {
         !self.pooled
-    }
-
-    /// Starts what one store call runs in: behind a transaction pooler, a transaction, so
-    /// that sqlx's Parse and its Bind (two round trips) reach the same server connection.
-    async fn open_call(&self, conn: &mut sqlx::PgConnection) -> Result<(), sqlx::Error> {
-        if self.pooled {
-            sqlx::raw_sql(self.begin).execute(conn).await?;
-        }
-        Ok(())
-    }
-
-    /// Ends what [`PgStore::open_call`] started: commits after `ok`, else rolls back (so the
-    /// pooler gets its server connection back clean). The commit's result is the call's.
-    async fn close_call(&self, conn: &mut sqlx::PgConnection, ok: bool) -> Result<(), sqlx::Error> {
-        if self.pooled {
-            let end = if ok { "COMMIT" } else { "ROLLBACK" };
-            sqlx::raw_sql(end).execute(conn).await?;
-        }
-        Ok(())
     }
 
     /// Opens one connection of its own (not from the pool), within the connect timeout.
@@ -237,18 +226,15 @@ impl PgStore {
     /// Checks, behind a transaction pooler without a migrations URL, that this build's
     /// migrations were all applied.
     async fn check_migrations(&self) -> StoreResult<()> {
-        let applied: Vec<i64> = run_on!(self, StoreError::from_postgres, |conn| {
-            sqlx::query_scalar(self::APPLIED_MIGRATIONS)
-                .persistent(self.persistent())
-                .persistent(self.persistent())
-                .fetch_all(&mut *conn)
-                .await
-        })
-        .or_else(|e| match e {
+        let rows: StoreResult<Vec<(i64,)>> = self
+            .fetch_all(self::APPLIED_MIGRATIONS, &[], On::Pool)
+            .await;
+        let applied: Vec<i64> = match rows {
+            Ok(rows) => rows.into_iter().map(|(version,)| version).collect(),
             // No _sqlx_migrations table: nothing was ever migrated.
-            StoreError::Internal(detail) if detail.contains("_sqlx_migrations") => Ok(Vec::new()),
-            other => Err(other),
-        })?;
+            Err(StoreError::Internal(detail)) if detail.contains("_sqlx_migrations") => Vec::new(),
+            Err(other) => return Err(other),
+        };
         let missing: Vec<String> = MIGRATOR
             .iter()
             .filter(|m| !applied.contains(&m.version))
@@ -309,15 +295,13 @@ impl PgStore {
     /// Logs, once migrated, whether the link to the database is encrypted (behind a pooler:
     /// the pooler's link to the database).
     async fn log_encryption(&self) {
-        let row: StoreResult<(bool, String)> = async {
-            run_on!(self, StoreError::from_postgres, |conn| {
-                sqlx::query_as(self::SESSION_SSL)
-                    .persistent(self.persistent())
-                    .fetch_one(&mut *conn)
-                    .await
-            })
-        }
-        .await;
+        let row: StoreResult<(bool, String)> = self
+            .fetch_all(self::SESSION_SSL, &[], On::Pool)
+            .await
+            .and_then(|rows| {
+                at_most_one(rows, "SESSION_SSL")?
+                    .ok_or_else(|| StoreError::Internal("no pg_stat_ssl row".into()))
+            });
         match row {
             Ok((encrypted, version)) => tracing::info!(
                 encrypted,
@@ -374,15 +358,6 @@ fn connect_options(url: &str) -> StoreResult<PgConnectOptions> {
     })
 }
 
-/// [`entry_columns!`](super::sql) of the table aliased `e`.
-macro_rules! e_entry_columns {
-    () => {
-        "e.key, e.run_id, e.tool, e.fingerprint, e.status, e.attempt, e.claim_token, \
-         e.result, e.error, e.retryable, e.principal, e.started_at, e.finished_at, \
-         e.lease_expires_at, e.retention_us, e.expires_at, e.replay_count, e.resolved_by"
-    };
-}
-
 impl PgStore {
     /// Adds replay counts (`$1` tenants, `$2` keys, `$3` tokens, `$4` counts, in (tenant, key)
     /// order) in one statement whose commit does not wait for the WAL flush, as
@@ -395,28 +370,6 @@ impl PgStore {
         WHERE e.tenant = c.tenant AND e.key = c.key AND e.claim_token = c.claim_token \
         AND e.status = 'SUCCEEDED'";
 
-    /// Adds replay counts in one statement ([`PgStore::ADD_REPLAYS_MANY`]).
-    async fn write_replay_counts(&self, counts: &[super::ReplayCount]) -> StoreResult<()> {
-        let tenants: Vec<&str> = counts.iter().map(|c| c.tenant.as_str()).collect();
-        let keys: Vec<&str> = counts.iter().map(|c| c.key.as_str()).collect();
-        let tokens: Vec<&str> = counts.iter().map(|c| c.claim_token.as_str()).collect();
-        let ns: Vec<i64> = counts
-            .iter()
-            .map(|c| i64::try_from(c.count).unwrap_or(i64::MAX))
-            .collect();
-        run_on!(self, StoreError::from_postgres, |conn| sqlx::query(
-            Self::ADD_REPLAYS_MANY
-        )
-        .bind(&tenants)
-        .bind(&keys)
-        .bind(&tokens)
-        .bind(&ns)
-        .persistent(self.persistent())
-        .execute(&mut *conn)
-        .await)?;
-        Ok(())
-    }
-
     /// [`sql::REPLAY`], whose commit does not wait for the WAL to reach the disk: the one-row
     /// CTE turns `synchronous_commit` off for the statement's own transaction (`set_config`
     /// with `is_local`, as `SET LOCAL`), which is the autocommit statement itself, or behind a
@@ -427,15 +380,12 @@ impl PgStore {
     /// synchronous, and flushing it flushes every commit before it. The count stays exact
     /// otherwise: the statement reads the entry it answers from and counts under the row's
     /// lock, so concurrent replays of a key, on any server, are numbered one by one.
-    pub const REPLAY: &str = concat!(
+    pub const REPLAY: &str = concatcp!(
         "WITH no_flush_wait AS (SELECT set_config('synchronous_commit', 'off', true)) ",
-        replay_update!(" FROM no_flush_wait")
+        sql::REPLAY_SET,
+        " FROM no_flush_wait",
+        sql::REPLAY_WHERE
     );
-
-    /// Where replays are counted: the pool every statement uses.
-    fn replay_pool(&self) -> &super::held::Connections<sqlx::Postgres> {
-        &self.pool
-    }
 
     /// Whether the server reached a standby: it accepts no writes.
     const IN_RECOVERY: &str = "SELECT pg_is_in_recovery()";
@@ -449,30 +399,30 @@ impl PgStore {
     /// `IN` may be re-run by the planner and pick more rows than the limit. SKIP LOCKED lets
     /// concurrent reconcilers on several servers pass each other's rows instead of waiting,
     /// and FOR UPDATE re-checks the condition on rows changed meanwhile.
-    pub const TAKE_UNRESOLVED: &str = concat!(
+    pub const TAKE_UNRESOLVED: &str = concatcp!(
         "WITH picked AS (SELECT tenant, key FROM ledger_entries WHERE ",
-        unresolved_where!(),
+        sql::UNRESOLVED_WHERE,
         " ORDER BY started_at, key LIMIT $5 FOR UPDATE SKIP LOCKED) ",
         "UPDATE ledger_entries AS e SET reconcile_until = $6 FROM picked ",
         "WHERE e.tenant = picked.tenant AND e.key = picked.key RETURNING ",
-        e_entry_columns!()
+        sql::E_ENTRY_COLUMNS
     );
 
     /// Claims many keys in one statement: one array per column, so the statement is the same
     /// for every batch size and stays prepared. Rows go in array order, so the first entry
     /// of a key wins; the others meet the conflict. Returns the tokens of the inserted rows.
-    pub const INSERT_MANY: &str = "INSERT INTO ledger_entries (tenant, key, run_id, tool, \
-        fingerprint, status, attempt, claim_token, result, error, retryable, principal, \
-        started_at, finished_at, lease_expires_at, retention_us, expires_at, replay_count, \
-        arguments) \
-        SELECT * FROM UNNEST($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], \
-        $6::text[], $7::int8[], $8::text[], $9::bytea[], $10::text[], $11::bool[], $12::text[], \
-        $13::int8[], $14::int8[], $15::int8[], $16::int8[], $17::int8[], $18::int8[], \
-        $19::text[]) \
-        ON CONFLICT (tenant, key) DO NOTHING RETURNING claim_token";
+    pub const INSERT_MANY: &str = concatcp!(
+        "INSERT INTO ledger_entries (",
+        sql::INSERT_COLUMNS,
+        ") SELECT * FROM UNNEST($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], \
+         $6::text[], $7::int8[], $8::text[], $9::bytea[], $10::text[], $11::bool[], \
+         $12::text[], $13::int8[], $14::int8[], $15::int8[], $16::int8[], $17::int8[], \
+         $18::int8[], $19::text[]) \
+         ON CONFLICT (tenant, key) DO NOTHING RETURNING claim_token"
+    );
 
     /// [`sql::FINISH`] for many entries in one statement (one per key: see the batcher).
-    pub const FINISH_MANY: &str = concat!(
+    pub const FINISH_MANY: &str = concatcp!(
         "UPDATE ledger_entries AS e SET status = v.status, result = v.result, \
          error = v.error, retryable = v.retryable, \
          finished_at = CASE WHEN v.status IN ('SUCCEEDED', 'FAILED') THEN v.now END, \
@@ -484,7 +434,7 @@ impl PgStore {
          WHERE e.tenant = v.tenant AND e.key = v.key AND e.claim_token = v.claim_token \
          AND (e.status = 'ATTEMPTING' OR (e.status = 'UNKNOWN' AND v.also_unknown)) \
          RETURNING ",
-        e_entry_columns!(),
+        sql::E_ENTRY_COLUMNS,
         ", e.has_waiters"
     );
 
@@ -497,197 +447,8 @@ impl PgStore {
         WHERE e.tenant = picked.tenant AND e.key = picked.key";
 }
 
-/// The channel servers announce completions on; the payload is `tenant key` (tenants have no
-/// whitespace, keys are printable ASCII).
-const WAKE_CHANNEL: &str = "ledger_wake";
-
 #[async_trait::async_trait]
-impl super::Batches for PgStore {
-    async fn insert_many(&self, batch: &[(String, Entry)]) -> StoreResult<Vec<bool>> {
-        // Rows go in (tenant, key) order, so that two batches sharing keys lock them in the
-        // same order and cannot deadlock; the sort is stable, so the first entry of a key
-        // still wins.
-        let rows = in_key_order(batch, |e| &e.key);
-        let col = |f: fn(&Entry) -> String| rows.iter().map(|(_, e)| f(e)).collect::<Vec<_>>();
-        let int = |f: fn(&Entry) -> i64| rows.iter().map(|(_, e)| f(e)).collect::<Vec<_>>();
-        let opt = |f: fn(&Entry) -> Option<i64>| rows.iter().map(|(_, e)| f(e)).collect::<Vec<_>>();
-        let tenants: Vec<&str> = rows.iter().map(|(t, _)| t.as_str()).collect();
-        let keys = col(|e| e.key.clone());
-        let run_ids = col(|e| e.run_id.clone());
-        let tools = col(|e| e.tool.clone());
-        let fingerprints = col(|e| e.fingerprint.clone());
-        let statuses = col(|e| e.status.as_str().to_string());
-        let attempts = int(|e| i64::from(e.attempt));
-        let tokens = col(|e| e.claim_token.clone());
-        let results: Vec<Vec<u8>> = rows.iter().map(|(_, e)| e.result.clone()).collect();
-        let errors = col(|e| e.error.clone());
-        let retryables: Vec<bool> = rows.iter().map(|(_, e)| e.retryable).collect();
-        let principals = col(|e| e.principal.clone());
-        let started = int(|e| e.started_at.0);
-        let finished = opt(|e| e.finished_at.map(|m| m.0));
-        let leases = int(|e| e.lease_expires_at.0);
-        let retentions = int(|e| e.retention.0);
-        let expires = opt(|e| e.expires_at.map(|m| m.0));
-        let replays = int(|e| i64::try_from(e.replay_count).unwrap_or(i64::MAX));
-        let arguments: Vec<Option<String>> =
-            rows.iter().map(|(_, e)| e.arguments.clone()).collect();
-        let inserted: Vec<String> =
-            run_on!(self, StoreError::from_postgres, |conn| sqlx::query_scalar(
-                Self::INSERT_MANY
-            )
-            .bind(&tenants)
-            .bind(&keys)
-            .bind(&run_ids)
-            .bind(&tools)
-            .bind(&fingerprints)
-            .bind(&statuses)
-            .bind(&attempts)
-            .bind(&tokens)
-            .bind(&results)
-            .bind(&errors)
-            .bind(&retryables)
-            .bind(&principals)
-            .bind(&started)
-            .bind(&finished)
-            .bind(&leases)
-            .bind(&retentions)
-            .bind(&expires)
-            .bind(&replays)
-            .bind(&arguments)
-            .persistent(self.persistent())
-            .fetch_all(&mut *conn)
-            .await)?;
-        let inserted: std::collections::HashSet<String> = inserted.into_iter().collect();
-        Ok(batch
-            .iter()
-            .map(|(_, e)| inserted.contains(&e.claim_token))
-            .collect())
-    }
-
-    async fn finish_many(&self, batch: &[(String, Finish)]) -> StoreResult<Vec<Option<Finished>>> {
-        // In (tenant, key) order, as insert_many, so two batches cannot deadlock.
-        let cmds = in_key_order(batch, |c| &c.key);
-        let col = |f: fn(&Finish) -> String| cmds.iter().map(|(_, c)| f(c)).collect::<Vec<_>>();
-        let tenants: Vec<&str> = cmds.iter().map(|(t, _)| t.as_str()).collect();
-        let keys = col(|c| c.key.clone());
-        let tokens = col(|c| c.claim_token.clone());
-        let statuses = col(|c| c.completion.status.status().as_str().to_string());
-        let results: Vec<Vec<u8>> = cmds
-            .iter()
-            .map(|(_, c)| c.completion.result.clone())
-            .collect();
-        let errors = col(|c| c.completion.error.clone());
-        let retryables: Vec<bool> = cmds.iter().map(|(_, c)| c.completion.retryable).collect();
-        let nows: Vec<i64> = cmds.iter().map(|(_, c)| c.now.0).collect();
-        let also_unknown: Vec<bool> = cmds.iter().map(|(_, c)| c.also_unknown).collect();
-        let rows: Vec<FinishedRow> =
-            run_on!(self, StoreError::from_postgres, |conn| sqlx::query_as(
-                Self::FINISH_MANY
-            )
-            .bind(&tenants)
-            .bind(&keys)
-            .bind(&tokens)
-            .bind(&statuses)
-            .bind(&results)
-            .bind(&errors)
-            .bind(&retryables)
-            .bind(&nows)
-            .bind(&also_unknown)
-            .persistent(self.persistent())
-            .fetch_all(&mut *conn)
-            .await)?;
-        // Tokens are unique, so they tell which command each written row answers.
-        let mut written: std::collections::HashMap<String, Finished> = rows
-            .into_iter()
-            .map(|r| Finished::try_from(r).map(|f| (f.entry.claim_token.clone(), f)))
-            .collect::<StoreResult<_>>()?;
-        Ok(batch
-            .iter()
-            .map(|(_, c)| written.remove(&c.claim_token))
-            .collect())
-    }
-}
-
-#[async_trait::async_trait]
-impl super::Announcements for PgStore {
-    fn shared(&self) -> bool {
-        true
-    }
-
-    async fn announce(&self, tenant: &str, key: &str) -> StoreResult<()> {
-        let payload = format!("{tenant} {key}");
-        run_on!(self, StoreError::from_postgres, |conn| sqlx::query(
-            "SELECT pg_notify($1, $2)"
-        )
-        .bind(WAKE_CHANNEL)
-        .bind(&payload)
-        .persistent(self.persistent())
-        .execute(&mut *conn)
-        .await)?;
-        Ok(())
-    }
-
-    fn subscribe(&self) -> Option<tokio::sync::mpsc::Receiver<(String, String)>> {
-        let (tx, rx) = tokio::sync::mpsc::channel(1024);
-        let pool = self.listen_pool.clone();
-        tokio::spawn(async move {
-            // One dedicated connection LISTENs; sqlx reconnects it after a failure, and the
-            // waiters' own slow poll covers whatever was announced while it was down. It ends
-            // when nobody holds the receiver any more (the server stopped its relay), also
-            // while it waits for a notification or a reconnection.
-            let closed = tx.clone();
-            tokio::select! {
-                () = relay_announcements(pool, tx) => {}
-                () = closed.closed() => tracing::debug!("announcements unsubscribed; LISTEN ends"),
-            }
-        });
-        Some(rx)
-    }
-}
-
-/// Forwards the notifications of [`WAKE_CHANNEL`] to `tx`, reconnecting as needed, until `tx`
-/// has no receiver.
-async fn relay_announcements(pool: sqlx::PgPool, tx: tokio::sync::mpsc::Sender<(String, String)>) {
-    loop {
-        let mut listener = match sqlx::postgres::PgListener::connect_with(&pool).await {
-            Ok(l) => l,
-            Err(e) => {
-                tracing::debug!(error = %e, "cannot LISTEN yet; retrying");
-                tokio::time::sleep(std::time::Duration::from_secs(1)).await;
-                continue;
-            }
-        };
-        if let Err(e) = listener.listen(WAKE_CHANNEL).await {
-            tracing::debug!(error = %e, "LISTEN failed; retrying");
-            tokio::time::sleep(std::time::Duration::from_secs(1)).await;
-            continue;
-        }
-        loop {
-            match listener.recv().await {
-                Ok(n) => {
-                    tracing::debug!(payload = n.payload(), "announcement received");
-                    let Some((tenant, key)) = n.payload().split_once(' ') else {
-                        continue;
-                    };
-                    if tx
-                        .send((tenant.to_string(), key.to_string()))
-                        .await
-                        .is_err()
-                    {
-                        return; // nobody consumes announcements any more
-                    }
-                }
-                Err(e) => {
-                    tracing::debug!(error = %e, "LISTEN connection lost; reconnecting");
-                    tokio::time::sleep(std::time::Duration::from_millis(200)).await;
-                    break;
-                }
-            }
-        }
-    }
-}
-
-impl_store!(PgStore, StoreError::from_postgres, operations: {
+impl super::Operations for PgStore {
     fn backend(&self) -> &'static str {
         "postgres"
     }
@@ -731,12 +492,8 @@ impl_store!(PgStore, StoreError::from_postgres, operations: {
     async fn ping(&self) -> StoreResult<()> {
         // A standby answers reads, so a plain `SELECT 1` would call it healthy; the ledger's
         // every call may write.
-        let in_recovery: bool = run_on!(self, StoreError::from_postgres, |conn| {
-            sqlx::query_scalar(Self::IN_RECOVERY)
-                .persistent(self.persistent())
-                .fetch_one(&mut *conn)
-                .await
-        })?;
+        let rows: Vec<(bool,)> = self.fetch_all(Self::IN_RECOVERY, &[], On::Pool).await?;
+        let in_recovery = rows.first().is_some_and(|(in_recovery,)| *in_recovery);
         if in_recovery {
             // This connection, and the others opened the same way, lead to a standby.
             self.marks.discard_connections_open_now();
@@ -749,13 +506,11 @@ impl_store!(PgStore, StoreError::from_postgres, operations: {
     }
 
     async fn database_now(&self) -> StoreResult<Option<Micros>> {
-        let now: i64 = run_on!(self, StoreError::from_postgres, |conn| {
-            sqlx::query_scalar(Self::DATABASE_NOW)
-                .persistent(self.persistent())
-                .fetch_one(&mut *conn)
-                .await
-        })?;
-        Ok(Some(Micros(now)))
+        let rows: Vec<(i64,)> = self.fetch_all(Self::DATABASE_NOW, &[], On::Pool).await?;
+        match at_most_one(rows, "DATABASE_NOW")? {
+            Some((now,)) => Ok(Some(Micros(now))),
+            None => Err(StoreError::Internal("DATABASE_NOW returned no row".into())),
+        }
     }
 
     async fn unreachable_cause(&self) -> Option<String> {
@@ -772,12 +527,141 @@ impl_store!(PgStore, StoreError::from_postgres, operations: {
     fn location(&self) -> String {
         self.describe()
     }
-});
+}
 
-/// The rows of `batch` sorted by (tenant, key), stably: the order in which a multi-row
-/// statement takes their row locks, the same for every batch.
-fn in_key_order<T>(batch: &[(String, T)], key: fn(&T) -> &String) -> Vec<&(String, T)> {
-    let mut rows: Vec<&(String, T)> = batch.iter().collect();
-    rows.sort_by(|a, b| (&a.0, key(&a.1)).cmp(&(&b.0, key(&b.1))));
-    rows
+impl Calls for PgStore {
+    type DB = sqlx::Postgres;
+
+    fn classify(err: sqlx::Error) -> StoreError {
+        StoreError::from_postgres(err)
+    }
+
+    fn marks(&self) -> &StoreMarks {
+        &self.marks
+    }
+
+    fn pool(&self) -> &held::Connections<sqlx::Postgres> {
+        &self.pool
+    }
+
+    /// Starts what one store call runs in: behind a transaction pooler, a transaction, so
+    /// that sqlx's Parse and its Bind (two round trips) reach the same server connection.
+    async fn open_call(&self, conn: &mut sqlx::PgConnection) -> Result<(), sqlx::Error> {
+        if self.pooled {
+            sqlx::raw_sql(sqlx::AssertSqlSafe(self.begin.clone()))
+                .execute(conn)
+                .await?;
+        }
+        Ok(())
+    }
+
+    /// Ends what [`Calls::open_call`] started: commits after `ok`, else rolls back (so the
+    /// pooler gets its server connection back clean). The commit's result is the call's.
+    async fn close_call(&self, conn: &mut sqlx::PgConnection, ok: bool) -> Result<(), sqlx::Error> {
+        if self.pooled {
+            let end = if ok { "COMMIT" } else { "ROLLBACK" };
+            sqlx::raw_sql(end).execute(conn).await?;
+        }
+        Ok(())
+    }
+}
+
+impl PgStore {
+    /// This store with its claims and completions group-committed by `writers` writers of
+    /// each kind ([`GroupCommit`]), over a clone of it that writes them straight.
+    #[must_use]
+    pub fn with_group_commit(mut self, writers: usize) -> PgStore {
+        let direct = std::sync::Arc::new(self.clone());
+        self.batcher = Some(std::sync::Arc::new(GroupCommit::new(direct, writers)));
+        self
+    }
+
+    /// The counts of the batches written so far (none without a batcher).
+    pub fn batch_stats(&self) -> std::sync::Arc<crate::storage::batch::Stats> {
+        self.batcher
+            .as_ref()
+            .map_or_else(std::sync::Arc::default, |b| b.stats_handle())
+    }
+}
+
+impl Dialect for PgStore {
+    fn group_commit(&self) -> Option<&GroupCommit> {
+        self.batcher.as_deref()
+    }
+
+    const REPLAY: &str = PgStore::REPLAY;
+    const TAKE_UNRESOLVED: &str = PgStore::TAKE_UNRESOLVED;
+    const PRUNE: &str = PgStore::PRUNE;
+
+    /// One pool for every statement, replays included; statements stay prepared unless a
+    /// transaction pooler sits in between.
+    async fn execute(
+        &self,
+        statement: &'static str,
+        params: &[Param<'_>],
+        _on: On,
+    ) -> StoreResult<u64> {
+        let done = run_on(self, &self.pool, move |mut conn| async move {
+            let result: Result<_, sqlx::Error> = async {
+                let args = sql::arguments::<sqlx::Postgres>(params.iter().copied())?;
+                sqlx::query_with(statement, args)
+                    .persistent(self.persistent())
+                    .execute(&mut *conn)
+                    .await
+            }
+            .await;
+            (conn, result)
+        })
+        .await?;
+        Ok(done.rows_affected())
+    }
+
+    async fn fetch_all<R: Row>(
+        &self,
+        statement: &'static str,
+        params: &[Param<'_>],
+        _on: On,
+    ) -> StoreResult<Vec<R>> {
+        run_on(self, &self.pool, move |mut conn| async move {
+            let result: Result<_, sqlx::Error> = async {
+                let args = sql::arguments::<sqlx::Postgres>(params.iter().copied())?;
+                sqlx::query_as_with(statement, args)
+                    .persistent(self.persistent())
+                    .fetch_all(&mut *conn)
+                    .await
+            }
+            .await;
+            (conn, result)
+        })
+        .await
+    }
+
+    /// Adds replay counts in one statement ([`PgStore::ADD_REPLAYS_MANY`]).
+    async fn write_replay_counts(&self, counts: &[ReplayCount]) -> StoreResult<()> {
+        let tenants: Vec<&str> = counts.iter().map(|c| c.tenant.as_str()).collect();
+        let keys: Vec<&str> = counts.iter().map(|c| c.key.as_str()).collect();
+        let tokens: Vec<&str> = counts.iter().map(|c| c.claim_token.as_str()).collect();
+        let ns: Vec<i64> = counts
+            .iter()
+            .map(|c| i64::try_from(c.count).unwrap_or(i64::MAX))
+            .collect();
+        // Borrowed by each try of the statement.
+        let (tenants, keys, tokens, ns) = (&tenants, &keys, &tokens, &ns);
+        run_on(self, &self.pool, move |mut conn| async move {
+            let result: Result<_, sqlx::Error> = async {
+                sqlx::query(Self::ADD_REPLAYS_MANY)
+                    .bind(tenants)
+                    .bind(keys)
+                    .bind(tokens)
+                    .bind(ns)
+                    .persistent(self.persistent())
+                    .execute(&mut *conn)
+                    .await
+            }
+            .await;
+            (conn, result)
+        })
+        .await?;
+        Ok(())
+    }
 }

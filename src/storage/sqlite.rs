@@ -13,11 +13,14 @@ use std::str::FromStr;
 use sqlx::Connection as _;
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteSynchronous};
 
-use super::run_on;
-use super::sql::{self, bind_entry, bind_finish, entry_columns, impl_store, unresolved_where};
+use const_format::concatcp;
+
+use super::batch::GroupCommit;
+use super::dialect::{Calls, Dialect, On, Row, at_most_one, run_on};
+use super::sql::{self, Param};
 use super::{
-    EntryRow, Finish, Finished, FinishedRow, ListQuery, PoolOptions, StoreError, StoreMarks,
-    StoreResult, UnresolvedQuery,
+    Finish, Finished, FinishedRow, PoolOptions, ReplayCount, StoreError, StoreMarks, StoreResult,
+    held,
 };
 use crate::domain::{Entry, Micros};
 
@@ -26,13 +29,16 @@ use crate::domain::{Entry, Micros};
 pub struct SqliteStore {
     /// Several connections so reads do not queue behind writes; writers serialize on
     /// SQLite's lock, waiting up to the busy timeout.
-    pool: super::held::Connections<sqlx::Sqlite>,
+    pool: held::Connections<sqlx::Sqlite>,
     /// The one connection replays are counted on, with `synchronous = NORMAL` (see
     /// [`SqliteStore::open`]). One is enough: SQLite writes one at a time, and replays then
     /// queue here rather than in each other's busy handlers.
-    replays: super::held::Connections<sqlx::Sqlite>,
+    replays: held::Connections<sqlx::Sqlite>,
     /// Whether the disk was last found full.
     marks: std::sync::Arc<StoreMarks>,
+    /// Where claims and completions go: a batcher over a clone of this store without one
+    /// ([`SqliteStore::with_group_commit`]), or straight to the database.
+    batcher: Option<std::sync::Arc<GroupCommit>>,
 }
 
 impl SqliteStore {
@@ -69,54 +75,46 @@ impl SqliteStore {
             .acquire_timeout(options.acquire_timeout)
             .connect_lazy_with(connect.synchronous(SqliteSynchronous::Normal));
         Ok(SqliteStore {
-            pool: super::held::Connections::new(pool),
-            replays: super::held::Connections::new(replays),
+            pool: held::Connections::new(pool),
+            replays: held::Connections::new(replays),
             marks: std::sync::Arc::default(),
+            batcher: None,
         })
     }
 }
 
 impl SqliteStore {
-    /// Adds replay counts in one transaction on the connection that does not sync its commits
-    /// (the replay pool): counts only, like a replay's own.
-    async fn write_replay_counts(&self, counts: &[super::ReplayCount]) -> StoreResult<()> {
-        run_on!(self, StoreError::from_sqlite, pool: self.replays, |conn| async {
-            let mut tx = conn.begin_with("BEGIN IMMEDIATE").await?;
-            for c in counts {
-                sqlx::query(sql::ADD_REPLAYS)
-                    .bind(&c.tenant)
-                    .bind(&c.key)
-                    .bind(&c.claim_token)
-                    .bind(i64::try_from(c.count).unwrap_or(i64::MAX))
-                    .execute(&mut *tx)
-                    .await?;
-            }
-            tx.commit().await
+    /// The connections `on` names: replays are counted on the one that does not sync (see
+    /// [`SqliteStore::open`]).
+    fn connections(&self, on: On) -> &held::Connections<sqlx::Sqlite> {
+        match on {
+            On::Pool => &self.pool,
+            On::Replays => &self.replays,
         }
-        .await)
+    }
+}
+
+impl Calls for SqliteStore {
+    type DB = sqlx::Sqlite;
+
+    fn classify(err: sqlx::Error) -> StoreError {
+        StoreError::from_sqlite(err)
     }
 
-    /// [`sql::REPLAY`], as it is.
-    const REPLAY: &str = sql::REPLAY;
-
-    /// Where replays are counted: the connection that does not sync (see [`SqliteStore::open`]).
-    fn replay_pool(&self) -> &super::held::Connections<sqlx::Sqlite> {
-        &self.replays
+    fn marks(&self) -> &StoreMarks {
+        &self.marks
     }
 
-    /// Every statement may stay prepared: the connections are the server's own.
-    fn persistent(&self) -> bool {
-        true
+    fn pool(&self) -> &held::Connections<sqlx::Sqlite> {
+        &self.pool
     }
 
     /// Each call is one autocommit statement (or a transaction of its own): nothing to open.
-    #[allow(clippy::unused_async)]
     async fn open_call(&self, _conn: &mut sqlx::SqliteConnection) -> Result<(), sqlx::Error> {
         Ok(())
     }
 
     /// Nothing to close: see [`SqliteStore::open_call`].
-    #[allow(clippy::unused_async)]
     async fn close_call(
         &self,
         _conn: &mut sqlx::SqliteConnection,
@@ -124,60 +122,168 @@ impl SqliteStore {
     ) -> Result<(), sqlx::Error> {
         Ok(())
     }
+}
 
-    /// Hands out unresolved entries, holding each until `$6`. SQLite runs one writer at a
-    /// time and evaluates the `IN` subquery once, so the statement needs no row locks.
-    const TAKE_UNRESOLVED: &str = concat!(
+impl SqliteStore {
+    /// This store with its claims and completions group-committed by `writers` writers of
+    /// each kind ([`GroupCommit`]), over a clone of it that writes them straight.
+    #[must_use]
+    pub fn with_group_commit(mut self, writers: usize) -> SqliteStore {
+        let direct = std::sync::Arc::new(self.clone());
+        self.batcher = Some(std::sync::Arc::new(GroupCommit::new(direct, writers)));
+        self
+    }
+
+    /// The counts of the batches written so far (none without a batcher).
+    pub fn batch_stats(&self) -> std::sync::Arc<crate::storage::batch::Stats> {
+        self.batcher
+            .as_ref()
+            .map_or_else(std::sync::Arc::default, |b| b.stats_handle())
+    }
+}
+
+impl Dialect for SqliteStore {
+    fn group_commit(&self) -> Option<&GroupCommit> {
+        self.batcher.as_deref()
+    }
+
+    /// [`sql::REPLAY`], as it is, on the connection that does not sync.
+    const REPLAY: &str = sql::REPLAY;
+
+    /// SQLite runs one writer at a time and evaluates the `IN` subquery once, so the statement
+    /// needs no row locks.
+    const TAKE_UNRESOLVED: &str = concatcp!(
         "UPDATE ledger_entries SET reconcile_until = $6 WHERE (tenant, key) IN (",
         "SELECT tenant, key FROM ledger_entries WHERE ",
-        unresolved_where!(),
+        sql::UNRESOLVED_WHERE,
         " ORDER BY started_at, key LIMIT $5) RETURNING ",
-        entry_columns!()
+        sql::ENTRY_COLUMNS
     );
 
-    /// Deletes up to `$2` finished entries past their expiry at `$1`.
     const PRUNE: &str = "DELETE FROM ledger_entries WHERE (tenant, key) IN (\
         SELECT tenant, key FROM ledger_entries WHERE expires_at <= $1 LIMIT $2)";
+
+    /// Every statement stays prepared: the connections are the server's own.
+    async fn execute(
+        &self,
+        statement: &'static str,
+        params: &[Param<'_>],
+        on: On,
+    ) -> StoreResult<u64> {
+        let done = run_on(self, self.connections(on), move |mut conn| async move {
+            let result: Result<_, sqlx::Error> = async {
+                let args = sql::arguments::<sqlx::Sqlite>(params.iter().copied())?;
+                sqlx::query_with(statement, args).execute(&mut *conn).await
+            }
+            .await;
+            (conn, result)
+        })
+        .await?;
+        Ok(done.rows_affected())
+    }
+
+    async fn fetch_all<R: Row>(
+        &self,
+        statement: &'static str,
+        params: &[Param<'_>],
+        on: On,
+    ) -> StoreResult<Vec<R>> {
+        run_on(self, self.connections(on), move |mut conn| async move {
+            let result: Result<_, sqlx::Error> = async {
+                let args = sql::arguments::<sqlx::Sqlite>(params.iter().copied())?;
+                sqlx::query_as_with(statement, args)
+                    .fetch_all(&mut *conn)
+                    .await
+            }
+            .await;
+            (conn, result)
+        })
+        .await
+    }
+
+    /// Adds replay counts in one transaction on the connection that does not sync its commits
+    /// (the replay pool): counts only, like a replay's own.
+    async fn write_replay_counts(&self, counts: &[ReplayCount]) -> StoreResult<()> {
+        run_on(self, &self.replays, move |mut conn| async move {
+            let result: Result<_, sqlx::Error> = async {
+                let mut tx = conn.begin_with("BEGIN IMMEDIATE").await?;
+                for c in counts {
+                    let params = [
+                        Param::Text(&c.tenant),
+                        Param::Text(&c.key),
+                        Param::Text(&c.claim_token),
+                        Param::Int(i64::try_from(c.count).unwrap_or(i64::MAX)),
+                    ];
+                    let args = sql::arguments::<sqlx::Sqlite>(params)?;
+                    sqlx::query_with(sql::ADD_REPLAYS, args)
+                        .execute(&mut *tx)
+                        .await?;
+                }
+                tx.commit().await
+            }
+            .await;
+            (conn, result)
+        })
+        .await
+    }
 }
 
 #[async_trait::async_trait]
 impl super::Batches for SqliteStore {
+    async fn insert_one(&self, tenant: &str, entry: &Entry) -> StoreResult<bool> {
+        super::dialect::insert_one(self, tenant, entry).await
+    }
+
+    async fn finish_one(&self, tenant: &str, cmd: &Finish) -> StoreResult<Option<Finished>> {
+        super::dialect::finish_one(self, tenant, cmd).await
+    }
+
     async fn insert_many(&self, batch: &[(String, Entry)]) -> StoreResult<Vec<bool>> {
         // One transaction, so one commit (one fsync) for the batch; IMMEDIATE takes the write
         // lock up front, so the transaction never has to upgrade a read lock. The answers
         // count only once the commit succeeded.
-        run_on!(self, StoreError::from_sqlite, |conn| async {
-            let mut tx = conn.begin_with("BEGIN IMMEDIATE").await?;
-            let mut inserted = Vec::with_capacity(batch.len());
-            for (tenant, entry) in batch {
-                let done = bind_entry!(sqlx::query(sql::INSERT), tenant, entry)
-                    .execute(&mut *tx)
-                    .await?;
-                inserted.push(done.rows_affected() == 1);
+        run_on(self, &self.pool, move |mut conn| async move {
+            let result: Result<_, sqlx::Error> = async {
+                let mut tx = conn.begin_with("BEGIN IMMEDIATE").await?;
+                let mut inserted = Vec::with_capacity(batch.len());
+                for (tenant, entry) in batch {
+                    let args = sql::arguments::<sqlx::Sqlite>(sql::entry_params(tenant, entry))?;
+                    let done = sqlx::query_with(sql::INSERT, args)
+                        .execute(&mut *tx)
+                        .await?;
+                    inserted.push(done.rows_affected() == 1);
+                }
+                tx.commit().await?;
+                Ok(inserted)
             }
-            tx.commit().await?;
-            Ok(inserted)
-        }
-        .await)
+            .await;
+            (conn, result)
+        })
+        .await
     }
 
     async fn finish_many(&self, batch: &[(String, Finish)]) -> StoreResult<Vec<Option<Finished>>> {
-        let rows = run_on!(self, StoreError::from_sqlite, |conn| async {
-            let mut tx = conn.begin_with("BEGIN IMMEDIATE").await?;
-            let mut rows = Vec::with_capacity(batch.len());
-            for (tenant, cmd) in batch {
-                let row: Vec<FinishedRow> = bind_finish!(sqlx::query_as(sql::FINISH), tenant, cmd)
-                    .fetch_all(&mut *tx)
-                    .await?;
-                rows.push(row);
+        let rows = run_on(self, &self.pool, move |mut conn| async move {
+            let result: Result<_, sqlx::Error> = async {
+                let mut tx = conn.begin_with("BEGIN IMMEDIATE").await?;
+                let mut rows = Vec::with_capacity(batch.len());
+                for (tenant, cmd) in batch {
+                    let args = sql::arguments::<sqlx::Sqlite>(sql::finish_params(tenant, cmd))?;
+                    let row: Vec<FinishedRow> = sqlx::query_as_with(sql::FINISH, args)
+                        .fetch_all(&mut *tx)
+                        .await?;
+                    rows.push(row);
+                }
+                tx.commit().await?;
+                Ok(rows)
             }
-            tx.commit().await?;
-            Ok(rows)
-        }
-        .await)?;
+            .await;
+            (conn, result)
+        })
+        .await?;
         rows.into_iter()
             .map(|row| {
-                super::at_most_one(row, "FINISH")?
+                at_most_one(row, "FINISH")?
                     .map(Finished::try_from)
                     .transpose()
             })
@@ -186,9 +292,23 @@ impl super::Batches for SqliteStore {
 }
 
 /// One server process uses the file: nothing to announce.
-impl super::Announcements for SqliteStore {}
+#[async_trait::async_trait]
+impl super::Announcements for SqliteStore {
+    fn shared(&self) -> bool {
+        false
+    }
 
-impl_store!(SqliteStore, StoreError::from_sqlite, operations: {
+    async fn announce(&self, _tenant: &str, _key: &str) -> StoreResult<()> {
+        Ok(())
+    }
+
+    fn subscribe(&self) -> Option<tokio::sync::mpsc::Receiver<(String, String)>> {
+        None
+    }
+}
+
+#[async_trait::async_trait]
+impl super::Operations for SqliteStore {
     fn backend(&self) -> &'static str {
         "sqlite"
     }
@@ -204,14 +324,23 @@ impl_store!(SqliteStore, StoreError::from_sqlite, operations: {
     }
 
     async fn ping(&self) -> StoreResult<()> {
-        run_on!(self, StoreError::from_sqlite, |conn| sqlx::query(
-            "SELECT 1"
-        )
-        .execute(&mut *conn)
-        .await)
-        .map(|_| ())
+        self.execute("SELECT 1", &[], On::Pool).await.map(|_| ())
     }
-});
+
+    /// One server uses the file: its own clock is the arbiter.
+    async fn database_now(&self) -> StoreResult<Option<Micros>> {
+        Ok(None)
+    }
+
+    /// A file has no unreachable cause beyond its error.
+    async fn unreachable_cause(&self) -> Option<String> {
+        None
+    }
+
+    fn location(&self) -> String {
+        String::new()
+    }
+}
 
 #[cfg(test)]
 mod tests {
@@ -235,9 +364,9 @@ mod tests {
         // 2 is FULL: every claim and completion syncs the WAL before it answers.
         assert_eq!(synchronous(store.pool.pool()).await, 2);
         // 1 is NORMAL: a replay's count is written to the WAL, not synced.
-        assert_eq!(synchronous(store.replay_pool().pool()).await, 1);
+        assert_eq!(synchronous(store.replays.pool()).await, 1);
         let journal: String = sqlx::query_scalar("PRAGMA journal_mode")
-            .fetch_one(store.replay_pool().pool())
+            .fetch_one(store.replays.pool())
             .await
             .expect("PRAGMA journal_mode");
         // NORMAL keeps the file consistent through a power cut only in WAL mode.

@@ -193,12 +193,11 @@ async fn simultaneous_claims_through_one_server_are_batched_and_one_key_has_one_
 /// a single writer, so that they share batches: the key has one winner, every other key its
 /// own claim, and then every completion of them lands.
 async fn one_batcher_many_claimants(backend: Backend) {
-    use idempotency_ledger::storage::batch::GroupCommit;
     use std::sync::atomic::Ordering;
 
     let db = TestDb::new(backend);
-    let batched = Arc::new(GroupCommit::new(db.backend(4).await, 1));
-    let ledger = Ledger::new(batched.clone(), Arc::new(SystemClock), Limits::default());
+    let (batched, stats) = db.batched(4, 1).await;
+    let ledger = Ledger::new(batched, Arc::new(SystemClock), Limits::default());
     let barrier = Arc::new(Barrier::new(2 * CLAIMANTS));
     let mut tasks = Vec::new();
     for i in 0..2 * CLAIMANTS {
@@ -267,7 +266,6 @@ async fn one_batcher_many_claimants(backend: Backend) {
             "its own result"
         );
     }
-    let stats = batched.stats();
     let (batches, requests, largest) = (
         stats.batches.load(Ordering::Relaxed),
         stats.requests.load(Ordering::Relaxed),
@@ -297,7 +295,6 @@ async fn a_failing_batch_fails_every_request_in_it_and_writes_none_on_sqlite() {
 /// as a whole, so every request of that batch gets the error and none of their rows exists.
 async fn a_failing_batch_writes_nothing(backend: Backend) {
     use idempotency_ledger::domain::{Entry, Micros, Status};
-    use idempotency_ledger::storage::Entries as _;
 
     let db = TestDb::new(backend);
     let inner = db.backend(4).await;

@@ -167,6 +167,8 @@ fn the_sql_check_sees_every_way_to_run_text_built_at_run_time() {
         let b = sqlx::query_with(text, args);
         let c = sqlx::query_as_with::<_, Row, _>(&sql, args);
         let d = sqlx::query_scalar_with(sql.as_str(), args);
+        let h = sqlx::query_with_result(&text, args);
+        let i = sqlx::query_as_with_result(sql, args);
         conn.execute(statement).await?;
         (&pool).fetch_one(sql).await?;
         conn.fetch_optional(AssertSqlSafe(sql)).await?;
@@ -184,6 +186,8 @@ fn the_sql_check_sees_every_way_to_run_text_built_at_run_time() {
         "query_with(text",
         "query_as_with::<_, Row, _>(&sql",
         "query_scalar_with(sql.as_str()",
+        "query_with_result(&text",
+        "query_as_with_result(sql",
         ".execute(statement",
         ".fetch_one(sql",
         "AssertSqlSafe",
@@ -212,11 +216,14 @@ fn the_sql_check_sees_every_way_to_run_text_built_at_run_time() {
         bind_entry!(sqlx::query(sql::INSERT), tenant, entry)
             .execute(&mut *tx)
             .await?;
+        sqlx::query_with_result(sql::INSERT, sql::arguments::<DB>(params))
+            .execute(&mut *tx)
+            .await?;
         tenancy.describe();
     "#;
     let (calls, found) = sql_text_violations("example.rs", constant);
     assert!(found.is_empty(), "{found:#?}");
-    assert_eq!(calls, 5, "every call to a sqlx function is counted");
+    assert_eq!(calls, 6, "every call to a sqlx function is counted");
 }
 
 /// Calls whose argument is SQL text built at run time and which `sql_text_violations` lets
@@ -224,18 +231,40 @@ fn the_sql_check_sees_every_way_to_run_text_built_at_run_time() {
 const REVIEWED: &[(&str, &str, &str)] = &[
     (
         "storage/postgres.rs",
-        r#"Box::leak(format!("BEGIN; SET LOCAL statement_timeout = {timeout_ms}").into_boxed_str())"#,
-        "an integer (the statement timeout's milliseconds), built once at start-up",
+        "sqlx::raw_sql(sqlx::AssertSqlSafe(self.begin.clone()))",
+        "the BEGIN built once in PgStore::connect from an integer (the statement timeout's \
+         milliseconds), or the literal \"BEGIN\"",
     ),
     (
         "storage/postgres.rs",
-        "sqlx::raw_sql(self.begin)",
-        "the BEGIN above, or the literal \"BEGIN\"",
+        "AssertSqlSafe(self.begin.clone())",
+        "as the line above",
     ),
     (
         "storage/postgres.rs",
         "sqlx::raw_sql(end)",
         "the literal \"COMMIT\" or \"ROLLBACK\"",
+    ),
+    (
+        "storage/postgres.rs",
+        "sqlx::query_with(statement, args)",
+        "the statement of the store's own `execute`, whose every call this test checks as it \
+         checks sqlx's (a method of that name)",
+    ),
+    (
+        "storage/postgres.rs",
+        "sqlx::query_as_with(statement, args)",
+        "the statement of the store's own `fetch_all`, checked at its calls as above",
+    ),
+    (
+        "storage/sqlite.rs",
+        "sqlx::query_with(statement, args)",
+        "the statement of the store's own `execute`, checked at its calls as above",
+    ),
+    (
+        "storage/sqlite.rs",
+        "sqlx::query_as_with(statement, args)",
+        "the statement of the store's own `fetch_all`, checked at its calls as above",
     ),
 ];
 
@@ -247,6 +276,9 @@ const SQL_FUNCTIONS: &[&str] = &[
     "query_with",
     "query_as_with",
     "query_scalar_with",
+    "query_with_result",
+    "query_as_with_result",
+    "query_scalar_with_result",
     "raw_sql",
 ];
 

@@ -123,6 +123,21 @@ impl TestDb {
         store
     }
 
+    /// A new, migrated store over this database whose group commit has `writers` writers of
+    /// each kind, and the counts of its batches.
+    pub async fn batched(
+        &self,
+        max_connections: u32,
+        writers: usize,
+    ) -> (Arc<dyn Store>, Arc<storage::batch::Stats>) {
+        let (store, stats) =
+            storage::open_with_writers(&self.url, &self.pool_options(max_connections), writers)
+                .await
+                .expect("open store");
+        store.migrate().await.expect("migrate");
+        (store, stats)
+    }
+
     /// A new, migrated backend over this database, without group commit: for tests of the
     /// backends' own statements (the multi-row ones included) and of the batcher.
     pub async fn backend(&self, max_connections: u32) -> Arc<dyn storage::Backend> {

@@ -1,0 +1,491 @@
+//! What the two SQL backends share, written once: the store's traits implemented over a
+//! [`Dialect`] (the few things a backend says its own way: its name, the statements it words
+//! differently, and how it runs one statement), and [`run_on`], where every statement and
+//! transaction of either backend runs.
+
+use async_trait::async_trait;
+use sqlx::pool::PoolConnection;
+
+use super::batch::GroupCommit;
+use super::sql::{self, Param};
+use super::{
+    Entries, EntryRow, Finish, Finished, FinishedRow, ListQuery, PoolStats, ReplayCount,
+    StoreError, StoreMarks, StoreResult, UnresolvedCount, UnresolvedQuery, Upkeep, held,
+};
+use crate::domain::{Entry, Micros};
+
+/// Which of a backend's connections a statement runs on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum On {
+    /// The pool every statement uses.
+    Pool,
+    /// Where replays are counted (SQLite: a connection that does not sync its commits).
+    Replays,
+}
+
+/// A row type both backends read.
+pub(crate) trait Row:
+    for<'r> sqlx::FromRow<'r, sqlx::postgres::PgRow>
+    + for<'r> sqlx::FromRow<'r, sqlx::sqlite::SqliteRow>
+    + Send
+    + Unpin
+    + 'static
+{
+}
+
+impl<T> Row for T where
+    T: for<'r> sqlx::FromRow<'r, sqlx::postgres::PgRow>
+        + for<'r> sqlx::FromRow<'r, sqlx::sqlite::SqliteRow>
+        + Send
+        + Unpin
+        + 'static
+{
+}
+
+/// What a SQL backend states once, and the store's traits are then implemented from: the
+/// statements it words its own way, and how it runs one statement.
+pub(crate) trait Dialect: Calls + 'static {
+    /// Counts a replay ([`sql::REPLAY`], or the backend's form of it).
+    const REPLAY: &'static str;
+    /// Hands out unresolved entries, holding each until `$6` (see the backends' own).
+    const TAKE_UNRESOLVED: &'static str;
+    /// Deletes up to `$2` finished entries past their expiry at `$1`.
+    const PRUNE: &'static str;
+
+    /// Runs `statement` with `params` on a connection of `on` through [`run_on`], read to the
+    /// end: how many rows it affected.
+    fn execute(
+        &self,
+        statement: &'static str,
+        params: &[Param<'_>],
+        on: On,
+    ) -> impl Future<Output = StoreResult<u64>> + Send;
+
+    /// Runs `statement` with `params` on a connection of `on` through [`run_on`]: every row it
+    /// returned (never only the first: see [`run_on`]).
+    fn fetch_all<R: Row>(
+        &self,
+        statement: &'static str,
+        params: &[Param<'_>],
+        on: On,
+    ) -> impl Future<Output = StoreResult<Vec<R>>> + Send;
+
+    /// The batcher the backend's claims and completions go through, if it has one.
+    fn group_commit(&self) -> Option<&GroupCommit>;
+
+    /// Adds replay counts, as the backend commits a count: without waiting for the disk.
+    fn write_replay_counts(
+        &self,
+        counts: &[ReplayCount],
+    ) -> impl Future<Output = StoreResult<()>> + Send;
+}
+
+/// How a backend's calls run on a connection, for [`run_on`].
+pub(crate) trait Calls: Send + Sync {
+    /// The database.
+    type DB: sqlx::Database;
+
+    /// Classifies the database's error.
+    fn classify(err: sqlx::Error) -> StoreError;
+
+    /// What the store's calls found out about its database.
+    fn marks(&self) -> &StoreMarks;
+
+    /// The pool every statement uses (but, on SQLite, replays).
+    fn pool(&self) -> &held::Connections<Self::DB>;
+
+    /// Starts what one store call runs in (behind a transaction pooler, a transaction).
+    fn open_call(
+        &self,
+        conn: &mut <Self::DB as sqlx::Database>::Connection,
+    ) -> impl Future<Output = Result<(), sqlx::Error>> + Send;
+
+    /// Ends what [`Calls::open_call`] started: commits after `ok`, else rolls back. The
+    /// commit's result is the call's.
+    fn close_call(
+        &self,
+        conn: &mut <Self::DB as sqlx::Database>::Connection,
+        ok: bool,
+    ) -> impl Future<Output = Result<(), sqlx::Error>> + Send;
+}
+
+/// How often a statement that met a deadlock or a serialization failure is tried again before
+/// the call answers [`StoreError::Contention`]. Each statement is atomic, so a failed try
+/// left nothing behind.
+const CONTENTION_RETRIES: u32 = 4;
+
+/// Runs `body` (one statement, or one transaction, on a connection taken from `pool` for it)
+/// and classifies its error as the store's backend does, trying again after contention.
+/// `body` takes the connection and gives it back with its result, rather than borrowing it:
+/// a future that borrows its argument cannot be shown `Send` for every lifetime, which the
+/// store's `async_trait` methods need.
+///
+/// This is where the storage module keeps its first rule: **an acknowledgement means
+/// committed.** `body` must read its statement to the end (`execute`, `fetch_all`: never
+/// `fetch_optional`, which stops SQLite after the first row and so never sees the error its
+/// autocommit COMMIT reports at the statement's end) and, for a transaction, end with the
+/// result of `commit()`. So an `Ok` here is a committed write, and a commit that failed is the
+/// write's error. What happens after an error is [`after_failure`]'s.
+///
+/// # Errors
+/// The classified error of the last try.
+pub(crate) async fn run_on<S, T, F, Fut>(
+    store: &S,
+    pool: &held::Connections<S::DB>,
+    body: F,
+) -> StoreResult<T>
+where
+    S: Calls,
+    F: Fn(PoolConnection<S::DB>) -> Fut,
+    Fut: Future<Output = (PoolConnection<S::DB>, Result<T, sqlx::Error>)> + Send,
+{
+    let mut tries = 0u32;
+    loop {
+        let held::Lent {
+            mut conn,
+            taken_at,
+            in_use,
+        } = pool
+            .acquire(store.marks())
+            .await
+            .map_err(|e| StoreError::from_acquire(e, S::classify))?;
+        let mut broken = false;
+        let result = match store.open_call(&mut *conn).await {
+            Ok(()) => {
+                let (back, result) = body(conn).await;
+                conn = back;
+                match (store.close_call(&mut *conn, result.is_ok()).await, result) {
+                    (Ok(()), result) => result,
+                    // The COMMIT failed: so did the call.
+                    (Err(e), Ok(_)) => Err(e),
+                    // The ROLLBACK after an error failed: the session is in an unknown state.
+                    (Err(_), Err(e)) => {
+                        broken = true;
+                        Err(e)
+                    }
+                }
+            }
+            Err(e) => Err(e),
+        };
+        match result {
+            Ok(done) => {
+                store.marks().call_succeeded();
+                pool.keep(held::Lent {
+                    conn,
+                    taken_at,
+                    in_use,
+                });
+                return Ok(done);
+            }
+            Err(e) => {
+                if broken || breaks_connection(&e) {
+                    conn.close_on_drop();
+                }
+                let error = S::classify(e);
+                // No longer this call's: a waiter that times out now is not kept out by it.
+                drop(in_use);
+                after_failure(error, conn, store.marks(), &mut tries).await?;
+            }
+        }
+    }
+}
+/// Whether `error` means the connection itself is gone or unusable (its socket failed, its TLS
+/// session broke, the server sent what the protocol does not allow, or it shut the session
+/// down): such a connection is closed, never lent again, so that after a failover no
+/// connection to the old primary lingers in the pool.
+pub(crate) fn breaks_connection(error: &sqlx::Error) -> bool {
+    match error {
+        sqlx::Error::Io(_) | sqlx::Error::Tls(_) | sqlx::Error::Protocol(_) => true,
+        // 57P01..57P03: the server is shutting down or cannot take the session.
+        sqlx::Error::Database(db) => db.code().is_some_and(|c| c.starts_with("57P")),
+        _ => false,
+    }
+}
+
+/// After a statement failed with `error` on `conn`: a connection whose error says its session
+/// may be broken (an I/O error, a full disk, a read-only server) is closed rather than
+/// returned to the pool; a full disk is noted in `marks`; a deadlock or serialization failure
+/// is tried again (`Ok`, after a short jittered pause), a bounded number of times, then
+/// answered [`StoreError::Contention`]. Each statement is atomic, so a failed try left nothing
+/// behind.
+///
+/// # Errors
+/// `error`, when it is not to be tried again.
+pub(crate) async fn after_failure<DB: sqlx::Database>(
+    error: StoreError,
+    mut conn: sqlx::pool::PoolConnection<DB>,
+    marks: &StoreMarks,
+    tries: &mut u32,
+) -> StoreResult<()> {
+    marks.call_failed();
+    if error.poisons_connection() {
+        conn.close_on_drop();
+    }
+    drop(conn);
+    match error {
+        StoreError::Full(detail) => {
+            marks.full(&detail);
+            Err(StoreError::Full(detail))
+        }
+        StoreError::ReadOnly(detail) => {
+            marks.discard_connections_open_now();
+            Err(StoreError::ReadOnly(detail))
+        }
+        StoreError::Contention(detail) if *tries < CONTENTION_RETRIES => {
+            *tries += 1;
+            tracing::debug!(error = %detail, tries = *tries, "write conflicted; trying again");
+            let jitter = crate::splitmix::jitter(2_000 << *tries);
+            tokio::time::sleep(std::time::Duration::from_micros(jitter)).await;
+            Ok(())
+        }
+        StoreError::Contention(detail) => Err(StoreError::Contention(format!(
+            "{detail} (after {tries} retries)"
+        ))),
+        other => Err(other),
+    }
+}
+
+/// The one row a write statement with `RETURNING` gave, if any, read to the end (see
+/// [`run_on`]); more than one row for one key is a bug.
+pub(crate) fn at_most_one<T>(mut rows: Vec<T>, what: &str) -> StoreResult<Option<T>> {
+    match rows.len() {
+        0 | 1 => Ok(rows.pop()),
+        n => Err(StoreError::Internal(format!(
+            "{what} returned {n} rows for one key"
+        ))),
+    }
+}
+
+/// The entries of a SQL backend: every statement [`sql`]'s (or the backend's own, through
+/// [`Dialect`]), run with [`Dialect::execute`] or [`Dialect::fetch_all`].
+#[async_trait]
+impl<D: Dialect> Entries for D {
+    async fn insert(&self, tenant: &str, entry: &Entry) -> StoreResult<bool> {
+        match self.group_commit() {
+            Some(batcher) => batcher.insert(tenant, entry).await,
+            None => insert_one(self, tenant, entry).await,
+        }
+    }
+
+    async fn get(&self, tenant: &str, key: &str) -> StoreResult<Option<Entry>> {
+        let params = [Param::Text(tenant), Param::Text(key)];
+        let rows: Vec<EntryRow> = self.fetch_all(sql::GET, &params, On::Pool).await?;
+        at_most_one(rows, "GET")?.map(Entry::try_from).transpose()
+    }
+
+    async fn restart(&self, tenant: &str, expected_token: &str, next: &Entry) -> StoreResult<bool> {
+        let mut params = sql::entry_params(tenant, next).to_vec();
+        params.push(Param::Text(expected_token));
+        let restarted = self.execute(sql::RESTART, &params, On::Pool).await?;
+        Ok(restarted == 1)
+    }
+
+    async fn finish(&self, tenant: &str, cmd: &Finish) -> StoreResult<Option<Finished>> {
+        match self.group_commit() {
+            Some(batcher) => batcher.finish(tenant, cmd).await,
+            None => finish_one(self, tenant, cmd).await,
+        }
+    }
+
+    async fn replay(
+        &self,
+        tenant: &str,
+        key: &str,
+        fingerprint: &str,
+        now: Micros,
+    ) -> StoreResult<Option<Entry>> {
+        let params = [
+            Param::Text(tenant),
+            Param::Text(key),
+            Param::Text(fingerprint),
+            Param::Int(now.0),
+        ];
+        // Its own statement and, on SQLite, its own connections: see sql::REPLAY.
+        let rows: Vec<EntryRow> = self.fetch_all(Self::REPLAY, &params, On::Replays).await?;
+        at_most_one(rows, "REPLAY")?
+            .map(Entry::try_from)
+            .transpose()
+    }
+
+    async fn renew(
+        &self,
+        tenant: &str,
+        key: &str,
+        token: &str,
+        lease_expires_at: Micros,
+        now: Micros,
+    ) -> StoreResult<Option<Entry>> {
+        let params = [
+            Param::Text(tenant),
+            Param::Text(key),
+            Param::Text(token),
+            Param::Int(lease_expires_at.0),
+            Param::Int(now.0),
+        ];
+        let rows: Vec<EntryRow> = self.fetch_all(sql::RENEW, &params, On::Pool).await?;
+        at_most_one(rows, "RENEW")?.map(Entry::try_from).transpose()
+    }
+
+    async fn resolve(&self, tenant: &str, done: &Entry, now: Micros) -> StoreResult<Option<bool>> {
+        let params = [
+            Param::Text(tenant),
+            Param::Text(&done.key),
+            Param::Text(done.status.as_str()),
+            Param::Bytes(&done.result),
+            Param::Text(&done.error),
+            Param::Flag(done.retryable),
+            Param::MaybeInt(done.finished_at.map(|m| m.0)),
+            Param::MaybeInt(done.expires_at.map(|m| m.0)),
+            Param::Int(now.0),
+            Param::Text(&done.resolved_by),
+        ];
+        let rows: Vec<(bool,)> = self.fetch_all(sql::RESOLVE, &params, On::Pool).await?;
+        Ok(at_most_one(rows, "RESOLVE")?.map(|(has_waiters,)| has_waiters))
+    }
+
+    async fn take_unresolved(
+        &self,
+        tenant: &str,
+        query: &UnresolvedQuery,
+    ) -> StoreResult<Vec<Entry>> {
+        let mut entries = Vec::with_capacity(query.keys.len());
+        if query.keys.is_empty() {
+            let params = [
+                Param::Text(tenant),
+                Param::Int(query.now.0),
+                Param::Int(query.started_before.0),
+                Param::Text(&query.tool),
+                Param::Int(i64::from(query.limit)),
+                Param::Int(query.hold_until.0),
+            ];
+            let rows: Vec<EntryRow> = self
+                .fetch_all(Self::TAKE_UNRESOLVED, &params, On::Pool)
+                .await?;
+            for row in rows {
+                entries.push(Entry::try_from(row)?);
+            }
+        } else {
+            // The named keys only, each its own primary-key update.
+            for key in &query.keys {
+                let params = [
+                    Param::Text(tenant),
+                    Param::Int(query.now.0),
+                    Param::Int(query.started_before.0),
+                    Param::Text(&query.tool),
+                    Param::Text(key),
+                    Param::Int(query.hold_until.0),
+                ];
+                let rows: Vec<EntryRow> = self.fetch_all(sql::TAKE_KEY, &params, On::Pool).await?;
+                if let Some(row) = at_most_one(rows, "TAKE_KEY")? {
+                    entries.push(Entry::try_from(row)?);
+                }
+            }
+        }
+        // RETURNING follows no ORDER BY: restore oldest first.
+        entries.sort_by(|a, b| (a.started_at, &a.key).cmp(&(b.started_at, &b.key)));
+        Ok(entries)
+    }
+
+    async fn prune(&self, now: Micros, limit: u32) -> StoreResult<u64> {
+        let params = [Param::Int(now.0), Param::Int(i64::from(limit))];
+        self.execute(Self::PRUNE, &params, On::Pool).await
+    }
+
+    async fn list(&self, tenant: &str, query: &ListQuery) -> StoreResult<Vec<Entry>> {
+        let (after_started, after_key) = query
+            .after
+            .as_ref()
+            .map_or((i64::MIN, ""), |(started, key)| (started.0, key.as_str()));
+        let params = [
+            Param::Text(tenant),
+            Param::Text(&query.run_id),
+            Param::Text(&query.tool),
+            Param::Text(query.status.map_or("", |s| s.as_str())),
+            Param::Int(query.started_from.0),
+            Param::Int(query.started_before.0),
+            Param::Int(after_started),
+            Param::Text(after_key),
+            Param::Int(i64::from(query.limit)),
+            Param::Int(query.now.0),
+        ];
+        // The run's own statement when there is a run, so its plan can use the run index.
+        let rows: Vec<EntryRow> = if query.run_id.is_empty() {
+            self.fetch_all(sql::LIST, &params, On::Pool).await?
+        } else {
+            self.fetch_all(sql::LIST_RUN, &params, On::Pool).await?
+        };
+        rows.into_iter().map(Entry::try_from).collect()
+    }
+
+    async fn mark_waiting(&self, tenant: &str, key: &str) -> StoreResult<()> {
+        let params = [Param::Text(tenant), Param::Text(key)];
+        self.execute(sql::MARK_WAITING, &params, On::Pool).await?;
+        Ok(())
+    }
+
+    async fn count_replays(&self, counts: &[ReplayCount]) -> StoreResult<()> {
+        if counts.is_empty() {
+            return Ok(());
+        }
+        self.write_replay_counts(counts).await
+    }
+}
+
+/// Claims a key in one statement of its own ([`sql::INSERT`]).
+///
+/// # Errors
+/// As the database fails.
+pub(crate) async fn insert_one<D: Dialect>(
+    store: &D,
+    tenant: &str,
+    entry: &Entry,
+) -> StoreResult<bool> {
+    let params = sql::entry_params(tenant, entry);
+    let inserted = store.execute(sql::INSERT, &params, On::Pool).await?;
+    Ok(inserted == 1)
+}
+
+/// Records an outcome in one statement of its own ([`sql::FINISH`]).
+///
+/// # Errors
+/// As the database fails.
+pub(crate) async fn finish_one<D: Dialect>(
+    store: &D,
+    tenant: &str,
+    cmd: &Finish,
+) -> StoreResult<Option<Finished>> {
+    let params = sql::finish_params(tenant, cmd);
+    let rows: Vec<FinishedRow> = store.fetch_all(sql::FINISH, &params, On::Pool).await?;
+    at_most_one(rows, "FINISH")?
+        .map(Finished::try_from)
+        .transpose()
+}
+
+/// The upkeep of a SQL backend: its marks, the write probe, the gauges.
+#[async_trait]
+impl<D: Dialect> Upkeep for D {
+    fn is_full(&self) -> bool {
+        self.marks().is_full()
+    }
+
+    async fn probe_write(&self) -> StoreResult<()> {
+        let filler = super::probe_filler();
+        self.execute(sql::PROBE_WRITE, &[Param::Bytes(&filler)], On::Pool)
+            .await?;
+        self.execute(sql::PROBE_DELETE, &[], On::Pool).await?;
+        self.marks().has_space();
+        Ok(())
+    }
+
+    async fn count_unresolved(&self, now: Micros) -> StoreResult<UnresolvedCount> {
+        let rows: Vec<UnresolvedCount> = self
+            .fetch_all(sql::COUNT_UNRESOLVED, &[Param::Int(now.0)], On::Pool)
+            .await?;
+        at_most_one(rows, "COUNT_UNRESOLVED")?
+            .ok_or_else(|| StoreError::Internal("COUNT_UNRESOLVED returned no row".into()))
+    }
+
+    fn pool_stats(&self) -> PoolStats {
+        self.pool().stats()
+    }
+}

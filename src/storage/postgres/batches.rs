@@ -1,0 +1,192 @@
+//! PostgreSQL's multi-row claims and completions, for the group commit: one statement per
+//! batch, its rows bound as one array per column.
+
+use super::PgStore;
+use crate::domain::Entry;
+use crate::storage::dialect::run_on;
+use crate::storage::{Finish, Finished, FinishedRow, StoreResult};
+
+#[async_trait::async_trait]
+impl crate::storage::Batches for PgStore {
+    async fn insert_one(&self, tenant: &str, entry: &Entry) -> StoreResult<bool> {
+        crate::storage::dialect::insert_one(self, tenant, entry).await
+    }
+
+    async fn finish_one(&self, tenant: &str, cmd: &Finish) -> StoreResult<Option<Finished>> {
+        crate::storage::dialect::finish_one(self, tenant, cmd).await
+    }
+
+    async fn insert_many(&self, batch: &[(String, Entry)]) -> StoreResult<Vec<bool>> {
+        // Rows go in (tenant, key) order, so that two batches sharing keys lock them in the
+        // same order and cannot deadlock; the sort is stable, so the first entry of a key
+        // still wins.
+        let rows = in_key_order(batch, |e| &e.key);
+        let col = |f: fn(&Entry) -> String| rows.iter().map(|(_, e)| f(e)).collect::<Vec<_>>();
+        let int = |f: fn(&Entry) -> i64| rows.iter().map(|(_, e)| f(e)).collect::<Vec<_>>();
+        let opt = |f: fn(&Entry) -> Option<i64>| rows.iter().map(|(_, e)| f(e)).collect::<Vec<_>>();
+        let tenants: Vec<&str> = rows.iter().map(|(t, _)| t.as_str()).collect();
+        let keys = col(|e| e.key.clone());
+        let run_ids = col(|e| e.run_id.clone());
+        let tools = col(|e| e.tool.clone());
+        let fingerprints = col(|e| e.fingerprint.clone());
+        let statuses = col(|e| e.status.as_str().to_string());
+        let attempts = int(|e| i64::from(e.attempt));
+        let tokens = col(|e| e.claim_token.clone());
+        let results: Vec<Vec<u8>> = rows.iter().map(|(_, e)| e.result.clone()).collect();
+        let errors = col(|e| e.error.clone());
+        let retryables: Vec<bool> = rows.iter().map(|(_, e)| e.retryable).collect();
+        let principals = col(|e| e.principal.clone());
+        let started = int(|e| e.started_at.0);
+        let finished = opt(|e| e.finished_at.map(|m| m.0));
+        let leases = int(|e| e.lease_expires_at.0);
+        let retentions = int(|e| e.retention.0);
+        let expires = opt(|e| e.expires_at.map(|m| m.0));
+        let replays = int(|e| i64::try_from(e.replay_count).unwrap_or(i64::MAX));
+        let arguments: Vec<Option<String>> =
+            rows.iter().map(|(_, e)| e.arguments.clone()).collect();
+        // Borrowed by each try of the statement.
+        let (
+            tenants,
+            keys,
+            run_ids,
+            tools,
+            fingerprints,
+            statuses,
+            attempts,
+            tokens,
+            results,
+            errors,
+            retryables,
+            principals,
+            started,
+            finished,
+            leases,
+            retentions,
+            expires,
+            replays,
+            arguments,
+        ) = (
+            &tenants,
+            &keys,
+            &run_ids,
+            &tools,
+            &fingerprints,
+            &statuses,
+            &attempts,
+            &tokens,
+            &results,
+            &errors,
+            &retryables,
+            &principals,
+            &started,
+            &finished,
+            &leases,
+            &retentions,
+            &expires,
+            &replays,
+            &arguments,
+        );
+        let inserted: Vec<String> = run_on(self, &self.pool, move |mut conn| async move {
+            let result: Result<_, sqlx::Error> = async {
+                sqlx::query_scalar(Self::INSERT_MANY)
+                    .bind(tenants)
+                    .bind(keys)
+                    .bind(run_ids)
+                    .bind(tools)
+                    .bind(fingerprints)
+                    .bind(statuses)
+                    .bind(attempts)
+                    .bind(tokens)
+                    .bind(results)
+                    .bind(errors)
+                    .bind(retryables)
+                    .bind(principals)
+                    .bind(started)
+                    .bind(finished)
+                    .bind(leases)
+                    .bind(retentions)
+                    .bind(expires)
+                    .bind(replays)
+                    .bind(arguments)
+                    .persistent(self.persistent())
+                    .fetch_all(&mut *conn)
+                    .await
+            }
+            .await;
+            (conn, result)
+        })
+        .await?;
+        let inserted: std::collections::HashSet<String> = inserted.into_iter().collect();
+        Ok(batch
+            .iter()
+            .map(|(_, e)| inserted.contains(&e.claim_token))
+            .collect())
+    }
+
+    async fn finish_many(&self, batch: &[(String, Finish)]) -> StoreResult<Vec<Option<Finished>>> {
+        // In (tenant, key) order, as insert_many, so two batches cannot deadlock.
+        let cmds = in_key_order(batch, |c| &c.key);
+        let col = |f: fn(&Finish) -> String| cmds.iter().map(|(_, c)| f(c)).collect::<Vec<_>>();
+        let tenants: Vec<&str> = cmds.iter().map(|(t, _)| t.as_str()).collect();
+        let keys = col(|c| c.key.clone());
+        let tokens = col(|c| c.claim_token.clone());
+        let statuses = col(|c| c.completion.status.status().as_str().to_string());
+        let results: Vec<Vec<u8>> = cmds
+            .iter()
+            .map(|(_, c)| c.completion.result.clone())
+            .collect();
+        let errors = col(|c| c.completion.error.clone());
+        let retryables: Vec<bool> = cmds.iter().map(|(_, c)| c.completion.retryable).collect();
+        let nows: Vec<i64> = cmds.iter().map(|(_, c)| c.now.0).collect();
+        let also_unknown: Vec<bool> = cmds.iter().map(|(_, c)| c.also_unknown).collect();
+        // Borrowed by each try of the statement.
+        let (tenants, keys, tokens, statuses, results, errors, retryables, nows, also_unknown) = (
+            &tenants,
+            &keys,
+            &tokens,
+            &statuses,
+            &results,
+            &errors,
+            &retryables,
+            &nows,
+            &also_unknown,
+        );
+        let rows: Vec<FinishedRow> = run_on(self, &self.pool, move |mut conn| async move {
+            let result: Result<_, sqlx::Error> = async {
+                sqlx::query_as(Self::FINISH_MANY)
+                    .bind(tenants)
+                    .bind(keys)
+                    .bind(tokens)
+                    .bind(statuses)
+                    .bind(results)
+                    .bind(errors)
+                    .bind(retryables)
+                    .bind(nows)
+                    .bind(also_unknown)
+                    .persistent(self.persistent())
+                    .fetch_all(&mut *conn)
+                    .await
+            }
+            .await;
+            (conn, result)
+        })
+        .await?;
+        // Tokens are unique, so they tell which command each written row answers.
+        let mut written: std::collections::HashMap<String, Finished> = rows
+            .into_iter()
+            .map(|r| Finished::try_from(r).map(|f| (f.entry.claim_token.clone(), f)))
+            .collect::<StoreResult<_>>()?;
+        Ok(batch
+            .iter()
+            .map(|(_, c)| written.remove(&c.claim_token))
+            .collect())
+    }
+}
+
+/// The rows of `batch` sorted by (tenant, key), stably: the order in which a multi-row
+/// statement takes their row locks, the same for every batch.
+fn in_key_order<T>(batch: &[(String, T)], key: fn(&T) -> &String) -> Vec<&(String, T)> {
+    let mut rows: Vec<&(String, T)> = batch.iter().collect();
+    rows.sort_by(|a, b| (&a.0, key(&a.1)).cmp(&(&b.0, key(&b.1))));
+    rows
+}
