@@ -64,11 +64,14 @@ pub struct Settings {
 
     /// File of credentials, one per line: `<tenant> <token>`; `#` starts a comment. Callers
     /// send `authorization: Bearer <token>`. Without it the server has one tenant, `default`,
-    /// and needs no credential. Health and reflection never need one.
+    /// and needs no credential. Health and reflection never need one. Re-read on SIGHUP: a
+    /// file that does not parse leaves the credentials in force.
     #[arg(long, env = "LEDGER_AUTH_TOKENS_FILE", global = true)]
     pub auth_tokens_file: Option<PathBuf>,
 
     /// PEM certificate chain to serve TLS with (needs --tls-key). Plaintext without it.
+    /// Re-read on SIGHUP with --tls-key and --tls-client-ca, for new connections; files that
+    /// do not parse, or a key that does not match, leave the certificate in force.
     #[arg(long, env = "LEDGER_TLS_CERT", requires = "tls_key", global = true)]
     pub tls_cert: Option<PathBuf>,
 

@@ -28,6 +28,7 @@ mod plans;
 mod pooler;
 mod predicates;
 mod replays;
+mod rotation;
 mod security;
 mod settings;
 mod store_causes;
