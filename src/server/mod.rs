@@ -1,4 +1,5 @@
-//! The running server: the store, the ledger service behind its auth interceptor, health, reflection, TLS, the background probe that runs migrations and keeps health
+//! The running server: the store, the ledger service behind its auth interceptor and byte
+//! budget, health, reflection, TLS, the background probe that runs migrations and keeps health
 //! honest, the re-reading of credentials on request (SIGHUP), and the graceful, time-bounded
 //! shutdown.
 
@@ -25,7 +26,7 @@ pub use tls::{ServerTls, TlsFiles};
 use crate::connections::{self, ConnectionLimits, Listener};
 use crate::domain::time::Clock;
 use crate::error::LedgerError;
-use crate::grpc::admission::Admission;
+use crate::grpc::admission::{Admission, AdmitBytes, BytesInFlight};
 use crate::grpc::auth::{Credentials, Reload};
 use crate::grpc::{LedgerApi, LedgerServiceServer, pb};
 use crate::ledger::Ledger;
@@ -196,10 +197,15 @@ pub async fn serve_reloading(
         },
     ));
     let api = LedgerApi::new(ledger, metrics.clone(), admission, settings.request_timeout);
+    // Inside authentication, so that an unauthenticated caller learns nothing of the load, and
+    // outside decoding, so that a call over the budget is refused before its message is read.
     let ledger_service = InterceptedService::new(
-        LedgerServiceServer::new(api)
-            .max_decoding_message_size(settings.max_message_bytes)
-            .max_encoding_message_size(settings.max_message_bytes),
+        AdmitBytes::new(
+            LedgerServiceServer::new(api)
+                .max_decoding_message_size(settings.max_message_bytes)
+                .max_encoding_message_size(settings.max_message_bytes),
+            BytesInFlight::new(settings.max_inflight_bytes),
+        ),
         interceptor,
     );
     // tonic's own refusals (an oversized or undecodable request) become the ledger's answers

@@ -289,6 +289,19 @@ pub struct Settings {
     )]
     pub max_concurrent_requests: usize,
 
+    /// Most bytes of request messages the ledger calls running at once may hold between them;
+    /// a call that would go over is shed before its request is read, with RESOURCE_EXHAUSTED
+    /// (reason OVERLOADED) and a retry hint. A call larger than the whole budget runs when
+    /// nothing else holds any. Each call makes a few copies of its message while it runs, so
+    /// the memory it bounds is a few times this.
+    #[arg(
+        long,
+        env = "LEDGER_MAX_INFLIGHT_BYTES",
+        default_value_t = defaults::MAX_INFLIGHT_BYTES,
+        global = true
+    )]
+    pub max_inflight_bytes: usize,
+
     /// Calls a second each tenant may make on average (0: no limit); more are refused with
     /// RESOURCE_EXHAUSTED (reason RATE_LIMITED) and a retry hint.
     #[arg(
@@ -522,6 +535,9 @@ impl Settings {
                 "--metrics-refresh-interval and --replay-alarm-window must be positive".into(),
             );
         }
+        if self.max_inflight_bytes == 0 {
+            return Err("--max-inflight-bytes must be positive".into());
+        }
         if self.max_json_depth == 0 || self.max_arguments_bytes == 0 {
             return Err("--max-json-depth and --max-arguments-bytes must be positive".into());
         }
@@ -572,6 +588,7 @@ mod tests {
             (1_048_576, 1_048_576, 64)
         );
         assert_eq!(s.external_ref_prefix, "idem-");
+        assert_eq!(s.max_inflight_bytes, 64 * 1_048_576);
         assert!(s.auth_tokens_file.is_none() && s.tls_cert.is_none());
         assert!(s.validate().is_ok());
     }

@@ -20,6 +20,7 @@ mod grpc_api;
 mod health;
 mod inspect;
 mod logs;
+mod memory_budget;
 mod metrics;
 mod no_panic;
 mod operations;
