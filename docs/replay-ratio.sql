@@ -9,7 +9,9 @@
 -- answers, which the store does not record, and is per server, while this covers every
 -- server sharing the database. started_at is the current attempt's start (a retry after a
 -- retryable failure starts anew), and replays of an entry started before the window count
--- only in the gauge. Add `AND tenant = '…'` or `GROUP BY tool` to break it down.
+-- only in the gauge. Add `AND tenant = '…'` or `GROUP BY tool` to break it down. Replays a
+-- server answered from its memory reach replay_count within about a second
+-- (--replay-memory-bytes), so the figure may lag the gauge by that long.
 
 -- [postgres]
 SELECT count(*)::bigint AS entries,

@@ -2,7 +2,7 @@
 //! ([`crate::server::Settings`], whose `--help` shows them) and the `Default` of the types
 //! built from them (the ledger's limits, the pool's and the metrics' options) read them
 //! here, so that tests run on the shipped configuration. Durations are written as
-//! `--help` and the README write them, and read with [`parse_duration`] (the one reader of
+//! `--help` and docs/settings.md write them, and read with [`parse_duration`] (the one reader of
 //! every duration setting). Nothing here imports the rest of the crate.
 
 use std::time::Duration;
@@ -51,6 +51,9 @@ pub const MAX_JSON_DEPTH: usize = 64;
 
 /// `--external-ref-prefix`.
 pub const EXTERNAL_REF_PREFIX: &str = "idem-";
+
+/// `--replay-memory-bytes`: 32 MiB of remembered results.
+pub const REPLAY_MEMORY_BYTES: u64 = 32 * 1024 * 1024;
 
 /// `--reconcile-lease`.
 pub const RECONCILE_LEASE: &str = "60s";

@@ -13,7 +13,7 @@ use crate::domain::key::InvalidField;
 use crate::storage::StoreError;
 
 /// The `ErrorInfo` domain of every error the ledger sends.
-pub const ERROR_DOMAIN: &str = "idempotency.v1";
+pub const ERROR_DOMAIN: &str = crate::proto::ERROR_DOMAIN;
 
 /// How long a client should wait before retrying when the store is unavailable.
 const UNAVAILABLE_RETRY_DELAY: Duration = Duration::from_secs(1);
@@ -347,6 +347,41 @@ mod tests {
         ));
         assert!(!unavailable.message().contains("10.0.0.1"));
         assert!(unavailable.get_details_retry_info().is_some());
+    }
+
+    /// The server recognises tonic's own size refusal by its code (grpc::library_errors):
+    /// no answer of the ledger's may share it.
+    #[test]
+    fn the_ledger_never_answers_out_of_range() {
+        let store = |e: fn(String) -> StoreError| LedgerError::Store(e(String::new()));
+        let every = [
+            LedgerError::invalid("tool", "x"),
+            LedgerError::KeyReused,
+            LedgerError::StaleClaimToken,
+            LedgerError::AlreadyResolved("SUCCEEDED"),
+            LedgerError::NotFound,
+            LedgerError::Unauthenticated("x"),
+            LedgerError::Unavailable(String::new()),
+            store(StoreError::Unavailable),
+            store(StoreError::Io),
+            store(StoreError::Full),
+            store(StoreError::Contention),
+            store(StoreError::ReadOnly),
+            store(StoreError::Corrupt),
+            store(StoreError::Misconfigured),
+            store(StoreError::Internal),
+            LedgerError::LeaseEnded("UNKNOWN"),
+            LedgerError::ResourceExhausted {
+                reason: "OVERLOADED",
+                message: String::new(),
+                retry_after: Duration::ZERO,
+            },
+            LedgerError::DeadlineExceeded,
+            LedgerError::Internal(String::new()),
+        ];
+        for e in every {
+            assert_ne!(e.code(), Code::OutOfRange, "{e:?}");
+        }
     }
 
     #[test]

@@ -3,7 +3,8 @@
 //! A gRPC service that lets an AI agent's side-effecting tool call happen once: the runtime
 //! **claims** a key before acting, **completes** it with the result, and a repeat of the same
 //! intent gets the stored result back with an honest "already done" note. `docs/behaviour.md`
-//! is the reference for that behaviour; the README is the user's guide.
+//! is the reference for that behaviour; the README and the guides under `docs/` (indexed by
+//! `docs/README.md`) are the user's.
 //!
 //! # Layout
 //!
@@ -26,9 +27,10 @@
 //! - [`ledger`]: the use cases, one file each (claim, complete, renew, lookup, list,
 //!   reconcile, retention), the notes, and the claims that wait for an attempt in flight.
 //! - [`observe`]: what the server tells about itself: the Prometheus families on
-//!   `prometheus-client`, the replay-rate alarm, the `/metrics` endpoint on hyper, and the
-//!   logs (one span and one access line per RPC, W3C trace context). Below [`grpc`], which
-//!   records into it; it knows the ledger's answers (to count them), not the service.
+//!   `prometheus-client`, the replay-rate alarm, the `/metrics` endpoint on hyper, the
+//!   logs (one span and one access line per RPC, W3C trace context), and the traces exported
+//!   over OTLP when `OTEL_EXPORTER_OTLP_ENDPOINT` is set. Below [`grpc`], which records into
+//!   it; it knows the ledger's answers (to count them), not the service.
 //! - [`grpc`]: the service, the proto ↔ domain conversions, deadlines, the one rewrite of
 //!   tonic's own refusals, authentication and admission (load shedding, tenant rate limits).
 //! - [`server`]: the settings, health and its store probe, reflection, graceful shutdown;

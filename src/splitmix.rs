@@ -1,6 +1,9 @@
-//! SplitMix64: a tiny, seedable generator for the load generator's key picks and the tests'
-//! random requests, where reproducibility from a seed matters and cryptographic quality does
-//! not; in the server, only for the jitter of retry pauses ([`jitter`]).
+//! SplitMix64: a tiny, seedable generator wherever randomness needs no cryptographic quality.
+//! In the server: the jitter of retry pauses ([`jitter`]), the write probe's 64 KiB of filler
+//! (random so that no compression shrinks it), and the span ids of calls. Outside it: the
+//! benchmark's key picks and the tests' random requests and fault schedules, where
+//! reproducibility from a seed matters. Never for anything a caller could exploit by guessing
+//! it (claim tokens come from the operating system's generator).
 
 /// SplitMix64 over its 64-bit state; the state is the seed.
 #[derive(Clone, Debug)]

@@ -1,13 +1,15 @@
-"""The README's grpcurl walk-throughs, run against a real server with the real grpcurl.
+"""The documented grpcurl walk-throughs, run against a real server with the real grpcurl: the
+README's one tool call, and the walk-throughs of docs/agents.md (a tool call step by step,
+reconciling unknown outcomes, the audit trail).
 
 Each ```sh block of a walk-through section is run (the port replaced by the test server's) and
-what grpcurl prints is compared with the block shown after it in the README. Only values that
+what grpcurl prints is compared with the block shown after it on the page. Only values that
 legitimately differ from run to run are not compared literally: the claim token and the
 timestamps (startedAt, finishedAt, leaseExpiresAt, expiresAt). Those are bound on first sight,
-so that the same README value must stand for the same real value everywhere (the Complete step
+so that the same shown value must stand for the same real value everywhere (the Complete step
 sends the token the Claim printed; an entry's startedAt stays the same across steps), and the
 lease and retention they imply (leaseExpiresAt - startedAt, expiresAt - finishedAt) must be the
-README's. The error example is compared as grpcurl prints it: code, message and details.
+page's. The error example is compared as grpcurl prints it: code, message and details.
 
 The steps run one after another as if pasted into one shell: a variable a step sets (the Claim's
 answer, the key and claim token taken from it) is there for the next steps. So the Complete
@@ -40,13 +42,16 @@ from idempotency_ledger.testing import LedgerServer
 
 REPO = Path(__file__).resolve().parents[1]
 README = REPO / "README.md"
+# The guide the walk-throughs are in.
+GUIDE = REPO / "docs" / "agents.md"
+# The address the pages call the server at.
 README_ADDRESS = "127.0.0.1:50051"
 # Fields whose values differ from run to run.
 VARYING = {"claimToken", "startedAt", "finishedAt", "leaseExpiresAt", "expiresAt"}
 TIMESTAMP = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d+)?Z$")
 TOKEN = re.compile(r"^[0-9a-f]{32}$")
 FENCE = re.compile(r"^```([\w-]*)[ \t]*\n(.*?)^```[ \t]*$", re.M | re.S)
-# Pairs of timestamps whose difference is a setting the README shows (the lease, the retention).
+# Pairs of timestamps whose difference is a setting the page shows (the lease, the retention).
 SPANS = (("startedAt", "leaseExpiresAt"), ("finishedAt", "expiresAt"))
 # Once a lease is renewed it ends a lease after the renewal, not after the claim.
 RENEWED_SPANS = (("finishedAt", "expiresAt"),)
@@ -57,7 +62,7 @@ SHELL_VARIABLES = {"_", "SHLVL", "PWD", "OLDPWD", "WALKTHROUGH_ENV"}
 
 @dataclass
 class Step:
-    """One ```sh block and what the README shows after it."""
+    """One ```sh block and what the page shows after it."""
 
     command: str
     shown: str | None  # the output block right after the command, if any
@@ -65,10 +70,11 @@ class Step:
     prose_after: str  # the text up to the next block
 
 
-def section(title: str) -> str:
-    text = README.read_text(encoding="utf-8")
+def section(title: str, page: Path = GUIDE) -> str:
+    """The `## title` section of `page`, up to the next `## ` heading."""
+    text = page.read_text(encoding="utf-8")
     start = text.find(f"\n## {title}\n")
-    assert start >= 0, f"README has no section '## {title}'"
+    assert start >= 0, f"{page.relative_to(REPO)} has no section '## {title}'"
     end = text.find("\n## ", start + 1)
     return text[start: end if end >= 0 else len(text)]
 
@@ -101,11 +107,11 @@ def _instant(value: str) -> datetime:
 
 
 class Walkthrough:
-    """Runs commands against a server and compares their output with the README's."""
+    """Runs commands against a server and compares their output with the page's."""
 
     def __init__(self, server: LedgerServer) -> None:
         self.server = server
-        # README value -> the real run's value: the varying fields as they are first seen, and
+        # shown value -> the real run's value: the varying fields as they are first seen, and
         # whatever a test binds beforehand.
         self.bindings: dict[str, str] = {}
         path = os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")])
@@ -119,7 +125,7 @@ class Walkthrough:
     def run(self, command: str) -> subprocess.CompletedProcess[str]:
         """Runs `command` in bash as the next line of one shell session: the variables earlier
         commands set are set, and those it sets are kept for the next."""
-        # A command that calls the server must call the README's address, which becomes the
+        # A command that calls the server must call the documented address, which becomes the
         # test server's.
         assert "grpcurl" not in command or README_ADDRESS in command, command
         command = command.replace(README_ADDRESS, self.server.address)
@@ -136,13 +142,13 @@ class Walkthrough:
         return done
 
     def check(self, step: Step, spans: tuple[tuple[str, str], ...] = SPANS) -> Any:
-        """Runs the step and compares its output with what the README shows; returns the
+        """Runs the step and compares its output with what the page shows; returns the
         parsed output (JSON steps), or None for a step that prints nothing."""
         done = self.run(step.command)
         if step.shown is not None and step.shown.startswith("ERROR:"):
             assert done.returncode != 0, f"expected an error, got {done.stdout}"
             assert done.stderr.strip() == step.shown.strip(), (
-                f"grpcurl printed:\n{done.stderr}\nthe README shows:\n{step.shown}"
+                f"grpcurl printed:\n{done.stderr}\nthe page shows:\n{step.shown}"
             )
             return None
         assert done.returncode == 0, f"{step.command}\n{done.stderr}"
@@ -160,7 +166,7 @@ class Walkthrough:
             assert isinstance(actual, dict), f"{path}: {actual!r} is not an object"
             assert sorted(actual) == sorted(shown), (
                 f"{path}: the server prints the fields {sorted(actual)}, "
-                f"the README shows {sorted(shown)}"
+                f"the page shows {sorted(shown)}"
             )
             for name in shown:
                 self.match(shown[name], actual[name], f"{path}.{name}", spans)
@@ -169,12 +175,12 @@ class Walkthrough:
                     span = _instant(shown[end]) - _instant(shown[begin])
                     real = _instant(actual[end]) - _instant(actual[begin])
                     assert real == span, (
-                        f"{path}: {end} - {begin} is {real}, the README shows {span}"
+                        f"{path}: {end} - {begin} is {real}, the page shows {span}"
                     )
         elif isinstance(shown, list):
             assert isinstance(actual, list) and len(actual) == len(shown), (
                 f"{path}: {len(actual) if isinstance(actual, list) else actual!r} items, "
-                f"the README shows {len(shown)}"
+                f"the page shows {len(shown)}"
             )
             for i, (s, a) in enumerate(zip(shown, actual, strict=True)):
                 self.match(s, a, f"{path}[{i}]", spans)
@@ -183,11 +189,11 @@ class Walkthrough:
         elif path.rsplit(".", 1)[-1] in VARYING:
             pattern = TOKEN if path.endswith("claimToken") else TIMESTAMP
             assert isinstance(actual, str) and pattern.match(actual), f"{path}: {actual!r}"
-            assert isinstance(shown, str) and pattern.match(shown), f"README {path}: {shown!r}"
+            assert isinstance(shown, str) and pattern.match(shown), f"shown {path}: {shown!r}"
             self.bindings[shown] = actual
         else:
             assert actual == shown, (
-                f"{path}: the server prints {actual!r}, the README shows {shown!r}"
+                f"{path}: the server prints {actual!r}, the page shows {shown!r}"
             )
 
 
@@ -214,7 +220,7 @@ def test_a_tool_call_step_by_step(walkthrough: Walkthrough) -> None:
         assert '$KEY' in later.command and '$TOKEN' in later.command, later.command
 
     # The renewal's lease counts from the call, so its end is checked against the clock rather
-    # than against the claim's start; the README's must be as far from its own renewal.
+    # than against the claim's start; the page's must be as far from its own renewal.
     lease = timedelta(seconds=int(re.search(r'\\"lease\\":\\"(\d+)s\\"', renew.command)[1]))
     before = datetime.now(UTC)
     renewed = walkthrough.check(renew, spans=RENEWED_SPANS)
@@ -227,14 +233,14 @@ def test_a_tool_call_step_by_step(walkthrough: Walkthrough) -> None:
     shown_finished = json.loads(complete.shown)["entry"]["finishedAt"]
     assert (_instant(shown_claimed["startedAt"])
             < _instant(shown_renewed["leaseExpiresAt"]) - lease
-            < _instant(shown_finished)), "the README renews between its claim and its Complete"
+            < _instant(shown_finished)), "the page renews between its claim and its Complete"
 
     walkthrough.check(complete, spans=RENEWED_SPANS)
     replayed = walkthrough.check(replay, spans=RENEWED_SPANS)
-    # The README prints no output for Lookup but says what it prints.
+    # The page prints no output for Lookup but says what it prints.
     assert lookup.shown is None and "prints the same entry" in lookup.prose_after
     stored = '{"amount":200,"currency":"EUR","customer":"c-42"}'
-    assert f"`{stored}`" in lookup.prose_after, "the README names the stored arguments"
+    assert f"`{stored}`" in lookup.prose_after, "the page names the stored arguments"
     assert walkthrough.check(lookup) == {"entry": {**replayed["entry"], "argumentsJson": stored}}
     walkthrough.check(refused)
 
@@ -248,7 +254,7 @@ def test_reconciling_unknown_outcomes(walkthrough: Walkthrough) -> None:
     assert '"lease":"2s"' in claim.command and claim.shown is None
     assert "next call of the same tool with the same arguments" in text
 
-    # The claim the README shows, whose claimant never answers; its lease ends.
+    # The claim the page shows, whose claimant never answers; its lease ends.
     claimed = walkthrough.check(claim)
     assert claimed["outcome"] == "OUTCOME_CLAIMED"
     time.sleep(2.2)
@@ -259,3 +265,45 @@ def test_reconciling_unknown_outcomes(walkthrough: Walkthrough) -> None:
     again = json.loads(walkthrough.run(claim.command).stdout)
     assert again["outcome"] == "OUTCOME_REPLAYED"
     assert again["entry"]["result"] == json.loads(resolve.shown)["resolved"][0]["result"]
+
+
+def test_the_readme_tool_call(walkthrough: Walkthrough) -> None:
+    (claim,) = steps(section("One tool call", README))
+    assert rpc(claim) == "Claim" and claim.shown is not None
+    claimed = walkthrough.check(claim)
+    assert claimed["outcome"] == "OUTCOME_CLAIMED"
+    # It is the walk-through's first step, which goes on from this claim.
+    first = steps(section("A tool call, step by step (grpcurl)"))[0]
+    assert json.loads(first.shown) == json.loads(claim.shown), "the two pages show other claims"
+    assert claim.command.strip() in first.command, "the two pages send other claims"
+
+
+def test_the_audit_trail(walkthrough: Walkthrough) -> None:
+    text = section("Audit trail (ListEntries)")
+    (listing,) = steps(text)
+    assert rpc(listing) == "ListEntries"
+    shown = json.loads(listing.shown)["entries"]
+    assert [e["tool"] for e in shown] == ["lookup_customer", "charge_card"]
+    run_id = shown[0]["runId"]
+    # The run the page describes: a customer looked up (with the result shown), then a card
+    # charge started with the arguments the prose names, still in flight.
+    charge = re.search(r"\(arguments\s+`(\{[^`]*\})`\)", text)
+    assert charge, "the page names the charge's arguments"
+    calls = [("lookup_customer", '{"customer":"c-42"}'), ("charge_card", charge[1])]
+    for (tool, arguments), entry in zip(calls, shown, strict=True):
+        request = json.dumps({"run_id": run_id, "tool": tool, "arguments_json": arguments})
+        done = walkthrough.run(
+            f"grpcurl -plaintext -d '{request}' {README_ADDRESS} "
+            "idempotency.v1.LedgerService/Claim")
+        assert done.returncode == 0, done.stderr
+        claimed = json.loads(done.stdout)
+        assert claimed["entry"]["key"] == entry["key"], (tool, claimed["entry"]["key"])
+        if entry["status"] == "STATUS_SUCCEEDED":
+            complete = json.dumps({"key": entry["key"], "claim_token": claimed["claimToken"],
+                                   "status": "STATUS_SUCCEEDED", "result": entry["result"]})
+            done = walkthrough.run(
+                f"grpcurl -plaintext -d '{complete}' {README_ADDRESS} "
+                "idempotency.v1.LedgerService/Complete")
+            assert done.returncode == 0, done.stderr
+    walkthrough.check(listing)
+    assert "there is no `nextPageToken`" in text

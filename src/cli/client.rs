@@ -1,5 +1,5 @@
 //! The client half of the commands that talk to a running server: how to reach it
-//! ([`Connection`], shared by every such command), a connected [`Session`], why a command failed
+//! ([`Connection`], shared by every such command), a connected `Session`, why a command failed
 //! and how that is told (stderr, exit status), and stdout that survives `| head`.
 //!
 //! Exit statuses: 0 success, 1 when the entry asked for does not exist, 2 any other failure (as

@@ -369,7 +369,7 @@ pub fn render_entry(e: &pb::Entry) -> String {
             ),
         }
     };
-    let fields: [(&str, String); 17] = [
+    let fields: [(&str, String); 18] = [
         ("key", e.key.clone()),
         ("external_ref", text(&e.external_ref)),
         ("run_id", text(&e.run_id)),
@@ -380,6 +380,7 @@ pub fn render_entry(e: &pb::Entry) -> String {
         ("fingerprint", text(&e.fingerprint)),
         ("started_at", time(e.started_at.as_ref())),
         ("finished_at", time(e.finished_at.as_ref())),
+        ("resolved_by", text(&e.resolved_by)),
         ("lease_expires_at", time(e.lease_expires_at.as_ref())),
         ("expires_at", time(e.expires_at.as_ref())),
         ("replay_count", e.replay_count.to_string()),
@@ -421,6 +422,7 @@ struct EntryJson {
     replay_count: String,
     external_ref: String,
     arguments_json: String,
+    resolved_by: String,
 }
 
 impl EntryJson {
@@ -449,17 +451,18 @@ impl EntryJson {
             replay_count: e.replay_count.to_string(),
             external_ref: e.external_ref.clone(),
             arguments_json: e.arguments_json.clone(),
+            resolved_by: e.resolved_by.clone(),
         }
     }
 }
 
-/// One entry as a one-line JSON object (see [`EntryJson`]).
+/// One entry as a one-line JSON object (see `EntryJson`).
 pub fn entry_json_line(e: &pb::Entry) -> String {
     // A struct of strings, numbers and options always serializes.
     serde_json::to_string(&EntryJson::of(e)).unwrap_or_default()
 }
 
-/// One entry as an indented JSON object (see [`EntryJson`]).
+/// One entry as an indented JSON object (see `EntryJson`).
 pub fn entry_json_pretty(e: &pb::Entry) -> String {
     serde_json::to_string_pretty(&EntryJson::of(e)).unwrap_or_default()
 }
@@ -839,6 +842,7 @@ STARTED_AT            KEY               TOOL                      STATUS        
                 "fingerprint",
                 "started_at",
                 "finished_at",
+                "resolved_by",
                 "lease_expires_at",
                 "expires_at",
                 "replay_count",
@@ -886,7 +890,7 @@ STARTED_AT            KEY               TOOL                      STATUS        
         assert_eq!(v["startedAt"], "2026-11-30T06:20:50.330042Z");
         assert_eq!(v["finishedAt"], serde_json::Value::Null);
         assert_eq!(v["argumentsJson"], "");
-        assert_eq!(v.as_object().map(serde_json::Map::len), Some(18));
+        assert_eq!(v.as_object().map(serde_json::Map::len), Some(19));
         // Bytes that are not text have no resultText; a status from a newer server is its number.
         e.result = prost::bytes::Bytes::from_static(&[0xff]);
         e.status = 9;

@@ -1,5 +1,5 @@
-//! The command line: `serve` (the default) and `migrate` with the server's settings
-//! ([`crate::server::Settings`]), and the commands that are clients of a running server
+//! The command line: `serve` (the default) and `migrate`, each with the server's settings
+//! ([`crate::server::Settings`], also taken without a subcommand), and the commands that are clients of a running server
 //! ([`client`]): the inspection commands ([`inspect`]) print what it holds, and the operator's
 //! writes ([`operate`]) settle an unknown outcome or extend a lease. Those that take a KEY find
 //! the entry by its key, a unique key prefix or its external_ref ([`find`]).
@@ -15,24 +15,45 @@ use crate::server::Settings;
 
 /// An idempotency ledger for AI agents' tool calls: claim a key before acting, complete it with
 /// the result, and get the stored result back on a repeat.
+///
+/// Without a subcommand it runs the server (`serve`), with the settings below; the other
+/// subcommands take only their own flags (`idempotency-ledger entries --help`).
 #[derive(Parser, Debug, Clone)]
-#[command(name = "idempotency-ledger", version, about, long_about = None)]
+#[command(
+    name = "idempotency-ledger",
+    version,
+    about,
+    long_about = None,
+    // A setting before a subcommand would be silently ignored by it: refused instead
+    // (`idempotency-ledger --listen X migrate`), since each subcommand reads its own flags.
+    args_conflicts_with_subcommands = true
+)]
 pub struct Cli {
     /// What to do; `serve` when omitted.
     #[command(subcommand)]
     pub command: Option<Command>,
-    /// The server's settings (`serve` and `migrate`; the inspection commands ignore them).
-    #[command(flatten, next_help_heading = "Server settings (serve, migrate)")]
+    /// The server's settings when no subcommand is named (`idempotency-ledger --listen ADDR`
+    /// is `idempotency-ledger serve --listen ADDR`).
+    #[command(flatten, next_help_heading = "Server settings (serve)")]
     pub settings: Settings,
 }
 
+impl Cli {
+    /// The command to run: the one named, or `serve` with the settings given without one.
+    pub fn into_command(self) -> Command {
+        self.command.unwrap_or(Command::Serve(self.settings))
+    }
+}
+
 /// The subcommands.
-#[derive(Subcommand, Debug, Clone, PartialEq, Eq)]
+#[derive(Subcommand, Debug, Clone)]
 pub enum Command {
     /// Run the gRPC server (the default). Migrations run first.
-    Serve,
-    /// Apply the database migrations and exit.
-    Migrate,
+    Serve(Settings),
+    /// Apply the database migrations and exit. Takes the server's settings: those of the store
+    /// (--database-url, --postgres-pooler, --migrations-database-url, the --db-* settings) and
+    /// --log-format apply, the others are accepted and ignored.
+    Migrate(Settings),
     /// List a running server's entries (ListEntries) as a table, or JSON with --json. A client
     /// of the server: the server's settings do not apply.
     Entries(inspect::EntriesArgs),
@@ -58,19 +79,55 @@ mod tests {
     use super::*;
     use crate::observe::telemetry::LogFormat;
 
+    /// The settings of the command `args` runs, which must be `serve` or `migrate`.
+    fn settings_of(args: &[&str]) -> (&'static str, Settings) {
+        match Cli::try_parse_from(args).map(Cli::into_command) {
+            Ok(Command::Serve(settings)) => ("serve", settings),
+            Ok(Command::Migrate(settings)) => ("migrate", settings),
+            other => panic!("{args:?}: {other:?}"),
+        }
+    }
+
     #[test]
-    fn serve_is_the_default_subcommand_and_flags_work_on_either_side() {
-        let cli = Cli::parse_from(["idempotency-ledger", "--max-wait", "5s"]);
-        assert_eq!(cli.command, None);
-        assert_eq!(cli.settings.max_wait, Duration::from_secs(5));
-        let cli = Cli::parse_from([
+    fn serve_is_the_default_subcommand_and_each_server_command_reads_its_own_flags() {
+        let (command, settings) = settings_of(&["idempotency-ledger", "--max-wait", "5s"]);
+        assert_eq!(command, "serve");
+        assert_eq!(settings.max_wait, Duration::from_secs(5));
+        let (command, settings) = settings_of(&["idempotency-ledger", "serve", "--max-wait", "5s"]);
+        assert_eq!(command, "serve");
+        assert_eq!(settings.max_wait, Duration::from_secs(5));
+        let (command, settings) = settings_of(&[
             "idempotency-ledger",
             "migrate",
             "--database-url",
             "sqlite://x.db",
         ]);
-        assert_eq!(cli.command, Some(Command::Migrate));
-        assert_eq!(cli.settings.database_url, "sqlite://x.db");
+        assert_eq!(command, "migrate");
+        assert_eq!(settings.database_url, "sqlite://x.db");
+        // A setting before the subcommand is not silently dropped: it is refused.
+        assert!(
+            Cli::try_parse_from(["idempotency-ledger", "--max-wait", "5s", "migrate"]).is_err()
+        );
+    }
+
+    #[test]
+    fn the_operator_commands_take_no_server_setting() {
+        for command in ["entries", "entry", "resolve", "renew"] {
+            let refused = Cli::try_parse_from(["idempotency-ledger", command, "--listen", "x"])
+                .expect_err("a server flag")
+                .to_string();
+            assert!(refused.contains("--listen"), "{command}: {refused}");
+        }
+        // None of the server's flags is global, so none reaches a subcommand it does not
+        // belong to (a merged flag marked `global = true` would show on `entries --help`).
+        use clap::CommandFactory;
+        let cli = Cli::command();
+        let global: Vec<_> = cli
+            .get_arguments()
+            .filter(|a| a.is_global_set())
+            .map(|a| a.get_id().to_string())
+            .collect();
+        assert!(global.is_empty(), "global flags: {global:?}");
     }
 
     #[test]
@@ -79,14 +136,14 @@ mod tests {
             crate::server::Settings::defaults().log_format,
             LogFormat::Text
         );
-        let cli = Cli::parse_from(["idempotency-ledger", "--log-format", "json"]);
-        assert_eq!(cli.settings.log_format, LogFormat::Json);
+        let (_, settings) = settings_of(&["idempotency-ledger", "--log-format", "json"]);
+        assert_eq!(settings.log_format, LogFormat::Json);
         assert!(Cli::try_parse_from(["idempotency-ledger", "--log-format", "xml"]).is_err());
     }
 
     #[test]
     fn a_default_above_its_maximum_is_refused() {
-        let cli = Cli::parse_from(["idempotency-ledger", "--default-lease", "2h"]);
-        assert!(cli.settings.validate().is_err());
+        let (_, settings) = settings_of(&["idempotency-ledger", "--default-lease", "2h"]);
+        assert!(settings.validate().is_err());
     }
 }

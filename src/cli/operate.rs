@@ -50,6 +50,11 @@ pub struct ResolveArgs {
     #[arg(long, requires = "failed", conflicts_with = "succeeded")]
     pub retryable: bool,
 
+    /// Who resolves, recorded on the entry as `resolved_by` (default: `cli:` and the
+    /// operating-system user, from `USER`).
+    #[arg(long, env = "LEDGER_PRINCIPAL", value_name = "NAME")]
+    pub principal: Option<String>,
+
     /// Print the resolved entry as one JSON object, as `entry --json` does.
     #[arg(long)]
     pub json: bool,
@@ -124,9 +129,16 @@ async fn settle(args: &ResolveArgs) -> Result<(), Failure> {
     let session = connect(&args.connection).await?;
     let before = find_entry(&session, &args.key).await?;
     let asked = args.resolution(&before.key);
+    let principal = args.principal.clone().unwrap_or_else(|| {
+        format!(
+            "cli:{}",
+            std::env::var("USER").unwrap_or_else(|_| "unknown".into())
+        )
+    });
     let request = pb::ReconcileRequest {
         resolutions: vec![asked.clone()],
         resolve_only: true,
+        principal,
         ..Default::default()
     };
     let answer = session

@@ -1,10 +1,12 @@
 //! The gRPC face of the ledger: the generated `idempotency.v1` types ([`pb`]), the
-//! `LedgerService` implementation ([`service`]), the proto ↔ domain conversions
-//! ([`convert`]), deadlines ([`deadline`]), the rewrite of tonic's own refusals into the
-//! ledger's answers ([`library_errors`]), authentication ([`auth`]) and admission
-//! ([`admission`]). Each RPC converts its request, runs the use case to completion in its own
-//! task (so a cancelled call never abandons a write halfway), bounded by the call's deadline,
-//! and converts the answer back; the one mapping of errors to gRPC statuses is
+//! `LedgerService` implementation (`service`, [`LedgerApi`]), the proto ↔ domain conversions
+//! (`convert`), deadlines ([`deadline`]), the rewrite of tonic's own refusals into the ledger's
+//! answers (`library_errors`, [`LibraryErrors`]), authentication ([`auth`]) and admission
+//! ([`admission`]). Each RPC converts its request, runs the use case on the call's own task,
+//! bounded by the call's deadline, and converts the answer back. The use case runs to its end
+//! even when the call does not: a call abandoned before its work ended (the deadline passed,
+//! or the caller went away) hands the rest of the work to a task of its own, so a write is
+//! never dropped halfway ([`deadline`]). The one mapping of errors to gRPC statuses is
 //! [`crate::error`].
 
 pub mod admission;

@@ -1,5 +1,6 @@
 //! The `LedgerService` implementation: a thin shell over [`Ledger`]; each RPC converts, runs
-//! the use case in its own task bounded by the deadline, and converts back.
+//! the use case on the call's own task bounded by the deadline (to its end, also when the call
+//! is abandoned: [`super::deadline`]), and converts back.
 
 use std::sync::Arc;
 use std::time::Duration;

@@ -5,7 +5,9 @@
 use std::time::Duration;
 
 use tokio::time::Instant;
+use tracing::Instrument as _;
 
+use super::memory::Recalled;
 use super::notes::{IN_FLIGHT_NOTE, UNKNOWN_NOTE, failed_note, replay_note};
 use super::{EntryView, Ledger, MAX_RACES, UNKNOWN_RETRY_AFTER, bounded, new_claim_token};
 use crate::domain::Tenant;
@@ -105,6 +107,22 @@ impl Ledger {
             Some(wait) if !wait.is_zero() && in_flight(&output) => Instant::now() + wait,
             _ => return Ok(output),
         };
+        // The wait is a span of its own in the call's trace; its target is
+        // `observe::traces::TARGET` (above this module): only the trace exporter sees it.
+        let span = tracing::info_span!(target: "idempotency_ledger::otel", "ledger.claim_wait");
+        self.wait_out(tenant, &request, until)
+            .instrument(span)
+            .await
+    }
+
+    /// Holds a claim whose entry is in flight until it is not (answering then), or until
+    /// `until` (answering what is true then).
+    async fn wait_out(
+        &self,
+        tenant: &Tenant,
+        request: &PreparedClaim,
+        until: Instant,
+    ) -> Result<ClaimOutput, LedgerError> {
         // Wait: register first, then mark the entry so other servers announce its change,
         // then re-read in the loop, so that no completion can slip between read and sleep.
         // Only other servers read the mark: a store no other server shares gets no write.
@@ -116,7 +134,7 @@ impl Ledger {
         }
         loop {
             let changed = watch.notified();
-            let output = self.claim_once(tenant, &request).await?;
+            let output = self.claim_once(tenant, request).await?;
             if !in_flight(&output) || Instant::now() >= until {
                 return Ok(output);
             }
@@ -214,6 +232,27 @@ impl Ledger {
         tenant: &Tenant,
         request: &PreparedClaim,
     ) -> Result<ClaimOutput, LedgerError> {
+        // A finished entry this server remembers answers without the store.
+        let remembered = self.memory.recall(
+            tenant.as_str(),
+            &request.key,
+            &request.fingerprint,
+            self.clock.now(),
+        );
+        if let Some(recalled) = remembered {
+            let now = self.clock.now();
+            return match recalled {
+                Recalled::Replay(entry) => {
+                    let note = replay_note(&entry);
+                    Ok(self.answer(Outcome::Replayed, entry, now, note, None))
+                }
+                Recalled::PreviouslyFailed(entry) => {
+                    let note = failed_note(&entry);
+                    Ok(self.answer(Outcome::PreviouslyFailed, entry, now, note, None))
+                }
+                Recalled::KeyReused => Err(LedgerError::KeyReused),
+            };
+        }
         // A key this server saw succeed recently is most likely a repeat: try the replay
         // first, which spares the insert (and its wait on the row lock of a concurrent replay).
         let mut replay_tried = false;
@@ -228,6 +267,7 @@ impl Ledger {
                 .replay(tenant.as_str(), &request.key, &request.fingerprint, now)
                 .await?
             {
+                self.memory.remember(tenant.as_str(), &entry);
                 let note = replay_note(&entry);
                 return Ok(self.answer(Outcome::Replayed, entry, now, note, None));
             }
@@ -247,6 +287,7 @@ impl Ledger {
                     .await?
             {
                 self.finished.insert(tenant.as_str(), &request.key);
+                self.memory.remember(tenant.as_str(), &entry);
                 let note = replay_note(&entry);
                 return Ok(self.answer(Outcome::Replayed, entry, now, note, None));
             }
@@ -276,6 +317,7 @@ impl Ledger {
                 // Became a success after the replay statement looked: go round again.
                 ClaimDecision::Replay => {}
                 ClaimDecision::PreviouslyFailed => {
+                    self.memory.remember(tenant.as_str(), &existing);
                     let note = failed_note(&existing);
                     return Ok(self.answer(Outcome::PreviouslyFailed, existing, now, note, None));
                 }

@@ -81,6 +81,7 @@ impl Ledger {
                     return Err(LedgerError::AlreadyResolved(existing.status.as_str()));
                 }
                 CompleteDecision::AlreadyCompleted => {
+                    let existing = self.with_unwritten_replays(tenant, existing);
                     return Ok(CompleteOutput {
                         entry: self.view(existing, now),
                         already_completed: true,
@@ -111,6 +112,7 @@ impl Ledger {
         if done.entry.status == Status::Succeeded {
             self.finished.insert(tenant.as_str(), &done.entry.key);
         }
+        self.memory.remember(tenant.as_str(), &done.entry);
         self.changed(tenant, &done.entry.key, done.has_waiters)
             .await;
         CompleteOutput {

@@ -1,9 +1,9 @@
-//! The ledger's use cases, driven over a [`Store`], one file each: [`claim`], [`complete`],
-//! [`renew`] (RenewLease), [`lookup`], [`list`] (ListEntries), [`reconcile`], [`retention`]
-//! (pruning). Each validates its input, lets the domain decide, applies the store's
-//! compare-and-set write, and starts over from a fresh read when a concurrent writer won the
-//! race. [`wait`] holds claims that wait for an attempt in flight; [`notes`] are the sentences
-//! for the model; [`recent`] is a hint cache for the claim path.
+//! The ledger's use cases, driven over a [`Store`], one file each and each a method of
+//! [`Ledger`]: `claim`, `complete`, `renew` (RenewLease), `lookup`, `list` (ListEntries),
+//! `reconcile`, `retention` (pruning). Each validates its input, lets the domain decide,
+//! applies the store's compare-and-set write, and starts over from a fresh read when a
+//! concurrent writer won the race. [`wait`] holds claims that wait for an attempt in flight; `notes` are the sentences
+//! for the model; `recent` is a hint cache for the claim path.
 //!
 //! Independent of gRPC, so the conformance suite runs the same calls against every backend.
 
@@ -11,6 +11,7 @@ mod claim;
 mod complete;
 mod list;
 mod lookup;
+mod memory;
 mod notes;
 mod recent;
 mod reconcile;
@@ -34,12 +35,17 @@ use crate::domain::time::Clock;
 use crate::domain::{Entry, Micros, Status, Tenant};
 use crate::error::LedgerError;
 use crate::storage::Store;
+use memory::ReplayMemory;
 use recent::RecentKeys;
 use wait::WaitHub;
 
 /// How often a lost compare-and-set race is retried before the call gives up. Each retry
 /// follows another writer's success, so reaching this means a pathological storm.
 const MAX_RACES: usize = 16;
+
+/// How often the replay counts of repeats answered from memory are written: the most a
+/// `replay_count` read on another server lags.
+pub const REPLAY_COUNT_INTERVAL: Duration = Duration::from_secs(1);
 
 /// The retry hint for an entry whose outcome is unknown: reconciliation takes a while.
 const UNKNOWN_RETRY_AFTER: Duration = Duration::from_secs(30);
@@ -69,6 +75,8 @@ pub struct Limits {
     pub reconcile_default_limit: u32,
     /// The most entries (and resolutions) one Reconcile call handles.
     pub reconcile_max_limit: u32,
+    /// How many bytes of finished entries the server remembers to answer repeats (0: none).
+    pub replay_memory_bytes: u64,
     /// How often a key that claims wait on is read from a store other servers share: the
     /// wake-up bound when announcements are off (`--wait-wakeup poll`), and the safety net
     /// for missed announcements otherwise.
@@ -100,6 +108,7 @@ impl Default for Limits {
             reconcile_lease: duration(d::RECONCILE_LEASE),
             reconcile_default_limit: d::RECONCILE_DEFAULT_LIMIT,
             reconcile_max_limit: d::RECONCILE_MAX_LIMIT,
+            replay_memory_bytes: d::REPLAY_MEMORY_BYTES,
             wait_poll_interval: duration(d::LISTEN_SAFETY_POLL)
                 .max(duration(d::WAIT_POLL_INTERVAL)),
             arguments: ArgumentsPolicy::default(),
@@ -133,6 +142,13 @@ pub struct Ledger {
     waits: Arc<WaitHub>,
     /// Keys this server recently saw succeed: a hint for the claim path, never a decision.
     finished: Arc<RecentKeys>,
+    /// Finished entries this server remembers, to answer repeats without the store.
+    memory: Arc<ReplayMemory>,
+    /// Held for writing while replay counts go from memory to the store, and for reading
+    /// while a Lookup or a listing reads the store and adds the counts not yet written: so
+    /// that those see each replay this server answered exactly once, never in both places
+    /// nor in neither.
+    counts_in_flight: Arc<tokio::sync::RwLock<()>>,
 }
 
 impl Ledger {
@@ -144,6 +160,8 @@ impl Ledger {
         Ledger {
             waits: Arc::new(WaitHub::new(store.clone(), clock.clone(), poll)),
             finished: Arc::new(RecentKeys::default()),
+            memory: Arc::new(ReplayMemory::new(limits.replay_memory_bytes)),
+            counts_in_flight: Arc::default(),
             store,
             clock,
             limits: Arc::new(limits),
@@ -162,6 +180,33 @@ impl Ledger {
                 waits.wake(&tenant, &key);
             }
         }))
+    }
+
+    /// Writes the replay counts of repeats answered from memory since the last call; the
+    /// server calls it every [`REPLAY_COUNT_INTERVAL`] and once more at shutdown. Returns how
+    /// many entries' counts were written.
+    ///
+    /// # Errors
+    /// As the store fails; the counts are kept for the next call then.
+    pub async fn flush_replay_counts(&self) -> Result<usize, LedgerError> {
+        let _writing = self.counts_in_flight.write().await;
+        let taken = self.memory.take_counts();
+        if taken.is_empty() {
+            return Ok(0);
+        }
+        let counts = taken.counts();
+        match self.store.count_replays(&counts).await {
+            Ok(()) => Ok(counts.len()),
+            Err(e) => {
+                self.memory.restore_counts(taken);
+                Err(e.into())
+            }
+        }
+    }
+
+    /// The bytes of finished entries this server remembers now.
+    pub fn replay_memory_bytes(&self) -> u64 {
+        self.memory.weight()
     }
 
     /// The waiting claims of this server.
@@ -198,6 +243,16 @@ impl Ledger {
     fn view(&self, mut entry: Entry, now: Micros) -> EntryView {
         entry.arguments = None;
         self.audit_view(entry, now)
+    }
+
+    /// `entry` as the store holds it, plus the replays of it this server answered from memory
+    /// and has not written yet: so that what a caller reads on this server counts every
+    /// replay this server answered.
+    fn with_unwritten_replays(&self, tenant: &Tenant, mut entry: Entry) -> Entry {
+        entry.replay_count = entry
+            .replay_count
+            .saturating_add(self.memory.unwritten(tenant.as_str(), &entry));
+        entry
     }
 
     /// An entry as Lookup and ListEntries show it: with the arguments kept for audit.

@@ -193,6 +193,7 @@ impl Ledger {
             }
             if existing.effective_status(now) != Status::Unknown {
                 // Resolved already, or an attempt still in flight: nothing to reconcile.
+                let existing = self.with_unwritten_replays(tenant, existing);
                 return Ok(Some(self.view(existing, now)));
             }
             let done = Entry {
@@ -200,6 +201,7 @@ impl Ledger {
                 ..completion.apply_to(&existing, now)
             };
             if let Some(has_waiters) = self.store.resolve(tenant.as_str(), &done, now).await? {
+                self.memory.remember(tenant.as_str(), &done);
                 self.changed(tenant, key, has_waiters).await;
                 return Ok(Some(self.view(done, now)));
             }

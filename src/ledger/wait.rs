@@ -2,7 +2,7 @@
 //!
 //! Every waiting claim of one (tenant, key) on this server shares one [`KeyWatch`]. A
 //! completion on this server wakes it directly, without touching the database; a completion on
-//! another server arrives as a PostgreSQL notification ([`crate::storage::Store::subscribe`])
+//! another server arrives as a PostgreSQL notification ([`crate::storage::Announcements::subscribe`])
 //! and wakes it the same way. Where notifications are unavailable (behind PgBouncer in
 //! transaction mode) or as a safety net for ones missed while the listening connection was
 //! down, one poller per watched key reads the entry at a fixed interval and wakes every waiter
@@ -49,7 +49,9 @@ pub struct WaitHub {
 }
 
 impl WaitHub {
-    /// A hub over `store`; `poll_interval` as in [`WaitHub::poll_interval`].
+    /// A hub over `store`. `poll_interval` is how often a watched key is read from the store:
+    /// `Some` where other servers share it (their completions are not announced here), `None`
+    /// where every change is announced in-process.
     pub fn new(
         store: Arc<dyn Store>,
         clock: Arc<dyn Clock>,

@@ -1,5 +1,6 @@
 //! What the server tells about itself: the Prometheus metrics, the replay-rate alarm, the
-//! optional `/metrics` endpoint, and the logs (one span and one access line per call).
+//! optional `/metrics` endpoint, the logs (one span and one access line per call), and the
+//! traces exported over OTLP when an endpoint is configured.
 //!
 //! - [`metrics`]: the families, on `prometheus-client`, in a registry that belongs to one
 //!   [`Metrics`] (tests run many servers in one process, so there is no global registry), and
@@ -7,7 +8,10 @@
 //! - [`replay`]: the replay-rate sliding window, its gauges and its once-per-window warning.
 //! - [`http`]: `GET /metrics` in the Prometheus text format (0.0.4), served by hyper.
 //! - [`layer`]: the tower layer that counts the conventional gRPC families.
-//! - [`telemetry`]: the log subscriber, the `call` span and the access line.
+//! - [`telemetry`]: the log subscriber, the `call` span and the access line, the caller's W3C
+//!   trace context, and the exported span of each call.
+//! - [`traces`]: the OTLP export (`OTEL_*` settings, the exporter, its batches and its flush)
+//!   and the exported spans' names and attributes.
 //!
 //! # Who counts what
 //!
@@ -41,6 +45,7 @@ pub mod layer;
 pub mod metrics;
 pub mod replay;
 pub mod telemetry;
+pub mod traces;
 
 pub use layer::GrpcMetricsLayer;
 pub use metrics::{Metrics, MetricsOptions, refresh_loop};

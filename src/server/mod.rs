@@ -180,6 +180,8 @@ pub async fn serve_reloading(
             settings.metrics_refresh_interval,
         )));
     }
+    tasks.push(tokio::spawn(replay_count_loop(ledger.clone())));
+    let final_counts = ledger.clone();
     tasks.push(tokio::spawn(prune_loop(
         ledger.clone(),
         state.clone(),
@@ -292,6 +294,10 @@ pub async fn serve_reloading(
         }
     };
     drop(tasks);
+    // The replays answered from memory since the last write of their counts.
+    if let Err(e) = final_counts.flush_replay_counts().await {
+        tracing::warn!(error = %e, "the last replay counts could not be written");
+    }
     tracing::info!("idempotency-ledger stopped");
     result
 }
@@ -372,6 +378,24 @@ pub async fn migrate(settings: &Settings) -> Result<(), ServeError> {
     store.migrate().await?;
     tracing::info!(store = %redact_url(&settings.database_url), "migrations applied");
     Ok(())
+}
+
+/// Writes the replay counts of repeats answered from memory every
+/// [`crate::ledger::REPLAY_COUNT_INTERVAL`]; a failed write keeps them for the next, and is
+/// logged once until a write succeeds again.
+async fn replay_count_loop(ledger: Ledger) {
+    let mut failing = false;
+    loop {
+        tokio::time::sleep(crate::ledger::REPLAY_COUNT_INTERVAL).await;
+        match ledger.flush_replay_counts().await {
+            Ok(_) => failing = false,
+            Err(e) if !failing => {
+                failing = true;
+                tracing::warn!(error = %e, "replay counts could not be written; kept for the next try");
+            }
+            Err(_) => {}
+        }
+    }
 }
 
 /// Deletes expired finished entries every `interval`, once migrations ran.

@@ -1,7 +1,8 @@
 //! The server's settings: every one a flag with an environment variable of the same meaning
-//! (the command line, [`crate::cli`], flattens them into `serve` and `migrate`). The doc
-//! comment of each field is its `--help` text, so `idempotency-ledger --help` is the
-//! configuration reference.
+//! (the command line, [`crate::cli`], flattens them into `serve`, `migrate`, and the top level
+//! for `serve` without its name; none is global, so the operator's commands do not take them).
+//! The doc comment of each field is its `--help` text, so `idempotency-ledger --help` is the
+//! configuration reference (docs/settings.md is checked against it).
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -33,7 +34,7 @@ pub enum Wakeup {
 pub enum StoreArguments {
     /// Nothing: ListEntries and Lookup show no arguments.
     None,
-    /// The canonical arguments with members named like secrets replaced by "[REDACTED]".
+    /// The canonical arguments with members named like secrets replaced by `"[REDACTED]"`.
     Redacted,
     /// The canonical arguments, whole.
     Full,
@@ -47,7 +48,6 @@ pub struct Settings {
         long,
         env = "LEDGER_LISTEN",
         default_value = defaults::LISTEN,
-        global = true
     )]
     pub listen: SocketAddr,
 
@@ -58,7 +58,6 @@ pub struct Settings {
         long,
         env = "DATABASE_URL",
         default_value = defaults::DATABASE_URL,
-        global = true
     )]
     pub database_url: String,
 
@@ -66,17 +65,17 @@ pub struct Settings {
     /// send `authorization: Bearer <token>`. Without it the server has one tenant, `default`,
     /// and needs no credential. Health and reflection never need one. Re-read on SIGHUP: a
     /// file that does not parse leaves the credentials in force.
-    #[arg(long, env = "LEDGER_AUTH_TOKENS_FILE", global = true)]
+    #[arg(long, env = "LEDGER_AUTH_TOKENS_FILE")]
     pub auth_tokens_file: Option<PathBuf>,
 
     /// PEM certificate chain to serve TLS with (needs --tls-key). Plaintext without it.
     /// Re-read on SIGHUP with --tls-key and --tls-client-ca, for new connections; files that
     /// do not parse, or a key that does not match, leave the certificate in force.
-    #[arg(long, env = "LEDGER_TLS_CERT", requires = "tls_key", global = true)]
+    #[arg(long, env = "LEDGER_TLS_CERT", requires = "tls_key")]
     pub tls_cert: Option<PathBuf>,
 
     /// PEM private key of --tls-cert.
-    #[arg(long, env = "LEDGER_TLS_KEY", requires = "tls_cert", global = true)]
+    #[arg(long, env = "LEDGER_TLS_KEY", requires = "tls_cert")]
     pub tls_key: Option<PathBuf>,
 
     /// Log format on stderr: `text` (one line per event) or `json` (one object per line, with
@@ -86,18 +85,17 @@ pub struct Settings {
         env = "LEDGER_LOG_FORMAT",
         value_enum,
         default_value_t = LogFormat::Text,
-        global = true
     )]
     pub log_format: LogFormat,
 
     /// Address of a Prometheus text endpoint (`GET /metrics`). Off when unset.
-    #[arg(long, env = "LEDGER_METRICS_LISTEN", global = true)]
+    #[arg(long, env = "LEDGER_METRICS_LISTEN")]
     pub metrics_listen: Option<SocketAddr>,
 
     /// How often the metrics gauges read from the store (unresolved entries of every tenant,
     /// the same figure on every server sharing it) are refreshed, and the replay alarm is
     /// checked. Only with --metrics-listen.
-    #[arg(long, env = "LEDGER_METRICS_REFRESH_INTERVAL", default_value = defaults::METRICS_REFRESH_INTERVAL, value_parser = parse_duration, global = true)]
+    #[arg(long, env = "LEDGER_METRICS_REFRESH_INTERVAL", default_value = defaults::METRICS_REFRESH_INTERVAL, value_parser = parse_duration)]
     pub metrics_refresh_interval: Duration,
 
     /// How many distinct tool names get their own `tool` label value in the metrics; later
@@ -106,13 +104,12 @@ pub struct Settings {
         long,
         env = "LEDGER_METRICS_MAX_TOOLS",
         default_value_t = defaults::METRICS_MAX_TOOLS,
-        global = true
     )]
     pub metrics_max_tools: usize,
 
     /// The sliding window of the replay ratio and the replay alarm (it slides by 1/60 of its
     /// length).
-    #[arg(long, env = "LEDGER_REPLAY_ALARM_WINDOW", default_value = defaults::REPLAY_ALARM_WINDOW, value_parser = parse_duration, global = true)]
+    #[arg(long, env = "LEDGER_REPLAY_ALARM_WINDOW", default_value = defaults::REPLAY_ALARM_WINDOW, value_parser = parse_duration)]
     pub replay_alarm_window: Duration,
 
     /// Claims the replay window must hold before "not one replay" raises the alarm (a gauge
@@ -121,29 +118,28 @@ pub struct Settings {
         long,
         env = "LEDGER_REPLAY_ALARM_MIN_CLAIMS",
         default_value_t = defaults::REPLAY_ALARM_MIN_CLAIMS,
-        global = true
     )]
     pub replay_alarm_min_claims: u64,
 
     /// Lease of a claim that sets none: how long the claimant may take before its attempt
     /// counts as unknown.
-    #[arg(long, env = "LEDGER_DEFAULT_LEASE", default_value = defaults::DEFAULT_LEASE, value_parser = parse_duration, global = true)]
+    #[arg(long, env = "LEDGER_DEFAULT_LEASE", default_value = defaults::DEFAULT_LEASE, value_parser = parse_duration)]
     pub default_lease: Duration,
 
     /// Longest lease a claim may ask for; longer is INVALID_ARGUMENT.
-    #[arg(long, env = "LEDGER_MAX_LEASE", default_value = defaults::MAX_LEASE, value_parser = parse_duration, global = true)]
+    #[arg(long, env = "LEDGER_MAX_LEASE", default_value = defaults::MAX_LEASE, value_parser = parse_duration)]
     pub max_lease: Duration,
 
     /// How long a finished entry is kept (and replayed) when the claim sets no retention.
-    #[arg(long, env = "LEDGER_DEFAULT_RETENTION", default_value = defaults::DEFAULT_RETENTION, value_parser = parse_duration, global = true)]
+    #[arg(long, env = "LEDGER_DEFAULT_RETENTION", default_value = defaults::DEFAULT_RETENTION, value_parser = parse_duration)]
     pub default_retention: Duration,
 
     /// Longest retention a claim may ask for; longer is INVALID_ARGUMENT.
-    #[arg(long, env = "LEDGER_MAX_RETENTION", default_value = defaults::MAX_RETENTION, value_parser = parse_duration, global = true)]
+    #[arg(long, env = "LEDGER_MAX_RETENTION", default_value = defaults::MAX_RETENTION, value_parser = parse_duration)]
     pub max_retention: Duration,
 
     /// Longest a claim may wait for an attempt in flight (a longer wait is shortened to this).
-    #[arg(long, env = "LEDGER_MAX_WAIT", default_value = defaults::MAX_WAIT, value_parser = parse_duration, global = true)]
+    #[arg(long, env = "LEDGER_MAX_WAIT", default_value = defaults::MAX_WAIT, value_parser = parse_duration)]
     pub max_wait: Duration,
 
     /// Largest `arguments_json`, in bytes; larger is INVALID_ARGUMENT (ARGUMENTS_TOO_LARGE).
@@ -151,7 +147,6 @@ pub struct Settings {
         long,
         env = "LEDGER_MAX_ARGUMENTS_BYTES",
         default_value_t = defaults::MAX_ARGUMENTS_BYTES,
-        global = true
     )]
     pub max_arguments_bytes: usize,
 
@@ -161,7 +156,6 @@ pub struct Settings {
         long,
         env = "LEDGER_MAX_RESULT_BYTES",
         default_value_t = defaults::MAX_RESULT_BYTES,
-        global = true
     )]
     pub max_result_bytes: usize,
 
@@ -171,7 +165,6 @@ pub struct Settings {
         long,
         env = "LEDGER_MAX_JSON_DEPTH",
         default_value_t = defaults::MAX_JSON_DEPTH,
-        global = true
     )]
     pub max_json_depth: usize,
 
@@ -180,19 +173,17 @@ pub struct Settings {
         long,
         env = "LEDGER_EXTERNAL_REF_PREFIX",
         default_value = defaults::EXTERNAL_REF_PREFIX,
-        global = true
     )]
     pub external_ref_prefix: String,
 
     /// What of each claim's arguments is kept for audit (ListEntries, Lookup): `none`,
-    /// `redacted` (canonical JSON with members named like secrets replaced by "[REDACTED]" at
+    /// `redacted` (canonical JSON with members named like secrets replaced by `"[REDACTED]"` at
     /// any depth) or `full`. Keys and fingerprints always use the whole arguments.
     #[arg(
         long,
         env = "LEDGER_STORE_ARGUMENTS",
         value_enum,
         default_value_t = StoreArguments::Redacted,
-        global = true
     )]
     pub store_arguments: StoreArguments,
 
@@ -203,14 +194,13 @@ pub struct Settings {
     #[arg(
         long = "redact-field",
         env = "LEDGER_REDACT_FIELDS",
-        value_delimiter = ',',
-        global = true
+        value_delimiter = ','
     )]
     pub redact_fields: Vec<String>,
 
     /// How long a reconciler holds the unresolved entries a Reconcile handed it; other
     /// reconcilers get them again only after it passed.
-    #[arg(long, env = "LEDGER_RECONCILE_LEASE", default_value = defaults::RECONCILE_LEASE, value_parser = parse_duration, global = true)]
+    #[arg(long, env = "LEDGER_RECONCILE_LEASE", default_value = defaults::RECONCILE_LEASE, value_parser = parse_duration)]
     pub reconcile_lease: Duration,
 
     /// How many entries Reconcile hands out when the request sets no limit.
@@ -218,9 +208,19 @@ pub struct Settings {
         long,
         env = "LEDGER_RECONCILE_DEFAULT_LIMIT",
         default_value_t = defaults::RECONCILE_DEFAULT_LIMIT,
-        global = true
     )]
     pub reconcile_default_limit: u32,
+
+    /// How many bytes of finished entries (results and errors, plus about 512 bytes each) this
+    /// server remembers to answer repeats without a database round trip; 0 turns the memory
+    /// off. A repeat of a key that is not remembered reads the database as before; the replay
+    /// counts of repeats answered from memory reach the database within a second.
+    #[arg(
+        long,
+        env = "LEDGER_REPLAY_MEMORY_BYTES",
+        default_value_t = defaults::REPLAY_MEMORY_BYTES
+    )]
+    pub replay_memory_bytes: u64,
 
     /// The most entries one Reconcile hands out (a larger limit is shortened to this) and the
     /// most resolutions it accepts.
@@ -228,7 +228,6 @@ pub struct Settings {
         long,
         env = "LEDGER_RECONCILE_MAX_LIMIT",
         default_value_t = defaults::RECONCILE_MAX_LIMIT,
-        global = true
     )]
     pub reconcile_max_limit: u32,
 
@@ -238,15 +237,15 @@ pub struct Settings {
     /// unset: `listen`, or `poll` with `--postgres-pooler transaction`, which cannot LISTEN
     /// (asking for `listen` there is refused at start-up). Waiters on the same server are
     /// always woken in-process.
-    #[arg(long, env = "LEDGER_WAIT_WAKEUP", value_enum, global = true)]
+    #[arg(long, env = "LEDGER_WAIT_WAKEUP", value_enum)]
     pub wait_wakeup: Option<Wakeup>,
 
     /// The poll interval of `--wait-wakeup poll`.
-    #[arg(long, env = "LEDGER_WAIT_POLL_INTERVAL", default_value = defaults::WAIT_POLL_INTERVAL, value_parser = parse_duration, global = true)]
+    #[arg(long, env = "LEDGER_WAIT_POLL_INTERVAL", default_value = defaults::WAIT_POLL_INTERVAL, value_parser = parse_duration)]
     pub wait_poll_interval: Duration,
 
     /// How often finished entries past their retention are deleted.
-    #[arg(long, env = "LEDGER_PRUNE_INTERVAL", default_value = defaults::PRUNE_INTERVAL, value_parser = parse_duration, global = true)]
+    #[arg(long, env = "LEDGER_PRUNE_INTERVAL", default_value = defaults::PRUNE_INTERVAL, value_parser = parse_duration)]
     pub prune_interval: Duration,
 
     /// How many expired entries one delete statement removes; small batches keep pruning from
@@ -255,28 +254,22 @@ pub struct Settings {
         long,
         env = "LEDGER_PRUNE_BATCH_SIZE",
         default_value_t = defaults::PRUNE_BATCH_SIZE,
-        global = true
     )]
     pub prune_batch_size: u32,
 
     /// CA certificate (PEM) that client certificates must be signed by: with it, the server
     /// requires mutual TLS (needs --tls-cert and --tls-key).
-    #[arg(
-        long,
-        env = "LEDGER_TLS_CLIENT_CA",
-        requires = "tls_cert",
-        global = true
-    )]
+    #[arg(long, env = "LEDGER_TLS_CLIENT_CA", requires = "tls_cert")]
     pub tls_client_ca: Option<PathBuf>,
 
     /// Largest gRPC message the server reads or writes, in bytes; a larger request is refused
     /// with RESOURCE_EXHAUSTED before it is decoded.
-    #[arg(long, env = "LEDGER_MAX_MESSAGE_BYTES", default_value_t = defaults::MAX_MESSAGE_BYTES, global = true)]
+    #[arg(long, env = "LEDGER_MAX_MESSAGE_BYTES", default_value_t = defaults::MAX_MESSAGE_BYTES)]
     pub max_message_bytes: usize,
 
     /// The longest any call may take, whatever its own deadline (DEADLINE_EXCEEDED after it).
     /// Keep it above --max-wait.
-    #[arg(long, env = "LEDGER_REQUEST_TIMEOUT", default_value = defaults::REQUEST_TIMEOUT, value_parser = parse_duration, global = true)]
+    #[arg(long, env = "LEDGER_REQUEST_TIMEOUT", default_value = defaults::REQUEST_TIMEOUT, value_parser = parse_duration)]
     pub request_timeout: Duration,
 
     /// Most ledger calls running at once; more are shed at once with RESOURCE_EXHAUSTED
@@ -285,7 +278,6 @@ pub struct Settings {
         long,
         env = "LEDGER_MAX_CONCURRENT_REQUESTS",
         default_value_t = defaults::MAX_CONCURRENT_REQUESTS,
-        global = true
     )]
     pub max_concurrent_requests: usize,
 
@@ -298,7 +290,6 @@ pub struct Settings {
         long,
         env = "LEDGER_MAX_INFLIGHT_BYTES",
         default_value_t = defaults::MAX_INFLIGHT_BYTES,
-        global = true
     )]
     pub max_inflight_bytes: usize,
 
@@ -308,7 +299,6 @@ pub struct Settings {
         long,
         env = "LEDGER_TENANT_RATE_LIMIT",
         default_value_t = defaults::TENANT_RATE_LIMIT,
-        global = true
     )]
     pub tenant_rate_limit: f64,
 
@@ -317,7 +307,6 @@ pub struct Settings {
         long,
         env = "LEDGER_TENANT_RATE_BURST",
         default_value_t = defaults::TENANT_RATE_BURST,
-        global = true
     )]
     pub tenant_rate_burst: f64,
 
@@ -329,7 +318,6 @@ pub struct Settings {
         long,
         env = "LEDGER_MAX_CONNECTIONS",
         default_value_t = defaults::MAX_CONNECTIONS,
-        global = true
     )]
     pub max_connections: usize,
 
@@ -337,16 +325,16 @@ pub struct Settings {
     /// that connected and never spoke, or a dead peer). Live HTTP/2 clients answer the
     /// server's keepalive pings, so they never reach it; must exceed
     /// --http2-keepalive-interval plus --http2-keepalive-timeout.
-    #[arg(long, env = "LEDGER_CONNECTION_IDLE_TIMEOUT", default_value = defaults::CONNECTION_IDLE_TIMEOUT, value_parser = parse_duration, global = true)]
+    #[arg(long, env = "LEDGER_CONNECTION_IDLE_TIMEOUT", default_value = defaults::CONNECTION_IDLE_TIMEOUT, value_parser = parse_duration)]
     pub connection_idle_timeout: Duration,
 
     /// How often the server pings a client connection from which nothing was read (HTTP/2
     /// PING), so that dead peers are found and live ones keep talking.
-    #[arg(long, env = "LEDGER_HTTP2_KEEPALIVE_INTERVAL", default_value = defaults::HTTP2_KEEPALIVE_INTERVAL, value_parser = parse_duration, global = true)]
+    #[arg(long, env = "LEDGER_HTTP2_KEEPALIVE_INTERVAL", default_value = defaults::HTTP2_KEEPALIVE_INTERVAL, value_parser = parse_duration)]
     pub http2_keepalive_interval: Duration,
 
     /// How long the server waits for the answer to its ping before closing the connection.
-    #[arg(long, env = "LEDGER_HTTP2_KEEPALIVE_TIMEOUT", default_value = defaults::HTTP2_KEEPALIVE_TIMEOUT, value_parser = parse_duration, global = true)]
+    #[arg(long, env = "LEDGER_HTTP2_KEEPALIVE_TIMEOUT", default_value = defaults::HTTP2_KEEPALIVE_TIMEOUT, value_parser = parse_duration)]
     pub http2_keepalive_timeout: Duration,
 
     /// How the server reaches PostgreSQL: `none` (directly, or through a pooler in session
@@ -362,7 +350,6 @@ pub struct Settings {
         env = "LEDGER_POSTGRES_POOLER",
         value_enum,
         default_value_t = Pooler::None,
-        global = true
     )]
     pub postgres_pooler: Pooler,
 
@@ -370,17 +357,17 @@ pub struct Settings {
     /// run at start-up, with --postgres-pooler transaction. Without it, such a server only
     /// checks that the migrations were applied (`idempotency-ledger migrate` against a direct
     /// URL applies them).
-    #[arg(long, env = "LEDGER_MIGRATIONS_DATABASE_URL", global = true)]
+    #[arg(long, env = "LEDGER_MIGRATIONS_DATABASE_URL")]
     pub migrations_database_url: Option<String>,
 
     /// PostgreSQL: the longest one statement of the server may run (`statement_timeout`);
     /// a longer one is cancelled and answered UNAVAILABLE. 0 leaves the database's own
     /// setting.
-    #[arg(long, env = "LEDGER_DB_STATEMENT_TIMEOUT", default_value = defaults::DB_STATEMENT_TIMEOUT, value_parser = parse_duration, global = true)]
+    #[arg(long, env = "LEDGER_DB_STATEMENT_TIMEOUT", default_value = defaults::DB_STATEMENT_TIMEOUT, value_parser = parse_duration)]
     pub db_statement_timeout: Duration,
 
     /// How long opening one database connection may take before it counts as failed.
-    #[arg(long, env = "LEDGER_DB_CONNECT_TIMEOUT", default_value = defaults::DB_CONNECT_TIMEOUT, value_parser = parse_duration, global = true)]
+    #[arg(long, env = "LEDGER_DB_CONNECT_TIMEOUT", default_value = defaults::DB_CONNECT_TIMEOUT, value_parser = parse_duration)]
     pub db_connect_timeout: Duration,
 
     /// Most database connections this server opens.
@@ -388,7 +375,6 @@ pub struct Settings {
         long,
         env = "LEDGER_DB_MAX_CONNECTIONS",
         default_value_t = defaults::DB_MAX_CONNECTIONS,
-        global = true
     )]
     pub db_max_connections: u32,
 
@@ -400,20 +386,19 @@ pub struct Settings {
         env = "LEDGER_DB_WRITE_BATCHES",
         default_value_t = defaults::DB_WRITE_BATCHES,
         value_parser = clap::value_parser!(u16).range(1..),
-        global = true
     )]
     pub db_write_batches: u16,
 
     /// How long a call waits for a database connection before answering UNAVAILABLE.
-    #[arg(long, env = "LEDGER_DB_ACQUIRE_TIMEOUT", default_value = defaults::DB_ACQUIRE_TIMEOUT, value_parser = parse_duration, global = true)]
+    #[arg(long, env = "LEDGER_DB_ACQUIRE_TIMEOUT", default_value = defaults::DB_ACQUIRE_TIMEOUT, value_parser = parse_duration)]
     pub db_acquire_timeout: Duration,
 
     /// How often the health probe checks the database.
-    #[arg(long, env = "LEDGER_HEALTH_PROBE_INTERVAL", default_value = defaults::HEALTH_PROBE_INTERVAL, value_parser = parse_duration, global = true)]
+    #[arg(long, env = "LEDGER_HEALTH_PROBE_INTERVAL", default_value = defaults::HEALTH_PROBE_INTERVAL, value_parser = parse_duration)]
     pub health_probe_interval: Duration,
 
     /// How long in-flight calls may finish after SIGTERM or SIGINT before the server exits.
-    #[arg(long, env = "LEDGER_SHUTDOWN_GRACE", default_value = defaults::SHUTDOWN_GRACE, value_parser = parse_duration, global = true)]
+    #[arg(long, env = "LEDGER_SHUTDOWN_GRACE", default_value = defaults::SHUTDOWN_GRACE, value_parser = parse_duration)]
     pub shutdown_grace: Duration,
 }
 
@@ -457,6 +442,7 @@ impl Settings {
             reconcile_lease: self.reconcile_lease,
             reconcile_default_limit: self.reconcile_default_limit,
             reconcile_max_limit: self.reconcile_max_limit,
+            replay_memory_bytes: self.replay_memory_bytes,
             wait_poll_interval: match self.wakeup() {
                 Wakeup::Listen => {
                     defaults::duration(defaults::LISTEN_SAFETY_POLL).max(self.wait_poll_interval)

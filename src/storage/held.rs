@@ -11,7 +11,7 @@
 //! - it was idle on the stack for [`super::CONNECTIONS_PROVEN_FOR`] or longer, or held out of
 //!   the pool for [`HOLD_AT_MOST`] or longer,
 //! - a call failed within the last [`super::CONNECTIONS_PROVEN_FOR`], no call succeeded
-//!   within it, or connections were marked stale ([`super::WriteHealth::connections_proven`]):
+//!   within it, or connections were marked stale ([`super::StoreMarks::connections_proven`]):
 //!   then the whole stack goes back, and calls take their connections through sqlx's checks,
 //! - someone waits in sqlx's pool for a connection: the stack never keeps one from a waiter,
 //! - or its call failed: such a connection is never put on the stack.
@@ -22,7 +22,7 @@ use std::time::{Duration, Instant};
 
 use sqlx::pool::PoolConnection;
 
-use super::{CONNECTIONS_PROVEN_FOR, WriteHealth};
+use super::{CONNECTIONS_PROVEN_FOR, StoreMarks};
 
 /// How long a connection stays out of sqlx's pool at most, from when it was taken from it: then
 /// it goes back once, so that sqlx's own rules (the session check, the lifetime) apply to it
@@ -116,15 +116,15 @@ impl<DB: sqlx::Database> Connections<DB> {
         self.lock().len()
     }
 
-    /// A connection for one store call: a held one, while `health` says the connections are
+    /// A connection for one store call: a held one, while `marks` says the connections are
     /// proven; else an idle one of the pool's, taken at once while proven; else through the
     /// pool's `acquire`, which runs its checks and waits for one.
     ///
     /// sqlx's acquire future holds its whole connect path (TLS included), about 14 KB in a
     /// release build: inline, it made every store call's future as large, and each call copied
     /// that into `async_trait`'s box. It is boxed here, when used.
-    pub(crate) async fn acquire(&self, health: &WriteHealth) -> Result<Lent<DB>, sqlx::Error> {
-        let proven = health.connections_proven();
+    pub(crate) async fn acquire(&self, marks: &StoreMarks) -> Result<Lent<DB>, sqlx::Error> {
+        let proven = marks.connections_proven();
         if proven {
             if let Some(lent) = self.pop_fresh() {
                 return Ok(lent);
@@ -228,12 +228,12 @@ mod tests {
     #[tokio::test]
     async fn a_succeeded_calls_connection_serves_the_next_call() {
         let conns = Connections::new(pool(4).await);
-        let health = WriteHealth::default();
-        let first = conns.acquire(&health).await.expect("first");
-        health.call_succeeded();
+        let marks = StoreMarks::default();
+        let first = conns.acquire(&marks).await.expect("first");
+        marks.call_succeeded();
         conns.keep(first);
         assert_eq!(conns.held(), 1);
-        let second = conns.acquire(&health).await.expect("second");
+        let second = conns.acquire(&marks).await.expect("second");
         assert_eq!(conns.held(), 0, "taken from the stack");
         assert_eq!(conns.pool().size(), 1, "no second connection was opened");
         conns.keep(second);
@@ -246,16 +246,16 @@ mod tests {
     #[tokio::test]
     async fn a_connection_goes_to_a_waiter_rather_than_onto_the_stack() {
         let conns = Connections::new(pool(1).await);
-        let health = WriteHealth::default();
-        health.call_succeeded();
-        let first = conns.acquire(&health).await.expect("first");
+        let marks = StoreMarks::default();
+        marks.call_succeeded();
+        let first = conns.acquire(&marks).await.expect("first");
         let waiter = {
             let conns = conns.clone();
             tokio::spawn(async move {
-                let health = WriteHealth::default();
-                health.call_succeeded();
+                let marks = StoreMarks::default();
+                marks.call_succeeded();
                 let started = Instant::now();
-                let lent = conns.acquire(&health).await.map(|_| ());
+                let lent = conns.acquire(&marks).await.map(|_| ());
                 (lent, started.elapsed())
             })
         };
@@ -274,23 +274,23 @@ mod tests {
     #[tokio::test]
     async fn after_a_failure_held_connections_go_back_to_the_pool() {
         let conns = Connections::new(pool(4).await);
-        let health = WriteHealth::default();
+        let marks = StoreMarks::default();
         assert!(
-            !health.connections_proven(),
+            !marks.connections_proven(),
             "nothing proven before a success"
         );
         let (a, b) = (
-            conns.acquire(&health).await.expect("a"),
-            conns.acquire(&health).await.expect("b"),
+            conns.acquire(&marks).await.expect("a"),
+            conns.acquire(&marks).await.expect("b"),
         );
-        health.call_succeeded();
-        assert!(health.connections_proven());
+        marks.call_succeeded();
+        assert!(marks.connections_proven());
         conns.keep(a);
         conns.keep(b);
         assert_eq!(conns.held(), 2);
-        health.call_failed();
-        assert!(!health.connections_proven());
-        let c = conns.acquire(&health).await.expect("c");
+        marks.call_failed();
+        assert!(!marks.connections_proven());
+        let c = conns.acquire(&marks).await.expect("c");
         assert_eq!(conns.held(), 0, "all went back");
         drop(c);
     }
@@ -300,9 +300,9 @@ mod tests {
     #[tokio::test]
     async fn a_connection_held_long_enough_goes_back() {
         let conns = Connections::new(pool(2).await);
-        let health = WriteHealth::default();
-        health.call_succeeded();
-        let mut lent = conns.acquire(&health).await.expect("lent");
+        let marks = StoreMarks::default();
+        marks.call_succeeded();
+        let mut lent = conns.acquire(&marks).await.expect("lent");
         lent.taken_at = Instant::now()
             .checked_sub(HOLD_AT_MOST)
             .expect("the clock has run that long");

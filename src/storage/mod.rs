@@ -195,11 +195,17 @@ impl StoreError {
     }
 }
 
-/// Whether the store last said its disk is full: set by any statement that failed so, cleared
-/// only by a [`Store::probe_write`] that committed. While set, health reports NOT_SERVING
-/// (reads still answer; writes are still tried, and fail or succeed on their own).
+/// What a store's calls have found out about its database and its connections, kept for the
+/// calls after them (one per store, shared by its calls, read without a lock):
+/// - the **full-disk mark**: set by any statement that failed for want of space, cleared only
+///   by an [`Operations::probe_write`] that committed. While set, health reports NOT_SERVING (reads
+///   still answer; writes are still tried, and fail or succeed on their own);
+/// - the **stale-connection mark**: the instant before which pooled connections are not lent
+///   again, set when one of them reached a server that accepts no writes;
+/// - when a store call **last succeeded and last failed**: whether idle connections are proven
+///   good enough to lend without the pool's checks (`connections_proven`).
 #[derive(Debug, Default)]
-pub struct WriteHealth {
+pub struct StoreMarks {
     /// Set while the store is known to be full.
     full: std::sync::atomic::AtomicBool,
     /// Pooled connections opened at or before this instant are not lent again: one of them
@@ -226,7 +232,7 @@ fn since_start() -> u64 {
         .saturating_add(1)
 }
 
-impl WriteHealth {
+impl StoreMarks {
     /// Notes a full disk; logs the first report of an episode.
     fn full(&self, detail: &str) {
         if !self.full.swap(true, std::sync::atomic::Ordering::AcqRel) {
@@ -330,7 +336,7 @@ macro_rules! run_on {
         let mut tries = 0u32;
         loop {
             #[allow(unused_mut)]
-            let lent = $pool.acquire(&$store.health).await.map_err($classify)?;
+            let lent = $pool.acquire(&$store.marks).await.map_err($classify)?;
             let taken_at = lent.taken_at;
             let mut $conn = lent.conn;
             let mut broken = false;
@@ -352,7 +358,7 @@ macro_rules! run_on {
             };
             match result {
                 Ok(done) => {
-                    $store.health.call_succeeded();
+                    $store.marks.call_succeeded();
                     $pool.keep($crate::storage::held::Lent {
                         conn: $conn,
                         taken_at,
@@ -365,7 +371,7 @@ macro_rules! run_on {
                     }
                     let error = $classify(e);
                     if let Err(e) =
-                        $crate::storage::after_failure(error, $conn, &$store.health, &mut tries)
+                        $crate::storage::after_failure(error, $conn, &$store.marks, &mut tries)
                             .await
                     {
                         break Err(e);
@@ -392,7 +398,7 @@ pub(crate) fn breaks_connection(error: &sqlx::Error) -> bool {
 
 /// After a statement failed with `error` on `conn`: a connection whose error says its session
 /// may be broken (an I/O error, a full disk, a read-only server) is closed rather than
-/// returned to the pool; a full disk is noted in `health`; a deadlock or serialization failure
+/// returned to the pool; a full disk is noted in `marks`; a deadlock or serialization failure
 /// is tried again (`Ok`, after a short jittered pause), a bounded number of times, then
 /// answered [`StoreError::Contention`]. Each statement is atomic, so a failed try left nothing
 /// behind.
@@ -402,21 +408,21 @@ pub(crate) fn breaks_connection(error: &sqlx::Error) -> bool {
 pub(crate) async fn after_failure<DB: sqlx::Database>(
     error: StoreError,
     mut conn: sqlx::pool::PoolConnection<DB>,
-    health: &WriteHealth,
+    marks: &StoreMarks,
     tries: &mut u32,
 ) -> StoreResult<()> {
-    health.call_failed();
+    marks.call_failed();
     if error.poisons_connection() {
         conn.close_on_drop();
     }
     drop(conn);
     match error {
         StoreError::Full(detail) => {
-            health.full(&detail);
+            marks.full(&detail);
             Err(StoreError::Full(detail))
         }
         StoreError::ReadOnly(detail) => {
-            health.discard_connections_open_now();
+            marks.discard_connections_open_now();
             Err(StoreError::ReadOnly(detail))
         }
         StoreError::Contention(detail) if *tries < CONTENTION_RETRIES => {
@@ -581,6 +587,14 @@ pub trait Entries: Send + Sync + 'static {
     /// # Errors
     /// `Unavailable` or `Internal` as the database fails.
     async fn mark_waiting(&self, tenant: &str, key: &str) -> StoreResult<()>;
+
+    /// Adds replays a server answered from memory to their entries' `replay_count`, each
+    /// only to the attempt it replayed (its claim token) while it is SUCCEEDED. Like a replay,
+    /// only a count: its commit does not wait for the disk, so a crash may lose it.
+    ///
+    /// # Errors
+    /// `Unavailable` or `Internal` as the database fails; nothing was counted then.
+    async fn count_replays(&self, counts: &[ReplayCount]) -> StoreResult<()>;
 }
 
 /// The multi-row forms of the two writes that are group-committed ([`batch::GroupCommit`]):
@@ -596,7 +610,7 @@ pub trait Batches: Entries {
     /// `Unavailable` or `Internal` as the database fails.
     async fn insert_many(&self, batch: &[(String, Entry)]) -> StoreResult<Vec<bool>>;
 
-    /// [`Store::finish`] for many entries at once, in as few statements and commits as the
+    /// [`Entries::finish`] for many entries at once, in as few statements and commits as the
     /// backend allows; at most one command per (tenant, key) in a batch.
     ///
     /// # Errors
@@ -649,11 +663,11 @@ pub trait Operations: Send + Sync + 'static {
     /// `Unavailable` when it does not.
     async fn ping(&self) -> StoreResult<()>;
 
-    /// Whether the store last reported a full disk (see [`WriteHealth`]); no database call.
+    /// Whether the store last reported a full disk (see [`StoreMarks`]); no database call.
     fn is_full(&self) -> bool;
 
     /// Writes and deletes a probe row of 64 KiB, each in its own commit: whether a write of a
-    /// typical size commits now. Clears [`Store::is_full`] when both did.
+    /// typical size commits now. Clears [`Operations::is_full`] when both did.
     ///
     /// # Errors
     /// As the database fails (`Full` while there is still no space).
@@ -784,6 +798,19 @@ pub struct ListQuery {
     pub limit: u32,
     /// The time an attempt's lease is judged at.
     pub now: Micros,
+}
+
+/// Replays of one entry answered from a server's memory, to be added to its count.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ReplayCount {
+    /// The entry's tenant.
+    pub tenant: String,
+    /// The entry's key.
+    pub key: String,
+    /// The attempt that was replayed.
+    pub claim_token: String,
+    /// How many replays.
+    pub count: u64,
 }
 
 /// Which unresolved entries a reconciler asks for, and how long it holds them.
@@ -983,30 +1010,30 @@ impl TryFrom<EntryRow> for Entry {
 mod tests {
     use std::time::Duration;
 
-    use super::{StoreError, WriteHealth, redact_url};
+    use super::{StoreError, StoreMarks, redact_url};
 
     /// Connections opened before the mark are stale, those opened after it are not, and a mark
     /// ends the lending of connections without the pool's checks.
     #[test]
     fn connections_opened_before_the_stale_mark_are_stale() {
-        let health = WriteHealth::default();
-        assert!(!health.is_stale(Duration::from_secs(3600)), "no mark yet");
-        health.call_succeeded();
-        assert!(health.connections_proven());
+        let marks = StoreMarks::default();
+        assert!(!marks.is_stale(Duration::from_secs(3600)), "no mark yet");
+        marks.call_succeeded();
+        assert!(marks.connections_proven());
         std::thread::sleep(Duration::from_millis(2));
-        health.discard_connections_open_now();
-        assert!(!health.connections_proven(), "a mark ends it");
+        marks.discard_connections_open_now();
+        assert!(!marks.connections_proven(), "a mark ends it");
         assert!(
-            health.is_stale(Duration::from_millis(1)),
+            marks.is_stale(Duration::from_millis(1)),
             "opened before the mark"
         );
         assert!(
-            health.is_stale(Duration::from_secs(3600)),
+            marks.is_stale(Duration::from_secs(3600)),
             "opened long before"
         );
         std::thread::sleep(Duration::from_millis(5));
         assert!(
-            !health.is_stale(Duration::from_millis(1)),
+            !marks.is_stale(Duration::from_millis(1)),
             "opened after the mark"
         );
     }

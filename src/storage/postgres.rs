@@ -10,8 +10,8 @@ use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
 use super::run_on;
 use super::sql::{self, bind_entry, bind_finish, impl_store, replay_update, unresolved_where};
 use super::{
-    EntryRow, Finish, Finished, FinishedRow, ListQuery, PoolOptions, StoreError, StoreResult,
-    UnresolvedQuery, WriteHealth,
+    EntryRow, Finish, Finished, FinishedRow, ListQuery, PoolOptions, StoreError, StoreMarks,
+    StoreResult, UnresolvedQuery,
 };
 use crate::domain::{Entry, Micros};
 
@@ -24,7 +24,7 @@ pub struct PgStore {
     /// One more connection, kept apart for LISTEN so that it never takes a request's place.
     listen_pool: PgPool,
     /// Whether the disk was last found full.
-    health: std::sync::Arc<WriteHealth>,
+    marks: std::sync::Arc<StoreMarks>,
     /// How the connections are opened (for diagnosing a failure, and for migrations).
     connect: PgConnectOptions,
     /// A transaction pooler sits between the server and the database.
@@ -108,8 +108,8 @@ impl PgStore {
         } else {
             "BEGIN"
         };
-        let health = std::sync::Arc::new(WriteHealth::default());
-        let stale = health.clone();
+        let marks = std::sync::Arc::new(StoreMarks::default());
+        let stale = marks.clone();
         let mut pool_options = PgPoolOptions::new()
             .max_connections(options.max_connections)
             .acquire_timeout(options.acquire_timeout)
@@ -153,7 +153,7 @@ impl PgStore {
         Ok(PgStore {
             pool: super::held::Connections::new(pool),
             listen_pool,
-            health,
+            marks,
             connect,
             pooled,
             begin,
@@ -384,6 +384,39 @@ macro_rules! e_entry_columns {
 }
 
 impl PgStore {
+    /// Adds replay counts (`$1` tenants, `$2` keys, `$3` tokens, `$4` counts, in (tenant, key)
+    /// order) in one statement whose commit does not wait for the WAL flush, as
+    /// [`PgStore::REPLAY`]'s: [`sql::ADD_REPLAYS`] for many rows.
+    pub const ADD_REPLAYS_MANY: &str = "WITH no_flush_wait AS \
+        (SELECT set_config('synchronous_commit', 'off', true)) \
+        UPDATE ledger_entries AS e SET replay_count = e.replay_count + c.n \
+        FROM no_flush_wait, UNNEST($1::text[], $2::text[], $3::text[], $4::int8[]) \
+            AS c(tenant, key, claim_token, n) \
+        WHERE e.tenant = c.tenant AND e.key = c.key AND e.claim_token = c.claim_token \
+        AND e.status = 'SUCCEEDED'";
+
+    /// Adds replay counts in one statement ([`PgStore::ADD_REPLAYS_MANY`]).
+    async fn write_replay_counts(&self, counts: &[super::ReplayCount]) -> StoreResult<()> {
+        let tenants: Vec<&str> = counts.iter().map(|c| c.tenant.as_str()).collect();
+        let keys: Vec<&str> = counts.iter().map(|c| c.key.as_str()).collect();
+        let tokens: Vec<&str> = counts.iter().map(|c| c.claim_token.as_str()).collect();
+        let ns: Vec<i64> = counts
+            .iter()
+            .map(|c| i64::try_from(c.count).unwrap_or(i64::MAX))
+            .collect();
+        run_on!(self, StoreError::from_postgres, |conn| sqlx::query(
+            Self::ADD_REPLAYS_MANY
+        )
+        .bind(&tenants)
+        .bind(&keys)
+        .bind(&tokens)
+        .bind(&ns)
+        .persistent(self.persistent())
+        .execute(&mut *conn)
+        .await)?;
+        Ok(())
+    }
+
     /// [`sql::REPLAY`], whose commit does not wait for the WAL to reach the disk: the one-row
     /// CTE turns `synchronous_commit` off for the statement's own transaction (`set_config`
     /// with `is_local`, as `SET LOCAL`), which is the autocommit statement itself, or behind a
@@ -707,7 +740,7 @@ impl_store!(PgStore, StoreError::from_postgres, operations: {
         })?;
         if in_recovery {
             // This connection, and the others opened the same way, lead to a standby.
-            self.health.discard_connections_open_now();
+            self.marks.discard_connections_open_now();
             return Err(StoreError::ReadOnly(format!(
                 "the database at {} is a standby in recovery: it accepts no writes",
                 self.describe()

@@ -77,6 +77,11 @@ macro_rules! replay_update {
 /// `PgStore::REPLAY`, this with the commit's flush turned off.
 pub const REPLAY: &str = replay_update!("");
 
+/// Adds `$4` replays to the count of the attempt holding token `$3`, while it is SUCCEEDED
+/// (the replays a server answered from memory; see `ledger::memory`).
+pub const ADD_REPLAYS: &str = "UPDATE ledger_entries SET replay_count = replay_count + $4 \
+    WHERE tenant = $1 AND key = $2 AND claim_token = $3 AND status = 'SUCCEEDED'";
+
 /// Extends the lease of the attempt holding token `$3` to `$4`, only while it is ATTEMPTING
 /// and its lease has not ended at `$5` ([`cas::renews`](crate::domain::entry::cas::renews)). Returns the entry as written.
 pub const RENEW: &str = concat!(
@@ -134,13 +139,17 @@ macro_rules! unresolved_where {
     };
 }
 
-/// Takes one named unresolved entry (key `$5`) for a reconciler until `$6`, as the pick of
-/// [`unresolved_where!`] would: a Reconcile with `keys` settles these entries and takes no
-/// other. Its key makes it a primary-key update, so both backends share it.
+/// Takes one named unresolved entry (key `$5`) for a reconciler until `$6`, on the conditions
+/// of `unresolved_where!` (at `$2`, started by `$3`, of tool `$4`): a Reconcile with `keys`
+/// settles these entries and takes no other. A statement on one entry: it does not say
+/// `expires_at IS NULL` (the status test implies it), so that its plan keeps to the primary key
+/// rather than the unresolved index (migration 0003; tests/api/plans.rs).
 pub const TAKE_KEY: &str = concat!(
-    "UPDATE ledger_entries SET reconcile_until = $6 WHERE ",
-    unresolved_where!(),
-    " AND key = $5 RETURNING ",
+    "UPDATE ledger_entries SET reconcile_until = $6 \
+     WHERE tenant = $1 AND key = $5 \
+     AND (status = 'UNKNOWN' OR (status = 'ATTEMPTING' AND lease_expires_at <= $2)) \
+     AND started_at <= $3 AND ($4 = '' OR tool = $4) \
+     AND (reconcile_until IS NULL OR reconcile_until <= $2) RETURNING ",
     entry_columns!()
 );
 
@@ -160,7 +169,7 @@ macro_rules! list_filter {
     };
 }
 
-/// A page of one run's entries (run `$2`), with their stored arguments; see [`list_filter!`].
+/// A page of one run's entries (run `$2`), with their stored arguments; see `list_filter!`.
 /// The run's own statement, so that its plan can use the (tenant, run_id, started_at, key)
 /// index: a generic plan cannot when the run is an optional filter.
 pub const LIST_RUN: &str = concat!(
@@ -171,7 +180,7 @@ pub const LIST_RUN: &str = concat!(
 );
 
 /// A page of a tenant's entries of any run (`$2` is empty), with their stored arguments; see
-/// [`list_filter!`].
+/// `list_filter!`.
 pub const LIST: &str = concat!(
     "SELECT ",
     entry_columns!(),
@@ -448,6 +457,13 @@ macro_rules! impl_store {
             rows.into_iter().map(Entry::try_from).collect()
         }
 
+        async fn count_replays(&self, counts: &[super::ReplayCount]) -> StoreResult<()> {
+            if counts.is_empty() {
+                return Ok(());
+            }
+            self.write_replay_counts(counts).await
+        }
+
         async fn mark_waiting(&self, tenant: &str, key: &str) -> StoreResult<()> {
             run_on!(self, $classify, |conn| {
                 sqlx::query(sql::MARK_WAITING)
@@ -477,7 +493,7 @@ macro_rules! impl_store {
         }
 
         fn is_full(&self) -> bool {
-            self.health.is_full()
+            self.marks.is_full()
         }
 
         async fn probe_write(&self) -> StoreResult<()> {
@@ -494,7 +510,7 @@ macro_rules! impl_store {
                     .await
             }
             .await)?;
-            self.health.has_space();
+            self.marks.has_space();
             Ok(())
         }
 

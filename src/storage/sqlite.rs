@@ -16,8 +16,8 @@ use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, S
 use super::run_on;
 use super::sql::{self, bind_entry, bind_finish, entry_columns, impl_store, unresolved_where};
 use super::{
-    EntryRow, Finish, Finished, FinishedRow, ListQuery, PoolOptions, StoreError, StoreResult,
-    UnresolvedQuery, WriteHealth,
+    EntryRow, Finish, Finished, FinishedRow, ListQuery, PoolOptions, StoreError, StoreMarks,
+    StoreResult, UnresolvedQuery,
 };
 use crate::domain::{Entry, Micros};
 
@@ -32,7 +32,7 @@ pub struct SqliteStore {
     /// queue here rather than in each other's busy handlers.
     replays: super::held::Connections<sqlx::Sqlite>,
     /// Whether the disk was last found full.
-    health: std::sync::Arc<WriteHealth>,
+    marks: std::sync::Arc<StoreMarks>,
 }
 
 impl SqliteStore {
@@ -71,12 +71,31 @@ impl SqliteStore {
         Ok(SqliteStore {
             pool: super::held::Connections::new(pool),
             replays: super::held::Connections::new(replays),
-            health: std::sync::Arc::default(),
+            marks: std::sync::Arc::default(),
         })
     }
 }
 
 impl SqliteStore {
+    /// Adds replay counts in one transaction on the connection that does not sync its commits
+    /// (the replay pool): counts only, like a replay's own.
+    async fn write_replay_counts(&self, counts: &[super::ReplayCount]) -> StoreResult<()> {
+        run_on!(self, StoreError::from_sqlite, pool: self.replays, |conn| async {
+            let mut tx = conn.begin_with("BEGIN IMMEDIATE").await?;
+            for c in counts {
+                sqlx::query(sql::ADD_REPLAYS)
+                    .bind(&c.tenant)
+                    .bind(&c.key)
+                    .bind(&c.claim_token)
+                    .bind(i64::try_from(c.count).unwrap_or(i64::MAX))
+                    .execute(&mut *tx)
+                    .await?;
+            }
+            tx.commit().await
+        }
+        .await)
+    }
+
     /// [`sql::REPLAY`], as it is.
     const REPLAY: &str = sql::REPLAY;
 

@@ -57,6 +57,13 @@ on_every_store!(
     the_holder_renews_its_lease_and_a_duplicate_stays_in_progress,
     renewing_with_a_stale_token_or_after_the_lease_ended_changes_nothing,
     resolve_only_applies_the_resolutions_and_hands_out_nothing,
+    reconcile_with_keys_hands_out_only_those_keys_when_unresolved_and_not_held,
+    a_resolution_records_its_principal_as_resolved_by_until_a_new_attempt,
+    replays_answered_from_memory_reach_the_store_and_another_server_in_one_write,
+    a_replay_on_the_server_that_did_not_complete_reads_the_store_once_then_remembers,
+    what_is_remembered_expires_on_the_ledgers_clock_and_a_reused_key_is_still_refused,
+    a_retryable_failure_is_never_answered_from_memory_and_a_permanent_one_is,
+    with_the_memory_off_every_replay_is_counted_in_the_store_at_once,
 );
 
 const RUN: &str = "run-1";
@@ -1247,7 +1254,12 @@ async fn fifty_waiters_all_get_the_result(b: Backend) {
                 .await
         }));
     }
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    // Until the waiters wait (a loaded machine may take a while to start fifty claims): they
+    // share one watch, never more.
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while t.ledger.waits().watched_keys() == 0 && std::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
     assert_eq!(
         t.ledger.waits().watched_keys(),
         1,
@@ -1462,6 +1474,209 @@ async fn concurrent_reconcilers_get_disjoint_entries_until_the_hold_passes(b: Ba
         reconcile(&other, ReconcileInput::default()).await.len(),
         12,
         "hold passed"
+    );
+}
+
+async fn reconcile_with_keys_hands_out_only_those_keys_when_unresolved_and_not_held(b: Backend) {
+    let t = TestLedger::new(b).await;
+    let mut long = claim_input("live", TOOL, ARGS);
+    long.lease = Some(Duration::from_secs(3600));
+    let live = t.ledger.claim(&tenant(), long).await.expect("claim");
+    let live_key = live.entry.entry.key.clone();
+    let ok = claim(&t.ledger, "ok", TOOL, ARGS).await;
+    let ok_key = ok.entry.entry.key.clone();
+    t.ledger
+        .complete(
+            &tenant(),
+            done(&ok_key, &token(&ok), FinalStatus::Succeeded, b"r"),
+        )
+        .await
+        .expect("complete");
+    let unknown = unknown_entries(&t, TOOL, 3).await;
+    let ticket = unknown_entries(&t, "open_ticket", 1).await;
+    let with_keys = |keys: &[&String]| ReconcileInput {
+        keys: keys.iter().map(|k| (*k).clone()).collect(),
+        ..Default::default()
+    };
+
+    // Only the named unknown entry: not the live attempt, the success or an absent key, and
+    // no other unknown entry although the limit would allow them.
+    let absent = "f".repeat(64);
+    assert_eq!(
+        reconcile(
+            &t.ledger,
+            with_keys(&[&unknown[1], &live_key, &ok_key, &absent, &unknown[1]])
+        )
+        .await,
+        vec![unknown[1].clone()]
+    );
+    // Held now: not again, by keys or by a general pick; the other named key is free.
+    assert!(
+        reconcile(&t.ledger, with_keys(&[&unknown[1]]))
+            .await
+            .is_empty()
+    );
+    assert_eq!(
+        reconcile(&t.ledger, with_keys(&[&unknown[0], &unknown[1]])).await,
+        vec![unknown[0].clone()]
+    );
+    // A tool filter still applies to the named keys.
+    assert!(
+        reconcile(
+            &t.ledger,
+            ReconcileInput {
+                tool: "open_ticket".into(),
+                ..with_keys(&[&unknown[2]])
+            }
+        )
+        .await
+        .is_empty()
+    );
+    assert_eq!(
+        reconcile(&t.ledger, ReconcileInput::default()).await,
+        vec![unknown[2].clone(), ticket[0].clone()],
+        "the general pick skips the entries held by keys"
+    );
+    t.clock.advance(Duration::from_secs(61)); // past the reconcile hold
+    assert_eq!(
+        reconcile(&t.ledger, with_keys(&[&unknown[1]])).await,
+        vec![unknown[1].clone()]
+    );
+
+    // Malformed keys, or more than one call may take, are refused and hold nothing.
+    let too_many = vec!["k".to_string(); Limits::default().reconcile_max_limit as usize + 1];
+    for keys in [vec!["bad key".to_string()], vec![String::new()], too_many] {
+        let refused = t
+            .ledger
+            .reconcile(
+                &tenant(),
+                ReconcileInput {
+                    keys,
+                    ..Default::default()
+                },
+            )
+            .await;
+        assert!(
+            matches!(
+                refused,
+                Err(LedgerError::InvalidArgument { field: "keys", .. })
+            ),
+            "{refused:?}"
+        );
+    }
+    assert_eq!(
+        reconcile(&t.ledger, with_keys(&[&unknown[0]])).await,
+        vec![unknown[0].clone()],
+        "a refused call held nothing"
+    );
+}
+
+async fn a_resolution_records_its_principal_as_resolved_by_until_a_new_attempt(b: Backend) {
+    let t = TestLedger::new(b).await;
+    let keys = unknown_entries(&t, TOOL, 2).await;
+    let by = |principal: &str, findings| ReconcileInput {
+        resolutions: findings,
+        principal: principal.into(),
+        resolve_only: true,
+        ..Default::default()
+    };
+    let out = t
+        .ledger
+        .reconcile(
+            &tenant(),
+            by(
+                "reconciler@host-1",
+                vec![
+                    finding(&keys[0], FinalStatus::Succeeded, b"found", false),
+                    finding(&keys[1], FinalStatus::Failed, b"", true),
+                ],
+            ),
+        )
+        .await
+        .expect("reconcile");
+    let resolved_by: Vec<&str> = out
+        .resolved
+        .iter()
+        .map(|v| v.entry.resolved_by.as_str())
+        .collect();
+    assert_eq!(resolved_by, ["reconciler@host-1"; 2]);
+    let found = lookup_key(&t.ledger, &keys[0]).await.expect("lookup");
+    assert_eq!(found.entry.resolved_by, "reconciler@host-1");
+    let listed = t
+        .ledger
+        .list_entries(
+            &tenant(),
+            ListInput {
+                run_id: "run-0".into(),
+                ..Default::default()
+            },
+        )
+        .await
+        .expect("list");
+    assert_eq!(listed.entries[0].entry.resolved_by, "reconciler@host-1");
+
+    // A resolution of an entry already resolved changes nothing, its resolver included.
+    t.ledger
+        .reconcile(
+            &tenant(),
+            by(
+                "someone-else",
+                vec![finding(&keys[0], FinalStatus::Failed, b"", true)],
+            ),
+        )
+        .await
+        .expect("reconcile");
+    assert_eq!(
+        lookup_key(&t.ledger, &keys[0]).await.expect("lookup"),
+        found
+    );
+
+    // The retryable failure's next attempt is the claimant's again: no resolver, and its own
+    // Complete records none.
+    let again = claim(&t.ledger, "run-1", TOOL, ARGS).await;
+    assert_eq!(again.entry.entry.attempt, 2);
+    assert_eq!(again.entry.entry.resolved_by, "");
+    t.ledger
+        .complete(
+            &tenant(),
+            done(&keys[1], &token(&again), FinalStatus::Succeeded, b"done"),
+        )
+        .await
+        .expect("complete");
+    let completed = lookup_key(&t.ledger, &keys[1]).await.expect("lookup");
+    assert_eq!(
+        (completed.status, completed.entry.resolved_by.as_str()),
+        (Status::Succeeded, "")
+    );
+
+    // A malformed principal is refused before anything is applied.
+    let more = unknown_entries(&t, "open_ticket", 1).await;
+    let refused = t
+        .ledger
+        .reconcile(
+            &tenant(),
+            by(
+                "bad\u{7}principal",
+                vec![finding(&more[0], FinalStatus::Succeeded, b"x", false)],
+            ),
+        )
+        .await;
+    assert!(
+        matches!(
+            refused,
+            Err(LedgerError::InvalidArgument {
+                field: "principal",
+                ..
+            })
+        ),
+        "{refused:?}"
+    );
+    assert_eq!(
+        lookup_key(&t.ledger, &more[0])
+            .await
+            .expect("lookup")
+            .status,
+        Status::Unknown
     );
 }
 
@@ -1944,4 +2159,241 @@ async fn resolve_only_applies_the_resolutions_and_hands_out_nothing(b: Backend) 
         reconcile(&t.ledger, ReconcileInput::default()).await,
         keys[1..].to_vec()
     );
+}
+
+// ---------------------------------------------------------------------------------------------
+// The replay memory: finished entries a server remembers to answer repeats without the store
+// (`--replay-memory-bytes`), their counts written in batches.
+
+/// A second server over the same database, with its own memory.
+async fn other_server(t: &TestLedger) -> Ledger {
+    Ledger::new(t.db.store(4).await, t.clock.clone(), Limits::default())
+}
+
+async fn succeeded_entry(ledger: &Ledger, run: &str, result: &[u8]) -> String {
+    let first = claim(ledger, run, TOOL, ARGS).await;
+    let key = first.entry.entry.key.clone();
+    ledger
+        .complete(
+            &tenant(),
+            done(&key, &token(&first), FinalStatus::Succeeded, result),
+        )
+        .await
+        .expect("complete");
+    key
+}
+
+async fn replay_count_on(ledger: &Ledger, key: &str) -> u64 {
+    lookup_key(ledger, key)
+        .await
+        .expect("lookup")
+        .entry
+        .replay_count
+}
+
+async fn replays_answered_from_memory_reach_the_store_and_another_server_in_one_write(b: Backend) {
+    let t = TestLedger::new(b).await;
+    let other = other_server(&t).await;
+    let key = succeeded_entry(&t.ledger, RUN, b"cr-1").await;
+    for n in 1..=5 {
+        let out = claim(&t.ledger, RUN, TOOL, ARGS).await;
+        assert_eq!(out.outcome, Outcome::Replayed);
+        assert_eq!(out.entry.entry.replay_count, n);
+    }
+    // This server counts its own unwritten replays; the other reads the store, which has
+    // none yet (the count may lag there until the write).
+    assert_eq!(replay_count_on(&t.ledger, &key).await, 5);
+    assert_eq!(replay_count_on(&other, &key).await, 0);
+    assert_eq!(t.ledger.flush_replay_counts().await.expect("write"), 1);
+    assert_eq!(replay_count_on(&other, &key).await, 5);
+    assert_eq!(
+        replay_count_on(&t.ledger, &key).await,
+        5,
+        "not counted twice"
+    );
+    assert_eq!(
+        t.ledger.flush_replay_counts().await.expect("write"),
+        0,
+        "nothing left to write"
+    );
+    // Counting goes on from there, and the next write adds only what is new.
+    let out = claim(&t.ledger, RUN, TOOL, ARGS).await;
+    assert_eq!(out.entry.entry.replay_count, 6);
+    t.ledger.flush_replay_counts().await.expect("write");
+    assert_eq!(replay_count_on(&other, &key).await, 6);
+}
+
+async fn a_replay_on_the_server_that_did_not_complete_reads_the_store_once_then_remembers(
+    b: Backend,
+) {
+    let t = TestLedger::new(b).await;
+    let other = other_server(&t).await;
+    let key = succeeded_entry(&t.ledger, RUN, b"cr-1").await;
+    // The other server never saw the entry: its first replay is the store's, counted there.
+    let first = claim(&other, RUN, TOOL, ARGS).await;
+    assert_eq!(
+        (first.outcome, first.entry.entry.result.as_slice()),
+        (Outcome::Replayed, &b"cr-1"[..])
+    );
+    assert_eq!(first.entry.entry.replay_count, 1);
+    assert_eq!(replay_count_on(&t.ledger, &key).await, 1);
+    // Its next replays come from its memory: not in the store until it writes them.
+    for n in 2..=4 {
+        let out = claim(&other, RUN, TOOL, ARGS).await;
+        assert_eq!(out.outcome, Outcome::Replayed);
+        assert_eq!(out.entry.entry.result, b"cr-1", "byte for byte");
+        assert_eq!(out.entry.entry.replay_count, n);
+    }
+    assert_eq!(replay_count_on(&t.ledger, &key).await, 1);
+    assert_eq!(replay_count_on(&other, &key).await, 4);
+    other.flush_replay_counts().await.expect("write");
+    assert_eq!(replay_count_on(&t.ledger, &key).await, 4);
+    // Both servers' memories count into the one stored count.
+    claim(&t.ledger, RUN, TOOL, ARGS).await;
+    claim(&other, RUN, TOOL, ARGS).await;
+    t.ledger.flush_replay_counts().await.expect("write");
+    other.flush_replay_counts().await.expect("write");
+    let third = other_server(&t).await;
+    assert_eq!(replay_count_on(&third, &key).await, 6);
+}
+
+async fn what_is_remembered_expires_on_the_ledgers_clock_and_a_reused_key_is_still_refused(
+    b: Backend,
+) {
+    let t = TestLedger::new(b).await;
+    let mut input = claim_input(RUN, TOOL, ARGS);
+    input.retention = Some(Duration::from_secs(10));
+    let first = t
+        .ledger
+        .claim(&tenant(), input.clone())
+        .await
+        .expect("claim");
+    let key = first.entry.entry.key.clone();
+    t.ledger
+        .complete(
+            &tenant(),
+            done(&key, &token(&first), FinalStatus::Succeeded, b"short"),
+        )
+        .await
+        .expect("complete");
+    assert_eq!(
+        claim(&t.ledger, RUN, TOOL, ARGS).await.outcome,
+        Outcome::Replayed
+    );
+    t.clock.advance(Duration::from_secs(10));
+    let again = t.ledger.claim(&tenant(), input).await.expect("claim");
+    assert_eq!(
+        (again.outcome, again.entry.entry.attempt),
+        (Outcome::Claimed, 1),
+        "expired: a new claim, not a remembered replay"
+    );
+
+    // An explicit key with other arguments is refused, remembered or not; with its own
+    // arguments it replays.
+    let explicit = ClaimInput {
+        key: "wf-1:step-1".into(),
+        ..claim_input(RUN, TOOL, ARGS)
+    };
+    let claimed = t
+        .ledger
+        .claim(&tenant(), explicit.clone())
+        .await
+        .expect("claim");
+    t.ledger
+        .complete(
+            &tenant(),
+            done(
+                "wf-1:step-1",
+                &token(&claimed),
+                FinalStatus::Succeeded,
+                b"x",
+            ),
+        )
+        .await
+        .expect("complete");
+    let reused = ClaimInput {
+        arguments_json: r#"{"customer":"c-42","amount":300,"currency":"EUR"}"#.into(),
+        ..explicit.clone()
+    };
+    for _ in 0..2 {
+        assert!(matches!(
+            t.ledger.claim(&tenant(), reused.clone()).await,
+            Err(LedgerError::KeyReused)
+        ));
+    }
+    assert_eq!(
+        t.ledger
+            .claim(&tenant(), explicit)
+            .await
+            .expect("claim")
+            .outcome,
+        Outcome::Replayed
+    );
+}
+
+async fn a_retryable_failure_is_never_answered_from_memory_and_a_permanent_one_is(b: Backend) {
+    let t = TestLedger::new(b).await;
+    let other = other_server(&t).await;
+    let first = claim(&t.ledger, RUN, TOOL, ARGS).await;
+    let key = first.entry.entry.key.clone();
+    t.ledger
+        .complete(&tenant(), failed(&key, &token(&first), "busy", true))
+        .await
+        .expect("complete");
+    let second = claim(&t.ledger, RUN, TOOL, ARGS).await;
+    assert_eq!(
+        (second.outcome, second.entry.entry.attempt),
+        (Outcome::Claimed, 2)
+    );
+    // The other server claims the same key while attempt 2 runs: in progress, from the store.
+    assert_eq!(
+        claim(&other, RUN, TOOL, ARGS).await.outcome,
+        Outcome::InProgress
+    );
+    t.ledger
+        .complete(
+            &tenant(),
+            failed(&key, &token(&second), "card declined", false),
+        )
+        .await
+        .expect("complete");
+    for ledger in [&t.ledger, &other, &t.ledger, &other] {
+        let out = claim(ledger, RUN, TOOL, ARGS).await;
+        assert_eq!(out.outcome, Outcome::PreviouslyFailed);
+        assert_eq!(out.entry.entry.error, "card declined");
+        assert!(!out.note.is_empty());
+    }
+    t.ledger.flush_replay_counts().await.expect("write");
+    other.flush_replay_counts().await.expect("write");
+    assert_eq!(
+        replay_count_on(&t.ledger, &key).await,
+        0,
+        "a failure is no replay"
+    );
+}
+
+async fn with_the_memory_off_every_replay_is_counted_in_the_store_at_once(b: Backend) {
+    let t = TestLedger::with_limits(
+        b,
+        Limits {
+            replay_memory_bytes: 0,
+            ..Limits::default()
+        },
+    )
+    .await;
+    let other = other_server(&t).await;
+    let key = succeeded_entry(&t.ledger, RUN, b"cr-1").await;
+    for n in 1..=3 {
+        assert_eq!(
+            claim(&t.ledger, RUN, TOOL, ARGS)
+                .await
+                .entry
+                .entry
+                .replay_count,
+            n
+        );
+    }
+    assert_eq!(t.ledger.flush_replay_counts().await.expect("write"), 0);
+    assert_eq!(replay_count_on(&other, &key).await, 3);
+    assert_eq!(t.ledger.replay_memory_bytes(), 0);
 }

@@ -830,6 +830,101 @@ async fn reconcile_hands_out_unknown_entries_and_applies_resolutions_over_grpc()
         .await
         .expect_err("unknown is not a finding");
     assert_eq!(refused.code(), Code::InvalidArgument);
+
+    // Settling one entry at once: `keys` hands out only it, and the resolution records the
+    // principal as resolved_by, which Lookup shows.
+    let mut more = Vec::new();
+    for n in 2..4 {
+        let claimed = claim_ok(
+            &app,
+            claim_req(RUN, "issue_credit", &format!("{{\"n\":{n}}}")),
+        )
+        .await;
+        let key = claimed.entry.as_ref().expect("entry").key.clone();
+        client
+            .complete(pb::CompleteRequest {
+                key: key.clone(),
+                claim_token: claimed.claim_token.clone(),
+                status: pb::Status::Unknown.into(),
+                error: "timeout".into(),
+                ..Default::default()
+            })
+            .await
+            .expect("report unknown");
+        more.push(key);
+    }
+    let one = client
+        .reconcile(pb::ReconcileRequest {
+            keys: vec![more[1].clone()],
+            principal: "worker-7".into(),
+            ..Default::default()
+        })
+        .await
+        .expect("reconcile by key")
+        .into_inner();
+    let handed: Vec<&str> = one.pending.iter().map(|e| e.key.as_str()).collect();
+    assert_eq!(handed, [more[1].as_str()]);
+    let settled = client
+        .reconcile(pb::ReconcileRequest {
+            resolutions: vec![pb::Resolution {
+                key: more[1].clone(),
+                status: pb::Status::Succeeded.into(),
+                result: b"found-7".to_vec().into(),
+                ..Default::default()
+            }],
+            resolve_only: true,
+            principal: "worker-7".into(),
+            ..Default::default()
+        })
+        .await
+        .expect("resolve by key")
+        .into_inner();
+    assert_eq!(settled.resolved[0].resolved_by, "worker-7");
+    let looked = client
+        .lookup(pb::LookupRequest {
+            key: more[1].clone(),
+            ..Default::default()
+        })
+        .await
+        .expect("lookup")
+        .into_inner()
+        .entry
+        .expect("entry");
+    assert_eq!(
+        (looked.status(), looked.resolved_by.as_str()),
+        (pb::Status::Succeeded, "worker-7")
+    );
+    let rest = client
+        .reconcile(pb::ReconcileRequest::default())
+        .await
+        .expect("reconcile")
+        .into_inner();
+    let handed: Vec<&str> = rest.pending.iter().map(|e| e.key.as_str()).collect();
+    assert_eq!(handed, [more[0].as_str()], "the other entry was not taken");
+    for (bad, field) in [
+        (
+            pb::ReconcileRequest {
+                keys: vec!["no spaces".into()],
+                ..Default::default()
+            },
+            "keys",
+        ),
+        (
+            pb::ReconcileRequest {
+                principal: "tab\there".into(),
+                ..Default::default()
+            },
+            "principal",
+        ),
+    ] {
+        let refused = client.reconcile(bad).await.expect_err("refused");
+        assert_error(
+            &refused,
+            Code::InvalidArgument,
+            "INVALID_FIELD",
+            Some(field),
+        );
+    }
 }
 
 async fn nul_characters_in_arguments_and_nul_bytes_in_results_replay_byte_for_byte(b: Backend) {

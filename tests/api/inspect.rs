@@ -842,6 +842,10 @@ async fn resolve_settles_an_unknown_outcome_once_and_claims_nothing(backend: Bac
     assert_eq!(field(&out, "key"), sms_key);
     assert_eq!(field(&out, "status"), "SUCCEEDED");
     assert_eq!(field(&out, "result (UTF-8)"), found);
+    assert!(
+        field(&out, "resolved_by").starts_with("cli:"),
+        "the operator is recorded: {out}"
+    );
     assert_eq!(out, acme(&app, &["entry", &sms_key]).await);
     let again = claim_again(&app, sms.clone()).await;
     assert_eq!(again.outcome(), pb::Outcome::Replayed);
@@ -886,6 +890,8 @@ async fn resolve_settles_an_unknown_outcome_once_and_claims_nothing(backend: Bac
             "--failed",
             "no refund at the gateway",
             "--retryable",
+            "--principal",
+            "ops:alice",
             "--json",
         ],
     )
@@ -895,6 +901,7 @@ async fn resolve_settles_an_unknown_outcome_once_and_claims_nothing(backend: Bac
     assert_eq!(json["status"], "STATUS_FAILED");
     assert_eq!(json["error"], "no refund at the gateway");
     assert_eq!(json["retryable"], true);
+    assert_eq!(json["resolvedBy"], "ops:alice");
     let again = claim_again(&app, refund).await;
     assert_eq!(again.outcome(), pb::Outcome::Claimed);
     assert_eq!(again.entry.expect("entry").attempt, 2);

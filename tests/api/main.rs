@@ -1,7 +1,8 @@
 //! Every integration test in one binary (one link, one shared PostgreSQL template): the storage
 //! conformance suite run on SQLite and PostgreSQL, the gRPC API through a real tonic client,
-//! tenants, health and shutdown, the inspection commands (the binary as a client), and
-//! concurrency across connections and server processes.
+//! tenants, health and shutdown, the inspection commands (the binary as a client), logs and
+//! traces (to a collector run by the tests), and concurrency across connections and server
+//! processes.
 
 #[macro_use]
 mod support;
@@ -13,11 +14,13 @@ mod concurrency;
 mod conformance;
 mod connections;
 mod contention;
+mod docs;
 mod failover;
 mod faults;
 mod full_disk;
 mod grpc_api;
 mod health;
+mod help;
 mod inspect;
 mod logs;
 mod memory_budget;
@@ -35,4 +38,5 @@ mod settings;
 mod store_causes;
 mod tasks;
 mod tenants;
+mod traces;
 mod waiting;

@@ -81,9 +81,19 @@ async fn check_plans(conn: &mut sqlx::PgConnection) {
         (
             "RESOLVE",
             sql::RESOLVE,
-            "text, text, text, bytea, text, bool, int8, int8, int8".into(),
+            "text, text, text, bytea, text, bool, int8, int8, int8, text".into(),
         ),
         ("MARK_WAITING", sql::MARK_WAITING, "text, text".into()),
+        (
+            "TAKE_KEY",
+            sql::TAKE_KEY,
+            "text, int8, int8, text, text, int8".into(),
+        ),
+        (
+            "ADD_REPLAYS_MANY",
+            PgStore::ADD_REPLAYS_MANY,
+            "text[], text[], text[], int8[]".into(),
+        ),
         (
             "FINISH_MANY",
             PgStore::FINISH_MANY,

@@ -1,8 +1,9 @@
 //! Replays answer without waiting for the disk, and their counts are still kept: a replay's
-//! commit does not wait for the WAL flush (PostgreSQL, directly and behind PgBouncer; SQLite's
-//! connection that does not sync is a unit test of `storage::sqlite`), sequential replays are
-//! numbered one by one, and the counts are there after the server is killed and started again,
-//! on every store.
+//! commit, and the write of the counts of replays answered from memory, do not wait for the
+//! WAL flush (PostgreSQL, directly and behind PgBouncer; SQLite's connection that does not
+//! sync is a unit test of `storage::sqlite`), sequential replays are numbered one by one, and
+//! the counts are there after a graceful restart, and after a kill once written, on every
+//! store.
 
 use std::time::{Duration, Instant};
 
@@ -72,7 +73,15 @@ async fn a_replay_commits_without_waiting_for_the_wal_flush(b: Backend) {
     );
     let store = storage::open(&url, &options).await.expect("open store");
     store.migrate().await.expect("migrate");
-    let ledger = Ledger::new(store, ManualClock::new(), Limits::default());
+    // Without the replay memory, so that each replay runs the store's REPLAY statement.
+    let ledger = Ledger::new(
+        store.clone(),
+        ManualClock::new(),
+        Limits {
+            replay_memory_bytes: 0,
+            ..Limits::default()
+        },
+    );
     let tenant = Tenant::default_tenant();
     let input = ClaimInput {
         run_id: "run-1".into(),
@@ -121,11 +130,50 @@ async fn a_replay_commits_without_waiting_for_the_wal_flush(b: Backend) {
         median < COMMIT_DELAY / 2,
         "replays took {took:?}: they wait for the WAL flush"
     );
+
+    // With the memory: the replays are answered from it, and the write of their counts does
+    // not wait for the flush either.
+    let remembering = Ledger::new(store, ManualClock::new(), Limits::default());
+    remembering
+        .claim(&tenant, input.clone())
+        .await
+        .expect("read once");
+    let mut took = Vec::new();
+    for _ in 0..9 {
+        for _ in 0..3 {
+            let replay = remembering
+                .claim(&tenant, input.clone())
+                .await
+                .expect("replay");
+            assert_eq!(replay.outcome, Outcome::Replayed);
+        }
+        let started = Instant::now();
+        assert_eq!(remembering.flush_replay_counts().await.expect("write"), 1);
+        took.push(started.elapsed());
+    }
+    took.sort();
+    let median = took[took.len() / 2];
+    assert!(
+        median < COMMIT_DELAY / 2,
+        "writes of replay counts took {took:?}: they wait for the WAL flush"
+    );
+    let stored = remembering
+        .lookup(
+            &tenant,
+            idempotency_ledger::ledger::LookupInput {
+                key: first.entry.entry.key.clone(),
+                ..Default::default()
+            },
+        )
+        .await
+        .expect("lookup");
+    assert_eq!(stored.entry.replay_count, 9 + 1 + 27);
 }
 
-/// Two replays from one server answer 1 and 2, Lookup shows 2; the server is killed (no
-/// graceful shutdown) and started again on the same database; Lookup still shows 2, and the
-/// next replay answers 3.
+/// Replays answered from the server's memory are numbered one by one and Lookup on that server
+/// shows them at once; their counts reach the store within a second or so, and at a graceful
+/// shutdown: a server stopped with SIGTERM right after two replays, then one killed (no
+/// graceful shutdown) once its count is in the store, both leave every count behind.
 async fn sequential_replays_count_one_each_and_a_killed_server_keeps_them(b: Backend) {
     let db = TestDb::new(b);
     let pooled = [
@@ -152,14 +200,17 @@ async fn sequential_replays_count_one_each_and_a_killed_server_keeps_them(b: Bac
         .complete(success(&key, &claimed.claim_token, b"cr-1"))
         .await
         .expect("complete");
-    for n in 1..=2 {
+    let replay = |mut client: LedgerServiceClient<Channel>| async move {
         let replay = client
             .claim(claim_req("run-1", TOOL, ARGS))
             .await
             .expect("replay")
             .into_inner();
         assert_eq!(replay.outcome(), pb::Outcome::Replayed);
-        assert_eq!(replay.entry.expect("entry").replay_count, n);
+        replay.entry.expect("entry").replay_count
+    };
+    for n in 1..=2 {
+        assert_eq!(replay(client.clone()).await, n);
     }
     let lookup = |mut client: LedgerServiceClient<Channel>| {
         let key = key.clone();
@@ -178,23 +229,54 @@ async fn sequential_replays_count_one_each_and_a_killed_server_keeps_them(b: Bac
     };
     assert_eq!(lookup(client.clone()).await.replay_count, 2);
 
+    // A graceful stop writes the counts it holds.
+    server.terminate();
+    let stopped = tokio::time::timeout(Duration::from_secs(20), server.child.wait())
+        .await
+        .expect("the server stops within 20 s of SIGTERM")
+        .expect("wait");
+    assert!(stopped.success(), "{stopped:?}");
+    let mut server = ServerProcess::start(&db.url, extra).await;
+    let client = server.client().await;
+    assert_eq!(
+        lookup(client.clone()).await.replay_count,
+        2,
+        "the counts survive a graceful restart"
+    );
+    assert_eq!(replay(client.clone()).await, 3);
+
+    // Without a stop, they reach the store within about a second: read it directly.
+    let store = db.store(1).await;
+    let tenant = Tenant::default_tenant();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let stored = store
+            .get(tenant.as_str(), &key)
+            .await
+            .expect("read")
+            .expect("the entry");
+        if stored.replay_count == 3 {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the count was not written within 10 s: {}",
+            stored.replay_count
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    drop(store);
     server.child.start_kill().expect("SIGKILL");
     tokio::time::timeout(Duration::from_secs(10), server.child.wait())
         .await
         .expect("the killed server is gone within 10 s")
         .expect("wait");
     let server = ServerProcess::start(&db.url, extra).await;
-    let mut client = server.client().await;
+    let client = server.client().await;
     assert_eq!(
         lookup(client.clone()).await.replay_count,
-        2,
-        "the counts survive the server's crash"
+        3,
+        "written counts survive the server's crash"
     );
-    let replay = client
-        .claim(claim_req("run-1", TOOL, ARGS))
-        .await
-        .expect("replay")
-        .into_inner();
-    assert_eq!(replay.outcome(), pb::Outcome::Replayed);
-    assert_eq!(replay.entry.expect("entry").replay_count, 3);
+    assert_eq!(replay(client).await, 4);
 }

@@ -190,7 +190,7 @@ def test_external_ref_of_an_explicit_key(ledger: Ledger, run_id: str) -> None:
 
 
 def test_the_readme_example_key_is_the_walkthroughs() -> None:
-    """clients/python/README.md shows this key; the server's README walk-through claims it."""
+    """clients/python/README.md shows this key; the walk-through of docs/agents.md claims it."""
     args = {"customer": "c-42", "amount": 200, "currency": "EUR"}
     assert derive_key("run-7f3a", "issue_credit", args) == (
         "43ba67c5ba6df15d441f50062f986b45a45acf6939a3175662c2afcb9c8678bb"

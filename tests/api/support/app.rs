@@ -386,13 +386,16 @@ impl ServerProcess {
         let addr: SocketAddr = format!("127.0.0.1:{port}").parse().expect("addr");
         let mut command = tokio::process::Command::new(env!("CARGO_BIN_EXE_idempotency-ledger"));
         // The server's settings come from its flags only: a variable the developer's shell
-        // exports (sqlx's DATABASE_URL, a LEDGER_* setting) must not change a test's server.
+        // exports (sqlx's DATABASE_URL, a LEDGER_* setting, an OTEL_* collector) must not
+        // change a test's server.
         for (name, _) in std::env::vars_os() {
             let name = name.to_string_lossy();
-            if name == "DATABASE_URL" || name.starts_with("LEDGER_") {
+            if name == "DATABASE_URL" || name.starts_with("LEDGER_") || name.starts_with("OTEL_") {
                 command.env_remove(name.as_ref());
             }
         }
+        // Before `configure`, which may ask for more.
+        command.env("RUST_LOG", "info");
         configure(&mut command);
         let mut child = command
             .arg("--listen")
@@ -402,7 +405,6 @@ impl ServerProcess {
             .arg("--health-probe-interval")
             .arg("200ms")
             .args(extra)
-            .env("RUST_LOG", "info")
             .stdin(std::process::Stdio::null())
             .stdout(std::process::Stdio::null())
             .stderr(std::process::Stdio::piped())

@@ -1,0 +1,413 @@
+//! The documentation against the code: every `idempotency-ledger` command line the README and
+//! the guides show parses with the binary's own command line; docs/settings.md lists exactly
+//! the flags `--help` prints, with their variables and defaults; docs/errors.md lists exactly
+//! the reasons the server's code sends. (The grpcurl walk-throughs are run against a real server
+//! by tests/readme_walkthrough.py.)
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+
+use clap::{Args as _, CommandFactory as _, Parser as _};
+use idempotency_ledger::cli::Cli;
+use idempotency_ledger::cli::client::Connection;
+
+const REPO: &str = env!("CARGO_MANIFEST_DIR");
+
+/// The pages whose commands are checked: the README, every page of docs/, the clients' and the
+/// benchmark's READMEs.
+fn pages() -> Vec<PathBuf> {
+    let repo = Path::new(REPO);
+    let mut pages = vec![
+        repo.join("README.md"),
+        repo.join("clients/python/README.md"),
+        repo.join("clients/typescript/README.md"),
+        repo.join("bench/README.md"),
+    ];
+    let mut docs: Vec<PathBuf> = std::fs::read_dir(repo.join("docs"))
+        .expect("docs/")
+        .map(|e| e.expect("docs/ entry").path())
+        .filter(|p| p.extension().is_some_and(|e| e == "md"))
+        .collect();
+    docs.sort();
+    pages.extend(docs);
+    pages
+}
+
+fn read(path: &Path) -> String {
+    std::fs::read_to_string(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+}
+
+/// The lines of the page's fenced code blocks, with `\` continuations joined.
+fn code_lines(text: &str) -> Vec<String> {
+    let mut lines = Vec::new();
+    let mut in_block = false;
+    let mut pending = String::new();
+    for line in text.lines() {
+        if line.trim_start().starts_with("```") {
+            in_block = !in_block;
+            continue;
+        }
+        if !in_block {
+            continue;
+        }
+        if let Some(head) = line.strip_suffix('\\') {
+            pending.push_str(head);
+            pending.push(' ');
+            continue;
+        }
+        pending.push_str(line);
+        lines.push(std::mem::take(&mut pending));
+    }
+    lines
+}
+
+/// Words of a shell command line: blanks separate them, single and double quotes group them
+/// (the pages quote JSON and URLs, nothing more elaborate), `#` after a blank starts a comment.
+fn shell_words(line: &str) -> Vec<String> {
+    let mut words = Vec::new();
+    let mut word: Option<String> = None;
+    let mut chars = line.chars().peekable();
+    while let Some(c) = chars.next() {
+        match c {
+            '\'' | '"' => {
+                let w = word.get_or_insert_with(String::new);
+                for q in chars.by_ref() {
+                    if q == c {
+                        break;
+                    }
+                    w.push(q);
+                }
+            }
+            '#' if word.is_none() => break,
+            c if c.is_whitespace() => words.extend(word.take()),
+            c => word.get_or_insert_with(String::new).push(c),
+        }
+    }
+    words.extend(word);
+    words
+}
+
+/// The `idempotency-ledger` command lines of a page, as words after the binary's name:
+/// `idempotency-ledger ARGS`, `$ idempotency-ledger ARGS`, with variables set before it
+/// (`LEDGER_TOKEN=x idempotency-ledger ...`) or after another command (`unset X; ...`), and
+/// `cargo run --release -- ARGS`.
+fn commands(text: &str) -> Vec<(String, Vec<String>)> {
+    let mut found = Vec::new();
+    for line in code_lines(text) {
+        let line = line.trim_start().trim_start_matches("$ ");
+        let line = line.rsplit("; ").next().unwrap_or(line);
+        // A command ends at an unquoted operator (`&`, `|`, `&&`, `||`).
+        let words: Vec<String> = shell_words(line)
+            .into_iter()
+            .take_while(|w| !matches!(w.as_str(), "&" | "|" | "&&" | "||"))
+            .collect();
+        let mut rest = words
+            .iter()
+            .skip_while(|w| w.contains('=') && !w.starts_with('-'))
+            .peekable();
+        let args: Vec<String> = match rest.peek().map(|w| w.as_str()) {
+            Some("idempotency-ledger") => rest.skip(1).cloned().collect(),
+            Some("cargo") if words.windows(2).any(|w| w == ["run", "--release"]) => words
+                .iter()
+                .skip_while(|w| *w != "--")
+                .skip(1)
+                .cloned()
+                .collect(),
+            _ => continue,
+        };
+        found.push((line.to_string(), args));
+    }
+    found
+}
+
+#[test]
+fn every_documented_command_line_parses_with_the_binarys_command_line() {
+    let mut checked = 0;
+    let mut broken = Vec::new();
+    for page in pages() {
+        for (line, args) in commands(&read(&page)) {
+            let argv = std::iter::once("idempotency-ledger".to_string()).chain(args);
+            if let Err(e) = Cli::try_parse_from(argv) {
+                broken.push(format!("{}: {line}\n{e}", page.display()));
+            }
+            checked += 1;
+        }
+    }
+    assert!(broken.is_empty(), "{}", broken.join("\n\n"));
+    // 23 when written: the README's `cargo run`, the PostgreSQL, pooler and TLS examples, the
+    // metrics endpoint's, the operator commands' sixteen, and the Python client's server.
+    assert!(
+        checked >= 20,
+        "only {checked} command lines found: is the scanner still right?"
+    );
+}
+
+#[test]
+fn the_command_scanner_finds_the_forms_the_pages_use() {
+    let page = "```sh\nidempotency-ledger --listen 0.0.0.0:1 \\\n  --max-wait 5s  # a comment\n\
+                $ LEDGER_TOKEN=x idempotency-ledger entries --run 'a b' | head\n\
+                idempotency-ledger &   # in the background\n\
+                $ unset X; idempotency-ledger entry k-123456\n\
+                cargo run --release -- --help\n```\nidempotency-ledger outside a block\n";
+    let found: Vec<Vec<String>> = commands(page).into_iter().map(|(_, a)| a).collect();
+    let words = |s: &[&str]| s.iter().map(|w| w.to_string()).collect::<Vec<_>>();
+    assert_eq!(
+        found,
+        vec![
+            words(&["--listen", "0.0.0.0:1", "--max-wait", "5s"]),
+            words(&["entries", "--run", "a b"]),
+            words(&[]),
+            words(&["entry", "k-123456"]),
+            words(&["--help"]),
+        ]
+    );
+    // And a broken line is caught: a flag that does not exist.
+    assert!(Cli::try_parse_from(["idempotency-ledger", "--no-such-flag", "1"]).is_err());
+}
+
+/// A documented flag: its variable's cell and its default's cell.
+struct Row {
+    env: String,
+    default: String,
+}
+
+/// The table rows of `text` whose first cell is a backticked `--flag`, by section
+/// (`## ` heading).
+fn rows(text: &str) -> BTreeMap<String, BTreeMap<String, Row>> {
+    let mut sections: BTreeMap<String, BTreeMap<String, Row>> = BTreeMap::new();
+    let mut section = String::new();
+    for line in text.lines() {
+        if let Some(title) = line.strip_prefix("## ") {
+            section = title.to_string();
+            continue;
+        }
+        let cells: Vec<&str> = line.trim_matches('|').split(" | ").map(str::trim).collect();
+        let Some(flag) = cells
+            .first()
+            .and_then(|c| c.strip_prefix("`--"))
+            .and_then(|c| c.strip_suffix('`'))
+        else {
+            continue;
+        };
+        assert!(cells.len() >= 3, "a row without a default: {line}");
+        let row = Row {
+            env: cells[1].to_string(),
+            default: cells[2].to_string(),
+        };
+        let old = sections
+            .entry(section.clone())
+            .or_default()
+            .insert(format!("--{flag}"), row);
+        assert!(old.is_none(), "--{flag} is listed twice under {section}");
+    }
+    sections
+}
+
+/// What the page must say of each argument of `command`: (variable, default), by flag.
+fn expected(command: &clap::Command) -> BTreeMap<String, (String, String)> {
+    command
+        .get_arguments()
+        .filter_map(|arg| {
+            let long = arg.get_long()?;
+            if long == "help" || long == "version" {
+                return None;
+            }
+            let env = arg
+                .get_env()
+                .map_or("none".to_string(), |e| format!("`{}`", e.to_string_lossy()));
+            let default = arg
+                .get_default_values()
+                .iter()
+                .map(|v| v.to_string_lossy().into_owned())
+                .collect::<Vec<_>>()
+                .join(",");
+            Some((format!("--{long}"), (env, default)))
+        })
+        .collect()
+}
+
+/// Differences between the documented rows and the command line's arguments.
+fn compare(
+    what: &str,
+    rows: &BTreeMap<String, Row>,
+    expected: &BTreeMap<String, (String, String)>,
+) -> Vec<String> {
+    let mut wrong = Vec::new();
+    for flag in expected.keys().filter(|f| !rows.contains_key(*f)) {
+        wrong.push(format!("{what}: {flag} is not documented"));
+    }
+    for flag in rows.keys().filter(|f| !expected.contains_key(*f)) {
+        wrong.push(format!("{what}: {flag} is documented but does not exist"));
+    }
+    for (flag, (env, default)) in expected {
+        let Some(row) = rows.get(flag) else { continue };
+        if &row.env != env {
+            wrong.push(format!(
+                "{what}: {flag} reads {env}, the page says {}",
+                row.env
+            ));
+        }
+        let documented_default = row
+            .default
+            .strip_prefix('`')
+            .and_then(|d| d.split('`').next());
+        match (default.is_empty(), documented_default) {
+            (true, None) => {}
+            (true, Some(d)) => wrong.push(format!(
+                "{what}: {flag} has no default, the page says `{d}`"
+            )),
+            (false, Some(d)) if d == default => {}
+            (false, _) => wrong.push(format!(
+                "{what}: {flag} defaults to `{default}`, the page says {}",
+                row.default
+            )),
+        }
+    }
+    wrong
+}
+
+#[test]
+fn the_settings_page_lists_every_flag_with_its_variable_and_default() {
+    let page = read(&Path::new(REPO).join("docs/settings.md"));
+    let sections = rows(&page);
+    let connection_section = "The operator commands' connection flags";
+    let server_rows: BTreeMap<String, Row> = sections
+        .iter()
+        .filter(|(title, _)| title.as_str() != connection_section)
+        .flat_map(|(_, rows)| rows.iter())
+        .map(|(flag, row)| {
+            (
+                flag.clone(),
+                Row {
+                    env: row.env.clone(),
+                    default: row.default.clone(),
+                },
+            )
+        })
+        .collect();
+    let mut cli = Cli::command();
+    cli.build();
+    let serve = cli.find_subcommand("serve").expect("serve");
+    let mut wrong = compare("serve", &server_rows, &expected(serve));
+    // The same settings without a subcommand, and for migrate.
+    let top = expected(&cli);
+    if top != expected(serve) || expected(cli.find_subcommand("migrate").expect("migrate")) != top {
+        wrong.push("idempotency-ledger, serve and migrate take different settings".into());
+    }
+    let connection = Connection::augment_args(clap::Command::new("x"));
+    let connection = expected(&connection);
+    wrong.extend(compare(
+        "connection",
+        sections
+            .get(connection_section)
+            .expect("the connection flags' section"),
+        &connection,
+    ));
+    // Each operator command takes them all.
+    for name in ["entries", "entry", "resolve", "renew"] {
+        let own = expected(cli.find_subcommand(name).expect(name));
+        for flag in connection.keys().filter(|f| !own.contains_key(*f)) {
+            wrong.push(format!("{name} lacks {flag}"));
+        }
+    }
+    assert!(server_rows.len() > 40, "{} server rows", server_rows.len());
+    assert!(wrong.is_empty(), "docs/settings.md:\n{}", wrong.join("\n"));
+}
+
+/// SCREAMING_SNAKE string literals (`"STORE_FULL"`) in `text`.
+fn screaming_literals(text: &str) -> BTreeSet<String> {
+    text.split('"')
+        .skip(1)
+        .step_by(2)
+        .filter(|s| {
+            s.len() > 3
+                && s.starts_with(|c: char| c.is_ascii_uppercase())
+                && s.chars().all(|c| c.is_ascii_uppercase() || c == '_')
+        })
+        .map(str::to_string)
+        .collect()
+}
+
+/// The reasons the server's code sends: `reason: "X"` anywhere in src/ (but the operator
+/// commands' own, under src/cli/), the arms of the `pub fn reason(&self)` of the error and of the
+/// canonical-JSON refusals, and the reasons of tonic's own refusals as the server rewrites them.
+/// If the reasons move (one enum), point this at their new home.
+fn reasons_in_source() -> BTreeSet<String> {
+    fn files(dir: &Path, out: &mut Vec<PathBuf>) {
+        for entry in std::fs::read_dir(dir).expect("src/") {
+            let path = entry.expect("entry").path();
+            if path.is_dir() {
+                files(&path, out);
+            } else if path.extension().is_some_and(|e| e == "rs") {
+                out.push(path);
+            }
+        }
+    }
+    let src = Path::new(REPO).join("src");
+    let mut all = Vec::new();
+    files(&src, &mut all);
+    let mut reasons = BTreeSet::new();
+    for path in all {
+        if path.starts_with(src.join("cli")) || path.starts_with(src.join("bin")) {
+            continue;
+        }
+        let text = read(&path);
+        // Tests are left out: they name reasons they expect, not ones they send.
+        let text = text.split("#[cfg(test)]").next().unwrap_or_default();
+        for piece in text.split("reason: \"").skip(1) {
+            let literal = piece.split('"').next().unwrap_or_default();
+            reasons.extend(screaming_literals(&format!("\"{literal}\"")));
+        }
+        if let Some(start) = text.find("pub fn reason(&self)") {
+            let body = &text[start..];
+            let end = body.find("\n    }\n").expect("the end of fn reason");
+            reasons.extend(screaming_literals(&body[..end]));
+        }
+        if path.ends_with("src/proto.rs") {
+            // The codec's refusal of a message that does not decode.
+            reasons.extend(
+                text.lines()
+                    .filter(|l| l.contains("pub const") && l.contains(": &str ="))
+                    .flat_map(screaming_literals),
+            );
+        }
+        if path.ends_with("grpc/library_errors.rs") {
+            reasons.extend(
+                text.lines()
+                    .filter_map(|l| l.trim().strip_suffix(','))
+                    .flat_map(screaming_literals),
+            );
+        }
+    }
+    reasons
+}
+
+#[test]
+fn the_errors_page_lists_exactly_the_reasons_the_server_sends() {
+    let page = read(&Path::new(REPO).join("docs/errors.md"));
+    let documented: BTreeSet<String> = page
+        .lines()
+        .filter(|l| l.starts_with("| `"))
+        .filter_map(|l| l.trim_matches('|').split(" | ").nth(1))
+        .flat_map(|cell| cell.split('`').skip(1).step_by(2).map(str::to_string))
+        .collect();
+    let sent = reasons_in_source();
+    // The ones every reader meets, so that the scan cannot quietly find nothing.
+    for reason in [
+        "INVALID_FIELD",
+        "DUPLICATE_MEMBER",
+        "STALE_CLAIM_TOKEN",
+        "MESSAGE_TOO_LARGE",
+    ] {
+        assert!(
+            sent.contains(reason),
+            "the scan of src/ misses {reason}: {sent:?}"
+        );
+    }
+    let undocumented: Vec<_> = sent.difference(&documented).collect();
+    let stale: Vec<_> = documented.difference(&sent).collect();
+    assert!(
+        undocumented.is_empty() && stale.is_empty(),
+        "docs/errors.md: not documented {undocumented:?}; documented but never sent {stale:?}"
+    );
+}
