@@ -85,7 +85,7 @@ pub const MAX_CONCURRENT_REQUESTS: usize = 1024;
 /// `--max-inflight-bytes`: 64 MiB of request messages. A call makes about five copies of
 /// its message while it runs (the bytes read, the decoded request, the canonical arguments
 /// kept for the store, the statement's binds, the answer), so this keeps the calls' memory
-/// near 300 MiB whatever their number; see docs/operations.md for the figures.
+/// near 300 MiB whatever their number; see docs/performance.md for the figures.
 pub const MAX_INFLIGHT_BYTES: usize = 64 * 1_048_576;
 
 /// `--tenant-rate-limit`.

@@ -292,7 +292,7 @@ async fn a_burst_of_large_calls_beyond_the_byte_budget_is_shed_and_memory_stays_
     );
 
     // What the budget implies: each admitted call holds a few copies of its message
-    // (measured: docs/operations.md), and each HTTP/2 connection may have up to its 1 MiB
+    // (measured: docs/performance.md), and each HTTP/2 connection may have up to its 1 MiB
     // window of a shed call's message buffered before the call is refused; doubled, so that
     // the bound holds whatever the allocator keeps. Besides, each of the 4 database
     // connections may keep a page cache (SQLite's 2 MiB) and buffers the size of the largest
@@ -316,7 +316,7 @@ async fn a_burst_of_large_calls_beyond_the_byte_budget_is_shed_and_memory_stays_
     );
 }
 
-/// The figures of docs/operations.md: the server's peak RSS under the burst (256, then
+/// The figures of docs/performance.md: the server's peak RSS under the burst (256, then
 /// 64, concurrent Claims of 1 MB arguments and Completes of 1 MB results), each on a fresh
 /// server. Set by the environment: `LEDGER_BURST_BUDGET` (bytes; default the shipped budget,
 /// a very large one is a server without a byte budget), `LEDGER_BURST_BACKEND` (`sqlite` or
