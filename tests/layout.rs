@@ -14,6 +14,7 @@ const LAYERS: &[&[&str]] = &[
     &["ledger"],
     &["observe"],
     &["grpc"],
+    &["console"],
     &["server"],
     &["cli"],
 ];

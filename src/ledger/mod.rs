@@ -1,14 +1,16 @@
 //! The ledger's use cases, driven over a [`Store`], one file each and each a method of
 //! [`Ledger`]: `claim`, `complete`, `renew` (RenewLease), `lookup`, `list` (ListEntries),
-//! `reconcile`, `retention` (pruning). Each validates its input, lets the domain decide,
-//! applies the store's compare-and-set write, and starts over from a fresh read when a
-//! concurrent writer won the race. [`wait`] holds claims that wait for an attempt in flight; `notes` are the sentences
-//! for the model; `recent` is a hint cache for the claim path.
+//! `reconcile`, `retention` (pruning), and `find` (an entry by key, key prefix or
+//! `external_ref`, for operators). Each validates its input, lets the domain decide, applies
+//! the store's compare-and-set write, and starts over from a fresh read when a concurrent
+//! writer won the race. [`wait`] holds claims that wait for an attempt in flight; `notes` are
+//! the sentences for the model; `recent` is a hint cache for the claim path.
 //!
 //! Independent of gRPC, so the conformance suite runs the same calls against every backend.
 
 mod claim;
 mod complete;
+pub mod find;
 mod list;
 mod lookup;
 mod memory;

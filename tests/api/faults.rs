@@ -547,7 +547,8 @@ fn classify(status: &Status) -> Failure {
     match (status.code(), reason.as_str()) {
         // The ledger sends ErrorInfo with every error: without it, the transport answered.
         (_, "") => Failure::Ambiguous,
-        (Code::Unavailable, "STORE_UNAVAILABLE")
+        // STORE_BUSY ran nothing, but is as safe to treat as ambiguous: it is retried.
+        (Code::Unavailable, "STORE_UNAVAILABLE" | "STORE_BUSY")
         | (Code::DeadlineExceeded, "DEADLINE_EXCEEDED") => Failure::Ambiguous,
         (Code::Internal, _) => Failure::Internal,
         (Code::ResourceExhausted, _) => Failure::Shed,

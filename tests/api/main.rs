@@ -1,8 +1,8 @@
 //! Every integration test in one binary (one link, one shared PostgreSQL template): the storage
 //! conformance suite run on SQLite and PostgreSQL, the gRPC API through a real tonic client,
-//! tenants, health and shutdown, the inspection commands (the binary as a client), logs and
-//! traces (to a collector run by the tests), and concurrency across connections and server
-//! processes.
+//! tenants, health and shutdown, the operator's console over HTTP, the inspection commands (the
+//! binary as a client), logs and traces (to a collector run by the tests), and concurrency
+//! across connections and server processes.
 
 #[macro_use]
 mod support;
@@ -12,13 +12,16 @@ mod clocks;
 mod commit_failures;
 mod concurrency;
 mod conformance;
+mod connection_steps;
 mod connections;
+mod console;
 mod contention;
 mod docs;
 mod failover;
 mod faults;
 mod full_disk;
 mod grpc_api;
+mod ha_failover;
 mod health;
 mod help;
 mod inspect;
@@ -35,6 +38,7 @@ mod replays;
 mod rotation;
 mod security;
 mod settings;
+mod store_busy;
 mod store_causes;
 mod tasks;
 mod tenants;

@@ -26,7 +26,7 @@ fn as_token<T>(message: T, token: &str) -> Request<T> {
 }
 
 /// Sends `signal` (`HUP`, `TERM`) to the server process.
-fn signal(server: &ServerProcess, signal: &str) {
+pub(crate) fn signal(server: &ServerProcess, signal: &str) {
     let pid = server.child.id().expect("running");
     let status = std::process::Command::new("kill")
         .arg(format!("-{signal}"))
@@ -42,7 +42,7 @@ fn log_of(server: &ServerProcess) -> String {
 }
 
 /// Waits until the server's log holds `needle` `n` times; panics with the log after 20 s.
-async fn wait_for_log(server: &ServerProcess, needle: &str, n: usize) -> String {
+pub(crate) async fn wait_for_log(server: &ServerProcess, needle: &str, n: usize) -> String {
     let deadline = Instant::now() + Duration::from_secs(20);
     loop {
         let log = log_of(server);
@@ -59,7 +59,7 @@ async fn wait_for_log(server: &ServerProcess, needle: &str, n: usize) -> String 
 
 /// Replaces `path`'s contents at once, as operators (and configuration managers) do: the
 /// server never reads a half-written file.
-fn replace(path: &Path, contents: &[u8]) {
+pub(crate) fn replace(path: &Path, contents: &[u8]) {
     let next = path.with_extension("next");
     std::fs::write(&next, contents).expect("write");
     std::fs::rename(&next, path).expect("rename");

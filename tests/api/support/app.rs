@@ -204,6 +204,8 @@ pub fn test_settings(url: &str) -> Settings {
     s.health_probe_interval = Duration::from_millis(200);
     s.db_acquire_timeout = Duration::from_secs(2);
     s.shutdown_grace = Duration::from_secs(5);
+    // Tests that want a console ask for one on a free port; the default one is a developer's.
+    s.console_listen = Some(idempotency_ledger::console::Listen::Off);
     s
 }
 
@@ -396,6 +398,9 @@ impl ServerProcess {
         }
         // Before `configure`, which may ask for more.
         command.env("RUST_LOG", "info");
+        // No console unless a test asks for one (`--console-listen`): the default port is a
+        // developer's, and servers of parallel tests would race for it.
+        command.env("LEDGER_CONSOLE_LISTEN", "off");
         configure(&mut command);
         let mut child = command
             .arg("--listen")

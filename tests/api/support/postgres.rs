@@ -815,6 +815,19 @@ impl Tools {
     }
 }
 
+/// The harness's `initdb`'d template data directory (built on first use; never to be written
+/// to): a copy of it, with an empty `pgharness-cluster.conf` beside its `postgresql.conf`,
+/// is a cluster's data directory in a tenth of `initdb`'s time (a bootstrap method for
+/// Patroni, say).
+pub fn template_data_dir() -> &'static Path {
+    template_dir()
+}
+
+/// The directory of the harness's PostgreSQL server programs (`pg_ctl`, `postgres`, …).
+pub fn bin_dir() -> &'static Path {
+    &tools().bin_dir
+}
+
 /// A command running the server-side program `tool` (`pg_basebackup`, `pg_ctl`, …) of the
 /// harness's PostgreSQL installation, as the server user when the tests run as root, from a
 /// directory that user can read.
