@@ -146,6 +146,7 @@ impl Ledger {
                 .minus(self.clock.now())
                 .to_duration();
             let wake_at = until.min(Instant::now() + lease_left);
+            let _parked = self.waits.waiting();
             tokio::select! {
                 () = changed => {}
                 () = tokio::time::sleep_until(wake_at) => {}

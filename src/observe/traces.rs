@@ -480,6 +480,7 @@ pub(super) fn span_name(method: &str) -> &'static str {
         "Reconcile" => "idempotency.v1.LedgerService/Reconcile",
         "ListEntries" => "idempotency.v1.LedgerService/ListEntries",
         "RenewLease" => "idempotency.v1.LedgerService/RenewLease",
+        "ReplayRate" => "idempotency.v1.LedgerService/ReplayRate",
         _ => "idempotency.v1.LedgerService/_OTHER",
     }
 }

@@ -24,6 +24,7 @@ mod grpc_api;
 mod ha_failover;
 mod health;
 mod help;
+mod history;
 mod inspect;
 mod logs;
 mod memory_budget;

@@ -25,7 +25,7 @@ use serde_json::Value;
 use tokio::net::TcpListener;
 use tonic::transport::Channel;
 
-use crate::support::{Backend, ServerProcess, TestDb, claim_req, success};
+use crate::support::{Backend, ServerProcess, TestDb, claim_req, ledger_command, success};
 
 const TRACE_ID: &str = "4bf92f3577b34da6a3ce929d0e0e4736";
 const PARENT_ID: &str = "00f067aa0ba902b7";
@@ -635,7 +635,7 @@ async fn without_an_endpoint_nothing_is_set_up_and_nothing_is_sent() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn trace_settings_the_server_cannot_honour_stop_it_at_start_with_the_variable_named() {
     let db = TestDb::new(Backend::Sqlite);
-    let output = tokio::process::Command::new(env!("CARGO_BIN_EXE_idempotency-ledger"))
+    let output = ledger_command()
         .arg("--listen")
         .arg("127.0.0.1:0")
         .arg("--database-url")
@@ -643,7 +643,6 @@ async fn trace_settings_the_server_cannot_honour_stop_it_at_start_with_the_varia
         .env("OTEL_EXPORTER_OTLP_ENDPOINT", "http://127.0.0.1:4317")
         .env("OTEL_EXPORTER_OTLP_PROTOCOL", "http/json")
         .stdin(std::process::Stdio::null())
-        .kill_on_drop(true)
         .output();
     let output = tokio::time::timeout(Duration::from_secs(20), output)
         .await
