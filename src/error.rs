@@ -10,18 +10,11 @@ use tonic_types::{ErrorDetails, StatusExt};
 
 use crate::domain::canonical::CanonicalError;
 use crate::domain::key::InvalidField;
+use crate::reason::Reason;
 use crate::storage::StoreError;
 
 /// The `ErrorInfo` domain of every error the ledger sends.
 pub const ERROR_DOMAIN: &str = crate::proto::ERROR_DOMAIN;
-
-/// The reason of every `UNAVAILABLE` for want of a reachable store (and before migrations
-/// ran), spelled once.
-pub const STORE_UNAVAILABLE: &str = "STORE_UNAVAILABLE";
-
-/// The reason of an `UNAVAILABLE` because the store was busy: no connection (on SQLite: or
-/// its write lock) came free within `--db-acquire-timeout`.
-pub const STORE_BUSY: &str = "STORE_BUSY";
 
 /// How long a client should wait before retrying when the store is unavailable.
 const UNAVAILABLE_RETRY_DELAY: Duration = Duration::from_secs(1);
@@ -47,8 +40,8 @@ pub enum LedgerError {
     InvalidArgument {
         /// The request field at fault, as named in the proto.
         field: &'static str,
-        /// A SCREAMING_SNAKE reason, such as `DUPLICATE_MEMBER`.
-        reason: &'static str,
+        /// Why, such as [`Reason::DuplicateMember`].
+        reason: Reason,
         /// What is wrong, for a person.
         message: String,
     },
@@ -90,8 +83,8 @@ pub enum LedgerError {
     /// A limit was reached (load shedding, a tenant's rate); retry after `retry_after`.
     #[error("{message}")]
     ResourceExhausted {
-        /// `OVERLOADED` or `RATE_LIMITED`.
-        reason: &'static str,
+        /// [`Reason::Overloaded`] or [`Reason::RateLimited`].
+        reason: Reason,
         /// What was reached, for a person.
         message: String,
         /// When a retry is worthwhile.
@@ -110,36 +103,36 @@ impl LedgerError {
     pub fn invalid(field: &'static str, message: impl Into<String>) -> LedgerError {
         LedgerError::InvalidArgument {
             field,
-            reason: "INVALID_FIELD",
+            reason: Reason::InvalidField,
             message: message.into(),
         }
     }
 
     /// The reason sent in `ErrorInfo`.
-    pub fn reason(&self) -> &'static str {
+    pub fn reason(&self) -> Reason {
         match self {
-            LedgerError::InvalidArgument { reason, .. } => reason,
-            LedgerError::KeyReused => "KEY_REUSED_WITH_DIFFERENT_REQUEST",
-            LedgerError::StaleClaimToken => "STALE_CLAIM_TOKEN",
-            LedgerError::AlreadyResolved(_) => "ALREADY_RESOLVED",
-            LedgerError::NotFound => "ENTRY_NOT_FOUND",
-            LedgerError::Unauthenticated(_) => "UNAUTHENTICATED",
-            LedgerError::Unavailable(_) => STORE_UNAVAILABLE,
+            LedgerError::InvalidArgument { reason, .. }
+            | LedgerError::ResourceExhausted { reason, .. } => *reason,
+            LedgerError::KeyReused => Reason::KeyReusedWithDifferentRequest,
+            LedgerError::StaleClaimToken => Reason::StaleClaimToken,
+            LedgerError::AlreadyResolved(_) => Reason::AlreadyResolved,
+            LedgerError::NotFound => Reason::EntryNotFound,
+            LedgerError::Unauthenticated(_) => Reason::Unauthenticated,
+            LedgerError::Unavailable(_) => Reason::StoreUnavailable,
             LedgerError::Store(e) => match e {
-                StoreError::Unavailable(_) | StoreError::Unreachable(_) => STORE_UNAVAILABLE,
-                StoreError::Busy(_) => STORE_BUSY,
-                StoreError::Io(_) => "STORE_IO_ERROR",
-                StoreError::Full(_) => "STORE_FULL",
-                StoreError::Contention(_) => "STORE_CONTENTION",
-                StoreError::ReadOnly(_) => "STORE_READ_ONLY",
-                StoreError::Corrupt(_) => "STORE_CORRUPT",
-                StoreError::Misconfigured(_) => "STORE_MISCONFIGURED",
-                StoreError::Internal(_) => "INTERNAL",
+                StoreError::Unavailable(_) | StoreError::Unreachable(_) => Reason::StoreUnavailable,
+                StoreError::Busy(_) => Reason::StoreBusy,
+                StoreError::Io(_) => Reason::StoreIoError,
+                StoreError::Full(_) => Reason::StoreFull,
+                StoreError::Contention(_) => Reason::StoreContention,
+                StoreError::ReadOnly(_) => Reason::StoreReadOnly,
+                StoreError::Corrupt(_) => Reason::StoreCorrupt,
+                StoreError::Misconfigured(_) => Reason::StoreMisconfigured,
+                StoreError::Internal(_) => Reason::Internal,
             },
-            LedgerError::LeaseEnded(_) => "LEASE_ENDED",
-            LedgerError::ResourceExhausted { reason, .. } => reason,
-            LedgerError::DeadlineExceeded => "DEADLINE_EXCEEDED",
-            LedgerError::Internal(_) => "INTERNAL",
+            LedgerError::LeaseEnded(_) => Reason::LeaseEnded,
+            LedgerError::DeadlineExceeded => Reason::DeadlineExceeded,
+            LedgerError::Internal(_) => Reason::Internal,
         }
     }
 
@@ -308,7 +301,11 @@ impl LedgerError {
 impl From<LedgerError> for Status {
     fn from(err: LedgerError) -> Status {
         let mut details = ErrorDetails::new();
-        details.set_error_info(err.reason(), ERROR_DOMAIN, std::collections::HashMap::new());
+        details.set_error_info(
+            err.reason().as_str(),
+            ERROR_DOMAIN,
+            std::collections::HashMap::new(),
+        );
         match &err {
             LedgerError::InvalidArgument { field, message, .. } => {
                 details.add_bad_request_violation(*field, message.clone());
@@ -403,7 +400,7 @@ mod tests {
             store(StoreError::Internal),
             LedgerError::LeaseEnded("UNKNOWN"),
             LedgerError::ResourceExhausted {
-                reason: "OVERLOADED",
+                reason: Reason::Overloaded,
                 message: String::new(),
                 retry_after: Duration::ZERO,
             },
@@ -422,7 +419,7 @@ mod tests {
         assert_eq!(busy.code(), Code::Unavailable);
         assert_eq!(
             busy.get_details_error_info().expect("info").reason,
-            STORE_BUSY
+            Reason::StoreBusy
         );
         assert!(busy.get_details_retry_info().is_some());
         assert!(!busy.message().contains("16"), "{}", busy.message());
@@ -434,7 +431,7 @@ mod tests {
             let status = Status::from(unavailable);
             assert_eq!(status.code(), Code::Unavailable);
             let info = status.get_details_error_info().expect("info");
-            assert_eq!(info.reason, STORE_UNAVAILABLE);
+            assert_eq!(info.reason, Reason::StoreUnavailable);
             assert_eq!(status.message(), UNAVAILABLE_MESSAGE);
             assert!(status.get_details_retry_info().is_some());
         }

@@ -11,8 +11,10 @@
 //! The dependency rule, in one line (a module uses only modules to its left; the test
 //! `tests/layout.rs` holds it):
 //!
-//! `domain, proto, defaults, connections, splitmix ← storage ← error ← ledger ← observe ← grpc ← console ← server ← cli`
+//! `reason ← domain, proto, defaults, connections, splitmix ← storage ← error ← ledger ← observe ← grpc ← console ← server ← cli`
 //!
+//! - [`reason`]: every reason the server sends in an `ErrorInfo`, one enum (the wire names
+//!   derived from the variants by `strum`), below everything that refuses a call.
 //! - [`domain`]: keys (RFC 8785 canonical JSON, derivation, field validation), tenants, what
 //!   of the arguments is kept for audit (redaction), and the entry state machine with the
 //!   compare-and-set predicates the stores' statements implement. No tonic, no sqlx.
@@ -56,6 +58,7 @@ pub mod grpc;
 pub mod ledger;
 pub mod observe;
 pub mod proto;
+pub mod reason;
 pub mod server;
 #[doc(hidden)]
 pub mod splitmix;

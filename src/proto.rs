@@ -33,9 +33,6 @@ pub mod codec {
     use tonic::codec::{BufferSettings, Codec, DecodeBuf, Decoder};
     use tonic_prost::{ProstDecoder, ProstEncoder};
 
-    /// The reason a message that does not decode is refused with.
-    pub const MALFORMED_MESSAGE: &str = "MALFORMED_MESSAGE";
-
     /// [`tonic_prost::ProstCodec`] with [`LedgerDecoder`] as its decoder.
     #[derive(Debug, Clone, Copy)]
     pub struct LedgerCodec<T, U>(PhantomData<(T, U)>);
@@ -87,7 +84,7 @@ pub mod codec {
     pub fn malformed() -> Status {
         let mut details = tonic_types::ErrorDetails::new();
         details.set_error_info(
-            MALFORMED_MESSAGE,
+            crate::reason::Reason::MalformedMessage.as_str(),
             super::ERROR_DOMAIN,
             std::collections::HashMap::new(),
         );

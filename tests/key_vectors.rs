@@ -64,7 +64,7 @@ fn run_case(case: &Case, defaults: Limits) -> Result<Outcome, String> {
         canonicalize(&case.arguments_json, mode, &limits),
         &case.error,
     ) {
-        (Err(e), Some(expected)) if e.reason() == expected => Ok(Err(expected.clone())),
+        (Err(e), Some(expected)) if e.reason().as_str() == expected => Ok(Err(expected.clone())),
         (Err(e), expected) => Err(format!(
             "expected {}, refused with {} ({e})",
             expected.as_deref().unwrap_or("acceptance"),

@@ -9,6 +9,7 @@ use std::path::{Path, PathBuf};
 /// The layers, lowest first; a module may use any module of a lower layer, none of its own
 /// or a higher one.
 const LAYERS: &[&[&str]] = &[
+    &["reason"],
     &["domain", "proto", "defaults", "connections", "splitmix"],
     &["storage"],
     &["error"],

@@ -3,6 +3,7 @@
 //! the optional lenient clean-up, and RFC 8785 (JCS) serialization. The canonical text is what the
 //! key and fingerprint in [`super::key`] hash, so every byte it produces is part of the documented behaviour.
 
+use crate::reason::Reason;
 use std::collections::HashSet;
 use std::fmt::Write as _;
 
@@ -107,17 +108,17 @@ pub enum CanonicalError {
 }
 
 impl CanonicalError {
-    /// The stable `SCREAMING_SNAKE` reason string for this refusal, as sent to clients.
+    /// The reason this refusal is sent with.
     #[must_use]
-    pub fn reason(&self) -> &'static str {
+    pub fn reason(&self) -> Reason {
         match self {
-            Self::InvalidJson { .. } => "INVALID_JSON",
-            Self::DuplicateMember { .. } => "DUPLICATE_MEMBER",
-            Self::LoneSurrogate { .. } => "LONE_SURROGATE",
-            Self::UnsafeInteger { .. } => "UNSAFE_INTEGER",
-            Self::JsonTooDeep { .. } => "JSON_TOO_DEEP",
-            Self::ArgumentsTooLarge { .. } => "ARGUMENTS_TOO_LARGE",
-            Self::ArgumentsNotObject { .. } => "ARGUMENTS_NOT_OBJECT",
+            Self::InvalidJson { .. } => Reason::InvalidJson,
+            Self::DuplicateMember { .. } => Reason::DuplicateMember,
+            Self::LoneSurrogate { .. } => Reason::LoneSurrogate,
+            Self::UnsafeInteger { .. } => Reason::UnsafeInteger,
+            Self::JsonTooDeep { .. } => Reason::JsonTooDeep,
+            Self::ArgumentsTooLarge { .. } => Reason::ArgumentsTooLarge,
+            Self::ArgumentsNotObject { .. } => Reason::ArgumentsNotObject,
         }
     }
 }
@@ -749,7 +750,7 @@ mod tests {
     }
 
     fn reason(text: &str) -> &'static str {
-        refusal(text).reason()
+        refusal(text).reason().as_str()
     }
 
     /// The canonical form of a single number, via `{"n":...}`.
@@ -1113,7 +1114,7 @@ mod tests {
         };
         assert_eq!(parse("1", &limits(0)), Ok(Value::Number(1.0)));
         assert_eq!(
-            parse("{}", &limits(0)).map_err(|e| e.reason()),
+            parse("{}", &limits(0)).map_err(|e| e.reason().as_str()),
             Err("JSON_TOO_DEEP")
         );
         assert!(parse("{}", &limits(1)).is_ok());
@@ -1132,7 +1133,7 @@ mod tests {
             max_depth: 64,
         };
         assert_eq!(
-            parse(&deep, &limits).map_err(|e| e.reason()),
+            parse(&deep, &limits).map_err(|e| e.reason().as_str()),
             Err("JSON_TOO_DEEP")
         );
         // Even with no depth limit the parser itself keeps its stack on the heap.
@@ -1141,7 +1142,7 @@ mod tests {
             max_depth: usize::MAX,
         };
         assert_eq!(
-            parse(&deep, &unlimited).map_err(|e| e.reason()),
+            parse(&deep, &unlimited).map_err(|e| e.reason().as_str()),
             Err("INVALID_JSON")
         );
     }

@@ -11,6 +11,7 @@
 //! decoded request, the canonical arguments, the statement's binds and the answer are all
 //! copies of about that size.
 
+use crate::reason::Reason;
 use std::collections::HashMap;
 use std::collections::VecDeque;
 use std::convert::Infallible;
@@ -85,7 +86,7 @@ impl Admission {
             .clone()
             .try_acquire_owned()
             .map_err(|_| LedgerError::ResourceExhausted {
-                reason: "OVERLOADED",
+                reason: Reason::Overloaded,
                 message: format!(
                     "the server is running its maximum of {} calls; retry shortly",
                     self.max_running
@@ -389,7 +390,7 @@ impl TenantRate {
             *tokens = refilled;
             let wait = Duration::from_secs_f64((1.0 - refilled) / self.per_second);
             Err(LedgerError::ResourceExhausted {
-                reason: "RATE_LIMITED",
+                reason: Reason::RateLimited,
                 message: format!(
                     "this tenant's rate limit of {} calls a second is reached; retry in {} ms",
                     self.per_second,

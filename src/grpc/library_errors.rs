@@ -71,7 +71,7 @@ fn rewrite_library_errors(
     }
     let mut details = tonic_types::ErrorDetails::new();
     details.set_error_info(
-        "MESSAGE_TOO_LARGE",
+        crate::reason::Reason::MessageTooLarge.as_str(),
         crate::error::ERROR_DOMAIN,
         std::collections::HashMap::new(),
     );

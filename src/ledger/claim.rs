@@ -2,6 +2,7 @@
 //! among concurrent claimants), or read what the key holds and answer from it; with a wait,
 //! hold the call while an attempt is in flight.
 
+use crate::reason::Reason;
 use std::time::Duration;
 
 use tokio::time::Instant;
@@ -211,7 +212,7 @@ impl Ledger {
             // The same reason as the shared key vectors give for empty text, with a hint.
             return Err(LedgerError::InvalidArgument {
                 field: "arguments_json",
-                reason: "INVALID_JSON",
+                reason: Reason::InvalidJson,
                 message: "is required (empty text is not JSON); a tool without arguments sends {}"
                     .to_string(),
             });

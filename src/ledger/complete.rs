@@ -6,6 +6,7 @@ use crate::domain::Tenant;
 use crate::domain::key::ExplicitKey;
 use crate::domain::{CompleteDecision, Completion, FinalStatus, Micros, Status, decide_complete};
 use crate::error::LedgerError;
+use crate::reason::Reason;
 use crate::storage::{Finish, Finished};
 
 /// A Complete as the caller sent it.
@@ -140,14 +141,14 @@ impl Ledger {
         if input.result.len() > max {
             return Err(LedgerError::InvalidArgument {
                 field: "result",
-                reason: "RESULT_TOO_LARGE",
+                reason: Reason::ResultTooLarge,
                 message: format!("is {} bytes; the limit is {max}", input.result.len()),
             });
         }
         if input.error.len() > max {
             return Err(LedgerError::InvalidArgument {
                 field: "error",
-                reason: "RESULT_TOO_LARGE",
+                reason: Reason::ResultTooLarge,
                 message: format!("is {} bytes; the limit is {max}", input.error.len()),
             });
         }

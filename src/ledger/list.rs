@@ -6,6 +6,7 @@ use crate::domain::Tenant;
 use crate::domain::key::{RunId, ToolName};
 use crate::domain::{Micros, Status};
 use crate::error::LedgerError;
+use crate::reason::Reason;
 use crate::storage::ListQuery;
 
 /// A ListEntries request, converted.
@@ -148,7 +149,7 @@ fn page_token(started_at: Micros, key: &str, filters: &str) -> String {
 fn parse_page_token(token: &str, filters: &str) -> Result<(Micros, String), LedgerError> {
     let invalid = |message: &str| LedgerError::InvalidArgument {
         field: "page_token",
-        reason: "INVALID_PAGE_TOKEN",
+        reason: Reason::InvalidPageToken,
         message: message.to_string(),
     };
     let text = hex::decode(token)

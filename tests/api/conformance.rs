@@ -783,7 +783,11 @@ async fn bad_input_is_refused_and_stores_nothing(b: Backend) {
                 reason,
                 message,
             }) => {
-                assert_eq!((field, reason), (want_field, want_reason), "{message}");
+                assert_eq!(
+                    (field, reason.as_str()),
+                    (want_field, want_reason),
+                    "{message}"
+                );
                 assert!(!message.is_empty());
             }
             other => panic!("{input:?} should be refused: {other:?}"),
@@ -1014,7 +1018,7 @@ async fn a_result_over_the_limit_is_refused_and_the_entry_unchanged(b: Backend) 
         .await;
     match big {
         Err(LedgerError::InvalidArgument { field, reason, .. }) => {
-            assert_eq!((field, reason), ("result", "RESULT_TOO_LARGE"));
+            assert_eq!((field, reason.as_str()), ("result", "RESULT_TOO_LARGE"));
         }
         other => panic!("a result over the limit should be refused: {other:?}"),
     }

@@ -328,12 +328,20 @@ fn screaming_literals(text: &str) -> BTreeSet<String> {
         .collect()
 }
 
-/// The reasons the server's code sends: `reason: "X"` anywhere in src/ (but the operator
-/// commands' own, under src/cli/), `pub const` string constants, the arms of the
-/// `pub fn reason(&self)` of the error and of the
-/// canonical-JSON refusals, and the reasons of tonic's own refusals as the server rewrites them.
-/// If the reasons move (one enum), point this at their new home.
+/// The reasons the server sends: one enum, `idempotency_ledger::reason::Reason`, which every
+/// `ErrorInfo` the server builds takes its reason from ([`no_reason_is_spelled_outside_the_enum`]
+/// holds that).
 fn reasons_in_source() -> BTreeSet<String> {
+    idempotency_ledger::reason::Reason::all()
+        .map(|r| r.as_str().to_string())
+        .collect()
+}
+
+/// Every `ErrorInfo` the server builds names a `Reason`: no `set_error_info` with a string
+/// literal, and no `reason: "…"` field, anywhere in src/ but the operator commands (src/cli/,
+/// whose refusals are their own and never cross the wire) and tests.
+#[test]
+fn no_reason_is_spelled_outside_the_enum() {
     fn files(dir: &Path, out: &mut Vec<PathBuf>) {
         for entry in std::fs::read_dir(dir).expect("src/") {
             let path = entry.expect("entry").path();
@@ -347,38 +355,70 @@ fn reasons_in_source() -> BTreeSet<String> {
     let src = Path::new(REPO).join("src");
     let mut all = Vec::new();
     files(&src, &mut all);
-    let mut reasons = BTreeSet::new();
+    let mut spelled = Vec::new();
     for path in all {
-        if path.starts_with(src.join("cli")) || path.starts_with(src.join("bin")) {
+        if path.starts_with(src.join("cli")) || path.ends_with("reason.rs") {
             continue;
         }
         let text = read(&path);
-        // Tests are left out: they name reasons they expect, not ones they send.
-        let text = text.split("#[cfg(test)]").next().unwrap_or_default();
-        for piece in text.split("reason: \"").skip(1) {
+        let code = text.split("#[cfg(test)]").next().unwrap_or_default();
+        let squeezed: String = code.split_whitespace().collect::<Vec<_>>().join(" ");
+        for (i, _) in squeezed.match_indices("set_error_info(") {
+            if squeezed[i + "set_error_info(".len()..]
+                .trim_start()
+                .starts_with('"')
+            {
+                spelled.push(format!("{}: set_error_info(\"…", path.display()));
+            }
+        }
+        for piece in squeezed.split("reason: \"").skip(1) {
             let literal = piece.split('"').next().unwrap_or_default();
-            reasons.extend(screaming_literals(&format!("\"{literal}\"")));
-        }
-        if let Some(start) = text.find("pub fn reason(&self)") {
-            let body = &text[start..];
-            let end = body.find("\n    }\n").expect("the end of fn reason");
-            reasons.extend(screaming_literals(&body[..end]));
-        }
-        // Reasons spelled once as constants (`pub const STORE_BUSY: &str = "STORE_BUSY";`).
-        reasons.extend(
-            text.lines()
-                .filter(|l| l.trim_start().starts_with("pub const ") && l.contains(": &str = \""))
-                .flat_map(screaming_literals),
-        );
-        if path.ends_with("grpc/library_errors.rs") {
-            reasons.extend(
-                text.lines()
-                    .filter_map(|l| l.trim().strip_suffix(','))
-                    .flat_map(screaming_literals),
-            );
+            if !screaming_literals(&format!("\"{literal}\"")).is_empty() {
+                spelled.push(format!("{}: reason: \"{literal}\"", path.display()));
+            }
         }
     }
-    reasons
+    assert!(
+        spelled.is_empty(),
+        "reasons spelled outside Reason: {spelled:?}"
+    );
+}
+
+/// Both clients' typed errors (clients/parity.json, which each client's suite checks its own
+/// classes against) catch only reasons the server sends.
+#[test]
+fn the_clients_typed_errors_name_only_reasons_the_server_sends() {
+    fn reasons(value: &serde_json::Value, out: &mut Vec<String>) {
+        match value {
+            serde_json::Value::Object(map) => {
+                for (name, v) in map {
+                    if name == "reason"
+                        && let Some(text) = v.as_str()
+                    {
+                        out.push(text.to_string());
+                    }
+                    reasons(v, out);
+                }
+            }
+            serde_json::Value::Array(items) => items.iter().for_each(|v| reasons(v, out)),
+            _ => {}
+        }
+    }
+    let parity: serde_json::Value =
+        serde_json::from_str(&read(&Path::new(REPO).join("clients/parity.json")))
+            .expect("clients/parity.json is JSON");
+    let mut named = Vec::new();
+    reasons(&parity, &mut named);
+    assert!(
+        named.iter().any(|r| r == "STALE_CLAIM_TOKEN"),
+        "the scan of parity.json found {named:?}"
+    );
+    let sent = reasons_in_source();
+    let unknown: Vec<_> = named.iter().filter(|r| !sent.contains(*r)).collect();
+    assert!(
+        unknown.is_empty(),
+        "clients/parity.json names reasons the server never sends: {unknown:?}"
+    );
 }
 
 #[test]
@@ -391,17 +431,14 @@ fn the_errors_page_lists_exactly_the_reasons_the_server_sends() {
         .flat_map(|cell| cell.split('`').skip(1).step_by(2).map(str::to_string))
         .collect();
     let sent = reasons_in_source();
-    // The ones every reader meets, so that the scan cannot quietly find nothing.
+    // The ones every reader meets.
     for reason in [
         "INVALID_FIELD",
         "DUPLICATE_MEMBER",
         "STALE_CLAIM_TOKEN",
         "MESSAGE_TOO_LARGE",
     ] {
-        assert!(
-            sent.contains(reason),
-            "the scan of src/ misses {reason}: {sent:?}"
-        );
+        assert!(sent.contains(reason), "Reason misses {reason}: {sent:?}");
     }
     let undocumented: Vec<_> = sent.difference(&documented).collect();
     let stale: Vec<_> = documented.difference(&sent).collect();

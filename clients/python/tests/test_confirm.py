@@ -5,9 +5,15 @@ against the real server."""
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
+import os
+import re
+import socket
 import threading
 import time
+from datetime import timedelta
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -17,9 +23,12 @@ from idempotency_ledger import (
     AsyncLedger,
     Attempt,
     Confirmation,
+    Entry,
     Ledger,
     NotExecuted,
+    NotFound,
     OutcomeUnknownError,
+    Resolution,
     Status,
     UnknownAttempt,
     cannot_tell,
@@ -27,6 +36,9 @@ from idempotency_ledger import (
     not_found,
 )
 from idempotency_ledger.testing import LedgerServer
+
+PARITY = json.loads(
+    (Path(__file__).resolve().parents[2] / "parity.json").read_text(encoding="utf-8"))
 
 
 def credit_then_time_out(payments: Payments) -> Any:
@@ -50,8 +62,8 @@ def test_an_unknown_outcome_found_by_confirm_returns_the_result_found(ledger: Le
     (credit,) = payments.credits
     assert result.value == {"credit_id": credit["credit_id"], "amount": 200, "currency": "EUR"}
     assert (result.replayed, result.confirmed) == (False, True)
-    assert (result.entry.status, result.entry.resolved_by) == (Status.SUCCEEDED,
-                                                               ledger._policy.settler)
+    # Completed by the call itself, with its claim token: no Reconcile, so no resolved_by.
+    assert (result.entry.status, result.entry.resolved_by) == (Status.SUCCEEDED, "")
     (asked,) = payments.confirmed
     assert (asked.key, asked.external_ref, asked.arguments, asked.number, asked.tool) == (
         result.entry.key, credit["reference"], CREDIT, 1, "issue_credit")
@@ -68,9 +80,10 @@ def test_an_unknown_outcome_confirm_finds_did_not_happen_is_retryable(ledger: Le
                         confirm=payments.confirm, confirm_delay=0)
     assert isinstance(nothing.value.__cause__, TimeoutError)
     entry = nothing.value.entry
-    assert (entry.status, entry.retryable, entry.resolved_by) == (Status.FAILED, True,
-                                                                  ledger._policy.settler)
-    assert "no credit with reference" in entry.error
+    assert (entry.status, entry.retryable, entry.resolved_by) == (Status.FAILED, True, "")
+    assert entry.error.startswith("the attempt failed (TimeoutError: the payments API did not "
+                                  "answer in 5 s) and the tool's paired read found no effect")
+    assert "no credit with reference" in entry.error  # the read's own reason, after it
     # The next call acts, once.
     done = ledger.run_once(run_id, "issue_credit", CREDIT,
                            lambda a: payments.issue_credit(**CREDIT, reference=a.external_ref))
@@ -247,3 +260,197 @@ def test_not_executed_classes_and_causes_are_retryable(ledger: Ledger, run_id: s
     for tool in ("a", "b"):
         entry = ledger.lookup(run_id=run_id, tool=tool, arguments={})
         assert (entry.status, entry.retryable) == (Status.FAILED, True)
+
+
+# --- what clients/parity.json says of settlements, shown against the real server ---------------
+
+
+def _log_line_pattern(**fields: str) -> re.Pattern[str]:
+    """parity.json's settlement log line with the fields given filled in, the others any word."""
+    template = re.escape(PARITY["settlement"]["log_line"])
+    for name in ("key", "tool", "external_ref", "outcome", "status", "resolved_by", "via"):
+        value = re.escape(fields[name]) if name in fields else r"\S+"
+        template = template.replace(re.escape("{" + name + "}"), value)
+    return re.compile(template)
+
+
+@pytest.mark.parametrize("how", ["raises", "outlives action_timeout"])
+def test_while_confirm_is_asked_the_call_keeps_its_claim(server: LedgerServer, run_id: str,
+                                                         how: str,
+                                                         caplog: pytest.LogCaptureFixture) -> None:
+    """The call whose action left the outcome unknown keeps its claim while it waits and asks:
+    the entry is ATTEMPTING, its lease renewed past its first end (2 s, asked after 2.5 s), and
+    a duplicate that arrives meanwhile waits on the claim and reads the settled result."""
+    payments = Payments(delay=0)
+    release = threading.Event()
+    seen: list[Entry] = []
+    duplicate: list[Any] = []
+
+    def action(attempt: Attempt) -> dict:
+        credit = payments.issue_credit(**CREDIT, reference=attempt.external_ref)
+        if how == "raises":
+            raise TimeoutError("the payments API did not answer")
+        release.wait(20)  # the answer is late: the credit is there, the answer is not
+        return credit
+
+    with Ledger(server.address) as ledger, Ledger(server.address) as other:
+        def repeat() -> None:
+            duplicate.append(other.run_once(run_id, "issue_credit", CREDIT,
+                                            lambda a: pytest.fail("acted again"), wait=20))
+
+        def confirm(attempt: UnknownAttempt) -> Confirmation:
+            seen.append(ledger.lookup(attempt.key))
+            thread = threading.Thread(target=repeat)
+            thread.start()
+            time.sleep(0.5)  # the duplicate's claim is in, waiting on this one's
+            threads.append(thread)
+            return payments.confirm(attempt)
+
+        threads: list[threading.Thread] = []
+        try:
+            with caplog.at_level(logging.INFO, logger="idempotency_ledger"):
+                result = ledger.run_once(
+                    run_id, "issue_credit", CREDIT, action, lease=2, confirm=confirm,
+                    confirm_delay=2.5, action_timeout=0.2 if how != "raises" else None)
+        finally:
+            release.set()
+        for thread in threads:
+            thread.join(30)
+    (entry,) = seen
+    assert entry.status == Status.ATTEMPTING, "confirm is asked under the call's own claim"
+    assert entry.lease_expires_at - entry.started_at > timedelta(seconds=2), "lease renewed"
+    assert result.confirmed and result.entry.status == Status.SUCCEEDED
+    (dup,) = duplicate
+    assert dup.replayed and dup.value == result.value and len(payments.credits) == 1
+    settled = [r.getMessage() for r in caplog.records if r.getMessage().startswith("settled ")]
+    assert any(_log_line_pattern(key=result.entry.key, tool="issue_credit", outcome="found",
+                                 status="SUCCEEDED", via="run_once").fullmatch(line)
+               for line in settled), settled
+
+
+def test_the_async_client_keeps_its_claim_while_confirm_is_asked(server: LedgerServer,
+                                                                 run_id: str) -> None:
+    payments = Payments(delay=0)
+    seen: list[Entry] = []
+
+    async def main() -> Any:
+        async with AsyncLedger(server.address) as ledger:
+            async def confirm(attempt: UnknownAttempt) -> Confirmation:
+                seen.append(await ledger.lookup(attempt.key))
+                return payments.confirm(attempt)
+
+            async def action(attempt: Attempt) -> dict:
+                payments.issue_credit(**CREDIT, reference=attempt.external_ref)
+                raise TimeoutError("no answer")
+
+            return await ledger.run_once(run_id, "issue_credit", CREDIT, action, lease=2,
+                                         confirm=confirm, confirm_delay=2.5)
+
+    result = asyncio.run(main())
+    (entry,) = seen
+    assert entry.status == Status.ATTEMPTING
+    assert entry.lease_expires_at - entry.started_at > timedelta(seconds=2)
+    assert result.confirmed and result.entry.resolved_by == ""
+
+
+def test_after_cannot_tell_a_repeat_settles_the_entry_at_once(ledger: Ledger,
+                                                              run_id: str) -> None:
+    """A "cannot tell" leaves the entry UNKNOWN and held by nobody: the next repeat with a
+    confirm takes it (Reconcile of its key) and settles it at once, rather than meeting a
+    reconcile hold that would lock it out for the server's whole reconcile lease (60 s)."""
+    payments = Payments(delay=0)
+    down = True
+
+    def confirm(attempt: UnknownAttempt) -> Confirmation:
+        if down:
+            return cannot_tell("the payments API is down too")
+        return payments.confirm(attempt)
+
+    with pytest.raises(TimeoutError):
+        ledger.run_once(run_id, "issue_credit", CREDIT, credit_then_time_out(payments),
+                        confirm=confirm, confirm_delay=0)
+    assert ledger.lookup(run_id=run_id, tool="issue_credit",
+                         arguments=CREDIT).status == Status.UNKNOWN
+    down = False
+    again = ledger.run_once(run_id, "issue_credit", CREDIT, lambda a: pytest.fail("acted again"),
+                            confirm=confirm, confirm_delay=0, wait=2)
+    assert again.replayed and again.value["credit_id"] == "cr-001"
+    assert again.entry.resolved_by == ledger._policy.settler
+    assert len(payments.credits) == 1
+
+
+def test_a_repeat_waits_for_a_settlement_another_caller_is_making(ledger: Ledger,
+                                                                  run_id: str) -> None:
+    """An UNKNOWN entry held by another settler (here a reconciler: Reconcile of its key) is
+    not handed to the repeat; the repeat waits, up to its wait, for what the other finds."""
+    claimed = ledger.claim(run_id, "issue_credit", CREDIT)
+    ledger.complete(claimed.key, claimed.claim_token, Status.UNKNOWN, error="TimeoutError")
+    (held,) = ledger.reconcile(keys=[claimed.key], principal="operator").pending
+    assert held.key == claimed.key
+
+    def never(attempt: UnknownAttempt) -> Confirmation:
+        raise AssertionError("the entry is someone else's to settle")
+
+    # The operator answers a second later; the repeat (no confirm_delay) asks at once, is not
+    # handed the entry, and must wait for that answer.
+    settler = threading.Timer(1.0, lambda: ledger.reconcile(
+        resolutions=[Resolution.found(claimed.key, b'{"credit_id": "cr-9"}')],
+        resolve_only=True, principal="operator"))
+    settler.start()
+    try:
+        waited = ledger.run_once(run_id, "issue_credit", CREDIT,
+                                 lambda a: pytest.fail("acted again"), confirm=never,
+                                 confirm_delay=0, wait=10)
+    finally:
+        settler.join()
+    assert waited.replayed and waited.value == {"credit_id": "cr-9"}
+    assert waited.entry.resolved_by == "operator"
+
+    # Nobody settles it within the wait: unknown, after the wait.
+    other = ledger.claim(f"{run_id}-2", "issue_credit", CREDIT)
+    ledger.complete(other.key, other.claim_token, Status.UNKNOWN, error="TimeoutError")
+    ledger.reconcile(keys=[other.key], principal="operator")
+    started = time.monotonic()
+    with pytest.raises(OutcomeUnknownError):
+        ledger.run_once(f"{run_id}-2", "issue_credit", CREDIT,
+                        lambda a: pytest.fail("acted again"), confirm=never,
+                        confirm_delay=0, wait=0.6)
+    assert time.monotonic() - started >= 0.5
+
+
+def test_a_repeat_settles_as_the_call_then_the_client_then_confirm_at_host_pid(
+        server: LedgerServer, run_id: str) -> None:
+    order = PARITY["settlement"]["principal_order"]
+    assert order == ["call", "client", "default"]
+    default = PARITY["settlement"]["default_principal"]["confirm"].format(
+        host=socket.gethostname(), pid=os.getpid())
+    payments = Payments(delay=0)
+    cases = [("", None, default), ("", "", default), ("agent-7", None, "agent-7"),
+             ("agent-7", "", "agent-7"), ("agent-7", "call-1", "call-1")]
+    for n, (client_principal, call_principal, expected) in enumerate(cases):
+        args = {**CREDIT, "customer": f"c-{n}"}
+        with Ledger(server.address, principal=client_principal) as ledger:
+            claimed = ledger.claim(run_id, "issue_credit", args)
+            payments.issue_credit(**args, reference=claimed.entry.external_ref)
+            ledger.complete(claimed.key, claimed.claim_token, Status.UNKNOWN,
+                            error="TimeoutError")
+            again = ledger.run_once(run_id, "issue_credit", args,
+                                    lambda a: pytest.fail("acted again"),
+                                    confirm=payments.confirm, confirm_delay=0,
+                                    principal=call_principal)
+        assert again.replayed and again.entry.resolved_by == expected, (client_principal,
+                                                                        call_principal)
+
+
+def test_strict_mode_refuses_run_once_without_a_confirm_before_claiming(server: LedgerServer,
+                                                                        run_id: str) -> None:
+    # As the TypeScript client's requireConfirm refuses runOnce and runTool without one.
+    with Ledger(server.address, require_confirm=True) as strict:
+        with pytest.raises(ValueError, match=r"tool t has no confirm=.*require_confirm=True"):
+            strict.run_once(run_id, "t", {}, lambda a: pytest.fail("acted"))
+        with pytest.raises(ValueError, match="cannot be safely retried"):
+            strict.attempt(run_id, "t", {}, lambda a: pytest.fail("acted"))
+        with pytest.raises(NotFound):  # nothing was claimed
+            strict.lookup(run_id=run_id, tool="t", arguments={})
+        done = strict.run_once(run_id, "t", {}, lambda a: 1, confirm=lambda a: not_found())
+        assert done.value == 1

@@ -1,6 +1,9 @@
 """The client conforms to clients/parity.json, the one list of what the Python and TypeScript
 clients share: every error class exists with its parent, every gRPC code and reason the list
-names converts to its class, and the defaults are the client's.
+names converts to its class, the defaults (the reconciler's and who settles too) and the notes
+are the client's, and each row of the list is in both READMEs' parity tables. (How an unknown
+outcome is settled, the list's ``settlement``, is shown against the real server in
+test_confirm.py.)
 
 The conversions are checked through a real gRPC call: a small gRPC server in this process
 answers the ledger's Lookup with the code and ErrorInfo reason asked for (most of them, such as
@@ -12,8 +15,11 @@ from __future__ import annotations
 
 import inspect
 import json
+import os
+import socket
 from collections.abc import Iterator
 from concurrent import futures
+from dataclasses import replace
 from pathlib import Path
 
 import grpc
@@ -22,11 +28,13 @@ from google.protobuf import any_pb2
 from google.rpc import error_details_pb2, status_pb2
 
 import idempotency_ledger
-from idempotency_ledger import AsyncLedger, Canonicalization, Ledger, LedgerError
+from idempotency_ledger import AsyncLedger, Canonicalization, Ledger, LedgerError, Reconciler
+from idempotency_ledger import _core as core
 from idempotency_ledger._core import NOT_PERFORMED_NOTE
 from idempotency_ledger._proto import ledger_pb2 as pb
 from idempotency_ledger._wire import canonicalization_name as _canonicalization
 from idempotency_ledger.errors import UNKNOWN_NOTE
+from idempotency_ledger.tools import missing_run_id_view
 
 PARITY = json.loads(
     (Path(__file__).resolve().parents[2] / "parity.json").read_text(encoding="utf-8"))
@@ -172,3 +180,69 @@ def test_what_the_model_reads_is_the_lists() -> None:
     for answer in PARITY["confirm"]["answers"].values():
         name = answer["python"].partition("(")[0]
         assert callable(getattr(idempotency_ledger, name)), name
+
+
+def test_the_settling_poll_and_the_tool_decorators_confirm_delay_are_the_clients() -> None:
+    defaults = PARITY["defaults"]
+    assert list(core._SETTLING_POLL) == defaults["settling_poll_seconds"]
+    assert _default(idempotency_ledger.tools.ledger_tool, "confirm_delay") == defaults[
+        "confirm_delay_seconds"]
+
+
+def test_who_settles_by_default_is_the_clients() -> None:
+    settlement = PARITY["settlement"]
+    here = {"host": socket.gethostname(), "pid": os.getpid()}
+    confirm = settlement["default_principal"]["confirm"].format(**here)
+    reconciler = settlement["default_principal"]["reconciler"].format(**here)
+    assert core.default_principal("confirm") == confirm
+    assert settlement["principal_order"] == ["call", "client", "default"]
+    for principal, expected in (("", confirm), ("agent-7", "agent-7")):
+        ledger = Ledger("127.0.0.1:1", principal=principal)
+        try:
+            assert ledger._policy.settler == expected
+            call = ledger._call("r", "t", {}, lambda a: None, codec=idempotency_ledger.JSON,
+                                wait=None, key=None, canonicalization="JCS", lease=None,
+                                retention=None, principal=None, timeout=None,
+                                action_timeout=None, renew=True, not_executed=(),
+                                confirm=None, confirm_delay=0)
+            assert core.settler(ledger._policy, call) == expected
+            for empty in (None, ""):
+                assert core.settler(ledger._policy, replace(call, principal=empty)) == expected
+            assert core.settler(ledger._policy, replace(call, principal="call-1")) == "call-1"
+            assert Reconciler(ledger, {"t": lambda a: None}).principal == reconciler
+            assert Reconciler(ledger, {"t": lambda a: None}, principal="").principal == reconciler
+        finally:
+            ledger.close()
+
+
+def test_the_reconcilers_defaults_are_the_clients() -> None:
+    defaults = PARITY["reconciler"]
+    names = {"older_than_seconds": "older_than", "batch": "batch",
+             "interval_seconds": "interval", "rate_per_second": "rate",
+             "backoff_seconds": "backoff", "max_backoff_seconds": "max_backoff"}
+    assert set(defaults) - {"about"} == set(names)
+    for key, parameter in names.items():
+        assert _default(Reconciler.__init__, parameter) == defaults[key], key
+
+
+def test_a_missing_run_id_reads_the_lists_note() -> None:
+    expected = PARITY["model_reads"]["missing_run_id"]
+    assert missing_run_id_view("issue_credit") == {
+        "status": expected["status"], "note": expected["note"].format(tool="issue_credit")}
+
+
+PARITY_ROWS = (
+    [f"defaults.{k}" for k in PARITY["defaults"]]
+    + [f"settlement.{k}" for k in PARITY["settlement"] if k != "about"]
+    + [f"reconciler.{k}" for k in PARITY["reconciler"] if k != "about"]
+    + [f"model_reads.{k}" for k in PARITY["model_reads"] if k != "about"]
+    + ["confirm.answers", "errors"])
+
+
+@pytest.mark.parametrize("readme", ["python", "typescript"])
+def test_every_row_of_the_list_is_documented_in_the_readmes_parity_table(readme: str) -> None:
+    text = (Path(__file__).resolve().parents[2] / readme / "README.md").read_text(
+        encoding="utf-8")
+    rows = [line for line in text.splitlines() if line.startswith("| `")]
+    missing = [row for row in PARITY_ROWS if not any(f"| `{row}`" in line for line in rows)]
+    assert missing == [], f"clients/{readme}/README.md has no parity row for {missing}"

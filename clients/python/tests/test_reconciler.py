@@ -5,6 +5,7 @@ holds other tools' unknown entries; against the real server."""
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import os
 import shutil
@@ -28,6 +29,9 @@ from idempotency_ledger import (
     cannot_tell,
 )
 from idempotency_ledger.testing import LedgerServer
+
+PARITY = json.loads(
+    (Path(__file__).resolve().parents[2] / "parity.json").read_text(encoding="utf-8"))
 
 
 def unknown(ledger: Ledger, run_id: str, tool: str, args: dict) -> str:
@@ -80,6 +84,10 @@ def test_a_round_settles_only_its_tools_entries(fresh_server: LedgerServer,
         assert outcomes == {keys["found"]: ("found", Status.SUCCEEDED),
                             keys["absent"]: ("not_found", Status.FAILED),
                             keys["unsure"]: ("cannot_tell", Status.UNKNOWN)}
+        # Who settled each (the TypeScript SettlementRecord's resolvedBy): nobody for cannot tell.
+        assert {s.key: s.who for s in settled} == {keys["found"]: "reconciler-test",
+                                                   keys["absent"]: "reconciler-test",
+                                                   keys["unsure"]: ""}
         found = ledger.lookup(keys["found"])
         assert (found.status, found.resolved_by) == (Status.SUCCEEDED, "reconciler-test")
         assert found.result == b'{"credit_id":"cr-001","amount":200,"currency":"EUR"}'
@@ -89,13 +97,14 @@ def test_a_round_settles_only_its_tools_entries(fresh_server: LedgerServer,
         for name in ("unsure", "reply", "refund"):
             entry = ledger.lookup(keys[name])
             assert (entry.status, entry.resolved_by) == (Status.UNKNOWN, ""), name
-        # Every settlement is logged with its key, tool, external_ref, outcome and who.
-        for key, (outcome, _) in outcomes.items():
+        # Every settlement is logged with its key, tool, external_ref, outcome and who, as
+        # clients/parity.json's settlement.log_line says (the TypeScript client's line).
+        for key, (outcome, status) in outcomes.items():
             line = next(r.getMessage() for r in caplog.records if f"key={key}" in r.getMessage())
             entry = ledger.lookup(key)
-            for part in (f"tool=issue_credit", f"external_ref={entry.external_ref}",
-                         f"outcome={outcome}", "who=reconciler-test"):
-                assert part in line, (part, line)
+            assert line == PARITY["settlement"]["log_line"].format(
+                key=key, tool="issue_credit", external_ref=entry.external_ref, outcome=outcome,
+                status=status.name, resolved_by="reconciler-test", via="reconciler")
         # The confirm was asked with the arguments as the ledger keeps them.
         assert {a.arguments["customer"] for a in payments.confirmed} == {"found", "absent"}
         assert reconciler.run_round() == []  # the unsure one is held for a while; nothing else
@@ -156,7 +165,7 @@ def test_failing_rounds_back_off_and_the_loop_goes_on(tmp_path: Path,
     with Ledger("127.0.0.1:9", timeout=0.5, retry_budget=0) as ledger:
         reconciler = Reconciler(ledger, {"t": lambda a: cannot_tell()}, interval=0.05,
                                 max_backoff=0.2)
-        assert [reconciler._next_pause(n) <= 0.2 for n in range(1, 8)]  # noqa: SLF001
+        assert all(reconciler._next_pause(n) <= 0.2 for n in range(1, 8))  # noqa: SLF001
         assert reconciler._next_pause(0) == 0.05  # noqa: SLF001
         with caplog.at_level(logging.WARNING):
             reconciler.start()

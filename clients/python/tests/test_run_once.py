@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import threading
 import time
+from pathlib import Path
 
 import pytest
 
@@ -13,6 +14,7 @@ from idempotency_ledger import (
     ActionTimeout,
     Attempt,
     InProgressError,
+    InvalidArgument,
     KeyReused,
     Ledger,
     LedgerError,
@@ -24,6 +26,7 @@ from idempotency_ledger import (
     ResultNotEncodable,
     Status,
 )
+from idempotency_ledger.testing import LedgerServer
 
 ARGS = {"customer": "c-42", "amount": 200, "currency": "EUR"}
 # The same intent as ARGS, as a model might spell it.
@@ -364,3 +367,25 @@ def test_an_explicit_key_replays_and_refuses_other_arguments(ledger: Ledger, run
         ledger.run_once("", "issue_credit", {**ARGS, "amount": 300}, tool, key=key)
     assert reused.value.reason == "KEY_REUSED_WITH_DIFFERENT_REQUEST"
     assert len(tool.calls) == 1
+
+
+def test_a_result_the_ledger_refuses_is_unknown_at_once_and_says_how_to_settle_it(
+        ledger_bin: Path, tmp_path: Path, run_id: str) -> None:
+    # As the TypeScript client: a result over --max-result-bytes (RESULT_TOO_LARGE) after the
+    # action ran means the effect happened but cannot be replayed; the entry is recorded UNKNOWN
+    # at once instead of being left ATTEMPTING until its lease ends.
+    small = LedgerServer(ledger_bin, directory=tmp_path, args=["--max-result-bytes", "1024"])
+    with small, Ledger(small.address) as ledger:
+        tool = Tool(result="x" * 2048)
+        with pytest.raises(ResultNotEncodable) as refused:
+            ledger.run_once(run_id, "t", {"n": 1}, tool)
+        e = refused.value
+        assert isinstance(e.__cause__, InvalidArgument)
+        assert e.__cause__.reason == "RESULT_TOO_LARGE"
+        entry = ledger.lookup(run_id=run_id, tool="t", arguments={"n": 1})
+        assert entry.status == Status.UNKNOWN and "result could not be stored" in entry.error
+        assert e.entry is not None and e.entry.status == Status.UNKNOWN
+        assert "Reconcile" in str(e) and "idempotency-ledger resolve" in str(e)
+        with pytest.raises(OutcomeUnknownError):
+            ledger.run_once(run_id, "t", {"n": 1}, tool, wait=0)
+        assert len(tool.calls) == 1

@@ -29,6 +29,19 @@ export const RENEW_EVERY_FRACTION_OF_LEASE = 1 / 3;
  */
 export const DEFAULT_RETRY_BUDGET_MS = 30_000;
 
+/**
+ * How long, by default, runOnce and the tool wrappers wait after an unknown outcome before asking
+ * the tool's paired read (`confirm`): the outside world may need a moment to show a late write.
+ */
+export const DEFAULT_CONFIRM_DELAY_MS = 1_000;
+
+/**
+ * A repeat that meets an unknown outcome another caller is settling (the ledger does not hand
+ * it out) looks it up until it is settled or its wait is over: first after this pause, then
+ * doubling up to the second (`settling_poll_seconds`).
+ */
+export const SETTLING_POLL_MS = Object.freeze([50, 1_000] as const);
+
 /** The canonicalization of a claim that sets none (the proto's CANONICALIZATION_JCS). */
 export const DEFAULT_CANONICALIZATION: Canonicalization = "JCS";
 
@@ -39,6 +52,8 @@ export const ADDRESS_FORMS = ["host:port", "http://host:port", "https://host:por
 export const DEFAULTS = Object.freeze({
   waitMs: DEFAULT_WAIT_MS,
   retryBudgetMs: DEFAULT_RETRY_BUDGET_MS,
+  confirmDelayMs: DEFAULT_CONFIRM_DELAY_MS,
+  settlingPollMs: SETTLING_POLL_MS,
   renewEveryFractionOfLease: RENEW_EVERY_FRACTION_OF_LEASE,
   canonicalization: DEFAULT_CANONICALIZATION,
   addressForms: ADDRESS_FORMS,

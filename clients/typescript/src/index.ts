@@ -1,6 +1,5 @@
 // idempotency-ledger: the TypeScript client of the idempotency ledger.
 export {
-  DEFAULT_CONFIRM_DELAY_MS,
   Ledger,
   classify,
   currentAttempt,
@@ -38,8 +37,9 @@ export {
   type Found,
   type NotFound,
 } from "./confirm.js";
-export { stderrLogger, type LedgerLogger } from "./log.js";
+export { defaultPrincipal, stderrLogger, type LedgerLogger } from "./log.js";
 export {
+  RECONCILER_DEFAULTS,
   Reconciler,
   type ReconcilerOptions,
   type ReconcilerTools,
@@ -49,10 +49,12 @@ export {
   ADDRESS_FORMS,
   DEFAULTS,
   DEFAULT_CANONICALIZATION,
+  DEFAULT_CONFIRM_DELAY_MS,
   DEFAULT_DEADLINE_MS,
   DEFAULT_RETRY_BUDGET_MS,
   DEFAULT_WAIT_MS,
   RENEW_EVERY_FRACTION_OF_LEASE,
+  SETTLING_POLL_MS,
   ledgerUrl,
 } from "./defaults.js";
 export {

@@ -7,7 +7,7 @@
 import { AsyncLocalStorage } from "node:async_hooks";
 import { jsonCodec, type Codec } from "./codec.js";
 import type { Confirm, Confirmation } from "./confirm.js";
-import { DEFAULT_WAIT_MS, RENEW_EVERY_FRACTION_OF_LEASE } from "./defaults.js";
+import { DEFAULT_CONFIRM_DELAY_MS, DEFAULT_WAIT_MS, RENEW_EVERY_FRACTION_OF_LEASE } from "./defaults.js";
 import {
   ActionTimeoutError,
   AlreadyResolvedError,
@@ -42,9 +42,6 @@ import {
 } from "./rpc.js";
 import { ask, attemptOf, logSettlement, resolutionOf, settle, type Settlement } from "./settle.js";
 import type { LedgerEntry } from "./types.js";
-
-/** How long, by default, to wait after an unknown outcome before asking the tool's paired read. */
-export const DEFAULT_CONFIRM_DELAY_MS = 1_000;
 
 /** How to reach the ledger, and how the client behaves. */
 export interface LedgerOptions extends LedgerRpcOptions {
@@ -89,7 +86,10 @@ export interface RunOnceOptions<T> {
    */
   leaseMs?: number;
   retentionMs?: number;
-  /** The claim's principal; also who settles with `confirm` (recorded as resolvedBy). */
+  /**
+   * The claim's principal; also who settles, with `confirm`, an unknown outcome a repeat meets
+   * (recorded as resolvedBy). Unset or empty: the Ledger's, else `confirm@<host>:<pid>`.
+   */
   principal?: string;
   /**
    * When another attempt of the same intent is in flight: wait up to this long for it (the
@@ -364,9 +364,9 @@ export class Ledger extends LedgerRpc {
           const unknown = entry.status === "UNKNOWN";
           if (unknown && options.confirm && !settledOnce) {
             await this.pauseSinceUnknown(entry, options.confirmDelayMs ?? this.confirmDelayMs);
-            const settled = await this.settle(entry, args, options, codec, "a repeat");
+            const settled = await this.settle(entry, args, options, codec, waitMs, "a repeat");
             // Settled (here or elsewhere): the claim now replays the result, or runs again.
-            if (settled.kind !== "cannot_tell") continue;
+            if (settled.kind !== "cannot_tell" && settled.entry.status !== "UNKNOWN") continue;
           }
           const Cls = unknown ? OutcomeUnknownError : InProgressError;
           const retryAfter = claimed.retryAfter ?? (unknown ? UNKNOWN_RETRY_AFTER_MS : 1000);
@@ -498,7 +498,7 @@ export class Ledger extends LedgerRpc {
           ? { status: "FAILED", retryable: false, error: why }
           : { status: "UNKNOWN", error: why };
     let confirmation: Confirmation<T> | undefined;
-    const principal = options.principal ?? this.principal ?? defaultPrincipal("confirm");
+    const principal = this.settler(options);
     if (kind === "unknown" && options.confirm) {
       await sleep(options.confirmDelayMs ?? this.confirmDelayMs);
       const attempt = attemptOf(claimedEntry, JSON.parse(toArgumentsJson(args)) as unknown);
@@ -567,21 +567,31 @@ export class Ledger extends LedgerRpc {
     return unknown;
   }
 
-  /** Settles an UNKNOWN entry with the call's paired read (see settle.ts). */
+  /**
+   * Who a call settles as (resolvedBy): the call's principal, else the Ledger's, else
+   * `confirm@<host>:<pid>`; an empty one counts as none (the Python client's rule too).
+   */
+  private settler(options: { principal?: string }): string {
+    return options.principal || this.principal || defaultPrincipal("confirm");
+  }
+
+  /** Settles an UNKNOWN entry a repeat met with the call's paired read (see settle.ts). */
   private settle<T>(
     entry: LedgerEntry,
     args: ArgumentsInput,
     options: RunOnceOptions<T>,
     codec: Codec<T>,
+    waitMs: number,
     via: string,
   ): Promise<Settlement<T>> {
     return settle(this, entry, {
       confirm: options.confirm!,
       codec,
       args: JSON.parse(toArgumentsJson(args)) as unknown,
-      principal: options.principal ?? this.principal ?? defaultPrincipal("confirm"),
+      principal: this.settler(options),
       logger: this.logger,
       confirmTimeoutMs: options.deadlineMs ?? this.deadlineMs,
+      waitMs,
       via,
     });
   }

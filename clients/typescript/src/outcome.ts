@@ -10,6 +10,7 @@ import {
   InProgressError,
   InvalidArgumentError,
   LedgerError,
+  MissingRunIdError,
   NotExecutedError,
   OutcomeUnknownError,
   PermanentFailureError,
@@ -215,13 +216,20 @@ export function notExecutedNote(err: unknown): string {
   return `This action was not performed: ${describe(err)}. Nothing happened, so it may be called again.`;
 }
 
+/**
+ * What the model reads of a call that came without a run id: word for word the Python client's
+ * (clients/parity.json, model_reads.missing_run_id). The fix is the developer's, in the log.
+ */
+export function missingRunIdNote(tool: string): string {
+  return (
+    `This action was not performed: the tool ${tool} was called without a run id, so the ` +
+    `idempotency ledger cannot tell a repeat from a new request. Nothing happened.`
+  );
+}
+
 /** The result of a call that came without a run id: nothing ran, and the model is told why. */
-export function missingRunIdResult(error: Error): ToolCallResult<never> {
-  return new ToolCallResult<never>({
-    outcome: "not_executed",
-    note: `This action was not performed: ${error.message}. Nothing happened.`,
-    error,
-  });
+export function missingRunIdResult(error: MissingRunIdError): ToolCallResult<never> {
+  return new ToolCallResult<never>({ outcome: "not_executed", note: missingRunIdNote(error.tool), error });
 }
 
 /** What the model reads about one attempt's outcome. */

@@ -33,6 +33,21 @@ export interface SettlementRecord {
   entry: LedgerEntry;
 }
 
+/**
+ * A Reconciler's defaults, the Python Reconciler's too (clients/parity.json, `reconciler`):
+ * entries older than 10 s, 50 per tool per round, 5 s between idle rounds, 10 confirms a second,
+ * failed rounds backing off from 1 s to 60 s.
+ */
+export const RECONCILER_DEFAULTS = Object.freeze({
+  olderThanMs: 10_000,
+  limit: 50,
+  intervalMs: 5_000,
+  maxConfirmsPerSecond: 10,
+  backoffMs: 1_000,
+  maxBackoffMs: 60_000,
+  confirmTimeoutMs: 10_000,
+});
+
 /** The options of a Reconciler. */
 export interface ReconcilerOptions {
   /**
@@ -94,7 +109,7 @@ export class Reconciler {
     private readonly options: ReconcilerOptions = {},
   ) {
     this.tools = resolveTools(ledger, tools);
-    this.principal = options.principal ?? defaultPrincipal("reconciler");
+    this.principal = options.principal || defaultPrincipal("reconciler");
     this.logger = options.logger ?? ledger.logger;
     if (options.signal) {
       const onAbort = () => this.stopper.abort();
@@ -149,7 +164,8 @@ export class Reconciler {
           failures = 0;
         } catch (err) {
           failures++;
-          const base = Math.min(this.options.maxBackoffMs ?? 60_000, (this.options.backoffMs ?? 1_000) * 2 ** (failures - 1));
+          const first = this.options.backoffMs ?? RECONCILER_DEFAULTS.backoffMs;
+          const base = Math.min(this.options.maxBackoffMs ?? RECONCILER_DEFAULTS.maxBackoffMs, first * 2 ** (failures - 1));
           const pause = base * (0.5 + Math.random() / 2);
           this.logger.warn(
             `reconciler ${this.principal}: round failed (${describe(err)}); next in ${Math.round(pause)} ms`,
@@ -157,7 +173,7 @@ export class Reconciler {
           await this.sleep(pause);
           continue;
         }
-        if (handedOut === 0) await this.sleep(this.options.intervalMs ?? 5_000);
+        if (handedOut === 0) await this.sleep(this.options.intervalMs ?? RECONCILER_DEFAULTS.intervalMs);
       }
     } finally {
       for (const undo of this.cleanup.splice(0)) undo();
@@ -176,8 +192,8 @@ export class Reconciler {
       if (this.stopped) break;
       const { pending } = await this.ledger.reconcile({
         tool: tool.name,
-        limit: this.options.limit ?? 50,
-        olderThanMs: this.options.olderThanMs ?? 10_000,
+        limit: this.options.limit ?? RECONCILER_DEFAULTS.limit,
+        olderThanMs: this.options.olderThanMs ?? RECONCILER_DEFAULTS.olderThanMs,
         principal: this.principal,
       });
       handedOut += pending.length;
@@ -204,7 +220,7 @@ export class Reconciler {
       if (err instanceof NotFoundError) return undefined; // expired meanwhile
       throw err;
     }
-    const timeout = this.options.confirmTimeoutMs ?? 10_000;
+    const timeout = this.options.confirmTimeoutMs ?? RECONCILER_DEFAULTS.confirmTimeoutMs;
     const confirmation = await ask(tool.confirm, attemptOf(entry, args), this.logger, timeout);
     const codec = tool.codec ?? toolResultCodec;
     const resolution = resolutionOf(entry, confirmation, codec, this.logger);
@@ -233,7 +249,7 @@ export class Reconciler {
 
   /** Keeps confirms at most maxConfirmsPerSecond apart. */
   private async pace(): Promise<void> {
-    const every = 1_000 / (this.options.maxConfirmsPerSecond ?? 10);
+    const every = 1_000 / (this.options.maxConfirmsPerSecond ?? RECONCILER_DEFAULTS.maxConfirmsPerSecond);
     const now = Date.now();
     const at = Math.max(now, this.nextConfirmAt);
     this.nextConfirmAt = at + every;

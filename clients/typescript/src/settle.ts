@@ -11,6 +11,7 @@ import {
   type ConfirmAttempt,
   type Confirmation,
 } from "./confirm.js";
+import { SETTLING_POLL_MS } from "./defaults.js";
 import type { LedgerLogger } from "./log.js";
 import type { LedgerRpc, Resolution } from "./rpc.js";
 import type { LedgerEntry } from "./types.js";
@@ -43,6 +44,11 @@ export interface SettleContext<T> {
   confirmTimeoutMs: number;
   /** Said in the log line: who asked ("runOnce", "a repeat", "reconciler"). */
   via: string;
+  /**
+   * How long to wait for a settlement someone else is making (the entry is not handed out:
+   * another caller or a reconciler holds it): the call's `waitMs`.
+   */
+  waitMs: number;
 }
 
 /** The attempt confirm is asked about. */
@@ -141,7 +147,9 @@ export function logSettlement(
 
 /**
  * Settles one UNKNOWN entry: takes it (Reconcile of its key alone), asks confirm, records what
- * it found. A Reconcile that fails leaves it UNKNOWN (cannot tell, logged).
+ * it found. When the ledger does not hand it out, someone else holds or settled it: this waits
+ * (up to `ctx.waitMs`, looking it up) for what they find. A Reconcile or Lookup that fails
+ * leaves it UNKNOWN (cannot tell, logged).
  */
 export async function settle<T>(rpc: LedgerRpc, entry: LedgerEntry, ctx: SettleContext<T>): Promise<Settlement<T>> {
   let taken: LedgerEntry | undefined;
@@ -149,7 +157,7 @@ export async function settle<T>(rpc: LedgerRpc, entry: LedgerEntry, ctx: SettleC
     const { pending } = await rpc.reconcile({ keys: [entry.key], principal: ctx.principal });
     taken = pending.find((e) => e.key === entry.key);
     if (!taken) {
-      const now = await rpc.lookup({ key: entry.key });
+      const now = await awaitSettlement(rpc, entry.key, ctx.waitMs);
       logSettlement(ctx.logger, now, "elsewhere", ctx.principal, ctx.via);
       return { kind: "elsewhere", entry: now };
     }
@@ -189,6 +197,23 @@ export async function settle<T>(rpc: LedgerRpc, entry: LedgerEntry, ctx: SettleC
   }
   logSettlement(ctx.logger, resolved, "not_found", ctx.principal, ctx.via);
   return { kind: "not_found", entry: resolved };
+}
+
+/**
+ * Looks the entry up until it is no longer UNKNOWN or `waitMs` is over (the first pause 50 ms,
+ * doubling up to 1 s: SETTLING_POLL_MS); returns it as it then stands.
+ */
+async function awaitSettlement(rpc: LedgerRpc, key: string, waitMs: number): Promise<LedgerEntry> {
+  const started = Date.now();
+  let pause: number = SETTLING_POLL_MS[0];
+  const longest = SETTLING_POLL_MS[1];
+  for (;;) {
+    const now = await rpc.lookup({ key });
+    const left = waitMs - (Date.now() - started);
+    if (now.status !== "UNKNOWN" || left <= 0) return now;
+    await new Promise((done) => setTimeout(done, Math.min(pause, left)));
+    pause = Math.min(pause * 2, longest);
+  }
 }
 
 function where(x: { key: string; tool: string; externalRef: string }): string {

@@ -59,7 +59,7 @@ export interface WrapToolOptions<A extends unknown[]> extends Omit<RunToolOption
   key?: (...args: A) => string | undefined;
   /** The framework's abort signal of the call, if it has one. */
   signal?: (...args: A) => AbortSignal | undefined;
-  /** Where the developer sets the run id: said in the log line and in what the model reads. */
+  /** Where the developer sets the run id: said in the log line (the model reads only that nothing ran). */
   runIdHint?: string;
   /**
    * A call without a run id throws MissingRunIdError from execute instead of answering that

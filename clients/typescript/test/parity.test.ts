@@ -3,16 +3,22 @@
 // each one stands for. This test holds the TypeScript client to it, in both directions: every
 // listed class exists under its name and extends exactly its parent, every code and reason is
 // turned into that class by the client's error conversion, every error class the client
-// exports is listed, and the defaults are the client's own.
+// exports is listed, the defaults (the reconciler's and who settles too) and the notes are the
+// client's own, and every row of the list is in both READMEs' parity tables. (How an unknown
+// outcome is settled, the list's `settlement`, is shown against the real server in
+// run-once.test.ts.)
 
 import assert from "node:assert/strict";
 import { readFileSync } from "node:fs";
+import { hostname } from "node:os";
 import { join } from "node:path";
 import { describe, test } from "node:test";
 import { create } from "@bufbuild/protobuf";
 import { Code, ConnectError } from "@connectrpc/connect";
 import { ErrorInfoSchema } from "../src/gen/google/rpc/error_details_pb.js";
 import * as client from "../src/index.js";
+import { MissingRunIdError } from "../src/errors.js";
+import { missingRunIdResult } from "../src/outcome.js";
 import { REPO_ROOT } from "./support/server.js";
 
 interface ParityError {
@@ -32,8 +38,15 @@ const parity = JSON.parse(readFileSync(join(REPO_ROOT, "clients/parity.json"), "
     targets: string[];
     retry_budget_seconds: number;
     confirm_delay_seconds: number;
+    settling_poll_seconds: number[];
   };
-  model_reads: Record<"outcome_unknown" | "not_performed", { status: string; note: string }>;
+  settlement: {
+    principal_order: string[];
+    default_principal: { confirm: string; reconciler: string };
+  } & Record<string, unknown>;
+  reconciler: Record<string, number | string>;
+  model_reads: Record<"outcome_unknown" | "not_performed" | "missing_run_id", { status: string; note: string }> &
+    Record<string, unknown>;
   confirm: { answers: Record<string, { python: string; typescript: string }> };
   errors: ParityError[];
 };
@@ -216,6 +229,72 @@ describe("parity.json: what the model reads, and the paired read", () => {
 
   test("the confirm delay is the clients'", () => {
     assert.equal(client.DEFAULT_CONFIRM_DELAY_MS, parity.defaults.confirm_delay_seconds * 1000);
+    assert.equal(client.DEFAULTS.confirmDelayMs, parity.defaults.confirm_delay_seconds * 1000);
+    const ledger = new client.Ledger({ address: "127.0.0.1:1" });
+    assert.equal(ledger.confirmDelayMs, parity.defaults.confirm_delay_seconds * 1000);
+    ledger.close();
+  });
+
+  test("a repeat looks up an entry someone else is settling as the clients do", () => {
+    assert.deepEqual(
+      [...client.SETTLING_POLL_MS],
+      parity.defaults.settling_poll_seconds.map((s) => s * 1000),
+    );
+  });
+
+  test("who settles by default is the clients'", () => {
+    const here = (template: string) => template.replace("{host}", hostname()).replace("{pid}", String(process.pid));
+    assert.equal(client.defaultPrincipal("confirm"), here(parity.settlement.default_principal.confirm));
+    assert.deepEqual(parity.settlement.principal_order, ["call", "client", "default"]);
+    const ledger = new client.Ledger({ address: "127.0.0.1:1" });
+    const tools = [{ name: "t", confirm: () => client.cannotTell }];
+    const reconciler = here(parity.settlement.default_principal.reconciler);
+    assert.equal(new client.Reconciler(ledger, tools).principal, reconciler);
+    assert.equal(new client.Reconciler(ledger, tools, { principal: "" }).principal, reconciler);
+    assert.equal(new client.Reconciler(ledger, tools, { principal: "night-shift" }).principal, "night-shift");
+    ledger.close();
+  });
+
+  test("the reconciler's defaults are the clients'", () => {
+    const r = parity.reconciler;
+    const names: Record<string, [keyof typeof client.RECONCILER_DEFAULTS, number]> = {
+      older_than_seconds: ["olderThanMs", 1000],
+      batch: ["limit", 1],
+      interval_seconds: ["intervalMs", 1000],
+      rate_per_second: ["maxConfirmsPerSecond", 1],
+      backoff_seconds: ["backoffMs", 1000],
+      max_backoff_seconds: ["maxBackoffMs", 1000],
+    };
+    assert.deepEqual(Object.keys(r).filter((k) => k !== "about").sort(), Object.keys(names).sort());
+    for (const [key, [option, scale]] of Object.entries(names)) {
+      assert.equal(client.RECONCILER_DEFAULTS[option], (r[key] as number) * scale, key);
+    }
+  });
+
+  test("a call without a run id reads the list's note", () => {
+    const expected = parity.model_reads.missing_run_id;
+    const out = missingRunIdResult(new MissingRunIdError("issue_credit", "pass experimental_context: { runId }"));
+    assert.equal(out.outcome, expected.status);
+    assert.equal(out.toModelText(), expected.note.replace("{tool}", "issue_credit"));
+  });
+
+  test("every row of the list is documented in both READMEs' parity tables", () => {
+    const p = parity as unknown as Record<string, Record<string, unknown>>;
+    const rows = [
+      ...Object.keys(p.defaults).map((k) => `defaults.${k}`),
+      ...["settlement", "reconciler", "model_reads"].flatMap((section) =>
+        Object.keys(p[section]).filter((k) => k !== "about").map((k) => `${section}.${k}`),
+      ),
+      "confirm.answers",
+      "errors",
+    ];
+    for (const readme of ["python", "typescript"]) {
+      const lines = readFileSync(join(REPO_ROOT, "clients", readme, "README.md"), "utf8")
+        .split("\n")
+        .filter((l) => l.startsWith("| `"));
+      const missing = rows.filter((row) => !lines.some((l) => l.includes(`| \`${row}\``)));
+      assert.deepEqual(missing, [], `clients/${readme}/README.md has no parity row for ${missing.join(", ")}`);
+    }
   });
 
   test("confirm's answers exist under their TypeScript names, each of its kind", () => {

@@ -178,8 +178,16 @@ describe("Reconciler", () => {
     assert.equal((await ledger.lookup({ key: y.key })).status, "UNKNOWN");
 
     const abort = new AbortController();
-    const other = new Reconciler(ledger, [{ name, confirm: () => notFound }], { olderThanMs: 0, intervalMs: 10_000, signal: abort.signal }).start();
+    const settled: SettlementRecord[] = [];
+    const other = new Reconciler(ledger, [{ name, confirm: () => notFound }], {
+      olderThanMs: 0,
+      intervalMs: 10_000,
+      signal: abort.signal,
+      onSettlement: (r) => settled.push(r),
+    }).start();
     try {
+      // Its first round settles y (however slow the machine), then it idles for 10 s.
+      for (let i = 0; i < 400 && settled.length === 0; i++) await sleep(25);
       await sleep(100);
       const started = Date.now();
       abort.abort();

@@ -3,6 +3,9 @@
 // after a timeout, and the result codec.
 
 import assert from "node:assert/strict";
+import { readFileSync } from "node:fs";
+import { hostname } from "node:os";
+import { join } from "node:path";
 import { after, before, describe, test } from "node:test";
 import {
   ActionTimeoutError,
@@ -19,9 +22,27 @@ import {
   textCodec,
   type Confirm,
   type Ledger,
+  type LedgerEntry,
 } from "../src/index.js";
 import { captureLog, sleep } from "./support/payments.js";
-import { startServer, uniqueRun, type TestServer } from "./support/server.js";
+import { REPO_ROOT, startServer, uniqueRun, type TestServer } from "./support/server.js";
+
+/** clients/parity.json's settlement rows, which these tests show against the real server. */
+const SETTLEMENT = (
+  JSON.parse(readFileSync(join(REPO_ROOT, "clients/parity.json"), "utf8")) as {
+    settlement: { principal_order: string[]; default_principal: { confirm: string }; log_line: string };
+  }
+).settlement;
+
+/** parity.json's settlement log line with the fields given filled in, the others any word. */
+function logLine(fields: Record<string, string>): RegExp {
+  const escape = (t: string) => t.replace(/[.*+?^${}()|[\]\\]/g, "\\$&");
+  let pattern = escape(SETTLEMENT.log_line);
+  for (const name of ["key", "tool", "external_ref", "outcome", "status", "resolved_by", "via"]) {
+    pattern = pattern.replace(escape(`{${name}}`), name in fields ? escape(fields[name]) : "\\S+");
+  }
+  return new RegExp(`^INFO ${pattern}$`);
+}
 
 const REPLAY_NOTE = /already performed.*No new action was taken/;
 
@@ -449,6 +470,131 @@ describe("runOnce", () => {
       assert.equal(duplicate.replayed, true);
       assert.deepEqual(duplicate.value, { credit_id: "cr-3" });
       assert.equal((await first).confirmed, true);
+    });
+
+    for (const how of ["throws", "outlives timeoutMs"] as const) {
+      test(`an action that ${how}: confirm is asked under the attempt's own claim (ATTEMPTING, lease renewed), completed with its token`, async () => {
+        const log = captureLog();
+        const holder = server.ledger({ principal: "ts-tests", logger: log });
+        const run = uniqueRun("confirm-held");
+        const seen: LedgerEntry[] = [];
+        const held: Confirm<{ credit_id: string }> = async (attempt) => {
+          seen.push(await holder.lookup({ key: attempt.key }));
+          return confirm(attempt);
+        };
+        const out = await holder.runOnce(
+          run,
+          "issue_credit",
+          { customer: "c-held" },
+          async (ctx) => {
+            credits.set(ctx.externalRef, "cr-held");
+            if (how === "throws") throw new Error("the answer was lost");
+            await sleep(20_000, ctx.signal);
+            return { credit_id: "late" };
+          },
+          { confirm: held, leaseMs: 2_000, confirmDelayMs: 2_500, timeoutMs: how === "throws" ? undefined : 200 },
+        );
+        assert.equal(seen.length, 1);
+        const [entry] = seen;
+        assert.equal(entry.status, "ATTEMPTING", "confirm is asked under the attempt's own claim");
+        assert.ok(entry.leaseExpiresAt!.getTime() - entry.startedAt!.getTime() > 2_000, "the lease was renewed");
+        assert.equal(out.confirmed, true);
+        assert.deepEqual(out.value, { credit_id: "cr-held" });
+        // Completed by the attempt itself, with its claim token: no Reconcile, so no resolvedBy.
+        assert.equal(out.entry.status, "SUCCEEDED");
+        assert.equal(out.entry.resolvedBy, "");
+        const pattern = logLine({ key: out.entry.key, tool: "issue_credit", outcome: "found", status: "SUCCEEDED", via: "runOnce" });
+        assert.ok(log.lines.some((l) => pattern.test(l)), log.lines.join("\n"));
+      });
+    }
+
+    test("after cannot tell, a repeat settles the entry at once: no reconcile hold is left behind", async () => {
+      // A Reconcile hold is anonymous and lasts the server's whole reconcile lease (60 s): had the
+      // first call taken the entry with one, the repeat could not take it and would answer unknown.
+      const run = uniqueRun("confirm-unsure-then-sure");
+      let down = true;
+      const flaky: Confirm<{ credit_id: string }> = (attempt) => (down ? cannotTell : confirm(attempt));
+      await assert.rejects(
+        quick.runOnce(run, "issue_credit", { customer: "c-4" }, (ctx) => {
+          credits.set(ctx.externalRef, "cr-4");
+          throw new Error("the answer was lost");
+        }, { confirm: flaky }),
+        /the answer was lost/,
+      );
+      assert.equal((await quick.lookup({ runId: run, tool: "issue_credit", args: { customer: "c-4" } })).status, "UNKNOWN");
+      down = false;
+      const again = await quick.runOnce(run, "issue_credit", { customer: "c-4" }, () => assert.fail("acted again"), {
+        confirm: flaky,
+        waitMs: 2_000,
+      });
+      assert.equal(again.replayed, true);
+      assert.deepEqual(again.value, { credit_id: "cr-4" });
+      assert.equal(again.entry.resolvedBy, "ts-tests");
+    });
+
+    test("a repeat that meets an entry another caller is settling waits (up to waitMs) for that settlement", async () => {
+      const never: Confirm = () => assert.fail("the entry is someone else's to settle");
+      const unknownEntry = async (run: string) => {
+        const claimed = await quick.claim({ runId: run, tool: "issue_credit", args: { customer: "c-5" } });
+        await quick.complete({ key: claimed.entry.key, claimToken: claimed.claimToken, status: "UNKNOWN", error: "timeout" });
+        const { pending } = await quick.reconcile({ keys: [claimed.entry.key], principal: "operator" });
+        assert.deepEqual(pending.map((e) => e.key), [claimed.entry.key], "held by the operator");
+        return claimed.entry.key;
+      };
+      const run = uniqueRun("confirm-elsewhere");
+      const key = await unknownEntry(run);
+      const settling = sleep(500).then(() =>
+        quick.reconcile({
+          resolutions: [{ key, status: "SUCCEEDED", result: new TextEncoder().encode('{"credit_id":"cr-9"}') }],
+          resolveOnly: true,
+          principal: "operator",
+        }),
+      );
+      const waited = await quick.runOnce(run, "issue_credit", { customer: "c-5" }, () => assert.fail("acted again"), {
+        confirm: never,
+        waitMs: 10_000,
+      });
+      await settling;
+      assert.equal(waited.replayed, true);
+      assert.deepEqual(waited.value, { credit_id: "cr-9" });
+      assert.equal(waited.entry.resolvedBy, "operator");
+
+      // Nobody settles it within the wait: unknown, after the wait.
+      const run2 = uniqueRun("confirm-elsewhere-unsettled");
+      await unknownEntry(run2);
+      const started = Date.now();
+      await assert.rejects(
+        quick.runOnce(run2, "issue_credit", { customer: "c-5" }, () => assert.fail("acted again"), { confirm: never, waitMs: 600 }),
+        OutcomeUnknownError,
+      );
+      assert.ok(Date.now() - started >= 500, "it waited");
+    });
+
+    test("a repeat settles as the call's principal, else the Ledger's, else confirm@host:pid", async () => {
+      assert.deepEqual(SETTLEMENT.principal_order, ["call", "client", "default"]);
+      const byDefault = SETTLEMENT.default_principal.confirm.replace("{host}", hostname()).replace("{pid}", String(process.pid));
+      const cases: Array<[ledgerPrincipal: string | undefined, callPrincipal: string | undefined, expected: string]> = [
+        [undefined, undefined, byDefault],
+        ["", "", byDefault],
+        ["agent-7", undefined, "agent-7"],
+        ["agent-7", "", "agent-7"],
+        ["agent-7", "call-1", "call-1"],
+      ];
+      const run = uniqueRun("confirm-principal");
+      for (const [n, [ledgerPrincipal, callPrincipal, expected]] of cases.entries()) {
+        const client = server.ledger({ principal: ledgerPrincipal, confirmDelayMs: 0, logger: captureLog() });
+        const args = { customer: `c-p${n}` };
+        const claimed = await client.claim({ runId: run, tool: "issue_credit", args });
+        credits.set(claimed.entry.externalRef, `cr-p${n}`);
+        await client.complete({ key: claimed.entry.key, claimToken: claimed.claimToken, status: "UNKNOWN", error: "timeout" });
+        const again = await client.runOnce(run, "issue_credit", args, () => assert.fail("acted again"), {
+          confirm,
+          principal: callPrincipal,
+        });
+        assert.equal(again.replayed, true);
+        assert.equal(again.entry.resolvedBy, expected, `Ledger ${ledgerPrincipal}, call ${callPrincipal}`);
+        client.close();
+      }
     });
   });
 });

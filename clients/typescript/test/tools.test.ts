@@ -114,8 +114,13 @@ describe("wrapTool and runTool", () => {
     const tool = new CreditTool();
     const out = await wrap(tool).execute({ customer: "c-1", amount: 1 }, {});
     assert.equal(out.outcome, "not_executed");
-    assert.match(out.toModelText(), /^This action was not performed: the tool issue_credit was called without a run id/);
-    assert.match(out.toModelText(), /pass \{ runId \} as the context/);
+    // The Python client's words (clients/parity.json, model_reads.missing_run_id); the fix is
+    // the developer's, in the log, not the model's to act on.
+    assert.equal(
+      out.toModelText(),
+      "This action was not performed: the tool issue_credit was called without a run id, so the idempotency " +
+        "ledger cannot tell a repeat from a new request. Nothing happened.",
+    );
     assert.equal(tool.credits.length, 0);
     assert.equal(tool.seen, undefined);
   });

@@ -1,7 +1,8 @@
 """What run_once decides, written once for both clients (sans I/O).
 
 Each operation here is a generator that *yields steps* (:class:`Rpc`: a call to send;
-:class:`Sleep`: a pause; :class:`Act`: run the action; :class:`Ask`: ask a tool's ``confirm``;
+:class:`Sleep`: a pause; :class:`Act`: run the action; :class:`StopRenewing`: end the lease
+renewals an action that failed left running; :class:`Ask`: ask a tool's ``confirm``;
 :class:`ReleaseLate`: let an abandoned action complete late) and *receives* their results, or
 has their exceptions thrown in. :class:`~idempotency_ledger.Ledger` drives the generators with
 blocking calls and threads, :class:`~idempotency_ledger.AsyncLedger` with awaits and tasks. So
@@ -18,10 +19,14 @@ from __future__ import annotations
 import inspect
 import json
 import logging
+import os
 import random
+import re
+import socket
 import time
 from collections.abc import Callable, Generator, Iterable
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from typing import Any, TypeVar
 
 from . import _wire as wire
@@ -29,9 +34,11 @@ from .codec import Codec
 from .errors import (
     UNKNOWN_NOTE,
     ActionTimeout,
+    AlreadyResolved,
     BeforeActing,
     DeadlineExceeded,
     InProgressError,
+    InvalidArgument,
     LedgerError,
     NotExecuted,
     OutcomeUnknownError,
@@ -71,8 +78,26 @@ NOT_PERFORMED_NOTE = ("This action did not take effect: its outcome was unknown,
 # The pause before a retry that got no RetryInfo (an unreachable server): doubled each time.
 _FIRST_BACKOFF = 0.1
 _MAX_BACKOFF = 2.0
-# Lookups of an entry another caller is settling: the first pause, doubled up to the last.
+# Lookups of an entry another caller is settling: the first pause, doubled up to the last
+# (``settling_poll_seconds`` of clients/parity.json).
 _SETTLING_POLL = (0.05, 1.0)
+
+
+def confirm_required(tool: str) -> ValueError:
+    """Strict mode's refusal of a tool without its paired read, saying why."""
+    return ValueError(
+        f"tool {tool} has no confirm=, and the ledger requires one (require_confirm=True): "
+        "give it its paired read, a function that looks the effect up (by "
+        "attempt.external_ref) and returns found(result), not_found() or cannot_tell(), so "
+        "that an unknown outcome can be settled. A tool that cannot be reconciled cannot be "
+        "safely retried")
+
+
+def default_principal(role: str) -> str:
+    """Who settles when nobody said: the role, the host and the process (``confirm@host:pid``,
+    ``reconciler@host:pid``), recorded as ``resolved_by`` so that an operator can tell which
+    worker settled what; the TypeScript client's default too (clients/parity.json)."""
+    return re.sub(r"[\x00-\x1f\x7f]", "", f"{role}@{socket.gethostname()}:{os.getpid()}")[:256]
 
 
 # --- steps ------------------------------------------------------------------------------------
@@ -100,7 +125,9 @@ class Act:
     """Run ``action(attempt)``, renewing the claim's lease meanwhile unless `renew` is False,
     for at most `limit` seconds when given; the result is an :class:`Acted`. `late` makes the
     generator that records what an action abandoned at its limit did after all (the blocking
-    client cannot interrupt a function)."""
+    client cannot interrupt a function). With `hold`, an action that raised an ``Exception`` or
+    outlived its limit leaves the renewals running (``Acted.renewal``), for the tool's
+    ``confirm`` to be asked under the claim; the core ends them with :class:`StopRenewing`."""
 
     action: Callable[[Attempt], Any]
     attempt: Attempt
@@ -109,6 +136,7 @@ class Act:
     renew: bool
     timeout: float | None
     late: Callable[[Acted], Generator[Any, Any, None]]
+    hold: bool = False
 
 
 @dataclass
@@ -120,6 +148,8 @@ class Acted:
     timed_out: bool = False
     #: With `timed_out`, the driver's handle for :class:`ReleaseLate`.
     late: Any = None
+    #: With ``Act.hold``, the lease renewals left running: the handle for :class:`StopRenewing`.
+    renewal: Any = None
 
 
 @dataclass(frozen=True)
@@ -132,13 +162,21 @@ class Ask:
 
 
 @dataclass(frozen=True)
+class StopRenewing:
+    """End the lease renewals an :class:`Act` with ``hold`` left running (`handle`), waiting out
+    one in flight, so that none lands after the Complete that follows."""
+
+    handle: Any
+
+
+@dataclass(frozen=True)
 class ReleaseLate:
     """The unknown outcome of an abandoned action is recorded: its late completion may go."""
 
     handle: Any
 
 
-Step = Rpc | Sleep | Act | Ask | ReleaseLate
+Step = Rpc | Sleep | Act | StopRenewing | Ask | ReleaseLate
 Steps = Generator[Step, Any, T]
 
 
@@ -156,7 +194,9 @@ class Policy:
     #: How long, in seconds, a call that meets UNAVAILABLE is sent again (Complete: at least
     #: the lease).
     retry_budget: float
-    #: Recorded as ``resolved_by`` on the entries a tool's own ``confirm`` settles.
+    #: Recorded as ``resolved_by`` on the entries a repeat settles with the tool's ``confirm``
+    #: when the call names no principal: the client's principal, else
+    #: ``default_principal("confirm")``.
     settler: str
     #: Draws the jitter of the pauses between retries (a parameter, so tests can seed it).
     rng: random.Random = field(default_factory=random.Random, compare=False)
@@ -275,7 +315,9 @@ def attempt(policy: Policy, call: Call) -> Steps[CallOutcome[Any]]:
         # An earlier attempt's outcome is unknown and its lease has ended: settle it with the
         # tool's read first, then claim again, which replays what was found, or acts now if the
         # effect did not happen.
-        settled = yield from settle(policy, call, claimed.entry, pause=0.0)
+        settled = yield from settle(
+            policy, call, claimed.entry,
+            pause=pause_since_unknown(claimed.entry, call.confirm_delay))
         if settled is not None and settled.status != Status.UNKNOWN:
             claimed = yield from claim(policy, request, call.timeout, call.wait)
             if claimed.outcome == Outcome.CLAIMED:
@@ -319,29 +361,29 @@ def _act(policy: Policy, call: Call, claimed: ClaimResult) -> Steps[CallOutcome[
                                       True, arity)
         return CallOutcome(Kind.NOT_EXECUTED, entry=entry, error=arity, acted=True)
     limit = wire.seconds(call.action_timeout)
+    # With a confirm, a failed action leaves its lease renewals running: the claim is kept
+    # while confirm is asked (see _unknown).
     acted = yield Act(call.action, Attempt(claimed.entry, claimed.claim_token), claimed, limit,
                       call.renew, call.timeout,
-                      late=lambda late: complete_late(policy, call, claimed, late))
+                      late=lambda late: complete_late(policy, call, claimed, late),
+                      hold=call.confirm is not None)
     if acted.timed_out:
         timed_out = ActionTimeout(None, limit or 0.0)
         timed_out.__cause__ = acted.error  # the awaitable's cancellation, when it was one
-        entry, stopped = yield from _record(
-            policy, call, claimed, Status.UNKNOWN,
-            f"ActionTimeout: the action did not finish within {limit:g} s", False, timed_out)
+        outcome = yield from _unknown(
+            policy, call, claimed, acted.renewal, timed_out,
+            f"ActionTimeout: the action did not finish within {limit:g} s")
         yield ReleaseLate(acted.late)
-        timed_out.entry = entry  # type: ignore[assignment]
-        return (yield from _unknown(policy, call, entry, timed_out, stopped))
+        return outcome
     if acted.error is not None:
         status, text, retryable, raised = classify(acted.error, call.not_executed)
-        entry, stopped = yield from _record(policy, call, claimed, status, text, retryable,
-                                            raised)
-        failure = _action_failure(raised)
-        if failure is not None and entry is not None:
-            failure.entry = entry
-        if status == Status.FAILED:
-            kind = Kind.NOT_EXECUTED if retryable else Kind.FAILED
-            return CallOutcome(kind, entry=entry, error=raised, acted=True)
-        return (yield from _unknown(policy, call, entry, raised, stopped))
+        if status == Status.UNKNOWN:
+            return (yield from _unknown(policy, call, claimed, acted.renewal, raised, text))
+        yield from _stop_renewing(acted.renewal)
+        entry, _ = yield from _record(policy, call, claimed, status, text, retryable, raised)
+        _attach(raised, entry)
+        kind = Kind.NOT_EXECUTED if retryable else Kind.FAILED
+        return CallOutcome(kind, entry=entry, error=raised, acted=True)
     try:
         payload = call.codec.encode(acted.value)
     except Exception as e:
@@ -354,6 +396,18 @@ def _act(policy: Policy, call: Call, claimed: ClaimResult) -> Steps[CallOutcome[
     try:
         done = yield from _complete_durably(policy, call, claimed, Status.SUCCEEDED, payload, "",
                                             False)
+    except InvalidArgument as e:
+        # The ledger refused the result (RESULT_TOO_LARGE): the effect happened but cannot be
+        # replayed, so record that its outcome is unknown rather than leave the claim hanging
+        # until its lease ends (as the TypeScript client does).
+        why = f"the ledger refused it: {e.reason or 'INVALID_ARGUMENT'}: {e.message}"
+        entry, _ = yield from _record(policy, call, claimed, Status.UNKNOWN,
+                                      f"ResultNotEncodable: the result could not be stored: {why}",
+                                      False, e)
+        refused = ResultNotEncodable(claimed.key, entry, e)
+        refused.__cause__ = e
+        return CallOutcome(Kind.UNKNOWN, note=UNKNOWN_NOTE, entry=entry, error=refused,
+                           acted=True)
     except LedgerError as e:
         # It acted, and the ledger could not be told: the entry reads UNKNOWN when its lease
         # ends and waits for a reconciler. Never acted again.
@@ -362,31 +416,139 @@ def _act(policy: Policy, call: Call, claimed: ClaimResult) -> Steps[CallOutcome[
                        acted=True)
 
 
-def _unknown(policy: Policy, call: Call, entry: Entry | None, error: BaseException,
-             stopped: BaseException | None) -> Steps[CallOutcome[Any]]:
-    """This call's own action left its outcome unknown: with a ``confirm``, settle it now."""
-    unknown = CallOutcome(Kind.UNKNOWN, note=UNKNOWN_NOTE, entry=entry, error=error, acted=True)
-    # A cancellation (or an interrupt) goes on at once; the reconciler settles the entry later.
-    if (call.confirm is None or entry is None or stopped is not None
-            or not isinstance(error, Exception)):
-        return unknown
-    settled = yield from settle(policy, call, entry, pause=call.confirm_delay)
-    if settled is None or settled.status == Status.UNKNOWN:
-        return unknown
-    if settled.status == Status.SUCCEEDED:
-        return CallOutcome(Kind.CONFIRMED, value=call.codec.decode(settled.result), entry=settled,
-                           acted=True)
-    if settled.status == Status.FAILED and settled.retryable:
-        nothing = NotExecuted(f"{call.tool}: the outcome was unknown ({error_text(error)}), and "
-                              f"its confirm found no effect: {settled.error}")
-        nothing.__cause__ = error
-        nothing.entry = settled
-        return CallOutcome(Kind.NOT_FOUND, note=NOT_PERFORMED_NOTE, entry=settled, error=nothing,
-                           acted=True)
-    if settled.status == Status.FAILED:  # a person settled it as failed for good
-        return CallOutcome(Kind.FAILED, note=settled.error, entry=settled, error=error,
-                           acted=True)
+def _stop_renewing(renewal: Any) -> Steps[None]:
+    if renewal is not None:
+        yield StopRenewing(renewal)
+
+
+def _attach(error: BaseException, entry: Entry | None) -> None:
+    """Sets the recorded entry on the exception run_once raises (and on the failure the action
+    raised it from), as the README promises."""
+    if entry is None:
+        return
+    if isinstance(error, ActionTimeout):
+        error.entry = entry  # type: ignore[assignment]
+    failure = _action_failure(error)
+    if failure is not None:
+        failure.entry = entry
+
+
+def _unknown(policy: Policy, call: Call, claimed: ClaimResult, renewal: Any,
+             error: BaseException, text: str) -> Steps[CallOutcome[Any]]:
+    """This call's own action left its outcome unknown (it raised once it started, or outlived
+    ``action_timeout``). Without a ``confirm`` (or after a cancellation) the entry is completed
+    ``UNKNOWN`` at once. With one, the call keeps its claim, its lease still renewed
+    (`renewal`), waits ``confirm_delay``, asks ``confirm`` and completes the entry with its own
+    claim token as the read found: found → ``SUCCEEDED`` with that result, not found →
+    ``FAILED`` retryable, cannot tell → ``UNKNOWN``.
+
+    Keeping the claim, rather than completing ``UNKNOWN`` and taking the entry back with
+    ``Reconcile(keys=[key])``, matters twice: a Reconcile hold is anonymous and lasts the
+    server's whole reconcile lease (60 s), so a "cannot tell" would lock every repeat's own
+    settlement out for that long; and a duplicate waiting on the claim (the server's wait)
+    reads the settled result instead of an unknown outcome. If the process dies meanwhile, the
+    renewals stop with it and the entry reads ``UNKNOWN`` when the lease ends, as without a
+    confirm."""
+    question: UnknownAttempt | None = None
+    answer: Any = None
+    resolution: Resolution | None = None
+    interrupted: BaseException | None = None
+    if call.confirm is not None and isinstance(error, Exception):
+        entry = claimed.entry
+        question = UnknownAttempt(key=claimed.key, external_ref=entry.external_ref,
+                                  arguments=json.loads(arguments_json(call.arguments)),
+                                  number=entry.attempt, tool=entry.tool, run_id=entry.run_id,
+                                  entry=entry)
+        try:
+            if call.confirm_delay > 0:
+                yield Sleep(call.confirm_delay)
+            answer = yield from ask(call.confirm, question)
+        except BaseException as e:  # cancelled meanwhile: recorded UNKNOWN, then raised
+            interrupted = e
+        else:
+            resolution = resolution_of(answer, question, call.codec)
+    try:
+        yield from _stop_renewing(renewal)
+    except BaseException as e:  # the Complete below is shielded: it still records the outcome
+        interrupted = interrupted or e
+    if resolution is None:
+        status, result, recorded, retryable = Status.UNKNOWN, b"", text, False
+    elif resolution.status == Status.SUCCEEDED:
+        status, result, recorded, retryable = Status.SUCCEEDED, resolution.result, "", False
+    else:
+        reason = answer.reason if isinstance(answer, Confirmation) else ""
+        recorded = (f"the attempt failed ({text}) and the tool's paired read found no effect "
+                    f"(external_ref {claimed.entry.external_ref})" + (f": {reason}" if reason
+                                                                      else ""))
+        status, result, retryable = Status.FAILED, b"", True
+    try:
+        done = yield from _complete_durably(policy, call, claimed, status, result, recorded,
+                                            retryable)
+    except AlreadyResolved as e:
+        if resolution is not None and interrupted is None:
+            # Settled by someone else first (a reconciler that took the entry once the lease
+            # had ended after all): what they found is the answer.
+            now = yield from _lookup_key(policy, call, claimed.key)
+            if now is not None:
+                return _settled_elsewhere(call, now, error)
+        error.add_note(f"the ledger did not record this outcome: {e!r}")
+        return CallOutcome(Kind.UNKNOWN, note=UNKNOWN_NOTE, entry=None,
+                           error=interrupted or error, acted=True)
+    except BaseException as e:  # the action's own exception goes on; this one is a note on it
+        error.add_note(f"the ledger did not record this outcome: {e!r}")
+        if not isinstance(e, Exception):
+            interrupted = interrupted or e
+        return CallOutcome(Kind.UNKNOWN, note=UNKNOWN_NOTE, entry=None,
+                           error=interrupted or error, acted=True)
+    entry = done.entry
+    _attach(error, entry)
+    if question is not None and interrupted is None:
+        log_settlement(entry, _said(answer), entry.status.name, settler(policy, call),
+                       "run_once")
+    if interrupted is None and resolution is not None and entry.status == Status.SUCCEEDED:
+        return CallOutcome(Kind.CONFIRMED, value=call.codec.decode(resolution.result),
+                           entry=entry, acted=True)
+    if interrupted is None and resolution is not None and entry.status == Status.FAILED:
+        return _not_found(entry, error)
+    return CallOutcome(Kind.UNKNOWN, note=UNKNOWN_NOTE, entry=entry, error=interrupted or error,
+                       acted=True)
+
+
+def _not_found(entry: Entry, error: BaseException) -> CallOutcome[Any]:
+    """An unknown outcome the paired read found did not happen: the intent may be tried again."""
+    nothing = NotExecuted(entry.error)
+    nothing.__cause__ = error
+    nothing.entry = entry
+    return CallOutcome(Kind.NOT_FOUND, note=NOT_PERFORMED_NOTE, entry=entry, error=nothing,
+                       acted=True)
+
+
+def _settled_elsewhere(call: Call, now: Entry, error: BaseException) -> CallOutcome[Any]:
+    """The outcome of this call's attempt as someone else settled it first."""
+    unknown = CallOutcome(Kind.UNKNOWN, note=UNKNOWN_NOTE, entry=now, error=error, acted=True)
+    if now.status == Status.SUCCEEDED:
+        try:
+            value = call.codec.decode(now.result)
+        except Exception:
+            return unknown
+        return CallOutcome(Kind.CONFIRMED, value=value, entry=now, acted=True)
+    if now.status == Status.FAILED and now.retryable:
+        return _not_found(now, error)
+    if now.status == Status.FAILED:  # a person settled it as failed for good
+        permanent = PermanentFailure(now.error or "settled as failed for good")
+        permanent.__cause__ = error
+        permanent.entry = now
+        return CallOutcome(Kind.FAILED, note=now.error, entry=now, error=permanent, acted=True)
     return unknown
+
+
+def _lookup_key(policy: Policy, call: Call, key: str) -> Steps[Entry | None]:
+    try:
+        return (yield from lookup(policy, wire.lookup_request(key, None, None, None,
+                                                              call.canonicalization),
+                                  call.timeout))
+    except LedgerError:
+        return None
 
 
 def _record(policy: Policy, call: Call, claimed: ClaimResult, status: Status, text: str,
@@ -444,45 +606,69 @@ def release(policy: Policy, claimed: ClaimResult) -> Steps[None]:
 # --- settling an unknown outcome with the tool's confirm --------------------------------------
 
 
+def settler(policy: Policy, call: Call) -> str:
+    """Who a call settles as (``resolved_by``): the call's principal, else the client's, else
+    ``confirm@host:pid`` (an empty principal counts as none)."""
+    return call.principal or policy.settler
+
+
+def pause_since_unknown(entry: Entry, delay: float) -> float:
+    """What is left of ``confirm_delay`` since the entry became unknown (its Complete, or the
+    end of its lease), so that a repeat arriving at once gives the outside world the same time
+    to show the effect as the call that met the unknown outcome."""
+    since = entry.finished_at or entry.lease_expires_at
+    if since is None or delay <= 0:
+        return 0.0
+    left = min(delay, (since - datetime.now(UTC)).total_seconds() + delay)
+    return max(left, 0.0)
+
+
 def settle(policy: Policy, call: Call, entry: Entry, *, pause: float) -> Steps[Entry | None]:
-    """Settles the UNKNOWN `entry` with ``call.confirm``; returns the entry as it then stands
-    (None if the ledger could not be asked). One settlement wins across callers and servers:
-    the entry is taken with ``Reconcile(keys=[key])``, which hands it out only if it is unresolved
-    and no other reconciler holds it; when it is not handed out, someone else holds or settled
-    it, and this waits (up to the call's `wait`) for what they find."""
+    """Settles the UNKNOWN `entry` a repeat met with ``call.confirm``; returns the entry as it
+    then stands (None if the ledger could not be asked). One settlement wins across callers and
+    servers: the entry is taken with ``Reconcile(keys=[key])``, which hands it out only if it is
+    unresolved and no other reconciler holds it; when it is not handed out, someone else holds
+    or settled it, and this waits (up to the call's `wait`) for what they find."""
     assert call.confirm is not None
     if pause > 0:
         yield Sleep(pause)
     key = entry.key
+    who = settler(policy, call)
     try:
         taken = yield from reconcile(
-            policy, wire.reconcile_request(None, "", 1, (), False, (key,), policy.settler),
+            policy, wire.reconcile_request(None, "", 1, (), False, (key,), who),
             call.timeout, budget=policy.retry_budget)
     except LedgerError as e:
         log.warning("could not take %s (%s) to settle it: %s", key, call.tool, e)
         return None
     mine = next((e for e in taken.pending if e.key == key), None)
     if mine is None:
-        return (yield from _await_settlement(policy, call, key))
+        now = yield from _await_settlement(policy, call, key)
+        if now is not None:
+            log_settlement(now, "elsewhere", now.status.name,
+                           now.resolved_by or "(not yet settled)", "a repeat")
+        return now
     question = UnknownAttempt(key=key, external_ref=mine.external_ref,
                               arguments=json.loads(arguments_json(call.arguments)),
                               number=mine.attempt, tool=mine.tool, run_id=mine.run_id, entry=mine)
     answer = yield from ask(call.confirm, question)
     resolution = resolution_of(answer, question, call.codec)
     if resolution is None:
-        log_settlement(question, answer, policy.settler, "left UNKNOWN")
+        log_settlement(mine, "cannot_tell", Status.UNKNOWN.name, who, "a repeat")
         return mine
     try:
         done = yield from reconcile(
-            policy, wire.reconcile_request(None, "", 0, (resolution,), True, (),
-                                           policy.settler),
+            policy, wire.reconcile_request(None, "", 0, (resolution,), True, (), who),
             call.timeout, budget=policy.retry_budget)
     except LedgerError as e:
         log.warning("could not settle %s (%s): %s", key, call.tool, e)
         return None
     now = next((e for e in done.resolved if e.key == key), None)
-    log_settlement(question, answer, policy.settler,
-                   now.status.name if now is not None else "gone")
+    if now is None:  # gone (expired) meanwhile
+        return None
+    ours = now.resolved_by == who and now.status == resolution.status
+    log_settlement(now, _said(answer) if ours else "elsewhere", now.status.name,
+                   who if ours else now.resolved_by or "(not yet settled)", "a repeat")
     return now
 
 
@@ -492,11 +678,8 @@ def _await_settlement(policy: Policy, call: Call, key: str) -> Steps[Entry | Non
     started = time.monotonic()
     pause, longest = _SETTLING_POLL
     while True:
-        try:
-            entry = yield from lookup(policy, wire.lookup_request(key, None, None, None,
-                                                                  call.canonicalization),
-                                      call.timeout)
-        except LedgerError:
+        entry = yield from _lookup_key(policy, call, key)
+        if entry is None:
             return None
         left = limit - (time.monotonic() - started)
         if entry.status != Status.UNKNOWN or left <= 0:
@@ -531,16 +714,24 @@ def resolution_of(answer: Any, question: UnknownAttempt, codec: Codec) -> Resolu
             return None
         return Resolution.found(question.key, payload)
     if answer.answer == Answer.NOT_FOUND:
-        reason = answer.reason or (f"confirm found no effect of {question.tool} "
-                                   f"({question.external_ref})")
+        # The TypeScript client's words, and the read's own reason after them.
+        reason = (f"the tool's paired read found no effect with reference "
+                  f"{question.external_ref}" + (f": {answer.reason}" if answer.reason else ""))
         return Resolution.not_found(question.key, reason[:MAX_ERROR_CHARS], retryable=True)
     return None
 
 
-def log_settlement(question: UnknownAttempt, answer: Any, who: str, now: str) -> None:
-    said = answer.answer.value if isinstance(answer, Confirmation) else "cannot_tell"
-    log.info("settled key=%s tool=%s external_ref=%s outcome=%s status=%s who=%s",
-             question.key, question.tool, question.external_ref, said, now, who)
+def _said(answer: Any) -> str:
+    return answer.answer.value if isinstance(answer, Confirmation) else "cannot_tell"
+
+
+def log_settlement(entry: Entry, outcome: str, status: str, who: str, via: str) -> None:
+    """One line per settlement (INFO), as the TypeScript client writes it: key, tool,
+    external_ref, what the read said (``found``, ``not_found``, ``cannot_tell``, or
+    ``elsewhere`` when someone else settled it), the status now, who settled it, and where
+    (``run_once``, ``a repeat``, ``reconciler``)."""
+    log.info("settled key=%s tool=%s external_ref=%s outcome=%s status=%s resolved_by=%s via=%s",
+             entry.key, entry.tool, entry.external_ref, outcome, status, who, via)
 
 
 # --- how an action's failure is recorded ------------------------------------------------------

@@ -18,10 +18,12 @@ iterator), :meth:`~LedgerClient.run_once`, the call agent code wants, and
    - it raised :class:`PermanentFailure`: ``FAILED``, not retryable; re-raises;
    - anything else (``TimeoutError``, a dropped connection, a framework's retry exception, a
      cancellation, a result the codec cannot encode): ``UNKNOWN``, since the effect may have
-     happened. With a ``confirm`` (the tool's paired read), the outcome is settled at once: the
-     effect found means ``SUCCEEDED`` with the result it found (returned as if the action had
+     happened. With a ``confirm`` (the tool's paired read), the outcome is settled at once,
+     under the call's own claim (its lease still renewed): after ``confirm_delay`` the effect
+     found means ``SUCCEEDED`` with the result it found (returned as if the action had
      answered), none means ``FAILED`` retryable (:class:`NotExecuted` is raised); otherwise the
-     action's exception is re-raised and the entry waits for a reconciler, never re-executed.
+     entry is completed ``UNKNOWN``, the action's exception is re-raised and the entry waits for
+     a repeat or a reconciler, never re-executed.
 
 3. ``REPLAYED``: returns the stored result decoded, ``replayed=True``, with the ledger's note for
    the model; the action is not run.
@@ -44,7 +46,6 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import inspect
-import socket
 import threading
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Generator, Iterable, Iterator
@@ -134,7 +135,7 @@ class _Base:
         self.require_confirm = require_confirm
         self._policy = core.Policy(
             timeout=timeout, principal=principal, retry_budget=retry_budget,
-            settler=principal or f"confirm@{socket.gethostname()}")
+            settler=principal or core.default_principal("confirm"))
         self._metadata: tuple[tuple[str, str], ...] = (
             (("authorization", f"Bearer {token}"),) if token else ()
         )
@@ -167,6 +168,8 @@ class _Base:
               action_timeout: Seconds | None, renew: bool,
               not_executed: Iterable[type[BaseException]], confirm: Confirm | None,
               confirm_delay: float) -> core.Call:
+        if self.require_confirm and confirm is None:
+            raise core.confirm_required(tool)  # refused before anything is claimed
         return core.Call(run_id=run_id, tool=tool, arguments=arguments, action=action,
                          codec=codec, wait=wait, key=key, canonicalization=canonicalization,
                          lease=lease, retention=retention, principal=principal, timeout=timeout,
@@ -194,12 +197,14 @@ class LedgerClient(_Base):
         timeout: the deadline of every RPC, in seconds, unless the call sets its own. It bounds
             each call to the ledger, never the action ``run_once`` runs (``action_timeout``).
         principal: who asks, stored with each claim for the audit trail (a claim may override),
-            and recorded as ``resolved_by`` on what a tool's ``confirm`` settles.
+            and recorded as ``resolved_by`` on the unknown outcomes a repeat settles with the
+            tool's ``confirm`` (a call's own principal first; default ``confirm@<host>:<pid>``).
         retry_budget: how long, in seconds, Claim, Lookup, RenewLease and Complete are sent again
             after ``UNAVAILABLE`` (a failover), after the server's ``RetryInfo`` delay; Complete
             after an action at least as long as the lease. 0 sends each call once.
-        require_confirm: strict mode: ``ledger.tool()`` and the adapters refuse a tool without a
-            ``confirm`` (a tool that cannot be reconciled cannot be safely retried).
+        require_confirm: strict mode: ``ledger.tool()``, the adapters, ``run_once`` and
+            ``attempt`` refuse a tool without a ``confirm`` (``ValueError``, before anything is
+            claimed): a tool that cannot be reconciled cannot be safely retried.
         channel: a ready ``grpc.Channel`` to use instead (then `target`, TLS are not used).
         options: gRPC channel options.
 
@@ -278,6 +283,9 @@ class LedgerClient(_Base):
                 # thread has no event loop of its own running).
                 return asyncio.run(_awaited(answer))
             return answer
+        if isinstance(step, core.StopRenewing):
+            step.handle.stop()
+            return None
         if isinstance(step, core.ReleaseLate):
             if step.handle is not None:
                 step.handle.set()
@@ -288,15 +296,22 @@ class LedgerClient(_Base):
         renewer = _Renewer(self, step.claim, step.timeout) if step.renew else None
         if renewer is not None:
             renewer.start()
+        kept = False
         try:
             if step.limit is None:
                 try:
-                    return core.Acted(value=step.action(step.attempt))
+                    acted = core.Acted(value=step.action(step.attempt))
                 except BaseException as e:  # recorded by the core, then re-raised
-                    return core.Acted(error=e)
-            return self._act_within(step, step.limit)
+                    acted = core.Acted(error=e)
+            else:
+                acted = self._act_within(step, step.limit)
+            if renewer is not None and step.hold and (acted.timed_out
+                                                      or isinstance(acted.error, Exception)):
+                acted.renewal = renewer  # the core asks confirm under the claim, then stops it
+                kept = True
+            return acted
         finally:
-            if renewer is not None:
+            if renewer is not None and not kept:
                 renewer.stop()
 
     def _act_within(self, step: core.Act, limit: float) -> core.Acted:
@@ -656,6 +671,9 @@ class AsyncLedgerClient(_Base):
                 return await step.confirm(step.question)
             answer = await asyncio.to_thread(step.confirm, step.question)
             return await answer if inspect.isawaitable(answer) else answer
+        if isinstance(step, core.StopRenewing):
+            await _cancel(step.handle)
+            return None
         if isinstance(step, core.ReleaseLate):
             return None  # an awaitable is cancelled at its limit: nothing comes late
         raise TypeError(f"unknown step {step!r}")
@@ -686,6 +704,16 @@ class AsyncLedgerClient(_Base):
 
     async def _act(self, step: core.Act) -> core.Acted:
         renewer = asyncio.create_task(self._renew(step.claim, step.timeout)) if step.renew else None
+        acted = await self._run_action(step)
+        if renewer is not None and step.hold and (acted.timed_out
+                                                  or isinstance(acted.error, Exception)):
+            acted.renewal = renewer  # the core asks confirm under the claim, then stops it
+        elif renewer is not None:
+            await _cancel(renewer)
+        return acted
+
+    @staticmethod
+    async def _run_action(step: core.Act) -> core.Acted:
         try:
             value = step.action(step.attempt)
             if inspect.isawaitable(value):
@@ -702,9 +730,6 @@ class AsyncLedgerClient(_Base):
             return core.Acted(value=value)
         except BaseException as e:  # a cancellation too: recorded UNKNOWN, then re-raised
             return core.Acted(error=e)
-        finally:
-            if renewer is not None:
-                await _cancel(renewer)
 
     async def _renew(self, claim: ClaimResult, timeout: float | None) -> None:
         """Renews the attempt's lease every third of it until cancelled; see :class:`_Renewer`."""

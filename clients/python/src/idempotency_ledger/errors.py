@@ -237,14 +237,14 @@ class ActionTimeout(OutcomeUnknownError):
 
 
 class ResultNotEncodable(OutcomeUnknownError):
-    """The action ran but the codec could not encode what it returned, so the ledger cannot store
-    the result: the entry is completed ``UNKNOWN`` (the action may have acted) and every repeat
-    gets :class:`OutcomeUnknownError` until it is settled. ``entry`` as recorded, ``key`` its key;
-    the codec's error is ``__cause__``."""
+    """The action ran but what it returned cannot be stored (the codec could not encode it, or
+    the ledger refused it: ``RESULT_TOO_LARGE``): the entry is completed ``UNKNOWN`` (the action
+    may have acted) and every repeat gets :class:`OutcomeUnknownError` until it is settled.
+    ``entry`` as recorded, ``key`` its key; the codec's or the ledger's error is ``__cause__``."""
 
     def __init__(self, key: str, entry: Entry | None, cause: BaseException) -> None:
         LedgerError.__init__(
-            self, f"the action ran but its result could not be encoded ({type(cause).__name__}: "
+            self, f"the action ran but its result could not be stored ({type(cause).__name__}: "
             f"{cause}); entry {key} is recorded UNKNOWN. Fix the action or the codec, then settle "
             "the entry with what happened: Reconcile with Resolution.found(key, result) or "
             "Resolution.not_found(key, error), or the CLI's `idempotency-ledger resolve` command",

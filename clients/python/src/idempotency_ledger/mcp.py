@@ -64,6 +64,7 @@ from .tools import (
     FrameworkContext,
     LedgerTool,
     missing_run_id,
+    missing_run_id_view,
     model_view,
     register_context,
     require_confirm,
@@ -235,7 +236,10 @@ class LedgerMiddleware(Middleware):
                    else f'send the run\'s id in the request\'s _meta, {{"{self.meta_key}": '
                         '"<run id>"}, or give LedgerMiddleware a run_id= callable')
             error = missing_run_id(name, fix)
-            raise ToolError(f"{name} runs once per agent run: {fix}. Nothing was done.") from error
+            # The host is who can send the run id: it reads how, after the note every client
+            # gives (clients/parity.json, model_reads.missing_run_id).
+            note = missing_run_id_view(name)["note"]
+            raise ToolError(f"{note} To fix it: {fix}.") from error
         produced: list[ToolResult] = []
 
         async def act() -> dict[str, Any]:

@@ -31,7 +31,6 @@ import logging
 import os
 import random
 import signal
-import socket
 import sys
 import threading
 from collections.abc import Generator, Mapping
@@ -53,6 +52,14 @@ log = logging.getLogger("idempotency_ledger.reconciler")
 DEFAULT_OLDER_THAN = 10.0
 #: The pause between two rounds that found nothing.
 DEFAULT_INTERVAL = 5.0
+#: Entries taken per tool at once.
+DEFAULT_BATCH = 50
+#: Confirms asked per second at most, all tools together.
+DEFAULT_RATE = 10.0
+#: The first pause after a failed round, doubled after each further failure ...
+DEFAULT_BACKOFF = 1.0
+#: ... up to this (the TypeScript Reconciler's defaults too: clients/parity.json).
+DEFAULT_MAX_BACKOFF = 60.0
 
 
 @dataclass(frozen=True)
@@ -62,11 +69,14 @@ class Settlement:
     key: str
     tool: str
     external_ref: str
-    #: ``found``, ``not_found`` or ``cannot_tell``.
+    #: ``found``, ``not_found`` or ``cannot_tell``; ``elsewhere`` when someone else settled
+    #: the entry between the hand-out and the answer (a late Complete, another reconciler, a
+    #: person).
     outcome: str
     #: The entry's status afterwards (``UNKNOWN`` when the read could not tell).
     status: Status
-    #: The principal recorded as ``resolved_by``.
+    #: Who settled it: this reconciler's principal, the entry's ``resolved_by`` for
+    #: ``elsewhere``, ``""`` for ``cannot_tell``.
     who: str
 
 
@@ -93,9 +103,10 @@ def _round(policy: core.Policy, tools: Mapping[str, LedgerTool], principal: str,
                 answer = yield from core.ask(tool.confirm, question)
                 resolution = core.resolution_of(answer, question, tool.codec)
                 if resolution is None:
-                    core.log_settlement(question, answer, principal, "UNKNOWN")
+                    core.log_settlement(question.entry, "cannot_tell", Status.UNKNOWN.name,
+                                        principal, "reconciler")
                     done.append(Settlement(question.key, name, question.external_ref,
-                                           "cannot_tell", Status.UNKNOWN, principal))
+                                           "cannot_tell", Status.UNKNOWN, ""))
                 else:
                     answers.append((question, answer, resolution))
                 if gap > 0:
@@ -106,13 +117,18 @@ def _round(policy: core.Policy, tools: Mapping[str, LedgerTool], principal: str,
                                                    (), principal),
                     None, budget=policy.retry_budget)
                 now = {e.key: e for e in sent.resolved}
-                for question, answer, _ in answers:
+                for question, answer, resolution in answers:
                     entry = now.get(question.key)
-                    status = entry.status if entry is not None else Status.UNSPECIFIED
-                    core.log_settlement(question, answer, principal, status.name)
-                    done.append(Settlement(question.key, name, question.external_ref,
-                                           answer.answer.value, status,
-                                           entry.resolved_by if entry is not None else principal))
+                    if entry is None:
+                        continue  # gone meanwhile (expired)
+                    ours = (entry.resolved_by == principal
+                            and entry.status == resolution.status)
+                    outcome = answer.answer.value if ours else "elsewhere"
+                    who = principal if ours else entry.resolved_by
+                    core.log_settlement(entry, outcome, entry.status.name,
+                                        who or "(not yet settled)", "reconciler")
+                    done.append(Settlement(question.key, name, question.external_ref, outcome,
+                                           entry.status, who))
             if len(taken.pending) < batch:
                 break
     return done
@@ -145,20 +161,23 @@ class Reconciler:
             from them), an adapter's middleware or toolset, ``LedgerTool(name, confirm)``, a
             mapping of tool names to confirm functions, or a list of these. Tools without a
             ``confirm`` are left out (logged): their entries are never touched.
-        principal: recorded as ``resolved_by`` (default ``reconciler@<host>``).
+        principal: recorded as ``resolved_by`` (default ``reconciler@<host>:<pid>``).
         older_than: only entries whose attempt started at least this many seconds ago.
         interval: seconds between two rounds that found nothing.
         batch: entries taken at once.
         rate: confirms asked per second at most.
-        max_backoff: the longest pause after failing rounds (doubling from ``interval``).
+        backoff: the first pause after a failed round, doubled after each further one ...
+        max_backoff: ... up to this; each pause is jittered (half to all of it).
     """
 
     def __init__(self, ledger: LedgerClient | AsyncLedgerClient, tools: Any, *,
                  principal: str | None = None,
                  older_than: float = DEFAULT_OLDER_THAN, interval: float = DEFAULT_INTERVAL,
-                 batch: int = 20, rate: float = 10.0, max_backoff: float = 60.0) -> None:
-        if rate <= 0 or batch <= 0 or interval < 0:
-            raise ValueError("rate and batch must be positive, interval not negative")
+                 batch: int = DEFAULT_BATCH, rate: float = DEFAULT_RATE,
+                 backoff: float = DEFAULT_BACKOFF,
+                 max_backoff: float = DEFAULT_MAX_BACKOFF) -> None:
+        if rate <= 0 or batch <= 0 or interval < 0 or backoff <= 0:
+            raise ValueError("rate, batch and backoff must be positive, interval not negative")
         self.ledger = ledger
         self.tools: dict[str, LedgerTool] = {}
         for tool in ledger_tools_of(tools):
@@ -169,11 +188,12 @@ class Reconciler:
                 self.tools[tool.name] = tool
         if not self.tools:
             raise ValueError("none of the tools has a confirm: nothing to reconcile")
-        self.principal = principal or f"reconciler@{socket.gethostname()}"
+        self.principal = principal or core.default_principal("reconciler")
         self.older_than = older_than
         self.interval = interval
         self.batch = batch
         self.gap = 1.0 / rate
+        self.backoff = backoff
         self.max_backoff = max_backoff
         self._stop = threading.Event()
         self._astop: asyncio.Event | None = None
@@ -189,7 +209,7 @@ class Reconciler:
     def _next_pause(self, failures: int) -> float:
         if failures == 0:
             return self.interval
-        pause = min(max(self.interval, 0.5) * 2 ** (failures - 1), self.max_backoff)
+        pause = min(self.backoff * 2 ** (failures - 1), self.max_backoff)
         return pause * random.uniform(0.5, 1.0)
 
     # --- blocking -----------------------------------------------------------------------------
@@ -323,14 +343,15 @@ def main(argv: list[str] | None = None) -> int:
                         help="the ledger (env LEDGER_TARGET; default 127.0.0.1:50051)")
     parser.add_argument("--token", default=os.environ.get("LEDGER_TOKEN"),
                         help="your tenant's bearer token (env LEDGER_TOKEN)")
-    parser.add_argument("--principal", help="recorded as resolved_by (default reconciler@host)")
+    parser.add_argument("--principal",
+                        help="recorded as resolved_by (default reconciler@host:pid)")
     parser.add_argument("--older-than", type=float, default=DEFAULT_OLDER_THAN,
                         help="only entries started at least this many seconds ago "
                              f"(default {DEFAULT_OLDER_THAN:g})")
     parser.add_argument("--interval", type=float, default=DEFAULT_INTERVAL,
                         help=f"seconds between rounds (default {DEFAULT_INTERVAL:g})")
-    parser.add_argument("--rate", type=float, default=10.0,
-                        help="confirms asked per second at most (default 10)")
+    parser.add_argument("--rate", type=float, default=DEFAULT_RATE,
+                        help=f"confirms asked per second at most (default {DEFAULT_RATE:g})")
     parser.add_argument("--once", action="store_true", help="run one round, then exit")
     parser.add_argument("--log-level", default="INFO", help="default INFO: every settlement")
     ns = parser.parse_args(argv)

@@ -53,7 +53,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, TypeVar, cast
 
-from ._core import NOT_PERFORMED_NOTE
+from ._core import NOT_PERFORMED_NOTE, confirm_required
 from ._wire import Seconds
 from .client import DEFAULT_CONFIRM_DELAY, DEFAULT_WAIT, AsyncLedgerClient, LedgerClient
 from .codec import JSON, Codec, to_jsonable
@@ -224,12 +224,7 @@ def require_confirm(ledger: LedgerClient | AsyncLedgerClient, name: str,
                     confirm: Confirm | None) -> None:
     """Strict mode (``require_confirm=True``): refuses a tool without its paired read."""
     if getattr(ledger, "require_confirm", False) and confirm is None:
-        raise ValueError(
-            f"tool {name} has no confirm=, and the ledger requires one (require_confirm=True): "
-            "give it its paired read, a function that looks the effect up (by "
-            "attempt.external_ref) and returns found(result), not_found() or cannot_tell(), so "
-            "that an unknown outcome can be settled. A tool that cannot be reconciled cannot be "
-            "safely retried")
+        raise confirm_required(name)
 
 
 def ledger_tools_of(item: Any) -> list[LedgerTool]:

@@ -115,8 +115,9 @@ export function registerLedgerTool<
   const handle = async (args: unknown, extra: McpCallExtra): Promise<CallToolResult> => {
     const runId = runIdOf ? runIdOf(args, extra) : runIdFromMeta(extra, metaKey);
     if (!runId) {
+      // The host is who can send the run id: it reads how, after the note every client gives.
       const missing = missingRunIdResult(ledger.missingRunId(name, fix));
-      return { content: [{ type: "text", text: missing.toModelText() }], isError: true };
+      return { content: [{ type: "text", text: `${missing.toModelText()} To fix it: ${fix}.` }], isError: true };
     }
     const result = await ledger.runTool<CallToolResult>(
       runId,
