@@ -265,9 +265,10 @@ where
 /// The answer to a call the byte budget cannot take now.
 fn overloaded(budget: &BytesInFlight) -> http::Response<Body> {
     Status::from(LedgerError::ResourceExhausted {
-        reason: "OVERLOADED",
+        reason: Reason::Overloaded,
         message: format!(
-            "the server holds its maximum of {} bytes of requests in flight              (--max-inflight-bytes); retry shortly",
+            "the server holds its maximum of {} bytes of requests in flight \
+             (--max-inflight-bytes); retry shortly",
             budget.budget
         ),
         retry_after: OVERLOAD_RETRY_AFTER,
