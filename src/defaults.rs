@@ -88,6 +88,12 @@ pub const REQUEST_TIMEOUT: &str = "60s";
 /// `--max-concurrent-requests`.
 pub const MAX_CONCURRENT_REQUESTS: usize = 1024;
 
+/// `--max-inflight-bytes`: 64 MiB of request messages. A call makes about five copies of
+/// its message while it runs (the bytes read, the decoded request, the canonical arguments
+/// kept for the store, the statement's binds, the answer), so this keeps the calls' memory
+/// near 300 MiB whatever their number; see docs/performance.md for the figures.
+pub const MAX_INFLIGHT_BYTES: usize = 64 * 1_048_576;
+
 /// `--tenant-rate-limit`.
 pub const TENANT_RATE_LIMIT: f64 = 0.0;
 

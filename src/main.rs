@@ -58,7 +58,7 @@ async fn main() -> ExitCode {
                 );
             }
             let clock = Arc::new(AlignedClock::default());
-            let served = server::run(settings, clock, shutdown_signal()).await;
+            let served = server::run(settings, clock, shutdown_signal(), reload_requests()).await;
             // After the drain: the spans of the last calls are queued, and go now.
             if let Some(traces) = traces {
                 traces.shutdown().await;
@@ -77,6 +77,19 @@ async fn main() -> ExitCode {
         Err(e) => {
             tracing::error!(error = %e, "idempotency-ledger failed");
             ExitCode::FAILURE
+        }
+    }
+}
+
+/// Yields on each SIGHUP: the operator's request to re-read the tokens file and the TLS
+/// files. Installed before the server starts, so that an early SIGHUP is a reload rather than
+/// the default action (ending the process).
+fn reload_requests() -> std::pin::Pin<Box<dyn tokio_stream::Stream<Item = ()> + Send>> {
+    match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()) {
+        Ok(hangups) => Box::pin(tokio_stream::wrappers::SignalStream::new(hangups)),
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot listen for SIGHUP: credentials are read once");
+            Box::pin(tokio_stream::pending())
         }
     }
 }

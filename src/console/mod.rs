@@ -41,7 +41,7 @@ use tokio::sync::Semaphore;
 
 use crate::domain::Micros;
 use crate::domain::time::Clock;
-use crate::grpc::auth::Tenancy;
+use crate::grpc::auth::{Credentials, Tenancy};
 use crate::ledger::Ledger;
 use crate::observe::Metrics;
 use session::{Session, Sessions, SignedIn, same_secret};
@@ -124,8 +124,9 @@ struct Inner {
     ledger: Ledger,
     /// The replay figures and the resolution counts.
     metrics: Arc<Metrics>,
-    /// How a token maps to a tenant (or the single tenant).
-    tenancy: Tenancy,
+    /// How a token maps to a tenant (or the single tenant): the table in force, which SIGHUP
+    /// may replace, so that a session whose token was removed ends with its next request.
+    credentials: Credentials,
     /// The ledger's clock: ages, and sessions' expiry.
     clock: Arc<dyn Clock>,
     /// Whether migrations ran, so that the store can be read.
@@ -155,7 +156,7 @@ impl Console {
     pub fn new(
         ledger: Ledger,
         metrics: Arc<Metrics>,
-        tenancy: Tenancy,
+        credentials: Credentials,
         clock: Arc<dyn Clock>,
         ready: impl Fn() -> bool + Send + Sync + 'static,
         port: u16,
@@ -170,7 +171,7 @@ impl Console {
             inner: Arc::new(Inner {
                 ledger,
                 metrics,
-                tenancy,
+                credentials,
                 clock,
                 ready: Box::new(ready),
                 sessions: Sessions::new(Micros::from_duration(options.session_idle)),
@@ -328,7 +329,7 @@ impl Console {
                 credential: Some(credential),
                 ..
             }) = &session.signed_in
-            && inner.tenancy.tenant_of(credential).as_ref() != Some(tenant)
+            && inner.credentials.current().tenant_of(credential).as_ref() != Some(tenant)
         {
             inner.sessions.remove(id);
             call.session = None;
@@ -444,8 +445,9 @@ impl Console {
         &self.inner.metrics
     }
 
-    pub(crate) fn tenancy(&self) -> &Tenancy {
-        &self.inner.tenancy
+    /// The credentials in force now.
+    pub(crate) fn tenancy(&self) -> Arc<Tenancy> {
+        self.inner.credentials.current()
     }
 
     pub(crate) fn sessions(&self) -> &Sessions {

@@ -2,11 +2,18 @@
 //! `authorization: Bearer <token>` to a [`Tenant`] before any request is read. It wraps the
 //! ledger service only; health and reflection stay open so load balancers and grpcurl need no
 //! secret.
+//!
+//! The tokens file is re-read on request ([`Credentials::reload`], on SIGHUP): the new table
+//! is built whole from the file and then swapped in at once, so every call is checked against
+//! one table, old or new, never a mix; a file that cannot be read or parsed leaves the table in
+//! force. A call is authenticated once, when it arrives, so a call in flight finishes under the
+//! credential it started with.
 
 use std::collections::HashMap;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+use arc_swap::ArcSwap;
 use sha2::{Digest, Sha256};
 use tonic::{Request, Status};
 
@@ -116,10 +123,99 @@ impl Tenancy {
         }
     }
 
-    /// The interceptor for the ledger service: puts the [`Tenant`] in the request extensions.
-    pub fn interceptor(self) -> impl FnMut(Request<()>) -> Result<Request<()>, Status> + Clone {
+    /// How many credentials of `self` `next` adds and removes (for the reload's log line,
+    /// which never shows a token).
+    fn changes_to(&self, next: &Tenancy) -> (usize, usize) {
+        match (self, next) {
+            (Tenancy::Tokens(old), Tenancy::Tokens(new)) => (
+                new.keys().filter(|k| !old.contains_key(*k)).count(),
+                old.keys().filter(|k| !new.contains_key(*k)).count(),
+            ),
+            (Tenancy::Single, Tenancy::Tokens(new)) => (new.len(), 0),
+            (Tenancy::Tokens(old), Tenancy::Single) => (0, old.len()),
+            (Tenancy::Single, Tenancy::Single) => (0, 0),
+        }
+    }
+}
+
+/// The credentials the ledger service checks calls against: the [`Tenancy`] in force, and the
+/// tokens file it came from. Cheap to clone; every clone sees a reload.
+#[derive(Clone, Debug)]
+pub struct Credentials {
+    /// The tokens file (`--auth-tokens-file`), when one is configured.
+    file: Option<PathBuf>,
+    /// The table in force. Replaced whole by [`Credentials::reload`], never edited, and read
+    /// without a lock by every call.
+    current: Arc<ArcSwap<Tenancy>>,
+}
+
+/// What [`Credentials::reload`] did.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Reload {
+    /// No tokens file is configured: the server has one tenant and nothing to re-read.
+    NotConfigured,
+    /// The file was read and is now in force.
+    Replaced {
+        /// The new tenancy, as the start-up log describes it.
+        tenancy: String,
+        /// Credentials in the new file and not in the old one.
+        added: usize,
+        /// Credentials in the old file and not in the new one (refused from now on).
+        removed: usize,
+    },
+}
+
+impl Credentials {
+    /// The credentials of `file` (see [`Tenancy::from_file`]), or one tenant without a file.
+    ///
+    /// # Errors
+    /// As [`Tenancy::from_file`].
+    pub fn load(file: Option<&Path>) -> Result<Credentials, String> {
+        let tenancy = match file {
+            Some(path) => Tenancy::from_file(path)?,
+            None => Tenancy::Single,
+        };
+        Ok(Credentials {
+            file: file.map(Path::to_path_buf),
+            current: Arc::new(ArcSwap::from_pointee(tenancy)),
+        })
+    }
+
+    /// The table in force now.
+    pub fn current(&self) -> Arc<Tenancy> {
+        self.current.load_full()
+    }
+
+    /// Re-reads the tokens file and puts it in force, whole; calls already admitted keep the
+    /// tenant they were admitted as.
+    ///
+    /// # Errors
+    /// The file cannot be read or does not parse (the message names the file and line, never a
+    /// token); the credentials in force are kept.
+    pub fn reload(&self) -> Result<Reload, String> {
+        let Some(path) = &self.file else {
+            return Ok(Reload::NotConfigured);
+        };
+        let next = Arc::new(Tenancy::from_file(path)?);
+        let tenancy = next.describe();
+        let previous = self.current.swap(next.clone());
+        let (added, removed) = previous.changes_to(&next);
+        Ok(Reload::Replaced {
+            tenancy,
+            added,
+            removed,
+        })
+    }
+
+    /// The interceptor for the ledger service: puts the [`Tenant`] of the table in force when
+    /// the call arrives in the request extensions.
+    pub fn interceptor(
+        &self,
+    ) -> impl FnMut(Request<()>) -> Result<Request<()>, Status> + Clone + use<> {
+        let current = self.current.clone();
         move |mut request: Request<()>| {
-            let tenant = self
+            let tenant = current
+                .load()
                 .authenticate(request.metadata())
                 .map_err(Status::from)?;
             request.extensions_mut().insert(tenant);
@@ -218,6 +314,59 @@ mod tests {
         assert!(Tenancy::parse("acme\n").is_err_and(|e| e.contains("line 1")));
         assert!(Tenancy::parse("a t\nb t\n").is_err_and(|e| e.contains("line 2")));
         assert!(Tenancy::parse("# nothing\n").is_err());
+    }
+
+    #[test]
+    fn a_reload_swaps_the_whole_table_and_a_broken_file_keeps_the_old_one() {
+        let dir = tempfile::tempdir().expect("dir");
+        let path = dir.path().join("tokens");
+        std::fs::write(&path, "acme tok-a\nglobex tok-b\n").expect("write");
+        let credentials = Credentials::load(Some(&path)).expect("load");
+        let before = credentials.current();
+        std::fs::write(&path, "acme tok-a\nacme tok-c\n").expect("write");
+        assert_eq!(
+            credentials.reload(),
+            Ok(Reload::Replaced {
+                tenancy: "1 tenants by bearer token (2 credentials)".into(),
+                added: 1,
+                removed: 1,
+            })
+        );
+        let after = credentials.current();
+        assert!(after.authenticate(&with_auth("Bearer tok-c")).is_ok());
+        assert!(after.authenticate(&with_auth("Bearer tok-b")).is_err());
+        // A table taken before the reload (a call already admitted) is unchanged.
+        assert!(before.authenticate(&with_auth("Bearer tok-b")).is_ok());
+
+        std::fs::write(&path, "acme tok-a\nacme tok-d extra\n").expect("write");
+        let refused = credentials.reload().expect_err("a broken file");
+        assert!(refused.contains("line 2"), "{refused}");
+        assert!(
+            !refused.contains("tok-d"),
+            "no token in the message: {refused}"
+        );
+        assert!(
+            credentials
+                .current()
+                .authenticate(&with_auth("Bearer tok-c"))
+                .is_ok(),
+            "the table in force is kept"
+        );
+        std::fs::remove_file(&path).expect("remove");
+        assert!(credentials.reload().is_err());
+        assert!(
+            credentials
+                .current()
+                .authenticate(&with_auth("Bearer tok-c"))
+                .is_ok()
+        );
+    }
+
+    #[test]
+    fn without_a_tokens_file_a_reload_does_nothing() {
+        let credentials = Credentials::load(None).expect("load");
+        assert_eq!(credentials.reload(), Ok(Reload::NotConfigured));
+        assert!(matches!(*credentials.current(), Tenancy::Single));
     }
 
     #[test]

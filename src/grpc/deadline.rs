@@ -5,10 +5,10 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::sync::OwnedSemaphorePermit;
 use tokio::time::Instant;
 use tracing::Instrument as _;
 
+use super::admission::Admitted;
 use crate::error::LedgerError;
 use crate::observe::Metrics;
 
@@ -31,7 +31,7 @@ fn margin(deadline: Instant) -> Duration {
 pub(super) async fn run<T, F>(
     metrics: &Arc<Metrics>,
     deadline: Instant,
-    permit: OwnedSemaphorePermit,
+    permit: Admitted,
     work: F,
 ) -> Result<T, LedgerError>
 where
@@ -148,6 +148,7 @@ mod tests {
 
     use super::*;
     use crate::domain::time::SystemClock;
+    use crate::grpc::admission::BytesInFlight;
     use crate::observe::MetricsOptions;
 
     fn metrics() -> Arc<Metrics> {
@@ -155,14 +156,19 @@ mod tests {
     }
 
     /// The work of a call whose deadline passes first, and of a call dropped by its caller,
-    /// still runs to its end, and holds the call's admission permit until then.
+    /// still runs to its end, and holds the call's admission permit and request bytes until
+    /// then.
     #[tokio::test]
     async fn an_abandoned_call_finishes_its_work_and_keeps_its_permit_until_then() {
         let admission = Arc::new(Semaphore::new(2));
+        let bytes = BytesInFlight::new(1000);
         for abandon_by_drop in [false, true] {
             let (go, wait) = oneshot::channel::<()>();
             let (finished, seen) = oneshot::channel::<()>();
-            let permit = admission.clone().acquire_owned().await.expect("permit");
+            let permit = Admitted::new(
+                admission.clone().acquire_owned().await.expect("permit"),
+                bytes.try_hold(600),
+            );
             let work = async move {
                 let _ = wait.await;
                 let _ = finished.send(());
@@ -186,6 +192,7 @@ mod tests {
                 );
             }
             assert_eq!(admission.available_permits(), 1, "held by the running work");
+            assert_eq!(bytes.held(), 600, "the bytes too");
             go.send(()).expect("the work is still there to be told");
             tokio::time::timeout(Duration::from_secs(5), seen)
                 .await
@@ -198,13 +205,17 @@ mod tests {
             })
             .await
             .expect("the permit is released when the work ends");
+            assert_eq!(bytes.held(), 0, "and the bytes with it");
         }
     }
 
     #[tokio::test]
     async fn a_call_whose_work_panics_is_answered_internal() {
         let admission = Arc::new(Semaphore::new(1));
-        let permit = admission.clone().acquire_owned().await.expect("permit");
+        let permit = Admitted::new(
+            admission.clone().acquire_owned().await.expect("permit"),
+            None,
+        );
         let ran = Arc::new(AtomicBool::new(false));
         let flag = ran.clone();
         let work = async move {

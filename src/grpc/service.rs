@@ -5,11 +5,10 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::sync::OwnedSemaphorePermit;
 use tokio::time::Instant;
 use tonic::{Request, Response, Status};
 
-use super::admission::Admission;
+use super::admission::{Admission, Admitted, HeldBytes};
 use super::convert::{
     audited_entry, canonicalization, claim_response, duration, entry, final_status, instant,
     replay_rate_response, status_filter,
@@ -46,8 +45,9 @@ struct Call {
     tenant: Tenant,
     /// The earlier of the caller's deadline and the server's request timeout.
     deadline: Instant,
-    /// Its place among the calls running now; released when its work ends.
-    permit: OwnedSemaphorePermit,
+    /// Its place among the calls running now and its request bytes; released when its work
+    /// ends (the bytes also wait for the answer to be sent).
+    permit: Admitted,
 }
 
 impl LedgerApi {
@@ -84,7 +84,8 @@ impl LedgerApi {
             .and_then(|v| v.to_str().ok())
             .and_then(parse_grpc_timeout)
             .map_or(limit, |t| limit.min(Instant::now() + t));
-        let permit = self.observe(self.admission.admit(&tenant))?;
+        let running = self.observe(self.admission.admit(&tenant))?;
+        let permit = Admitted::new(running, request.extensions().get::<HeldBytes>().cloned());
         Ok(Call {
             tenant,
             deadline,

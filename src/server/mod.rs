@@ -1,6 +1,7 @@
-//! The running server: the store, the ledger service behind its auth interceptor, health,
-//! reflection, the background probe that runs migrations and keeps health honest, and the
-//! graceful, time-bounded shutdown.
+//! The running server: the store, the ledger service behind its auth interceptor and byte
+//! budget, health, reflection, TLS, the background probe that runs migrations and keeps health
+//! honest, the re-reading of credentials on request (SIGHUP), and the graceful, time-bounded
+//! shutdown.
 
 use std::future::Future;
 use std::net::SocketAddr;
@@ -9,22 +10,25 @@ use std::sync::atomic::Ordering;
 
 use tokio::net::TcpListener;
 use tokio::sync::watch;
+use tokio_stream::{Stream, StreamExt as _};
 use tonic::Status;
 use tonic::service::interceptor::InterceptedService;
-use tonic::transport::{Certificate, Identity, Server, ServerTlsConfig};
+use tonic::transport::Server;
 use tonic_health::ServingStatus;
 
 mod health;
 pub mod settings;
+pub mod tls;
 
 pub use settings::{Settings, StoreArguments, Wakeup};
+pub use tls::{ServerTls, TlsFiles};
 
 use crate::connections::{self, ConnectionLimits, Listener};
 use crate::console::{self, Console};
 use crate::domain::time::Clock;
 use crate::error::LedgerError;
-use crate::grpc::admission::Admission;
-use crate::grpc::auth::Tenancy;
+use crate::grpc::admission::{Admission, AdmitBytes, BytesInFlight};
+use crate::grpc::auth::{Credentials, Reload};
 use crate::grpc::{LedgerApi, LedgerServiceServer, pb};
 use crate::ledger::Ledger;
 use crate::observe::{self, GrpcMetricsLayer, Metrics};
@@ -48,7 +52,8 @@ pub enum ServeError {
     Transport(String),
 }
 
-/// Binds `settings.listen` and serves until `shutdown` resolves.
+/// Binds `settings.listen` and serves until `shutdown` resolves, re-reading the credentials
+/// each time `reloads` yields (the binary yields on SIGHUP).
 ///
 /// # Errors
 /// See [`ServeError`].
@@ -56,16 +61,17 @@ pub async fn run(
     settings: Settings,
     clock: Arc<dyn Clock>,
     shutdown: impl Future<Output = ()> + Send + 'static,
+    reloads: impl Stream<Item = ()> + Send + 'static,
 ) -> Result<(), ServeError> {
     let listener = TcpListener::bind(settings.listen)
         .await
         .map_err(|e| ServeError::Transport(format!("cannot listen on {}: {e}", settings.listen)))?;
-    serve(listener, settings, clock, shutdown).await
+    serve_reloading(listener, settings, clock, shutdown, reloads).await
 }
 
 /// Serves on an already bound listener (tests bind port 0) until `shutdown` resolves, then
 /// turns health NOT_SERVING, lets in-flight calls finish for up to `--shutdown-grace`, and
-/// returns.
+/// returns. The credentials are read once: see [`serve_reloading`].
 ///
 /// # Errors
 /// See [`ServeError`].
@@ -75,12 +81,26 @@ pub async fn serve(
     clock: Arc<dyn Clock>,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), ServeError> {
+    serve_reloading(listener, settings, clock, shutdown, tokio_stream::pending()).await
+}
+
+/// As [`serve`], and each time `reloads` yields, re-reads the tokens file and the TLS
+/// certificate, key and client CA, putting each in force whole if it reads and parses and
+/// keeping the one in force (and logging why) if not.
+///
+/// # Errors
+/// See [`ServeError`].
+pub async fn serve_reloading(
+    listener: TcpListener,
+    settings: Settings,
+    clock: Arc<dyn Clock>,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+    reloads: impl Stream<Item = ()> + Send + 'static,
+) -> Result<(), ServeError> {
     settings.validate().map_err(ServeError::Config)?;
-    let tenancy = match &settings.auth_tokens_file {
-        Some(path) => Tenancy::from_file(path).map_err(ServeError::Config)?,
-        None => Tenancy::Single,
-    };
-    let tls = tls_config(&settings)?;
+    let credentials =
+        Credentials::load(settings.auth_tokens_file.as_deref()).map_err(ServeError::Config)?;
+    let tls = server_tls(&settings)?;
     let store = storage::open(&settings.database_url, &settings.pool()).await?;
     let metrics = Metrics::new(clock.clone(), &settings.metrics_options());
     let probe_clock = clock.clone();
@@ -93,6 +113,11 @@ pub async fn serve(
     {
         tasks.push(relay);
     }
+    tasks.push(tokio::spawn(reload_loop(
+        reloads,
+        credentials.clone(),
+        tls.clone(),
+    )));
     let addr: SocketAddr = listener
         .local_addr()
         .map_err(|e| ServeError::Transport(e.to_string()))?;
@@ -117,7 +142,7 @@ pub async fn serve(
     let state = Arc::new(Readiness::default());
     let interceptor = {
         let state = state.clone();
-        let mut authenticate = tenancy.clone().interceptor();
+        let mut authenticate = credentials.interceptor();
         // Authentication comes first, so an unauthenticated caller learns nothing, not even
         // whether the server is ready.
         move |request| {
@@ -160,7 +185,7 @@ pub async fn serve(
         let console = Console::new(
             ledger.clone(),
             metrics.clone(),
-            tenancy.clone(),
+            credentials.clone(),
             probe_clock.clone(),
             {
                 let state = state.clone();
@@ -194,10 +219,15 @@ pub async fn serve(
         },
     ));
     let api = LedgerApi::new(ledger, metrics.clone(), admission, settings.request_timeout);
+    // Inside authentication, so that an unauthenticated caller learns nothing of the load, and
+    // outside decoding, so that a call over the budget is refused before its message is read.
     let ledger_service = InterceptedService::new(
-        LedgerServiceServer::new(api)
-            .max_decoding_message_size(settings.max_message_bytes)
-            .max_encoding_message_size(settings.max_message_bytes),
+        AdmitBytes::new(
+            LedgerServiceServer::new(api)
+                .max_decoding_message_size(settings.max_message_bytes)
+                .max_encoding_message_size(settings.max_message_bytes),
+            BytesInFlight::new(settings.max_inflight_bytes),
+        ),
         interceptor,
     );
     // tonic's own refusals (an oversized or undecodable request) become the ledger's answers
@@ -211,7 +241,7 @@ pub async fn serve(
         listen = %addr,
         store = %redact_url(&settings.database_url),
         backend = store.backend(),
-        tenancy = %tenancy.describe(),
+        tenancy = %credentials.current().describe(),
         tls = tls.is_some(),
         mutual_tls = settings.tls_client_ca.is_some(),
         "idempotency-ledger starting"
@@ -246,22 +276,25 @@ pub async fn serve(
         }
     };
 
-    let mut builder = Server::builder()
+    let router = Server::builder()
         .http2_keepalive_interval(Some(settings.http2_keepalive_interval))
-        .http2_keepalive_timeout(Some(settings.http2_keepalive_timeout));
-    if let Some(tls) = tls {
-        builder = builder
-            .tls_config(tls)
-            .map_err(|e| ServeError::Config(format!("TLS: {e}")))?;
-    }
-    let server = builder
+        .http2_keepalive_timeout(Some(settings.http2_keepalive_timeout))
         // Outermost, so the access log sees the code the caller gets.
         .layer(observe::telemetry::CallLogLayer)
         .add_service(health_service)
         .add_service(reflection_v1)
         .add_service(reflection_v1alpha)
-        .add_service(ledger_service)
-        .serve_with_incoming_shutdown(listener.incoming(), signal);
+        .add_service(ledger_service);
+    // TLS is ours, not tonic's (which fixes its configuration when it binds), so that a
+    // reload can replace the certificate: see `tls`.
+    let server: std::pin::Pin<
+        Box<dyn Future<Output = Result<(), tonic::transport::Error>> + Send>,
+    > = match tls {
+        Some(tls) => {
+            Box::pin(router.serve_with_incoming_shutdown(tls.accept(listener.incoming()), signal))
+        }
+        None => Box::pin(router.serve_with_incoming_shutdown(listener.incoming(), signal)),
+    };
     let grace = settings.shutdown_grace;
     let bounded_drain = async move {
         while !*drain_rx.borrow() {
@@ -457,18 +490,70 @@ async fn prune_loop(
     }
 }
 
-fn tls_config(settings: &Settings) -> Result<Option<ServerTlsConfig>, ServeError> {
+/// The TLS configuration of `--tls-cert` and `--tls-key` (and `--tls-client-ca`, with which
+/// a client without a certificate signed by that CA cannot connect), if set.
+fn server_tls(settings: &Settings) -> Result<Option<Arc<ServerTls>>, ServeError> {
     let (Some(cert), Some(key)) = (&settings.tls_cert, &settings.tls_key) else {
         return Ok(None);
     };
-    let read = |path: &std::path::Path| {
-        std::fs::read(path).map_err(|e| ServeError::Config(format!("{}: {e}", path.display())))
+    let files = TlsFiles {
+        cert: cert.clone(),
+        key: key.clone(),
+        client_ca: settings.tls_client_ca.clone(),
     };
-    let identity = Identity::from_pem(read(cert)?, read(key)?);
-    let mut tls = ServerTlsConfig::new().identity(identity);
-    if let Some(ca) = &settings.tls_client_ca {
-        // Mutual TLS: a client without a certificate signed by this CA cannot connect.
-        tls = tls.client_ca_root(Certificate::from_pem(read(ca)?));
+    let tls = ServerTls::load(files).map_err(|e| ServeError::Config(format!("TLS: {e}")))?;
+    Ok(Some(Arc::new(tls)))
+}
+
+/// Re-reads the credentials each time `reloads` yields, until it ends.
+async fn reload_loop(
+    reloads: impl Stream<Item = ()> + Send + 'static,
+    credentials: Credentials,
+    tls: Option<Arc<ServerTls>>,
+) {
+    let mut reloads = std::pin::pin!(reloads);
+    while reloads.next().await.is_some() {
+        // The files are small and local, read once per signal: not worth a blocking thread.
+        reload(&credentials, tls.as_deref());
     }
-    Ok(Some(tls))
+}
+
+/// Re-reads the tokens file and the TLS files, each put in force whole or not at all, and
+/// logs what became of each (never a token or a key).
+fn reload(credentials: &Credentials, tls: Option<&ServerTls>) {
+    let tokens = credentials.reload();
+    match &tokens {
+        Ok(Reload::NotConfigured) => {}
+        Ok(Reload::Replaced {
+            tenancy,
+            added,
+            removed,
+        }) => tracing::info!(
+            tenancy = %tenancy,
+            added,
+            removed,
+            "reload: the tokens file is in force"
+        ),
+        Err(e) => tracing::warn!(
+            error = %e,
+            "reload: the tokens file was not taken; the credentials in force are kept"
+        ),
+    }
+    match tls {
+        None => {}
+        Some(tls) => match tls.reload() {
+            Ok(()) => tracing::info!(
+                "reload: the TLS certificate and key are in force for new connections"
+            ),
+            Err(e) => tracing::warn!(
+                error = %e,
+                "reload: the TLS files were not taken; the certificate in force is kept"
+            ),
+        },
+    }
+    if tokens == Ok(Reload::NotConfigured) && tls.is_none() {
+        tracing::info!(
+            "reload: nothing to re-read (neither --auth-tokens-file nor --tls-cert is set)"
+        );
+    }
 }

@@ -64,11 +64,14 @@ pub struct Settings {
 
     /// File of credentials, one per line: `<tenant> <token>`; `#` starts a comment. Callers
     /// send `authorization: Bearer <token>`. Without it the server has one tenant, `default`,
-    /// and needs no credential. Health and reflection never need one.
+    /// and needs no credential. Health and reflection never need one. Re-read on SIGHUP: a
+    /// file that does not parse leaves the credentials in force.
     #[arg(long, env = "LEDGER_AUTH_TOKENS_FILE")]
     pub auth_tokens_file: Option<PathBuf>,
 
     /// PEM certificate chain to serve TLS with (needs --tls-key). Plaintext without it.
+    /// Re-read on SIGHUP with --tls-key and --tls-client-ca, for new connections; files that
+    /// do not parse, or a key that does not match, leave the certificate in force.
     #[arg(long, env = "LEDGER_TLS_CERT", requires = "tls_key")]
     pub tls_cert: Option<PathBuf>,
 
@@ -303,6 +306,18 @@ pub struct Settings {
         default_value_t = defaults::MAX_CONCURRENT_REQUESTS,
     )]
     pub max_concurrent_requests: usize,
+
+    /// Most bytes of request messages the ledger calls running at once may hold between them;
+    /// a call that would go over is shed before its request is read, with RESOURCE_EXHAUSTED
+    /// (reason OVERLOADED) and a retry hint. A call larger than the whole budget runs when
+    /// nothing else holds any. Each call makes a few copies of its message while it runs, so
+    /// the memory it bounds is a few times this.
+    #[arg(
+        long,
+        env = "LEDGER_MAX_INFLIGHT_BYTES",
+        default_value_t = defaults::MAX_INFLIGHT_BYTES,
+    )]
+    pub max_inflight_bytes: usize,
 
     /// Calls a second each tenant may make on average (0: no limit); more are refused with
     /// RESOURCE_EXHAUSTED (reason RATE_LIMITED) and a retry hint.
@@ -558,6 +573,9 @@ impl Settings {
                 "--metrics-refresh-interval and --replay-alarm-window must be positive".into(),
             );
         }
+        if self.max_inflight_bytes == 0 {
+            return Err("--max-inflight-bytes must be positive".into());
+        }
         if self.max_json_depth == 0 || self.max_arguments_bytes == 0 {
             return Err("--max-json-depth and --max-arguments-bytes must be positive".into());
         }
@@ -611,6 +629,7 @@ mod tests {
             (1_048_576, 1_048_576, 64)
         );
         assert_eq!(s.external_ref_prefix, "idem-");
+        assert_eq!(s.max_inflight_bytes, 64 * 1_048_576);
         assert_eq!(
             s.console_address(),
             Some(("127.0.0.1:50053".parse().expect("addr"), false))

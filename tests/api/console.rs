@@ -621,6 +621,42 @@ async fn another_tenants_entries_are_not_found_in_the_console(backend: Backend) 
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_console_session_ends_once_sighup_removes_its_token_and_the_others_go_on() {
+    use crate::rotation::{replace, signal, wait_for_log};
+    let dir = tempfile::tempdir().expect("temp dir");
+    let tokens = tokens_file(&dir);
+    let db = TestDb::new(Backend::Sqlite);
+    let port = free_port();
+    let console = format!("127.0.0.1:{port}");
+    let server = ServerProcess::start(
+        &db.url,
+        &[
+            "--auth-tokens-file",
+            tokens.to_str().expect("utf-8"),
+            "--console-listen",
+            &console,
+        ],
+    )
+    .await;
+    let addr: SocketAddr = console.parse().expect("addr");
+    let (mut acme, mut globex) = (Browser::new(addr), Browser::new(addr));
+    sign_in(&mut acme, "token-acme", "ada").await;
+    sign_in(&mut globex, "token-globex", "grace").await;
+    assert_eq!(acme.get("/").await.status, 200);
+
+    replace(&tokens, b"globex token-globex\nacme token-acme-2\n");
+    signal(&server, "HUP");
+    wait_for_log(&server, "reload: the tokens file is in force", 1).await;
+    let ended = acme.get("/").await;
+    assert_eq!(ended.status, 303, "{}", ended.body);
+    assert_eq!(ended.header("location"), Some("/signin"));
+    assert_eq!(globex.get("/").await.status, 200, "globex's token stays");
+    let mut again = Browser::new(addr);
+    sign_in(&mut again, "token-acme-2", "ada").await;
+    assert_eq!(again.get("/").await.status, 200, "the new token signs in");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn with_tokens_the_console_asks_to_sign_in_and_keeps_its_session_in_a_strict_cookie() {
     let (_app, addr, _dir) = tenants_console(Backend::Sqlite).await;
     let mut browser = Browser::new(addr);

@@ -371,7 +371,13 @@ pub fn init_tracing() {
 /// setting). Every test that runs the binary starts it through this (`tests/layout.rs` holds
 /// that); a test that wants a variable sets it on the command.
 pub fn ledger_command() -> tokio::process::Command {
-    let mut command = tokio::process::Command::new(env!("CARGO_BIN_EXE_idempotency-ledger"));
+    ledger_command_at(env!("CARGO_BIN_EXE_idempotency-ledger"))
+}
+
+/// [`ledger_command`] for another build of the binary at `program` (a measurement may run a
+/// release build), with the same environment.
+pub fn ledger_command_at(program: impl AsRef<std::ffi::OsStr>) -> tokio::process::Command {
+    let mut command = tokio::process::Command::new(program);
     command.env_remove("DATABASE_URL");
     for (name, _) in std::env::vars_os() {
         let name = name.to_string_lossy();
