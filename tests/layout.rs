@@ -144,7 +144,7 @@ fn the_checker_sees_an_upward_import() {
 
 #[test]
 fn the_service_depends_on_no_benchmark_crate() {
-    // ledger-bench's histograms come with the `bench` feature only.
+    // ledger-bench's histograms belong to the benchmark's own crate (bench/).
     let out = std::process::Command::new(env!("CARGO"))
         .args([
             "tree",
@@ -167,4 +167,50 @@ fn the_service_depends_on_no_benchmark_crate() {
     let tree = String::from_utf8_lossy(&out.stdout);
     assert!(tree.contains("tonic"), "a real dependency tree:\n{tree}");
     assert!(!tree.contains("hdrhistogram"), "{tree}");
+}
+
+#[test]
+fn a_plain_install_of_the_service_builds_no_benchmark_binary() {
+    // `cargo install --path . ` installs every binary of the service's package: the load
+    // generator and the floor live in the benchmark's crate (bench/), not here.
+    let out = std::process::Command::new(env!("CARGO"))
+        .args([
+            "metadata",
+            "--offline",
+            "--no-deps",
+            "--format-version",
+            "1",
+        ])
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .output()
+        .expect("cargo metadata");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let metadata: serde_json::Value = serde_json::from_slice(&out.stdout).expect("metadata");
+    let packages = metadata["packages"].as_array().expect("packages");
+    let binaries_of = |name: &str| -> Vec<String> {
+        let package = packages
+            .iter()
+            .find(|p| p["name"] == name)
+            .unwrap_or_else(|| panic!("no package {name} in the workspace"));
+        package["targets"]
+            .as_array()
+            .expect("targets")
+            .iter()
+            .filter(|t| {
+                t["kind"]
+                    .as_array()
+                    .is_some_and(|k| k.iter().any(|k| k == "bin"))
+            })
+            .map(|t| t["name"].as_str().unwrap_or_default().to_string())
+            .collect()
+    };
+    assert_eq!(binaries_of("idempotency-ledger"), ["idempotency-ledger"]);
+    let bench = binaries_of("ledger-bench");
+    for binary in ["ledger-bench", "ledger-floor", "compare", "soak"] {
+        assert!(bench.iter().any(|b| b == binary), "{binary} in {bench:?}");
+    }
 }
