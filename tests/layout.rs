@@ -214,3 +214,57 @@ fn a_plain_install_of_the_service_builds_no_benchmark_binary() {
         assert!(bench.iter().any(|b| b == binary), "{binary} in {bench:?}");
     }
 }
+
+/// The repository's shell scripts (a `.sh` name, or a `#!` line naming sh or bash), outside
+/// build output, dependencies and git's own directory.
+fn shell_scripts(dir: &Path, found: &mut Vec<PathBuf>) {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return;
+    };
+    for entry in entries.flatten() {
+        let path = entry.path();
+        let name = entry.file_name().to_string_lossy().into_owned();
+        if path.is_dir() {
+            if !matches!(
+                name.as_str(),
+                "target" | "node_modules" | ".git" | ".venv" | "venv"
+            ) {
+                shell_scripts(&path, found);
+            }
+            continue;
+        }
+        let first_line = std::fs::read(&path)
+            .ok()
+            .and_then(|bytes| {
+                let line = bytes.split(|b| *b == b'\n').next()?.to_vec();
+                String::from_utf8(line).ok()
+            })
+            .unwrap_or_default();
+        let shebang = first_line.starts_with("#!")
+            && (first_line.ends_with("sh") || first_line.contains("bash"));
+        if name.ends_with(".sh") || shebang {
+            found.push(path);
+        }
+    }
+}
+
+#[test]
+fn no_shell_script_in_the_repository_is_over_three_hundred_lines() {
+    // Logic longer than that belongs in a language with types and tests: the benchmark's
+    // driver was 1,057 lines of bash before it became bench/src/compare/.
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let mut scripts = Vec::new();
+    shell_scripts(root, &mut scripts);
+    assert!(
+        scripts.iter().any(|s| s.ends_with("scripts/test")),
+        "the walk finds the scripts: {scripts:?}"
+    );
+    let long: Vec<String> = scripts
+        .iter()
+        .filter_map(|s| {
+            let lines = std::fs::read_to_string(s).ok()?.lines().count();
+            (lines > 300).then(|| format!("{} ({lines} lines)", s.display()))
+        })
+        .collect();
+    assert!(long.is_empty(), "scripts over 300 lines: {long:?}");
+}
