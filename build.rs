@@ -24,6 +24,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     tonic_prost_build::configure()
         // Results are opaque bytes end to end; `Bytes` avoids a copy per replay.
         .bytes(".idempotency.v1")
+        // A request that does not decode is bad input (src/proto.rs, `codec`).
+        .codec_path("crate::proto::codec::LedgerCodec")
         .compile_fds(fds)?;
     Ok(())
 }

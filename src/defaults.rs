@@ -10,6 +10,12 @@ use std::time::Duration;
 /// `--listen`.
 pub const LISTEN: &str = "127.0.0.1:50051";
 
+/// `--console-listen`: loopback only.
+pub const CONSOLE_LISTEN: &str = "127.0.0.1:50053";
+
+/// `--console-session-idle`.
+pub const CONSOLE_SESSION_IDLE: &str = "1h";
+
 /// `--database-url`.
 pub const DATABASE_URL: &str = "sqlite://ledger.db";
 

@@ -13,10 +13,21 @@ use crate::domain::key::InvalidField;
 use crate::storage::StoreError;
 
 /// The `ErrorInfo` domain of every error the ledger sends.
-pub const ERROR_DOMAIN: &str = "idempotency.v1";
+pub const ERROR_DOMAIN: &str = crate::proto::ERROR_DOMAIN;
+
+/// The reason of every `UNAVAILABLE` for want of a reachable store (and before migrations
+/// ran), spelled once.
+pub const STORE_UNAVAILABLE: &str = "STORE_UNAVAILABLE";
+
+/// The reason of an `UNAVAILABLE` because the store was busy: no connection (on SQLite: or
+/// its write lock) came free within `--db-acquire-timeout`.
+pub const STORE_BUSY: &str = "STORE_BUSY";
 
 /// How long a client should wait before retrying when the store is unavailable.
 const UNAVAILABLE_RETRY_DELAY: Duration = Duration::from_secs(1);
+
+/// What the caller is told when the store cannot be reached (or the server is not ready).
+const UNAVAILABLE_MESSAGE: &str = "the ledger's database is unavailable; retry later";
 
 /// The retry hint after contention: the conflicting writers are done within milliseconds.
 const CONTENTION_RETRY_DELAY: Duration = Duration::from_millis(100);
@@ -63,7 +74,8 @@ pub enum LedgerError {
     #[error("{0}")]
     Unauthenticated(&'static str),
     /// The server cannot serve yet (migrations have not run); the detail is logged, not sent.
-    #[error("the ledger's database is unavailable; retry later")]
+    /// The same reason and message as a store that cannot be reached.
+    #[error("{}", UNAVAILABLE_MESSAGE)]
     Unavailable(String),
     /// The store failed for a cause it could name (see [`StoreError`]): each cause has its own
     /// code, reason and message; the database's words are logged, not sent.
@@ -112,9 +124,10 @@ impl LedgerError {
             LedgerError::AlreadyResolved(_) => "ALREADY_RESOLVED",
             LedgerError::NotFound => "ENTRY_NOT_FOUND",
             LedgerError::Unauthenticated(_) => "UNAUTHENTICATED",
-            LedgerError::Unavailable(_) => "STORE_UNAVAILABLE",
+            LedgerError::Unavailable(_) => STORE_UNAVAILABLE,
             LedgerError::Store(e) => match e {
-                StoreError::Unavailable(_) => "STORE_UNAVAILABLE",
+                StoreError::Unavailable(_) | StoreError::Unreachable(_) => STORE_UNAVAILABLE,
+                StoreError::Busy(_) => STORE_BUSY,
                 StoreError::Io(_) => "STORE_IO_ERROR",
                 StoreError::Full(_) => "STORE_FULL",
                 StoreError::Contention(_) => "STORE_CONTENTION",
@@ -143,6 +156,8 @@ impl LedgerError {
             LedgerError::Unavailable(_) => Code::Unavailable,
             LedgerError::Store(e) => match e {
                 StoreError::Unavailable(_)
+                | StoreError::Unreachable(_)
+                | StoreError::Busy(_)
                 | StoreError::Io(_)
                 | StoreError::Contention(_)
                 | StoreError::ReadOnly(_)
@@ -167,7 +182,11 @@ impl From<StoreError> for LedgerError {
 /// What the caller is told of a store failure: what happened to its write and what to do.
 fn store_message(e: &StoreError) -> &'static str {
     match e {
-        StoreError::Unavailable(_) => "the ledger's database is unavailable; retry later",
+        StoreError::Unavailable(_) | StoreError::Unreachable(_) => UNAVAILABLE_MESSAGE,
+        StoreError::Busy(_) => {
+            "the ledger's database is busy: no connection to it (or its lock) came free in \
+             time; nothing was committed; retry later"
+        }
         StoreError::Io(_) => {
             "the ledger's database reported an I/O error; the write was not committed; retry \
              later"
@@ -197,9 +216,11 @@ fn store_message(e: &StoreError) -> &'static str {
 /// How long a client should wait before retrying after a store failure, when waiting helps.
 fn store_retry_delay(e: &StoreError) -> Option<Duration> {
     match e {
-        StoreError::Unavailable(_) | StoreError::Io(_) | StoreError::ReadOnly(_) => {
-            Some(UNAVAILABLE_RETRY_DELAY)
-        }
+        StoreError::Unavailable(_)
+        | StoreError::Unreachable(_)
+        | StoreError::Busy(_)
+        | StoreError::Io(_)
+        | StoreError::ReadOnly(_) => Some(UNAVAILABLE_RETRY_DELAY),
         StoreError::Contention(_) => Some(CONTENTION_RETRY_DELAY),
         StoreError::Full(_) => Some(FULL_RETRY_DELAY),
         StoreError::Corrupt(_) | StoreError::Misconfigured(_) | StoreError::Internal(_) => None,
@@ -253,8 +274,16 @@ fn log_store_error(e: &StoreError) {
         StoreError::ReadOnly(detail) => {
             tracing::warn!(error = %detail, suppressed, "write refused: the store is read-only");
         }
-        StoreError::Unavailable(detail) => {
+        StoreError::Unavailable(detail) | StoreError::Unreachable(detail) => {
             tracing::warn!(error = %detail, suppressed, "store unavailable");
+        }
+        StoreError::Busy(detail) => {
+            tracing::warn!(
+                error = %detail,
+                suppressed,
+                "store busy, not unreachable: a call waited past --db-acquire-timeout for a \
+                 connection (or SQLite's write lock)"
+            );
         }
     }
 }
@@ -347,6 +376,68 @@ mod tests {
         ));
         assert!(!unavailable.message().contains("10.0.0.1"));
         assert!(unavailable.get_details_retry_info().is_some());
+    }
+
+    /// The server recognises tonic's own size refusal by its code (grpc::library_errors):
+    /// no answer of the ledger's may share it.
+    #[test]
+    fn the_ledger_never_answers_out_of_range() {
+        let store = |e: fn(String) -> StoreError| LedgerError::Store(e(String::new()));
+        let every = [
+            LedgerError::invalid("tool", "x"),
+            LedgerError::KeyReused,
+            LedgerError::StaleClaimToken,
+            LedgerError::AlreadyResolved("SUCCEEDED"),
+            LedgerError::NotFound,
+            LedgerError::Unauthenticated("x"),
+            LedgerError::Unavailable(String::new()),
+            store(StoreError::Unavailable),
+            store(StoreError::Unreachable),
+            store(StoreError::Busy),
+            store(StoreError::Io),
+            store(StoreError::Full),
+            store(StoreError::Contention),
+            store(StoreError::ReadOnly),
+            store(StoreError::Corrupt),
+            store(StoreError::Misconfigured),
+            store(StoreError::Internal),
+            LedgerError::LeaseEnded("UNKNOWN"),
+            LedgerError::ResourceExhausted {
+                reason: "OVERLOADED",
+                message: String::new(),
+                retry_after: Duration::ZERO,
+            },
+            LedgerError::DeadlineExceeded,
+            LedgerError::Internal(String::new()),
+        ];
+        for e in every {
+            assert_ne!(e.code(), Code::OutOfRange, "{e:?}");
+        }
+    }
+
+    /// One spelling of each reason; busy and unreachable both carry a retry delay.
+    #[test]
+    fn a_busy_store_has_a_reason_of_its_own_and_an_unreachable_one_the_same_as_unavailable() {
+        let busy = Status::from(LedgerError::Store(StoreError::Busy("all 16 in use".into())));
+        assert_eq!(busy.code(), Code::Unavailable);
+        assert_eq!(
+            busy.get_details_error_info().expect("info").reason,
+            STORE_BUSY
+        );
+        assert!(busy.get_details_retry_info().is_some());
+        assert!(!busy.message().contains("16"), "{}", busy.message());
+        for unavailable in [
+            LedgerError::Store(StoreError::Unreachable("refused".into())),
+            LedgerError::Store(StoreError::Unavailable("reset".into())),
+            LedgerError::Unavailable("migrations have not run yet".into()),
+        ] {
+            let status = Status::from(unavailable);
+            assert_eq!(status.code(), Code::Unavailable);
+            let info = status.get_details_error_info().expect("info");
+            assert_eq!(info.reason, STORE_UNAVAILABLE);
+            assert_eq!(status.message(), UNAVAILABLE_MESSAGE);
+            assert!(status.get_details_retry_info().is_some());
+        }
     }
 
     #[test]

@@ -11,7 +11,7 @@
 //! The dependency rule, in one line (a module uses only modules to its left; the test
 //! `tests/layout.rs` holds it):
 //!
-//! `domain, proto, defaults, connections, splitmix ← storage ← error ← ledger ← observe ← grpc ← server ← cli`
+//! `domain, proto, defaults, connections, splitmix ← storage ← error ← ledger ← observe ← grpc ← console ← server ← cli`
 //!
 //! - [`domain`]: keys (RFC 8785 canonical JSON, derivation, field validation), tenants, what
 //!   of the arguments is kept for audit (redaction), and the entry state machine with the
@@ -25,13 +25,20 @@
 //!   PostgreSQL and SQLite backends, behind group commit; `sqlx::Error` never leaves it.
 //! - [`error`]: the one error type and the one mapping to gRPC codes, reasons and details.
 //! - [`ledger`]: the use cases, one file each (claim, complete, renew, lookup, list,
-//!   reconcile, retention), the notes, and the claims that wait for an attempt in flight.
+//!   reconcile, retention, and find: an entry by key, prefix or external reference), the
+//!   notes, and the claims that wait for an attempt in flight.
 //! - [`observe`]: what the server tells about itself: the Prometheus families on
-//!   `prometheus-client`, the replay-rate alarm, the `/metrics` endpoint on hyper, and the
-//!   logs (one span and one access line per RPC, W3C trace context). Below [`grpc`], which
-//!   records into it; it knows the ledger's answers (to count them), not the service.
+//!   `prometheus-client`, the replay-rate alarm, the `/metrics` endpoint on hyper, the
+//!   logs (one span and one access line per RPC, W3C trace context), and the traces exported
+//!   over OTLP when `OTEL_EXPORTER_OTLP_ENDPOINT` is set. Below [`grpc`], which records into
+//!   it; it knows the ledger's answers (to count them), not the service.
 //! - [`grpc`]: the service, the proto ↔ domain conversions, deadlines, the one rewrite of
 //!   tonic's own refusals, authentication and admission (load shedding, tenant rate limits).
+//! - [`console`]: the operator's console, server-rendered HTML over HTTP/1.1 (hyper): what
+//!   needs a person (unknown outcomes, resolvable there as Reconcile would), the entries by
+//!   filter or search, one entry whole, and the replay rate drawn per tool; sessions signed in
+//!   with a tenant's token, CSRF tokens, escaping. It uses the ledger's use cases and the
+//!   observe figures directly, and the credentials of [`grpc`]'s authentication.
 //! - [`server`]: the settings, health and its store probe, reflection, graceful shutdown;
 //!   every task it starts ends with it.
 //! - [`cli`]: the command line: `serve`, `migrate`, and the operator's commands, gRPC clients
@@ -41,6 +48,7 @@
 
 pub mod cli;
 pub mod connections;
+pub mod console;
 pub mod defaults;
 pub mod domain;
 pub mod error;

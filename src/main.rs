@@ -1,5 +1,6 @@
 //! The `idempotency-ledger` binary: parses the command line, sets up logging in the format it
-//! names, and hands over to the library.
+//! names (and, for `serve`, traces as the `OTEL_*` variables say), and hands over to the
+//! library.
 
 use std::process::ExitCode;
 use std::sync::Arc;
@@ -9,6 +10,7 @@ use idempotency_ledger::cli::{Cli, Command};
 use idempotency_ledger::cli::{inspect, operate};
 use idempotency_ledger::domain::time::AlignedClock;
 use idempotency_ledger::observe::telemetry;
+use idempotency_ledger::observe::traces::TraceExport;
 use idempotency_ledger::server;
 
 /// mimalloc instead of the C library's allocator: a request allocates and frees a few hundred
@@ -29,14 +31,39 @@ async fn main() -> ExitCode {
         Command::Serve(settings) | Command::Migrate(settings) => settings.log_format,
         _ => log_format,
     };
-    if let Err(e) = telemetry::init(log_format) {
+    // Only the server exports traces, and only when an endpoint is configured.
+    let traces = match command {
+        Command::Serve(_) => match TraceExport::from_env() {
+            Ok(traces) => traces,
+            Err(e) => {
+                eprintln!("idempotency-ledger: cannot set up traces: {e}");
+                return ExitCode::FAILURE;
+            }
+        },
+        _ => None,
+    };
+    if let Err(e) = telemetry::init(log_format, traces.as_ref()) {
         eprintln!("idempotency-ledger: cannot set up logging: {e}");
         return ExitCode::FAILURE;
     }
     let result = match command {
         Command::Serve(settings) => {
+            if let Some(traces) = &traces {
+                let c = traces.config();
+                tracing::info!(
+                    endpoint = c.shown_endpoint(),
+                    protocol = c.protocol.as_str(),
+                    sampler = %c.sampler,
+                    "exporting traces over OTLP"
+                );
+            }
             let clock = Arc::new(AlignedClock::default());
-            server::run(settings, clock, shutdown_signal()).await
+            let served = server::run(settings, clock, shutdown_signal()).await;
+            // After the drain: the spans of the last calls are queued, and go now.
+            if let Some(traces) = traces {
+                traces.shutdown().await;
+            }
+            served
         }
         Command::Migrate(settings) => server::migrate(&settings).await,
         // The inspection commands print their own errors and choose their exit status.

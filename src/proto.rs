@@ -16,3 +16,86 @@ pub const FILE_DESCRIPTOR_SET: &[u8] =
 /// clients (grpcurl) decode them.
 pub const ERROR_DETAILS_DESCRIPTOR_SET: &[u8] =
     include_bytes!(concat!(env!("OUT_DIR"), "/error_details_descriptor.bin"));
+
+/// The `ErrorInfo` domain of every error the ledger sends: its proto package.
+pub const ERROR_DOMAIN: &str = "idempotency.v1";
+
+/// The codec of the ledger's messages: prost's, except that a request that does not decode
+/// (a string field that is not UTF-8, a field of the wrong wire type) is answered as bad input
+/// is, `INVALID_ARGUMENT` with the reason `MALFORMED_MESSAGE`, where tonic answers `INTERNAL`
+/// without a reason. The generated service and client use it (`build.rs`, `codec_path`), so
+/// the decision is made where the bytes are decoded, not by reading tonic's error text later.
+pub mod codec {
+    use std::marker::PhantomData;
+
+    use prost::Message;
+    use tonic::Status;
+    use tonic::codec::{BufferSettings, Codec, DecodeBuf, Decoder};
+    use tonic_prost::{ProstDecoder, ProstEncoder};
+
+    /// The reason a message that does not decode is refused with.
+    pub const MALFORMED_MESSAGE: &str = "MALFORMED_MESSAGE";
+
+    /// [`tonic_prost::ProstCodec`] with [`LedgerDecoder`] as its decoder.
+    #[derive(Debug, Clone, Copy)]
+    pub struct LedgerCodec<T, U>(PhantomData<(T, U)>);
+
+    impl<T, U> Default for LedgerCodec<T, U> {
+        fn default() -> Self {
+            LedgerCodec(PhantomData)
+        }
+    }
+
+    impl<T, U> Codec for LedgerCodec<T, U>
+    where
+        T: Message + Send + 'static,
+        U: Message + Default + Send + 'static,
+    {
+        type Encode = T;
+        type Decode = U;
+        type Encoder = ProstEncoder<T>;
+        type Decoder = LedgerDecoder<U>;
+
+        fn encoder(&mut self) -> Self::Encoder {
+            ProstEncoder::new(BufferSettings::default())
+        }
+
+        fn decoder(&mut self) -> Self::Decoder {
+            LedgerDecoder(ProstDecoder::new(BufferSettings::default()))
+        }
+    }
+
+    /// Decodes as prost does, and refuses what does not decode as malformed input.
+    #[derive(Debug)]
+    pub struct LedgerDecoder<U>(ProstDecoder<U>);
+
+    impl<U: Message + Default> Decoder for LedgerDecoder<U> {
+        type Item = U;
+        type Error = Status;
+
+        fn decode(&mut self, buf: &mut DecodeBuf<'_>) -> Result<Option<U>, Status> {
+            U::decode(buf).map(Some).map_err(|_| malformed())
+        }
+
+        fn buffer_settings(&self) -> BufferSettings {
+            self.0.buffer_settings()
+        }
+    }
+
+    /// The answer to a message that does not decode. prost's own words (which field, which
+    /// wire type) are left out: they describe bytes the caller sent, not a fix.
+    pub fn malformed() -> Status {
+        let mut details = tonic_types::ErrorDetails::new();
+        details.set_error_info(
+            MALFORMED_MESSAGE,
+            super::ERROR_DOMAIN,
+            std::collections::HashMap::new(),
+        );
+        <Status as tonic_types::StatusExt>::with_error_details(
+            tonic::Code::InvalidArgument,
+            "the request is not a valid protobuf message of this method (a string field that \
+             is not UTF-8, or a field of the wrong type)",
+            details,
+        )
+    }
+}

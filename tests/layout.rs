@@ -1,6 +1,7 @@
 //! The crate's dependency rule, as `src/lib.rs` states it: a module uses only the modules of
-//! lower layers. Read from the source (code lines, not comments), so a new `use crate::…`
-//! that points upward fails here with the file and line.
+//! lower layers. Read from the source (code, not comments), paths in grouped imports
+//! (`use crate::{grpc, storage::Store}`) included, so a new `use crate::…` that points upward
+//! fails here with the file and line.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -14,6 +15,7 @@ const LAYERS: &[&[&str]] = &[
     &["ledger"],
     &["observe"],
     &["grpc"],
+    &["console"],
     &["server"],
     &["cli"],
 ];
@@ -43,27 +45,79 @@ fn files_of(src: &Path, name: &str) -> Vec<PathBuf> {
     files
 }
 
-/// Every `crate::name` a line of code in `text` mentions (comments left out), with its line.
+/// Every `crate::name` the code in `text` mentions (comments left out), with its line: the
+/// first segment of each path, also of each path in a group, `use crate::{grpc, storage::{a,
+/// b}};` naming `grpc` and `storage`, a group spread over lines as rustfmt writes it included.
 fn crate_paths(text: &str) -> Vec<(usize, String)> {
+    // Comments become blanks, so that offsets still give lines.
+    let code: String = text
+        .lines()
+        .map(|line| line.split("//").next().unwrap_or(""))
+        .collect::<Vec<_>>()
+        .join("\n");
+    let line_of = |at: usize| code[..at].matches('\n').count() + 1;
     let mut found = Vec::new();
-    for (n, line) in text.lines().enumerate() {
-        let code = line.split("//").next().unwrap_or("");
-        let mut rest = code;
-        while let Some(at) = rest.find("crate::") {
-            let after = &rest[at + "crate::".len()..];
-            let name: String = after
-                .chars()
-                .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
-                .collect();
-            // `$crate::` in a macro is the crate too; `foo_crate::` is not.
-            let before = rest[..at].chars().next_back();
-            if !before.is_some_and(|c| c.is_ascii_alphanumeric() || c == '_') {
-                found.push((n + 1, name));
+    let mut from = 0;
+    while let Some(offset) = code[from..].find("crate::") {
+        let at = from + offset;
+        let after = at + "crate::".len();
+        from = after;
+        // `$crate::` in a macro is the crate too; `foo_crate::` is not.
+        let before = code[..at].chars().next_back();
+        if before.is_some_and(|c| c.is_ascii_alphanumeric() || c == '_') {
+            continue;
+        }
+        if code[after..].starts_with('{') {
+            for (item_at, name) in group_items(&code, after) {
+                found.push((line_of(item_at), name));
             }
-            rest = after;
+        } else {
+            found.push((line_of(at), identifier(&code[after..])));
         }
     }
     found
+}
+
+/// The identifier at the start of `text`.
+fn identifier(text: &str) -> String {
+    text.chars()
+        .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
+        .collect()
+}
+
+/// The first segment of each item of the `{…}` group opening at `code[open]`, with its offset
+/// (`self` left out: it names the crate root, not a module).
+fn group_items(code: &str, open: usize) -> Vec<(usize, String)> {
+    let mut items = Vec::new();
+    let mut depth = 0;
+    let mut item_start = true;
+    for (i, c) in code[open..].char_indices() {
+        let at = open + i;
+        match c {
+            '{' => {
+                depth += 1;
+                if depth == 1 {
+                    item_start = true;
+                }
+            }
+            '}' => {
+                depth -= 1;
+                if depth == 0 {
+                    break;
+                }
+            }
+            ',' if depth == 1 => item_start = true,
+            c if item_start && depth == 1 && !c.is_whitespace() => {
+                item_start = false;
+                let name = identifier(&code[at..]);
+                if !name.is_empty() && name != "self" {
+                    items.push((at, name));
+                }
+            }
+            _ => {}
+        }
+    }
+    items
 }
 
 /// The top-level modules `src/lib.rs` declares.
@@ -139,6 +193,29 @@ fn the_checker_sees_an_upward_import() {
     assert_eq!(
         crate_paths(text),
         vec![(1, "server".to_string()), (2, "storage".to_string())]
+    );
+}
+
+#[test]
+fn the_checker_reads_grouped_imports_nested_and_over_several_lines() {
+    let text = "use crate::{grpc, storage::Store};\n\
+                use crate::{\n    \
+                    ledger::{Ledger, Limits},\n    \
+                    // crate::{cli} in a comment\n    \
+                    observe::{metrics::{Metrics, Kind}, layer},\n    \
+                    self,\n    \
+                    server\n\
+                };\n\
+                fn f() { crate::{}; }\n";
+    assert_eq!(
+        crate_paths(text),
+        vec![
+            (1, "grpc".to_string()),
+            (1, "storage".to_string()),
+            (3, "ledger".to_string()),
+            (5, "observe".to_string()),
+            (7, "server".to_string()),
+        ]
     );
 }
 
@@ -267,4 +344,48 @@ fn no_shell_script_in_the_repository_is_over_three_hundred_lines() {
         })
         .collect();
     assert!(long.is_empty(), "scripts over 300 lines: {long:?}");
+}
+
+#[test]
+fn every_test_starts_the_binary_through_the_one_helper() {
+    // `tests/api/support/app.rs`'s `ledger_command` clears the caller's DATABASE_URL and
+    // LEDGER_* variables: a test naming the binary itself would let them through.
+    let tests = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests");
+    let helper = tests.join("api").join("support").join("app.rs");
+    let mut named = Vec::new();
+    let mut in_helper = 0;
+    let mut dirs = vec![tests.clone()];
+    while let Some(dir) = dirs.pop() {
+        for entry in std::fs::read_dir(&dir).unwrap_or_else(|e| panic!("{}: {e}", dir.display())) {
+            let path = entry.expect("entry").path();
+            if path.is_dir() {
+                dirs.push(path);
+                continue;
+            }
+            if path.extension().is_none_or(|e| e != "rs") {
+                continue;
+            }
+            let text = std::fs::read_to_string(&path).expect("read");
+            for (n, line) in text.lines().enumerate() {
+                let code = line.split("//").next().unwrap_or("");
+                if code.contains(concat!("CARGO_BIN_EXE", "_")) {
+                    if path == helper {
+                        in_helper += 1;
+                    } else {
+                        named.push(format!(
+                            "{}:{}: {}",
+                            path.strip_prefix(&tests).expect("under tests").display(),
+                            n + 1,
+                            line.trim()
+                        ));
+                    }
+                }
+            }
+        }
+    }
+    assert_eq!(in_helper, 1, "the helper names the binary once");
+    assert!(
+        named.is_empty(),
+        "start the binary with crate::support::ledger_command(): {named:#?}"
+    );
 }

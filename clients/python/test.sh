@@ -3,7 +3,8 @@
 # walk-throughs of the README and docs/agents.md (../../tests/readme_walkthrough.py).
 #
 # Creates (or reuses) the venv .venv beside this file, installs the package with its test extras
-# and the framework adapters' extras at the versions of constraints.txt (the build regenerates the gRPC stubs from ../../proto), finds
+# and the framework adapters' extras at the versions of constraints.txt (the build generates the
+# gRPC stubs from ../../proto into itself, never into the checkout), finds
 # the server in $LEDGER_BIN or ../../target/debug/idempotency-ledger (building it when missing),
 # and runs pytest. Extra arguments go to pytest. Works from any directory.
 set -euo pipefail
@@ -22,12 +23,11 @@ extras="test,pydantic-ai,openai-agents,langchain,mcp"
 
 # Reinstall only when what the package is built from changed (its sources, the proto, the pins).
 export PIP_CONSTRAINT="$here/constraints.txt" PIP_DISABLE_PIP_VERSION_CHECK=1
-inputs="$(cd "$here" && find pyproject.toml setup.py generate.py constraints.txt README.md \
+inputs="$(cd "$here" && find pyproject.toml hatch_build.py generate.py constraints.txt README.md \
   src/idempotency_ledger "$repo/proto" -type f ! -path '*/__pycache__/*' -print0 \
   | sort -z | xargs -0 sha256sum | sha256sum)"
 if [ "$(cat "$venv/.installed" 2>/dev/null)" != "$inputs" ]; then
   echo "== installing idempotency-ledger[$extras] into $venv"
-  rm -rf "$here/build"  # setuptools would otherwise ship modules left there by an older build
   "$venv/bin/python" -m pip install --quiet "$here[$extras]"
   echo "$inputs" > "$venv/.installed"
 fi

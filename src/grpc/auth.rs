@@ -132,6 +132,41 @@ fn digest(token: &str) -> [u8; 32] {
     Sha256::digest(token.as_bytes()).into()
 }
 
+/// A token as the server keeps it: its sha256 digest. The console's sessions hold one, so
+/// that each request checks the credential it signed in with is still configured, without
+/// keeping the token.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub struct Credential([u8; 32]);
+
+impl Credential {
+    /// The credential of `token` (as sent after `Bearer `).
+    pub fn of(token: &str) -> Credential {
+        Credential(digest(token.trim()))
+    }
+}
+
+impl std::fmt::Debug for Credential {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Credential(..)")
+    }
+}
+
+impl Tenancy {
+    /// Whether callers must present a credential (a tokens file is configured).
+    pub fn requires_credentials(&self) -> bool {
+        matches!(self, Tenancy::Tokens(_))
+    }
+
+    /// The tenant `credential` authenticates; `None` for an unknown one, and without
+    /// credentials configured (where there is nothing to present).
+    pub fn tenant_of(&self, credential: &Credential) -> Option<Tenant> {
+        match self {
+            Tenancy::Single => None,
+            Tenancy::Tokens(map) => map.get(&credential.0).cloned(),
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -183,6 +218,25 @@ mod tests {
         assert!(Tenancy::parse("acme\n").is_err_and(|e| e.contains("line 1")));
         assert!(Tenancy::parse("a t\nb t\n").is_err_and(|e| e.contains("line 2")));
         assert!(Tenancy::parse("# nothing\n").is_err());
+    }
+
+    #[test]
+    fn a_credential_names_the_tenant_of_its_token_only() {
+        let Ok(t) = Tenancy::parse("acme tok-a\nglobex tok-b\n") else {
+            panic!("tokens file should parse")
+        };
+        assert!(t.requires_credentials());
+        assert_eq!(
+            t.tenant_of(&Credential::of("tok-b")),
+            Some(Tenant("globex".into()))
+        );
+        assert_eq!(
+            t.tenant_of(&Credential::of(" tok-a ")),
+            Some(Tenant("acme".into()))
+        );
+        assert_eq!(t.tenant_of(&Credential::of("tok-c")), None);
+        assert!(!Tenancy::Single.requires_credentials());
+        assert_eq!(Tenancy::Single.tenant_of(&Credential::of("tok-a")), None);
     }
 
     #[test]

@@ -9,6 +9,7 @@ use crate::domain::canonical::Canonicalization;
 use crate::domain::{FinalStatus, Micros};
 use crate::error::LedgerError;
 use crate::ledger::{ClaimOutput, EntryView, Outcome};
+use crate::observe::replay::{ReplayFigures, SeriesFigures};
 
 pub(super) fn canonicalization(value: i32) -> Result<Canonicalization, Status> {
     match pb::Canonicalization::try_from(value) {
@@ -107,6 +108,44 @@ pub(super) fn instant(
         .and_then(|us| us.checked_add(i64::from(t.nanos / 1000)))
         .map(|us| Some(Micros(us)))
         .ok_or_else(|| LedgerError::invalid(field, "is out of range").into())
+}
+
+/// A tenant's replay figures, as ReplayRate answers them.
+pub(super) fn replay_rate_response(f: ReplayFigures) -> pb::ReplayRateResponse {
+    pb::ReplayRateResponse {
+        as_of: Some(timestamp(f.as_of)),
+        bucket_width: Some(proto_duration(f.bucket)),
+        total: Some(replay_series(&f.total)),
+        tools: f.tools.iter().map(replay_series).collect(),
+        alarm_window: Some(proto_duration(f.alarm_window)),
+        alarm_min_claims: f.alarm_min_claims,
+    }
+}
+
+fn replay_series(s: &SeriesFigures) -> pb::ReplaySeries {
+    pb::ReplaySeries {
+        tool: s.tool.clone(),
+        folded: s.folded,
+        buckets: s
+            .buckets
+            .iter()
+            .map(|b| pb::ReplayBucket {
+                start: Some(timestamp(b.start)),
+                claims: b.claims,
+                replays: b.replays,
+                replay_ratio: b.ratio(),
+                key_reuse_refusals: b.key_reuse_refusals,
+                alarm: b.alarm,
+            })
+            .collect(),
+        claims: s.claims(),
+        replays: s.replays(),
+        replay_ratio: s.ratio(),
+        key_reuse_refusals: s.key_reuse_refusals(),
+        window_claims: s.window.claims,
+        window_replays: s.window.replays,
+        alarm: s.alarm,
+    }
 }
 
 /// An entry with the arguments kept for audit: what Lookup and ListEntries answer.

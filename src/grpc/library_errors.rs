@@ -56,40 +56,29 @@ where
     }
 }
 
-/// tonic answers two kinds of bad input itself, before any handler runs: a request over the
-/// message-size limit (OUT_OF_RANGE) and one that does not decode, such as a string field that
-/// is not UTF-8 (INTERNAL). The ledger answers limits with RESOURCE_EXHAUSTED (as gRPC itself
-/// specifies for oversized messages), malformed input with INVALID_ARGUMENT, and every error
-/// with an ErrorInfo: this rewrites those two answers, and passes every other one through.
+/// tonic answers one kind of bad input itself, before any handler runs: a request over the
+/// message-size limit, with OUT_OF_RANGE and no `ErrorInfo`. The ledger answers limits with
+/// RESOURCE_EXHAUSTED (as gRPC itself specifies for oversized messages) and every error with an
+/// `ErrorInfo`: this rewrites that answer, recognised by its code (the ledger itself never
+/// answers OUT_OF_RANGE: `error::tests` holds it), and passes every other one through. (A
+/// request that does not decode is refused by the codec itself: `proto::codec`.)
 fn rewrite_library_errors(
     response: http::Response<tonic::body::Body>,
 ) -> http::Response<tonic::body::Body> {
-    let headers = response.headers();
-    let code = headers.get("grpc-status").and_then(|v| v.to_str().ok());
-    let message = headers
-        .get("grpc-message")
-        .and_then(|m| m.to_str().ok())
-        .unwrap_or("");
-    let said = |text: &str| message.contains(text) || message.contains(&text.replace(' ', "%20"));
-    let (code, reason, text) = match code {
-        Some("11") if said("message length too large") => (
-            tonic::Code::ResourceExhausted,
-            "MESSAGE_TOO_LARGE",
-            "the request is larger than the server's --max-message-bytes",
-        ),
-        Some("13") if said("failed to decode Protobuf message") => (
-            tonic::Code::InvalidArgument,
-            "MALFORMED_MESSAGE",
-            "the request is not a valid protobuf message of this method (a string field that \
-             is not UTF-8, or a field of the wrong type)",
-        ),
+    match tonic::Status::from_header_map(response.headers()) {
+        Some(status) if status.code() == tonic::Code::OutOfRange => {}
         _ => return response,
-    };
+    }
     let mut details = tonic_types::ErrorDetails::new();
     details.set_error_info(
-        reason,
+        "MESSAGE_TOO_LARGE",
         crate::error::ERROR_DOMAIN,
         std::collections::HashMap::new(),
     );
-    <Status as tonic_types::StatusExt>::with_error_details(code, text, details).into_http()
+    <Status as tonic_types::StatusExt>::with_error_details(
+        tonic::Code::ResourceExhausted,
+        "the request is larger than the server's --max-message-bytes",
+        details,
+    )
+    .into_http()
 }

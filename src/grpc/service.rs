@@ -12,11 +12,12 @@ use tonic::{Request, Response, Status};
 use super::admission::Admission;
 use super::convert::{
     audited_entry, canonicalization, claim_response, duration, entry, final_status, instant,
-    status_filter,
+    replay_rate_response, status_filter,
 };
 use super::deadline::{parse_grpc_timeout, run};
 use super::pb;
 use super::pb::ledger_service_server::LedgerService;
+use crate::domain::key::ToolName;
 use crate::domain::{FinalStatus, Tenant};
 use crate::error::LedgerError;
 use crate::ledger::{
@@ -134,7 +135,7 @@ impl LedgerService for LedgerApi {
         let (metrics, tool) = (self.metrics.clone(), input.tool.clone());
         let out = run(&self.metrics, deadline, permit, async move {
             let out = ledger.claim(&tenant, input).await;
-            metrics.claim(&tool, &out);
+            metrics.claim(&tenant, &tool, &out);
             out
         })
         .await;
@@ -319,5 +320,25 @@ impl LedgerService for LedgerApi {
         Ok(Response::new(pb::RenewLeaseResponse {
             entry: Some(entry(out)),
         }))
+    }
+
+    async fn replay_rate(
+        &self,
+        request: Request<pb::ReplayRateRequest>,
+    ) -> Result<Response<pb::ReplayRateResponse>, Status> {
+        // Answered from memory: admitted like any call (so it is shed and rate-limited alike),
+        // with no task of its own, since it never waits for the store.
+        let Call { tenant, .. } = self.begin(&request)?;
+        let r = request.into_inner();
+        let tool = if r.tool.is_empty() {
+            None
+        } else {
+            Some(ToolName::parse(&r.tool).map_err(|e| Status::from(LedgerError::from(e)))?)
+        };
+        telemetry::record_request(&r.tool, "");
+        let figures = self
+            .metrics
+            .replay_figures(&tenant, tool.as_ref().map(ToolName::as_str));
+        Ok(Response::new(replay_rate_response(figures)))
     }
 }

@@ -5,6 +5,7 @@
 use std::time::Duration;
 
 use tokio::time::Instant;
+use tracing::Instrument as _;
 
 use super::memory::Recalled;
 use super::notes::{IN_FLIGHT_NOTE, UNKNOWN_NOTE, failed_note, replay_note};
@@ -106,6 +107,22 @@ impl Ledger {
             Some(wait) if !wait.is_zero() && in_flight(&output) => Instant::now() + wait,
             _ => return Ok(output),
         };
+        // The wait is a span of its own in the call's trace; its target is
+        // `observe::traces::TARGET` (above this module): only the trace exporter sees it.
+        let span = tracing::info_span!(target: "idempotency_ledger::otel", "ledger.claim_wait");
+        self.wait_out(tenant, &request, until)
+            .instrument(span)
+            .await
+    }
+
+    /// Holds a claim whose entry is in flight until it is not (answering then), or until
+    /// `until` (answering what is true then).
+    async fn wait_out(
+        &self,
+        tenant: &Tenant,
+        request: &PreparedClaim,
+        until: Instant,
+    ) -> Result<ClaimOutput, LedgerError> {
         // Wait: register first, then mark the entry so other servers announce its change,
         // then re-read in the loop, so that no completion can slip between read and sleep.
         // Only other servers read the mark: a store no other server shares gets no write.
@@ -117,7 +134,7 @@ impl Ledger {
         }
         loop {
             let changed = watch.notified();
-            let output = self.claim_once(tenant, &request).await?;
+            let output = self.claim_once(tenant, request).await?;
             if !in_flight(&output) || Instant::now() >= until {
                 return Ok(output);
             }
@@ -129,6 +146,7 @@ impl Ledger {
                 .minus(self.clock.now())
                 .to_duration();
             let wake_at = until.min(Instant::now() + lease_left);
+            let _parked = self.waits.waiting();
             tokio::select! {
                 () = changed => {}
                 () = tokio::time::sleep_until(wake_at) => {}

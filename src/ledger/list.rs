@@ -91,6 +91,8 @@ impl Ledger {
             limit: page_size.saturating_add(1),
             now,
         };
+        // Held until the counts not yet written are added (see `counts_in_flight`).
+        let counting = self.counts_in_flight.read().await;
         let mut entries = self.store.list(tenant.as_str(), &query).await?;
         let more = entries.len() > page_size as usize;
         entries.truncate(page_size as usize);
@@ -98,11 +100,13 @@ impl Ledger {
             Some(last) if more => page_token(last.started_at, &last.key, &filters),
             _ => String::new(),
         };
+        let entries = entries
+            .into_iter()
+            .map(|e| self.audit_view(self.with_unwritten_replays(tenant, e), now))
+            .collect();
+        drop(counting);
         Ok(ListOutput {
-            entries: entries
-                .into_iter()
-                .map(|e| self.audit_view(self.with_unwritten_replays(tenant, e), now))
-                .collect(),
+            entries,
             next_page_token,
         })
     }

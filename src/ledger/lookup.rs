@@ -56,6 +56,7 @@ impl Ledger {
             ExplicitKey::parse(&input.key)?.as_str().to_string()
         };
         let now = self.clock.now();
+        let _counting = self.counts_in_flight.read().await;
         match self.store.get(tenant.as_str(), &key).await? {
             Some(entry) if !entry.is_expired(now) => {
                 Ok(self.audit_view(self.with_unwritten_replays(tenant, entry), now))

@@ -1,14 +1,16 @@
 //! The ledger's use cases, driven over a [`Store`], one file each and each a method of
 //! [`Ledger`]: `claim`, `complete`, `renew` (RenewLease), `lookup`, `list` (ListEntries),
-//! `reconcile`, `retention` (pruning). Each validates its input, lets the domain decide,
-//! applies the store's compare-and-set write, and starts over from a fresh read when a
-//! concurrent writer won the race. [`wait`] holds claims that wait for an attempt in flight; `notes` are the sentences
-//! for the model; `recent` is a hint cache for the claim path.
+//! `reconcile`, `retention` (pruning), and `find` (an entry by key, key prefix or
+//! `external_ref`, for operators). Each validates its input, lets the domain decide, applies
+//! the store's compare-and-set write, and starts over from a fresh read when a concurrent
+//! writer won the race. [`wait`] holds claims that wait for an attempt in flight; `notes` are
+//! the sentences for the model; `recent` is a hint cache for the claim path.
 //!
 //! Independent of gRPC, so the conformance suite runs the same calls against every backend.
 
 mod claim;
 mod complete;
+pub mod find;
 mod list;
 mod lookup;
 mod memory;
@@ -144,6 +146,11 @@ pub struct Ledger {
     finished: Arc<RecentKeys>,
     /// Finished entries this server remembers, to answer repeats without the store.
     memory: Arc<ReplayMemory>,
+    /// Held for writing while replay counts go from memory to the store, and for reading
+    /// while a Lookup or a listing reads the store and adds the counts not yet written: so
+    /// that those see each replay this server answered exactly once, never in both places
+    /// nor in neither.
+    counts_in_flight: Arc<tokio::sync::RwLock<()>>,
 }
 
 impl Ledger {
@@ -156,6 +163,7 @@ impl Ledger {
             waits: Arc::new(WaitHub::new(store.clone(), clock.clone(), poll)),
             finished: Arc::new(RecentKeys::default()),
             memory: Arc::new(ReplayMemory::new(limits.replay_memory_bytes)),
+            counts_in_flight: Arc::default(),
             store,
             clock,
             limits: Arc::new(limits),
@@ -183,6 +191,7 @@ impl Ledger {
     /// # Errors
     /// As the store fails; the counts are kept for the next call then.
     pub async fn flush_replay_counts(&self) -> Result<usize, LedgerError> {
+        let _writing = self.counts_in_flight.write().await;
         let taken = self.memory.take_counts();
         if taken.is_empty() {
             return Ok(0);

@@ -9,6 +9,7 @@
 //! of that key: many waiters cost one read per tick, not one each.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
@@ -46,6 +47,18 @@ pub struct WaitHub {
     /// How often a watched key is read from the store; `None` when every change is announced
     /// in-process (a store only this server uses).
     poll_interval: Option<Duration>,
+    /// Claims parked now: each read the entry, found the attempt in flight, and sleeps until a
+    /// wake-up or its time is up (see [`WaitHub::waiting`]).
+    waiting: AtomicUsize,
+}
+
+/// One claim waiting, counted in [`WaitHub::waiting_claims`] until dropped.
+pub struct Waiting<'a>(&'a AtomicUsize);
+
+impl Drop for Waiting<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
+    }
 }
 
 impl WaitHub {
@@ -62,7 +75,21 @@ impl WaitHub {
             store,
             clock,
             poll_interval,
+            waiting: AtomicUsize::new(0),
         }
+    }
+
+    /// Counts a claim parked until its next wake-up (its watch's, or its own timer), from
+    /// after the read that found the attempt in flight until the guard is dropped.
+    pub fn waiting(&self) -> Waiting<'_> {
+        self.waiting.fetch_add(1, Ordering::Relaxed);
+        Waiting(&self.waiting)
+    }
+
+    /// How many claims are parked now, on any key: what shows, from outside, that a claim
+    /// waits for a change rather than being yet to arrive or to read (for tests and metrics).
+    pub fn waiting_claims(&self) -> usize {
+        self.waiting.load(Ordering::Relaxed)
     }
 
     /// The shared watch of (tenant, key), created (with its poller, if polling) for the first

@@ -89,11 +89,7 @@ where
 
 /// The `grpc-status` a header map carries.
 fn grpc_status(headers: &http::HeaderMap) -> Option<tonic::Code> {
-    headers
-        .get("grpc-status")
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.parse::<i32>().ok())
-        .map(tonic::Code::from_i32)
+    tonic::Status::from_header_map(headers).map(|status| status.code())
 }
 
 /// One ledger call being counted: started when it arrived; when its future is dropped before

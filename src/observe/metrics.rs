@@ -29,10 +29,10 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::{Registry, Unit};
 
-use super::replay::{ReplayAlarm, WindowTotals};
+use super::replay::{ClaimEvent, ReplayAlarm, ReplayFigures, ReplayHistory, WindowTotals};
 use super::{Rpc, SERVICE};
-use crate::domain::FinalStatus;
 use crate::domain::time::Clock;
+use crate::domain::{FinalStatus, Tenant};
 use crate::error::{LedgerError, code_name};
 use crate::ledger::{ClaimOutput, CompleteOutput, Outcome};
 use crate::storage::{PoolStats, Store, StoreError, UnresolvedCount};
@@ -109,7 +109,7 @@ fn handling_histogram() -> Histogram {
 /// values.
 fn per_method<M: Clone, C: prometheus_client::metrics::family::MetricConstructor<M>>(
     family: &Family<Labels<3>, M, C>,
-) -> [M; 6] {
+) -> [M; Rpc::COUNT] {
     Rpc::ALL.map(|rpc| family.get_or_create_owned(&method_labels(rpc)))
 }
 
@@ -126,13 +126,13 @@ fn per_value<const N: usize>(
 #[derive(Debug)]
 struct GrpcSeries {
     /// Calls received, by [`Rpc`].
-    started: [Counter; 6],
+    started: [Counter; Rpc::COUNT],
     /// Calls answered, by method and code.
     handled: Family<Labels<4>, Counter>,
     /// Calls answered `OK`, by [`Rpc`]: the common case, looked up once.
-    handled_ok: [Counter; 6],
+    handled_ok: [Counter; Rpc::COUNT],
     /// Time from the request to the response headers, by [`Rpc`].
-    seconds: [Histogram; 6],
+    seconds: [Histogram; Rpc::COUNT],
 }
 
 /// One tool's series.
@@ -241,6 +241,9 @@ pub struct Metrics {
     pool: [Gauge; 3],
     /// The replay-rate window and alarm.
     replay: Arc<ReplayAlarm>,
+    /// The replay rate per tenant and tool over the last hour (the console's picture and the
+    /// `ReplayRate` RPC).
+    history: ReplayHistory,
     /// The ledger's clock, for the store-wide count.
     clock: Arc<dyn Clock>,
 }
@@ -335,7 +338,8 @@ impl Metrics {
         let store_errors = Family::<Labels<1>, Counter>::default();
         registry.register(
             "ledger_store_errors",
-            "Store errors, by kind: unavailable (cannot be reached, busy), io_error, full (out \
+            "Store errors, by kind: unavailable (cannot be reached), busy (no connection or \
+             lock came free in time), io_error, full (out \
              of disk space), contention (deadlocks past the retries), read_only (a standby), \
              corrupt, misconfigured (the store does not fit the settings), or internal (a \
              failed statement, or a bug)",
@@ -369,6 +373,12 @@ impl Metrics {
             options.alarm_min_claims,
         ));
         registry.register_collector(Box::new(replay.clone()));
+        let history = ReplayHistory::new(
+            clock.clone(),
+            options.max_tools,
+            options.alarm_window,
+            options.alarm_min_claims,
+        );
 
         Arc::new(Metrics {
             registry,
@@ -383,14 +393,15 @@ impl Metrics {
             unresolved,
             pool: POOL_STATES.map(|state| pool.get_or_create_owned(&[("state", state)])),
             replay,
+            history,
             clock,
         })
     }
 
-    /// Counts a Claim's result for `tool` (the request's): its outcome (and the replay
-    /// window), or a key-reuse refusal. Other errors concern no claim answered; a store error
-    /// is counted by [`Metrics::call_failed`].
-    pub fn claim(&self, tool: &str, result: &Result<ClaimOutput, LedgerError>) {
+    /// Counts a Claim's result for `tool` (the request's) by `tenant`: its outcome (and the
+    /// replay window and history), or a key-reuse refusal. Other errors concern no claim
+    /// answered; a store error is counted by [`Metrics::call_failed`].
+    pub fn claim(&self, tenant: &Tenant, tool: &str, result: &Result<ClaimOutput, LedgerError>) {
         match result {
             Ok(out) => {
                 let series = self.tools.get(tool);
@@ -400,12 +411,21 @@ impl Metrics {
                     series.replays.inc();
                 }
                 self.replay.record(replayed);
+                self.history
+                    .record(tenant, tool, ClaimEvent::Answered { replayed });
             }
             Err(LedgerError::KeyReused) => {
                 self.tools.get(tool).key_reused.inc();
+                self.history.record(tenant, tool, ClaimEvent::KeyReused);
             }
             Err(_) => {}
         }
+    }
+
+    /// `tenant`'s replay rate on this server over the last hour: its total and each tool's
+    /// (only `tool`'s when given).
+    pub fn replay_figures(&self, tenant: &Tenant, tool: Option<&str>) -> ReplayFigures {
+        self.history.read(tenant, tool)
     }
 
     /// Counts a Complete's result: the status it recorded, a repeat, or a stale token.
@@ -715,7 +735,11 @@ mod tests {
     fn tools_beyond_the_limit_fold_into_other() {
         let m = metrics(2);
         for tool in ["a", "b", "c", "d", "a"] {
-            m.claim(tool, &Err(LedgerError::KeyReused));
+            m.claim(
+                &Tenant::default_tenant(),
+                tool,
+                &Err(LedgerError::KeyReused),
+            );
         }
         let text = render(&m);
         for line in [
@@ -734,8 +758,12 @@ mod tests {
     #[test]
     fn a_tool_named_other_counts_as_other_and_takes_no_place() {
         let m = metrics(1);
-        m.claim("other", &Err(LedgerError::KeyReused));
-        m.claim("a", &Err(LedgerError::KeyReused));
+        m.claim(
+            &Tenant::default_tenant(),
+            "other",
+            &Err(LedgerError::KeyReused),
+        );
+        m.claim(&Tenant::default_tenant(), "a", &Err(LedgerError::KeyReused));
         let text = render(&m);
         assert!(
             text.contains("ledger_key_reuse_refusals_total{tool=\"other\"} 1\n"),
@@ -750,7 +778,11 @@ mod tests {
     #[test]
     fn label_values_are_escaped() {
         let m = metrics(50);
-        m.claim("a\"b\\c\nd", &Err(LedgerError::KeyReused));
+        m.claim(
+            &Tenant::default_tenant(),
+            "a\"b\\c\nd",
+            &Err(LedgerError::KeyReused),
+        );
         let text = render(&m);
         assert!(
             text.contains("ledger_key_reuse_refusals_total{tool=\"a\\\"b\\\\c\\nd\"} 1\n"),

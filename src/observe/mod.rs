@@ -1,13 +1,19 @@
 //! What the server tells about itself: the Prometheus metrics, the replay-rate alarm, the
-//! optional `/metrics` endpoint, and the logs (one span and one access line per call).
+//! optional `/metrics` endpoint, the logs (one span and one access line per call), and the
+//! traces exported over OTLP when an endpoint is configured.
 //!
 //! - [`metrics`]: the families, on `prometheus-client`, in a registry that belongs to one
 //!   [`Metrics`] (tests run many servers in one process, so there is no global registry), and
 //!   the recording API; the refresh loop of the gauges read from the store.
-//! - [`replay`]: the replay-rate sliding window, its gauges and its once-per-window warning.
+//! - [`replay`]: the replay-rate sliding window, its gauges and its once-per-window warning;
+//!   and the per-tenant, per-tool history of the last hour that the operator's console draws
+//!   and the `ReplayRate` RPC answers.
 //! - [`http`]: `GET /metrics` in the Prometheus text format (0.0.4), served by hyper.
 //! - [`layer`]: the tower layer that counts the conventional gRPC families.
-//! - [`telemetry`]: the log subscriber, the `call` span and the access line.
+//! - [`telemetry`]: the log subscriber, the `call` span and the access line, the caller's W3C
+//!   trace context, and the exported span of each call.
+//! - [`traces`]: the OTLP export (`OTEL_*` settings, the exporter, its batches and its flush)
+//!   and the exported spans' names and attributes.
 //!
 //! # Who counts what
 //!
@@ -20,11 +26,12 @@
 //!   runs and those whose caller went away (`CANCELLED`).
 //! - **What the ledger did** (`ledger_claims_total`, `ledger_replays_total`,
 //!   `ledger_key_reuse_refusals_total`, `ledger_stale_claim_tokens_total`,
-//!   `ledger_completions_total`, `ledger_reconcile_resolutions_total`, the replay window, and
-//!   `ledger_store_errors_total` for the calls' store errors): the service, in the task that
-//!   runs the use case, as the ledger's answer comes back ([`Metrics::claim`],
+//!   `ledger_completions_total`, `ledger_reconcile_resolutions_total`, the replay window and
+//!   history, and `ledger_store_errors_total` for the calls' store errors): the service, in
+//!   the task that runs the use case, as the ledger's answer comes back ([`Metrics::claim`],
 //!   [`Metrics::complete`], [`Metrics::resolutions`], [`Metrics::call_failed`]), so the counts
-//!   agree with the store also when the caller's deadline passed or the caller went away.
+//!   agree with the store also when the caller's deadline passed or the caller went away; and
+//!   the console, for the resolutions it applies.
 //! - **Store errors outside calls**: the prune loop ([`Metrics::call_failed`]) and the
 //!   refresh loop ([`Metrics::store_error`]). Store errors are counted by
 //!   [`crate::storage::StoreError::kind`], never guessed back from a gRPC code.
@@ -41,6 +48,7 @@ pub mod layer;
 pub mod metrics;
 pub mod replay;
 pub mod telemetry;
+pub mod traces;
 
 pub use layer::GrpcMetricsLayer;
 pub use metrics::{Metrics, MetricsOptions, refresh_loop};
@@ -63,17 +71,23 @@ pub enum Rpc {
     ListEntries,
     /// `RenewLease`.
     RenewLease,
+    /// `ReplayRate`.
+    ReplayRate,
 }
 
 impl Rpc {
+    /// How many RPCs there are.
+    pub const COUNT: usize = 7;
+
     /// Every RPC, in the order the families list them.
-    pub const ALL: [Rpc; 6] = [
+    pub const ALL: [Rpc; Rpc::COUNT] = [
         Rpc::Claim,
         Rpc::Complete,
         Rpc::Lookup,
         Rpc::Reconcile,
         Rpc::ListEntries,
         Rpc::RenewLease,
+        Rpc::ReplayRate,
     ];
 
     /// The method's name, as the proto spells it.
@@ -85,6 +99,7 @@ impl Rpc {
             Rpc::Reconcile => "Reconcile",
             Rpc::ListEntries => "ListEntries",
             Rpc::RenewLease => "RenewLease",
+            Rpc::ReplayRate => "ReplayRate",
         }
     }
 

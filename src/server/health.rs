@@ -114,12 +114,12 @@ pub(super) async fn probe_loop(
 /// tries again).
 const MIGRATION_BOUND: std::time::Duration = std::time::Duration::from_secs(120);
 
-/// What a probe's failure says, in the database's own words: a pool that timed out says only
-/// that, so a connection of the store's own is opened to learn why (refused, a wrong
-/// password, a missing database, a TLS failure, a pooler's refusal).
+/// What a probe's failure says, in the database's own words: a pool that timed out opening a
+/// connection says only that ([`StoreError::Unreachable`]), so a connection of the store's
+/// own is opened to learn why (refused, a wrong password, a missing database, a TLS failure,
+/// a pooler's refusal).
 async fn explain(store: &dyn Store, error: &StoreError) -> String {
-    if let StoreError::Unavailable(detail) = error
-        && detail.contains("pool timed out")
+    if let StoreError::Unreachable(_) = error
         && let Some(cause) = store.unreachable_cause().await
     {
         return cause;

@@ -20,6 +20,7 @@ pub mod settings;
 pub use settings::{Settings, StoreArguments, Wakeup};
 
 use crate::connections::{self, ConnectionLimits, Listener};
+use crate::console::{self, Console};
 use crate::domain::time::Clock;
 use crate::error::LedgerError;
 use crate::grpc::admission::Admission;
@@ -155,6 +156,25 @@ pub async fn serve(
             settings.metrics_refresh_interval,
         )));
     }
+    if let Some((addr, asked)) = settings.console_address() {
+        let console = Console::new(
+            ledger.clone(),
+            metrics.clone(),
+            tenancy.clone(),
+            probe_clock.clone(),
+            {
+                let state = state.clone();
+                move || state.migrated.load(Ordering::Acquire)
+            },
+            addr.port(),
+            &settings.console_options(),
+        );
+        if let Some(task) = start_console(addr, asked, console).await? {
+            tasks.push(task);
+        }
+    } else {
+        tracing::info!("operator console off (--console-listen off)");
+    }
     tasks.push(tokio::spawn(replay_count_loop(ledger.clone())));
     let final_counts = ledger.clone();
     tasks.push(tokio::spawn(prune_loop(
@@ -267,6 +287,51 @@ pub async fn serve(
     }
     tracing::info!("idempotency-ledger stopped");
     result
+}
+
+/// Binds the console on `addr` and starts serving it. An address the operator `asked` for
+/// must bind; the default one may be taken (a second server on one machine, a test suite),
+/// and then the server goes on without a console and says so.
+///
+/// # Errors
+/// An address asked for that cannot be bound.
+async fn start_console(
+    addr: SocketAddr,
+    asked: bool,
+    console: Console,
+) -> Result<Option<tokio::task::JoinHandle<()>>, ServeError> {
+    let listener = match console::bind(addr).await {
+        Ok(listener) => listener,
+        Err(e) if asked => {
+            return Err(ServeError::Transport(format!(
+                "cannot listen on {addr} for the console: {e}"
+            )));
+        }
+        Err(e) => {
+            tracing::warn!(
+                console = %addr,
+                error = %e,
+                "operator console not started: its default address is taken (another server?); \
+                 give --console-listen another address, or off"
+            );
+            return Ok(None);
+        }
+    };
+    // The address bound, which differs from the one asked for with port 0.
+    let bound = listener
+        .local_addr()
+        .map_err(|e| ServeError::Transport(format!("console listener: {e}")))?;
+    let url = console::url(bound);
+    tracing::info!(url = %url, "operator console: open {url} in a browser");
+    if !bound.ip().is_loopback() {
+        tracing::warn!(
+            url = %url,
+            "the operator console listens beyond this machine over plain HTTP: tokens and \
+             entries cross the network unencrypted; prefer a loopback address with an SSH \
+             tunnel or a TLS proxy"
+        );
+    }
+    Ok(Some(tokio::spawn(console::serve(listener, console))))
 }
 
 /// The background tasks of one server, aborted when dropped: `serve` owns them, so none

@@ -10,6 +10,7 @@ use std::time::Duration;
 
 use clap::{Args, FromArgMatches as _};
 
+use crate::console::{self, Listen};
 use crate::defaults;
 use crate::defaults::parse_duration;
 
@@ -88,6 +89,31 @@ pub struct Settings {
     /// Address of a Prometheus text endpoint (`GET /metrics`). Off when unset.
     #[arg(long, env = "LEDGER_METRICS_LISTEN")]
     pub metrics_listen: Option<SocketAddr>,
+
+    /// Where the operator's console listens (HTTP: server-rendered pages, no JavaScript), as
+    /// `IP:PORT`, or `off`. Unset: 127.0.0.1:50053, loopback only; a server that finds that
+    /// default port taken starts without a console and says so, while an address given here
+    /// must bind. It speaks plain HTTP: reach it from elsewhere through an SSH tunnel or a TLS
+    /// proxy rather than by listening wider. With --auth-tokens-file it asks for a tenant's
+    /// token and shows that tenant's entries only.
+    #[arg(long, env = "LEDGER_CONSOLE_LISTEN", value_name = "ADDRESS|off", value_parser = Listen::parse)]
+    pub console_listen: Option<Listen>,
+
+    /// A host name the console answers to besides IP addresses and `localhost` (the name of a
+    /// proxy in front of it, say). A request for any other name is refused, so that a web page
+    /// cannot reach the console through a DNS name of its own (DNS rebinding). Repeat the
+    /// flag, or separate names with commas.
+    #[arg(
+        long = "console-host",
+        env = "LEDGER_CONSOLE_HOSTS",
+        value_name = "NAME",
+        value_delimiter = ','
+    )]
+    pub console_hosts: Vec<String>,
+
+    /// How long a console session lasts without a request (it lasts 12 hours at most).
+    #[arg(long, env = "LEDGER_CONSOLE_SESSION_IDLE", default_value = defaults::CONSOLE_SESSION_IDLE, value_parser = parse_duration)]
+    pub console_session_idle: Duration,
 
     /// How often the metrics gauges read from the store (unresolved entries of every tenant,
     /// the same figure on every server sharing it) are refreshed, and the replay alarm is
@@ -374,7 +400,9 @@ pub struct Settings {
     )]
     pub db_write_batches: u16,
 
-    /// How long a call waits for a database connection before answering UNAVAILABLE.
+    /// How long a call waits for a database connection before answering UNAVAILABLE:
+    /// STORE_BUSY when every connection was in use by other calls, STORE_UNAVAILABLE when
+    /// none could be opened. On SQLite, also how long a write waits for the database's lock.
     #[arg(long, env = "LEDGER_DB_ACQUIRE_TIMEOUT", default_value = defaults::DB_ACQUIRE_TIMEOUT, value_parser = parse_duration)]
     pub db_acquire_timeout: Duration,
 
@@ -443,6 +471,30 @@ impl Settings {
             max_tools: self.metrics_max_tools,
             alarm_window: self.replay_alarm_window,
             alarm_min_claims: self.replay_alarm_min_claims,
+        }
+    }
+
+    /// Where the console listens: the address asked for, [`console::DEFAULT_LISTEN`] when
+    /// none was, or nowhere (`None`) with `off`. The flag says whether the address was asked
+    /// for (then it must bind) or is the default (then a port taken only leaves the console
+    /// out).
+    pub fn console_address(&self) -> Option<(SocketAddr, bool)> {
+        match self.console_listen {
+            Some(Listen::Off) => None,
+            Some(Listen::At(addr)) => Some((addr, true)),
+            None => match Listen::parse(console::DEFAULT_LISTEN) {
+                Ok(Listen::At(addr)) => Some((addr, false)),
+                _ => None,
+            },
+        }
+    }
+
+    /// The console's options.
+    pub fn console_options(&self) -> console::Options {
+        console::Options {
+            hosts: self.console_hosts.clone(),
+            session_idle: self.console_session_idle,
+            max_result_bytes: self.max_result_bytes,
         }
     }
 
@@ -516,6 +568,9 @@ impl Settings {
                     .into(),
             );
         }
+        if self.console_session_idle.is_zero() {
+            return Err("--console-session-idle must be positive".into());
+        }
         if self.db_connect_timeout.is_zero() {
             return Err("--db-connect-timeout must be positive".into());
         }
@@ -556,6 +611,11 @@ mod tests {
             (1_048_576, 1_048_576, 64)
         );
         assert_eq!(s.external_ref_prefix, "idem-");
+        assert_eq!(
+            s.console_address(),
+            Some(("127.0.0.1:50053".parse().expect("addr"), false))
+        );
+        assert_eq!(s.console_session_idle, Duration::from_secs(3600));
         assert!(s.auth_tokens_file.is_none() && s.tls_cert.is_none());
         assert!(s.validate().is_ok());
     }

@@ -13,6 +13,10 @@
 //! Duplicates inside a batch resolve as if they had come one by one: the store's multi-row
 //! insert lets the first entry of a key win and the others see the conflict; a completion
 //! whose key is already in the batch waits for the next round.
+//!
+//! With traces exported, each write is a `ledger.batch_commit` span in its call's trace, from
+//! its submission to its batch's commit, with the batch's size; without, the span is disabled
+//! and costs a branch.
 
 use std::collections::HashSet;
 use std::sync::Arc;
@@ -20,6 +24,7 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
 use async_trait::async_trait;
 use tokio::sync::{Semaphore, mpsc, oneshot};
+use tracing::Instrument as _;
 
 use super::{
     Announcements, Backend, Entries, Finish, Finished, ListQuery, Operations, PoolStats,
@@ -30,11 +35,25 @@ use crate::domain::{Entry, Micros};
 /// The most requests one statement carries.
 const MAX_BATCH: usize = 256;
 
+/// The span of one write's group commit, in its call's trace. Its target is
+/// `observe::traces::TARGET` (this module sits below `observe`): only the trace exporter sees
+/// it, and without one it is disabled.
+fn commit_span(kind: &'static str) -> tracing::Span {
+    tracing::info_span!(
+        target: "idempotency_ledger::otel",
+        "ledger.batch_commit",
+        ledger.batch.kind = kind,
+        ledger.batch.size = tracing::field::Empty,
+    )
+}
+
 /// One queued write and where its answer goes.
 struct Job<T, R> {
     tenant: String,
     write: T,
     reply: oneshot::Sender<StoreResult<R>>,
+    /// Its [`commit_span`], told the size of the batch that carries it.
+    span: tracing::Span,
 }
 
 type InsertJob = Job<Entry, bool>;
@@ -138,7 +157,13 @@ impl<T: Send + 'static, R: Send + 'static> Queue<Job<T, R>> {
     /// Writes `write` and waits for its answer. With a writer free and nobody queued, the
     /// request is written at once by the caller's own task, alone (`lone`); otherwise it
     /// queues for the dispatcher's next batch.
-    async fn submit<L>(&self, tenant: &str, write: &T, lone: L) -> StoreResult<R>
+    async fn submit<L>(
+        &self,
+        tenant: &str,
+        write: &T,
+        span: &tracing::Span,
+        lone: L,
+    ) -> StoreResult<R>
     where
         T: Clone,
         L: AsyncFnOnce(&str, &T) -> StoreResult<R>,
@@ -146,6 +171,7 @@ impl<T: Send + 'static, R: Send + 'static> Queue<Job<T, R>> {
         if self.queued.load(Ordering::Acquire) == 0
             && let Ok(_writer) = self.free.try_acquire()
         {
+            span.record("ledger.batch.size", 1);
             return lone(tenant, write).await;
         }
         let (reply, answer) = oneshot::channel();
@@ -156,6 +182,7 @@ impl<T: Send + 'static, R: Send + 'static> Queue<Job<T, R>> {
                 tenant: tenant.to_string(),
                 write: write.clone(),
                 reply,
+                span: span.clone(),
             })
             .is_err()
         {
@@ -198,6 +225,9 @@ async fn dispatch<T, R, F, Fut>(
         }
         queued.fetch_sub(batch.len(), Ordering::AcqRel);
         stats.record(batch.len());
+        for job in &batch {
+            job.span.record("ledger.batch.size", batch.len());
+        }
         let written = write(batch);
         tokio::spawn(async move {
             written.await;
@@ -276,11 +306,13 @@ fn fail_all<T, R>(batch: Vec<Job<T, R>>, error: &StoreError) {
 impl Entries for GroupCommit {
     async fn insert(&self, tenant: &str, entry: &Entry) -> StoreResult<bool> {
         let inner = &self.inner;
+        let span = commit_span("insert");
         self.inserts
-            .submit(tenant, entry, async |t: &str, e: &Entry| {
+            .submit(tenant, entry, &span, async |t: &str, e: &Entry| {
                 self.stats.record(1);
                 inner.insert(t, e).await
             })
+            .instrument(span.clone())
             .await
     }
 
@@ -294,11 +326,13 @@ impl Entries for GroupCommit {
 
     async fn finish(&self, tenant: &str, cmd: &Finish) -> StoreResult<Option<Finished>> {
         let inner = &self.inner;
+        let span = commit_span("finish");
         self.finishes
-            .submit(tenant, cmd, async |t: &str, c: &Finish| {
+            .submit(tenant, cmd, &span, async |t: &str, c: &Finish| {
                 self.stats.record(1);
                 inner.finish(t, c).await
             })
+            .instrument(span.clone())
             .await
     }
 

@@ -15,6 +15,12 @@
 //!   then the whole stack goes back, and calls take their connections through sqlx's checks,
 //! - someone waits in sqlx's pool for a connection: the stack never keeps one from a waiter,
 //! - or its call failed: such a connection is never put on the stack.
+//!
+//! It also counts the connections lent to calls, so that a call that waited in the pool
+//! until its timeout can tell a busy pool (every connection in use by other calls: the
+//! database answers, slowly for this many calls) from a database it cannot open a connection
+//! to (the pool had room, and opening one failed or hung): sqlx's pool says `PoolTimedOut`
+//! for both.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -38,6 +44,8 @@ pub(crate) struct Connections<DB: sqlx::Database> {
     held: Arc<Mutex<Vec<Held<DB>>>>,
     /// Calls waiting in `pool` for a connection: while there are any, none is held.
     waiting: Arc<AtomicUsize>,
+    /// Connections lent to calls now (not those held idle on the stack).
+    in_use: Arc<AtomicUsize>,
 }
 
 impl<DB: sqlx::Database> Clone for Connections<DB> {
@@ -46,6 +54,7 @@ impl<DB: sqlx::Database> Clone for Connections<DB> {
             pool: self.pool.clone(),
             held: self.held.clone(),
             waiting: self.waiting.clone(),
+            in_use: self.in_use.clone(),
         }
     }
 }
@@ -79,6 +88,41 @@ impl<DB: sqlx::Database> Held<DB> {
 pub(crate) struct Lent<DB: sqlx::Database> {
     pub(crate) conn: PoolConnection<DB>,
     pub(crate) taken_at: Instant,
+    /// Counts the connection as in use until the call gives it back.
+    pub(crate) in_use: InUse,
+}
+
+/// Counts one connection as lent to a call while it lives.
+pub(crate) struct InUse(Arc<AtomicUsize>);
+
+impl InUse {
+    fn new(count: &Arc<AtomicUsize>) -> Self {
+        count.fetch_add(1, Ordering::SeqCst);
+        InUse(count.clone())
+    }
+}
+
+impl Drop for InUse {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+/// Why [`Connections::acquire`] lent no connection.
+#[derive(Debug)]
+pub(crate) enum AcquireError {
+    /// The pool timed out while every connection it may open was in use by other calls
+    /// (when this call began to wait, or when it gave up): the store is busy, not
+    /// unreachable.
+    Busy {
+        /// How long this call waited.
+        waited: Duration,
+        /// The most connections the pool opens.
+        max: u32,
+    },
+    /// Opening (or checking) a connection failed, at whichever step, or the pool timed out
+    /// while it had room to open one: sqlx's own error.
+    Open(sqlx::Error),
 }
 
 /// Counts a call waiting in the pool while it lives.
@@ -103,6 +147,7 @@ impl<DB: sqlx::Database> Connections<DB> {
             pool,
             held: Arc::default(),
             waiting: Arc::default(),
+            in_use: Arc::default(),
         }
     }
 
@@ -123,17 +168,18 @@ impl<DB: sqlx::Database> Connections<DB> {
     /// sqlx's acquire future holds its whole connect path (TLS included), about 14 KB in a
     /// release build: inline, it made every store call's future as large, and each call copied
     /// that into `async_trait`'s box. It is boxed here, when used.
-    pub(crate) async fn acquire(&self, marks: &StoreMarks) -> Result<Lent<DB>, sqlx::Error> {
+    ///
+    /// # Errors
+    /// [`AcquireError::Busy`] when the pool timed out while every connection was in use by
+    /// other calls; [`AcquireError::Open`] with sqlx's error otherwise.
+    pub(crate) async fn acquire(&self, marks: &StoreMarks) -> Result<Lent<DB>, AcquireError> {
         let proven = marks.connections_proven();
         if proven {
             if let Some(lent) = self.pop_fresh() {
                 return Ok(lent);
             }
             if let Some(conn) = self.pool.try_acquire() {
-                return Ok(Lent {
-                    conn,
-                    taken_at: Instant::now(),
-                });
+                return Ok(self.lend(conn, Instant::now()));
             }
         } else {
             self.give_all_back();
@@ -143,18 +189,46 @@ impl<DB: sqlx::Database> Connections<DB> {
         if proven && let Some(lent) = self.pop_fresh() {
             return Ok(lent);
         }
-        let conn = Box::pin(self.pool.acquire()).await?;
-        Ok(Lent {
+        let max = self.pool.options().get_max_connections();
+        let all_in_use =
+            || u32::try_from(self.in_use.load(Ordering::SeqCst)).unwrap_or(u32::MAX) >= max;
+        let busy_when_it_began = all_in_use();
+        let began = Instant::now();
+        match Box::pin(self.pool.acquire()).await {
+            Ok(conn) => Ok(self.lend(conn, Instant::now())),
+            // Checked again at the end: a call that began to wait while a connection was
+            // being given back still waited behind the others.
+            Err(sqlx::Error::PoolTimedOut) if busy_when_it_began || all_in_use() => {
+                Err(AcquireError::Busy {
+                    waited: began.elapsed(),
+                    max,
+                })
+            }
+            Err(e) => Err(AcquireError::Open(e)),
+        }
+    }
+
+    /// Lends `conn`, taken from the pool at `taken_at`, to a call.
+    fn lend(&self, conn: PoolConnection<DB>, taken_at: Instant) -> Lent<DB> {
+        Lent {
             conn,
-            taken_at: Instant::now(),
-        })
+            taken_at,
+            in_use: InUse::new(&self.in_use),
+        }
     }
 
     /// Keeps the connection of a call that succeeded for the next call, unless it was held
     /// long enough or someone waits in the pool (then it goes back to the pool).
     pub(crate) fn keep(&self, lent: Lent<DB>) {
+        let Lent {
+            conn,
+            taken_at,
+            in_use,
+        } = lent;
+        // Not in use from here, whether it is held or goes back to the pool.
+        drop(in_use);
         let now = Instant::now();
-        if now.duration_since(lent.taken_at) >= HOLD_AT_MOST {
+        if now.duration_since(taken_at) >= HOLD_AT_MOST {
             return;
         }
         let mut held = self.lock();
@@ -163,8 +237,8 @@ impl<DB: sqlx::Database> Connections<DB> {
             return;
         }
         held.push(Held {
-            conn: lent.conn,
-            taken_at: lent.taken_at,
+            conn,
+            taken_at,
             idle_since: now,
         });
     }
@@ -189,10 +263,7 @@ impl<DB: sqlx::Database> Connections<DB> {
         };
         // Dropped outside the lock: each goes back to the pool in a task of sqlx's.
         drop(stale);
-        found.map(|h| Lent {
-            conn: h.conn,
-            taken_at: h.taken_at,
-        })
+        found.map(|h| self.lend(h.conn, h.taken_at))
     }
 
     /// Gives every held connection back to the pool.
@@ -293,6 +364,42 @@ mod tests {
         let c = conns.acquire(&marks).await.expect("c");
         assert_eq!(conns.held(), 0, "all went back");
         drop(c);
+    }
+
+    /// A call that waits out the acquire timeout while every connection is lent to other
+    /// calls is told the pool was busy; one that finds room but cannot open a connection is
+    /// told sqlx's own error.
+    #[tokio::test]
+    async fn a_timeout_with_every_connection_in_use_is_busy_and_one_with_room_is_not() {
+        let conns = Connections::new(
+            SqlitePoolOptions::new()
+                .max_connections(1)
+                .acquire_timeout(Duration::from_millis(100))
+                .connect("sqlite::memory:")
+                .await
+                .expect("in-memory SQLite"),
+        );
+        let marks = StoreMarks::default();
+        let held = conns.acquire(&marks).await.expect("the one connection");
+        match conns.acquire(&marks).await {
+            Err(AcquireError::Busy { max: 1, .. }) => {}
+            other => panic!("busy expected: {:?}", other.map(|_| ())),
+        }
+        drop(held);
+        conns.acquire(&marks).await.expect("free again");
+
+        // Nothing listens on port 1: sqlx retries the refused connect until its timeout.
+        let refused = Connections::new(
+            sqlx::postgres::PgPoolOptions::new()
+                .max_connections(1)
+                .acquire_timeout(Duration::from_millis(300))
+                .connect_lazy("postgres://nobody@127.0.0.1:1/nothing")
+                .expect("a lazy pool"),
+        );
+        match refused.acquire(&marks).await {
+            Err(AcquireError::Open(sqlx::Error::PoolTimedOut)) => {}
+            other => panic!("sqlx's timeout expected: {:?}", other.map(|_| ())),
+        }
     }
 
     /// A connection held longer than HOLD_AT_MOST goes back to the pool instead of onto the

@@ -29,10 +29,23 @@ use crate::domain::{Completion, Entry, Micros};
 /// client is told apart by its own code and reason.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum StoreError {
-    /// The database cannot be reached, did not answer in time, or is busy: the caller may
-    /// retry.
+    /// The database cannot be reached or did not answer in time: opening or using a
+    /// connection failed, at whichever step (connect, the answer to TLS negotiation, the TLS
+    /// handshake, the startup packet, authentication, a connection closed mid-statement).
+    /// The caller may retry.
     #[error("store unavailable: {0}")]
     Unavailable(String),
+    /// No connection could be opened within the acquire timeout, and the pool kept no cause
+    /// (it tries again after a refused connection, a database starting up or out of
+    /// connection slots, until the timeout): what [`Operations::unreachable_cause`] finds
+    /// out. Otherwise as [`StoreError::Unavailable`].
+    #[error("store unavailable: {0}")]
+    Unreachable(String),
+    /// The database answers, but was busy: every connection the pool may open was in use by
+    /// other calls until the acquire timeout (on SQLite: or another writer held its lock that
+    /// long). Nothing was committed; the caller may retry.
+    #[error("store busy: {0}")]
+    Busy(String),
     /// The database reported an I/O error reading or writing its files; the write was not
     /// committed.
     #[error("store I/O error: {0}")]
@@ -64,7 +77,8 @@ impl StoreError {
     /// A short stable name of the cause, for metrics labels and logs.
     pub fn kind(&self) -> &'static str {
         match self {
-            StoreError::Unavailable(_) => "unavailable",
+            StoreError::Unavailable(_) | StoreError::Unreachable(_) => "unavailable",
+            StoreError::Busy(_) => "busy",
             StoreError::Io(_) => "io_error",
             StoreError::Full(_) => "full",
             StoreError::Contention(_) => "contention",
@@ -76,8 +90,9 @@ impl StoreError {
     }
 
     /// Every kind, in the order metrics report them; `internal` last.
-    pub const KINDS: [&'static str; 8] = [
+    pub const KINDS: [&'static str; 9] = [
         "unavailable",
+        "busy",
         "io_error",
         "full",
         "contention",
@@ -92,6 +107,8 @@ impl StoreError {
         let with = |detail: String| format!("{context}: {detail}");
         match self {
             StoreError::Unavailable(d) => StoreError::Unavailable(with(d)),
+            StoreError::Unreachable(d) => StoreError::Unreachable(with(d)),
+            StoreError::Busy(d) => StoreError::Busy(with(d)),
             StoreError::Io(d) => StoreError::Io(with(d)),
             StoreError::Full(d) => StoreError::Full(with(d)),
             StoreError::Contention(d) => StoreError::Contention(with(d)),
@@ -112,7 +129,12 @@ impl StoreError {
         )
     }
 
-    /// The errors sqlx reports outside any database's answer, the same for both backends.
+    /// The errors sqlx reports outside any database's answer while a statement runs on a
+    /// live connection, the same for both backends. The link failed (an I/O error of any
+    /// kind: reset, closed mid-message, timed out; a broken TLS session; SQLite's worker
+    /// thread gone): unavailable. What sqlx cannot encode or decode, or a message out of
+    /// place in the protocol (`Protocol`: too many parameters, a message over the protocol's
+    /// size, a reply the driver did not expect), is a bug of ours or of the driver: internal.
     fn from_client(err: &sqlx::Error) -> StoreError {
         use sqlx::Error as E;
         match err {
@@ -120,6 +142,49 @@ impl StoreError {
                 StoreError::Unavailable(err.to_string())
             }
             _ => StoreError::Internal(err.to_string()),
+        }
+    }
+
+    /// Classifies a failure to lend a connection ([`held::Connections::acquire`]): the pool
+    /// was busy, or opening a connection failed.
+    pub(crate) fn from_acquire(
+        err: held::AcquireError,
+        classify: impl FnOnce(sqlx::Error) -> StoreError,
+    ) -> StoreError {
+        match err {
+            held::AcquireError::Busy { waited, max } => StoreError::Busy(format!(
+                "no database connection freed in time: waited {waited:?} \
+                 (--db-acquire-timeout), while all {max} connections of the pool \
+                 (--db-max-connections) were in use by other calls"
+            )),
+            held::AcquireError::Open(e) => StoreError::from_opening(e, classify),
+        }
+    }
+
+    /// Classifies a failure to open a connection: always a condition of the database or of
+    /// the way to it, never a bug, whichever step it died in. The database's own refusal
+    /// (a wrong password, a missing database, too many connections, a pooler's words) is
+    /// classified by its code with `classify` (what would be internal there is unavailable
+    /// here); anything else sqlx reports there is unavailable, whatever its variant: an I/O
+    /// error at connect, during the startup packet or authentication (a link reset or closed
+    /// at any byte), a failed TLS handshake (`Tls`, or rustls' I/O errors), an answer that is
+    /// no PostgreSQL's (`Protocol`: a proxy that accepted the connection and closed it before
+    /// answering the SSLRequest is read as the byte 0x00), or a certificate or key file that
+    /// cannot be read (`Configuration`). sqlx's pool timing out while it had room to open a
+    /// connection is [`StoreError::Unreachable`].
+    pub(crate) fn from_opening(
+        err: sqlx::Error,
+        classify: impl FnOnce(sqlx::Error) -> StoreError,
+    ) -> StoreError {
+        match err {
+            sqlx::Error::PoolTimedOut => StoreError::Unreachable(
+                "no connection could be opened within --db-acquire-timeout".to_string(),
+            ),
+            err @ sqlx::Error::Database(_) => match classify(err) {
+                StoreError::Internal(detail) => StoreError::Unavailable(detail),
+                other => other,
+            },
+            other => StoreError::Unavailable(format!("cannot open a connection: {other}")),
         }
     }
 }
@@ -145,8 +210,9 @@ impl StoreError {
     /// the extended code, such as 773 SQLITE_BUSY_TIMEOUT or 531 SQLITE_CONSTRAINT_COMMITHOOK.
     pub fn sqlite_code(code: i32, detail: String) -> StoreError {
         match code & 0xff {
-            // SQLITE_BUSY, SQLITE_LOCKED: another writer held the lock past the busy timeout.
-            5 | 6 => StoreError::Unavailable(detail),
+            // SQLITE_BUSY, SQLITE_LOCKED: another writer held the lock past the busy timeout
+            // (which is the acquire timeout): the database is busy, not unreachable.
+            5 | 6 => StoreError::Busy(detail),
             // SQLITE_NOMEM, SQLITE_INTERRUPT: the process is short of memory, or gave up.
             7 | 9 => StoreError::Unavailable(detail),
             // SQLITE_READONLY: the file (or its directory) cannot be written.
@@ -335,10 +401,15 @@ macro_rules! run_on {
     ($store:expr, $classify:expr, pool: $pool:expr, |$conn:ident| $body:expr) => {{
         let mut tries = 0u32;
         loop {
-            #[allow(unused_mut)]
-            let lent = $pool.acquire(&$store.marks).await.map_err($classify)?;
-            let taken_at = lent.taken_at;
-            let mut $conn = lent.conn;
+            let $crate::storage::held::Lent {
+                #[allow(unused_mut)]
+                conn: mut $conn,
+                taken_at,
+                in_use,
+            } = $pool
+                .acquire(&$store.marks)
+                .await
+                .map_err(|e| $crate::storage::StoreError::from_acquire(e, $classify))?;
             let mut broken = false;
             let result = match $store.open_call(&mut *$conn).await {
                 Ok(()) => {
@@ -362,6 +433,7 @@ macro_rules! run_on {
                     $pool.keep($crate::storage::held::Lent {
                         conn: $conn,
                         taken_at,
+                        in_use,
                     });
                     break Ok(done);
                 }
@@ -370,6 +442,8 @@ macro_rules! run_on {
                         $conn.close_on_drop();
                     }
                     let error = $classify(e);
+                    // No longer this call's: a waiter that times out now is not kept out by it.
+                    drop(in_use);
                     if let Err(e) =
                         $crate::storage::after_failure(error, $conn, &$store.marks, &mut tries)
                             .await
@@ -1047,9 +1121,10 @@ mod tests {
             517, /* BUSY_SNAPSHOT */
             773, /* BUSY_TIMEOUT */
         ] {
-            assert_eq!(kind(busy), "unavailable", "{busy}");
+            assert_eq!(kind(busy), "busy", "{busy}");
         }
-        assert_eq!(kind(6), "unavailable", "LOCKED");
+        assert_eq!(kind(6), "busy", "LOCKED");
+        assert_eq!(kind(7), "unavailable", "NOMEM");
         assert_eq!(kind(13), "full", "FULL");
         for io in [
             10, 266,  /* IOERR_READ */
@@ -1106,6 +1181,71 @@ mod tests {
         assert_eq!(kind("28P01"), "unavailable", "invalid_password");
         assert_eq!(kind("3D000"), "unavailable", "a missing database");
         assert_eq!(kind("42501"), "unavailable", "insufficient_privilege");
+    }
+
+    /// Whatever sqlx reports while a connection is being opened is the store being
+    /// unavailable, by the variant and never its text: the answer 0x00 a proxy's closed
+    /// connection makes of `SSLRequest` (a `Protocol` error) included.
+    #[test]
+    fn every_failure_to_open_a_connection_is_unavailable() {
+        use std::io::{Error as IoError, ErrorKind};
+        let opening = |e: sqlx::Error| StoreError::from_opening(e, StoreError::from_postgres);
+        let failures = [
+            sqlx::Error::Io(IoError::from(ErrorKind::ConnectionRefused)),
+            sqlx::Error::Io(IoError::from(ErrorKind::ConnectionReset)),
+            sqlx::Error::Io(IoError::new(ErrorKind::UnexpectedEof, "at EOF")),
+            sqlx::Error::Io(IoError::from(ErrorKind::TimedOut)),
+            // rustls' alerts and bad records come as InvalidData.
+            sqlx::Error::Io(IoError::from(ErrorKind::InvalidData)),
+            sqlx::Error::Protocol("unexpected response from SSLRequest: 0x00".into()),
+            sqlx::Error::Protocol("anything else".into()),
+            sqlx::Error::Tls("server does not support TLS".into()),
+            sqlx::Error::Configuration("no keys found pem file".into()),
+            sqlx::Error::PoolClosed,
+            sqlx::Error::WorkerCrashed,
+        ];
+        for failure in failures {
+            let what = format!("{failure:?}");
+            let error = opening(failure);
+            assert!(
+                matches!(error, StoreError::Unavailable(_)),
+                "{what} -> {error:?}"
+            );
+        }
+        assert!(matches!(
+            opening(sqlx::Error::PoolTimedOut),
+            StoreError::Unreachable(_)
+        ));
+    }
+
+    /// On a live connection the same variants split: the link failing is unavailable, what
+    /// the driver could not encode or decode (a message over the protocol's size, too many
+    /// parameters, a row of the wrong shape) is a bug.
+    #[test]
+    fn on_a_live_connection_only_the_link_failing_is_unavailable() {
+        use std::io::{Error as IoError, ErrorKind};
+        for link in [
+            sqlx::Error::Io(IoError::from(ErrorKind::ConnectionReset)),
+            sqlx::Error::Io(IoError::new(ErrorKind::UnexpectedEof, "at EOF")),
+            sqlx::Error::Io(IoError::from(ErrorKind::BrokenPipe)),
+            sqlx::Error::Tls("bad record mac".into()),
+            sqlx::Error::WorkerCrashed,
+        ] {
+            let what = format!("{link:?}");
+            assert_eq!(
+                StoreError::from_postgres(link).kind(),
+                "unavailable",
+                "{what}"
+            );
+        }
+        for bug in [
+            sqlx::Error::Protocol("message size out of range for protocol".into()),
+            sqlx::Error::RowNotFound,
+            sqlx::Error::ColumnNotFound("status".into()),
+        ] {
+            let what = format!("{bug:?}");
+            assert_eq!(StoreError::from_postgres(bug).kind(), "internal", "{what}");
+        }
     }
 
     #[test]

@@ -276,7 +276,7 @@ impl PgStore {
         let connect = || async {
             self.connect_once(&self.connect)
                 .await
-                .map_err(|e| StoreError::from_postgres(e).context(&at))
+                .map_err(|e| StoreError::from_opening(e, StoreError::from_postgres).context(&at))
         };
         let mut first = connect().await?;
         let mut second = connect().await?;
@@ -713,10 +713,9 @@ impl_store!(PgStore, StoreError::from_postgres, operations: {
                     options.get_database().unwrap_or(""),
                     options.get_username()
                 );
-                let mut conn = self
-                    .connect_once(&options)
-                    .await
-                    .map_err(|e| StoreError::from_postgres(e).context(&at))?;
+                let mut conn = self.connect_once(&options).await.map_err(|e| {
+                    StoreError::from_opening(e, StoreError::from_postgres).context(&at)
+                })?;
                 let migrated = Self::migrate_on(&mut conn)
                     .await
                     .map_err(|e| e.context(&at));

@@ -62,7 +62,7 @@ impl SqliteStore {
             .acquire_timeout(options.acquire_timeout)
             .connect_with(connect.clone())
             .await
-            .map_err(StoreError::from_sqlite)?;
+            .map_err(|e| StoreError::from_opening(e, StoreError::from_sqlite))?;
         // Opened when the first replay comes, after the main pool created the file.
         let replays = SqlitePoolOptions::new()
             .max_connections(1)

@@ -329,7 +329,8 @@ fn screaming_literals(text: &str) -> BTreeSet<String> {
 }
 
 /// The reasons the server's code sends: `reason: "X"` anywhere in src/ (but the operator
-/// commands' own, under src/cli/), the arms of the `pub fn reason(&self)` of the error and of the
+/// commands' own, under src/cli/), `pub const` string constants, the arms of the
+/// `pub fn reason(&self)` of the error and of the
 /// canonical-JSON refusals, and the reasons of tonic's own refusals as the server rewrites them.
 /// If the reasons move (one enum), point this at their new home.
 fn reasons_in_source() -> BTreeSet<String> {
@@ -363,6 +364,12 @@ fn reasons_in_source() -> BTreeSet<String> {
             let end = body.find("\n    }\n").expect("the end of fn reason");
             reasons.extend(screaming_literals(&body[..end]));
         }
+        // Reasons spelled once as constants (`pub const STORE_BUSY: &str = "STORE_BUSY";`).
+        reasons.extend(
+            text.lines()
+                .filter(|l| l.trim_start().starts_with("pub const ") && l.contains(": &str = \""))
+                .flat_map(screaming_literals),
+        );
         if path.ends_with("grpc/library_errors.rs") {
             reasons.extend(
                 text.lines()

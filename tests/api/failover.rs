@@ -444,18 +444,22 @@ async fn writes_that_reach_a_standby_answer_unavailable_store_read_only_and_heal
     server
         .wait_for_health(ServingStatus::NotServing, Duration::from_secs(5))
         .await;
-    // A new claim, a completion and a replay all write.
+    // A new claim and a completion write, and are refused.
     assert_read_only(&read_only_refusal(&mut client, "standby").await);
     let complete = client
         .complete(bounded(success(&held_key, &held.claim_token, b"charged")))
         .await
         .expect_err("a completion on a standby");
     assert_read_only(&complete);
+    // A replay is answered (its result is committed); its count is written in a later batch,
+    // which the standby refuses, so the count waits in memory for the primary.
     let replay = client
         .claim(bounded(claim_req(RUN, TOOL, r#"{"card":"done"}"#)))
         .await
-        .expect_err("a replay (it counts itself) on a standby");
-    assert_read_only(&replay);
+        .expect("a replay on a standby")
+        .into_inner();
+    assert_eq!(replay.outcome(), pb::Outcome::Replayed);
+    assert_eq!(replay.entry.expect("entry").result, &b"charged"[..]);
     // Reads still answer, from the standby.
     let found = client
         .lookup(bounded(key_req(&done_key)))
@@ -480,6 +484,29 @@ async fn writes_that_reach_a_standby_answer_unavailable_store_read_only_and_heal
         .entry
         .expect("entry");
     assert_eq!(completed.status(), pb::Status::Succeeded);
+    // The replay's count, held while the standby refused it, reaches the primary's table (a
+    // Lookup would show it from memory either way).
+    use sqlx::Connection as _;
+    let mut conn = sqlx::PgConnection::connect(&db)
+        .await
+        .expect("connect to the primary");
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let count: i64 =
+            sqlx::query_scalar("SELECT replay_count FROM ledger_entries WHERE key = $1")
+                .bind(&done_key)
+                .fetch_one(&mut conn)
+                .await
+                .expect("the entry's row");
+        if count == 1 {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the replay's count never reached the primary: replay_count {count}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -15,7 +15,6 @@ use crate::support::postgres::{PgCluster, StopMode};
 use crate::support::{Backend, ServerProcess, TestApp, claim_req, plain, spawn_app, success};
 
 const LEDGER: &str = "idempotency.v1.LedgerService";
-const BIN: &str = env!("CARGO_BIN_EXE_idempotency-ledger");
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn health_is_serving_for_the_server_and_the_ledger_and_not_found_for_other_services() {
@@ -256,10 +255,7 @@ async fn the_start_up_log_hides_the_database_password() {
 async fn help_documents_every_flag_and_its_environment_variable() {
     let out = tokio::time::timeout(
         Duration::from_secs(20),
-        tokio::process::Command::new(BIN)
-            .arg("--help")
-            .kill_on_drop(true)
-            .output(),
+        crate::support::ledger_command().arg("--help").output(),
     )
     .await
     .expect("--help within 20 s")
@@ -339,10 +335,9 @@ async fn help_documents_every_flag_and_its_environment_variable() {
 async fn migrate(url: &str) {
     let out = tokio::time::timeout(
         Duration::from_secs(20),
-        tokio::process::Command::new(BIN)
+        crate::support::ledger_command()
             .args(["migrate", "--database-url", url])
             .env("RUST_LOG", "info")
-            .kill_on_drop(true)
             .output(),
     )
     .await

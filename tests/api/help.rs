@@ -7,8 +7,6 @@ use std::time::Duration;
 
 use crate::support::{Backend, ServerProcess, TestDb};
 
-const BIN: &str = env!("CARGO_BIN_EXE_idempotency-ledger");
-
 /// The commands that are clients of a running server, and a flag each has of its own.
 const OPERATOR_COMMANDS: [(&str, &str); 4] = [
     ("entries", "--run"),
@@ -21,10 +19,7 @@ const OPERATOR_COMMANDS: [(&str, &str); 4] = [
 async fn help(args: &[&str]) -> String {
     let out = tokio::time::timeout(
         Duration::from_secs(20),
-        tokio::process::Command::new(BIN)
-            .args(args)
-            .kill_on_drop(true)
-            .output(),
+        crate::support::ledger_command().args(args).output(),
     )
     .await
     .expect("help within 20 s")
@@ -102,9 +97,8 @@ async fn the_operator_commands_help_shows_only_their_own_flags() {
 
 #[tokio::test]
 async fn an_operator_command_refuses_a_server_setting() {
-    let out = tokio::process::Command::new(BIN)
+    let out = crate::support::ledger_command()
         .args(["entries", "--listen", "127.0.0.1:0"])
-        .kill_on_drop(true)
         .output()
         .await
         .expect("run entries");

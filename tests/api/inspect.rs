@@ -37,20 +37,10 @@ struct Run {
     stderr: String,
 }
 
-/// Runs `idempotency-ledger ARGS` with `env`, without the caller's LEDGER_* variables.
+/// Runs `idempotency-ledger ARGS` with `env` (and none of the caller's LEDGER_* variables).
 async fn cli(args: &[&str], env: &[(&str, &str)]) -> Run {
-    let mut command = tokio::process::Command::new(env!("CARGO_BIN_EXE_idempotency-ledger"));
-    command.args(args).kill_on_drop(true);
-    for name in [
-        "LEDGER_SERVER",
-        "LEDGER_TOKEN",
-        "LEDGER_CA_CERT",
-        "LEDGER_CLIENT_CERT",
-    ] {
-        command.env_remove(name);
-    }
-    command.env_remove("LEDGER_CLIENT_KEY");
-    command.env_remove("LEDGER_TLS_SERVER_NAME");
+    let mut command = crate::support::ledger_command();
+    command.args(args);
     for (k, v) in env {
         command.env(k, v);
     }

@@ -39,7 +39,7 @@ impl LoggedServer {
         let log_path = dir.path().join("server.log");
         let tokens = dir.path().join("tokens");
         std::fs::write(&tokens, format!("acme {TOKEN}\n")).expect("tokens file");
-        let child = tokio::process::Command::new(env!("CARGO_BIN_EXE_idempotency-ledger"))
+        let child = crate::support::ledger_command()
             .arg("--listen")
             .arg("127.0.0.1:0")
             .arg("--database-url")
@@ -48,12 +48,10 @@ impl LoggedServer {
             .arg(&tokens)
             .args(extra)
             .env("RUST_LOG", rust_log)
-            .env_remove("LEDGER_LOG_FORMAT")
             .envs(env.iter().copied())
             .stdin(std::process::Stdio::null())
             .stdout(std::process::Stdio::null())
             .stderr(std::fs::File::create(&log_path).expect("log file"))
-            .kill_on_drop(true)
             .spawn()
             .expect("spawn idempotency-ledger");
         let addr = wait_for_logged_addr(&log_path, STARTING, "listen").await;

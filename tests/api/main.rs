@@ -1,7 +1,8 @@
 //! Every integration test in one binary (one link, one shared PostgreSQL template): the storage
 //! conformance suite run on SQLite and PostgreSQL, the gRPC API through a real tonic client,
-//! tenants, health and shutdown, the inspection commands (the binary as a client), and
-//! concurrency across connections and server processes.
+//! tenants, health and shutdown, the operator's console over HTTP, the inspection commands (the
+//! binary as a client), logs and traces (to a collector run by the tests), and concurrency
+//! across connections and server processes.
 
 #[macro_use]
 mod support;
@@ -11,15 +12,19 @@ mod clocks;
 mod commit_failures;
 mod concurrency;
 mod conformance;
+mod connection_steps;
 mod connections;
+mod console;
 mod contention;
 mod docs;
 mod failover;
 mod faults;
 mod full_disk;
 mod grpc_api;
+mod ha_failover;
 mod health;
 mod help;
+mod history;
 mod inspect;
 mod logs;
 mod metrics;
@@ -32,7 +37,9 @@ mod predicates;
 mod replays;
 mod security;
 mod settings;
+mod store_busy;
 mod store_causes;
 mod tasks;
 mod tenants;
+mod traces;
 mod waiting;

@@ -990,11 +990,9 @@ async fn raw_claim<M: prost::Message + Send + Sync + 'static>(app: &TestApp, mes
 }
 
 /// A request message that does not decode (a `string` field that is not UTF-8, or a field of
-/// the wrong wire type) is malformed input, which the ledger answers with INVALID_ARGUMENT.
-/// tonic answers it with INTERNAL ("failed to decode Protobuf message: ClaimRequest.run_id:
-/// invalid string value: data is not UTF-8 encoded"), without an ErrorInfo, before any ledger
-/// code runs. FAILS until the server rewrites that answer, as it already does for oversized
-/// messages (OUT_OF_RANGE to RESOURCE_EXHAUSTED in `server.rs`).
+/// the wrong wire type) is malformed input, which the ledger answers with INVALID_ARGUMENT
+/// (`MALFORMED_MESSAGE`, from its codec: `proto::codec`), where tonic's own codec answers
+/// INTERNAL without an ErrorInfo.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_request_that_does_not_decode_is_invalid_argument_not_internal() {
     let app = spawn_app_with(Backend::Sqlite, |_| {}).await;

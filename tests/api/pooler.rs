@@ -64,10 +64,9 @@ pub async fn assert_no_session_state_left(db: &TestDb) {
 async fn run_to_exit(args: &[&str]) -> (std::process::ExitStatus, String) {
     let out = tokio::time::timeout(
         Duration::from_secs(30),
-        tokio::process::Command::new(env!("CARGO_BIN_EXE_idempotency-ledger"))
+        crate::support::ledger_command()
             .args(args)
             .env("RUST_LOG", "info")
-            .kill_on_drop(true)
             .output(),
     )
     .await
@@ -125,13 +124,12 @@ async fn behind_a_transaction_pooler_migrations_run_against_the_database_itself(
     let pooled = ["--postgres-pooler", "transaction"];
 
     // Not migrated, no migrations URL: the server says what to run and serves nothing.
-    let mut server = tokio::process::Command::new(env!("CARGO_BIN_EXE_idempotency-ledger"))
+    let mut server = crate::support::ledger_command()
         .args(["--listen", "127.0.0.1:0", "--database-url", &db.url])
         .args(pooled)
         .args(["--health-probe-interval", "200ms"])
         .env("RUST_LOG", "info")
         .stderr(std::process::Stdio::piped())
-        .kill_on_drop(true)
         .spawn()
         .expect("spawn");
     tokio::time::sleep(Duration::from_secs(3)).await;

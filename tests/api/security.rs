@@ -20,7 +20,7 @@ async fn arguments_and_results_never_appear_in_the_logs() {
         let log_path = log_dir.path().join("server.log");
         let log = std::fs::File::create(&log_path).expect("log file");
         // The most verbose level our crate and sqlx log at.
-        let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_idempotency-ledger"))
+        let mut child = crate::support::ledger_command()
             .args(["--listen", "127.0.0.1:0", "--database-url", &db.url])
             .env(
                 "RUST_LOG",
@@ -29,7 +29,6 @@ async fn arguments_and_results_never_appear_in_the_logs() {
             .stdin(std::process::Stdio::null())
             .stdout(std::process::Stdio::null())
             .stderr(log)
-            .kill_on_drop(true)
             .spawn()
             .expect("spawn");
         let port = wait_for_logged_addr(&log_path, STARTING, "listen")
@@ -129,10 +128,10 @@ async fn connect(port: u16) -> Channel {
 
 #[test]
 fn sql_is_only_built_from_constant_text_with_bound_parameters() {
-    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let src = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
     let mut checked = 0;
     let mut violations = Vec::new();
-    let mut stack = vec![dir];
+    let mut stack = vec![src.clone()];
     while let Some(dir) = stack.pop() {
         for entry in std::fs::read_dir(&dir).expect("read src") {
             let path = entry.expect("entry").path();
@@ -141,27 +140,14 @@ fn sql_is_only_built_from_constant_text_with_bound_parameters() {
                 continue;
             }
             let text = std::fs::read_to_string(&path).expect("read");
-            // sqlx 0.9 only takes `&'static str` or an explicit AssertSqlSafe: the latter is
-            // the one way to run text built at run time, and it must not appear.
-            if text.contains("AssertSqlSafe") {
-                violations.push(format!("{}: AssertSqlSafe", path.display()));
-            }
-            for call in ["sqlx::query(", "sqlx::query_as(", "sqlx::query_scalar("] {
-                for (at, _) in text.match_indices(call) {
-                    checked += 1;
-                    // The argument may start on the next line, where rustfmt puts it.
-                    let arg = text[at + call.len()..].trim_start();
-                    let constant = arg.starts_with("sql::")
-                        || arg.starts_with("Self::")
-                        || arg.starts_with("self::")
-                        || arg.starts_with('"');
-                    if !constant {
-                        let line = text[..at].lines().count();
-                        let shown: String = arg.chars().take(60).collect();
-                        violations.push(format!("{}:{line}: {call}{shown}", path.display()));
-                    }
-                }
-            }
+            let name = path
+                .strip_prefix(&src)
+                .unwrap_or(&path)
+                .display()
+                .to_string();
+            let (calls, found) = sql_text_violations(&name, &text);
+            checked += calls;
+            violations.extend(found);
         }
     }
     assert!(
@@ -172,4 +158,243 @@ fn sql_is_only_built_from_constant_text_with_bound_parameters() {
         violations.is_empty(),
         "SQL not from a constant: {violations:#?}"
     );
+}
+
+#[test]
+fn the_sql_check_sees_every_way_to_run_text_built_at_run_time() {
+    let built = r#"
+        let a = sqlx::raw_sql(&format!("SET x = {v}"));
+        let b = sqlx::query_with(text, args);
+        let c = sqlx::query_as_with::<_, Row, _>(&sql, args);
+        let d = sqlx::query_scalar_with(sql.as_str(), args);
+        conn.execute(statement).await?;
+        (&pool).fetch_one(sql).await?;
+        conn.fetch_optional(AssertSqlSafe(sql)).await?;
+        let e = sqlx::query(Box::leak(sql.into_boxed_str()));
+        let f = String::leak(sql);
+        let mut g = sqlx::QueryBuilder::new("SELECT ");
+        conn.copy_in_raw(&copy).await?;
+        let tx = conn.begin_with(&begin).await?;
+        use sqlx::raw_sql;
+        use sqlx::{query, Row};
+    "#;
+    let (_, found) = sql_text_violations("example.rs", built);
+    for needle in [
+        "raw_sql(&format!",
+        "query_with(text",
+        "query_as_with::<_, Row, _>(&sql",
+        "query_scalar_with(sql.as_str()",
+        ".execute(statement",
+        ".fetch_one(sql",
+        "AssertSqlSafe",
+        "Box::leak",
+        "String::leak",
+        "QueryBuilder",
+        "copy_in_raw",
+        ".begin_with(&begin",
+        "use sqlx::raw_sql",
+        "use sqlx::{query",
+    ] {
+        assert!(
+            found.iter().any(|v| v.contains(needle)),
+            "{needle} is not reported: {found:#?}"
+        );
+    }
+    let constant = r#"
+        sqlx::query(sql::CLAIM).bind(x).execute(&mut *conn).await?;
+        sqlx::raw_sql("BEGIN")
+            .execute(&mut *conn)
+            .await?;
+        sqlx::query_scalar(Self::IN_RECOVERY).fetch_one(&self.pool).await?;
+        sqlx::query_as_with(self::LIST, args).fetch_all(pool).await?;
+        conn.execute("SELECT 1").await?;
+        let tx = conn.begin_with("BEGIN IMMEDIATE").await?;
+        bind_entry!(sqlx::query(sql::INSERT), tenant, entry)
+            .execute(&mut *tx)
+            .await?;
+        tenancy.describe();
+    "#;
+    let (calls, found) = sql_text_violations("example.rs", constant);
+    assert!(found.is_empty(), "{found:#?}");
+    assert_eq!(calls, 5, "every call to a sqlx function is counted");
+}
+
+/// Calls whose argument is SQL text built at run time and which `sql_text_violations` lets
+/// through, each with why it is safe: the whole call as written, so any other is refused.
+const REVIEWED: &[(&str, &str, &str)] = &[
+    (
+        "storage/postgres.rs",
+        r#"Box::leak(format!("BEGIN; SET LOCAL statement_timeout = {timeout_ms}").into_boxed_str())"#,
+        "an integer (the statement timeout's milliseconds), built once at start-up",
+    ),
+    (
+        "storage/postgres.rs",
+        "sqlx::raw_sql(self.begin)",
+        "the BEGIN above, or the literal \"BEGIN\"",
+    ),
+    (
+        "storage/postgres.rs",
+        "sqlx::raw_sql(end)",
+        "the literal \"COMMIT\" or \"ROLLBACK\"",
+    ),
+];
+
+/// sqlx's functions that take SQL text as their first argument.
+const SQL_FUNCTIONS: &[&str] = &[
+    "query",
+    "query_as",
+    "query_scalar",
+    "query_with",
+    "query_as_with",
+    "query_scalar_with",
+    "raw_sql",
+];
+
+/// `Executor` methods that take SQL text as their argument when called on a connection or a
+/// pool (on a query built above, their argument is the executor instead), and
+/// `Connection::begin_with`.
+const EXECUTOR_METHODS: &[&str] = &[
+    "execute",
+    "execute_many",
+    "fetch",
+    "fetch_many",
+    "fetch_all",
+    "fetch_one",
+    "fetch_optional",
+    "prepare",
+    "prepare_with",
+    "describe",
+    "begin_with",
+];
+
+/// Whether a call's argument is constant SQL text: a literal, or a constant of `sql::`, `Self::`
+/// or `self::`.
+fn constant_sql(arg: &str) -> bool {
+    arg.starts_with('"')
+        || arg.starts_with("r#\"")
+        || arg.starts_with("r\"")
+        || ["sql::", "Self::", "self::"].iter().any(|p| {
+            arg.starts_with(p) && arg[p.len()..].starts_with(|c: char| c.is_ascii_uppercase())
+        })
+}
+
+/// Whether `before` ends with a call (`….bind(x)`, `query::<T>(…)`, `bind_entry!(…)`), rather
+/// than with a value in parentheses (`(&pool)`).
+fn called_on_a_call(before: &str) -> bool {
+    let before = before.trim_end();
+    if !before.ends_with(')') {
+        return false;
+    }
+    let mut depth = 0;
+    for (i, c) in before.char_indices().rev() {
+        match c {
+            ')' => depth += 1,
+            '(' => {
+                depth -= 1;
+                if depth == 0 {
+                    return before[..i]
+                        .chars()
+                        .next_back()
+                        .is_some_and(|c| c.is_ascii_alphanumeric() || "_>!".contains(c));
+                }
+            }
+            _ => {}
+        }
+    }
+    false
+}
+
+/// The line of `text[..at]`'s end and what follows `at`, for a report.
+fn place(name: &str, text: &str, at: usize) -> String {
+    let line = text[..at].matches('\n').count() + 1;
+    let shown: String = text[at..].chars().take(70).collect();
+    format!("{name}:{line}: {}", shown.replace('\n', " "))
+}
+
+/// The calls in `text` (a source file called `name`) that run SQL text which is not a constant,
+/// and how many calls of sqlx's functions it holds. Text built at run time can only reach sqlx
+/// through `AssertSqlSafe`, a leaked string, a `QueryBuilder` or the raw COPY calls; constant text
+/// as `&'static str`, which the argument of each call must then be (a literal or a constant),
+/// also for the `Executor` methods called on a connection. sqlx's functions are called by their
+/// full name, so that none escapes the search by being imported.
+fn sql_text_violations(name: &str, text: &str) -> (usize, Vec<String>) {
+    let mut calls = 0;
+    let mut violations = Vec::new();
+    let reviewed = |at: usize| {
+        REVIEWED
+            .iter()
+            .any(|(file, call, _)| name.ends_with(file) && text[at..].starts_with(call))
+    };
+    for marker in [
+        "AssertSqlSafe",
+        "Box::leak",
+        "String::leak",
+        ".leak()",
+        "QueryBuilder",
+        "copy_in_raw",
+        "copy_out_raw",
+        "SqlStr",
+    ] {
+        for (at, _) in text.match_indices(marker) {
+            if !reviewed(at) {
+                violations.push(place(name, text, at));
+            }
+        }
+    }
+    for (at, _) in text.match_indices("use sqlx::") {
+        let statement = &text[at..text[at..].find(';').map_or(text.len(), |end| at + end)];
+        // A function imported by name (`use sqlx::{query, Row}`), not a module of that name
+        // (`use sqlx::query::Query`).
+        let imports = SQL_FUNCTIONS.iter().any(|function| {
+            statement.match_indices(function).any(|(i, _)| {
+                let before = statement[..i].chars().next_back();
+                let after = &statement[i + function.len()..];
+                !before.is_some_and(|c| c.is_ascii_alphanumeric() || c == '_')
+                    && !after.starts_with(|c: char| c.is_ascii_alphanumeric() || c == '_')
+                    && !after.starts_with("::")
+            })
+        });
+        if imports {
+            violations.push(place(name, text, at));
+        }
+    }
+    for function in SQL_FUNCTIONS {
+        let call = format!("sqlx::{function}");
+        for (at, _) in text.match_indices(&call) {
+            let rest = &text[at + call.len()..];
+            // `sqlx::query` must not match `sqlx::query_as`; a turbofish may come first.
+            let rest = match rest.strip_prefix("::<") {
+                Some(generic) => match generic.find(">(") {
+                    Some(end) => &generic[end + 1..],
+                    None => continue,
+                },
+                None => rest,
+            };
+            let Some(arg) = rest.strip_prefix('(') else {
+                continue;
+            };
+            calls += 1;
+            // The argument may start on the next line, where rustfmt puts it.
+            if !constant_sql(arg.trim_start()) && !reviewed(at) {
+                violations.push(place(name, text, at));
+            }
+        }
+    }
+    for method in EXECUTOR_METHODS {
+        let call = format!(".{method}(");
+        for (at, _) in text.match_indices(&call) {
+            // Called on a query built above (`sqlx::query(…)\n    .execute(&mut *conn)`): the
+            // argument is the executor.
+            if called_on_a_call(&text[..at]) {
+                continue;
+            }
+            let arg = text[at + call.len()..].trim_start();
+            // Our own methods of the same names (`tenancy.describe()`) take nothing.
+            if arg.starts_with(')') || constant_sql(arg) {
+                continue;
+            }
+            violations.push(place(name, text, at));
+        }
+    }
+    (calls, violations)
 }

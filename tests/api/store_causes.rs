@@ -18,7 +18,7 @@ async fn log_of_a_server_on(url: &str, for_how_long: Duration) -> String {
     use idempotency_ledger::grpc::pb::ledger_service_client::LedgerServiceClient;
     let dir = tempfile::tempdir().expect("dir");
     let log_path = dir.path().join("server.log");
-    let mut server = tokio::process::Command::new(env!("CARGO_BIN_EXE_idempotency-ledger"))
+    let mut server = crate::support::ledger_command()
         .args(["--listen", "127.0.0.1:0", "--database-url", url])
         .args([
             "--health-probe-interval",
@@ -28,7 +28,6 @@ async fn log_of_a_server_on(url: &str, for_how_long: Duration) -> String {
         ])
         .env("RUST_LOG", "info")
         .stderr(std::fs::File::create(&log_path).expect("log file"))
-        .kill_on_drop(true)
         .spawn()
         .expect("spawn");
     let addr = wait_for_logged_addr(&log_path, STARTING, "listen").await;
@@ -129,7 +128,7 @@ async fn migrate_prints_the_cause_and_exits_non_zero() {
     let port = free_port();
     let out = tokio::time::timeout(
         Duration::from_secs(30),
-        tokio::process::Command::new(env!("CARGO_BIN_EXE_idempotency-ledger"))
+        crate::support::ledger_command()
             .args([
                 "migrate",
                 "--database-url",

@@ -79,7 +79,7 @@ static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 #[tokio::main]
 async fn main() -> ExitCode {
     let settings = Args::parse().settings;
-    if let Err(e) = telemetry::init(settings.log_format) {
+    if let Err(e) = telemetry::init(settings.log_format, None) {
         eprintln!("ledger-floor: cannot set up logging: {e}");
         return ExitCode::FAILURE;
     }

@@ -20,6 +20,7 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
+from reads import credit_result, reply_result
 from world import RateLimited, UnknownCustomer, World
 
 from idempotency_ledger import (
@@ -91,17 +92,6 @@ class Dispatcher:
         if result.replayed:
             message["note"] = result.note
         return message
-
-
-def credit_result(credit: dict[str, Any]) -> dict[str, Any]:
-    """What issue_credit returns to the model, from the payments API's record."""
-    return {"credit_id": credit["credit_id"], "amount": credit["amount"],
-            "currency": credit["currency"]}
-
-
-def reply_result(reply: dict[str, Any]) -> dict[str, Any]:
-    """What send_reply returns to the model, from the mailbox's record."""
-    return {"message_id": reply["message_id"]}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -24,6 +24,7 @@ from langchain.agents import create_agent
 from langchain_core.language_models.fake_chat_models import FakeMessagesListChatModel
 from langchain_core.messages import AIMessage, ToolMessage
 from langchain_core.tools import tool
+from reads import paired_reads
 from world import World
 
 from idempotency_ledger import Ledger, current_attempt
@@ -69,7 +70,8 @@ def build_agent(ledger: Ledger, world: World) -> Any:
 
     return create_agent(offline_model(), tools=[issue_credit, send_reply],
                         system_prompt="You are a support agent.",
-                        middleware=[LedgerMiddleware(ledger)])
+                        # Each write tool with its paired read, which settles an unknown outcome.
+                        middleware=[LedgerMiddleware(ledger, confirm=paired_reads(world))])
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -21,6 +21,7 @@ import json
 import sys
 
 from fastmcp import Client, FastMCP
+from reads import paired_reads
 from world import World
 
 from idempotency_ledger import AsyncLedger, Ledger, current_attempt
@@ -29,7 +30,8 @@ from idempotency_ledger.mcp import RUN_ID_META_KEY, LedgerMiddleware
 
 def build_server(ledger: Ledger | AsyncLedger, world: World) -> FastMCP:
     """The payments MCP server; the middleware makes every tool not marked read-only run once."""
-    mcp = FastMCP("payments", middleware=[LedgerMiddleware(ledger)])
+    # Each write tool with its paired read, which settles an unknown outcome.
+    mcp = FastMCP("payments", middleware=[LedgerMiddleware(ledger, confirm=paired_reads(world))])
 
     @mcp.tool
     def issue_credit(customer: str, amount: int, currency: str) -> dict:
@@ -46,7 +48,7 @@ def build_server(ledger: Ledger | AsyncLedger, world: World) -> FastMCP:
 
     @mcp.tool(annotations={"readOnlyHint": True})
     def find_credit(reference: str) -> dict:
-        """The credit issued with this reference, if any (the reconciler's paired read)."""
+        """The credit issued with this reference, if any (a read-only tool: not claimed)."""
         return {"credit": world.find_credit(reference)}
 
     return mcp

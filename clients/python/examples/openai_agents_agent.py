@@ -22,8 +22,10 @@ from dataclasses import dataclass
 from agents import Agent, Runner, function_tool, set_trace_processors
 from agents.testing import ScriptedModel, assistant_message, function_call
 from agents.tool_context import ToolContext
+from reads import confirm_credit, confirm_reply
 from world import World
 
+import idempotency_ledger.openai_agents  # noqa: F401 (teaches ledger.tool() the SDK's context)
 from idempotency_ledger import Ledger, current_attempt
 
 
@@ -49,11 +51,11 @@ def offline_model() -> ScriptedModel:
     ])
 
 
-def build_agent(ledger: Ledger) -> Agent[Session]:
+def build_agent(ledger: Ledger, world: World) -> Agent[Session]:
     """The agent, with its two write tools made run-once."""
 
     @function_tool
-    @ledger.tool()
+    @ledger.tool(confirm=confirm_credit(world))   # its paired read settles an unknown outcome
     def issue_credit(ctx: ToolContext[Session], customer: str, amount: int,
                      currency: str) -> dict:
         """Issue a credit to a customer's account."""
@@ -62,7 +64,7 @@ def build_agent(ledger: Ledger) -> Agent[Session]:
         return {"credit_id": credit["credit_id"], "amount": amount, "currency": currency}
 
     @function_tool
-    @ledger.tool()
+    @ledger.tool(confirm=confirm_reply(world))
     def send_reply(ctx: ToolContext[Session], ticket: str, text: str) -> dict:
         """Reply to the customer on a support ticket."""
         reply = ctx.context.world.send_reply(ticket, text,
@@ -81,8 +83,9 @@ def main(argv: list[str] | None = None) -> int:
     ns = parser.parse_args(argv)
     set_trace_processors([])  # offline: the traces are not exported
     with Ledger(ns.target) as ledger:
-        result = Runner.run_sync(build_agent(ledger), "Please credit c-42 200 EUR.",
-                                 context=Session(ns.run_id, World(ns.world)))
+        world = World(ns.world)
+        result = Runner.run_sync(build_agent(ledger, world), "Please credit c-42 200 EUR.",
+                                 context=Session(ns.run_id, world))
     names = {item["call_id"]: item["name"] for item in result.to_input_list()
              if item.get("type") == "function_call"}
     for item in result.to_input_list():

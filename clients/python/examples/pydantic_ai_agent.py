@@ -27,8 +27,10 @@ from pydantic_ai.messages import (
     ToolReturnPart,
 )
 from pydantic_ai.models.function import AgentInfo, FunctionModel
+from reads import confirm_credit, confirm_reply
 from world import World
 
+import idempotency_ledger.pydantic_ai  # noqa: F401 (teaches ledger.tool() the RunContext)
 from idempotency_ledger import Ledger, current_attempt
 
 
@@ -53,7 +55,7 @@ def build_agent(ledger: Ledger, world: World) -> Agent[None, str]:
     agent = Agent(FunctionModel(model_script), instructions="You are a support agent.")
 
     @agent.tool
-    @ledger.tool()
+    @ledger.tool(confirm=confirm_credit(world))   # its paired read settles an unknown outcome
     def issue_credit(ctx: RunContext[None], customer: str, amount: int, currency: str) -> dict:
         """Issue a credit to a customer's account."""
         credit = world.issue_credit(customer, amount, currency,
@@ -61,7 +63,7 @@ def build_agent(ledger: Ledger, world: World) -> Agent[None, str]:
         return {"credit_id": credit["credit_id"], "amount": amount, "currency": currency}
 
     @agent.tool
-    @ledger.tool()
+    @ledger.tool(confirm=confirm_reply(world))
     def send_reply(ctx: RunContext[None], ticket: str, text: str) -> dict:
         """Reply to the customer on a support ticket."""
         reply = world.send_reply(ticket, text, reference=current_attempt().external_ref)

@@ -14,6 +14,7 @@ import pytest
 # The adapters' tests share tests/scenario.py (the scripted conversation, the fake payments API).
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+import idempotency_ledger.tools
 from idempotency_ledger import Ledger
 from idempotency_ledger.testing import LedgerServer
 
@@ -66,6 +67,12 @@ def ledger(server: LedgerServer) -> Iterator[Ledger]:
 def run_id() -> str:
     """A run id no other test uses."""
     return f"run-{uuid.uuid4().hex[:12]}"
+
+
+@pytest.fixture(autouse=True)
+def _missing_run_ids_logged_afresh() -> None:
+    """A missing run id is logged once per tool and process: once per test here."""
+    idempotency_ledger.tools._missing_logged.clear()
 
 
 @pytest.fixture(autouse=True)

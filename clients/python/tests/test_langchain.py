@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import uuid
 from typing import Any
 
@@ -14,8 +15,16 @@ from langchain.agents import create_agent
 from langchain.tools import ToolRuntime
 from langchain_core.language_models.fake_chat_models import FakeMessagesListChatModel
 from langchain_core.messages import AIMessage, ToolMessage
-from langchain_core.tools import tool
-from scenario import CREDIT, REPLAY_NOTE, Payments, count_notes
+from langchain_core.tools import ToolException, tool
+from scenario import (
+    CREDIT,
+    NOT_PERFORMED_VIEW,
+    REPLAY_NOTE,
+    UNKNOWN_VIEW,
+    Payments,
+    count_notes,
+)
+
 
 from idempotency_ledger import AsyncLedger, Ledger, NoRunId, NotExecuted, Status, current_attempt
 from idempotency_ledger.langchain import LedgerMiddleware
@@ -171,3 +180,145 @@ def test_a_tool_runtime_tool_is_keyed_by_the_configs_run_id(server: LedgerServer
         assert count_notes([m.content for m in tool_messages(state)]) == (1, 2)
         assert len(payments.credits) == 1
         assert ledger.lookup(run_id=run_id, tool="issue_credit", arguments=CREDIT).replay_count == 2
+
+
+# --- unknown outcomes, confirm, strict mode, the run id -----------------------------------------
+
+
+def twice(name: str = "issue_credit", args: dict | None = None) -> ToolCallingFakeModel:
+    """The model calls the tool, reads the answer, calls it again (the repeat), then stops."""
+    args = CREDIT if args is None else args
+    return ToolCallingFakeModel(responses=[
+        AIMessage("", tool_calls=[{"name": name, "args": args, "id": "call-1"}]),
+        AIMessage("", tool_calls=[{"name": name, "args": args, "id": "call-2"}]),
+        AIMessage("done"),
+    ])
+
+
+def handled_credit_tool(payments: Payments, *, act_first: bool = True,
+                        not_executed: bool = False) -> Any:
+    """A tool written the LangChain way: it reports the payments API's timeout with a
+    ToolException it handles itself (the model reads the error text)."""
+    calls: list[int] = []
+
+    def issue_credit(customer: str, amount: int, currency: str) -> dict:
+        """Issue a credit to a customer."""
+        calls.append(current_attempt().number)
+        if len(calls) == 1:
+            if act_first:
+                payments.issue_credit(customer, amount, currency, current_attempt().external_ref)
+            if not_executed:
+                raise ToolException("the payments API refused: try again") from NotExecuted()
+            raise ToolException("the payments API timed out: try again")
+        return payments.issue_credit(customer, amount, currency, current_attempt().external_ref)
+
+    made = tool(issue_credit)
+    made.handle_tool_error = True
+    return made, calls
+
+
+def test_a_handled_tool_exception_after_acting_is_unknown_and_the_model_reads_the_note(
+        server: LedgerServer) -> None:
+    payments = Payments(delay=0)
+    with Ledger(server.address) as ledger:
+        agent = create_agent(twice(), tools=[handled_credit_tool(payments)[0]],
+                             middleware=[LedgerMiddleware(ledger)])
+        run_id = uuid.uuid4()  # as LangChain types it
+        state = agent.invoke({"messages": [{"role": "user", "content": "credit"}]},
+                             config={"run_id": run_id})
+        messages = tool_messages(state)
+        assert [json.loads(m.content) for m in messages] == [UNKNOWN_VIEW, UNKNOWN_VIEW]
+        assert all(m.status == "success" for m in messages)
+        assert len(payments.credits) == 1
+        entry = ledger.lookup(run_id=str(run_id), tool="issue_credit", arguments=CREDIT)
+        assert entry.status == Status.UNKNOWN
+
+
+def test_with_confirm_the_model_reads_the_result_found(server: LedgerServer) -> None:
+    payments = Payments(delay=0)
+    run_id = str(uuid.uuid4())
+
+    async def main() -> None:
+        async with AsyncLedger(server.address) as ledger:
+            middleware = LedgerMiddleware(ledger, confirm={"issue_credit": payments.confirm},
+                                          confirm_delay=0)
+            agent = create_agent(twice(), tools=[handled_credit_tool(payments)[0]],
+                                 middleware=[middleware])
+            state = await agent.ainvoke({"messages": [{"role": "user", "content": "credit"}]},
+                                        config={"run_id": run_id})
+            first, again = tool_messages(state)
+            assert json.loads(first.content) == {"credit_id": "cr-001", "amount": 200,
+                                                 "currency": "EUR"}
+            assert json.loads(again.content)["result"] == json.loads(first.content)
+            entry = await ledger.lookup(run_id=run_id, tool="issue_credit", arguments=CREDIT)
+            assert entry.status == Status.SUCCEEDED and entry.resolved_by
+            assert [t.name for t in middleware.ledger_tools] == ["issue_credit"]
+
+    asyncio.run(main())
+    assert len(payments.credits) == 1
+
+
+def test_a_timeout_before_acting_with_confirm_is_not_found_and_the_next_call_acts_once(
+        server: LedgerServer) -> None:
+    payments = Payments(delay=0)
+    credit, calls = handled_credit_tool(payments, act_first=False)
+    run_id = str(uuid.uuid4())
+    with Ledger(server.address) as ledger:
+        agent = create_agent(twice(), tools=[credit], middleware=[LedgerMiddleware(
+            ledger, confirm={"issue_credit": payments.confirm}, confirm_delay=0)])
+        state = agent.invoke({"messages": [{"role": "user", "content": "credit"}]},
+                             config={"run_id": run_id})
+        first, second = tool_messages(state)
+        assert json.loads(first.content) == NOT_PERFORMED_VIEW
+        assert json.loads(second.content)["credit_id"] == "cr-001"
+        assert calls == [1, 2] and len(payments.credits) == 1
+
+
+def test_a_tool_exception_from_not_executed_is_retryable(server: LedgerServer) -> None:
+    payments = Payments(delay=0)
+    credit, calls = handled_credit_tool(payments, act_first=False, not_executed=True)
+    run_id = str(uuid.uuid4())
+    with Ledger(server.address) as ledger:
+        agent = create_agent(twice(), tools=[credit], middleware=[LedgerMiddleware(ledger)])
+        state = agent.invoke({"messages": [{"role": "user", "content": "credit"}]},
+                             config={"run_id": run_id})
+        refused, second = tool_messages(state)
+        # The tool's own error message, as without the ledger; then the next call acts.
+        assert refused.status == "error" and "refused" in refused.content
+        assert json.loads(second.content)["credit_id"] == "cr-001"
+        assert calls == [1, 2] and len(payments.credits) == 1
+
+
+def test_strict_mode_refuses_a_tool_without_confirm(server: LedgerServer) -> None:
+    payments = Payments(delay=0)
+    with Ledger(server.address, require_confirm=True) as ledger:
+        with pytest.raises(ValueError, match="issue_credit has no confirm="):
+            LedgerMiddleware(ledger, tools=["issue_credit"])
+        agent = create_agent(twice(), tools=[credit_tool(payments)],
+                             middleware=[LedgerMiddleware(ledger)])
+        with pytest.raises(ValueError, match="issue_credit has no confirm="):
+            agent.invoke({"messages": [{"role": "user", "content": "credit"}]},
+                         config={"run_id": str(uuid.uuid4())})
+        assert payments.credits == []
+
+
+def test_a_missing_run_id_reaches_the_developer(server: LedgerServer,
+                                               caplog: pytest.LogCaptureFixture) -> None:
+    refunded: list[str] = []
+
+    @tool
+    def refund_order(order: str) -> str:
+        """Refund an order."""
+        refunded.append(order)
+        return "refunded"
+
+    with Ledger(server.address) as ledger, caplog.at_level(logging.ERROR):
+        for _ in range(2):
+            agent = create_agent(twice("refund_order", {"order": "o-1"}), tools=[refund_order],
+                                 middleware=[LedgerMiddleware(ledger)])
+            with pytest.raises(NoRunId, match="run_id"):
+                agent.invoke({"messages": [{"role": "user", "content": "refund"}]})
+    errors = [r for r in caplog.records if r.levelno == logging.ERROR
+              and r.name == "idempotency_ledger"]
+    assert len(errors) == 1 and "refund_order" in errors[0].getMessage()  # once per tool
+    assert refunded == []

@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 from typing import Any
 
 import pytest
 from fastmcp import Client, Context, FastMCP
 from fastmcp.exceptions import ToolError
 from pydantic import BaseModel
-from scenario import CREDIT, REPLAY_NOTE, Payments
+from scenario import CREDIT, NOT_PERFORMED_VIEW, REPLAY_NOTE, UNKNOWN_VIEW, Payments
 
 from idempotency_ledger import AsyncLedger, Ledger, NotExecuted, Status, current_attempt
 from idempotency_ledger.mcp import REPLAYED_META_KEY, RUN_ID_META_KEY, LedgerMiddleware
@@ -195,3 +196,132 @@ def test_a_context_tool_may_use_the_decorator(server: LedgerServer, run_id: str)
                 assert len(payments.credits) == 1
 
     asyncio.run(main())
+
+
+# --- unknown outcomes, confirm, strict mode, the run id -----------------------------------------
+
+
+def flaky_server(ledger: Ledger | AsyncLedger, payments: Payments, *, act_first: bool = True,
+                 **options: Any) -> tuple[FastMCP, list[int]]:
+    """A server whose tool reports the payments API's timeout with FastMCP's ToolError, after
+    the credit went through (or before it was sent); the next call works."""
+    mcp = FastMCP("payments", middleware=[LedgerMiddleware(ledger, **options)])
+    calls: list[int] = []
+
+    @mcp.tool
+    def issue_credit(customer: str, amount: int, currency: str):  # noqa: ANN201 (untyped: text)
+        """Issue a credit to a customer."""
+        calls.append(current_attempt().number)
+        if len(calls) == 1:
+            if act_first:
+                payments.issue_credit(customer, amount, currency, current_attempt().external_ref)
+            raise ToolError("the payments API timed out, try again")
+        return payments.issue_credit(customer, amount, currency, current_attempt().external_ref)
+
+    return mcp, calls
+
+
+def test_a_tool_error_after_acting_is_unknown_and_the_client_reads_the_note(
+        server: LedgerServer, run_id: str) -> None:
+    payments = Payments(delay=0)
+
+    async def main() -> None:
+        async with AsyncLedger(server.address) as ledger:
+            mcp, _ = flaky_server(ledger, payments)
+            async with Client(mcp) as client:
+                results = [await client.call_tool_mcp("issue_credit", CREDIT, meta=meta(run_id))
+                           for _ in range(2)]
+        for result in results:  # a normal result, on the call and on the repeat
+            assert not result.is_error
+            assert json.loads(result.content[0].text) == UNKNOWN_VIEW
+
+    asyncio.run(main())
+    assert len(payments.credits) == 1
+
+
+def test_with_confirm_the_client_reads_the_result_found(server: LedgerServer,
+                                                        run_id: str) -> None:
+    payments = Payments(delay=0)
+
+    async def main() -> None:
+        async with AsyncLedger(server.address) as ledger:
+            mcp, _ = flaky_server(ledger, payments, confirm={"issue_credit": payments.confirm},
+                                  confirm_delay=0)
+            async with Client(mcp) as client:
+                first = await client.call_tool_mcp("issue_credit", CREDIT, meta=meta(run_id))
+                again = await client.call_tool_mcp("issue_credit", CREDIT, meta=meta(run_id))
+            entry = await ledger.lookup(run_id=run_id, tool="issue_credit", arguments=CREDIT)
+            assert entry.status == Status.SUCCEEDED and entry.resolved_by
+        expected = {"credit_id": "cr-001", "amount": 200, "currency": "EUR"}
+        assert not first.is_error and json.loads(first.content[0].text) == expected
+        assert first.structured_content == expected
+        assert again.meta[REPLAYED_META_KEY] is True
+
+    asyncio.run(main())
+    assert len(payments.credits) == 1
+
+
+def test_a_timeout_before_acting_with_confirm_is_not_found_and_the_next_call_acts_once(
+        server: LedgerServer, run_id: str) -> None:
+    payments = Payments(delay=0)
+
+    async def main() -> None:
+        with Ledger(server.address) as ledger:
+            mcp, calls = flaky_server(ledger, payments, act_first=False,
+                                      confirm={"issue_credit": payments.confirm},
+                                      confirm_delay=0)
+            async with Client(mcp) as client:
+                first = await client.call_tool_mcp("issue_credit", CREDIT, meta=meta(run_id))
+                second = await client.call_tool_mcp("issue_credit", CREDIT, meta=meta(run_id))
+        assert json.loads(first.content[0].text) == NOT_PERFORMED_VIEW
+        assert second.structured_content["credit_id"] == "cr-001"
+        assert calls == [1, 2]
+
+    asyncio.run(main())
+    assert len(payments.credits) == 1
+
+
+def test_strict_mode_refuses_a_tool_without_confirm(server: LedgerServer, run_id: str) -> None:
+    payments = Payments(delay=0)
+
+    async def main() -> None:
+        with Ledger(server.address, require_confirm=True) as ledger:
+            with pytest.raises(ValueError, match="issue_credit has no confirm="):
+                LedgerMiddleware(ledger, tools=["issue_credit"])
+            async with Client(payments_server(ledger, payments)) as client:
+                with pytest.raises(ToolError, match="issue_credit has no confirm="):
+                    await client.call_tool("issue_credit", CREDIT, meta=meta(run_id))
+
+    asyncio.run(main())
+    assert payments.credits == []
+
+
+def test_the_server_may_name_the_run_and_a_missing_one_is_logged(
+        server: LedgerServer, run_id: str, caplog: pytest.LogCaptureFixture) -> None:
+    payments = Payments(delay=0)
+    asked: list[Any] = []
+
+    def session_run(context: Any) -> str | None:
+        asked.append(context.message.name)
+        return run_id if context.message.arguments.get("customer") != "c-0" else None
+
+    async def main() -> None:
+        async with AsyncLedger(server.address) as ledger:
+            mcp = payments_server(ledger, payments, run_id=session_run)
+            async with Client(mcp) as client:  # a host that sends no _meta at all
+                await client.call_tool("issue_credit", CREDIT)
+                again = await client.call_tool("issue_credit", CREDIT)
+                assert again.data.credit_id == "cr-001"
+                for _ in range(2):
+                    with pytest.raises(ToolError, match="found none"):
+                        await client.call_tool("issue_credit", {**CREDIT, "customer": "c-0"})
+
+    with caplog.at_level(logging.ERROR):
+        asyncio.run(main())
+    assert len(payments.credits) == 1 and asked.count("issue_credit") == 4
+    assert (await_lookup := Ledger(server.address)).lookup(
+        run_id=run_id, tool="issue_credit", arguments=CREDIT).replay_count == 1
+    await_lookup.close()
+    errors = [r for r in caplog.records if r.levelno == logging.ERROR
+              and r.name == "idempotency_ledger"]
+    assert len(errors) == 1 and "issue_credit" in errors[0].getMessage()

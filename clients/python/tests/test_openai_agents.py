@@ -3,7 +3,10 @@ interface): ToolContext tools made run-once with @ledger.tool(), against the rea
 
 from __future__ import annotations
 
+import ast
 import asyncio
+import json
+import logging
 from dataclasses import dataclass
 from typing import Any
 
@@ -11,8 +14,16 @@ import pytest
 from agents import Agent, RunConfig, Runner, function_tool, set_trace_processors
 from agents.testing import ScriptedModel, assistant_message, function_call
 from agents.tool_context import ToolContext
-from scenario import CREDIT, CREDIT_RESPELLED, Payments, count_notes
+from scenario import (
+    CREDIT,
+    CREDIT_RESPELLED,
+    NOT_PERFORMED_VIEW,
+    UNKNOWN_VIEW,
+    Payments,
+    count_notes,
+)
 
+import idempotency_ledger.openai_agents  # noqa: F401 (teaches ledger.tool() the SDK's context)
 from idempotency_ledger import AsyncLedger, Ledger, NoRunId, Status, current_attempt
 from idempotency_ledger.testing import LedgerServer
 
@@ -91,11 +102,13 @@ def test_without_a_run_id_in_the_context_the_trace_names_the_run(server: LedgerS
         Runner.run_sync(Agent(name="s", model=scripted(), tools=[tool]), "go", run_config=config)
         Runner.run_sync(Agent(name="s", model=scripted(), tools=[tool]), "go", run_config=config)
         assert len(payments.credits) == 3
-        # With tracing off and no run id anywhere, the tool refuses before claiming.
+        # With tracing off and no run id anywhere, the tool refuses before claiming: the model
+        # reads that nothing was done (not the SDK's "Please try again").
         off = RunConfig(tracing_disabled=True)
         refused = Runner.run_sync(Agent(name="s", model=scripted(parallel=False), tools=[tool]),
                                   "go", run_config=off)
-        assert all("error occurred" in o for o in outputs(refused))  # the SDK's words for it
+        assert all("called without a run id" in o and "try again" not in o
+                   for o in outputs(refused))
         assert len(payments.credits) == 3
         with pytest.raises(NoRunId):  # the wrapper itself, called outside any run
             asyncio.run(_direct(ledger))
@@ -135,3 +148,122 @@ def test_a_tool_that_refuses_before_acting_is_retryable(server: LedgerServer,
                                       tools=[send_reply]), "reply", context=Session(run_id))
         assert sent == [2]
         assert count_notes(outputs(again)) == (1, 2) and "sent" in outputs(again)
+
+
+# --- unknown outcomes, confirm, strict mode, the run id -----------------------------------------
+
+
+def twice(tool: str = "issue_credit", args: Any = None) -> ScriptedModel:
+    """The model calls the tool, reads the answer, calls it again (the repeat), then stops."""
+    args = CREDIT if args is None else args
+    return ScriptedModel([[function_call(tool, args, call_id="call-1")],
+                          [function_call(tool, args, call_id="call-2")],
+                          [assistant_message("done")]])
+
+
+def read(output: str) -> Any:
+    """The SDK hands the model a tool's dict as Python's repr or JSON: read either."""
+    try:
+        return json.loads(output)
+    except ValueError:
+        return ast.literal_eval(output)
+
+
+def test_an_error_after_acting_is_unknown_and_the_model_reads_the_note(
+        server: LedgerServer, run_id: str) -> None:
+    payments = Payments(delay=0)
+    with Ledger(server.address) as ledger:
+        @function_tool
+        @ledger.tool()
+        def issue_credit(ctx: ToolContext[Session], customer: str, amount: int,
+                         currency: str) -> dict:
+            """Issue a credit to a customer."""
+            payments.issue_credit(customer, amount, currency, current_attempt().external_ref)
+            raise TimeoutError("the payments API timed out")  # the SDK: "Please try again."
+
+        result = Runner.run_sync(Agent(name="s", model=twice(), tools=[issue_credit]), "credit",
+                                 context=Session(run_id))
+        assert [read(o) for o in outputs(result)] == [UNKNOWN_VIEW, UNKNOWN_VIEW]
+        assert len(payments.credits) == 1
+
+
+def test_with_confirm_the_model_reads_the_result_found(server: LedgerServer,
+                                                     run_id: str) -> None:
+    payments = Payments(delay=0)
+
+    async def main() -> None:
+        async with AsyncLedger(server.address) as ledger:
+            @function_tool
+            @ledger.tool(confirm=payments.confirm, confirm_delay=0)
+            async def issue_credit(ctx: ToolContext[Session], customer: str, amount: int,
+                                   currency: str) -> dict:
+                """Issue a credit to a customer."""
+                payments.issue_credit(customer, amount, currency, current_attempt().external_ref)
+                raise TimeoutError("the payments API timed out")
+
+            result = await Runner.run(Agent(name="s", model=twice(), tools=[issue_credit]),
+                                      "credit", context=Session(run_id))
+            first, again = (read(o) for o in outputs(result))
+            assert first == {"credit_id": "cr-001", "amount": 200, "currency": "EUR"}
+            assert again["status"] == "already_done" and again["result"] == first
+            entry = await ledger.lookup(run_id=run_id, tool="issue_credit", arguments=CREDIT)
+            assert entry.status == Status.SUCCEEDED and entry.resolved_by
+
+    asyncio.run(main())
+    assert len(payments.credits) == 1
+
+
+def test_a_timeout_before_acting_with_confirm_is_not_found_and_the_next_call_acts_once(
+        server: LedgerServer, run_id: str) -> None:
+    payments = Payments(delay=0)
+    calls: list[int] = []
+    with Ledger(server.address) as ledger:
+        @function_tool
+        @ledger.tool(confirm=payments.confirm, confirm_delay=0)
+        def issue_credit(ctx: ToolContext[Session], customer: str, amount: int,
+                         currency: str) -> dict:
+            """Issue a credit to a customer."""
+            calls.append(current_attempt().number)
+            if len(calls) == 1:
+                raise TimeoutError("the payments API did not answer")
+            return payments.issue_credit(customer, amount, currency,
+                                         current_attempt().external_ref)
+
+        result = Runner.run_sync(Agent(name="s", model=twice(), tools=[issue_credit]), "credit",
+                                 context=Session(run_id))
+        first, second = (read(o) for o in outputs(result))
+        assert first == NOT_PERFORMED_VIEW
+        assert second["credit_id"] == "cr-001"
+        assert calls == [1, 2] and len(payments.credits) == 1
+
+
+def test_strict_mode_refuses_a_tool_without_confirm(server: LedgerServer) -> None:
+    with Ledger(server.address, require_confirm=True) as ledger:
+        with pytest.raises(ValueError, match="issue_credit has no confirm="):
+            @function_tool
+            @ledger.tool()
+            def issue_credit(ctx: ToolContext[Session], customer: str) -> dict:
+                """Issue a credit to a customer."""
+                return {}
+
+
+def test_a_missing_run_id_is_logged_and_the_model_is_not_told_to_try_again(
+        server: LedgerServer, caplog: pytest.LogCaptureFixture) -> None:
+    with Ledger(server.address) as ledger, caplog.at_level(logging.ERROR):
+        @function_tool
+        @ledger.tool()
+        def refund(ctx: ToolContext[dict], order: str) -> dict:
+            """Refund an order."""
+            raise AssertionError("not called without a run id")
+
+        off = RunConfig(tracing_disabled=True)
+        for _ in range(2):
+            result = Runner.run_sync(Agent(name="s", model=twice("refund", {"order": "o-1"}),
+                                           tools=[refund]), "refund", run_config=off)
+            for output in outputs(result):
+                assert read(output)["status"] == "not_executed"
+                assert "without a run id" in output and "try again" not in output
+    errors = [r for r in caplog.records if r.levelno == logging.ERROR
+              and r.name == "idempotency_ledger"]
+    assert len(errors) == 1 and "refund" in errors[0].getMessage()  # once per tool
+    assert "Runner.run(..., context=...)" in errors[0].getMessage()  # names the fix

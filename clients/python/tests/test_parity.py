@@ -23,7 +23,10 @@ from google.rpc import error_details_pb2, status_pb2
 
 import idempotency_ledger
 from idempotency_ledger import AsyncLedger, Canonicalization, Ledger, LedgerError
-from idempotency_ledger.client import _canonicalization
+from idempotency_ledger._core import NOT_PERFORMED_NOTE
+from idempotency_ledger._proto import ledger_pb2 as pb
+from idempotency_ledger._wire import canonicalization_name as _canonicalization
+from idempotency_ledger.errors import UNKNOWN_NOTE
 
 PARITY = json.loads(
     (Path(__file__).resolve().parents[2] / "parity.json").read_text(encoding="utf-8"))
@@ -65,8 +68,6 @@ class _Refuser(grpc.GenericRpcHandler):
     ``CODE/REASON``, detailed as the ledger details its errors (ErrorInfo, and RetryInfo)."""
 
     def service(self, handler_call_details: grpc.HandlerCallDetails) -> grpc.RpcMethodHandler:
-        from idempotency.v1 import ledger_pb2 as pb
-
         def refuse(request: pb.LookupRequest, context: grpc.ServicerContext) -> None:
             code_name, _, reason = request.key.partition("/")
             code = grpc.StatusCode[code_name]
@@ -153,3 +154,21 @@ def test_every_target_form_is_accepted(form: str) -> None:
         assert ledger.address == "127.0.0.1:50051"
     finally:
         ledger.close()
+
+
+def test_the_failover_and_confirm_defaults_are_the_clients() -> None:
+    defaults = PARITY["defaults"]
+    assert idempotency_ledger.DEFAULT_RETRY_BUDGET == defaults["retry_budget_seconds"]
+    assert idempotency_ledger.DEFAULT_CONFIRM_DELAY == defaults["confirm_delay_seconds"]
+    for function in (Ledger.run_once, AsyncLedger.run_once, Ledger.attempt):
+        assert _default(function, "confirm_delay") == defaults["confirm_delay_seconds"]
+    assert _default(Ledger.__init__, "retry_budget") == defaults["retry_budget_seconds"]
+
+
+def test_what_the_model_reads_is_the_lists() -> None:
+    reads = PARITY["model_reads"]
+    assert reads["outcome_unknown"] == {"status": "outcome_unknown", "note": UNKNOWN_NOTE}
+    assert reads["not_performed"] == {"status": "not_executed", "note": NOT_PERFORMED_NOTE}
+    for answer in PARITY["confirm"]["answers"].values():
+        name = answer["python"].partition("(")[0]
+        assert callable(getattr(idempotency_ledger, name)), name

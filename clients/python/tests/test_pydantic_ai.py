@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import logging
 from typing import Any
 
 import pytest
@@ -13,8 +14,17 @@ from pydantic_ai.messages import ModelMessage, ModelResponse, TextPart, ToolCall
 from pydantic_ai.models.function import AgentInfo, FunctionModel
 from pydantic_ai.toolsets import FunctionToolset
 
-from scenario import CREDIT, CREDIT_RESPELLED, REPLAY_NOTE, Payments, count_notes
-from idempotency_ledger import AsyncLedger, Ledger, Status, current_attempt
+from scenario import (
+    CREDIT,
+    CREDIT_RESPELLED,
+    NOT_PERFORMED_VIEW,
+    REPLAY_NOTE,
+    UNKNOWN_VIEW,
+    Payments,
+    count_notes,
+)
+
+from idempotency_ledger import AsyncLedger, Ledger, NoRunId, NotExecuted, Status, current_attempt
 from idempotency_ledger.pydantic_ai import LedgerToolset
 from idempotency_ledger.testing import LedgerServer
 
@@ -76,7 +86,7 @@ def test_a_run_context_tool_runs_once_per_run(server: LedgerServer, run_id: str)
         ledger.close()
 
 
-def test_model_retry_before_acting_leaves_the_intent_retryable(server: LedgerServer,
+def test_model_retry_from_not_executed_leaves_the_intent_retryable(server: LedgerServer,
                                                                run_id: str) -> None:
     payments = Payments(delay=0)
     ledger = Ledger(server.address)
@@ -96,7 +106,8 @@ def test_model_retry_before_acting_leaves_the_intent_retryable(server: LedgerSer
         """Issue a credit to a customer."""
         calls.append(current_attempt().number)
         if len(calls) == 1:
-            raise ModelRetry("the payments API is busy, call again")
+            # pydantic-ai's idiom for "I did not act, call me again".
+            raise ModelRetry("the payments API is busy, call again") from NotExecuted("busy")
         return payments.issue_credit(customer, amount, currency, current_attempt().external_ref)
 
     try:
@@ -168,3 +179,137 @@ def test_the_decorated_tool_keeps_what_pydantic_ai_reads(server: LedgerServer) -
         assert wrapped.__doc__ == "Credit." and wrapped.__wrapped__ is credit
     finally:
         ledger.close()
+
+
+# --- unknown outcomes, confirm, strict mode, the run id -----------------------------------------
+
+
+def twice(tool: str = "issue_credit", args: Any = None) -> FunctionModel:
+    """The model calls the tool, reads the answer, calls it again (the repeat), then stops."""
+    args = CREDIT if args is None else args
+
+    def respond(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
+        turn = sum(1 for m in messages if isinstance(m, ModelResponse))
+        if turn < 2:
+            return ModelResponse(parts=[ToolCallPart(tool, args, tool_call_id=f"call-{turn}")])
+        return ModelResponse(parts=[TextPart("done")])
+
+    return FunctionModel(respond)
+
+
+def test_a_model_retry_after_acting_is_unknown_and_the_model_reads_the_note(
+        server: LedgerServer, run_id: str) -> None:
+    payments = Payments(delay=0)
+    with Ledger(server.address) as ledger:
+        agent = Agent(twice())
+
+        @agent.tool(retries=3)
+        @ledger.tool()
+        def issue_credit(ctx: RunContext[None], customer: str, amount: int,
+                         currency: str) -> dict:
+            """Issue a credit to a customer."""
+            payments.issue_credit(customer, amount, currency, current_attempt().external_ref)
+            # The usual way to tell pydantic-ai "call me again": here after the credit went
+            # through and only its answer was lost.
+            raise ModelRetry("the payments API timed out, call again")
+
+        result = agent.run_sync("credit c-42", run_id=run_id)
+        assert tool_outputs(result.all_messages()) == [UNKNOWN_VIEW, UNKNOWN_VIEW]
+        assert len(payments.credits) == 1
+        entry = ledger.lookup(run_id=run_id, tool="issue_credit", arguments=CREDIT)
+        assert entry.status == Status.UNKNOWN and entry.error.startswith("ModelRetry")
+
+
+def test_with_confirm_the_model_reads_the_result_found(server: LedgerServer,
+                                                     run_id: str) -> None:
+    payments = Payments(delay=0)
+    toolset = FunctionToolset()
+
+    @toolset.tool_plain
+    def issue_credit(customer: str, amount: int, currency: str) -> dict:
+        """Issue a credit to a customer."""
+        payments.issue_credit(customer, amount, currency, current_attempt().external_ref)
+        raise ModelRetry("the payments API timed out, call again")
+
+    async def main() -> None:
+        async with AsyncLedger(server.address) as ledger:
+            wrapped = LedgerToolset(toolset, ledger, confirm={"issue_credit": payments.confirm},
+                                    confirm_delay=0)
+            result = await Agent(twice(), toolsets=[wrapped]).run("credit", run_id=run_id)
+            first, again = tool_outputs(result.all_messages())
+            assert first == {"credit_id": "cr-001", "amount": 200, "currency": "EUR"}
+            assert again == {"status": "already_done", "note": REPLAY_NOTE, "result": first}
+            entry = await ledger.lookup(run_id=run_id, tool="issue_credit", arguments=CREDIT)
+            assert entry.status == Status.SUCCEEDED and entry.resolved_by
+            assert wrapped.ledger_tools[0].name == "issue_credit"
+
+    asyncio.run(main())
+    assert len(payments.credits) == 1
+
+
+def test_a_timeout_before_acting_with_confirm_is_not_found_and_the_next_call_acts_once(
+        server: LedgerServer, run_id: str) -> None:
+    payments = Payments(delay=0)
+    calls: list[int] = []
+    with Ledger(server.address) as ledger:
+        agent = Agent(twice())
+
+        @agent.tool
+        @ledger.tool(confirm=payments.confirm, confirm_delay=0)
+        def issue_credit(ctx: RunContext[None], customer: str, amount: int,
+                         currency: str) -> dict:
+            """Issue a credit to a customer."""
+            calls.append(current_attempt().number)
+            if len(calls) == 1:
+                raise TimeoutError("the payments API did not answer")  # nothing reached it
+            return payments.issue_credit(customer, amount, currency,
+                                         current_attempt().external_ref)
+
+        result = agent.run_sync("credit c-42", run_id=run_id)
+        first, second = tool_outputs(result.all_messages())
+        assert first == NOT_PERFORMED_VIEW
+        assert second == {"credit_id": "cr-001", "amount": 200, "currency": "EUR"}
+        assert calls == [1, 2] and len(payments.credits) == 1
+        entry = ledger.lookup(run_id=run_id, tool="issue_credit", arguments=CREDIT)
+        assert (entry.status, entry.attempt) == (Status.SUCCEEDED, 2)
+
+
+def test_strict_mode_refuses_a_tool_without_confirm(server: LedgerServer, run_id: str) -> None:
+    payments = Payments(delay=0)
+    toolset = FunctionToolset()
+
+    @toolset.tool_plain
+    def issue_credit(customer: str, amount: int, currency: str) -> dict:
+        """Issue a credit to a customer."""
+        return payments.issue_credit(customer, amount, currency, current_attempt().external_ref)
+
+    with Ledger(server.address, require_confirm=True) as ledger:
+        with pytest.raises(ValueError, match="issue_credit has no confirm="):
+            ledger.tool()(issue_credit)
+        with pytest.raises(ValueError, match="require_confirm=True"):
+            LedgerToolset(toolset, ledger, tools={"issue_credit"})
+        # Every tool of the toolset: refused when the run lists the tools, before any call.
+        with pytest.raises(ValueError, match="issue_credit has no confirm="):
+            Agent(twice(), toolsets=[LedgerToolset(toolset, ledger)]).run_sync("x", run_id=run_id)
+        assert payments.credits == []
+        strict = LedgerToolset(toolset, ledger, confirm={"issue_credit": payments.confirm})
+        Agent(twice(), toolsets=[strict]).run_sync("x", run_id=run_id)
+        assert len(payments.credits) == 1
+
+
+def test_a_missing_run_id_reaches_the_developer(server: LedgerServer,
+                                               caplog: pytest.LogCaptureFixture) -> None:
+    toolset = FunctionToolset()
+
+    @toolset.tool_plain
+    def issue_credit(customer: str, amount: int, currency: str) -> dict:
+        """Issue a credit to a customer."""
+        raise AssertionError("not called without a run id")
+
+    with Ledger(server.address) as ledger, caplog.at_level(logging.ERROR):
+        wrapped = LedgerToolset(toolset, ledger, run_id=lambda ctx: None)
+        for _ in range(2):
+            with pytest.raises(NoRunId, match="no run id"):
+                Agent(twice(), toolsets=[wrapped]).run_sync("credit")
+    errors = [r for r in caplog.records if r.levelno == logging.ERROR]
+    assert len(errors) == 1 and "issue_credit" in errors[0].getMessage()  # once per tool

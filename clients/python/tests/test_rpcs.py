@@ -177,7 +177,9 @@ def test_an_unreachable_server_is_unavailable() -> None:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]  # closed again below: nobody listens there
-    with Ledger(f"127.0.0.1:{port}", timeout=2) as ledger, pytest.raises(Unavailable) as down:
+    # Sent again for a second (the retry budget), then the error: nobody is there.
+    with Ledger(f"127.0.0.1:{port}", timeout=2, retry_budget=1) as ledger, pytest.raises(
+            Unavailable) as down:
         ledger.lookup("k")
     assert down.value.code == grpc.StatusCode.UNAVAILABLE and down.value.reason is None
     assert isinstance(down.value, LedgerError)

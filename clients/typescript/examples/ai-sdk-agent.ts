@@ -1,7 +1,9 @@
-// An agent on the Vercel AI SDK whose side-effecting tools go through the ledger: one line per
-// tool (`ledgerTool(ledger, name, tool({ … }))`) and the run id in `experimental_context`. The
-// model is the SDK's own offline test model (MockLanguageModelV3 from "ai/test") playing
-// examples/script.ts; the payments API and the mailbox are examples/world.ts.
+// An agent on the Vercel AI SDK whose side-effecting tools go through the ledger: the ledger
+// wraps each tool (`ledgerTool(ledger, tool({ … }), { name, confirm })`, with its paired read
+// from examples/paired-reads.ts) and the run id is in `experimental_context`. A Reconciler runs
+// beside the agent for the unknown outcomes nobody repeats. The model is the SDK's own offline
+// test model (MockLanguageModelV3 from "ai/test") playing examples/script.ts; the payments API
+// and the mailbox are examples/world.ts.
 //
 //   LEDGER_ADDRESS=127.0.0.1:50051 [LEDGER_TOKEN=…] [RUN_ID=run-7f3a] [WORLD_FILE=world.json] \
 //     node dist/examples/ai-sdk-agent.js
@@ -13,16 +15,16 @@ import { generateText, stepCountIs, tool } from "ai";
 import { MockLanguageModelV3 } from "ai/test";
 import { z } from "zod";
 import { ledgerTool } from "../src/adapters/ai-sdk.js";
-import { Ledger, NotExecutedError, currentAttempt, type ToolCallResult } from "../src/index.js";
+import { Ledger, NotExecutedError, Reconciler, currentAttempt, type ToolCallResult } from "../src/index.js";
+import { confirmCredit, confirmReply } from "./paired-reads.js";
 import { FINAL_TEXT, PROMPT, STEPS, runIdFromEnv } from "./script.js";
 import { World } from "./world.js";
 
-/** The agent's write tools, each wrapped in one line. */
+/** The agent's write tools, each wrapped by the ledger with its paired read. */
 export function supportTools(ledger: Ledger, world: World) {
   return {
     issue_credit: ledgerTool(
       ledger,
-      "issue_credit",
       tool({
         description: "Issue a credit to a customer's account.",
         inputSchema: z.object({ customer: z.string(), amount: z.number(), currency: z.string() }),
@@ -34,10 +36,10 @@ export function supportTools(ledger: Ledger, world: World) {
           return { credit_id: credit.credit_id };
         },
       }),
+      { name: "issue_credit", confirm: confirmCredit(world) },
     ),
     send_reply: ledgerTool(
       ledger,
-      "send_reply",
       tool({
         description: "Reply to the customer on a support ticket.",
         inputSchema: z.object({ ticket: z.string(), body: z.string() }),
@@ -46,6 +48,7 @@ export function supportTools(ledger: Ledger, world: World) {
           return { message_id: reply.message_id };
         },
       }),
+      { name: "send_reply", confirm: confirmReply(world) },
     ),
   };
 }
@@ -77,10 +80,10 @@ export function scriptedModel(): MockLanguageModelV3 {
 }
 
 /** Plays the turn in run `runId`; returns [tool, input, what the model read] for each call, and the answer. */
-export async function runAgent(ledger: Ledger, world: World, runId: string) {
+export async function runAgent(ledger: Ledger, world: World, runId: string, tools = supportTools(ledger, world)) {
   const result = await generateText({
     model: scriptedModel(),
-    tools: supportTools(ledger, world),
+    tools,
     system: "You are a support agent. Use the tools to fix the customer's problem.",
     prompt: PROMPT,
     stopWhen: stepCountIs(STEPS.length + 1),
@@ -103,12 +106,16 @@ export async function main(): Promise<void> {
   });
   const world = new World();
   const runId = runIdFromEnv();
+  const tools = supportTools(ledger, world);
+  // Beside the agent: settles the unknown outcomes of these tools nobody repeats.
+  const reconciler = new Reconciler(ledger, tools).start();
   try {
-    const { calls, text } = await runAgent(ledger, world, runId);
+    const { calls, text } = await runAgent(ledger, world, runId, tools);
     for (const c of calls) console.log(`${c.tool} ${c.input}\n  -> ${c.read}`);
     console.log(`model: ${text}`);
     console.log(`world: ${world.credits().length} credit(s), ${world.replies().length} reply(ies) (run ${runId})`);
   } finally {
+    await reconciler.stop();
     ledger.close();
   }
 }

@@ -1,5 +1,6 @@
-// An MCP server whose side-effecting tools go through the ledger (one line per tool:
-// `registerLedgerTool(server, ledger, name, config, callback)`), and an agent host that calls
+// An MCP server whose side-effecting tools go through the ledger (one line per tool, with its
+// paired read from examples/paired-reads.ts: `registerLedgerTool(server, ledger, name, config,
+// callback, { confirm })`), and an agent host that calls
 // them with the MCP SDK's Client over its in-memory transport, the run id in each request's
 // `_meta["idempotency-ledger/run_id"]`. The host plays the model of examples/script.ts (each
 // step's calls at once, as a host forwards parallel tool calls); the payments API and the mailbox
@@ -18,11 +19,11 @@ import { McpServer } from "@modelcontextprotocol/sdk/server/mcp.js";
 import type { CallToolResult } from "@modelcontextprotocol/sdk/types.js";
 import { z } from "zod";
 import { RUN_ID_META_KEY, registerLedgerTool } from "../src/adapters/mcp.js";
-import { Ledger, NotExecutedError, currentAttempt } from "../src/index.js";
+import { Ledger, NotExecutedError, currentAttempt, found, notFound } from "../src/index.js";
 import { STEPS, runIdFromEnv } from "./script.js";
 import { World } from "./world.js";
 
-/** The MCP server of the payments and mailbox tools, each registered in one line. */
+/** The MCP server of the payments and mailbox tools, each registered with its paired read. */
 export function supportServer(ledger: Ledger, world: World): McpServer {
   const server = new McpServer({ name: "support-tools", version: "1.0.0" });
   registerLedgerTool(
@@ -40,6 +41,13 @@ export function supportServer(ledger: Ledger, world: World): McpServer {
       const credit = world.issueCredit({ customer, amount, currency }, currentAttempt()!.externalRef);
       return { content: [{ type: "text", text: JSON.stringify({ credit_id: credit.credit_id }) }] };
     },
+    {
+      // The paired read answers with the result the callback returns.
+      confirm: ({ externalRef }) => {
+        const credit = world.findCredit(externalRef);
+        return credit ? found({ content: [{ type: "text", text: JSON.stringify({ credit_id: credit.credit_id }) }] }) : notFound;
+      },
+    },
   );
   registerLedgerTool(
     server,
@@ -52,6 +60,12 @@ export function supportServer(ledger: Ledger, world: World): McpServer {
     async ({ ticket, body }) => {
       const reply = world.sendReply({ ticket, body }, currentAttempt()!.externalRef);
       return { content: [{ type: "text", text: JSON.stringify({ message_id: reply.message_id }) }] };
+    },
+    {
+      confirm: ({ externalRef }) => {
+        const reply = world.findReply(externalRef);
+        return reply ? found({ content: [{ type: "text", text: JSON.stringify({ message_id: reply.message_id }) }] }) : notFound;
+      },
     },
   );
   return server;

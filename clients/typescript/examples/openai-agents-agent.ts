@@ -1,5 +1,6 @@
-// An agent on the OpenAI Agents JS SDK whose side-effecting tools go through the ledger: one
-// line per tool (`tool(ledgerTool(ledger, { name, parameters, execute }))`) and the run id in
+// An agent on the OpenAI Agents JS SDK whose side-effecting tools go through the ledger: the
+// ledger wraps each tool's definition with its paired read from examples/paired-reads.ts
+// (`tool(ledgerTool(ledger, { name, parameters, execute }, { confirm }))`) and the run id is in
 // the run context (`run(agent, input, { context: { runId } })`). The model is an offline Model
 // implementation playing examples/script.ts (no API key, no network; tracing off); the payments
 // API and the mailbox are examples/world.ts.
@@ -24,10 +25,11 @@ import {
 import { z } from "zod";
 import { ledgerTool } from "../src/adapters/openai-agents.js";
 import { Ledger, NotExecutedError, currentAttempt } from "../src/index.js";
+import { confirmCredit, confirmReply } from "./paired-reads.js";
 import { FINAL_TEXT, PROMPT, STEPS, runIdFromEnv } from "./script.js";
 import { World } from "./world.js";
 
-/** The agent's write tools, each wrapped in one line. */
+/** The agent's write tools, each wrapped by the ledger with its paired read. */
 export function supportTools(ledger: Ledger, world: World) {
   return [
     tool(
@@ -42,7 +44,7 @@ export function supportTools(ledger: Ledger, world: World) {
           const credit = world.issueCredit({ customer, amount, currency }, currentAttempt()!.externalRef);
           return { credit_id: credit.credit_id };
         },
-      }),
+      }, { confirm: confirmCredit(world) }),
     ),
     tool(
       ledgerTool(ledger, {
@@ -53,7 +55,7 @@ export function supportTools(ledger: Ledger, world: World) {
           const reply = world.sendReply({ ticket, body }, currentAttempt()!.externalRef);
           return { message_id: reply.message_id };
         },
-      }),
+      }, { confirm: confirmReply(world) }),
     ),
   ];
 }

@@ -1,7 +1,7 @@
 // The defaults both clients share (clients/parity.json, checked by test/parity.test.ts), and the
 // forms of address the client accepts.
 
-import { InvalidArgumentError } from "./errors.js";
+import { InvalidArgumentError } from "./error-base.js";
 import type { Canonicalization } from "./keys.js";
 
 /** The default deadline of every call, unless the Ledger or the call sets another. */
@@ -22,6 +22,13 @@ export const DEFAULT_WAIT_MS = 10_000;
  */
 export const RENEW_EVERY_FRACTION_OF_LEASE = 1 / 3;
 
+/**
+ * How long, by default, Claim, Lookup, RenewLease and Complete are sent again while the ledger
+ * answers UNAVAILABLE: long enough for a database failover (a standby promoted in about ten
+ * seconds) to change no outcome.
+ */
+export const DEFAULT_RETRY_BUDGET_MS = 30_000;
+
 /** The canonicalization of a claim that sets none (the proto's CANONICALIZATION_JCS). */
 export const DEFAULT_CANONICALIZATION: Canonicalization = "JCS";
 
@@ -31,6 +38,7 @@ export const ADDRESS_FORMS = ["host:port", "http://host:port", "https://host:por
 /** The shared defaults, in one object (the names of clients/parity.json's "defaults"). */
 export const DEFAULTS = Object.freeze({
   waitMs: DEFAULT_WAIT_MS,
+  retryBudgetMs: DEFAULT_RETRY_BUDGET_MS,
   renewEveryFractionOfLease: RENEW_EVERY_FRACTION_OF_LEASE,
   canonicalization: DEFAULT_CANONICALIZATION,
   addressForms: ADDRESS_FORMS,

@@ -16,26 +16,17 @@ import {
   ErrorInfoSchema,
   RetryInfoSchema,
 } from "./gen/google/rpc/error_details_pb.js";
+import { InvalidArgumentError, LedgerError, type GrpcCode, type LedgerErrorInit } from "./error-base.js";
 import type { LedgerEntry } from "./types.js";
 
-/** gRPC status code names, as in the gRPC specification. */
-export type GrpcCode =
-  | "CANCELLED"
-  | "UNKNOWN"
-  | "INVALID_ARGUMENT"
-  | "DEADLINE_EXCEEDED"
-  | "NOT_FOUND"
-  | "ALREADY_EXISTS"
-  | "PERMISSION_DENIED"
-  | "RESOURCE_EXHAUSTED"
-  | "FAILED_PRECONDITION"
-  | "ABORTED"
-  | "OUT_OF_RANGE"
-  | "UNIMPLEMENTED"
-  | "INTERNAL"
-  | "UNAVAILABLE"
-  | "DATA_LOSS"
-  | "UNAUTHENTICATED";
+export {
+  ERROR_DOMAIN,
+  InvalidArgumentError,
+  LedgerError,
+  type FieldViolation,
+  type GrpcCode,
+  type LedgerErrorInit,
+} from "./error-base.js";
 
 const CODE_NAMES: Record<Code, GrpcCode> = {
   [Code.Canceled]: "CANCELLED",
@@ -55,82 +46,6 @@ const CODE_NAMES: Record<Code, GrpcCode> = {
   [Code.DataLoss]: "DATA_LOSS",
   [Code.Unauthenticated]: "UNAUTHENTICATED",
 };
-
-/** The ErrorInfo domain of the ledger's own errors. */
-export const ERROR_DOMAIN = "idempotency.v1";
-
-/** One field a google.rpc.BadRequest names. */
-export interface FieldViolation {
-  field: string;
-  description: string;
-}
-
-/** What a LedgerError is made of; every member is optional. */
-export interface LedgerErrorInit {
-  /** The gRPC code; unset for errors that are not a call's answer (runOnce's outcomes). */
-  code?: GrpcCode;
-  reason?: string;
-  domain?: string;
-  field?: string;
-  fieldViolations?: FieldViolation[];
-  retryAfter?: number;
-  metadata?: Record<string, string>;
-  /** True when the client refused the input itself, before any call (same reason as the server's). */
-  local?: boolean;
-  cause?: unknown;
-}
-
-/**
- * The base of every error this client throws on purpose: an answer of the ledger, an input the
- * client refuses as the ledger would, an outcome of runOnce that is not a result, or what an
- * action throws to say how it failed.
- */
-export class LedgerError extends Error {
-  /**
-   * The gRPC status code, such as "INVALID_ARGUMENT"; undefined for the errors that are not a
-   * call's answer (InProgressError, PreviouslyFailedError, NotExecutedError, …).
-   */
-  readonly code: GrpcCode | undefined;
-  /** The ErrorInfo reason, such as "DUPLICATE_MEMBER"; "" when the answer carried none. */
-  readonly reason: string;
-  /** The ErrorInfo domain ("idempotency.v1" for the ledger's own errors). */
-  readonly domain: string;
-  /** The first field a BadRequest names, such as "arguments_json". */
-  readonly field: string | undefined;
-  /** Every field a BadRequest names, with the server's description. */
-  readonly fieldViolations: FieldViolation[];
-  /** Milliseconds to wait before trying again (RetryInfo), when the server suggests it. */
-  readonly retryAfter: number | undefined;
-  /** The ErrorInfo metadata. */
-  readonly metadata: Record<string, string>;
-  /** True when the client refused the input itself, before any call. */
-  readonly local: boolean;
-  /**
-   * Set by runOnce when the action failed and recording that failure failed too: the action's
-   * own error. The entry then reads UNKNOWN once its lease ends and waits for reconciliation.
-   */
-  actionError?: unknown;
-
-  constructor(message: string, init: LedgerErrorInit = {}) {
-    super(message, init.cause === undefined ? undefined : { cause: init.cause });
-    this.name = new.target.name;
-    this.code = init.code;
-    this.reason = init.reason ?? "";
-    this.domain = init.domain ?? ERROR_DOMAIN;
-    this.fieldViolations = init.fieldViolations ?? [];
-    this.field = init.field ?? this.fieldViolations[0]?.field;
-    this.retryAfter = init.retryAfter;
-    this.metadata = init.metadata ?? {};
-    this.local = init.local ?? false;
-  }
-}
-
-/** INVALID_ARGUMENT: malformed input (INVALID_FIELD, INVALID_JSON, DUPLICATE_MEMBER, …). */
-export class InvalidArgumentError extends LedgerError {
-  constructor(message: string, init: LedgerErrorInit = {}) {
-    super(message, { ...init, code: "INVALID_ARGUMENT" });
-  }
-}
 
 /** FAILED_PRECONDITION: the request conflicts with the entry as it stands. */
 export class FailedPreconditionError extends LedgerError {}
@@ -296,12 +211,21 @@ export class InProgressError extends LedgerError {
 /**
  * runOnce: the outcome of this intent is unknown (the entry is UNKNOWN): an earlier attempt
  * timed out, failed in a way that may have had an effect, or outlived its lease. It is never
- * re-run silently; a reconciler asks the outside world (see examples/reconciler.ts).
+ * re-run silently: the tool's paired read (confirm) or a Reconciler asks the outside world.
  */
 export class OutcomeUnknownError extends InProgressError {}
 
 /** When asking again about an UNKNOWN entry is worth it: what the server suggests (reconciliation takes time). */
 export const UNKNOWN_RETRY_AFTER_MS = 30_000;
+
+/**
+ * What the model reads about an unknown outcome, on the call that met it and on every repeat:
+ * the ledger's own note for an UNKNOWN entry, word for word (the server's answer to a repeat, and
+ * the Python client's UNKNOWN_NOTE), so that both clients and every framework say the same.
+ */
+export const UNKNOWN_NOTE =
+  "An earlier attempt of this action may or may not have taken effect: its outcome is unknown " +
+  "and is being reconciled. Do not repeat it. No new action was taken.";
 
 /**
  * runOnce: the action outlived `timeoutMs`; the entry is completed UNKNOWN and the action's
@@ -313,7 +237,7 @@ export class ActionTimeoutError extends OutcomeUnknownError {
     entry: LedgerEntry,
   ) {
     super(
-      "",
+      UNKNOWN_NOTE,
       UNKNOWN_RETRY_AFTER_MS,
       entry,
       `the action did not finish within ${timeoutMs} ms; its outcome is unknown and entry ` +
@@ -330,7 +254,7 @@ export class ActionTimeoutError extends OutcomeUnknownError {
 export class ResultNotEncodableError extends OutcomeUnknownError {
   constructor(why: string, entry: LedgerEntry, options?: { cause?: unknown }) {
     super(
-      "",
+      UNKNOWN_NOTE,
       UNKNOWN_RETRY_AFTER_MS,
       entry,
       `the action ran but its result could not be stored (${why}); entry ${entry.key} ` +
@@ -353,5 +277,29 @@ export class PreviouslyFailedError extends LedgerError {
     readonly entry: LedgerEntry,
   ) {
     super(note || `the tool call failed permanently earlier: ${storedError}`);
+  }
+}
+
+// --- the developer's errors -----------------------------------------------------------------
+
+/**
+ * A tool call came without a run id: the ledger cannot tell a repeat from a new request, so
+ * nothing ran. It is the developer's to fix (where the run id is set is in the message), never
+ * the model's to retry: the wrappers log it once per tool and throw it wherever the framework
+ * lets an exception reach the developer (the AI SDK's generateText, the Agents SDK's run), and
+ * otherwise answer that nothing was performed. Not a LedgerError: the ledger was never asked.
+ */
+export class MissingRunIdError extends Error {
+  constructor(
+    /** The tool that was called. */
+    readonly tool: string,
+    /** Where the developer sets the run id. */
+    readonly fix: string,
+  ) {
+    super(
+      `the tool ${tool} was called without a run id, so the idempotency ledger cannot tell a ` +
+        `repeat from a new request${fix ? ` (${fix})` : ""}`,
+    );
+    this.name = "MissingRunIdError";
   }
 }

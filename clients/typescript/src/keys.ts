@@ -12,7 +12,7 @@
 
 import { createHash } from "node:crypto";
 import { Buffer } from "node:buffer";
-import { InvalidArgumentError } from "./errors.js";
+import { InvalidArgumentError } from "./error-base.js";
 
 /** How arguments are turned into canonical text: strict JCS (the default) or the lenient form. */
 export type Canonicalization = "JCS" | "JCS_LENIENT";

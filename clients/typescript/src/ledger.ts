@@ -1,203 +1,62 @@
-// The Ledger client: Claim, Complete, Lookup, Reconcile, ListEntries (as an async iterator) and
-// RenewLease over gRPC (Connect-ES's gRPC transport on Node's http2), bearer-token credentials,
-// optional TLS, per-call deadlines with a default; runOnce, the claim → act → complete loop
-// around one side-effecting tool call (renewing the lease while the action runs); and the tool
-// wrappers built on it (runTool, wrapTool; see tools.ts).
+// The Ledger: the RPCs (rpc.ts) with runOnce, the claim → act → complete loop around one
+// side-effecting tool call (renewing the lease while the action runs, settling an unknown
+// outcome with the tool's paired read when it has one), runTool (runOnce rendered for a model)
+// and the tools registered with it (tools.ts and the adapters register theirs here, so that a
+// Reconciler finds each tool's paired read).
 
-import { create } from "@bufbuild/protobuf";
-import { timestampFromDate } from "@bufbuild/protobuf/wkt";
-import { createClient, type Client, type Interceptor, type Transport } from "@connectrpc/connect";
-import { createGrpcTransport, Http2SessionManager } from "@connectrpc/connect-node";
-import {
-  ClaimRequestSchema,
-  CompleteRequestSchema,
-  LedgerService,
-  ListEntriesRequestSchema,
-  LookupRequestSchema,
-  ReconcileRequestSchema,
-  RenewLeaseRequestSchema,
-  ResolutionSchema,
-  Status as PbStatus,
-} from "./gen/idempotency/v1/ledger_pb.js";
+import { AsyncLocalStorage } from "node:async_hooks";
 import { jsonCodec, type Codec } from "./codec.js";
-import {
-  DEFAULT_DEADLINE_MS,
-  DEFAULT_WAIT_MS,
-  RENEW_EVERY_FRACTION_OF_LEASE,
-  ledgerUrl,
-} from "./defaults.js";
+import type { Confirm, Confirmation } from "./confirm.js";
+import { DEFAULT_WAIT_MS, RENEW_EVERY_FRACTION_OF_LEASE } from "./defaults.js";
 import {
   ActionTimeoutError,
-  DeadlineExceededError,
+  AlreadyResolvedError,
   FailedPreconditionError,
   InProgressError,
   InvalidArgumentError,
   LedgerError,
+  MissingRunIdError,
   NotExecutedError,
   OutcomeUnknownError,
   PermanentFailureError,
   PreviouslyFailedError,
   ResultNotEncodableError,
   UNKNOWN_RETRY_AFTER_MS,
-  UnavailableError,
-  toLedgerError,
 } from "./errors.js";
 import { toArgumentsJson, type ArgumentsInput, type Canonicalization } from "./keys.js";
+import { defaultPrincipal, stderrLogger, type LedgerLogger } from "./log.js";
 import {
-  runTool,
-  wrapTool,
-  type RunToolOptions,
+  missingRunIdResult,
+  render,
+  toolResultCodec,
+  type AttemptOutcome,
   type ToolCallResult,
-  type ToolLike,
-  type WrapToolOptions,
-  type WrappedTool,
-} from "./tools.js";
+} from "./outcome.js";
 import {
-  canonicalizationValue,
-  durationOf,
-  entryFrom,
-  msFromDuration,
-  outcomeName,
-  statusValue,
-  type EntryStatus,
-  type LedgerEntry,
-  type Outcome,
-} from "./types.js";
+  LedgerRpc,
+  type CallOptions,
+  type ClaimResult,
+  type CompleteParams,
+  type CompleteResult,
+  type LedgerRpcOptions,
+} from "./rpc.js";
+import { ask, attemptOf, logSettlement, resolutionOf, settle, type Settlement } from "./settle.js";
+import type { LedgerEntry } from "./types.js";
 
-export { DEFAULT_DEADLINE_MS };
+/** How long, by default, to wait after an unknown outcome before asking the tool's paired read. */
+export const DEFAULT_CONFIRM_DELAY_MS = 1_000;
 
-/** TLS settings of the connection to the ledger. */
-export interface TlsOptions {
-  /** PEM root certificate(s) to trust instead of the system's (a private CA, a self-signed cert). */
-  rootCert?: string | Uint8Array;
-  /** The name to verify the server's certificate against, when it differs from the address. */
-  serverName?: string;
-}
-
-/** How to reach the ledger. */
-export interface LedgerOptions {
-  /** `host:port`, or a URL `http://host:port` / `https://host:port` (DEFAULTS.addressForms). */
-  address: string;
-  /** The bearer token (sent as `authorization: Bearer <token>`); it selects the tenant. */
-  token?: string | (() => string | Promise<string>);
-  /** TLS: `true` for the system's roots, or options with a root certificate. Implied by https://. */
-  tls?: boolean | TlsOptions;
-  /** Deadline of each call in milliseconds (default 10 s); each call may set its own. */
-  deadlineMs?: number;
-  /** Default `principal` of claims, for the audit trail. */
-  principal?: string;
-  /** Use this transport instead of building one (tests, custom interceptors). */
-  transport?: Transport;
-}
-
-/** Per-call options of every RPC method. */
-export interface CallOptions {
-  /** This call's deadline in milliseconds (default: the Ledger's). */
-  deadlineMs?: number;
-  signal?: AbortSignal;
-}
-
-/** A Claim. */
-export interface ClaimParams {
-  /** The agent run. Required unless `key` is set. */
-  runId?: string;
-  tool: string;
-  /** JSON text or a JS value (see the README for the rules on JS values). */
-  args: ArgumentsInput;
-  /** An explicit key such as `{workflowRunId}:{stepId}` instead of the derived one. */
-  key?: string;
-  canonicalization?: Canonicalization;
-  leaseMs?: number;
-  retentionMs?: number;
-  /** Hold the call up to this long while another attempt is in flight (server-side wait). */
-  waitMs?: number;
-  principal?: string;
-}
-
-/** What a Claim found. */
-export interface ClaimResult {
-  outcome: Outcome;
-  entry: LedgerEntry;
-  /** Set only with CLAIMED: the fencing token to complete with. */
-  claimToken: string;
-  /** A sentence written for the model (empty with CLAIMED). */
-  note: string;
-  /** With IN_PROGRESS: milliseconds after which a new claim is worth trying. */
-  retryAfter: number | undefined;
-}
-
-/** A Complete. */
-export interface CompleteParams {
-  key: string;
-  claimToken: string;
-  status: "SUCCEEDED" | "FAILED" | "UNKNOWN";
-  /** Only with SUCCEEDED. */
-  result?: Uint8Array;
-  error?: string;
-  /** Only with FAILED: true when the effect certainly did not happen. */
-  retryable?: boolean;
-}
-
-/** The entry after a Complete. */
-export interface CompleteResult {
-  entry: LedgerEntry;
-  /** True when this exact outcome had already been recorded: nothing changed. */
-  alreadyCompleted: boolean;
-}
-
-/** A Lookup: by key, or by run, tool and arguments (derived as Claim does). */
-export type LookupParams =
-  | { key: string }
-  | { runId: string; tool: string; args: ArgumentsInput; canonicalization?: Canonicalization };
-
-/** What a tool's own read found for one unresolved entry. */
-export interface Resolution {
-  key: string;
-  /** SUCCEEDED when the tool's read found the effect (with its result), FAILED when not. */
-  status: "SUCCEEDED" | "FAILED";
-  result?: Uint8Array;
-  error?: string;
-  /** With FAILED: true when the intent may be tried again (the usual case). */
-  retryable?: boolean;
-}
-
-/** A Reconcile. */
-export interface ReconcileParams {
-  /** Only entries started at least this long ago (ms). */
-  olderThanMs?: number;
-  tool?: string;
-  /** How many pending entries to hand out (0 or unset: the server's default). */
-  limit?: number;
-  resolutions?: Resolution[];
+/** How to reach the ledger, and how the client behaves. */
+export interface LedgerOptions extends LedgerRpcOptions {
   /**
-   * Apply the resolutions and hand out nothing new (a worker's last call before it stops):
-   * `pending` is then empty and no entry is held for this caller.
+   * Strict mode: refuse to register a tool without a paired read (`confirm`), and refuse
+   * runOnce and runTool without one. A tool that cannot be reconciled cannot be safely retried.
    */
-  resolveOnly?: boolean;
-}
-
-/** The filters of listEntries. */
-export interface ListEntriesParams {
-  /** Only entries claimed by this run. */
-  runId?: string;
-  /** Only entries of this tool. */
-  tool?: string;
-  /** Only entries in this state (an attempt past its lease is UNKNOWN). */
-  status?: Exclude<EntryStatus, "UNSPECIFIED">;
-  /** Only entries whose current attempt started at or after this time. */
-  startedAfter?: Date;
-  /** Only entries whose current attempt started before this time. */
-  startedBefore?: Date;
-  /** Entries fetched per call (default 100, at most 1000). */
-  pageSize?: number;
-}
-
-/** What a Reconcile answered. */
-export interface ReconcileResult {
-  /** Unresolved entries, oldest first, now held for this caller for the reconcile lease. */
-  pending: LedgerEntry[];
-  /** The entries the resolutions named, as they stand afterwards. */
-  resolved: LedgerEntry[];
+  requireConfirm?: boolean;
+  /** The default pause after an unknown outcome before asking confirm (default 1 s). */
+  confirmDelayMs?: number;
+  /** Where the client logs (default: stderr). */
+  logger?: LedgerLogger;
 }
 
 /** What the action of runOnce is given: the attempt, to pass downstream. */
@@ -215,6 +74,10 @@ export interface ActionContext {
   entry: LedgerEntry;
 }
 
+/** An error class the action throws only before acting (a validation error). */
+// eslint-disable-next-line @typescript-eslint/no-explicit-any
+export type ErrorClass = abstract new (...args: any[]) => unknown;
+
 /** The options of runOnce. */
 export interface RunOnceOptions<T> {
   /** An explicit key instead of the derived one. */
@@ -226,6 +89,7 @@ export interface RunOnceOptions<T> {
    */
   leaseMs?: number;
   retentionMs?: number;
+  /** The claim's principal; also who settles with `confirm` (recorded as resolvedBy). */
   principal?: string;
   /**
    * When another attempt of the same intent is in flight: wait up to this long for it (the
@@ -250,6 +114,21 @@ export interface RunOnceOptions<T> {
    * action runs: `ctx.signal` is aborted and the action decides.
    */
   signal?: AbortSignal;
+  /**
+   * The tool's paired read ("did this happen?"). After an unknown outcome (the action threw,
+   * or outlived `timeoutMs`) runOnce waits `confirmDelayMs`, asks it, and settles the entry:
+   * found → SUCCEEDED with its result, returned as the call's; not found → FAILED retryable
+   * (NotExecutedError); cannot tell → UNKNOWN. A repeat that meets an UNKNOWN entry settles it
+   * the same way before answering.
+   */
+  confirm?: Confirm<T>;
+  /** The pause before asking confirm (default: the Ledger's, 1 s). */
+  confirmDelayMs?: number;
+  /**
+   * Error classes the action throws only before acting (a validation error): such a throw is
+   * recorded FAILED retryable, like NotExecutedError. Every other throw is UNKNOWN.
+   */
+  notExecuted?: readonly ErrorClass[];
 }
 
 /** What runOnce returns: the action's result, or the stored one on a repeat. */
@@ -260,226 +139,93 @@ export interface RunOnceResult<T> {
   /** With a replay: the server's note for the model ("already performed … no new action"). */
   note: string;
   entry: LedgerEntry;
+  /** True when the action's outcome was unknown and its paired read found the effect. */
+  confirmed: boolean;
 }
 
+/** A tool as registered with the ledger: its name and its paired read. */
+export interface ToolRegistration<T = unknown> {
+  name: string;
+  confirm?: Confirm<T>;
+  /** How its results are stored (what a found result is encoded with). */
+  codec?: Codec<T>;
+}
+
+/** The options of runTool: runOnce's. The default codec is toolResultCodec. */
+export type RunToolOptions<T> = RunOnceOptions<T>;
+
+const attempts = new AsyncLocalStorage<ActionContext>();
+
 /**
- * What one attempt came to, before runOnce throws or runTool renders it. `actionRan` says
- * whether this call started the action (so an error afterwards may follow an effect).
+ * The attempt being executed, inside an action of runOnce or a wrapped tool's execute: its
+ * key, externalRef and attempt number, to pass downstream (an idempotency key header, a memo
+ * field). Undefined outside one.
  */
-export type AttemptOutcome<T> =
-  | { kind: "performed"; value: T; entry: LedgerEntry }
-  | { kind: "replayed"; value: T; note: string; entry: LedgerEntry }
-  | { kind: "thrown"; error: unknown; actionRan: boolean };
+export function currentAttempt(): ActionContext | undefined {
+  return attempts.getStore();
+}
 
-const TRANSIENT_COMPLETE_RETRIES = [100, 300, 900];
-
-/** The client of one ledger: its RPCs, runOnce and the tool wrappers. */
-export class Ledger {
-  private readonly client: Client<typeof LedgerService>;
-  private readonly sessionManager: Http2SessionManager | undefined;
-  private readonly deadlineMs: number;
-  private readonly principal: string | undefined;
+/** The client of one ledger: its RPCs, runOnce, runTool and the tools registered with it. */
+export class Ledger extends LedgerRpc {
+  /** Strict mode: every tool needs a paired read. */
+  readonly requireConfirm: boolean;
+  /** The default pause after an unknown outcome before asking confirm. */
+  readonly confirmDelayMs: number;
+  /** Where the client logs. */
+  readonly logger: LedgerLogger;
+  private readonly registrations = new Map<string, ToolRegistration>();
+  private readonly runIdReported = new Set<string>();
 
   constructor(options: LedgerOptions) {
-    this.deadlineMs = options.deadlineMs ?? DEFAULT_DEADLINE_MS;
-    this.principal = options.principal;
-    let transport = options.transport;
-    if (!transport) {
-      const tlsOpts: TlsOptions | undefined =
-        typeof options.tls === "object" ? options.tls : options.tls ? {} : undefined;
-      const url = ledgerUrl(options.address, tlsOpts !== undefined);
-      const baseUrl = url.origin;
-      const secure = url.protocol === "https:";
-      const nodeOptions = secure
-        ? {
-            ...(tlsOpts?.rootCert !== undefined ? { ca: tlsOpts.rootCert as string | Buffer } : {}),
-            ...(tlsOpts?.serverName !== undefined ? { servername: tlsOpts.serverName } : {}),
-          }
-        : {};
-      this.sessionManager = new Http2SessionManager(baseUrl, {}, nodeOptions);
-      const interceptors: Interceptor[] = [];
-      const token = options.token;
-      if (token !== undefined) {
-        interceptors.push((next) => async (req) => {
-          const value = typeof token === "function" ? await token() : token;
-          req.header.set("authorization", `Bearer ${value}`);
-          return next(req);
-        });
-      }
-      transport = createGrpcTransport({
-        baseUrl,
-        sessionManager: this.sessionManager,
-        interceptors,
-      });
+    super(options);
+    this.requireConfirm = options.requireConfirm ?? false;
+    this.confirmDelayMs = options.confirmDelayMs ?? DEFAULT_CONFIRM_DELAY_MS;
+    this.logger = options.logger ?? stderrLogger;
+  }
+
+  /**
+   * Registers a tool (the wrappers and adapters do it): a Reconciler of this ledger settles the
+   * unknown outcomes of the tools registered with a `confirm`, and of those only. In strict
+   * mode a tool without one is refused, with why. A name registered again takes the new one.
+   */
+  register<T>(registration: ToolRegistration<T>, where = "registering"): void {
+    this.checkConfirm(registration.name, registration.confirm, where);
+    this.registrations.set(registration.name, registration as ToolRegistration);
+  }
+
+  /** The tools registered with this ledger. */
+  registeredTools(): ToolRegistration[] {
+    return [...this.registrations.values()];
+  }
+
+  private checkConfirm(tool: string, confirm: unknown, where: string): void {
+    if (confirm !== undefined && typeof confirm !== "function") {
+      throw new TypeError(`${where} ${tool}: confirm must be a function (attempt) => found(result) | notFound | cannotTell`);
     }
-    this.client = createClient(LedgerService, transport);
-  }
-
-  /** Closes the connection. Calls made afterwards open a new one. */
-  close(): void {
-    this.sessionManager?.abort();
-  }
-
-  private callOptions(opts: CallOptions | undefined, extraMs = 0) {
-    return {
-      timeoutMs: opts?.deadlineMs ?? this.deadlineMs + extraMs,
-      signal: opts?.signal,
-    };
-  }
-
-  /** Claims the key of one tool call before acting. A repeat is never an error. */
-  async claim(params: ClaimParams, opts?: CallOptions): Promise<ClaimResult> {
-    const req = create(ClaimRequestSchema, {
-      runId: params.runId ?? "",
-      tool: params.tool,
-      argumentsJson: toArgumentsJson(params.args),
-      key: params.key ?? "",
-      canonicalization: canonicalizationValue(params.canonicalization),
-      lease: durationOf(params.leaseMs, "leaseMs"),
-      retention: durationOf(params.retentionMs, "retentionMs"),
-      wait: params.waitMs ? durationOf(params.waitMs, "waitMs") : undefined,
-      principal: params.principal ?? this.principal ?? "",
-    });
-    try {
-      // A waiting claim gets the wait on top of the default deadline.
-      const res = await this.client.claim(req, this.callOptions(opts, params.waitMs ?? 0));
-      return {
-        outcome: outcomeName(res.outcome),
-        entry: entryFrom(res.entry),
-        claimToken: res.claimToken,
-        note: res.note,
-        retryAfter: msFromDuration(res.retryAfter),
-      };
-    } catch (err) {
-      throw toLedgerError(err);
-    }
-  }
-
-  /** Records the outcome of a claimed attempt (durable when this returns). */
-  async complete(params: CompleteParams, opts?: CallOptions): Promise<CompleteResult> {
-    const req = create(CompleteRequestSchema, {
-      key: params.key,
-      claimToken: params.claimToken,
-      status: statusValue(params.status),
-      result: params.result ?? new Uint8Array(0),
-      error: params.error ?? "",
-      retryable: params.retryable ?? false,
-    });
-    try {
-      const res = await this.client.complete(req, this.callOptions(opts));
-      return { entry: entryFrom(res.entry), alreadyCompleted: res.alreadyCompleted };
-    } catch (err) {
-      throw toLedgerError(err);
+    if (this.requireConfirm && confirm === undefined) {
+      throw new TypeError(
+        `${where} ${tool}: this Ledger requires a paired read (requireConfirm: true) and the tool has ` +
+          `none. Without one an unknown outcome (a timeout, a crash after acting) cannot be settled, ` +
+          `so the tool cannot be safely retried. Pass confirm: (attempt) => found(result) | notFound | ` +
+          `cannotTell, looking the effect up by attempt.externalRef.`,
+      );
     }
   }
 
   /**
-   * Extends the lease of the caller's own attempt, counted from now, while a slow action runs,
-   * so that a duplicate keeps getting IN_PROGRESS (ATTEMPTING) instead of UNKNOWN. `leaseMs`
-   * unset means the server's default lease. Throws StaleClaimTokenError for a token that is
-   * not the current claim's, LeaseEndedError when the entry is resolved or its lease already
-   * ended (nothing changes then), InvalidArgumentError above the server's --max-lease.
-   * runOnce and the tool wrappers renew by themselves.
+   * A tool was called without a run id: logs it once per tool, naming the fix, and returns the
+   * error to throw (where the framework lets one reach the developer) or to render.
    */
-  async renewLease(
-    key: string,
-    claimToken: string,
-    leaseMs?: number,
-    opts?: CallOptions,
-  ): Promise<LedgerEntry> {
-    const req = create(RenewLeaseRequestSchema, {
-      key,
-      claimToken,
-      lease: durationOf(leaseMs, "leaseMs"),
-    });
-    try {
-      const res = await this.client.renewLease(req, this.callOptions(opts));
-      return entryFrom(res.entry);
-    } catch (err) {
-      throw toLedgerError(err);
+  missingRunId(tool: string, fix: string): MissingRunIdError {
+    const error = new MissingRunIdError(tool, fix);
+    if (!this.runIdReported.has(tool)) {
+      this.runIdReported.add(tool);
+      this.logger.error(
+        `the tool ${tool} was called without a run id, so the idempotency ledger cannot tell a repeat from a ` +
+          `new request; nothing ran. Fix: ${fix || "give the call a run id"}. (Logged once per tool.)`,
+      );
     }
-  }
-
-  /** Reads an entry by key, or by run, tool and arguments (derived as Claim does). */
-  async lookup(params: LookupParams, opts?: CallOptions): Promise<LedgerEntry> {
-    const req =
-      "key" in params
-        ? create(LookupRequestSchema, { key: params.key })
-        : create(LookupRequestSchema, {
-            runId: params.runId,
-            tool: params.tool,
-            argumentsJson: toArgumentsJson(params.args),
-            canonicalization: canonicalizationValue(params.canonicalization),
-          });
-    try {
-      const res = await this.client.lookup(req, this.callOptions(opts));
-      return entryFrom(res.entry);
-    } catch (err) {
-      throw toLedgerError(err);
-    }
-  }
-
-  /**
-   * Hands out unresolved entries and applies what the tools' reads found for earlier ones;
-   * with `resolveOnly`, only applies them.
-   */
-  async reconcile(params: ReconcileParams = {}, opts?: CallOptions): Promise<ReconcileResult> {
-    const req = create(ReconcileRequestSchema, {
-      olderThan: durationOf(params.olderThanMs, "olderThanMs"),
-      tool: params.tool ?? "",
-      limit: params.limit ?? 0,
-      resolutions: (params.resolutions ?? []).map((r) =>
-        create(ResolutionSchema, {
-          key: r.key,
-          status: statusValue(r.status),
-          result: r.result ?? new Uint8Array(0),
-          error: r.error ?? "",
-          retryable: r.retryable ?? false,
-        }),
-      ),
-      resolveOnly: params.resolveOnly ?? false,
-    });
-    try {
-      const res = await this.client.reconcile(req, this.callOptions(opts));
-      return { pending: res.pending.map(entryFrom), resolved: res.resolved.map(entryFrom) };
-    } catch (err) {
-      throw toLedgerError(err);
-    }
-  }
-
-  /**
-   * Yields the tenant's entries that match, oldest attempt first (by startedAt, then key),
-   * fetching a page at a time as the iteration goes (`for await (const e of
-   * ledger.listEntries({ runId }))`). Unset filters match everything. The deadline applies to
-   * each page's call; errors are thrown by the iteration.
-   */
-  async *listEntries(
-    params: ListEntriesParams = {},
-    opts?: CallOptions,
-  ): AsyncGenerator<LedgerEntry, void, undefined> {
-    const req = create(ListEntriesRequestSchema, {
-      runId: params.runId ?? "",
-      tool: params.tool ?? "",
-      status: params.status === undefined ? PbStatus.UNSPECIFIED : statusValue(params.status),
-      startedAfter: params.startedAfter ? timestampFromDate(params.startedAfter) : undefined,
-      startedBefore: params.startedBefore ? timestampFromDate(params.startedBefore) : undefined,
-      pageSize: params.pageSize ?? 0,
-    });
-    for (;;) {
-      let res;
-      try {
-        res = await this.client.listEntries(req, this.callOptions(opts));
-      } catch (err) {
-        throw toLedgerError(err);
-      }
-      for (const e of res.entries) yield entryFrom(e);
-      if (!res.nextPageToken) return;
-      // A server handing out the same token again would page forever.
-      if (res.nextPageToken === req.pageToken) {
-        throw new Error("the ledger answered the same page token twice");
-      }
-      req.pageToken = res.nextPageToken;
-    }
+    return error;
   }
 
   /**
@@ -487,14 +233,17 @@ export class Ledger {
    *
    * - CLAIMED: runs the action (renewing the lease while it runs) and completes the entry with
    *   its result; returns `{ value, replayed: false }`. If the action throws NotExecutedError
-   *   the entry is completed FAILED retryable, PermanentFailureError FAILED for good (both get
+   *   (itself, or as the `cause` of what it throws) or an error of a `notExecuted` class, the
+   *   entry is completed FAILED retryable, PermanentFailureError FAILED for good (both get
    *   `entry` set and are re-thrown); on a timeout (`timeoutMs`, ActionTimeoutError) or any
-   *   other error it is completed UNKNOWN (to be reconciled) and the error re-thrown. A result
-   *   that cannot be stored leaves it UNKNOWN too (ResultNotEncodableError).
+   *   other error it is completed UNKNOWN and the error re-thrown, unless `confirm` settles it
+   *   (found: the result is returned with `confirmed: true`; not found: NotExecutedError). A
+   *   result that cannot be stored leaves it UNKNOWN too (ResultNotEncodableError).
    * - REPLAYED: returns the stored result, `{ value, replayed: true, note }`; nothing runs.
    * - IN_PROGRESS: the server holds the claim up to `waitMs` (default 10 s) for the other
    *   attempt, then replays its result (or runs, if it failed retryably); if it is still in
-   *   flight, throws InProgressError; if its outcome is unknown, OutcomeUnknownError.
+   *   flight, throws InProgressError; if its outcome is unknown, settles it with `confirm` and
+   *   claims again, or (without one, or if it cannot tell) throws OutcomeUnknownError.
    * - PREVIOUSLY_FAILED: throws PreviouslyFailedError with the stored error.
    */
   async runOnce<T = unknown>(
@@ -507,9 +256,9 @@ export class Ledger {
     const out = await this.attempt(runId, tool, args, action, options);
     switch (out.kind) {
       case "performed":
-        return { value: out.value, replayed: false, note: "", entry: out.entry };
+        return { value: out.value, replayed: false, note: "", entry: out.entry, confirmed: out.confirmed ?? false };
       case "replayed":
-        return { value: out.value, replayed: true, note: out.note, entry: out.entry };
+        return { value: out.value, replayed: true, note: out.note, entry: out.entry, confirmed: false };
       default:
         throw out.error;
     }
@@ -520,32 +269,31 @@ export class Ledger {
    * result says what happened (`outcome`), carries the value on a first run or a replay, and
    * `toModelText()` is what the model should read: the result; on a repeat the stored result
    * with the replay note; for in progress, previously failed, unknown and not executed, the
-   * note. See tools.ts.
+   * note. A call without a run id runs nothing, is logged (once per tool) and answers that
+   * nothing was performed.
    */
-  runTool<T = unknown>(
+  async runTool<T = unknown>(
     runId: string | undefined,
     tool: string,
     args: ArgumentsInput,
     action: (ctx: ActionContext) => T | Promise<T>,
     options: RunToolOptions<T> = {},
   ): Promise<ToolCallResult<T>> {
-    return runTool(this, runId, tool, args, action, options);
-  }
-
-  /**
-   * Wraps a tool (any object with an `execute` function) so that each call goes through
-   * runTool: the same object shape, with an `execute` that takes the same arguments and
-   * returns a ToolCallResult. The tool name defaults to `tool.name`; the arguments recorded
-   * are `execute`'s first argument (what the model sent, the framework's context left out);
-   * `runId` is required (a string, or a function of execute's arguments). The tool's own
-   * execute can read the attempt (key, externalRef, attempt) with currentAttempt().
-   * The framework adapters (idempotency-ledger/ai-sdk, /openai-agents, /mcp) build on it.
-   */
-  wrapTool<Tool extends ToolLike>(
-    tool: Tool,
-    options: WrapToolOptions<Parameters<Tool["execute"]>>,
-  ): WrappedTool<Tool> {
-    return wrapTool(this, tool, options);
+    // A developer's error, before anything else: thrown, not rendered for the model.
+    this.checkConfirm(tool, options.confirm, "runOnce:");
+    if (typeof runId !== "string" || runId === "") {
+      return missingRunIdResult(this.missingRunId(tool, ""));
+    }
+    let out: AttemptOutcome<T>;
+    try {
+      out = await this.attempt(runId, tool, args, action, {
+        ...options,
+        codec: options.codec ?? (toolResultCodec as Codec<T>),
+      });
+    } catch (err) {
+      out = { kind: "thrown", error: err, actionRan: false };
+    }
+    return render(out);
   }
 
   /** One attempt of runOnce, as an outcome rather than a throw (runTool renders it). */
@@ -560,6 +308,7 @@ export class Ledger {
       // Refused before claiming: an entry for an action that cannot run would only need clearing.
       throw new TypeError(`runOnce: the action must be a function, got ${typeof action}`);
     }
+    this.checkConfirm(tool, options.confirm, "runOnce:");
     const codec = options.codec ?? (jsonCodec as Codec<T>);
     const waitMs = options.waitMs ?? DEFAULT_WAIT_MS;
     const signal = options.signal;
@@ -569,70 +318,84 @@ export class Ledger {
       return { kind: "thrown", error: notStarted("the call was aborted", signal.reason), actionRan: false };
     }
 
-    // The claim is not given the signal: aborting it in flight could leave a claim the server
-    // made but whose token nobody received (UNKNOWN after its lease, for an action that never
-    // ran). An abort during the claim answers at once and settles the claim when it arrives.
-    const claiming = this.claim(
-      {
-        runId,
-        tool,
-        args,
-        key: options.key,
-        canonicalization: options.canonicalization,
-        leaseMs: options.leaseMs,
-        retentionMs: options.retentionMs,
-        waitMs,
-        principal: options.principal,
-      },
-      options.deadlineMs === undefined ? undefined : { deadlineMs: options.deadlineMs + waitMs },
-    );
-    let claimed: ClaimResult;
-    try {
-      const raced = await raceAbort(claiming, signal);
-      if (raced === ABORTED) {
-        claiming.then(
-          (c) => this.releaseUnstarted(c, "the call was aborted before the action started", options.deadlineMs),
-          () => {},
-        );
-        return { kind: "thrown", error: notStarted("the call was aborted", signal?.reason), actionRan: false };
-      }
-      claimed = raced;
-    } catch (err) {
-      return { kind: "thrown", error: err, actionRan: false };
-    }
-
-    const { entry } = claimed;
-    switch (claimed.outcome) {
-      case "REPLAYED":
-        try {
-          return { kind: "replayed", value: codec.decode(entry.result), note: claimed.note, entry };
-        } catch (err) {
-          return { kind: "thrown", error: err, actionRan: false };
+    let claimed: ClaimResult | undefined;
+    // A repeat that meets an unknown outcome settles it once, then claims again.
+    for (let settledOnce = false; ; settledOnce = true) {
+      // The claim is not given the signal: aborting it in flight could leave a claim the server
+      // made but whose token nobody received (UNKNOWN after its lease, for an action that never
+      // ran). An abort during the claim answers at once and settles the claim when it arrives.
+      const claiming = this.claim(
+        {
+          runId,
+          tool,
+          args,
+          key: options.key,
+          canonicalization: options.canonicalization,
+          leaseMs: options.leaseMs,
+          retentionMs: options.retentionMs,
+          waitMs,
+          principal: options.principal,
+        },
+        options.deadlineMs === undefined ? undefined : { deadlineMs: options.deadlineMs + waitMs },
+      );
+      try {
+        const raced = await raceAbort(claiming, signal);
+        if (raced === ABORTED) {
+          claiming.then(
+            (c) => this.releaseUnstarted(c, "the call was aborted before the action started", options.deadlineMs),
+            () => {},
+          );
+          return { kind: "thrown", error: notStarted("the call was aborted", signal?.reason), actionRan: false };
         }
-      case "IN_PROGRESS": {
-        const Cls = entry.status === "UNKNOWN" ? OutcomeUnknownError : InProgressError;
-        const retryAfter = claimed.retryAfter ?? (entry.status === "UNKNOWN" ? UNKNOWN_RETRY_AFTER_MS : 1000);
-        return { kind: "thrown", error: new Cls(claimed.note, retryAfter, entry), actionRan: false };
+        claimed = raced;
+      } catch (err) {
+        return { kind: "thrown", error: err, actionRan: false };
       }
-      case "PREVIOUSLY_FAILED":
-        return {
-          kind: "thrown",
-          error: new PreviouslyFailedError(claimed.note, entry.error, entry),
-          actionRan: false,
-        };
-      case "CLAIMED":
-        break;
-      default:
-        return {
-          kind: "thrown",
-          error: new LedgerError(`the ledger answered an unexpected outcome ${claimed.outcome}`),
-          actionRan: false,
-        };
+
+      const { entry } = claimed;
+      switch (claimed.outcome) {
+        case "REPLAYED":
+          try {
+            return { kind: "replayed", value: codec.decode(entry.result), note: claimed.note, entry };
+          } catch (err) {
+            return { kind: "thrown", error: err, actionRan: false };
+          }
+        case "IN_PROGRESS": {
+          const unknown = entry.status === "UNKNOWN";
+          if (unknown && options.confirm && !settledOnce) {
+            await this.pauseSinceUnknown(entry, options.confirmDelayMs ?? this.confirmDelayMs);
+            const settled = await this.settle(entry, args, options, codec, "a repeat");
+            // Settled (here or elsewhere): the claim now replays the result, or runs again.
+            if (settled.kind !== "cannot_tell") continue;
+          }
+          const Cls = unknown ? OutcomeUnknownError : InProgressError;
+          const retryAfter = claimed.retryAfter ?? (unknown ? UNKNOWN_RETRY_AFTER_MS : 1000);
+          return { kind: "thrown", error: new Cls(claimed.note, retryAfter, entry), actionRan: false };
+        }
+        case "PREVIOUSLY_FAILED":
+          return {
+            kind: "thrown",
+            error: new PreviouslyFailedError(claimed.note, entry.error, entry),
+            actionRan: false,
+          };
+        case "CLAIMED":
+          break;
+        default:
+          return {
+            kind: "thrown",
+            error: new LedgerError(`the ledger answered an unexpected outcome ${claimed.outcome}`),
+            actionRan: false,
+          };
+      }
+      break;
     }
+    const claim = claimed;
+    const { entry } = claim;
 
     const callOpts: CallOptions = { deadlineMs: options.deadlineMs };
+    const leaseMs = options.leaseMs ?? leaseOf(entry);
     const finish = (p: Omit<CompleteParams, "key" | "claimToken">) =>
-      this.completeWithRetry({ key: entry.key, claimToken: claimed.claimToken, ...p }, callOpts);
+      this.completeWithRetry({ key: entry.key, claimToken: claim.claimToken, ...p }, callOpts, leaseMs);
 
     if (signal?.aborted) {
       return {
@@ -657,15 +420,15 @@ export class Ledger {
     const renewer =
       options.renewLease === false
         ? undefined
-        : LeaseRenewer.start(this, claimed, options.leaseMs, options.deadlineMs ?? this.deadlineMs);
+        : LeaseRenewer.start(this, claim, options.leaseMs, options.deadlineMs ?? this.deadlineMs);
     let value: T;
     try {
-      value = await withTimeout(() => action(ctx), options.timeoutMs, controller);
+      value = await withTimeout(() => attempts.run(ctx, () => action(ctx)), options.timeoutMs, controller);
     } catch (err) {
-      // The renewal stops before the Complete, so that none lands after it.
-      await renewer?.stop();
       signal?.removeEventListener("abort", onAbort);
-      return { kind: "thrown", error: await this.recordFailure(err, options.timeoutMs, finish, entry), actionRan: true };
+      // The lease is still renewed while confirm is asked; afterFailure stops the renewal
+      // before the Complete, so that none lands after it.
+      return this.afterFailure(err, entry, args, options, codec, finish, renewer);
     }
     await renewer?.stop();
     signal?.removeEventListener("abort", onAbort);
@@ -679,7 +442,13 @@ export class Ledger {
         (c) => c.entry,
         () => entry,
       );
-      return { kind: "thrown", error: new ResultNotEncodableError(why, recorded, { cause: err }), actionRan: true };
+      return {
+        kind: "thrown",
+        error: new ResultNotEncodableError(why, recorded, { cause: err }),
+        actionRan: true,
+        recorded: "unknown",
+        entry: recorded,
+      };
     }
     try {
       const done = await finish({ status: "SUCCEEDED", result });
@@ -693,46 +462,140 @@ export class Ledger {
           (c) => c.entry,
           () => entry,
         );
-        return { kind: "thrown", error: new ResultNotEncodableError(why, recorded, { cause: err }), actionRan: true };
+        return {
+          kind: "thrown",
+          error: new ResultNotEncodableError(why, recorded, { cause: err }),
+          actionRan: true,
+          recorded: "unknown",
+          entry: recorded,
+        };
       }
       return { kind: "thrown", error: err, actionRan: true };
     }
   }
 
-  /** Records a failed action and returns the error runOnce throws. */
-  private async recordFailure(
+  /**
+   * Records a failed action: FAILED retryable when it says it did not act, FAILED for good
+   * when it says it never will, UNKNOWN otherwise. With confirm, an unknown outcome is settled
+   * first: the claim still holds the entry (ATTEMPTING, its lease renewed), so nobody else can
+   * take it while confirm is asked after the pause, and the Complete records what it found.
+   */
+  private async afterFailure<T>(
     err: unknown,
-    timeoutMs: number | undefined,
-    finish: (p: Omit<CompleteParams, "key" | "claimToken">) => Promise<CompleteResult>,
     claimedEntry: LedgerEntry,
-  ): Promise<unknown> {
-    let completion: Omit<CompleteParams, "key" | "claimToken">;
-    if (err instanceof NotExecutedError) {
-      completion = { status: "FAILED", retryable: true, error: describe(err) };
-    } else if (err instanceof PermanentFailureError) {
-      completion = { status: "FAILED", retryable: false, error: describe(err) };
-    } else if (err instanceof ActionTimedOut) {
-      completion = { status: "UNKNOWN", error: `the action did not finish within ${timeoutMs} ms` };
-    } else {
-      completion = { status: "UNKNOWN", error: describe(err) };
+    args: ArgumentsInput,
+    options: RunOnceOptions<T>,
+    codec: Codec<T>,
+    finish: (p: Omit<CompleteParams, "key" | "claimToken">) => Promise<CompleteResult>,
+    renewer: LeaseRenewer | undefined,
+  ): Promise<AttemptOutcome<T>> {
+    const kind = err instanceof ActionTimedOut ? "unknown" : classify(err, options.notExecuted);
+    const why = err instanceof ActionTimedOut ? err.message : describe(err);
+    let completion: Omit<CompleteParams, "key" | "claimToken"> =
+      kind === "not_executed"
+        ? { status: "FAILED", retryable: true, error: why }
+        : kind === "failed"
+          ? { status: "FAILED", retryable: false, error: why }
+          : { status: "UNKNOWN", error: why };
+    let confirmation: Confirmation<T> | undefined;
+    const principal = options.principal ?? this.principal ?? defaultPrincipal("confirm");
+    if (kind === "unknown" && options.confirm) {
+      await sleep(options.confirmDelayMs ?? this.confirmDelayMs);
+      const attempt = attemptOf(claimedEntry, JSON.parse(toArgumentsJson(args)) as unknown);
+      confirmation = await ask(options.confirm, attempt, this.logger, options.deadlineMs ?? this.deadlineMs);
+      const resolution = resolutionOf(claimedEntry, confirmation, codec, this.logger);
+      if (resolution) {
+        completion = { ...resolution, error: resolution.status === "FAILED" ? notFoundWhy(why, claimedEntry) : undefined };
+      } else {
+        confirmation = undefined;
+      }
     }
+    await renewer?.stop();
     let recorded: CompleteResult;
     try {
       recorded = await finish(completion);
     } catch (ledgerErr) {
+      if (confirmation && ledgerErr instanceof AlreadyResolvedError) {
+        // Settled by someone else first (a reconciler that took the entry once the lease had
+        // ended): say what they found.
+        const now = await this.lookup({ key: claimedEntry.key }).catch(() => undefined);
+        if (now) return this.settledElsewhere(err, why, now, codec);
+      }
       // The entry stays as claimed and reads UNKNOWN once its lease ends: reconciled later.
       // The ledger's error is thrown (the caller must learn the outcome was not recorded),
       // carrying the action's error.
       if (ledgerErr instanceof LedgerError) {
         ledgerErr.actionError = err instanceof ActionTimedOut ? new ActionTimeoutError(err.timeoutMs, claimedEntry) : err;
       }
-      return ledgerErr;
+      return { kind: "thrown", error: ledgerErr, actionRan: true };
     }
-    if (err instanceof NotExecutedError || err instanceof PermanentFailureError) {
-      err.entry = recorded.entry;
+    const entry = recorded.entry;
+    if (kind !== "unknown") {
+      if (err instanceof NotExecutedError || err instanceof PermanentFailureError) err.entry = entry;
+      return { kind: "thrown", error: err, actionRan: true, recorded: kind, entry };
     }
-    if (err instanceof ActionTimedOut) return new ActionTimeoutError(err.timeoutMs, recorded.entry);
-    return err;
+    const error = err instanceof ActionTimedOut ? new ActionTimeoutError(err.timeoutMs, entry) : err;
+    if (confirmation?.kind === "found") {
+      logSettlement(this.logger, entry, "found", principal, "runOnce");
+      return { kind: "performed", value: confirmation.result, entry, confirmed: true };
+    }
+    if (confirmation?.kind === "not_found") {
+      logSettlement(this.logger, entry, "not_found", principal, "runOnce");
+      return notFoundOutcome(error, entry);
+    }
+    if (options.confirm) logSettlement(this.logger, entry, "cannot_tell", principal, "runOnce");
+    return { kind: "thrown", error, actionRan: true, recorded: "unknown", entry };
+  }
+
+  /** The outcome of an attempt someone else settled first, as they settled it. */
+  private settledElsewhere<T>(err: unknown, why: string, now: LedgerEntry, codec: Codec<T>): AttemptOutcome<T> {
+    const error = err instanceof ActionTimedOut ? new ActionTimeoutError(err.timeoutMs, now) : err;
+    const unknown: AttemptOutcome<T> = { kind: "thrown", error, actionRan: true, recorded: "unknown", entry: now };
+    if (now.status === "SUCCEEDED") {
+      try {
+        return { kind: "performed", value: codec.decode(now.result), entry: now, confirmed: true };
+      } catch {
+        return unknown;
+      }
+    }
+    if (now.status === "FAILED" && now.retryable) return notFoundOutcome(error, now, why);
+    if (now.status === "FAILED") {
+      const permanent = new PermanentFailureError(now.error || "settled as failed for good", { cause: error });
+      permanent.entry = now;
+      return { kind: "thrown", error: permanent, actionRan: true, recorded: "failed", entry: now };
+    }
+    return unknown;
+  }
+
+  /** Settles an UNKNOWN entry with the call's paired read (see settle.ts). */
+  private settle<T>(
+    entry: LedgerEntry,
+    args: ArgumentsInput,
+    options: RunOnceOptions<T>,
+    codec: Codec<T>,
+    via: string,
+  ): Promise<Settlement<T>> {
+    return settle(this, entry, {
+      confirm: options.confirm!,
+      codec,
+      args: JSON.parse(toArgumentsJson(args)) as unknown,
+      principal: options.principal ?? this.principal ?? defaultPrincipal("confirm"),
+      logger: this.logger,
+      confirmTimeoutMs: options.deadlineMs ?? this.deadlineMs,
+      via,
+    });
+  }
+
+  /**
+   * Waits out what is left of the pause since the entry became unknown (its Complete, or the
+   * end of its lease), so that a repeat arriving at once gives the outside world the same time
+   * to show the effect as the call that met the unknown outcome.
+   */
+  private async pauseSinceUnknown(entry: LedgerEntry, delayMs: number): Promise<void> {
+    const since = entry.finishedAt ?? entry.leaseExpiresAt;
+    if (!since) return;
+    const left = Math.min(delayMs, since.getTime() + delayMs - Date.now());
+    if (left > 0) await sleep(left);
   }
 
   /** Completes FAILED retryable an attempt claimed but never started; returns `error` with its entry. */
@@ -764,19 +627,41 @@ export class Ledger {
     ).catch(() => {});
   }
 
-  /** Complete, retried on transient failures (the identical Complete is idempotent). */
-  private async completeWithRetry(params: CompleteParams, opts: CallOptions): Promise<CompleteResult> {
-    for (let i = 0; ; i++) {
-      try {
-        return await this.complete(params, opts);
-      } catch (err) {
-        const transient = err instanceof UnavailableError || err instanceof DeadlineExceededError;
-        if (!transient || i >= TRANSIENT_COMPLETE_RETRIES.length) throw err;
-        const delay = (err as UnavailableError).retryAfter ?? TRANSIENT_COMPLETE_RETRIES[i];
-        await new Promise((r) => setTimeout(r, delay));
-      }
-    }
+  /**
+   * Complete, sent again on UNAVAILABLE and DEADLINE_EXCEEDED (the identical Complete is
+   * idempotent) within the retry budget, and at least the claim's lease: an action that ran
+   * must not turn into an unknown outcome because the ledger's database was failing over.
+   */
+  private completeWithRetry(params: CompleteParams, opts: CallOptions, leaseMs = 0): Promise<CompleteResult> {
+    return this.complete(params, opts, leaseMs);
   }
+}
+
+/**
+ * How a throw of the action is recorded: FAILED retryable when it says nothing happened
+ * (NotExecutedError, itself or as its `cause`, or a class the tool declares `notExecuted`),
+ * FAILED for good for PermanentFailureError (itself or as its `cause`), and UNKNOWN for
+ * everything else: a framework's own retry or tool-error exception says nothing about whether
+ * the effect happened.
+ */
+export function classify(err: unknown, notExecuted: readonly ErrorClass[] = []): "not_executed" | "failed" | "unknown" {
+  const cause = err instanceof Error ? err.cause : undefined;
+  if (err instanceof NotExecutedError || cause instanceof NotExecutedError) return "not_executed";
+  if (notExecuted.some((cls) => err instanceof cls)) return "not_executed";
+  if (err instanceof PermanentFailureError || cause instanceof PermanentFailureError) return "failed";
+  return "unknown";
+}
+
+/** What is recorded, and said, when the paired read found no effect of a failed attempt. */
+function notFoundWhy(why: string, entry: LedgerEntry): string {
+  return `the attempt failed (${why}) and the tool's paired read found no effect (external_ref ${entry.externalRef})`;
+}
+
+/** An unknown outcome whose paired read found no effect: the intent may be tried again. */
+function notFoundOutcome<T>(error: unknown, entry: LedgerEntry, why?: string): AttemptOutcome<T> {
+  const notExecuted = new NotExecutedError(why === undefined ? entry.error : notFoundWhy(why, entry), { cause: error });
+  notExecuted.entry = entry;
+  return { kind: "thrown", error: notExecuted, actionRan: true, recorded: "not_found", entry };
 }
 
 /**
@@ -790,21 +675,20 @@ class LeaseRenewer {
   private stopped = false;
 
   private constructor(
-    private readonly ledger: Ledger,
+    private readonly ledger: LedgerRpc,
     private readonly claimed: ClaimResult,
     private readonly leaseMs: number | undefined,
     private readonly deadlineMs: number,
   ) {}
 
   static start(
-    ledger: Ledger,
+    ledger: LedgerRpc,
     claimed: ClaimResult,
     leaseMs: number | undefined,
     deadlineMs: number,
   ): LeaseRenewer | undefined {
     // Unset, the lease is the server's default: what the claim's entry shows.
-    const { startedAt, leaseExpiresAt } = claimed.entry;
-    const lease = leaseMs ?? (startedAt && leaseExpiresAt ? leaseExpiresAt.getTime() - startedAt.getTime() : 0);
+    const lease = leaseMs ?? leaseOf(claimed.entry);
     if (!(lease > 0)) return undefined;
     const every = lease * RENEW_EVERY_FRACTION_OF_LEASE;
     // A renewal stuck longer than the interval would hold up the next one: it gives up first.
@@ -819,7 +703,8 @@ class LeaseRenewer {
     if (this.stopped || this.inFlight) return;
     const { entry, claimToken } = this.claimed;
     this.inFlight = this.ledger
-      .renewLease(entry.key, claimToken, this.leaseMs, { deadlineMs: this.deadlineMs })
+      // A renewal retried past the interval would hold up the next one.
+      .renewLease(entry.key, claimToken, this.leaseMs, { deadlineMs: this.deadlineMs, retryBudgetMs: this.deadlineMs })
       .then(
         () => {},
         (err: unknown) => {
@@ -862,6 +747,16 @@ function raceAbort<T>(p: Promise<T>, signal: AbortSignal | undefined): Promise<T
       },
     );
   });
+}
+
+/** The lease an entry was claimed with (0 when its times are unset). */
+function leaseOf(entry: LedgerEntry): number {
+  const { startedAt, leaseExpiresAt } = entry;
+  return startedAt && leaseExpiresAt ? Math.max(0, leaseExpiresAt.getTime() - startedAt.getTime()) : 0;
+}
+
+function sleep(ms: number): Promise<void> {
+  return new Promise((done) => setTimeout(done, ms));
 }
 
 function describe(err: unknown): string {

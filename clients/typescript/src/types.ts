@@ -48,6 +48,8 @@ export interface LedgerEntry {
    * answers of claim, complete and reconcile.
    */
   argumentsJson: string;
+  /** Who resolved the entry by Reconcile (a reconciler's or an operator's principal); "" otherwise. */
+  resolvedBy: string;
 }
 
 export function statusName(s: PbStatus): EntryStatus {
@@ -95,6 +97,7 @@ export function entryFrom(e: Entry | undefined): LedgerEntry {
     replayCount: Number(e.replayCount),
     externalRef: e.externalRef,
     argumentsJson: e.argumentsJson,
+    resolvedBy: e.resolvedBy,
   };
 }
 

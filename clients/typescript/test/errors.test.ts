@@ -232,10 +232,16 @@ describe("typed errors", () => {
         s.close(() => done(p));
       });
     });
-    const down = new Ledger({ address: `127.0.0.1:${port}`, deadlineMs: 2_000 });
+    const down = new Ledger({ address: `127.0.0.1:${port}`, deadlineMs: 2_000, retryBudgetMs: 0 });
     try {
       const err = await rejection(down.lookup({ key: "k" }), UnavailableError);
       assert.equal(err.code, "UNAVAILABLE");
+      // Sent again within the budget (a doubling backoff from 100 ms: nobody answers with a
+      // RetryInfo), then the last error: not before the budget is nearly spent, not long after.
+      const started = Date.now();
+      await rejection(down.lookup({ key: "k" }, { retryBudgetMs: 1_500 }), UnavailableError);
+      const elapsed = Date.now() - started;
+      assert.ok(elapsed >= 700 && elapsed < 5_000, `gave up after ${elapsed} ms`);
     } finally {
       down.close();
     }

@@ -1,7 +1,9 @@
 // The examples, run as programs against the server: the dispatcher (one effect per intent, the
-// replay marker shown to the model), the reconciler (unknown outcomes resolved by asking the
-// tool's paired read by external_ref), and one agent per framework adapter (Vercel AI SDK,
-// OpenAI Agents SDK, MCP), each playing examples/script.ts with its framework's offline model.
+// replay marker shown to the model), the reconciler process (idempotency-ledger-reconciler
+// loading examples/paired-reads.js: unknown outcomes settled by asking each tool's paired read
+// by external_ref, another tool's left alone), and one agent per framework adapter (Vercel AI
+// SDK, OpenAI Agents SDK, MCP), each playing examples/script.ts with its framework's offline
+// model.
 
 import assert from "node:assert/strict";
 import { join } from "node:path";
@@ -11,7 +13,7 @@ import * as mcpAgent from "../examples/mcp-agent.js";
 import * as openAiAgentsAgent from "../examples/openai-agents-agent.js";
 import { World } from "../examples/world.js";
 import { InProgressError, type Ledger } from "../src/index.js";
-import { runExample, startServer, uniqueRun, type TestServer } from "./support/server.js";
+import { PACKAGE_ROOT, runExample, runScript, startServer, uniqueRun, type TestServer } from "./support/server.js";
 
 describe("examples", () => {
   let server: TestServer;
@@ -109,7 +111,7 @@ describe("examples", () => {
     });
   }
 
-  test("reconciler: unknown outcomes are resolved by the paired read, then replayed or retried", async () => {
+  test("the reconciler process settles the unknown outcomes of the module's tools only, then they replay or retry", async () => {
     const file = join(server.dir, "world-reconcile.json");
     const world = new World(file);
     const env = { LEDGER_ADDRESS: server.address, WORLD_FILE: file };
@@ -127,30 +129,36 @@ describe("examples", () => {
     );
     // The request timed out before it reached the API: also UNKNOWN, as far as anyone knows.
     const lost = { customer: "c-43", amount: 50, currency: "EUR" };
-    await assert.rejects(
-      ledger.runOnce(run, "issue_credit", lost, () => {
-        throw timeout();
-      }),
-      { name: "TimeoutError" },
-    );
+    await assert.rejects(ledger.runOnce(run, "issue_credit", lost, () => Promise.reject(timeout())), { name: "TimeoutError" });
+    // A tool the module does not export: never the reconciler's to settle.
+    await assert.rejects(ledger.runOnce(run, "open_ticket", { subject: "refund" }, () => Promise.reject(timeout())), {
+      name: "TimeoutError",
+    });
     const before = await ledger.lookup({ runId: run, tool: "issue_credit", args: happened });
     assert.equal(before.status, "UNKNOWN");
-    assert.equal((await ledger.lookup({ runId: run, tool: "issue_credit", args: lost })).status, "UNKNOWN");
     await assert.rejects(ledger.runOnce(run, "issue_credit", happened, () => "never"), InProgressError);
 
-    const out = await runExample("reconciler", { ...env, OLDER_THAN_MS: "0", TOOL: "issue_credit" });
+    const cli = join(PACKAGE_ROOT, "dist/src/cli/reconciler.js");
+    const tools = join(PACKAGE_ROOT, "dist/examples/paired-reads.js");
+    const out = await runScript(cli, [tools, "--once", "--older-than", "0s", "--principal", "night-shift"], env);
     assert.equal(out.code, 0, out.stderr);
-    assert.match(out.stdout, new RegExp(`${before.externalRef} found: it happened`));
-    assert.match(out.stdout, /not found: it did not happen/);
-    assert.match(out.stdout, /reconciled 2 entries/);
+    assert.match(
+      out.stderr,
+      new RegExp(`settled key=${before.key} tool=issue_credit external_ref=${before.externalRef} outcome=found status=SUCCEEDED resolved_by=night-shift`),
+    );
+    assert.match(out.stderr, /tool=issue_credit external_ref=idem-[0-9a-f]{16} outcome=not_found status=FAILED resolved_by=night-shift/);
+    assert.doesNotMatch(out.stderr, /open_ticket/);
+    assert.match(out.stderr, /settled 2, nothing more handed out/);
 
     const found = await ledger.lookup({ key: before.key });
     assert.equal(found.status, "SUCCEEDED");
+    assert.equal(found.resolvedBy, "night-shift");
     const credit = world.findCredit(before.externalRef)!;
     assert.equal(new TextDecoder().decode(found.result), JSON.stringify({ credit_id: credit.credit_id }));
     const notFound = await ledger.lookup({ runId: run, tool: "issue_credit", args: lost });
     assert.equal(notFound.status, "FAILED");
     assert.equal(notFound.retryable, true);
+    assert.equal((await ledger.lookup({ runId: run, tool: "open_ticket", args: { subject: "refund" } })).status, "UNKNOWN");
 
     // The model's next call: the credit that happened is replayed, the lost one is retried.
     let calls = 0;
@@ -165,25 +173,24 @@ describe("examples", () => {
     assert.equal((retried.value as { attempt: number }).attempt, 2);
     assert.equal(world.credits().length, 2);
 
-    // A worker that stops after one round of one entry answers it without holding another.
-    const stopping = [{ customer: "c-44", amount: 1, currency: "EUR" }, { customer: "c-45", amount: 1, currency: "EUR" }];
-    for (const args of stopping) {
-      await assert.rejects(ledger.runOnce(run, "issue_credit", args, () => Promise.reject(timeout())), { name: "TimeoutError" });
-    }
-    const once = await runExample("reconciler", { ...env, OLDER_THAN_MS: "0", LIMIT: "1", MAX_ROUNDS: "1" });
-    assert.equal(once.code, 0, once.stderr);
-    assert.match(once.stdout, /reconciled 1 entry/);
-    const statuses = await Promise.all(
-      stopping.map(async (args) => (await ledger.lookup({ runId: run, tool: "issue_credit", args })).status),
-    );
-    assert.deepEqual(statuses.sort(), ["FAILED", "UNKNOWN"]);
-    // The one left was not held for the stopped worker: the next one gets it at once.
-    const rest = await runExample("reconciler", { ...env, OLDER_THAN_MS: "0" });
-    assert.match(rest.stdout, /reconciled 1 entry/);
-
-    // Nothing is left to reconcile.
-    const idle = await runExample("reconciler", { ...env, OLDER_THAN_MS: "0" });
+    // Nothing of its tools is left; it says so and exits.
+    const idle = await runScript(cli, [tools, "--once", "--older-than", "0s"], env);
     assert.equal(idle.code, 0, idle.stderr);
-    assert.match(idle.stdout, /reconciled 0 entries/);
+    assert.match(idle.stderr, /settled 0, nothing more handed out/);
+  });
+
+  test("the reconciler process refuses a module without tools, and a bad flag, with why", async () => {
+    const cli = join(PACKAGE_ROOT, "dist/src/cli/reconciler.js");
+    const usage = await runScript(cli, [], {});
+    assert.equal(usage.code, 2);
+    assert.match(usage.stderr, /usage: idempotency-ledger-reconciler TOOLS_MODULE/);
+    const bad = await runScript(cli, [join(PACKAGE_ROOT, "dist/examples/paired-reads.js"), "--older-than", "soon"], {
+      LEDGER_ADDRESS: server.address,
+    });
+    assert.equal(bad.code, 1);
+    assert.match(bad.stderr, /--older-than: expected a duration such as 250ms, 10s, 5m or 1h, got "soon"/);
+    const none = await runScript(cli, [join(PACKAGE_ROOT, "dist/examples/script.js")], { LEDGER_ADDRESS: server.address });
+    assert.equal(none.code, 1);
+    assert.match(none.stderr, /no tool registered with this ledger has a paired read/);
   });
 });

@@ -1,17 +1,21 @@
 // The MCP adapter against the real `@modelcontextprotocol/sdk` and the real server: an McpServer
 // with tools registered by registerLedgerTool, and the SDK's own Client over its in-memory
 // transport. The client plays the agent host: it forwards the model's tool calls, the model's
-// JSON text parsed as any host parses it, with the run id in the request's _meta.
+// JSON text parsed as any host parses it, with the run id in the request's _meta. As for every
+// adapter: one effect per intent; the SDK's own error (McpError) or an isError result after
+// acting is an unknown outcome (the note, as a normal result, on the call and on the repeat);
+// with the tool's paired read it settles at once; strict mode; a missing run id is logged.
 
 import assert from "node:assert/strict";
 import { after, before, describe, test } from "node:test";
 import { Client } from "@modelcontextprotocol/sdk/client/index.js";
 import { InMemoryTransport } from "@modelcontextprotocol/sdk/inMemory.js";
 import { McpServer } from "@modelcontextprotocol/sdk/server/mcp.js";
-import type { CallToolResult } from "@modelcontextprotocol/sdk/types.js";
+import { ErrorCode, McpError, type CallToolResult } from "@modelcontextprotocol/sdk/types.js";
 import { z } from "zod";
 import { RUN_ID_META_KEY, registerLedgerTool } from "../src/adapters/mcp.js";
-import { NotExecutedError, currentAttempt, type Ledger } from "../src/index.js";
+import { NOT_PERFORMED_NOTE, NotExecutedError, UNKNOWN_NOTE, currentAttempt, found, notFound, type Ledger } from "../src/index.js";
+import { Payments, captureLog, sleep } from "./support/payments.js";
 import { startServer, uniqueRun, type TestServer } from "./support/server.js";
 
 const REPLAY_NOTE = /already performed.*No new action was taken/;
@@ -27,19 +31,30 @@ function texts(result: CallToolResult): string[] {
 describe("MCP TypeScript SDK (McpServer, Client, in-memory transport)", () => {
   let ledgerServer: TestServer;
   let ledger: Ledger;
+  const log = captureLog();
   before(async () => {
     ledgerServer = await startServer();
-    ledger = ledgerServer.ledger();
+    ledger = ledgerServer.ledger({ logger: log, confirmDelayMs: 50 });
   });
   after(async () => {
     await ledgerServer.stop();
   });
 
   /** An MCP server with the payments tools, and a connected client. */
-  async function connect() {
-    const credits: Array<{ customer: string; amount: number; ref: string }> = [];
+  async function connect(
+    options: {
+      confirm?: boolean;
+      /** Thrown after the credit is issued, as a payments client that lost the answer would. */
+      failAfter?: () => Error;
+      /** The ledger's time limit of the callback; it then waits, acting only if not stopped. */
+      timeoutMs?: number;
+    } = {},
+  ) {
+    const world = new Payments();
+    const credits = world.credits;
     const state = { down: false, reportError: false };
     const server = new McpServer({ name: "payments", version: "1.0.0" });
+    const text = (v: unknown) => ({ content: [{ type: "text" as const, text: JSON.stringify(v) }] });
     registerLedgerTool(
       server,
       ledger,
@@ -48,11 +63,29 @@ describe("MCP TypeScript SDK (McpServer, Client, in-memory transport)", () => {
         description: "Issue a credit to a customer's account.",
         inputSchema: { customer: z.string(), amount: z.number(), currency: z.string() },
       },
-      async ({ customer, amount }) => {
+      async (input) => {
         if (state.down) throw new NotExecutedError("the payments API refused the connection");
-        if (state.reportError) return { content: [{ type: "text", text: "payments API: 502 Bad Gateway" }], isError: true };
-        credits.push({ customer, amount, ref: currentAttempt()!.externalRef });
-        return { content: [{ type: "text", text: JSON.stringify({ credit_id: `cr-${credits.length}` }) }] };
+        const attempt = currentAttempt()!;
+        if (options.timeoutMs !== undefined) await sleep(options.timeoutMs * 20, attempt.signal);
+        if (state.reportError) {
+          world.issue(input, attempt.externalRef);
+          return { content: [{ type: "text", text: "payments API: 502 Bad Gateway" }], isError: true };
+        }
+        const out = world.issue(input, attempt.externalRef);
+        if (options.failAfter) throw options.failAfter();
+        return text(out);
+      },
+      {
+        ...(options.confirm
+          ? {
+              // The paired read answers with the result the callback returns.
+              confirm: async (attempt) => {
+                const answer = await world.confirm(attempt);
+                return answer.kind === "found" ? found(text(answer.result)) : answer;
+              },
+            }
+          : {}),
+        ...(options.timeoutMs !== undefined ? { timeoutMs: options.timeoutMs } : {}),
       },
     );
     registerLedgerTool(
@@ -82,7 +115,7 @@ describe("MCP TypeScript SDK (McpServer, Client, in-memory transport)", () => {
       await client.close();
       await server.close();
     };
-    return { credits, state, client, callTool, close };
+    return { credits, world, state, client, callTool, close };
   }
 
   test("two parallel identical calls and a respelled one: one credit, one result and two replay notes", async () => {
@@ -134,39 +167,116 @@ describe("MCP TypeScript SDK (McpServer, Client, in-memory transport)", () => {
     }
   });
 
-  test("a call without the run id in _meta is a clear tool error, and nothing runs", async () => {
+  test("a call without the run id in _meta is a clear tool error, logged once, and nothing runs", async () => {
     const mcp = await connect();
     try {
       const out = await mcp.callTool(undefined, "issue_credit", CALL);
       assert.equal(out.isError, true);
       assert.match(texts(out)[0], /not performed: the tool issue_credit was called without a run id/);
       assert.match(texts(out)[0], /_meta\["idempotency-ledger\/run_id"\]/);
+      assert.doesNotMatch(texts(out)[0], /try again/i);
       const empty = await mcp.callTool("", "issue_credit", CALL);
       assert.equal(empty.isError, true);
       assert.equal(mcp.credits.length, 0);
+      // The SDK lets no exception reach the host: the server's log tells the developer, once.
+      const logged = log.lines.filter((l) => l.includes("issue_credit was called without a run id"));
+      assert.equal(logged.length, 1);
+      assert.match(logged[0], /^ERROR .*Fix: the MCP client sends it as _meta\["idempotency-ledger\/run_id"\]/);
     } finally {
       await mcp.close();
     }
   });
 
-  test("a result the tool marks isError may follow an effect: UNKNOWN, the tool's words and the note", async () => {
+  test("a result the tool marks isError may follow an effect: UNKNOWN, the note as a normal result, on the call and the repeat", async () => {
     const mcp = await connect();
     try {
       const run = uniqueRun("mcp-error");
       mcp.state.reportError = true;
       const out = await mcp.callTool(run, "issue_credit", CALL);
-      assert.equal(out.isError, true);
-      assert.equal(texts(out)[0], "payments API: 502 Bad Gateway");
-      assert.match(texts(out)[1], /outcome of this action is unknown/);
-      assert.equal((await ledger.lookup({ runId: run, tool: "issue_credit", args: CALL })).status, "UNKNOWN");
+      assert.notEqual(out.isError, true, "an unknown outcome is not a failure to retry");
+      assert.deepEqual(texts(out), [UNKNOWN_NOTE]);
+      const entry = await ledger.lookup({ runId: run, tool: "issue_credit", args: CALL });
+      assert.equal(entry.status, "UNKNOWN");
+      assert.match(entry.error, /payments API: 502 Bad Gateway/, "the tool's words are the entry's error");
       mcp.state.reportError = false;
       const again = await mcp.callTool(run, "issue_credit", CALL);
-      assert.notEqual(again.isError, true, "an unknown outcome is not a failure to retry");
-      assert.match(texts(again)[0], /outcome is unknown and is being reconciled/);
-      assert.equal(mcp.credits.length, 0, "never re-run silently");
+      assert.notEqual(again.isError, true);
+      assert.deepEqual(texts(again), [UNKNOWN_NOTE], "the repeat reads the same");
+      assert.equal(mcp.credits.length, 1, "never re-run silently");
     } finally {
       await mcp.close();
     }
+  });
+
+  test("the SDK's own error after acting (McpError): one credit, the unknown note on the call and on the repeat", async () => {
+    const mcp = await connect({ failAfter: () => new McpError(ErrorCode.InternalError, "payments API: connection reset") });
+    try {
+      const run = uniqueRun("mcp-unknown");
+      const out = await mcp.callTool(run, "issue_credit", CALL);
+      assert.notEqual(out.isError, true);
+      assert.deepEqual(texts(out), [UNKNOWN_NOTE]);
+      assert.equal((await ledger.lookup({ runId: run, tool: "issue_credit", args: CALL })).status, "UNKNOWN");
+      const again = await mcp.callTool(run, "issue_credit", RESPELLED);
+      assert.deepEqual(texts(again), [UNKNOWN_NOTE]);
+      assert.equal(mcp.credits.length, 1);
+    } finally {
+      await mcp.close();
+    }
+  });
+
+  test("with confirm, the same failure settles SUCCEEDED and the client reads the result on the first call", async () => {
+    const mcp = await connect({ confirm: true, failAfter: () => new McpError(ErrorCode.InternalError, "payments API: 504") });
+    try {
+      const run = uniqueRun("mcp-confirm");
+      const out = await mcp.callTool(run, "issue_credit", CALL);
+      assert.notEqual(out.isError, true);
+      assert.deepEqual(texts(out), ['{"credit_id":"cr-1"}']);
+      assert.equal((await ledger.lookup({ runId: run, tool: "issue_credit", args: CALL })).status, "SUCCEEDED");
+      const again = await mcp.callTool(run, "issue_credit", CALL);
+      assert.match(texts(again)[0], REPLAY_NOTE);
+      assert.deepEqual(texts(again).slice(1), ['{"credit_id":"cr-1"}']);
+      assert.equal(mcp.credits.length, 1);
+    } finally {
+      await mcp.close();
+    }
+  });
+
+  test("a timeout before acting, with confirm: FAILED retryable, and the next call acts once", async () => {
+    const slow = await connect({ confirm: true, timeoutMs: 150 });
+    const run = uniqueRun("mcp-timeout");
+    try {
+      const out = await slow.callTool(run, "issue_credit", CALL);
+      assert.notEqual(out.isError, true, "a normal result, like the unknown outcome it was");
+      assert.deepEqual(texts(out), [NOT_PERFORMED_NOTE]);
+      const entry = await ledger.lookup({ runId: run, tool: "issue_credit", args: CALL });
+      assert.equal(entry.status, "FAILED");
+      assert.equal(entry.retryable, true);
+      assert.equal(slow.credits.length, 0);
+    } finally {
+      await slow.close();
+    }
+    const quick = await connect({ confirm: true });
+    try {
+      const retried = await quick.callTool(run, "issue_credit", CALL);
+      assert.deepEqual(texts(retried), ['{"credit_id":"cr-1"}']);
+      assert.equal(quick.credits.length, 1);
+      assert.equal((await ledger.lookup({ runId: run, tool: "issue_credit", args: CALL })).attempt, 2);
+    } finally {
+      await quick.close();
+    }
+  });
+
+  test("strict mode refuses a tool without confirm, saying why", () => {
+    const strict = ledgerServer.ledger({ requireConfirm: true });
+    const server = new McpServer({ name: "strict", version: "1.0.0" });
+    const callback = async () => ({ content: [] });
+    assert.throws(
+      () => registerLedgerTool(server, strict, "issue_credit", { description: "d" }, callback),
+      /registerLedgerTool: issue_credit: this Ledger requires a paired read \(requireConfirm: true\)/,
+    );
+    assert.doesNotThrow(() =>
+      registerLedgerTool(server, strict, "issue_credit", { description: "d" }, callback, { confirm: () => notFound }),
+    );
   });
 
   test("the tool is listed as registerTool lists it; a replay keeps its structured content", async () => {

@@ -7,6 +7,7 @@ import assert from "node:assert/strict";
 import { after, before, describe, test } from "node:test";
 import {
   Agent,
+  ToolCallError,
   Usage,
   run,
   setTracingDisabled,
@@ -19,7 +20,8 @@ import {
 } from "@openai/agents";
 import { z } from "zod";
 import { ledgerTool } from "../src/adapters/openai-agents.js";
-import { NotExecutedError, currentAttempt, type Ledger } from "../src/index.js";
+import { MissingRunIdError, NotExecutedError, NOT_PERFORMED_NOTE, UNKNOWN_NOTE, currentAttempt, type Ledger } from "../src/index.js";
+import { Payments, captureLog, sleep } from "./support/payments.js";
 import { startServer, uniqueRun, type TestServer } from "./support/server.js";
 
 const REPLAY_NOTE = /already performed.*No new action was taken/;
@@ -75,30 +77,48 @@ function say(text: string): AgentOutputItem[] {
 describe("OpenAI Agents JS SDK (@openai/agents, a scripted Model)", () => {
   let server: TestServer;
   let ledger: Ledger;
+  const log = captureLog();
   before(async () => {
     server = await startServer();
-    ledger = server.ledger();
+    ledger = server.ledger({ logger: log, confirmDelayMs: 50 });
   });
   after(async () => {
     await server.stop();
   });
 
-  function payments() {
-    const credits: Array<{ customer: string; amount: number; ref: string }> = [];
+  function payments(
+    options: {
+      confirm?: boolean;
+      /** Thrown after the credit is issued, as a payments client that lost the answer would. */
+      failAfter?: () => Error;
+      /** The tool's own timeoutMs (the SDK's option): ledgerTool makes it the ledger's. */
+      timeoutMs?: number;
+      on?: Ledger;
+    } = {},
+  ) {
+    const world = new Payments();
     let down = false;
     const issueCredit = tool(
-      ledgerTool(ledger, {
-        name: "issue_credit",
-        description: "Issue a credit to a customer's account.",
-        parameters: z.object({ customer: z.string(), amount: z.number(), currency: z.string() }),
-        execute: async (input) => {
-          if (down) throw new NotExecutedError("the payments API refused the connection");
-          credits.push({ customer: input.customer, amount: input.amount, ref: currentAttempt()!.externalRef });
-          return { credit_id: `cr-${credits.length}` };
+      ledgerTool(
+        options.on ?? ledger,
+        {
+          name: "issue_credit",
+          description: "Issue a credit to a customer's account.",
+          parameters: z.object({ customer: z.string(), amount: z.number(), currency: z.string() }),
+          ...(options.timeoutMs !== undefined ? { timeoutMs: options.timeoutMs } : {}),
+          execute: async (input) => {
+            if (down) throw new NotExecutedError("the payments API refused the connection");
+            const attempt = currentAttempt()!;
+            if (options.timeoutMs !== undefined) await sleep(options.timeoutMs * 20, attempt.signal);
+            const out = world.issue(input, attempt.externalRef);
+            if (options.failAfter) throw options.failAfter();
+            return out;
+          },
         },
-      }),
+        options.confirm ? { confirm: world.confirm } : {},
+      ),
     );
-    return { credits, issueCredit, setDown: (d: boolean) => (down = d) };
+    return { credits: world.credits, world, issueCredit, setDown: (d: boolean) => (down = d) };
   }
 
   const CALL = '{"customer":"c-42","amount":200,"currency":"EUR"}';
@@ -151,13 +171,75 @@ describe("OpenAI Agents JS SDK (@openai/agents, a scripted Model)", () => {
     assert.equal(credits.length, 1);
   });
 
-  test("a run without a run id in its context: not performed, and the model is told why", async () => {
+  test("a run without a run id in its context: run() throws MissingRunIdError, logged once, nothing runs", async () => {
     const { credits, issueCredit } = payments();
-    const { model } = await turn(issueCredit, undefined, [calls(["issue_credit", CALL])]);
-    const [note] = model.resultsRead();
-    assert.match(note, /not performed: the tool issue_credit was called without a run id/);
-    assert.match(note, /context: \{ runId \}/);
+    for (let i = 0; i < 2; i++) {
+      await assert.rejects(
+        turn(issueCredit, undefined, [calls(["issue_credit", CALL])]),
+        // The SDK wraps what a tool throws in its ToolCallError, keeping ours as `error`.
+        (err: unknown) =>
+          err instanceof ToolCallError &&
+          err.error instanceof MissingRunIdError &&
+          /context: \{ runId \}/.test(err.error.message),
+      );
+    }
     assert.equal(credits.length, 0);
+    const logged = log.lines.filter((l) => l.includes("issue_credit was called without a run id"));
+    assert.equal(logged.length, 1, "once per tool");
+    assert.match(logged[0], /^ERROR .*Fix: pass context: \{ runId \} to run\(agent, input, options\)/);
+  });
+
+  test("the SDK's tool error after acting (ToolCallError): one credit, the unknown note on the call and on the repeat", async () => {
+    const failAfter = () => new ToolCallError("payments API: the connection was reset", new Error("ECONNRESET"));
+    const { credits, issueCredit } = payments({ failAfter });
+    const runId = uniqueRun("agents-unknown");
+    const first = await turn(issueCredit, runId, [calls(["issue_credit", CALL])]);
+    assert.deepEqual(first.model.resultsRead(), [UNKNOWN_NOTE]);
+    const entry = await ledger.lookup({ runId, tool: "issue_credit", args: CALL });
+    assert.equal(entry.status, "UNKNOWN");
+    assert.match(entry.error, /ToolCallError: payments API: the connection was reset/);
+    const again = await turn(issueCredit, runId, [calls(["issue_credit", RESPELLED])]);
+    assert.deepEqual(again.model.resultsRead(), [UNKNOWN_NOTE], "the repeat reads the same");
+    assert.equal(credits.length, 1, "never re-run silently");
+  });
+
+  test("with confirm, the same failure settles SUCCEEDED and the model reads the result on the first call", async () => {
+    const failAfter = () => new ToolCallError("payments API: 504 Gateway Timeout", new Error("504"));
+    const { credits, issueCredit } = payments({ failAfter, confirm: true });
+    const runId = uniqueRun("agents-confirm");
+    const first = await turn(issueCredit, runId, [calls(["issue_credit", CALL])]);
+    assert.deepEqual(first.model.resultsRead(), ['{"credit_id":"cr-1"}']);
+    const entry = await ledger.lookup({ runId, tool: "issue_credit", args: CALL });
+    assert.equal(entry.status, "SUCCEEDED");
+    const again = await turn(issueCredit, runId, [calls(["issue_credit", CALL])]);
+    const [replay] = again.model.resultsRead();
+    assert.match(replay, REPLAY_NOTE);
+    assert.match(replay, /Result: \{"credit_id":"cr-1"\}$/);
+    assert.equal(credits.length, 1);
+  });
+
+  test("a timeout before acting (the tool's timeoutMs), with confirm: FAILED retryable, and the next call acts once", async () => {
+    const { credits, issueCredit } = payments({ timeoutMs: 150, confirm: true });
+    const runId = uniqueRun("agents-timeout");
+    const first = await turn(issueCredit, runId, [calls(["issue_credit", CALL])]);
+    const [note] = first.model.resultsRead();
+    assert.equal(note, NOT_PERFORMED_NOTE);
+    assert.doesNotMatch(note, /timed out after/, "not the SDK's own timeout text");
+    const entry = await ledger.lookup({ runId, tool: "issue_credit", args: CALL });
+    assert.equal(entry.status, "FAILED");
+    assert.equal(entry.retryable, true);
+    assert.equal(credits.length, 0);
+
+    const { issueCredit: quick } = payments({ confirm: true });
+    const retried = await turn(quick, runId, [calls(["issue_credit", CALL])]);
+    assert.deepEqual(retried.model.resultsRead(), ['{"credit_id":"cr-1"}']);
+    assert.equal((await ledger.lookup({ key: entry.key })).attempt, 2);
+  });
+
+  test("strict mode refuses a tool without confirm, saying why", () => {
+    const strict = server.ledger({ requireConfirm: true });
+    assert.throws(() => payments({ on: strict }), /issue_credit: this Ledger requires a paired read \(requireConfirm: true\)/);
+    assert.doesNotThrow(() => payments({ on: strict, confirm: true }));
   });
 
   test("the wrapped tool is the same tool to the SDK; an outputSchema is refused", async () => {
@@ -176,6 +258,11 @@ describe("OpenAI Agents JS SDK (@openai/agents, a scripted Model)", () => {
           execute: async () => ({ id: "x" }),
         }),
       /outputSchema cannot carry the ledger's notes/,
+    );
+    // What tool() returns hides execute and turns errors into results: refused, with the right line.
+    assert.throws(
+      () => ledgerTool(ledger, issueCredit as never),
+      /this is the FunctionTool tool\(\) returns; wrap its definition instead: tool\(ledgerTool\(ledger, \{/,
     );
   });
 });

@@ -3,13 +3,19 @@
 // adapters import only its types), so `import "idempotency-ledger"` stays small.
 
 import assert from "node:assert/strict";
-import { readdirSync, readFileSync } from "node:fs";
+import { execFile } from "node:child_process";
+import { mkdirSync, mkdtempSync, readdirSync, readFileSync, rmSync, symlinkSync, writeFileSync } from "node:fs";
+import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { describe, test } from "node:test";
-import { PACKAGE_ROOT } from "./support/server.js";
+import { promisify } from "node:util";
+import { PACKAGE_ROOT, runScript, startServer } from "./support/server.js";
+
+const exec = promisify(execFile);
 
 const pkg = JSON.parse(readFileSync(join(PACKAGE_ROOT, "package.json"), "utf8")) as {
   name: string;
+  bin: Record<string, string>;
   exports: Record<string, { types: string; default: string }>;
   dependencies: Record<string, string>;
   peerDependencies: Record<string, string>;
@@ -17,6 +23,8 @@ const pkg = JSON.parse(readFileSync(join(PACKAGE_ROOT, "package.json"), "utf8"))
 };
 
 const FRAMEWORKS = ["ai", "@openai/agents", "@modelcontextprotocol/sdk"];
+/** Loaded on demand (import()) when installed: the caller's span goes to the ledger as traceparent. */
+const OPTIONAL = ["@opentelemetry/api"];
 
 /** The module specifiers a compiled file imports at run time. */
 function runtimeImports(file: string): string[] {
@@ -39,8 +47,8 @@ describe("package", () => {
   });
 
   test("the frameworks are optional peer dependencies, never dependencies", () => {
-    assert.deepEqual(Object.keys(pkg.peerDependencies).sort(), [...FRAMEWORKS].sort());
-    for (const name of FRAMEWORKS) {
+    assert.deepEqual(Object.keys(pkg.peerDependencies).sort(), [...FRAMEWORKS, ...OPTIONAL].sort());
+    for (const name of [...FRAMEWORKS, ...OPTIONAL]) {
       assert.equal(pkg.peerDependenciesMeta[name]?.optional, true, name);
       assert.ok(!(name in pkg.dependencies), name);
     }
@@ -64,5 +72,78 @@ describe("package", () => {
     }
     // The check reads real imports: the adapters do import the client's own modules.
     assert.ok(runtimeImports(join(dir, "adapters/mcp.js")).includes("../tools.js"));
+    // The one module loaded on demand is OpenTelemetry's API, and only if it is installed.
+    const dynamic = files.flatMap((f) => [...readFileSync(f, "utf8").matchAll(/\bimport\(\s*["']([^"']+)["']\s*\)/g)].map((m) => m[1]));
+    assert.deepEqual([...new Set(dynamic)], OPTIONAL);
+  });
+
+  test("the reconciler command is the package's bin: compiled, with its shebang", () => {
+    assert.deepEqual(Object.keys(pkg.bin), ["idempotency-ledger-reconciler"]);
+    const script = readFileSync(join(PACKAGE_ROOT, pkg.bin["idempotency-ledger-reconciler"]), "utf8");
+    assert.ok(script.startsWith("#!/usr/bin/env node\n"), "runs as a command");
+  });
+
+  test("runtime dependencies are version ranges (within the releases that still run on Node 20), not exact pins", () => {
+    assert.deepEqual(Object.keys(pkg.dependencies).sort(), ["@bufbuild/protobuf", "@connectrpc/connect", "@connectrpc/connect-node"]);
+    for (const [name, spec] of Object.entries(pkg.dependencies)) {
+      assert.match(spec, /^[~^]\d/, `${name}: ${spec} is a pin`);
+    }
+    // Connect 2.2 needs Node 22: the range stops before it.
+    assert.equal(pkg.dependencies["@connectrpc/connect-node"], "~2.1.1");
+  });
+
+  test("npm pack: the tarball holds the compiled client, and runs installed without the repository, a framework or OpenTelemetry", async () => {
+    const dir = mkdtempSync(join(tmpdir(), "ledger-ts-pack-"));
+    const server = await startServer();
+    try {
+      // The build is test.sh's (prepack runs the same build): only the packing is tested here.
+      const { stdout } = await exec("npm", ["pack", "--ignore-scripts", "--pack-destination", dir, "--json"], {
+        cwd: PACKAGE_ROOT,
+        timeout: 120_000,
+      });
+      const [packed] = JSON.parse(stdout) as Array<{ filename: string; files: Array<{ path: string }> }>;
+      const files = packed.files.map((f) => f.path);
+      for (const f of [
+        "package.json",
+        "README.md",
+        "dist/src/index.js",
+        "dist/src/index.d.ts",
+        "dist/src/adapters/ai-sdk.js",
+        "dist/src/adapters/openai-agents.js",
+        "dist/src/adapters/mcp.js",
+        "dist/src/cli/reconciler.js",
+        "dist/src/gen/idempotency/v1/ledger_pb.js",
+      ]) {
+        assert.ok(files.includes(f), `${f} is packed`);
+      }
+      assert.deepEqual(files.filter((f) => /^(dist\/test|dist\/examples|test|examples|node_modules)\//.test(f)), []);
+
+      // Installed by hand: the tarball, and its three runtime dependencies; nothing else.
+      const installed = join(dir, "node_modules", "idempotency-ledger");
+      mkdirSync(installed, { recursive: true });
+      await exec("tar", ["xzf", join(dir, packed.filename), "-C", installed, "--strip-components=1"]);
+      for (const scope of ["@bufbuild", "@connectrpc"]) symlinkSync(join(PACKAGE_ROOT, "node_modules", scope), join(dir, "node_modules", scope));
+      const check = join(dir, "check.mjs");
+      writeFileSync(
+        check,
+        [
+          'import { Ledger } from "idempotency-ledger";',
+          'for (const sub of ["ai-sdk", "openai-agents", "mcp"]) await import(`idempotency-ledger/${sub}`);',
+          "const ledger = new Ledger({ address: process.argv[2] });",
+          'const out = await ledger.runTool(`run-${process.pid}`, "t", { a: 1 }, () => ({ ok: 1 }));',
+          "console.log(out.toModelText());",
+          "ledger.close();",
+        ].join("\n"),
+      );
+      const run = await runScript(check, [server.address], {});
+      assert.equal(run.code, 0, run.stderr);
+      assert.equal(run.stdout.trim(), '{"ok":1}');
+      const bin = await runScript(join(installed, "dist/src/cli/reconciler.js"), ["--help"], {});
+      assert.equal(bin.code, 0, bin.stderr);
+      assert.match(bin.stdout, /usage: idempotency-ledger-reconciler TOOLS_MODULE/);
+    } finally {
+      await server.stop();
+      rmSync(dir, { recursive: true, force: true });
+    }
   });
 });

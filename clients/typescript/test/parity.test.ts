@@ -30,7 +30,11 @@ const parity = JSON.parse(readFileSync(join(REPO_ROOT, "clients/parity.json"), "
     renew_every_fraction_of_lease: number;
     canonicalization: string;
     targets: string[];
+    retry_budget_seconds: number;
+    confirm_delay_seconds: number;
   };
+  model_reads: Record<"outcome_unknown" | "not_performed", { status: string; note: string }>;
+  confirm: { answers: Record<string, { python: string; typescript: string }> };
   errors: ParityError[];
 };
 
@@ -193,5 +197,35 @@ describe("parity.json: defaults", () => {
       () => new client.Ledger({ address: "http://ledger:1", tls: true }),
       /TLS options were given for an http:\/\/ address/,
     );
+  });
+});
+
+describe("parity.json: what the model reads, and the paired read", () => {
+  test("an unknown outcome reads the ledger's note; one the paired read found did not happen reads not_performed", () => {
+    assert.deepEqual(parity.model_reads.outcome_unknown, { status: "outcome_unknown", note: client.UNKNOWN_NOTE });
+    assert.deepEqual(parity.model_reads.not_performed, { status: "not_executed", note: client.NOT_PERFORMED_NOTE });
+  });
+
+  test("the retry budget on UNAVAILABLE is the clients'", () => {
+    assert.equal(client.DEFAULT_RETRY_BUDGET_MS, parity.defaults.retry_budget_seconds * 1000);
+    assert.equal(client.DEFAULTS.retryBudgetMs, parity.defaults.retry_budget_seconds * 1000);
+    const ledger = new client.Ledger({ address: "127.0.0.1:1" });
+    assert.equal(ledger.retryBudgetMs, parity.defaults.retry_budget_seconds * 1000);
+    ledger.close();
+  });
+
+  test("the confirm delay is the clients'", () => {
+    assert.equal(client.DEFAULT_CONFIRM_DELAY_MS, parity.defaults.confirm_delay_seconds * 1000);
+  });
+
+  test("confirm's answers exist under their TypeScript names, each of its kind", () => {
+    const kinds: Record<string, string> = {};
+    for (const [kind, names] of Object.entries(parity.confirm.answers)) {
+      const name = names.typescript.split("(")[0];
+      const value = exported[name];
+      const answer = typeof value === "function" ? (value as (r: unknown) => unknown)({ id: 1 }) : value;
+      kinds[kind] = (answer as { kind: string }).kind;
+    }
+    assert.deepEqual(kinds, { found: "found", not_found: "not_found", cannot_tell: "cannot_tell" });
   });
 });

@@ -13,9 +13,14 @@ import {
   OutcomeUnknownError,
   PermanentFailureError,
   PreviouslyFailedError,
+  cannotTell,
+  found,
+  notFound,
   textCodec,
+  type Confirm,
   type Ledger,
 } from "../src/index.js";
+import { captureLog, sleep } from "./support/payments.js";
 import { startServer, uniqueRun, type TestServer } from "./support/server.js";
 
 const REPLAY_NOTE = /already performed.*No new action was taken/;
@@ -350,5 +355,100 @@ describe("runOnce", () => {
     assert.equal(a.value, undefined);
     assert.equal(b.replayed, true);
     assert.equal(b.value, undefined);
+  });
+
+  describe("with the tool's paired read (confirm)", () => {
+    const credits = new Map<string, string>();
+    const confirm: Confirm<{ credit_id: string }> = ({ externalRef }) => {
+      const id = credits.get(externalRef);
+      return id ? found({ credit_id: id }) : notFound;
+    };
+    let quick: Ledger;
+    before(() => {
+      quick = server.ledger({ principal: "ts-tests", confirmDelayMs: 20, logger: captureLog() });
+    });
+
+    test("an action that throws after acting: the found result is returned (confirmed), the entry SUCCEEDED", async () => {
+      const run = uniqueRun("confirm-found");
+      const out = await quick.runOnce(
+        run,
+        "issue_credit",
+        { customer: "c-1" },
+        (ctx) => {
+          credits.set(ctx.externalRef, "cr-77");
+          throw new Error("the answer was lost");
+        },
+        { confirm },
+      );
+      assert.deepEqual(out.value, { credit_id: "cr-77" });
+      assert.equal(out.confirmed, true);
+      assert.equal(out.replayed, false);
+      assert.equal(out.entry.status, "SUCCEEDED");
+      const again = await quick.runOnce(run, "issue_credit", { customer: "c-1" }, () => ({ credit_id: "never" }), { confirm });
+      assert.equal(again.replayed, true);
+      assert.deepEqual(again.value, { credit_id: "cr-77" });
+    });
+
+    test("a timeout whose paired read finds nothing: NotExecutedError, FAILED retryable; the next call runs attempt 2", async () => {
+      const run = uniqueRun("confirm-timeout");
+      const err = await quick
+        .runOnce(run, "issue_credit", { customer: "c-2" }, (ctx) => sleep(5_000, ctx.signal).then(() => ({ credit_id: "late" })), {
+          confirm,
+          timeoutMs: 100,
+        })
+        .then(() => assert.fail("expected NotExecutedError"), (e: unknown) => e);
+      assert.ok(err instanceof NotExecutedError, String(err));
+      assert.ok(err.cause instanceof ActionTimeoutError, "the cause is the timeout");
+      assert.equal(err.entry?.status, "FAILED");
+      assert.equal(err.entry?.retryable, true);
+      assert.match(err.message, /the attempt failed \(the action did not finish within 100 ms\) and the tool's paired read found no effect/);
+      const retried = await quick.runOnce(run, "issue_credit", { customer: "c-2" }, (ctx) => ({ credit_id: `attempt-${ctx.attempt}` }), { confirm });
+      assert.deepEqual(retried.value, { credit_id: "attempt-2" });
+    });
+
+    test("cannot tell, or an answer that is not one: the action's error, the entry UNKNOWN", async () => {
+      const log = captureLog();
+      const unsure = server.ledger({ confirmDelayMs: 0, logger: log });
+      const run = uniqueRun("confirm-unsure");
+      const odd = (() => ({ maybe: true })) as unknown as Confirm;
+      await assert.rejects(
+        unsure.runOnce(run, "t", { n: 1 }, () => Promise.reject(new TypeError("socket hang up")), { confirm: odd }),
+        /socket hang up/,
+      );
+      assert.equal((await unsure.lookup({ runId: run, tool: "t", args: { n: 1 } })).status, "UNKNOWN");
+      assert.ok(log.lines.some((l) => /^WARN .*confirm answered \{"maybe":true\}, not found\(result\), notFound or cannotTell/.test(l)));
+      await assert.rejects(
+        unsure.runOnce(run, "t", { n: 2 }, () => Promise.reject(new TypeError("socket hang up")), { confirm: () => cannotTell }),
+        /socket hang up/,
+      );
+      assert.ok(log.lines.some((l) => /^INFO settled key=.* tool=t .* outcome=cannot_tell status=UNKNOWN/.test(l)));
+    });
+
+    test("a duplicate waiting on the attempt reads the settled result, not an unknown outcome", async () => {
+      const run = uniqueRun("confirm-wait");
+      let started!: () => void;
+      const isStarted = new Promise<void>((r) => (started = r));
+      const slowConfirm: Confirm<{ credit_id: string }> = async (attempt) => {
+        started();
+        await sleep(300);
+        return confirm(attempt);
+      };
+      const first = quick.runOnce(
+        run,
+        "issue_credit",
+        { customer: "c-3" },
+        (ctx) => {
+          credits.set(ctx.externalRef, "cr-3");
+          throw new Error("the answer was lost");
+        },
+        { confirm: slowConfirm },
+      );
+      await isStarted;
+      // While confirm is asked, the attempt still holds its claim: the duplicate waits for it.
+      const duplicate = await quick.runOnce(run, "issue_credit", { customer: "c-3" }, () => ({ credit_id: "never" }), { waitMs: 5_000 });
+      assert.equal(duplicate.replayed, true);
+      assert.deepEqual(duplicate.value, { credit_id: "cr-3" });
+      assert.equal((await first).confirmed, true);
+    });
   });
 });

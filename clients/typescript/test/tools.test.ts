@@ -1,21 +1,30 @@
 // runTool and wrapTool against the real server, without a framework: the wrapped tool keeps its
 // shape, records execute's first argument, hands the attempt to the tool (currentAttempt), and
-// never throws for an outcome: toModelText() says what happened, for every outcome.
+// never throws for an outcome: toModelText() says what happened, for every outcome. What the
+// tool throws decides the record: NotExecutedError (itself or as the cause) and the classes it
+// declares notExecuted are FAILED retryable, anything else UNKNOWN (read as the ledger's note).
 
 import assert from "node:assert/strict";
 import { after, before, describe, test } from "node:test";
 import {
   InProgressError,
+  LEDGER_TOOL,
   Ledger,
+  MissingRunIdError,
   NotExecutedError,
+  UNKNOWN_NOTE,
+  notFound,
+  registrationOf,
   OutcomeUnknownError,
   PermanentFailureError,
   ToolCallResult,
   currentAttempt,
   deriveKey,
   modelTextOf,
+  wrapTool,
   type ActionContext,
 } from "../src/index.js";
+import { captureLog } from "./support/payments.js";
 import { startServer, uniqueRun, type TestServer } from "./support/server.js";
 
 const REPLAY_NOTE = /already performed.*No new action was taken/;
@@ -47,16 +56,17 @@ class CreditTool {
 describe("wrapTool and runTool", () => {
   let server: TestServer;
   let ledger: Ledger;
+  const log = captureLog();
   before(async () => {
     server = await startServer();
-    ledger = server.ledger();
+    ledger = server.ledger({ logger: log });
   });
   after(async () => {
     await server.stop();
   });
 
   const wrap = (tool: CreditTool) =>
-    ledger.wrapTool(tool, { runId: (_input, context) => context.runId, runIdHint: "pass { runId } as the context" });
+    wrapTool(ledger, tool, { runId: (_input: unknown, context: { runId?: string }) => context.runId, runIdHint: "pass { runId } as the context" });
 
   test("the wrapped tool keeps its shape: name, schema, prototype; only execute changes", () => {
     const tool = new CreditTool();
@@ -144,13 +154,69 @@ describe("wrapTool and runTool", () => {
     const args = { customer: "c-timeout", amount: 5 };
     const out = await wrapped.execute(args, { runId: run });
     assert.equal(out.outcome, "outcome_unknown");
-    assert.match(out.toModelText(), /outcome of this action is unknown \(the payments API did not answer\)/);
-    assert.match(out.toModelText(), /do not call it again/);
-    assert.equal((await ledger.lookup({ runId: run, tool: "issue_credit", args })).status, "UNKNOWN");
+    // The ledger's own note, word for word, as a repeat reads it (and the Python client says).
+    assert.equal(out.toModelText(), UNKNOWN_NOTE);
+    const entry = await ledger.lookup({ runId: run, tool: "issue_credit", args });
+    assert.equal(entry.status, "UNKNOWN");
+    assert.match(entry.error, /TimeoutError: the payments API did not answer/, "the tool's error is kept for people");
     const again = await wrapped.execute(args, { runId: run });
     assert.equal(again.outcome, "outcome_unknown");
     assert.ok(again.error instanceof OutcomeUnknownError);
-    assert.match(again.toModelText(), /outcome is unknown and is being reconciled/);
+    assert.equal(again.toModelText(), UNKNOWN_NOTE);
+    assert.equal(tool.credits.length, 0);
+  });
+
+  test("NotExecutedError as the cause, or a class the tool declares notExecuted: FAILED retryable; other errors UNKNOWN", async () => {
+    class ValidationError extends Error {}
+    let attempt = 0;
+    const throwing = (error: () => Error) =>
+      wrapTool(
+        ledger,
+        { name: `validate_${++attempt}`, execute: (_input: object) => Promise.reject(error()) },
+        { runId: uniqueRun("classes"), notExecuted: [ValidationError] },
+      );
+    const framed = await throwing(() => new Error("the framework's retry", { cause: new NotExecutedError("no effect") })).execute({});
+    assert.equal(framed.outcome, "not_executed");
+    assert.equal(framed.entry?.status, "FAILED");
+    assert.equal(framed.entry?.retryable, true);
+    const declared = await throwing(() => new ValidationError("amount: expected a number")).execute({});
+    assert.equal(declared.outcome, "not_executed");
+    assert.match(declared.toModelText(), /^This action was not performed: amount: expected a number\. Nothing happened, so it may be called again\.$/);
+    assert.equal(declared.entry?.retryable, true);
+    // A cause that is not NotExecutedError proves nothing.
+    const other = await throwing(() => new Error("retry later", { cause: new ValidationError("?") })).execute({});
+    assert.equal(other.outcome, "outcome_unknown");
+    assert.equal(other.entry?.status, "UNKNOWN");
+  });
+
+  test("a missing run id is logged once per tool, naming the fix; throwOnMissingRunId throws it to the developer", async () => {
+    const tool = new CreditTool();
+    const name = `no_run_${uniqueRun("t")}`;
+    const quiet = wrapTool(ledger, tool, { name, runId: () => undefined, runIdHint: "set it in the context" });
+    await quiet.execute({ customer: "c", amount: 1 }, {});
+    await quiet.execute({ customer: "c", amount: 1 }, {});
+    const lines = log.lines.filter((l) => l.includes(`${name} was called without a run id`));
+    assert.deepEqual(lines.length, 1);
+    assert.match(lines[0], /^ERROR .*nothing ran\. Fix: set it in the context\. \(Logged once per tool\.\)$/);
+    const loud = wrapTool(ledger, tool, { name, runId: () => undefined, throwOnMissingRunId: true });
+    await assert.rejects(loud.execute({ customer: "c", amount: 1 }, {}), MissingRunIdError);
+    assert.equal(tool.credits.length, 0);
+  });
+
+  test("a wrapped tool is registered with the ledger, with its paired read; strict mode refuses one without", async () => {
+    const confirm = () => notFound;
+    const wrapped = wrapTool(ledger, new CreditTool(), { runId: "r", name: "registered_tool", confirm });
+    assert.equal(registrationOf(wrapped)?.confirm, confirm);
+    assert.equal((wrapped as unknown as Record<symbol, unknown>)[LEDGER_TOOL], registrationOf(wrapped));
+    assert.ok(!Object.keys(wrapped).some((k) => k.includes("ledger")), "not an enumerable property");
+    assert.equal(ledger.registeredTools().find((r) => r.name === "registered_tool")?.confirm, confirm);
+    const strict = server.ledger({ requireConfirm: true });
+    assert.throws(
+      () => wrapTool(strict, new CreditTool(), { runId: "r" }),
+      /wrapTool: issue_credit: this Ledger requires a paired read \(requireConfirm: true\) and the tool has none/,
+    );
+    await assert.rejects(strict.runTool("r", "t", {}, () => 1), /runOnce: t: this Ledger requires a paired read/);
+    await assert.rejects(strict.runOnce("r", "t", {}, () => 1), /runOnce: t: this Ledger requires a paired read/);
   });
 
   test("an attempt still in flight after the wait: in progress, with the server's note", async () => {
@@ -158,7 +224,7 @@ describe("wrapTool and runTool", () => {
     const args = { customer: "c-3", amount: 3 };
     await ledger.claim({ runId: run, tool: "issue_credit", args });
     const tool = new CreditTool();
-    const wrapped = ledger.wrapTool(tool, { runId: run, waitMs: 0 });
+    const wrapped = wrapTool(ledger, tool, { runId: run, waitMs: 0 });
     const out = await wrapped.execute(args, {});
     assert.equal(out.outcome, "in_progress");
     assert.ok(out.error instanceof InProgressError);
@@ -169,15 +235,14 @@ describe("wrapTool and runTool", () => {
 
   test("arguments the ledger refuses, an unreachable ledger: not performed, with the reason", async () => {
     const tool = new CreditTool();
-    const refused = await ledger
-      .wrapTool(tool, { runId: uniqueRun("refused") })
+    const refused = await wrapTool(ledger, tool, { runId: uniqueRun("refused") })
       .execute({ customer: "c-4", amount: 2n ** 53n + 1n } as unknown as { customer: string; amount: number }, {});
     assert.equal(refused.outcome, "not_executed");
     assert.match(refused.toModelText(), /arguments were refused \(UNSAFE_INTEGER\)/);
 
-    const down = new Ledger({ address: "127.0.0.1:1", deadlineMs: 2_000 });
+    const down = new Ledger({ address: "127.0.0.1:1", deadlineMs: 2_000, retryBudgetMs: 0 });
     try {
-      const out = await down.wrapTool(tool, { runId: "r" }).execute({ customer: "c-4", amount: 4 }, {});
+      const out = await wrapTool(down, tool, { runId: "r" }).execute({ customer: "c-4", amount: 4 }, {});
       assert.equal(out.outcome, "not_executed");
       assert.match(out.toModelText(), /ledger could not be asked whether it already ran \(UNAVAILABLE: .*\), so nothing was done/);
       assert.doesNotMatch(out.toModelText(), /UNAVAILABLE UNAVAILABLE/);
@@ -189,8 +254,7 @@ describe("wrapTool and runTool", () => {
 
   test("the wrapper's own failure before the claim is not performed; a bad tool is refused at wrap time", async () => {
     const tool = new CreditTool();
-    const out = await ledger
-      .wrapTool(tool, {
+    const out = await wrapTool(ledger, tool, {
         runId: "r",
         arguments: () => {
           throw new Error("no arguments today");
@@ -199,9 +263,9 @@ describe("wrapTool and runTool", () => {
       .execute({ customer: "c", amount: 1 }, {});
     assert.equal(out.outcome, "not_executed");
     assert.match(out.toModelText(), /could not prepare the call: no arguments today/);
-    assert.throws(() => ledger.wrapTool({ execute: () => 1 }, { runId: "r" }), /has no name; pass options.name/);
-    assert.throws(() => ledger.wrapTool({ name: "t" } as never, { runId: "r" }), /an execute function/);
-    assert.throws(() => ledger.wrapTool(tool, {} as never), /runId is required/);
+    assert.throws(() => wrapTool(ledger, { execute: () => 1 }, { runId: "r" }), /has no name; pass options.name/);
+    assert.throws(() => wrapTool(ledger, { name: "t" } as never, { runId: "r" }), /an execute function/);
+    assert.throws(() => wrapTool(ledger, tool, {} as never), /runId is required/);
   });
 
   test("a streaming execute (an async iterable) is stored with its last value", async () => {
@@ -212,7 +276,7 @@ describe("wrapTool and runTool", () => {
       },
     };
     const run = uniqueRun("stream");
-    const wrapped = ledger.wrapTool(tool, { runId: run });
+    const wrapped = wrapTool(ledger, tool, { runId: run });
     const out = await wrapped.execute({ to: 3 });
     assert.deepEqual(out.value, { n: 3 });
     const again = await wrapped.execute({ to: 3 });
@@ -222,7 +286,7 @@ describe("wrapTool and runTool", () => {
 
   test("toJSON carries the model's text, so a persisted output still reads right", async () => {
     const run = uniqueRun("json");
-    const wrapped = ledger.wrapTool({ name: "send_reply", execute: (input: { body: string }) => `sent: ${input.body}` }, { runId: run });
+    const wrapped = wrapTool(ledger, { name: "send_reply", execute: (input: { body: string }) => `sent: ${input.body}` }, { runId: run });
     const first = await wrapped.execute({ body: "hi" });
     assert.equal(first.toModelText(), "sent: hi");
     const again = await wrapped.execute({ body: "hi" });

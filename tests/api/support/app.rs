@@ -204,6 +204,8 @@ pub fn test_settings(url: &str) -> Settings {
     s.health_probe_interval = Duration::from_millis(200);
     s.db_acquire_timeout = Duration::from_secs(2);
     s.shutdown_grace = Duration::from_secs(5);
+    // Tests that want a console ask for one on a free port; the default one is a developer's.
+    s.console_listen = Some(idempotency_ledger::console::Listen::Off);
     s
 }
 
@@ -348,6 +350,27 @@ pub fn init_tracing() {
     }
 }
 
+/// The real `idempotency-ledger` binary as a command, killed when dropped, without the
+/// caller's `DATABASE_URL` and `LEDGER_*` variables: its settings come from the flags a test
+/// gives only, whatever the developer's shell exports (sqlx's `DATABASE_URL`, a `LEDGER_*`
+/// setting). Every test that runs the binary starts it through this (`tests/layout.rs` holds
+/// that); a test that wants a variable sets it on the command.
+pub fn ledger_command() -> tokio::process::Command {
+    let mut command = tokio::process::Command::new(env!("CARGO_BIN_EXE_idempotency-ledger"));
+    command.env_remove("DATABASE_URL");
+    for (name, _) in std::env::vars_os() {
+        let name = name.to_string_lossy();
+        if name.starts_with("LEDGER_") || name.starts_with("OTEL_") {
+            command.env_remove(name.as_ref());
+        }
+    }
+    // No console unless a test asks for one (`--console-listen`): the default port is a
+    // developer's, and servers of parallel tests would race for it.
+    command.env("LEDGER_CONSOLE_LISTEN", "off");
+    command.kill_on_drop(true);
+    command
+}
+
 /// The real `idempotency-ledger` binary running as a child process on a free port.
 pub struct ServerProcess {
     pub addr: SocketAddr,
@@ -384,15 +407,9 @@ impl ServerProcess {
     ) -> ServerProcess {
         use tokio::io::{AsyncBufReadExt, BufReader};
         let addr: SocketAddr = format!("127.0.0.1:{port}").parse().expect("addr");
-        let mut command = tokio::process::Command::new(env!("CARGO_BIN_EXE_idempotency-ledger"));
-        // The server's settings come from its flags only: a variable the developer's shell
-        // exports (sqlx's DATABASE_URL, a LEDGER_* setting) must not change a test's server.
-        for (name, _) in std::env::vars_os() {
-            let name = name.to_string_lossy();
-            if name == "DATABASE_URL" || name.starts_with("LEDGER_") {
-                command.env_remove(name.as_ref());
-            }
-        }
+        let mut command = ledger_command();
+        // Before `configure`, which may ask for more.
+        command.env("RUST_LOG", "info");
         configure(&mut command);
         let mut child = command
             .arg("--listen")
@@ -402,7 +419,6 @@ impl ServerProcess {
             .arg("--health-probe-interval")
             .arg("200ms")
             .args(extra)
-            .env("RUST_LOG", "info")
             .stdin(std::process::Stdio::null())
             .stdout(std::process::Stdio::null())
             .stderr(std::process::Stdio::piped())

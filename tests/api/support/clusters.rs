@@ -254,7 +254,7 @@ impl LedgerProcess {
     /// `--database-url url`, a 200 ms health probe, and `extra` flags; returns at once.
     pub fn spawn(url: &str, extra: &[&str]) -> LedgerProcess {
         use tokio::io::{AsyncBufReadExt, BufReader};
-        let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_idempotency-ledger"))
+        let mut child = super::app::ledger_command()
             .arg("--listen")
             .arg("127.0.0.1:0")
             .arg("--database-url")
@@ -263,11 +263,9 @@ impl LedgerProcess {
             .arg("200ms")
             .args(extra)
             .env("RUST_LOG", "info")
-            .env_remove("LEDGER_LOG_FORMAT")
             .stdin(std::process::Stdio::null())
             .stdout(std::process::Stdio::null())
             .stderr(std::process::Stdio::piped())
-            .kill_on_drop(true)
             .spawn()
             .expect("spawn idempotency-ledger");
         let stderr = child.stderr.take().expect("stderr");

@@ -17,7 +17,17 @@
 //!   then the connection is reset: the database did it, the server never hears so;
 //! - [`Proxy::cut_after_server_bytes`]: the next `n` bytes from the server (whichever
 //!   connections carry them) are forwarded, and the connection that would carry the next one is
-//!   reset, usually in the middle of a message.
+//!   reset, usually in the middle of a message;
+//! - [`Proxy::close_new_connections`]: every new connection is accepted and closed at once,
+//!   before a byte is answered, without reaching PostgreSQL: what HAProxy, PgBouncer and cloud
+//!   load balancers do while no backend is up;
+//! - [`Proxy::refuse_connections`]: the proxy stops listening, so a connection is refused by
+//!   the kernel (a TCP RST to the SYN), and listens on the same address again when it ends;
+//! - [`Proxy::cut_each_connection_after`]: every connection is reset once it has carried `n`
+//!   bytes in one direction (a new one counted from its first byte, an open one from the
+//!   moment this was armed), until cleared: with `n` chosen to land in the answer to
+//!   `SSLRequest`, the TLS handshake, the startup packet, authentication or a statement,
+//!   every connection dies at that step.
 //!
 //! To tell write statements and their responses apart, the proxy follows the PostgreSQL wire
 //! protocol's framing in both directions (startup and `SSLRequest` untagged, then one tag byte
@@ -49,6 +59,68 @@ pub struct ProxyStats {
     pub commit_cuts: u64,
     /// Connections cut after the armed number of server bytes.
     pub byte_cuts: u64,
+    /// Connections closed at once by [`Proxy::close_new_connections`].
+    pub closed_at_accept: u64,
+    /// Connections cut by [`Proxy::cut_each_connection_after`].
+    pub connection_cuts: u64,
+}
+
+/// Where a connection is in PostgreSQL's protocol, as the proxy has seen it: what a cut by
+/// [`Proxy::cut_each_connection_after`] interrupted ([`Proxy::cuts_at`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Phase {
+    /// The startup packet and PostgreSQL's answer to it, up to an authentication request;
+    /// also after `AuthenticationOk`, up to the first `ReadyForQuery`.
+    Startup,
+    /// The client sent `SSLRequest`; PostgreSQL's one-byte answer has not passed.
+    SslAnswer,
+    /// PostgreSQL answered `S`: the rest is TLS, its handshake first.
+    Tls,
+    /// PostgreSQL asked for a password or a SASL exchange, and has not said
+    /// `AuthenticationOk`.
+    Authentication,
+    /// Ready for queries: statements run.
+    Ready,
+}
+
+impl Phase {
+    const ALL: [Phase; 5] = [
+        Phase::Startup,
+        Phase::SslAnswer,
+        Phase::Tls,
+        Phase::Authentication,
+        Phase::Ready,
+    ];
+
+    fn index(self) -> usize {
+        self as usize
+    }
+}
+
+/// Which way bytes flow through the proxy.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Direction {
+    /// From the client (the ledger server) to PostgreSQL.
+    ToServer,
+    /// From PostgreSQL to the client.
+    ToClient,
+}
+
+impl Direction {
+    fn index(self) -> usize {
+        match self {
+            Direction::ToServer => 0,
+            Direction::ToClient => 1,
+        }
+    }
+}
+
+/// A cut of every connection after a number of bytes in one direction, and which arming it
+/// is (an open connection counts from the arming it last saw).
+#[derive(Clone, Copy)]
+struct EachCut {
+    after: u64,
+    armed: u64,
 }
 
 /// The switches and counters every connection of one proxy shares.
@@ -65,10 +137,22 @@ struct Shared {
     cut_writes: AtomicU64,
     /// Server bytes still to forward before a cut; negative when disarmed.
     cut_after_bytes: AtomicI64,
+    /// New connections are closed at once.
+    close_at_accept: AtomicBool,
+    /// `true` while the proxy does not listen.
+    refusing: watch::Sender<bool>,
+    /// Per direction ([`Direction::index`]): the cut every connection meets, if armed.
+    each_cut: [std::sync::Mutex<Option<EachCut>>; 2],
+    /// How many times a cut of each connection was armed.
+    each_cut_armings: AtomicU64,
     connections: AtomicU64,
     resets: AtomicU64,
     commit_cuts: AtomicU64,
     byte_cuts: AtomicU64,
+    closed_at_accept: AtomicU64,
+    connection_cuts: AtomicU64,
+    /// [`Proxy::cut_each_connection_after`]'s cuts, by the [`Phase`] they interrupted.
+    cuts_by_phase: [AtomicU64; 5],
 }
 
 impl Shared {
@@ -77,6 +161,52 @@ impl Shared {
             .upstream
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    fn each_cut(&self, direction: Direction) -> Option<EachCut> {
+        *self.each_cut[direction.index()]
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+}
+
+/// What one direction of one connection counts toward [`Proxy::cut_each_connection_after`].
+struct Carried {
+    direction: Direction,
+    /// The arming the count started from (0: none seen).
+    armed: u64,
+    bytes: u64,
+}
+
+impl Carried {
+    /// For a connection starting now: armed cuts count its bytes from the first.
+    fn new(shared: &Shared, direction: Direction) -> Carried {
+        Carried {
+            direction,
+            armed: shared.each_cut(direction).map_or(0, |c| c.armed),
+            bytes: 0,
+        }
+    }
+
+    /// How many of the next `n` bytes may pass, and whether the connection is cut after them.
+    fn admit(&mut self, shared: &Shared, n: usize) -> (usize, bool) {
+        let Some(cut) = shared.each_cut(self.direction) else {
+            return (n, false);
+        };
+        if cut.armed != self.armed {
+            self.armed = cut.armed;
+            self.bytes = 0;
+        }
+        let left = cut.after.saturating_sub(self.bytes);
+        let n64 = u64::try_from(n).unwrap_or(u64::MAX);
+        if n64 <= left {
+            self.bytes += n64;
+            // Exactly at the limit: the next byte cuts (a limit of 0 cuts at the first one).
+            (n, false)
+        } else {
+            self.bytes = cut.after;
+            (usize::try_from(left).unwrap_or(n), true)
+        }
     }
 }
 
@@ -101,25 +231,19 @@ impl Proxy {
             reset_epoch: watch::Sender::new(0),
             cut_writes: AtomicU64::new(0),
             cut_after_bytes: AtomicI64::new(-1),
+            close_at_accept: AtomicBool::new(false),
+            refusing: watch::Sender::new(false),
+            each_cut: [std::sync::Mutex::new(None), std::sync::Mutex::new(None)],
+            each_cut_armings: AtomicU64::new(0),
             connections: AtomicU64::new(0),
             resets: AtomicU64::new(0),
             commit_cuts: AtomicU64::new(0),
             byte_cuts: AtomicU64::new(0),
+            closed_at_accept: AtomicU64::new(0),
+            connection_cuts: AtomicU64::new(0),
+            cuts_by_phase: Default::default(),
         });
-        let accept = tokio::spawn({
-            let shared = shared.clone();
-            async move {
-                loop {
-                    let Ok((client, _)) = listener.accept().await else {
-                        // EMFILE and friends: back off rather than spin.
-                        tokio::time::sleep(Duration::from_millis(50)).await;
-                        continue;
-                    };
-                    shared.connections.fetch_add(1, Ordering::Relaxed);
-                    tokio::spawn(serve_connection(shared.clone(), client));
-                }
-            }
-        });
+        let accept = tokio::spawn(accept_loop(shared.clone(), listener, addr));
         Proxy {
             addr,
             shared,
@@ -209,12 +333,59 @@ impl Proxy {
         self.shared.cut_after_bytes.load(Ordering::SeqCst) >= 0
     }
 
-    /// Turns every fault off: no latency, no blackhole, no cut armed.
+    /// Accepts every new connection and closes it at once (`true`), before anything reaches
+    /// PostgreSQL, or forwards new connections again (`false`). Open connections are left
+    /// alone. The client gets an orderly end of stream where it waits for PostgreSQL's first
+    /// byte: sqlx reads it, after an `SSLRequest`, as the answer 0x00.
+    pub fn close_new_connections(&self, on: bool) {
+        self.shared.close_at_accept.store(on, Ordering::SeqCst);
+    }
+
+    /// Stops listening (`true`), so that connecting is refused by the kernel, or listens again
+    /// on the same address (`false`). Open connections are left alone.
+    pub fn refuse_connections(&self, on: bool) {
+        self.shared.refusing.send_replace(on);
+    }
+
+    /// Resets every connection once it has carried `n` bytes in `direction`: a new one counted
+    /// from its first byte, an open one from now; until [`Proxy::clear`] or
+    /// [`Proxy::stop_cutting_each_connection`]. The `n` bytes are forwarded, then both sides
+    /// get an RST; `n = 0` cuts at the first byte.
+    pub fn cut_each_connection_after(&self, direction: Direction, n: u64) {
+        let armed = self.shared.each_cut_armings.fetch_add(1, Ordering::SeqCst) + 1;
+        *self.shared.each_cut[direction.index()]
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(EachCut { after: n, armed });
+    }
+
+    /// Disarms [`Proxy::cut_each_connection_after`] in both directions.
+    pub fn stop_cutting_each_connection(&self) {
+        for cut in &self.shared.each_cut {
+            *cut.lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner) = None;
+        }
+    }
+
+    /// Turns every fault off: no latency, no blackhole, no cut armed, new connections accepted
+    /// and forwarded.
     pub fn clear(&self) {
         self.set_latency(Duration::ZERO);
         self.shared.cut_writes.store(0, Ordering::SeqCst);
         self.shared.cut_after_bytes.store(-1, Ordering::SeqCst);
+        self.stop_cutting_each_connection();
+        self.close_new_connections(false);
+        self.refuse_connections(false);
         self.blackhole(false);
+    }
+
+    /// How many connections [`Proxy::cut_each_connection_after`] cut in `phase`.
+    pub fn cuts_at(&self, phase: Phase) -> u64 {
+        self.shared.cuts_by_phase[phase.index()].load(Ordering::Relaxed)
+    }
+
+    /// Those cuts by phase, for failure messages.
+    pub fn cuts_by_phase(&self) -> Vec<(Phase, u64)> {
+        Phase::ALL.iter().map(|p| (*p, self.cuts_at(*p))).collect()
     }
 
     pub fn stats(&self) -> ProxyStats {
@@ -224,6 +395,63 @@ impl Proxy {
             resets: s.resets.load(Ordering::Relaxed),
             commit_cuts: s.commit_cuts.load(Ordering::Relaxed),
             byte_cuts: s.byte_cuts.load(Ordering::Relaxed),
+            closed_at_accept: s.closed_at_accept.load(Ordering::Relaxed),
+            connection_cuts: s.connection_cuts.load(Ordering::Relaxed),
+        }
+    }
+}
+
+/// Accepts connections on `listener` (bound to `addr`) and serves each; while the proxy
+/// refuses connections, listens on nothing, and binds `addr` again after.
+async fn accept_loop(shared: Arc<Shared>, listener: TcpListener, addr: SocketAddr) {
+    let mut refusing = shared.refusing.subscribe();
+    let mut listener = Some(listener);
+    loop {
+        let refuse = *refusing.borrow_and_update();
+        match (&listener, refuse) {
+            // Closed: connecting is refused from now on.
+            (Some(_), true) => listener = None,
+            (None, false) => listener = Some(bind_again(addr).await),
+            (None, true) => {
+                if refusing.changed().await.is_err() {
+                    return;
+                }
+            }
+            (Some(open), false) => {
+                tokio::select! {
+                    accepted = open.accept() => {
+                        let Ok((client, _)) = accepted else {
+                            // EMFILE and friends: back off rather than spin.
+                            tokio::time::sleep(Duration::from_millis(50)).await;
+                            continue;
+                        };
+                        shared.connections.fetch_add(1, Ordering::Relaxed);
+                        tokio::spawn(serve_connection(shared.clone(), client));
+                    }
+                    changed = refusing.changed() => {
+                        if changed.is_err() {
+                            return;
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Binds `addr` again (the proxy's own port, free since it stopped listening there; a
+/// short-lived socket may hold it a moment).
+async fn bind_again(addr: SocketAddr) -> TcpListener {
+    let mut tries = 0;
+    loop {
+        match TcpListener::bind(addr).await {
+            Ok(listener) => return listener,
+            Err(e) if tries < 50 => {
+                tries += 1;
+                eprintln!("proxy: cannot listen on {addr} again yet ({e}); retrying");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            Err(e) => panic!("the proxy cannot listen on {addr} again: {e}"),
         }
     }
 }
@@ -254,12 +482,36 @@ struct Link {
     ssl_requested: AtomicBool,
     /// The response to a write statement is being swallowed until its `ReadyForQuery`.
     cut_pending: AtomicBool,
+    /// Where the connection is ([`Phase`] as `u8`); `Startup` at first.
+    phase: std::sync::atomic::AtomicU8,
+}
+
+impl Link {
+    fn phase(&self) -> Phase {
+        Phase::ALL[usize::from(self.phase.load(Ordering::SeqCst))]
+    }
+
+    fn enter(&self, phase: Phase) {
+        self.phase
+            .store(u8::try_from(phase.index()).unwrap_or(0), Ordering::SeqCst);
+    }
+
+    /// Counts a cut of this connection in its current phase.
+    fn cut(&self, shared: &Shared) {
+        shared.connection_cuts.fetch_add(1, Ordering::Relaxed);
+        shared.cuts_by_phase[self.phase().index()].fetch_add(1, Ordering::Relaxed);
+    }
 }
 
 async fn serve_connection(shared: Arc<Shared>, mut client: TcpStream) {
     let mut reset = shared.reset_epoch.subscribe();
     reset.borrow_and_update();
     let _ = client.set_nodelay(true);
+    if shared.close_at_accept.load(Ordering::SeqCst) {
+        shared.closed_at_accept.fetch_add(1, Ordering::Relaxed);
+        close_at_once(client).await;
+        return;
+    }
     // A partitioned link connects to nothing: hold the client until the blackhole ends.
     tokio::select! {
         () = wait_open(&shared) => {}
@@ -303,6 +555,18 @@ fn rst(stream: &TcpStream) {
     let _ = stream.set_zero_linger();
 }
 
+/// Ends a connection nothing was answered on with a FIN, as a proxy without a backend does:
+/// what the client sent is read and dropped (a socket closed with unread data sends an RST
+/// instead), until the client closes too or a second passes.
+async fn close_at_once(mut client: TcpStream) {
+    let _ = client.shutdown().await;
+    let mut sink = [0u8; 4096];
+    let _ = tokio::time::timeout(Duration::from_secs(1), async {
+        while matches!(client.read(&mut sink).await, Ok(n) if n > 0) {}
+    })
+    .await;
+}
+
 async fn wait_open(shared: &Shared) {
     let mut blackhole = shared.blackhole.subscribe();
     let _ = blackhole.wait_for(|on| !*on).await;
@@ -325,12 +589,22 @@ async fn to_server(
     mut to: tokio::net::tcp::WriteHalf<'_>,
 ) -> End {
     let mut frontend = Frontend::default();
+    let mut carried = Carried::new(shared, Direction::ToServer);
     let mut buf = vec![0u8; 64 * 1024];
     loop {
         let n = match from.read(&mut buf).await {
             Ok(0) | Err(_) => return End::Closed,
             Ok(n) => n,
         };
+        let (allowed, cut) = carried.admit(shared, n);
+        if cut {
+            delay(shared).await;
+            if allowed > 0 && to.write_all(&buf[..allowed]).await.is_err() {
+                return End::Closed;
+            }
+            link.cut(shared);
+            return End::Cut;
+        }
         let chunk = &buf[..n];
         let writes = frontend.feed(chunk, link);
         delay(shared).await;
@@ -359,12 +633,22 @@ async fn to_client(
     mut to: tokio::net::tcp::WriteHalf<'_>,
 ) -> End {
     let mut backend = Backend::default();
+    let mut carried = Carried::new(shared, Direction::ToClient);
     let mut buf = vec![0u8; 64 * 1024];
     loop {
         let n = match from.read(&mut buf).await {
             Ok(0) | Err(_) => return End::Closed,
             Ok(n) => n,
         };
+        let (allowed, cut) = carried.admit(shared, n);
+        if cut {
+            delay(shared).await;
+            if allowed > 0 && to.write_all(&buf[..allowed]).await.is_err() {
+                return End::Closed;
+            }
+            link.cut(shared);
+            return End::Cut;
+        }
         let chunk = &buf[..n];
         let ready = backend.feed(chunk, link);
         if link.cut_pending.load(Ordering::SeqCst) {
@@ -508,7 +792,10 @@ impl Frontend {
                         .map(|b| u32::from_be_bytes([b[0], b[1], b[2], b[3]]))
                         .unwrap_or(0);
                     match code {
-                        80_877_103 => link.ssl_requested.store(true, Ordering::SeqCst),
+                        80_877_103 => {
+                            link.ssl_requested.store(true, Ordering::SeqCst);
+                            link.enter(Phase::SslAnswer);
+                        }
                         // GSSENCRequest and CancelRequest: more untagged traffic or none.
                         80_877_104 | 80_877_102 => {}
                         _ => started_flag.set(true),
@@ -585,12 +872,26 @@ impl Backend {
                     Untagged::No
                 }
             },
-            |tag, _| {
+            |tag, body| {
                 if awaiting_ssl.get() {
                     awaiting_ssl.set(false);
                     opaque.set(tag == b'S');
+                    link.enter(if tag == b'S' {
+                        Phase::Tls
+                    } else {
+                        Phase::Startup
+                    });
                 } else if tag == b'Z' {
                     ready += 1;
+                    link.enter(Phase::Ready);
+                } else if tag == b'R' {
+                    // An authentication request: code 0 is AuthenticationOk.
+                    let ok = body.get(..4) == Some(&[0, 0, 0, 0][..]);
+                    link.enter(if ok {
+                        Phase::Startup
+                    } else {
+                        Phase::Authentication
+                    });
                 }
             },
         );

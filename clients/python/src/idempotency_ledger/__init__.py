@@ -13,18 +13,27 @@ Or one line per tool, inside an agent framework::
     @ledger.tool()
     def issue_credit(customer: str, amount: int) -> dict: ...
 
-See README.md beside the package, and the modules: ``client`` (Ledger, AsyncLedger, run_once),
-``tools`` (the ``@ledger.tool()`` wrapper, ``current_attempt``, ``run_scope``), ``errors`` (typed
-errors), ``keys`` (local key derivation), ``model`` (entries and answers), ``codec`` (result
-encoding), ``testing`` (a real server for tests); and the framework adapters, each an optional
-extra: ``pydantic_ai``, ``openai_agents``, ``langchain``, ``mcp``.
+See README.md beside the package. The layers, each importing only from those below it (README,
+"Layers"): ``model`` and ``errors``; ``codec`` and ``keys``; the ledger (``_wire``, ``_trace``,
+``_core``: run-once written once, ``client``: ``LedgerClient`` and ``AsyncLedgerClient``); the tools
+(``tools``: ``@ledger.tool()``, ``Ledger``, ``AsyncLedger``; ``reconciler``); and the framework
+adapters, each an optional extra, imported by you and never by the rest: ``pydantic_ai``,
+``openai_agents``, ``langchain``, ``mcp``. ``testing`` starts a real server for tests.
 """
 
-from .client import DEFAULT_WAIT, RENEW_EVERY_FRACTION_OF_LEASE, AsyncLedger, BeforeActing, Ledger
+from .client import (
+    DEFAULT_CONFIRM_DELAY,
+    DEFAULT_RETRY_BUDGET,
+    DEFAULT_WAIT,
+    RENEW_EVERY_FRACTION_OF_LEASE,
+    AsyncLedgerClient,
+    LedgerClient,
+)
 from .codec import BYTES, JSON, BytesCodec, Codec, JsonCodec, to_jsonable
 from .errors import (
     ActionTimeout,
     AlreadyResolved,
+    BeforeActing,
     DataLoss,
     DeadlineExceeded,
     FailedPrecondition,
@@ -55,35 +64,58 @@ from .keys import (
     fingerprint,
 )
 from .model import (
+    Answer,
     Attempt,
+    CallOutcome,
     Canonicalization,
     ClaimResult,
     Completion,
+    Confirmation,
     Entry,
+    Kind,
     Outcome,
     Reconciliation,
     Resolution,
     Result,
     Status,
+    UnknownAttempt,
+    cannot_tell,
+    found,
+    not_found,
 )
-from .tools import NoRunId, current_attempt, current_run_id, run_scope
+from .reconciler import Reconciler, Settlement
+from .tools import (
+    AsyncLedger,
+    Ledger,
+    LedgerTool,
+    NoRunId,
+    current_attempt,
+    current_run_id,
+    run_scope,
+)
 
 __all__ = [
     "BYTES",
+    "DEFAULT_CONFIRM_DELAY",
+    "DEFAULT_RETRY_BUDGET",
     "DEFAULT_WAIT",
     "JSON",
     "RENEW_EVERY_FRACTION_OF_LEASE",
     "ActionTimeout",
     "AlreadyResolved",
+    "Answer",
     "ArgumentsRefused",
     "AsyncLedger",
+    "AsyncLedgerClient",
     "Attempt",
     "BeforeActing",
     "BytesCodec",
+    "CallOutcome",
     "Canonicalization",
     "ClaimResult",
     "Codec",
     "Completion",
+    "Confirmation",
     "DataLoss",
     "DeadlineExceeded",
     "Entry",
@@ -93,9 +125,12 @@ __all__ = [
     "InvalidArgument",
     "JsonCodec",
     "KeyReused",
+    "Kind",
     "LeaseEnded",
     "Ledger",
+    "LedgerClient",
     "LedgerError",
+    "LedgerTool",
     "NoRunId",
     "NotExecuted",
     "NotFound",
@@ -103,23 +138,29 @@ __all__ = [
     "OutcomeUnknownError",
     "PermanentFailure",
     "PreviouslyFailedError",
+    "Reconciler",
     "Reconciliation",
     "Resolution",
     "ResourceExhausted",
     "Result",
     "ResultNotEncodable",
+    "Settlement",
     "StaleClaimToken",
     "Status",
     "StoreFull",
     "Unauthenticated",
     "Unavailable",
+    "UnknownAttempt",
     "arguments_json",
     "canonicalize",
+    "cannot_tell",
     "current_attempt",
     "current_run_id",
     "derive_key",
     "external_ref",
     "fingerprint",
+    "found",
+    "not_found",
     "run_scope",
     "to_jsonable",
 ]

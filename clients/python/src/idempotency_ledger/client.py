@@ -1,6 +1,8 @@
-"""The clients: :class:`Ledger` (blocking, on ``grpc``) and :class:`AsyncLedger` (asyncio, on
-``grpc.aio``), each with the RPCs (``list_entries`` pages through ListEntries as an iterator)
-and :meth:`~Ledger.run_once`, the call agent code wants.
+"""The clients: :class:`LedgerClient` (blocking, on ``grpc``) and :class:`AsyncLedgerClient`
+(asyncio, on ``grpc.aio``), each with the RPCs (``list_entries`` pages through ListEntries as an
+iterator), :meth:`~LedgerClient.run_once`, the call agent code wants, and
+:meth:`~LedgerClient.attempt`, the same without raising. ``idempotency_ledger.Ledger`` and
+``AsyncLedger`` are these with ``tool()``, the decorator of the layer above (``tools``).
 
 ``run_once(run_id, tool, arguments, action)``:
 
@@ -10,27 +12,31 @@ and :meth:`~Ledger.run_once`, the call agent code wants.
 
    - it returned a value: ``SUCCEEDED`` with ``codec.encode(value)``; returns a :class:`Result`
      with ``replayed=False``;
-   - it raised :class:`NotExecuted` (the effect certainly did not happen): ``FAILED``,
-     retryable, so the next call of the intent runs it again; re-raises;
+   - it raised :class:`NotExecuted` (the effect certainly did not happen), or an exception of a
+     class in ``not_executed``, or one raised from either: ``FAILED``, retryable, so the next
+     call of the intent runs it again; re-raises;
    - it raised :class:`PermanentFailure`: ``FAILED``, not retryable; re-raises;
-   - anything else (``TimeoutError``, a dropped connection, a cancellation, a result the codec
-     cannot encode): ``UNKNOWN``, since the effect may have happened; re-raises. The entry waits
-     for a reconciler and is never re-executed silently.
+   - anything else (``TimeoutError``, a dropped connection, a framework's retry exception, a
+     cancellation, a result the codec cannot encode): ``UNKNOWN``, since the effect may have
+     happened. With a ``confirm`` (the tool's paired read), the outcome is settled at once: the
+     effect found means ``SUCCEEDED`` with the result it found (returned as if the action had
+     answered), none means ``FAILED`` retryable (:class:`NotExecuted` is raised); otherwise the
+     action's exception is re-raised and the entry waits for a reconciler, never re-executed.
 
 3. ``REPLAYED``: returns the stored result decoded, ``replayed=True``, with the ledger's note for
    the model; the action is not run.
 4. ``IN_PROGRESS`` (still, after the wait): raises :class:`InProgressError` with ``retry_after``,
-   or :class:`OutcomeUnknownError` when the earlier attempt's outcome is unknown.
+   or :class:`OutcomeUnknownError` when the earlier attempt's outcome is unknown (with a
+   ``confirm``, an unknown outcome whose lease ended is settled first, then claimed again).
 5. ``PREVIOUSLY_FAILED``: raises :class:`PreviouslyFailedError` with the stored error.
 
-While the action runs, ``run_once`` renews the attempt's lease every third of it (RenewLease), so
-a duplicate keeps reading ``IN_PROGRESS`` (``ATTEMPTING``) however slow the action, and stops when
-the action ends. ``action_timeout`` bounds the action itself: one that outlives it is recorded
-``UNKNOWN`` and :class:`ActionTimeout` is raised.
+What run_once decides is written once, in ``_core``, for both clients; this module drives it:
+with blocking calls and threads here, with awaits and tasks in :class:`AsyncLedgerClient`.
 
 Every RPC has a deadline: the client's `timeout` (10 s unless given), or the call's own
 ``timeout=``; a claim that waits gets at least its wait plus a second. ``timeout`` never bounds the
-action.
+action. Claim, Lookup, RenewLease and Complete that meet ``UNAVAILABLE`` are sent again after the
+server's ``RetryInfo`` delay within ``retry_budget`` seconds (Complete: at least the lease).
 """
 
 from __future__ import annotations
@@ -38,40 +44,27 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import inspect
+import socket
 import threading
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator, Mapping
-from datetime import datetime, timedelta
+from collections.abc import AsyncIterator, Awaitable, Callable, Generator, Iterable, Iterator
+from datetime import datetime
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeVar
-from urllib.parse import urlsplit
+from typing import Any, TypeVar
 
 import grpc
 import grpc.aio
-from google.protobuf import duration_pb2, timestamp_pb2
 
-from idempotency.v1 import ledger_pb2 as pb
-from idempotency.v1 import ledger_pb2_grpc as pb_grpc
-
+from . import _core as core
+from . import _wire as wire
+from ._proto import ledger_pb2_grpc as pb_grpc
+from ._trace import trace_metadata
+from ._wire import Arguments, Seconds
 from .codec import JSON, Codec
-from .errors import (
-    ActionTimeout,
-    DeadlineExceeded,
-    FailedPrecondition,
-    InProgressError,
-    LedgerError,
-    NotExecuted,
-    OutcomeUnknownError,
-    PermanentFailure,
-    PreviouslyFailedError,
-    ResultNotEncodable,
-    Unavailable,
-    _ActionFailure,
-    error_from_rpc,
-)
-from .keys import arguments_json
+from .errors import FailedPrecondition, LedgerError, error_from_rpc
 from .model import (
     Attempt,
+    CallOutcome,
     Canonicalization,
     ClaimResult,
     Completion,
@@ -81,15 +74,11 @@ from .model import (
     Resolution,
     Result,
     Status,
+    UnknownAttempt,
 )
 
-if TYPE_CHECKING:
-    from .tools import AsyncToolDecorator, ToolDecorator
+__all__ = ["AsyncLedgerClient", "LedgerClient"]
 
-__all__ = ["AsyncLedger", "Ledger"]
-
-Seconds = float | int | timedelta
-Arguments = str | Mapping[str, Any]
 T = TypeVar("T")
 
 #: The deadline of a call that sets none.
@@ -101,136 +90,28 @@ DEFAULT_WAIT = 10.0
 #: (``defaults.renew_every_fraction_of_lease`` of clients/parity.json): two renewals can fail
 #: before a duplicate could read the attempt as UNKNOWN.
 RENEW_EVERY_FRACTION_OF_LEASE = 1 / 3
-# A Complete that meets UNAVAILABLE or DEADLINE_EXCEEDED is sent again (an identical Complete is
-# idempotent: already_completed), this many times in all.
-_COMPLETE_TRIES = 3
-_COMPLETE_BACKOFF = 0.2
-# The longest error text run_once stores for a failed action.
-_MAX_ERROR_CHARS = 4096
+#: How long a call that meets UNAVAILABLE is sent again, by default
+#: (``defaults.retry_budget_seconds`` of clients/parity.json): long enough for a failover.
+DEFAULT_RETRY_BUDGET = 30.0
+#: The pause between an unknown outcome and asking the tool's confirm, by default
+#: (``defaults.confirm_delay_seconds``): the external system may need a moment to show it.
+DEFAULT_CONFIRM_DELAY = 1.0
+# How fast a broken channel tries to connect again. gRPC's default backoff grows to two minutes,
+# so a channel broken by a ten-second failover could stay down long after the server is back.
+_CHANNEL_OPTIONS = (("grpc.initial_reconnect_backoff_ms", 200),
+                    ("grpc.max_reconnect_backoff_ms", 2000))
+
+Confirm = Callable[[UnknownAttempt], Any]
 
 
-# --- conversions ------------------------------------------------------------------------------
-
-
-def _duration(value: Seconds | None) -> duration_pb2.Duration | None:
-    if value is None:
-        return None
-    d = duration_pb2.Duration()
-    if isinstance(value, timedelta):
-        d.FromTimedelta(value)
-    else:
-        d.FromNanoseconds(round(value * 1e9))
-    return d
-
-
-def _seconds(value: Seconds | None) -> float | None:
-    if value is None:
-        return None
-    return value.total_seconds() if isinstance(value, timedelta) else float(value)
-
-
-def _timestamp(value: datetime | None) -> timestamp_pb2.Timestamp | None:
-    """A protobuf Timestamp; a naive datetime is read as UTC (as protobuf does)."""
-    if value is None:
-        return None
-    t = timestamp_pb2.Timestamp()
-    t.FromDatetime(value)
-    return t
-
-
-def _canonicalization(value: Canonicalization | str) -> str:
-    """The proto enum's name (protobuf takes names as well as numbers)."""
-    return "CANONICALIZATION_" + Canonicalization(value).value
-
-
-def _status(value: Status | str) -> str:
-    status = Status[value.upper().removeprefix("STATUS_")] if isinstance(value, str) else value
-    return "STATUS_" + Status(status).name
-
-
-def _claim_result(r: Any) -> ClaimResult:
-    retry_after = r.retry_after.ToTimedelta().total_seconds() if r.HasField("retry_after") else None
-    return ClaimResult(Outcome(r.outcome), Entry.from_pb(r.entry), r.claim_token, r.note,
-                       retry_after)
-
-
-def _read_file(value: bytes | str | Path) -> bytes:
-    return value if isinstance(value, bytes) else Path(value).read_bytes()
-
-
-def _parse_target(target: str) -> tuple[str, bool | None]:
-    """(the gRPC address, TLS) of ``host:port``, ``http://host[:port]`` (plaintext) or
-    ``https://host[:port]`` (TLS), as the TypeScript client and the CLI take them. TLS is ``None``
-    for a bare ``host:port``: the other arguments decide."""
-    if "://" not in target:
-        if not target or "/" in target:
-            raise ValueError(f"target {target!r}: expected host:port, http://host:port or "
-                             "https://host:port")
-        return target, None
-    url = urlsplit(target)
-    if url.scheme not in ("http", "https"):
-        raise ValueError(f"target {target!r}: the scheme must be http:// or https://")
-    if not url.hostname or url.path not in ("", "/") or url.query or url.fragment or (
-            url.username or url.password):
-        raise ValueError(f"target {target!r}: expected {url.scheme}://host:port and nothing more")
-    try:
-        port = url.port or (443 if url.scheme == "https" else 80)
-    except ValueError as e:
-        raise ValueError(f"target {target!r}: {e}") from None
-    host = f"[{url.hostname}]" if ":" in url.hostname else url.hostname
-    return f"{host}:{port}", url.scheme == "https"
-
-
-def _check_arity(action: Callable[..., Any]) -> None:
-    """Raises (BeforeActing around) TypeError when `action` cannot be called with one attempt,
-    before it is called: an action that could not even start certainly did not act."""
-    try:
-        signature = inspect.signature(action)
-    except (TypeError, ValueError):
-        return  # a callable without a signature (a builtin): let the call decide
-    try:
-        signature.bind(None)
-    except TypeError as e:
-        raise BeforeActing(TypeError(f"run_once calls action(attempt) with one argument, but "
-                                     f"{action!r} cannot take it: {e}")) from None
-
-
-class BeforeActing(Exception):  # noqa: N818 (a wrapper, not an error of its own)
-    """Raised by an action's own set-up code, before it could have acted, around the real error:
-    ``run_once`` records the attempt ``FAILED`` and retryable (not ``UNKNOWN``) and re-raises the
-    real error. The tool wrapper uses it for its own failures."""
-
-    def __init__(self, error: BaseException) -> None:
-        super().__init__(str(error))
-        self.error = error
-
-
-def _action_failure(exc: BaseException) -> _ActionFailure | None:
-    """The NotExecuted or PermanentFailure that `exc` is, or was raised from (``raise ... from``):
-    a framework that wraps a tool's exception (FastMCP's ToolError) does not change what it
-    said."""
-    seen: set[int] = set()
-    current: BaseException | None = exc
-    while current is not None and id(current) not in seen:
-        if isinstance(current, _ActionFailure):
-            return current
-        seen.add(id(current))
-        current = current.__cause__
-    return None
-
-
-def _granted_lease(claim: ClaimResult) -> float | None:
-    """The lease the server granted the claim, in seconds (the claim's own, or the server's
-    default), which renewals ask for again."""
-    entry = claim.entry
-    if entry.lease_expires_at is None or entry.started_at is None:
-        return None
-    seconds = (entry.lease_expires_at - entry.started_at).total_seconds()
-    return seconds if seconds > 0 else None
+def _channel_options(options: Iterable[tuple[str, Any]]) -> list[tuple[str, Any]]:
+    given = list(options)
+    names = {name for name, _ in given}
+    return given + [(n, v) for n, v in _CHANNEL_OPTIONS if n not in names]
 
 
 class _Base:
-    """What both clients share: configuration, requests, and run_once's decisions."""
+    """What both clients share: configuration and the requests' metadata."""
 
     def __init__(
         self,
@@ -241,11 +122,19 @@ class _Base:
         tls: bool | None,
         timeout: float,
         principal: str,
+        retry_budget: float,
+        require_confirm: bool,
     ) -> None:
         self.target = target
-        self.address, scheme_tls = _parse_target(target)
+        self.address, scheme_tls = wire.parse_target(target)
         self.timeout = timeout
         self.principal = principal
+        self.retry_budget = retry_budget
+        #: Strict mode: a tool registered without a ``confirm`` (its paired read) is refused.
+        self.require_confirm = require_confirm
+        self._policy = core.Policy(
+            timeout=timeout, principal=principal, retry_budget=retry_budget,
+            settler=principal or f"confirm@{socket.gethostname()}")
         self._metadata: tuple[tuple[str, str], ...] = (
             (("authorization", f"Bearer {token}"),) if token else ()
         )
@@ -260,144 +149,37 @@ class _Base:
             secure = tls if tls is not None else root_certificates is not None
         self._credentials = (
             grpc.ssl_channel_credentials(
-                _read_file(root_certificates) if root_certificates is not None else None
+                wire.read_file(root_certificates) if root_certificates is not None else None
             )
             if secure
             else None
         )
 
-    def _deadline(self, timeout: float | None, wait: Seconds | None = None) -> float:
-        if timeout is not None:
-            return timeout
-        waiting = _seconds(wait) or 0.0
-        return max(self.timeout, waiting + 1.0) if waiting else self.timeout
+    def _call_metadata(self) -> tuple[tuple[str, str], ...]:
+        """The credential, and the caller's trace (``traceparent``) when OpenTelemetry is
+        installed and a span is current."""
+        return self._metadata + trace_metadata()
 
-    def _claim_request(
-        self,
-        run_id: str,
-        tool: str,
-        arguments: Arguments,
-        *,
-        key: str | None,
-        canonicalization: Canonicalization | str,
-        lease: Seconds | None,
-        retention: Seconds | None,
-        wait: Seconds | None,
-        principal: str | None,
-    ) -> Any:
-        return pb.ClaimRequest(
-            run_id=run_id or "",
-            tool=tool,
-            arguments_json=arguments_json(arguments),
-            key=key or "",
-            canonicalization=_canonicalization(canonicalization),
-            lease=_duration(lease),
-            retention=_duration(retention),
-            wait=_duration(wait) if _seconds(wait) else None,
-            principal=self.principal if principal is None else principal,
-        )
-
-    @staticmethod
-    def _complete_request(
-        key: str, claim_token: str, status: Status | str, result: bytes, error: str,
-        retryable: bool,
-    ) -> Any:
-        return pb.CompleteRequest(key=key, claim_token=claim_token, status=_status(status),
-                                  result=result, error=error, retryable=retryable)
-
-    @staticmethod
-    def _lookup_request(
-        key: str | None, run_id: str | None, tool: str | None, arguments: Arguments | None,
-        canonicalization: Canonicalization | str,
-    ) -> Any:
-        if key:
-            return pb.LookupRequest(key=key)
-        if run_id is None or tool is None or arguments is None:
-            raise TypeError("lookup needs key, or run_id, tool and arguments")
-        return pb.LookupRequest(run_id=run_id, tool=tool, arguments_json=arguments_json(arguments),
-                                canonicalization=_canonicalization(canonicalization))
-
-    @staticmethod
-    def _renew_request(key: str, claim_token: str, lease: Seconds | None) -> Any:
-        return pb.RenewLeaseRequest(key=key, claim_token=claim_token, lease=_duration(lease))
-
-    @staticmethod
-    def _reconcile_request(
-        older_than: Seconds | None, tool: str, limit: int, resolutions: Iterable[Resolution],
-        resolve_only: bool,
-    ) -> Any:
-        return pb.ReconcileRequest(
-            older_than=_duration(older_than),
-            tool=tool,
-            limit=limit,
-            resolve_only=resolve_only,
-            resolutions=[
-                pb.Resolution(key=r.key, status=_status(r.status), result=r.result,
-                              error=r.error, retryable=r.retryable)
-                for r in resolutions
-            ],
-        )
-
-    @staticmethod
-    def _list_request(
-        run_id: str, tool: str, status: Status | str | None, started_after: datetime | None,
-        started_before: datetime | None, page_size: int,
-    ) -> Any:
-        return pb.ListEntriesRequest(
-            run_id=run_id,
-            tool=tool,
-            status=_status(status) if status is not None else "STATUS_UNSPECIFIED",
-            started_after=_timestamp(started_after),
-            started_before=_timestamp(started_before),
-            page_size=page_size,
-        )
-
-    @staticmethod
-    def _next_page(request: Any, response: Any) -> bool:
-        """Moves `request` to the page after `response`; False after the last page."""
-        token = response.next_page_token
-        if not token:
-            return False
-        if token == request.page_token:
-            # A server that hands out the same token again would page forever.
-            raise RuntimeError("the ledger answered the same page token twice")
-        request.page_token = token
-        return True
-
-    @staticmethod
-    def _settled(claim: ClaimResult, codec: Codec) -> Result[Any]:
-        """run_once's answer for every outcome but CLAIMED: a replay, or a typed error."""
-        if claim.outcome == Outcome.REPLAYED:
-            return Result(codec.decode(claim.entry.result), True, claim.note, claim.entry)
-        if claim.outcome == Outcome.PREVIOUSLY_FAILED:
-            raise PreviouslyFailedError(claim.note, claim.entry)
-        if claim.outcome == Outcome.IN_PROGRESS:
-            cls = OutcomeUnknownError if claim.entry.status == Status.UNKNOWN else InProgressError
-            raise cls(claim.note, claim.entry, claim.retry_after)
-        raise InProgressError(f"unexpected claim outcome {claim.outcome!r}", claim.entry,
-                              claim.retry_after)
-
-    @staticmethod
-    def _failure(exc: BaseException) -> tuple[Status, str, bool]:
-        """How a failed action is recorded: (status, error, retryable)."""
-        if isinstance(exc, BeforeActing):
-            inner = exc.error
-            return Status.FAILED, f"{type(inner).__name__}: {inner}"[:_MAX_ERROR_CHARS], True
-        failure = _action_failure(exc)
-        said = failure if failure is not None else exc
-        text = f"{type(said).__name__}: {said}"[:_MAX_ERROR_CHARS]
-        if isinstance(failure, NotExecuted):
-            return Status.FAILED, text, True
-        if isinstance(failure, PermanentFailure):
-            return Status.FAILED, text, False
-        return Status.UNKNOWN, text, False
+    def _call(self, run_id: str, tool: str, arguments: Arguments, action: Callable[[Attempt], Any],
+              *, codec: Codec, wait: Seconds | None, key: str | None,
+              canonicalization: Canonicalization | str, lease: Seconds | None,
+              retention: Seconds | None, principal: str | None, timeout: float | None,
+              action_timeout: Seconds | None, renew: bool,
+              not_executed: Iterable[type[BaseException]], confirm: Confirm | None,
+              confirm_delay: float) -> core.Call:
+        return core.Call(run_id=run_id, tool=tool, arguments=arguments, action=action,
+                         codec=codec, wait=wait, key=key, canonicalization=canonicalization,
+                         lease=lease, retention=retention, principal=principal, timeout=timeout,
+                         action_timeout=action_timeout, renew=renew,
+                         not_executed=tuple(not_executed), confirm=confirm,
+                         confirm_delay=confirm_delay)
 
     @staticmethod
     def _renew_interval(lease: float) -> float:
         return lease * RENEW_EVERY_FRACTION_OF_LEASE
 
 
-class Ledger(_Base):
+class LedgerClient(_Base):
     """A blocking client of the ledger.
 
     Args:
@@ -411,7 +193,13 @@ class Ledger(_Base):
             False or unset without roots.
         timeout: the deadline of every RPC, in seconds, unless the call sets its own. It bounds
             each call to the ledger, never the action ``run_once`` runs (``action_timeout``).
-        principal: who asks, stored with each claim for the audit trail (a claim may override).
+        principal: who asks, stored with each claim for the audit trail (a claim may override),
+            and recorded as ``resolved_by`` on what a tool's ``confirm`` settles.
+        retry_budget: how long, in seconds, Claim, Lookup, RenewLease and Complete are sent again
+            after ``UNAVAILABLE`` (a failover), after the server's ``RetryInfo`` delay; Complete
+            after an action at least as long as the lease. 0 sends each call once.
+        require_confirm: strict mode: ``ledger.tool()`` and the adapters refuse a tool without a
+            ``confirm`` (a tool that cannot be reconciled cannot be safely retried).
         channel: a ready ``grpc.Channel`` to use instead (then `target`, TLS are not used).
         options: gRPC channel options.
 
@@ -427,16 +215,20 @@ class Ledger(_Base):
         tls: bool | None = None,
         timeout: float = DEFAULT_TIMEOUT,
         principal: str = "",
+        retry_budget: float = DEFAULT_RETRY_BUDGET,
+        require_confirm: bool = False,
         channel: grpc.Channel | None = None,
         options: Iterable[tuple[str, Any]] = (),
     ) -> None:
         super().__init__(target, token=token, root_certificates=root_certificates, tls=tls,
-                         timeout=timeout, principal=principal)
+                         timeout=timeout, principal=principal, retry_budget=retry_budget,
+                         require_confirm=require_confirm)
         if channel is None:
             channel = (
-                grpc.secure_channel(self.address, self._credentials, options=list(options))
+                grpc.secure_channel(self.address, self._credentials,
+                                    options=_channel_options(options))
                 if self._credentials
-                else grpc.insecure_channel(self.address, options=list(options))
+                else grpc.insecure_channel(self.address, options=_channel_options(options))
             )
         self._channel = channel
         self._stub = pb_grpc.LedgerServiceStub(channel)
@@ -444,17 +236,100 @@ class Ledger(_Base):
     def close(self) -> None:
         self._channel.close()
 
-    def __enter__(self) -> Ledger:
+    def __enter__(self) -> LedgerClient:
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def _call(self, method: Callable[..., Any], request: Any, timeout: float) -> Any:
+    # --- the driver of the core's steps -------------------------------------------------------
+
+    def _drive(self, steps: Generator[core.Step, Any, T]) -> T:
+        """Runs one of the core's operations to its end with blocking calls."""
+        sent: Any = None
+        thrown: BaseException | None = None
+        while True:
+            try:
+                step = steps.throw(thrown) if thrown is not None else steps.send(sent)
+            except StopIteration as done:
+                return done.value  # type: ignore[no-any-return]
+            sent, thrown = None, None
+            try:
+                sent = self._execute(step)
+            except BaseException as e:  # thrown into the operation, which decides
+                thrown = e
+
+    def _execute(self, step: core.Step) -> Any:
+        if isinstance(step, core.Rpc):
+            try:
+                return getattr(self._stub, step.method)(step.request, timeout=step.timeout,
+                                                        metadata=self._call_metadata())
+            except grpc.RpcError as e:
+                raise error_from_rpc(e) from e
+        if isinstance(step, core.Sleep):
+            time.sleep(step.seconds)
+            return None
+        if isinstance(step, core.Act):
+            return self._act(step)
+        if isinstance(step, core.Ask):
+            answer = step.confirm(step.question)
+            if inspect.isawaitable(answer):
+                # A coroutine confirm on the blocking client: run it to its end here (this
+                # thread has no event loop of its own running).
+                return asyncio.run(_awaited(answer))
+            return answer
+        if isinstance(step, core.ReleaseLate):
+            if step.handle is not None:
+                step.handle.set()
+            return None
+        raise TypeError(f"unknown step {step!r}")
+
+    def _act(self, step: core.Act) -> core.Acted:
+        renewer = _Renewer(self, step.claim, step.timeout) if step.renew else None
+        if renewer is not None:
+            renewer.start()
         try:
-            return method(request, timeout=timeout, metadata=self._metadata)
-        except grpc.RpcError as e:
-            raise error_from_rpc(e) from e
+            if step.limit is None:
+                try:
+                    return core.Acted(value=step.action(step.attempt))
+                except BaseException as e:  # recorded by the core, then re-raised
+                    return core.Acted(error=e)
+            return self._act_within(step, step.limit)
+        finally:
+            if renewer is not None:
+                renewer.stop()
+
+    def _act_within(self, step: core.Act, limit: float) -> core.Acted:
+        """Runs the action in a thread of its own and waits up to `limit` seconds for it. An
+        action that outlives it runs on (a function cannot be interrupted); what it does after
+        all is recorded late, once the core has recorded the unknown outcome."""
+        done = threading.Event()
+        recorded = threading.Event()
+        lock = threading.Lock()
+        abandoned = False
+        acted = core.Acted()
+        context = contextvars.copy_context()  # current_attempt() and the like, in the thread
+
+        def work() -> None:
+            try:
+                acted.value = context.run(step.action, step.attempt)
+            except BaseException as e:  # handed to the waiting thread, or recorded late
+                acted.error = e
+            with lock:
+                done.set()
+                late = abandoned
+            if late and recorded.wait(max(self.timeout, 60.0)):
+                self._drive(step.late(acted))
+
+        worker = threading.Thread(target=work, name=f"ledger-action-{step.claim.key[:12]}",
+                                  daemon=True)
+        worker.start()
+        if not done.wait(limit):
+            with lock:
+                abandoned = not done.is_set()
+            if abandoned:
+                return core.Acted(timed_out=True, late=recorded)
+        return acted
 
     # --- the RPCs -----------------------------------------------------------------------------
 
@@ -475,10 +350,11 @@ class Ledger(_Base):
         """Claims the key of a tool call before acting. `arguments` is JSON text or a Python
         object (see :mod:`idempotency_ledger.keys`); `key` replaces the derived key with yours.
         Durations are seconds or ``timedelta``; unset means the server's default."""
-        request = self._claim_request(run_id, tool, arguments, key=key,
-                                      canonicalization=canonicalization, lease=lease,
-                                      retention=retention, wait=wait, principal=principal)
-        return _claim_result(self._call(self._stub.Claim, request, self._deadline(timeout, wait)))
+        request = wire.claim_request(
+            run_id, tool, arguments, key=key, canonicalization=canonicalization, lease=lease,
+            retention=retention, wait=wait,
+            principal=self.principal if principal is None else principal)
+        return self._drive(core.claim(self._policy, request, timeout, wait))
 
     def complete(
         self,
@@ -493,9 +369,8 @@ class Ledger(_Base):
     ) -> Completion:
         """Records what a claimed attempt did: ``SUCCEEDED`` with `result`, ``FAILED`` with
         `error` (and `retryable` when it certainly did not happen), or ``UNKNOWN``."""
-        request = self._complete_request(key, claim_token, status, result, error, retryable)
-        r = self._call(self._stub.Complete, request, self._deadline(timeout))
-        return Completion(Entry.from_pb(r.entry), r.already_completed)
+        return self._drive(core.complete(self._policy, key, claim_token, status, result, error,
+                                         retryable, timeout))
 
     def lookup(
         self,
@@ -509,8 +384,8 @@ class Ledger(_Base):
     ) -> Entry:
         """The entry of `key`, or of (run_id, tool, arguments) derived as Claim does. Raises
         :class:`NotFound` when there is none."""
-        request = self._lookup_request(key, run_id, tool, arguments, canonicalization)
-        return Entry.from_pb(self._call(self._stub.Lookup, request, self._deadline(timeout)).entry)
+        request = wire.lookup_request(key, run_id, tool, arguments, canonicalization)
+        return self._drive(core.lookup(self._policy, request, timeout))
 
     def reconcile(
         self,
@@ -520,16 +395,19 @@ class Ledger(_Base):
         limit: int = 0,
         resolutions: Iterable[Resolution] = (),
         resolve_only: bool = False,
+        keys: Iterable[str] = (),
+        principal: str | None = None,
         timeout: float | None = None,
     ) -> Reconciliation:
         """Sends what the outside world says about entries handed out earlier (`resolutions`)
         and gets up to `limit` unresolved entries started at least `older_than` ago. With
         `resolve_only` it only applies the resolutions: nothing new is handed out or held (a
-        worker's last call before it stops)."""
-        request = self._reconcile_request(older_than, tool, limit, resolutions, resolve_only)
-        r = self._call(self._stub.Reconcile, request, self._deadline(timeout))
-        return Reconciliation([Entry.from_pb(e) for e in r.pending],
-                              [Entry.from_pb(e) for e in r.resolved])
+        worker's last call before it stops). `keys` hands out only those keys (each if it is
+        unresolved and no other reconciler holds it); `principal` (default: the client's) is
+        recorded as ``resolved_by`` on each entry the call resolves."""
+        request = wire.reconcile_request(older_than, tool, limit, resolutions, resolve_only,
+                                         keys, self.principal if principal is None else principal)
+        return self._drive(core.reconcile(self._policy, request, timeout))
 
     def renew_lease(
         self,
@@ -544,9 +422,7 @@ class Ledger(_Base):
         ``run_once`` and the tool wrappers do this by themselves. Raises :class:`LeaseEnded` when
         the lease already ended or the entry is resolved (nothing changed),
         :class:`StaleClaimToken` for a token that is not the current claim's."""
-        request = self._renew_request(key, claim_token, lease)
-        return Entry.from_pb(self._call(self._stub.RenewLease, request,
-                                        self._deadline(timeout)).entry)
+        return self._drive(core.renew_lease(self._policy, key, claim_token, lease, timeout))
 
     def list_entries(
         self,
@@ -564,13 +440,13 @@ class Ledger(_Base):
         filters match everything; `started_after` is inclusive, `started_before` exclusive (a
         naive datetime is UTC). `timeout` is the deadline of each page's call. Errors are raised
         by the iteration, not by this call."""
-        request = self._list_request(run_id, tool, status, started_after, started_before,
-                                     page_size)
+        request = wire.list_request(run_id, tool, status, started_after, started_before,
+                                    page_size)
         while True:
-            r = self._call(self._stub.ListEntries, request, self._deadline(timeout))
+            r = self._execute(core.Rpc("ListEntries", request, self._policy.deadline(timeout)))
             for e in r.entries:
                 yield Entry.from_pb(e)
-            if not self._next_page(request, r):
+            if not wire.next_page(request, r):
                 return
 
     # --- run_once -----------------------------------------------------------------------------
@@ -592,6 +468,9 @@ class Ledger(_Base):
         timeout: float | None = None,
         action_timeout: Seconds | None = None,
         renew: bool = True,
+        not_executed: Iterable[type[BaseException]] = (),
+        confirm: Confirm | None = None,
+        confirm_delay: float = DEFAULT_CONFIRM_DELAY,
     ) -> Result[T]:
         """Runs ``action(attempt)`` at most once for this intent; see the module's documentation.
 
@@ -600,163 +479,58 @@ class Ledger(_Base):
         and :class:`ActionTimeout` is raised. A blocking function cannot be interrupted, so it
         then runs on in its thread; should it still return, its outcome is completed late (a
         Complete with the same token settles an ``UNKNOWN`` entry nobody resolved yet). While the
-        action runs, the lease is renewed every third of it unless `renew` is False."""
-        claim = self.claim(run_id, tool, arguments, key=key, canonicalization=canonicalization,
-                           lease=lease, retention=retention, wait=wait, principal=principal,
-                           timeout=timeout)
-        if claim.outcome != Outcome.CLAIMED:
-            return self._settled(claim, codec)
-        attempt = Attempt(claim.entry, claim.claim_token)
-        renewer = _Renewer(self, claim, timeout) if renew else None
-        try:
-            _check_arity(action)
-            if renewer is not None:
-                renewer.start()
-            if action_timeout is None:
-                value = action(attempt)
-            else:
-                value = self._act_within(action, attempt, _seconds(action_timeout) or 0.0,
-                                         claim, codec, timeout)
-        except ActionTimeout:
-            raise  # recorded UNKNOWN already
-        except BaseException as exc:
-            self._record_failure(claim, exc, timeout)
-            if isinstance(exc, BeforeActing):
-                raise exc.error from None
-            raise
-        finally:
-            if renewer is not None:
-                renewer.stop()
-        try:
-            payload = codec.encode(value)
-        except Exception as exc:
-            raise self._not_encodable(claim, exc, timeout) from exc
-        completion = self._complete_durably(claim, Status.SUCCEEDED, payload, "", False, timeout)
-        return Result(codec.decode(payload), False, "", completion.entry)
+        action runs, the lease is renewed every third of it unless `renew` is False.
+        `not_executed`: exception classes the action raises only before acting (recorded
+        ``FAILED``, retryable). `confirm`: the tool's paired read, asked `confirm_delay` seconds
+        after an unknown outcome (and before a repeat answers one whose lease ended)."""
+        return core.result_of(self.attempt(
+            run_id, tool, arguments, action, codec=codec, wait=wait, key=key,
+            canonicalization=canonicalization, lease=lease, retention=retention,
+            principal=principal, timeout=timeout, action_timeout=action_timeout, renew=renew,
+            not_executed=not_executed, confirm=confirm, confirm_delay=confirm_delay))
 
-    def tool(self, name: str | None = None, **options: Any) -> ToolDecorator:
-        """A decorator that makes a tool function run once per intent; see
-        :func:`idempotency_ledger.tools.ledger_tool` for the options. The function keeps its
-        signature, so a framework builds the same schema from it::
-
-            @ledger.tool(run_id=lambda: current_run)
-            def issue_credit(customer: str, amount: int) -> dict: ...
-        """
-        from .tools import ledger_tool
-
-        return ledger_tool(self, name, **options)
-
-    def _record_failure(self, claim: ClaimResult, exc: BaseException,
-                        timeout: float | None) -> Entry | None:
-        """Completes the attempt as `exc` says it failed; the entry, or None when the ledger could
-        not record it (the entry then reads UNKNOWN when its lease ends)."""
-        status, error, retryable = self._failure(exc)
-        target = exc.error if isinstance(exc, BeforeActing) else exc
-        try:
-            completion = self._complete_durably(claim, status, b"", error, retryable, timeout)
-        except Exception as complete_error:
-            target.add_note(f"the ledger did not record this failure: {complete_error}")
-            return None
-        failure = _action_failure(target)
-        if failure is not None:
-            failure.entry = completion.entry
-        return completion.entry
-
-    def _not_encodable(self, claim: ClaimResult, exc: Exception,
-                       timeout: float | None) -> ResultNotEncodable:
-        error = f"ResultNotEncodable: {type(exc).__name__}: {exc}"[:_MAX_ERROR_CHARS]
-        try:
-            entry = self._complete_durably(claim, Status.UNKNOWN, b"", error, False,
-                                           timeout).entry
-        except Exception as complete_error:
-            exc.add_note(f"the ledger did not record the unknown outcome: {complete_error}")
-            entry = None
-        return ResultNotEncodable(claim.key, entry, exc)
-
-    def _act_within(self, action: Callable[[Attempt], T], attempt: Attempt, limit: float,
-                    claim: ClaimResult, codec: Codec, timeout: float | None) -> T:
-        """Runs the action in a thread of its own and waits up to `limit` seconds for it."""
-        done = threading.Event()
-        recorded = threading.Event()  # the UNKNOWN of a timeout is recorded (or failed to be)
-        lock = threading.Lock()
-        abandoned = False
-        outcome: dict[str, Any] = {}
-        context = contextvars.copy_context()  # current_attempt() and the like, in the thread
-
-        def work() -> None:
-            try:
-                outcome["value"] = context.run(action, attempt)
-            except BaseException as e:  # handed to the waiting thread, or recorded late
-                outcome["error"] = e
-            with lock:
-                done.set()
-                late = abandoned
-            if late:
-                recorded.wait()
-                self._complete_late(claim, outcome, codec, timeout)
-
-        worker = threading.Thread(target=work, name=f"ledger-action-{claim.key[:12]}",
-                                  daemon=True)
-        worker.start()
-        if not done.wait(limit):
-            with lock:
-                abandoned = not done.is_set()
-            if abandoned:
-                try:
-                    entry = self._complete_durably(
-                        claim, Status.UNKNOWN, b"",
-                        f"ActionTimeout: the action did not finish within {limit:g} s", False,
-                        timeout).entry
-                except Exception:
-                    entry = None
-                finally:
-                    recorded.set()
-                raise ActionTimeout(entry, limit)
-        if "error" in outcome:
-            raise outcome["error"]
-        value: T = outcome["value"]
-        return value
-
-    def _complete_late(self, claim: ClaimResult, outcome: dict[str, Any], codec: Codec,
-                       timeout: float | None) -> None:
-        """Records what an abandoned action did after all, if nobody resolved the entry since.
-        An exception that does not say it certainly did not act leaves the entry UNKNOWN."""
-        try:
-            if "error" in outcome:
-                status, error, retryable = self._failure(outcome["error"])
-                if status != Status.UNKNOWN:
-                    self.complete(claim.key, claim.claim_token, status, error=error,
-                                  retryable=retryable, timeout=timeout)
-            else:
-                self.complete(claim.key, claim.claim_token, Status.SUCCEEDED,
-                              result=codec.encode(outcome["value"]), timeout=timeout)
-        except Exception:  # noqa: S110 (a reconciler settles it; nobody waits for this thread)
-            pass
-
-    def _complete_durably(
-        self, claim: ClaimResult, status: Status, result: bytes, error: str, retryable: bool,
-        timeout: float | None,
-    ) -> Completion:
-        for attempt in range(_COMPLETE_TRIES):
-            try:
-                return self.complete(claim.key, claim.claim_token, status, result=result,
-                                     error=error, retryable=retryable, timeout=timeout)
-            except (Unavailable, DeadlineExceeded) as e:
-                if attempt + 1 == _COMPLETE_TRIES:
-                    raise
-                time.sleep(e.retry_after or _COMPLETE_BACKOFF * 2**attempt)
-        raise AssertionError("unreachable")
+    def attempt(
+        self,
+        run_id: str,
+        tool: str,
+        arguments: Arguments,
+        action: Callable[[Attempt], T],
+        *,
+        codec: Codec = JSON,
+        wait: Seconds | None = DEFAULT_WAIT,
+        key: str | None = None,
+        canonicalization: Canonicalization | str = Canonicalization.JCS,
+        lease: Seconds | None = None,
+        retention: Seconds | None = None,
+        principal: str | None = None,
+        timeout: float | None = None,
+        action_timeout: Seconds | None = None,
+        renew: bool = True,
+        not_executed: Iterable[type[BaseException]] = (),
+        confirm: Confirm | None = None,
+        confirm_delay: float = DEFAULT_CONFIRM_DELAY,
+    ) -> CallOutcome[T]:
+        """:meth:`run_once` without raising for an outcome: what became of the call
+        (:class:`~idempotency_ledger.CallOutcome`). A call the ledger refuses or cannot be reached
+        for still raises its :class:`LedgerError`."""
+        call = self._call(run_id, tool, arguments, action, codec=codec, wait=wait, key=key,
+                          canonicalization=canonicalization, lease=lease, retention=retention,
+                          principal=principal, timeout=timeout, action_timeout=action_timeout,
+                          renew=renew, not_executed=not_executed, confirm=confirm,
+                          confirm_delay=confirm_delay)
+        return self._drive(core.attempt(self._policy, call))
 
 
 class _Renewer:
     """Renews the lease of a blocking run_once's attempt from a thread of its own while the
-    action runs. A renewal that fails for a passing reason is tried again at the next tick; one
-    the server refuses for good (LEASE_ENDED, STALE_CLAIM_TOKEN) ends the renewals."""
+    action runs. A renewal that fails for a passing reason is sent again until the next tick,
+    and tried at the next tick after that; one the server refuses for good (LEASE_ENDED,
+    STALE_CLAIM_TOKEN) ends the renewals."""
 
-    def __init__(self, ledger: Ledger, claim: ClaimResult, timeout: float | None) -> None:
+    def __init__(self, ledger: LedgerClient, claim: ClaimResult, timeout: float | None) -> None:
         self._ledger = ledger
         self._claim = claim
-        self._lease = _granted_lease(claim)
+        self._lease = core.granted_lease(claim)
         self._timeout = timeout
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -774,11 +548,12 @@ class _Renewer:
         assert self._lease is not None
         interval = _Base._renew_interval(self._lease)
         # A renewal slower than the lease left cannot keep it alive anyway.
-        deadline = min(self._ledger._deadline(self._timeout), self._lease)
+        deadline = min(self._ledger._policy.deadline(self._timeout), self._lease)
         while not self._stop.wait(interval):
             try:
-                self.renewed = self._ledger.renew_lease(self._claim.key, self._claim.claim_token,
-                                                        self._lease, timeout=deadline)
+                self.renewed = self._ledger._drive(core.renew_lease(
+                    self._ledger._policy, self._claim.key, self._claim.claim_token, self._lease,
+                    deadline, budget=interval))
             except FailedPrecondition:
                 return
             except (LedgerError, ValueError):  # ValueError: the channel was closed
@@ -790,10 +565,11 @@ class _Renewer:
             self._thread.join()
 
 
-class AsyncLedger(_Base):
-    """The asyncio client (``grpc.aio``): the same methods as :class:`Ledger`, as coroutines.
+class AsyncLedgerClient(_Base):
+    """The asyncio client (``grpc.aio``): the same methods as :class:`LedgerClient`, as coroutines.
     Create it inside the running event loop (``async with AsyncLedger(...) as ledger:``).
-    ``run_once``'s action may be a plain function or return an awaitable."""
+    ``run_once``'s action may be a plain function or return an awaitable; so may ``confirm``
+    (a plain one runs in a thread)."""
 
     def __init__(
         self,
@@ -804,16 +580,20 @@ class AsyncLedger(_Base):
         tls: bool | None = None,
         timeout: float = DEFAULT_TIMEOUT,
         principal: str = "",
+        retry_budget: float = DEFAULT_RETRY_BUDGET,
+        require_confirm: bool = False,
         channel: grpc.aio.Channel | None = None,
         options: Iterable[tuple[str, Any]] = (),
     ) -> None:
         super().__init__(target, token=token, root_certificates=root_certificates, tls=tls,
-                         timeout=timeout, principal=principal)
+                         timeout=timeout, principal=principal, retry_budget=retry_budget,
+                         require_confirm=require_confirm)
         if channel is None:
             channel = (
-                grpc.aio.secure_channel(self.address, self._credentials, options=list(options))
+                grpc.aio.secure_channel(self.address, self._credentials,
+                                        options=_channel_options(options))
                 if self._credentials
-                else grpc.aio.insecure_channel(self.address, options=list(options))
+                else grpc.aio.insecure_channel(self.address, options=_channel_options(options))
             )
         self._channel = channel
         self._stub = pb_grpc.LedgerServiceStub(channel)
@@ -828,17 +608,122 @@ class AsyncLedger(_Base):
             await asyncio.wait(set(self._background), timeout=self.timeout)
         await self._channel.close()
 
-    async def __aenter__(self) -> AsyncLedger:
+    async def __aenter__(self) -> AsyncLedgerClient:
         return self
 
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
 
-    async def _call(self, method: Callable[..., Any], request: Any, timeout: float) -> Any:
+    # --- the driver of the core's steps -------------------------------------------------------
+
+    async def _drive(self, steps: Generator[core.Step, Any, T]) -> T:
+        """Runs one of the core's operations to its end with awaits."""
+        sent: Any = None
+        thrown: BaseException | None = None
+        while True:
+            try:
+                step = steps.throw(thrown) if thrown is not None else steps.send(sent)
+            except StopIteration as done:
+                return done.value  # type: ignore[no-any-return]
+            sent, thrown = None, None
+            try:
+                sent = await self._execute(step)
+            except BaseException as e:  # thrown into the operation, which decides
+                thrown = e
+
+    async def _rpc(self, step: core.Rpc) -> Any:
         try:
-            return await method(request, timeout=timeout, metadata=self._metadata)
+            return await getattr(self._stub, step.method)(step.request, timeout=step.timeout,
+                                                          metadata=self._call_metadata())
         except grpc.aio.AioRpcError as e:
             raise error_from_rpc(e) from e
+
+    async def _execute(self, step: core.Step) -> Any:
+        if isinstance(step, core.Rpc):
+            if step.method == "Complete":
+                # Shielded: recording an outcome is not cancelled with the call that acted.
+                return await asyncio.shield(self._rpc(step))
+            if step.method == "Claim":
+                return await self._claim(step)
+            return await self._rpc(step)
+        if isinstance(step, core.Sleep):
+            await asyncio.sleep(step.seconds)
+            return None
+        if isinstance(step, core.Act):
+            return await self._act(step)
+        if isinstance(step, core.Ask):
+            if _is_coroutine_function(step.confirm):
+                return await step.confirm(step.question)
+            answer = await asyncio.to_thread(step.confirm, step.question)
+            return await answer if inspect.isawaitable(answer) else answer
+        if isinstance(step, core.ReleaseLate):
+            return None  # an awaitable is cancelled at its limit: nothing comes late
+        raise TypeError(f"unknown step {step!r}")
+
+    async def _claim(self, step: core.Rpc) -> Any:
+        claiming = asyncio.ensure_future(self._rpc(step))
+        try:
+            return await asyncio.shield(claiming)
+        except asyncio.CancelledError:
+            # Cancelled while claiming (a framework cancels the sibling tool calls of one that
+            # failed): the server may still grant the claim, and nobody would complete it; it
+            # would read UNKNOWN when its lease ends. Release it as not executed instead.
+            self._background.add(claiming)
+            claiming.add_done_callback(self._background.discard)
+            claiming.add_done_callback(self._release_if_claimed)
+            raise
+
+    def _release_if_claimed(self, claiming: asyncio.Future[Any]) -> None:
+        if claiming.cancelled() or claiming.exception() is not None:
+            return
+        claimed = wire.claim_result(claiming.result())
+        if claimed.outcome != Outcome.CLAIMED:
+            return
+        release = asyncio.ensure_future(self._drive(core.release(self._policy, claimed)))
+        self._background.add(release)
+        release.add_done_callback(self._background.discard)
+        release.add_done_callback(lambda task: task.cancelled() or task.exception())
+
+    async def _act(self, step: core.Act) -> core.Acted:
+        renewer = asyncio.create_task(self._renew(step.claim, step.timeout)) if step.renew else None
+        try:
+            value = step.action(step.attempt)
+            if inspect.isawaitable(value):
+                if step.limit is None:
+                    value = await value
+                else:
+                    try:
+                        async with asyncio.timeout(step.limit) as scope:
+                            value = await value
+                    except TimeoutError as e:
+                        if scope.expired():
+                            return core.Acted(error=e, timed_out=True)
+                        raise
+            return core.Acted(value=value)
+        except BaseException as e:  # a cancellation too: recorded UNKNOWN, then re-raised
+            return core.Acted(error=e)
+        finally:
+            if renewer is not None:
+                await _cancel(renewer)
+
+    async def _renew(self, claim: ClaimResult, timeout: float | None) -> None:
+        """Renews the attempt's lease every third of it until cancelled; see :class:`_Renewer`."""
+        lease = core.granted_lease(claim)
+        if lease is None:
+            return
+        interval = self._renew_interval(lease)
+        deadline = min(self._policy.deadline(timeout), lease)
+        while True:
+            await asyncio.sleep(interval)
+            try:
+                await self._drive(core.renew_lease(self._policy, claim.key, claim.claim_token,
+                                                   lease, deadline, budget=interval))
+            except FailedPrecondition:
+                return
+            except LedgerError:
+                continue
+
+    # --- the RPCs -----------------------------------------------------------------------------
 
     async def claim(
         self,
@@ -854,12 +739,12 @@ class AsyncLedger(_Base):
         principal: str | None = None,
         timeout: float | None = None,
     ) -> ClaimResult:
-        """See :meth:`Ledger.claim`."""
-        request = self._claim_request(run_id, tool, arguments, key=key,
-                                      canonicalization=canonicalization, lease=lease,
-                                      retention=retention, wait=wait, principal=principal)
-        r = await self._call(self._stub.Claim, request, self._deadline(timeout, wait))
-        return _claim_result(r)
+        """See :meth:`LedgerClient.claim`."""
+        request = wire.claim_request(
+            run_id, tool, arguments, key=key, canonicalization=canonicalization, lease=lease,
+            retention=retention, wait=wait,
+            principal=self.principal if principal is None else principal)
+        return await self._drive(core.claim(self._policy, request, timeout, wait))
 
     async def complete(
         self,
@@ -872,10 +757,9 @@ class AsyncLedger(_Base):
         retryable: bool = False,
         timeout: float | None = None,
     ) -> Completion:
-        """See :meth:`Ledger.complete`."""
-        request = self._complete_request(key, claim_token, status, result, error, retryable)
-        r = await self._call(self._stub.Complete, request, self._deadline(timeout))
-        return Completion(Entry.from_pb(r.entry), r.already_completed)
+        """See :meth:`LedgerClient.complete`."""
+        return await self._drive(core.complete(self._policy, key, claim_token, status, result,
+                                               error, retryable, timeout))
 
     async def lookup(
         self,
@@ -887,10 +771,9 @@ class AsyncLedger(_Base):
         canonicalization: Canonicalization | str = Canonicalization.JCS,
         timeout: float | None = None,
     ) -> Entry:
-        """See :meth:`Ledger.lookup`."""
-        request = self._lookup_request(key, run_id, tool, arguments, canonicalization)
-        r = await self._call(self._stub.Lookup, request, self._deadline(timeout))
-        return Entry.from_pb(r.entry)
+        """See :meth:`LedgerClient.lookup`."""
+        request = wire.lookup_request(key, run_id, tool, arguments, canonicalization)
+        return await self._drive(core.lookup(self._policy, request, timeout))
 
     async def reconcile(
         self,
@@ -900,13 +783,14 @@ class AsyncLedger(_Base):
         limit: int = 0,
         resolutions: Iterable[Resolution] = (),
         resolve_only: bool = False,
+        keys: Iterable[str] = (),
+        principal: str | None = None,
         timeout: float | None = None,
     ) -> Reconciliation:
-        """See :meth:`Ledger.reconcile`."""
-        request = self._reconcile_request(older_than, tool, limit, resolutions, resolve_only)
-        r = await self._call(self._stub.Reconcile, request, self._deadline(timeout))
-        return Reconciliation([Entry.from_pb(e) for e in r.pending],
-                              [Entry.from_pb(e) for e in r.resolved])
+        """See :meth:`LedgerClient.reconcile`."""
+        request = wire.reconcile_request(older_than, tool, limit, resolutions, resolve_only,
+                                         keys, self.principal if principal is None else principal)
+        return await self._drive(core.reconcile(self._policy, request, timeout))
 
     async def renew_lease(
         self,
@@ -916,10 +800,9 @@ class AsyncLedger(_Base):
         *,
         timeout: float | None = None,
     ) -> Entry:
-        """See :meth:`Ledger.renew_lease`."""
-        request = self._renew_request(key, claim_token, lease)
-        r = await self._call(self._stub.RenewLease, request, self._deadline(timeout))
-        return Entry.from_pb(r.entry)
+        """See :meth:`LedgerClient.renew_lease`."""
+        return await self._drive(core.renew_lease(self._policy, key, claim_token, lease,
+                                                  timeout))
 
     async def list_entries(
         self,
@@ -932,15 +815,18 @@ class AsyncLedger(_Base):
         page_size: int = 100,
         timeout: float | None = None,
     ) -> AsyncIterator[Entry]:
-        """See :meth:`Ledger.list_entries`: an async iterator (``async for entry in ...``)."""
-        request = self._list_request(run_id, tool, status, started_after, started_before,
-                                     page_size)
+        """See :meth:`LedgerClient.list_entries`: an async iterator (``async for entry in
+        ...``)."""
+        request = wire.list_request(run_id, tool, status, started_after, started_before,
+                                    page_size)
         while True:
-            r = await self._call(self._stub.ListEntries, request, self._deadline(timeout))
+            r = await self._rpc(core.Rpc("ListEntries", request, self._policy.deadline(timeout)))
             for e in r.entries:
                 yield Entry.from_pb(e)
-            if not self._next_page(request, r):
+            if not wire.next_page(request, r):
                 return
+
+    # --- run_once -----------------------------------------------------------------------------
 
     async def run_once(
         self,
@@ -959,147 +845,57 @@ class AsyncLedger(_Base):
         timeout: float | None = None,
         action_timeout: Seconds | None = None,
         renew: bool = True,
+        not_executed: Iterable[type[BaseException]] = (),
+        confirm: Confirm | None = None,
+        confirm_delay: float = DEFAULT_CONFIRM_DELAY,
     ) -> Result[T]:
-        """See :meth:`Ledger.run_once`. A cancellation of the action is recorded as ``UNKNOWN``
-        and re-raised. `action_timeout` cancels the awaitable the action returned when it has not
-        finished by then (a plain function that blocks cannot be interrupted: give the
-        ``AsyncLedger`` awaitables, or run blocking work with ``asyncio.to_thread``)."""
-        claiming = asyncio.ensure_future(self.claim(
-            run_id, tool, arguments, key=key, canonicalization=canonicalization, lease=lease,
-            retention=retention, wait=wait, principal=principal, timeout=timeout))
-        try:
-            claim = await asyncio.shield(claiming)
-        except asyncio.CancelledError:
-            # Cancelled while claiming (a framework cancels the sibling tool calls of one that
-            # failed): the server may still grant the claim, and nobody would complete it; it
-            # would read UNKNOWN when its lease ends. Release it as not executed instead.
-            self._background.add(claiming)
-            claiming.add_done_callback(self._background.discard)
-            claiming.add_done_callback(self._release_if_claimed)
-            raise
-        if claim.outcome != Outcome.CLAIMED:
-            return self._settled(claim, codec)
-        attempt = Attempt(claim.entry, claim.claim_token)
-        limit = _seconds(action_timeout)
-        renewer = asyncio.create_task(self._renew(claim, timeout)) if renew else None
-        timed_out = False
-        try:
-            _check_arity(action)
-            value = action(attempt)
-            if inspect.isawaitable(value):
-                if limit is None:
-                    value = await value
-                else:
-                    try:
-                        async with asyncio.timeout(limit) as scope:
-                            value = await value
-                    except TimeoutError:
-                        if scope.expired():
-                            timed_out = True
-                        raise
-        except BaseException as exc:
-            if renewer is not None:
-                await _cancel(renewer)
-            if timed_out:
-                entry = await self._record_unknown(
-                    claim, f"ActionTimeout: the action did not finish within {limit:g} s",
-                    timeout)
-                raise ActionTimeout(entry, limit or 0.0) from exc
-            await self._record_failure(claim, exc, timeout)
-            if isinstance(exc, BeforeActing):
-                raise exc.error from None
-            raise
-        if renewer is not None:
-            await _cancel(renewer)
-        try:
-            payload = codec.encode(value)
-        except Exception as exc:
-            error = f"ResultNotEncodable: {type(exc).__name__}: {exc}"[:_MAX_ERROR_CHARS]
-            entry = await self._record_unknown(claim, error, timeout, exc)
-            raise ResultNotEncodable(claim.key, entry, exc) from exc
-        completion = await self._complete_durably(claim, Status.SUCCEEDED, payload, "", False,
-                                                  timeout)
-        return Result(codec.decode(payload), False, "", completion.entry)
+        """See :meth:`LedgerClient.run_once`. A cancellation of the action is recorded as
+        ``UNKNOWN`` and re-raised. `action_timeout` cancels the awaitable the action returned
+        when it has not finished by then (a plain function that blocks cannot be interrupted:
+        give the ``AsyncLedger`` awaitables, or run blocking work with ``asyncio.to_thread``)."""
+        return core.result_of(await self.attempt(
+            run_id, tool, arguments, action, codec=codec, wait=wait, key=key,
+            canonicalization=canonicalization, lease=lease, retention=retention,
+            principal=principal, timeout=timeout, action_timeout=action_timeout, renew=renew,
+            not_executed=not_executed, confirm=confirm, confirm_delay=confirm_delay))
 
-    def tool(self, name: str | None = None, **options: Any) -> AsyncToolDecorator:
-        """See :meth:`Ledger.tool`: the wrapped function is a coroutine function (a plain one
-        runs in a thread, with ``asyncio.to_thread``)."""
-        from .tools import ledger_tool
+    async def attempt(
+        self,
+        run_id: str,
+        tool: str,
+        arguments: Arguments,
+        action: Callable[[Attempt], T | Awaitable[T]],
+        *,
+        codec: Codec = JSON,
+        wait: Seconds | None = DEFAULT_WAIT,
+        key: str | None = None,
+        canonicalization: Canonicalization | str = Canonicalization.JCS,
+        lease: Seconds | None = None,
+        retention: Seconds | None = None,
+        principal: str | None = None,
+        timeout: float | None = None,
+        action_timeout: Seconds | None = None,
+        renew: bool = True,
+        not_executed: Iterable[type[BaseException]] = (),
+        confirm: Confirm | None = None,
+        confirm_delay: float = DEFAULT_CONFIRM_DELAY,
+    ) -> CallOutcome[T]:
+        """See :meth:`LedgerClient.attempt`."""
+        call = self._call(run_id, tool, arguments, action, codec=codec, wait=wait, key=key,
+                          canonicalization=canonicalization, lease=lease, retention=retention,
+                          principal=principal, timeout=timeout, action_timeout=action_timeout,
+                          renew=renew, not_executed=not_executed, confirm=confirm,
+                          confirm_delay=confirm_delay)
+        return await self._drive(core.attempt(self._policy, call))
 
-        return ledger_tool(self, name, **options)
 
-    def _release_if_claimed(self, claiming: asyncio.Future[ClaimResult]) -> None:
-        if claiming.cancelled() or claiming.exception() is not None:
-            return
-        claim = claiming.result()
-        if claim.outcome != Outcome.CLAIMED:
-            return
-        release = asyncio.ensure_future(self._complete_durably(
-            claim, Status.FAILED, b"", "CancelledError: cancelled while claiming, before acting",
-            True, None))
-        self._background.add(release)
-        release.add_done_callback(self._background.discard)
-        release.add_done_callback(lambda task: task.cancelled() or task.exception())
+def _is_coroutine_function(fn: Any) -> bool:
+    return inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(
+        getattr(fn, "__call__", None))  # noqa: B004 (a callable object's async __call__)
 
-    async def _renew(self, claim: ClaimResult, timeout: float | None) -> None:
-        """Renews the attempt's lease every third of it until cancelled; see :class:`_Renewer`."""
-        lease = _granted_lease(claim)
-        if lease is None:
-            return
-        interval = self._renew_interval(lease)
-        deadline = min(self._deadline(timeout), lease)
-        while True:
-            await asyncio.sleep(interval)
-            try:
-                await self.renew_lease(claim.key, claim.claim_token, lease, timeout=deadline)
-            except FailedPrecondition:
-                return
-            except LedgerError:
-                continue
 
-    async def _record_failure(self, claim: ClaimResult, exc: BaseException,
-                              timeout: float | None) -> Entry | None:
-        """See :meth:`Ledger._record_failure`."""
-        status, error, retryable = self._failure(exc)
-        target = exc.error if isinstance(exc, BeforeActing) else exc
-        try:
-            # Shielded, so that recording a cancellation is not cancelled in turn.
-            completion = await asyncio.shield(
-                self._complete_durably(claim, status, b"", error, retryable, timeout)
-            )
-        except BaseException as complete_error:
-            target.add_note(f"the ledger did not record this failure: {complete_error!r}")
-            return None
-        failure = _action_failure(target)
-        if failure is not None:
-            failure.entry = completion.entry
-        return completion.entry
-
-    async def _record_unknown(self, claim: ClaimResult, error: str, timeout: float | None,
-                              exc: BaseException | None = None) -> Entry | None:
-        try:
-            completion = await asyncio.shield(
-                self._complete_durably(claim, Status.UNKNOWN, b"", error[:_MAX_ERROR_CHARS],
-                                       False, timeout))
-        except BaseException as complete_error:
-            if exc is not None:
-                exc.add_note(f"the ledger did not record the unknown outcome: {complete_error!r}")
-            return None
-        return completion.entry
-
-    async def _complete_durably(
-        self, claim: ClaimResult, status: Status, result: bytes, error: str, retryable: bool,
-        timeout: float | None,
-    ) -> Completion:
-        for attempt in range(_COMPLETE_TRIES):
-            try:
-                return await self.complete(claim.key, claim.claim_token, status, result=result,
-                                           error=error, retryable=retryable, timeout=timeout)
-            except (Unavailable, DeadlineExceeded) as e:
-                if attempt + 1 == _COMPLETE_TRIES:
-                    raise
-                await asyncio.sleep(e.retry_after or _COMPLETE_BACKOFF * 2**attempt)
-        raise AssertionError("unreachable")
+async def _awaited(value: Awaitable[T]) -> T:
+    return await value
 
 
 async def _cancel(task: asyncio.Task[Any]) -> None:

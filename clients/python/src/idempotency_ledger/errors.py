@@ -14,6 +14,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 import grpc
+from google.rpc import error_details_pb2, status_pb2
 
 if TYPE_CHECKING:
     from .model import Entry
@@ -25,6 +26,7 @@ _DETAILS_TRAILER = "grpc-status-details-bin"
 __all__ = [
     "ActionTimeout",
     "AlreadyResolved",
+    "BeforeActing",
     "DataLoss",
     "DeadlineExceeded",
     "FailedPrecondition",
@@ -201,7 +203,7 @@ class InProgressError(LedgerError):
 class OutcomeUnknownError(InProgressError):
     """``OUTCOME_IN_PROGRESS`` with the entry ``STATUS_UNKNOWN``: an earlier attempt timed out
     or its lease ended without a Complete. It is never re-executed silently: a reconciler asks
-    the outside world (see ``examples/reconciler.py``)."""
+    the outside world: the tool's ``confirm``, or the :class:`~idempotency_ledger.Reconciler`."""
 
     def __init__(self, note: str, entry: Entry, retry_after: float | None) -> None:
         super().__init__(note, entry, retry_after)
@@ -272,6 +274,16 @@ class PreviouslyFailedError(LedgerError):
 # --- what an action raises --------------------------------------------------------------------
 
 
+class BeforeActing(Exception):  # noqa: N818 (a wrapper, not an error of its own)
+    """Raised by an action's own set-up code, before it could have acted, around the real error:
+    ``run_once`` records the attempt ``FAILED`` and retryable (not ``UNKNOWN``) and re-raises the
+    real error. The tool wrapper and the adapters use it for their own failures."""
+
+    def __init__(self, error: BaseException) -> None:
+        super().__init__(str(error))
+        self.error = error
+
+
 class _ActionFailure(LedgerError):
     """Base of the exceptions an action raises to say how it failed. ``run_once`` records the
     failure, sets ``entry`` to the entry as completed, and re-raises."""
@@ -322,8 +334,6 @@ _Details = tuple[str | None, str | None, float | None, tuple[Any, ...], str]
 
 def _decode_details(trailers: Any) -> _Details:
     """(reason, field, retry_after, details, message) from the status-details trailer."""
-    from google.rpc import error_details_pb2, status_pb2
-
     raw = next((v for k, v in (trailers or ()) if k == _DETAILS_TRAILER), None)
     if raw is None:
         return None, None, None, (), ""

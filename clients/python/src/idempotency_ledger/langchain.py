@@ -3,72 +3,82 @@
 
 One line per agent::
 
-    agent = create_agent(model, tools=[issue_credit, send_reply],
-                         middleware=[LedgerMiddleware(ledger)])
-    agent.invoke({"messages": [...]}, config={"run_id": run_id})
+    agent = create_agent(model, tools=[issue_credit, send_reply], middleware=[
+        LedgerMiddleware(ledger, confirm={"issue_credit": find_credit})])
+    agent.invoke({"messages": [...]}, config={"run_id": uuid.uuid4()})
 
 ``LedgerMiddleware.wrap_tool_call`` / ``awrap_tool_call`` claim each tool call (the model's tool
 name and arguments, as it sent them) before the tool runs, and answer the model with a
 ``ToolMessage``: the tool's own on a first run; on a repeat the stored content with the replay
-note; for an attempt in progress, a permanent failure or an unknown outcome, the note.
+note; for an attempt in progress, a permanent failure, an unknown outcome, or one ``confirm``
+found did not happen, the note.
 
 **The run id** is, by ``run_id=``:
 
-- ``"run"`` (the default): the ``run_id`` of the invocation's config (``config={"run_id": ...}``;
-  LangGraph Server sets one per run). A new invocation is a new intent, as a person asking again
-  is; without a ``run_id`` in the config the tool call is refused with a clear error, before
-  anything is claimed;
+- ``"run"`` (the default): the ``run_id`` of the invocation's config (``config={"run_id": ...}``,
+  a ``UUID`` as LangChain types it, or a string; LangGraph Server sets one per run). A new
+  invocation is a new intent, as a person asking again is; without a ``run_id`` in the config
+  the tool call is refused before anything is claimed (``NoRunId``, logged at ERROR once per
+  tool);
 - ``"thread"``: the config's ``thread_id`` (``config={"configurable": {"thread_id": ...}}``):
   every call of the conversation with the same arguments is one intent, across invocations; use
   it when an invocation is resumed after an interrupt or a crash and must not act again;
 - a callable taking the ``ToolCallRequest`` and returning the run id.
 
-A tool decorated with ``@ledger.tool()`` whose function takes LangChain's ``runtime: ToolRuntime``
-is keyed by the same ``run_id`` of the config.
+A ``@tool`` function taking LangChain's ``runtime: ToolRuntime`` may use ``@ledger.tool()``
+instead (importing this module teaches it the ``ToolRuntime``), keyed by the same config
+``run_id``.
 
-What the tool raises is re-raised after it was recorded: ``NotExecuted`` and a LangGraph
-``interrupt()`` (a human approval asked before acting: the resumed tool runs from its start) as
-retryable, anything else as UNKNOWN. An error ``ToolMessage`` from the tool node (by default only
-an argument validation failure; also a ``ToolException`` the tool handles itself: raise it only
-before acting) is recorded retryable and reaches the model as it is. Tools that return a
-``Command`` cannot be replayed: leave them out with ``tools=``.
+**Exceptions.** An exception raised once the tool started, and an error ``ToolMessage`` from a
+tool that handles its ``ToolException`` (``handle_tool_error=True``), leave the outcome UNKNOWN:
+the model reads the ledger's unknown note as the tool's message, on that call and on every
+repeat (with ``confirm``: the result found, or "nothing happened"). To say the tool did not act,
+raise ``NotExecuted``, or the ``ToolException`` from one::
+
+    raise ToolException("the payments API refused the request") from NotExecuted()
+
+which is recorded FAILED and retryable (a handled one reaches the model as the tool's error
+message, as without the ledger). So are arguments the tool's schema refuses (the tool node's
+error message) and a LangGraph ``interrupt()`` (a human approval asked before acting: the resumed
+tool runs from its start). Tools that return a ``Command`` cannot be replayed: leave them out with
+``tools=``.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Awaitable, Callable, Collection
-from typing import TYPE_CHECKING, Any
+from collections.abc import Awaitable, Callable, Collection, Mapping
+from typing import Any
 
 from langchain.agents.middleware import AgentMiddleware
 from langchain_core.messages import ToolMessage
+from langchain_core.tools import BaseTool, ToolException
 from langgraph.errors import GraphInterrupt
 from langgraph.prebuilt.tool_node import ToolCallRequest, ToolRuntime
 from langgraph.types import Command
+from pydantic import BaseModel
 
-from .client import BeforeActing
+from ._core import causes
+from .client import AsyncLedgerClient, LedgerClient
 from .codec import to_jsonable
-from .errors import PreviouslyFailedError
-from .model import Result
-from .tools import NoRunId, run_options, run_tool_call, run_tool_call_sync
+from .errors import BeforeActing, NotExecuted
+from .model import CallOutcome, Kind, UnknownAttempt
+from .tools import (
+    FrameworkContext,
+    LedgerTool,
+    missing_run_id,
+    model_view,
+    register_context,
+    require_confirm,
+    run_options,
+    run_tool_call,
+    run_tool_call_sync,
+)
 
-if TYPE_CHECKING:
-    from .client import AsyncLedger, Ledger
+__all__ = ["LedgerMiddleware", "run_id_of_context"]
 
-__all__ = ["LedgerMiddleware", "is_not_executed", "run_id_of_context"]
-
-
-def run_id_of_context(value: Any) -> tuple[bool, str | None]:
-    """(is it LangChain's tool runtime, the run id of the invocation's config)."""
-    if isinstance(value, ToolRuntime):
-        info = value.execution_info
-        return True, (info.run_id if info is not None else None) or _config_run_id(value.config)
-    return False, None
-
-
-def is_not_executed(error: BaseException) -> bool:
-    """A LangGraph interrupt pauses the tool before it acts; the resumed run calls it anew."""
-    return isinstance(error, GraphInterrupt)
+#: A LangGraph interrupt pauses the tool before it acts; the resumed run calls it anew.
+NOT_EXECUTED = (GraphInterrupt,)
 
 
 def _config_run_id(config: Any) -> str | None:
@@ -76,12 +86,54 @@ def _config_run_id(config: Any) -> str | None:
     return str(run_id) if run_id else None
 
 
+def run_id_of_context(value: ToolRuntime) -> str | None:
+    """The run id of the invocation's config, as LangChain's tool runtime carries it."""
+    info = value.execution_info
+    run_id = info.run_id if info is not None else None
+    return str(run_id) if run_id else _config_run_id(value.config)
+
+
+register_context(FrameworkContext(
+    framework="langchain", context_type=ToolRuntime, run_id=run_id_of_context,
+    not_executed=NOT_EXECUTED,
+    run_id_hint='invoke the agent with config={"run_id": uuid.uuid4()}'))
+
+
 class _ErrorMessage(Exception):  # noqa: N818 (carries a message, is not an error of ours)
-    """The tool node answered with an error ToolMessage: the tool did not run."""
+    """The tool answered with an error ToolMessage."""
 
     def __init__(self, message: ToolMessage) -> None:
         super().__init__(str(message.content))
         self.message = message
+
+
+class _Handled:
+    """A tool's ``handle_tool_error`` that remembers the exception it turned into a message
+    (LangChain hands it no further), then answers as the tool's own setting would."""
+
+    def __init__(self, flag: Any) -> None:
+        self.flag = flag
+        self.error: ToolException | None = None
+
+    def __call__(self, error: ToolException) -> Any:
+        self.error = error
+        if callable(self.flag):
+            return self.flag(error)
+        if isinstance(self.flag, str):
+            return self.flag
+        return error.args[0] if error.args else "Tool execution error"
+
+
+def _refuses_arguments(tool: BaseTool | None, arguments: Mapping[str, Any]) -> bool:
+    """Whether the tool's schema refuses the model's arguments (the tool then never starts)."""
+    schema = getattr(tool, "tool_call_schema", None) if tool is not None else None
+    if not (isinstance(schema, type) and issubclass(schema, BaseModel)):
+        return False
+    try:
+        schema.model_validate(dict(arguments))
+    except Exception:
+        return True
+    return False
 
 
 class LedgerMiddleware(AgentMiddleware[Any, Any]):
@@ -91,12 +143,18 @@ class LedgerMiddleware(AgentMiddleware[Any, Any]):
         ledger: a :class:`~idempotency_ledger.Ledger` (sync and async agents) or an
             :class:`~idempotency_ledger.AsyncLedger` (``ainvoke`` only, in its event loop).
         tools: the names of the tools to make run-once; ``None``: all of them.
+        confirm: each tool's paired read, by tool name (see ``ledger.tool(confirm=...)``). In
+            strict mode (``require_confirm=True``) every tool named in `tools` needs one; with
+            ``tools=None``, a tool without one is refused at its first call.
         run_id: ``"run"``, ``"thread"`` or a callable; see the module's documentation.
-        options: the ``run_once`` options (``wait``, ``lease``, ``action_timeout``, ...).
+        options: the ``run_once`` options (``wait``, ``lease``, ``action_timeout``,
+            ``confirm_delay``, ...).
     """
 
-    def __init__(self, ledger: Ledger | AsyncLedger, *, tools: Collection[str] | None = None,
-                 run_id: str | Callable[[ToolCallRequest], str | None] = "run",
+    def __init__(self, ledger: LedgerClient | AsyncLedgerClient, *,
+                 tools: Collection[str] | None = None,
+                 confirm: Mapping[str, Callable[[UnknownAttempt], Any]] | None = None,
+                 run_id: str | Callable[[ToolCallRequest], Any] = "run",
                  **options: Any) -> None:
         super().__init__()
         if run_id not in ("run", "thread") and not callable(run_id):
@@ -104,11 +162,24 @@ class LedgerMiddleware(AgentMiddleware[Any, Any]):
         self.ledger = ledger
         # Not `self.tools`: that is AgentMiddleware's list of tools a middleware adds.
         self.tool_names = None if tools is None else frozenset(tools)
+        self.confirm = dict(confirm or {})
         self.run_id = run_id
         self.options = run_options(**options)
+        for name in self.tool_names or ():
+            require_confirm(ledger, name, self.confirm.get(name))
+
+    @property
+    def ledger_tools(self) -> list[LedgerTool]:
+        """The tools with a paired read, for the :class:`~idempotency_ledger.Reconciler`."""
+        return [LedgerTool(name, confirm, self.options["codec"])
+                for name, confirm in self.confirm.items()]
 
     def _applies(self, request: ToolCallRequest) -> bool:
-        return self.tool_names is None or request.tool_call["name"] in self.tool_names
+        name = request.tool_call["name"]
+        if self.tool_names is not None and name not in self.tool_names:
+            return False
+        require_confirm(self.ledger, name, self.confirm.get(name))
+        return True
 
     def _run_id(self, request: ToolCallRequest) -> str:
         if callable(self.run_id):
@@ -124,40 +195,59 @@ class LedgerMiddleware(AgentMiddleware[Any, Any]):
                 run_id = (info.run_id if info is not None else None) or _config_run_id(config)
         if not run_id:
             where = ('config={"configurable": {"thread_id": ...}}' if self.run_id == "thread"
-                     else 'config={"run_id": ...}')
-            raise NoRunId(f"tool {request.tool_call['name']}: no run id to key the call by: "
-                          f"invoke the agent with {where}")
+                     else 'config={"run_id": uuid.uuid4()}')
+            raise missing_run_id(request.tool_call["name"], f"Invoke the agent with {where}")
         return str(run_id)
 
-    def _present(self, request: ToolCallRequest, produced: list[ToolMessage]) -> Callable[
-            [Any], ToolMessage]:
+    def _request(self, request: ToolCallRequest, handled: _Handled) -> ToolCallRequest:
+        """The request with a copy of its tool that remembers a ToolException it handles."""
+        tool = request.tool
+        if tool is None or not tool.handle_tool_error:
+            return request
+        handled.flag = tool.handle_tool_error
+        return request.override(tool=tool.model_copy(update={"handle_tool_error": handled}))
+
+    def _stored(self, request: ToolCallRequest, message: ToolMessage | Command[Any],
+                handled: _Handled) -> Any:
+        """The content the ledger stores for the tool's message, or why it is not a result."""
+        if isinstance(message, Command):
+            raise TypeError("the tool returned a Command, which the ledger cannot replay: "
+                            "leave the tool out with LedgerMiddleware(tools=...)")
+        if message.status != "error":
+            return message.content
+        error = _ErrorMessage(message)
+        said = handled.error
+        if said is not None:
+            error.__cause__ = said
+        if _refuses_arguments(request.tool, request.tool_call["args"]) or (
+                said is not None and any(isinstance(e, NotExecuted) for e in causes(said))):
+            raise BeforeActing(error)  # it never started, or it says it did not act
+        raise error  # it may have acted: UNKNOWN
+
+    def _present(self, request: ToolCallRequest,
+                 produced: list[ToolMessage]) -> Callable[[CallOutcome[Any]], ToolMessage]:
         call = request.tool_call
 
-        def present(outcome: Any) -> ToolMessage:
-            if isinstance(outcome, Result) and not outcome.replayed and produced:
+        def present(outcome: CallOutcome[Any]) -> ToolMessage:
+            if outcome.kind == Kind.PERFORMED and produced:
                 return produced[0]  # the tool's own message, as without the ledger
-            failed = isinstance(outcome, PreviouslyFailedError)
-            view = outcome.for_model()
-            if isinstance(outcome, Result) and isinstance(outcome.value, str):
+            view = model_view(outcome)  # raises what the framework must see
+            if outcome.kind in (Kind.PERFORMED, Kind.CONFIRMED):
+                content = view if isinstance(view, (str, list)) else json.dumps(
+                    view, ensure_ascii=False)
+                return ToolMessage(content=content, tool_call_id=call["id"], name=call["name"])
+            if outcome.kind == Kind.REPLAYED and isinstance(outcome.value, str):
                 # The tool node stored JSON text: replay it as JSON, not as a quoted string.
                 try:
                     view["result"] = json.loads(outcome.value)
                 except ValueError:
                     pass
+            failed = outcome.kind == Kind.PREVIOUSLY_FAILED
             return ToolMessage(content=json.dumps(view, ensure_ascii=False),
                                tool_call_id=call["id"], name=call["name"],
                                status="error" if failed else "success")
 
         return present
-
-    @staticmethod
-    def _stored(message: ToolMessage | Command[Any]) -> Any:
-        if isinstance(message, Command):
-            raise TypeError("the tool returned a Command, which the ledger cannot replay: "
-                            "leave the tool out with LedgerMiddleware(tools=...)")
-        if message.status == "error":
-            raise BeforeActing(_ErrorMessage(message))
-        return message.content
 
     def wrap_tool_call(self, request: ToolCallRequest,
                        handler: Callable[[ToolCallRequest], ToolMessage | Command[Any]]
@@ -166,18 +256,21 @@ class LedgerMiddleware(AgentMiddleware[Any, Any]):
         if not self._applies(request):
             return handler(request)
         produced: list[ToolMessage] = []
+        handled = _Handled(None)
 
         def act() -> Any:
-            message = handler(request)
+            message = handler(self._request(request, handled))
             if isinstance(message, ToolMessage):
                 produced.append(message)
-            return self._stored(message)
+            return self._stored(request, message, handled)
 
+        name = request.tool_call["name"]
         try:
-            return run_tool_call_sync(
-                self.ledger, run_id=self._run_id(request), tool=request.tool_call["name"],
+            return run_tool_call_sync(  # type: ignore[no-any-return]
+                self.ledger, run_id=self._run_id(request), tool=name,  # type: ignore[arg-type]
                 arguments=to_jsonable(request.tool_call["args"]), act=act,
-                options=self.options, present=self._present(request, produced))  # type: ignore[arg-type]
+                options=self.options, not_executed=NOT_EXECUTED,
+                confirm=self.confirm.get(name), present=self._present(request, produced))
         except _ErrorMessage as refused:
             return refused.message
 
@@ -189,19 +282,21 @@ class LedgerMiddleware(AgentMiddleware[Any, Any]):
         if not self._applies(request):
             return await handler(request)
         produced: list[ToolMessage] = []
+        handled = _Handled(None)
 
         async def act() -> Any:
-            message = await handler(request)
+            message = await handler(self._request(request, handled))
             if isinstance(message, ToolMessage):
                 produced.append(message)
-            return self._stored(message)
+            return self._stored(request, message, handled)
 
+        name = request.tool_call["name"]
         try:
             result: ToolMessage = await run_tool_call(
-                self.ledger, run_id=self._run_id(request), tool=request.tool_call["name"],
+                self.ledger, run_id=self._run_id(request), tool=name,
                 arguments=to_jsonable(request.tool_call["args"]), act=act,
-                options=self.options, present=self._present(request, produced))
+                options=self.options, not_executed=NOT_EXECUTED,
+                confirm=self.confirm.get(name), present=self._present(request, produced))
         except _ErrorMessage as refused:
             return refused.message
         return result
-

@@ -90,6 +90,10 @@ class Entry:
     #: redacted by its ``--store-arguments`` policy). Set by ``lookup`` and ``list_entries``
     #: only; empty in the answers of claim, complete and reconcile.
     arguments_json: str = ""
+    #: Who settled an outcome nobody knew: the ``principal`` of the Reconcile that resolved the
+    #: entry (a reconciler, a tool's ``confirm``, an operator). Empty when the claimant's own
+    #: Complete resolved it, or while it is unresolved.
+    resolved_by: str = ""
 
     @classmethod
     def from_pb(cls, pb: Any) -> Entry:
@@ -117,6 +121,7 @@ class Entry:
             replay_count=pb.replay_count,
             external_ref=pb.external_ref,
             arguments_json=pb.arguments_json,
+            resolved_by=pb.resolved_by,
         )
 
 
@@ -219,6 +224,9 @@ class Result(Generic[T]):
     replayed: bool
     note: str
     entry: Entry
+    #: True when this call's action left its outcome unknown and the tool's ``confirm`` found
+    #: the effect: ``value`` is the result it found.
+    confirmed: bool = False
 
     def for_model(self) -> T | dict[str, Any]:
         """What the model should read: the value itself on a first run; on a repeat, the stored
@@ -230,3 +238,117 @@ class Result(Generic[T]):
         if not self.replayed:
             return self.value
         return {"status": "already_done", "note": self.note, "result": self.value}
+
+
+# --- the paired read: did an attempt whose outcome nobody knows take effect? ------------------
+
+
+@dataclass(frozen=True)
+class UnknownAttempt:
+    """What a tool's ``confirm`` is asked about: an attempt whose outcome nobody knows (it timed
+    out, crashed, outlived ``action_timeout``, or its lease ended without a Complete). Look the
+    effect up in the outside world by ``external_ref`` (what the action passed downstream) or
+    by the arguments."""
+
+    #: The entry's key.
+    key: str
+    #: The reference the action passed to the external system (``Attempt.external_ref``).
+    external_ref: str
+    #: The call's arguments in their JSON form (a dict). The reconciler reads them from the
+    #: ledger, which keeps them as its ``--store-arguments`` policy says (secrets redacted).
+    arguments: dict[str, Any]
+    #: The attempt number (1 for the first attempt).
+    number: int
+    #: The tool's name.
+    tool: str
+    #: The run the call belongs to (empty for an explicit key).
+    run_id: str
+    #: The entry as the ledger holds it.
+    entry: Entry
+
+
+class Answer(enum.StrEnum):
+    """What a ``confirm`` can answer (:class:`Confirmation` ``.answer``)."""
+
+    #: The effect exists: the entry becomes ``SUCCEEDED`` with the result given.
+    FOUND = "found"
+    #: The effect certainly does not exist: the entry becomes ``FAILED``, retryable.
+    NOT_FOUND = "not_found"
+    #: The read cannot say (the external system is down too): the entry stays ``UNKNOWN``.
+    CANNOT_TELL = "cannot_tell"
+
+
+@dataclass(frozen=True)
+class Confirmation:
+    """A ``confirm``'s answer; make it with :func:`found`, :func:`not_found` or
+    :func:`cannot_tell`."""
+
+    answer: Answer
+    #: With ``FOUND``: the result the tool would have returned (encoded by the tool's codec).
+    result: Any = None
+    #: Why: stored as the entry's error with ``NOT_FOUND``, logged with ``CANNOT_TELL``.
+    reason: str = ""
+
+
+def found(result: Any) -> Confirmation:
+    """The effect happened; `result` is what the tool would have returned for it (the model reads
+    it as the call's result, and repeats replay it)."""
+    return Confirmation(Answer.FOUND, result=result)
+
+
+def not_found(reason: str = "") -> Confirmation:
+    """The effect certainly did not happen: the entry becomes ``FAILED`` and retryable, so the
+    next call of the intent acts (once)."""
+    return Confirmation(Answer.NOT_FOUND, reason=reason)
+
+
+def cannot_tell(reason: str = "") -> Confirmation:
+    """The read cannot say: the entry stays ``UNKNOWN`` for the reconciler or a person."""
+    return Confirmation(Answer.CANNOT_TELL, reason=reason)
+
+
+# --- what a call through the ledger came to ---------------------------------------------------
+
+
+class Kind(enum.StrEnum):
+    """What became of one call of ``attempt`` (and so of ``run_once`` and the tool wrappers)."""
+
+    #: The action ran and succeeded now.
+    PERFORMED = "performed"
+    #: The action's outcome was unknown, and its ``confirm`` found the effect: its result.
+    CONFIRMED = "confirmed"
+    #: The intent had succeeded before: the stored result.
+    REPLAYED = "replayed"
+    #: Another attempt holds the key (``ATTEMPTING``).
+    IN_PROGRESS = "in_progress"
+    #: Nobody knows whether the effect happened (this call's action, or an earlier attempt's).
+    UNKNOWN = "unknown"
+    #: The action failed for good before (``PREVIOUSLY_FAILED``).
+    PREVIOUSLY_FAILED = "previously_failed"
+    #: The action said it did not act (``NotExecuted``, a ``not_executed`` type): retryable.
+    NOT_EXECUTED = "not_executed"
+    #: The action's outcome was unknown, and its ``confirm`` found no effect: retryable.
+    NOT_FOUND = "not_found"
+    #: The action failed for good now (``PermanentFailure``).
+    FAILED = "failed"
+
+
+@dataclass(frozen=True)
+class CallOutcome(Generic[T]):
+    """What became of one call through the ledger, without raising: ``Ledger.attempt`` returns
+    it, ``run_once`` turns it into a :class:`Result` or an exception, the tool wrappers into
+    what the model reads."""
+
+    kind: Kind
+    #: The result (``PERFORMED``, ``CONFIRMED``, ``REPLAYED``).
+    value: T | None = None
+    #: The ledger's sentence for the model, where there is one.
+    note: str = ""
+    #: The entry as last seen (``None`` when the ledger could not be asked).
+    entry: Entry | None = None
+    #: The exception ``run_once`` raises for this outcome (the action's own, re-raised).
+    error: BaseException | None = None
+    #: With ``IN_PROGRESS`` / ``UNKNOWN`` from a claim: seconds before a new claim is worth it.
+    retry_after: float | None = None
+    #: True when this very call's action ran (its outcome is this call's, not an earlier one's).
+    acted: bool = False

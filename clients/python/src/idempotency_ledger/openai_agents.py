@@ -2,10 +2,13 @@
 ``pip install 'idempotency-ledger[openai-agents]'``.
 
 One line per tool, under the SDK's own decorator, on a function whose first parameter is the
-SDK's context (``ToolContext`` or ``RunContextWrapper``)::
+SDK's context (``ToolContext`` or ``RunContextWrapper``); importing this module teaches
+``ledger.tool()`` that context::
+
+    import idempotency_ledger.openai_agents  # noqa: F401 (reads the SDK's run context)
 
     @function_tool
-    @ledger.tool()
+    @ledger.tool(confirm=find_credit)
     async def issue_credit(ctx: ToolContext[Session], customer: str, amount: int) -> dict: ...
 
 The wrapper leaves the context out of the recorded arguments and keys the call by the run id it
@@ -18,13 +21,17 @@ finds, in this order:
 3. the id of the run's trace, which the SDK starts for every ``Runner.run`` while tracing is on
    (``trace_…``): a new one per run, so every run is a new intent.
 
-With none of them (no ``run_id`` in the context and tracing disabled) the call raises
-:class:`~idempotency_ledger.NoRunId` before anything is claimed. (A tool without the context
-parameter can still take ``run_id=`` or run inside ``run_scope()``.)
+With none of them (no ``run_id`` in the context and tracing disabled) nothing is claimed or done;
+since the SDK turns a tool's exception into "An error occurred while running the tool. Please try
+again." for the model, the developer gets an ERROR log line (once per tool) naming the fix, and
+the model reads that the action was not performed, never an invitation to try again.
 
-The SDK turns a tool's exception into a message for the model (``failure_error_function``); the
-wrapper sees the exception first, so a ``NotExecuted`` is recorded retryable and the model's next
-call of the same intent runs again, while any other exception leaves the outcome UNKNOWN.
+**Exceptions.** The SDK would tell the model to try again after any exception; the wrapper sees
+it first. An exception raised once the tool started leaves the outcome UNKNOWN, and the model
+reads the ledger's unknown note as the tool's output, on that call and on every repeat (with
+``confirm``: the result found, or "nothing happened"). To say the tool did not act, raise
+``NotExecuted`` (or anything ``from NotExecuted()``): recorded FAILED and retryable, and the SDK's
+"try again" is then true.
 """
 
 from __future__ import annotations
@@ -36,28 +43,30 @@ from agents import RunContextWrapper
 from agents.tool_context import ToolContext
 from agents.tracing import get_current_trace
 
-__all__ = ["is_not_executed", "run_id_of_context"]
+from .tools import FrameworkContext, register_context
+
+__all__ = ["run_id_of_context"]
 
 
-def run_id_of_context(value: Any) -> tuple[bool, str | None]:
-    """(is it the SDK's run context, the run id it carries; see the module's documentation)."""
-    if not isinstance(value, RunContextWrapper):
-        return False, None
+def run_id_of_context(value: RunContextWrapper[Any]) -> str | None:
+    """The run id the SDK's run context carries (see the module's documentation), or None."""
     context = value.context
     run_id = context.get("run_id") if isinstance(context, Mapping) else getattr(
         context, "run_id", None)
     if run_id:
-        return True, str(run_id)
+        return str(run_id)
     run_config = value.run_config if isinstance(value, ToolContext) else None
     if run_config is not None and run_config.trace_id:
-        return True, run_config.trace_id
+        return str(run_config.trace_id)
     trace = get_current_trace()
     # Tracing off gives a NoOpTrace whose id ("no-op") every run shares: never a run id.
     if trace is not None and trace.trace_id and trace.trace_id.startswith("trace_"):
-        return True, trace.trace_id
-    return True, None
+        return str(trace.trace_id)
+    return None
 
 
-def is_not_executed(error: BaseException) -> bool:
-    """The SDK has no exception of its own that says a tool did not act."""
-    return False
+register_context(FrameworkContext(
+    framework="openai-agents", context_type=RunContextWrapper, run_id=run_id_of_context,
+    raises_reach_developer=False,
+    run_id_hint=("give the context you pass to Runner.run(..., context=...) a run_id, or set "
+                 "RunConfig(trace_id=...), or leave tracing on")))

@@ -1,11 +1,11 @@
 """pydantic-ai: the run id is ``RunContext.run_id``. ``pip install 'idempotency-ledger[pydantic-ai]'``.
 
-Two ways, one line each:
+Two ways, one line each (importing this module teaches ``ledger.tool()`` the ``RunContext``):
 
 - a tool that takes the run context, decorated under the agent's own decorator::
 
       @agent.tool
-      @ledger.tool()
+      @ledger.tool(confirm=find_credit)
       async def issue_credit(ctx: RunContext[Deps], customer: str, amount: int) -> dict: ...
 
   The wrapper finds the ``RunContext`` among the arguments, keys the call by ``ctx.run_id`` and
@@ -13,58 +13,74 @@ Two ways, one line each:
 
 - every tool of a toolset, by wrapping the toolset (tools that take no context too)::
 
-      agent = Agent(model, toolsets=[LedgerToolset(toolset, ledger)])
+      agent = Agent(model, toolsets=[LedgerToolset(toolset, ledger,
+                                                   confirm={"issue_credit": find_credit})])
 
 ``ctx.run_id`` is what ``agent.run(..., run_id=...)`` was given, else a fresh UUID7 per run (inside
 a durable workflow, one derived from the workflow run, so a re-executed run keeps its keys). So a
 new ``agent.run`` is a new intent; pass your own ``run_id`` to make a resumed or retried run the
 same intent.
 
-A tool that raises ``ModelRetry`` (the model is asked to correct its call), ``CallDeferred`` or
-``ApprovalRequired`` has not acted: the attempt is recorded ``FAILED`` and retryable, so the
-corrected or approved call runs.
+**Exceptions.** A tool that raises once it started (``ModelRetry`` included: the code cannot know
+whether the payment went through before the timeout it reports) leaves the outcome UNKNOWN, and
+the model reads the ledger's unknown note as the tool's return value, on that call and on every
+repeat (with ``confirm``, the outcome is settled first: the result found, or "nothing happened").
+To say the tool did not act, raise the retry from ``NotExecuted``::
+
+    raise ModelRetry("the payments API is busy, call again") from NotExecuted()
+
+which is recorded FAILED and retryable: pydantic-ai asks the model again, and the corrected call
+runs. ``CallDeferred`` and ``ApprovalRequired`` ask before the tool acts: recorded retryable.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from pydantic_ai import RunContext
-from pydantic_ai.exceptions import ApprovalRequired, CallDeferred, ModelRetry
+from pydantic_ai.exceptions import ApprovalRequired, CallDeferred
 from pydantic_ai.toolsets import AbstractToolset, WrapperToolset
 from pydantic_ai.toolsets.abstract import ToolsetTool
 
+from .client import AsyncLedgerClient, LedgerClient
 from .codec import to_jsonable
-from .tools import run_options, run_tool_call
+from .model import UnknownAttempt
+from .tools import (
+    FrameworkContext,
+    LedgerTool,
+    missing_run_id,
+    register_context,
+    require_confirm,
+    run_options,
+    run_tool_call,
+)
 
-if TYPE_CHECKING:
-    from .client import AsyncLedger, Ledger
+__all__ = ["LedgerToolset", "run_id_of_context"]
 
-__all__ = ["LedgerToolset", "is_not_executed", "run_id_of_context"]
-
-_NOT_EXECUTED = (ModelRetry, CallDeferred, ApprovalRequired)
+#: pydantic-ai's exceptions that ask before a tool acts: it did not act.
+NOT_EXECUTED = (CallDeferred, ApprovalRequired)
 
 
-def run_id_of_context(value: Any) -> tuple[bool, str | None]:
-    """(is it pydantic-ai's run context, its run id)."""
-    if isinstance(value, RunContext):
-        return True, value.run_id
-    return False, None
+def run_id_of_context(value: RunContext[Any]) -> str | None:
+    """The run id of pydantic-ai's run context."""
+    return value.run_id or None
 
 
-def is_not_executed(error: BaseException) -> bool:
-    """Whether `error` is pydantic-ai's way of saying the tool did not act."""
-    return isinstance(error, _NOT_EXECUTED)
+register_context(FrameworkContext(
+    framework="pydantic-ai", context_type=RunContext, run_id=run_id_of_context,
+    not_executed=NOT_EXECUTED,
+    run_id_hint="run the agent with agent.run(..., run_id=...) (pydantic-ai gives every run one)"))
 
 
 @dataclass(init=False)  # pydantic-ai copies toolsets with dataclasses.replace: fields, own init
 class LedgerToolset(WrapperToolset[Any]):
     """Makes every tool of the wrapped toolset (or those named in `tools`) run once per intent,
     keyed by ``ctx.run_id``, the tool's name and its validated arguments; what a tool returns
-    reaches the model as ``for_model()``: the result, or the stored result with the replay note,
-    or the note of an attempt in progress, failed before, or of unknown outcome.
+    reaches the model as :func:`~idempotency_ledger.tools.model_view`: the result, or the stored
+    result with the replay note, or the note of an attempt in progress, failed before, of unknown
+    outcome or found not to have happened.
 
     Args:
         wrapped: the toolset whose tools to wrap (a ``FunctionToolset``, an MCP server, ...).
@@ -72,25 +88,47 @@ class LedgerToolset(WrapperToolset[Any]):
             :class:`~idempotency_ledger.AsyncLedger` (created in the loop that runs the agent).
         tools: the names of the tools to make run-once; ``None``: all of them (read-only tools
             gain nothing but cost a claim each: leave them out).
+        confirm: each tool's paired read, by tool name (see ``ledger.tool(confirm=...)``). In
+            strict mode (``require_confirm=True``) every tool named in `tools` needs one, and
+            with ``tools=None`` every tool of the toolset, checked when the run lists them.
         run_id: a callable taking the ``RunContext`` and returning the run id, instead of
             ``ctx.run_id``.
-        options: the ``run_once`` options (``wait``, ``lease``, ``action_timeout``, ...).
+        options: the ``run_once`` options (``wait``, ``lease``, ``action_timeout``,
+            ``confirm_delay``, ...).
     """
 
-    ledger: Ledger | AsyncLedger
+    ledger: LedgerClient | AsyncLedgerClient
     tools: Collection[str] | None
+    confirm: Mapping[str, Callable[[UnknownAttempt], Any]]
     run_id: Callable[[RunContext[Any]], str | None] | None
     options: dict[str, Any]
 
-    def __init__(self, wrapped: AbstractToolset[Any], ledger: Ledger | AsyncLedger, *,
+    def __init__(self, wrapped: AbstractToolset[Any], ledger: LedgerClient | AsyncLedgerClient, *,
                  tools: Collection[str] | None = None,
+                 confirm: Mapping[str, Callable[[UnknownAttempt], Any]] | None = None,
                  run_id: Callable[[RunContext[Any]], str | None] | None = None,
                  options: dict[str, Any] | None = None, **run_once_options: Any) -> None:
         self.wrapped = wrapped
         self.ledger = ledger
         self.tools = None if tools is None else frozenset(tools)
+        self.confirm = dict(confirm or {})
         self.run_id = run_id
         self.options = run_options(**{**(options or {}), **run_once_options})
+        for name in self.tools or ():
+            require_confirm(ledger, name, self.confirm.get(name))
+
+    @property
+    def ledger_tools(self) -> list[LedgerTool]:
+        """The tools with a paired read, for the :class:`~idempotency_ledger.Reconciler`."""
+        return [LedgerTool(name, confirm, self.options["codec"])
+                for name, confirm in self.confirm.items()]
+
+    async def get_tools(self, ctx: RunContext[Any]) -> dict[str, ToolsetTool[Any]]:
+        tools = await super().get_tools(ctx)
+        for name in tools:  # strict mode: refused when the run lists them, before any call
+            if self.tools is None or name in self.tools:
+                require_confirm(self.ledger, name, self.confirm.get(name))
+        return tools
 
     async def call_tool(self, name: str, tool_args: dict[str, Any], ctx: RunContext[Any],
                         tool: ToolsetTool[Any]) -> Any:
@@ -98,10 +136,9 @@ class LedgerToolset(WrapperToolset[Any]):
             return await self.wrapped.call_tool(name, tool_args, ctx, tool)
         run_id = self.run_id(ctx) if self.run_id is not None else ctx.run_id
         if not run_id:
-            from .tools import NoRunId
-
-            raise NoRunId(f"tool {name}: the run context has no run id")
+            raise missing_run_id(name, "Run the agent with agent.run(..., run_id=...), or give "
+                                       "LedgerToolset a run_id= callable that finds one")
         return await run_tool_call(
-            self.ledger, run_id=run_id, tool=name, arguments=to_jsonable(tool_args),
+            self.ledger, run_id=str(run_id), tool=name, arguments=to_jsonable(tool_args),
             act=lambda: self.wrapped.call_tool(name, tool_args, ctx, tool),
-            options=self.options)
+            options=self.options, not_executed=NOT_EXECUTED, confirm=self.confirm.get(name))

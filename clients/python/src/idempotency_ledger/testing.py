@@ -1,4 +1,5 @@
-"""Starts a real ``idempotency-ledger`` server for tests: a free port, its own SQLite file.
+"""Starts a real ``idempotency-ledger`` server for tests: a free port, its own SQLite file (or
+the PostgreSQL database you name).
 
     with LedgerServer() as server:
         with Ledger(server.address) as ledger:
@@ -57,6 +58,10 @@ class LedgerServer:
         args: more flags, such as ``["--default-lease", "2s"]``.
         directory: where the database, tokens file and log go (a temporary directory otherwise,
             removed on stop).
+        database_url: the store, such as ``postgres://user@host:5432/db`` (default: a fresh
+            SQLite file in `directory`).
+        env: more environment variables for the server, such as ``{"RUST_LOG": "debug"}``
+            (default ``RUST_LOG=info``).
         startup_timeout: seconds to wait for the server to serve.
     """
 
@@ -67,6 +72,8 @@ class LedgerServer:
         tokens: Mapping[str, str] | None = None,
         args: Sequence[str] = (),
         directory: str | Path | None = None,
+        database_url: str | None = None,
+        env: Mapping[str, str] | None = None,
         startup_timeout: float = 30.0,
     ) -> None:
         self.binary = Path(binary) if binary else find_binary()
@@ -76,6 +83,8 @@ class LedgerServer:
         self._own_dir = directory is None
         self.directory = Path(directory or tempfile.mkdtemp(prefix="ledger-"))
         self.database = self.directory / "ledger.db"
+        self.database_url = database_url or f"sqlite://{self.database}"
+        self.env = dict(env or {})
         self.log_path = self.directory / "server.log"
         self.address = ""
         self._process: subprocess.Popen[bytes] | None = None
@@ -102,13 +111,13 @@ class LedgerServer:
     def start(self) -> LedgerServer:
         self.directory.mkdir(parents=True, exist_ok=True)
         command = [str(self.binary), "--listen", "127.0.0.1:0",
-                   "--database-url", f"sqlite://{self.database}"]
+                   "--database-url", self.database_url]
         if self.tokens:
             tokens_file = self.directory / "tokens"
             tokens_file.write_text("".join(f"{t} {k}\n" for t, k in self.tokens.items()))
             command += ["--auth-tokens-file", str(tokens_file)]
         command += self.args
-        env = {**os.environ, "RUST_LOG": "info", "NO_COLOR": "1"}
+        env = {**os.environ, "RUST_LOG": "info", "NO_COLOR": "1", **self.env}
         with open(self.log_path, "wb") as log:
             self._process = subprocess.Popen(command, stdin=subprocess.DEVNULL,
                                              stdout=subprocess.DEVNULL, stderr=log, env=env)

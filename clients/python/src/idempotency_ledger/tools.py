@@ -1,10 +1,14 @@
 """One line per tool: ``@ledger.tool()`` makes a tool function run once per intent.
 
     @agent.tool                      # the framework's own decorator, outermost
-    @ledger.tool()                   # claim, act, complete; replay on repeat
+    @ledger.tool(confirm=find_credit)   # claim, act, complete; replay on repeat; settle unknowns
     async def issue_credit(ctx: RunContext[Deps], customer: str, amount: int) -> dict:
         memo = current_attempt().external_ref     # pass it downstream
         ...
+
+    def find_credit(attempt: UnknownAttempt) -> Confirmation:   # the paired read
+        credit = payments.find(memo=attempt.external_ref)
+        return found({"credit_id": credit.id}) if credit else not_found()
 
 The wrapped function keeps its name, docstring, signature and annotations (``functools.wraps``
 and ``__signature__``), so the framework builds the same JSON schema from it. When the framework
@@ -13,22 +17,26 @@ calls it:
 1. **The run id** is, in this order: ``run_id=`` given to the decorator (a string, or a callable
    taking no argument); the one set by :func:`run_scope` around the call (the adapters' toolset
    and middlewares set it); the run id of the framework's own context parameter, when the function
-   has one (pydantic-ai ``RunContext.run_id``, the OpenAI Agents SDK ``ToolContext``, LangChain's
-   ``ToolRuntime``, FastMCP's ``Context``: see each adapter module). Without any, the call raises
-   :class:`NoRunId` before anything is claimed.
+   has one and the framework's adapter is imported (pydantic-ai ``RunContext.run_id``, the OpenAI
+   Agents SDK ``ToolContext``, LangChain's ``ToolRuntime``, FastMCP's ``Context``: see each adapter
+   module). Without any, the call is refused before anything is claimed: :class:`NoRunId` is
+   raised and logged (once per tool, at ERROR, naming the fix).
 2. **The arguments** recorded (and keyed) are the ones the framework passes, by parameter name,
    in their JSON form (:func:`~idempotency_ledger.codec.to_jsonable`), without the framework's
    context parameter and without the names in ``exclude=``.
 3. **The tool name** is ``name`` (default: the function's ``__name__``, as the frameworks name it).
-4. The call goes through ``run_once``: the function runs only when the claim is won, with the
-   attempt available from :func:`current_attempt` (key, ``external_ref``, attempt number), its
-   lease renewed while it runs; and the wrapper returns what the model should read
-   (``for_model()``): the result on a first run; on a repeat the stored result with the ledger's
-   note; for an attempt in progress, a permanent failure already recorded or an outcome nobody
-   knows (also this call's own ``action_timeout``), the note, never an exception, which a
-   framework would turn into "tool failed, retry". An exception the function raises is re-raised
-   after it was recorded (``NotExecuted`` and the ``not_executed=`` classes as retryable, anything
-   else as ``UNKNOWN``); so is :class:`~idempotency_ledger.ResultNotEncodable`, a bug to fix.
+4. The call goes through the ledger's ``attempt``: the function runs only when the claim is won,
+   with the attempt available from :func:`current_attempt`, its lease renewed while it runs;
+   and the wrapper returns what the model should read (:func:`model_view`): the result on a first
+   run (also the result ``confirm`` found for an unknown outcome); on a repeat the stored result
+   with the ledger's note; for an attempt in progress, a permanent failure already recorded, an
+   outcome nobody knows (this call's own too: an exception raised once the function started,
+   ``action_timeout``) or one ``confirm`` found did not happen, the note as a normal result,
+   never an exception, which a framework would turn into "tool failed, try again". Only what
+   the function says did not act (``NotExecuted``, the ``not_executed=`` classes, or anything
+   raised from them) and ``PermanentFailure`` are re-raised after they are recorded, so the
+   framework treats them as it always does; so is
+   :class:`~idempotency_ledger.ResultNotEncodable`, a bug to fix.
 """
 
 from __future__ import annotations
@@ -36,29 +44,36 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import functools
-import importlib
 import inspect
-from collections.abc import Awaitable, Callable, Collection, Iterator
+import logging
+import threading
+import uuid
+from collections.abc import Awaitable, Callable, Collection, Iterator, Mapping
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, Any, TypeVar, cast
+from dataclasses import dataclass
+from typing import Any, TypeVar, cast
 
-from .client import DEFAULT_WAIT, BeforeActing, Seconds
+from ._core import NOT_PERFORMED_NOTE
+from ._wire import Seconds
+from .client import DEFAULT_CONFIRM_DELAY, DEFAULT_WAIT, AsyncLedgerClient, LedgerClient
 from .codec import JSON, Codec, to_jsonable
-from .errors import InProgressError, PreviouslyFailedError, ResultNotEncodable
-from .model import Attempt, Canonicalization
-
-if TYPE_CHECKING:
-    from .client import AsyncLedger, Ledger
+from .errors import UNKNOWN_NOTE, ResultNotEncodable
+from .model import Attempt, CallOutcome, Canonicalization, Kind, UnknownAttempt
 
 __all__ = [
-    "AsyncToolDecorator",
+    "AsyncLedger",
+    "FrameworkContext",
+    "Ledger",
+    "LedgerTool",
     "NoRunId",
-    "ToolDecorator",
     "current_attempt",
     "current_run_id",
-    "framework_not_executed",
-    "framework_run_id",
     "ledger_tool",
+    "ledger_tools_of",
+    "model_view",
+    "missing_run_id",
+    "register_context",
+    "require_confirm",
     "run_options",
     "run_scope",
     "run_tool_call",
@@ -66,28 +81,18 @@ __all__ = [
 ]
 
 F = TypeVar("F", bound=Callable[..., Any])
-ToolDecorator = Callable[[F], F]
-AsyncToolDecorator = Callable[[Callable[..., Any]], Callable[..., Awaitable[Any]]]
+Confirm = Callable[[UnknownAttempt], Any]
+log = logging.getLogger("idempotency_ledger")
 
 _attempt: contextvars.ContextVar[Attempt | None] = contextvars.ContextVar(
     "idempotency_ledger.attempt", default=None)
 _run_id: contextvars.ContextVar[str | None] = contextvars.ContextVar(
     "idempotency_ledger.run_id", default=None)
 
-# The frameworks whose context parameter a tool may take: the top-level module of the context's
-# class, and this package's adapter module that reads the run id from it. The adapter is
-# imported only when such a value turns up, so the base client needs none of the frameworks.
-_ADAPTERS = {
-    "pydantic_ai": "idempotency_ledger.pydantic_ai",
-    "agents": "idempotency_ledger.openai_agents",
-    "langchain": "idempotency_ledger.langchain",
-    "langgraph": "idempotency_ledger.langchain",
-    "fastmcp": "idempotency_ledger.mcp",
-}
-
 
 class NoRunId(LookupError):  # noqa: N818 (reads as the sentence it raises)
-    """A ledger tool was called without a run id to key it by; nothing was claimed."""
+    """A ledger tool was called without a run id to key it by; nothing was claimed. A
+    developer's error: the message names the fix."""
 
 
 def current_attempt() -> Attempt:
@@ -121,99 +126,208 @@ def run_scope(run_id: str) -> Iterator[str]:
         _run_id.reset(token)
 
 
-def framework_run_id(value: Any) -> tuple[bool, str | None]:
-    """(whether `value` is a framework's context object, the run id it carries)."""
+# --- the frameworks' context parameters, as their adapters describe them ----------------------
+
+
+@dataclass(frozen=True)
+class FrameworkContext:
+    """How a framework's context parameter names the run; each adapter module registers its
+    own (:func:`register_context`) when it is imported, so this layer never imports one."""
+
+    #: The framework's name, for messages ("pydantic-ai").
+    framework: str
+    #: The context's class: a parameter holding an instance is the framework's context, left
+    #: out of the recorded arguments.
+    context_type: type
+    #: The run id the context carries, or None.
+    run_id: Callable[[Any], str | None]
+    #: The framework's exceptions that mean the tool did not act (an approval asked first).
+    not_executed: tuple[type[BaseException], ...] = ()
+    #: False for a framework that turns every exception of a tool into "try again" text for
+    #: the model: a missing run id is then logged and told to the model as what it is.
+    raises_reach_developer: bool = True
+    #: How to give the run an id, for the message of a missing one.
+    run_id_hint: str = ""
+
+
+_CONTEXTS: list[FrameworkContext] = []
+# The frameworks with an adapter, by the top-level module of their classes, and the adapter to
+# import for them: names only, for the message when a context turns up unregistered.
+_ADAPTERS = {
+    "pydantic_ai": "idempotency_ledger.pydantic_ai",
+    "agents": "idempotency_ledger.openai_agents",
+    "langchain": "idempotency_ledger.langchain",
+    "langgraph": "idempotency_ledger.langchain",
+    "fastmcp": "idempotency_ledger.mcp",
+}
+
+
+def register_context(context: FrameworkContext) -> None:
+    """Teaches ``ledger.tool()`` a framework's context parameter (the adapters call it)."""
+    if context not in _CONTEXTS:
+        _CONTEXTS.append(context)
+
+
+def _framework_context(value: Any) -> FrameworkContext | None:
+    for context in _CONTEXTS:
+        if isinstance(value, context.context_type):
+            return context
+    return None
+
+
+def _unregistered_framework(value: Any) -> str | None:
+    """The adapter module to import for a framework context nobody registered, if it is one."""
     for cls in type(value).__mro__:
-        module = _adapter(cls)
-        if module is None:
-            continue
-        is_context, run_id = module.run_id_of_context(value)
-        if is_context:
-            return True, run_id
-    return False, None
+        adapter = _ADAPTERS.get(cls.__module__.partition(".")[0])
+        if adapter is not None and (cls.__name__.endswith(("Context", "ContextWrapper"))
+                                    or cls.__name__ == "ToolRuntime"):
+            return adapter
+    return None
 
 
-def _adapter(cls: type) -> Any:
-    """The adapter module for a class of one of the frameworks, or None (also when the
-    framework's package is not the one the adapter is for: another package named ``agents``)."""
-    adapter = _ADAPTERS.get(cls.__module__.partition(".")[0])
-    if adapter is None:
-        return None
-    try:
-        return importlib.import_module(adapter)
-    except ImportError:
-        return None
+def framework_not_executed() -> tuple[type[BaseException], ...]:
+    """Every registered framework's exceptions that mean a tool did not act."""
+    return tuple(cls for context in _CONTEXTS for cls in context.not_executed)
 
 
-def framework_not_executed(error: BaseException) -> bool:
-    """Whether `error` is a framework's own way of saying the tool did not act (pydantic-ai's
-    ``ModelRetry``, ``CallDeferred``, ``ApprovalRequired``): recorded retryable, not UNKNOWN."""
-    for cls in type(error).__mro__:
-        module = _adapter(cls)
-        if module is not None:
-            return bool(module.is_not_executed(error))
-    return False
+# --- the paired read, registered with the tool ------------------------------------------------
 
 
-def _causes(error: BaseException) -> list[BaseException]:
-    """`error` and what it was raised from (``raise ... from``), as a framework wraps it."""
-    chain: list[BaseException] = []
-    current: BaseException | None = error
-    while current is not None and current not in chain:
-        chain.append(current)
-        current = current.__cause__
-    return chain
+@dataclass(frozen=True)
+class LedgerTool:
+    """A tool as the ledger knows it: its name and its paired read. The
+    :class:`~idempotency_ledger.Reconciler` settles the entries of the tools it is given that
+    have a ``confirm``."""
+
+    name: str
+    confirm: Confirm | None = None
+    codec: Codec = JSON
 
 
-def _acting(attempt: Attempt, not_executed: tuple[type[BaseException], ...]) -> Any:
-    """Sets the attempt for current_attempt() and sorts the action's exceptions; a context
-    manager for both kinds of action."""
-    return _Acting(attempt, not_executed)
+# Every tool registered in this process by name (the last registration wins): how a framework's
+# tool object (which may not keep the function it wraps) is found again by its name.
+_REGISTERED: dict[str, LedgerTool] = {}
+_REGISTERED_LOCK = threading.Lock()
 
 
-class _Acting:
-    def __init__(self, attempt: Attempt, not_executed: tuple[type[BaseException], ...]) -> None:
-        self.attempt = attempt
-        self.not_executed = not_executed
-
-    def __enter__(self) -> None:
-        self.token = _attempt.set(self.attempt)
-
-    def __exit__(self, kind: Any, error: BaseException | None, tb: Any) -> None:
-        _attempt.reset(self.token)
-        if error is not None and not isinstance(error, BeforeActing) and any(
-                isinstance(e, self.not_executed) or framework_not_executed(e)
-                for e in _causes(error)):
-            raise BeforeActing(error) from None
+def registered(name: str) -> LedgerTool | None:
+    """The tool registered under `name` in this process, if any."""
+    return _REGISTERED.get(name)
 
 
-def for_model(outcome: Any) -> Any:
-    """What the model reads of an outcome: ``for_model()`` of a :class:`Result` or of the
-    not-a-result outcome errors."""
-    return outcome.for_model()
+def _register(tool: LedgerTool) -> None:
+    with _REGISTERED_LOCK:
+        _REGISTERED[tool.name] = tool
 
 
-def _for_model(outcome: Callable[[], Any], present: Callable[[Any], Any] = for_model) -> Any:
-    """What the model reads: the result presented, or the note of an outcome that is not a
-    result."""
-    try:
-        result = outcome()
-    except ResultNotEncodable:
-        raise
-    except (InProgressError, PreviouslyFailedError) as e:
-        return present(e)
-    return present(result)
+def require_confirm(ledger: LedgerClient | AsyncLedgerClient, name: str,
+                    confirm: Confirm | None) -> None:
+    """Strict mode (``require_confirm=True``): refuses a tool without its paired read."""
+    if getattr(ledger, "require_confirm", False) and confirm is None:
+        raise ValueError(
+            f"tool {name} has no confirm=, and the ledger requires one (require_confirm=True): "
+            "give it its paired read, a function that looks the effect up (by "
+            "attempt.external_ref) and returns found(result), not_found() or cannot_tell(), so "
+            "that an unknown outcome can be settled. A tool that cannot be reconciled cannot be "
+            "safely retried")
 
 
-async def _for_model_async(outcome: Awaitable[Any],
-                           present: Callable[[Any], Any] = for_model) -> Any:
-    try:
-        result = await outcome
-    except ResultNotEncodable:
-        raise
-    except (InProgressError, PreviouslyFailedError) as e:
-        return present(e)
-    return present(result)
+def ledger_tools_of(item: Any) -> list[LedgerTool]:
+    """The ledger tools `item` stands for: a :class:`LedgerTool`; a function made by
+    ``ledger.tool()``; a framework's tool object around one (found by its ``name``); an
+    adapter's middleware or toolset (its ``ledger_tools``); a mapping of tool names to
+    ``confirm`` functions; or an iterable of any of these."""
+    if isinstance(item, LedgerTool):
+        return [item]
+    own = getattr(item, "ledger_tool", None)
+    if isinstance(own, LedgerTool):
+        return [own]
+    many = getattr(item, "ledger_tools", None)
+    if many is not None and not callable(many):
+        return [t for entry in many for t in ledger_tools_of(entry)]
+    if isinstance(item, Mapping):
+        return [LedgerTool(str(name), confirm) for name, confirm in item.items()]
+    name = getattr(item, "name", None)
+    if isinstance(name, str) and registered(name) is not None:
+        return [cast(LedgerTool, registered(name))]
+    if isinstance(item, (list, tuple, set, frozenset)):
+        return [t for entry in item for t in ledger_tools_of(entry)]
+    raise TypeError(f"{item!r} is not a ledger tool: give ledger.tool() functions (or the "
+                    "framework tools made from them), LedgerTool(name, confirm), an adapter's "
+                    "middleware or toolset, or a mapping of tool names to confirm functions")
+
+
+# --- what the model reads ---------------------------------------------------------------------
+
+_missing_logged: set[str] = set()
+_missing_lock = threading.Lock()
+
+
+def missing_run_id(tool: str, fix: str) -> NoRunId:
+    """The error of a call without a run id, logged at ERROR once per tool: a developer's error,
+    which some frameworks would otherwise only show the model."""
+    error = NoRunId(f"ledger tool {tool}: no run id to key the call by, so a repeat cannot be "
+                    f"told from a new request; nothing was done. {fix}")
+    with _missing_lock:
+        first = tool not in _missing_logged
+        _missing_logged.add(tool)
+    if first:
+        log.error("%s", error)
+    return error
+
+
+def missing_run_id_view(tool: str) -> dict[str, str]:
+    """What the model reads of a call refused for want of a run id, where the framework would
+    turn the exception into "try again" (the same words as the TypeScript client)."""
+    return {"status": "not_executed",
+            "note": (f"This action was not performed: the tool {tool} was called without a run "
+                     "id, so the idempotency ledger cannot tell a repeat from a new request. "
+                     "Nothing happened.")}
+
+
+def model_view(outcome: CallOutcome[Any]) -> Any:
+    """What the model reads of an outcome: the result itself (performed, or found by
+    ``confirm``); on a repeat ``{"status": "already_done", "note", "result"}``; otherwise
+    ``{"status": "in_progress" | "outcome_unknown" | "previously_failed" | "not_executed",
+    "note", ...}``. What the tool says did not act, or failed for good now, is re-raised for the
+    framework (see :func:`raise_for_framework`)."""
+    kind = outcome.kind
+    if kind in (Kind.PERFORMED, Kind.CONFIRMED):
+        return outcome.value
+    if kind == Kind.REPLAYED:
+        return {"status": "already_done", "note": outcome.note, "result": outcome.value}
+    if kind == Kind.IN_PROGRESS:
+        return {"status": "in_progress", "note": outcome.note,
+                "retry_after_seconds": outcome.retry_after}
+    if kind == Kind.PREVIOUSLY_FAILED:
+        return {"status": "previously_failed", "note": outcome.note}
+    if kind == Kind.NOT_FOUND:
+        return {"status": "not_executed", "note": NOT_PERFORMED_NOTE}
+    if kind == Kind.UNKNOWN:
+        raise_for_framework(outcome)
+        return {"status": "outcome_unknown", "note": outcome.note or UNKNOWN_NOTE}
+    raise_for_framework(outcome)
+    raise AssertionError(f"unreachable: {kind}")
+
+
+def raise_for_framework(outcome: CallOutcome[Any]) -> None:
+    """Raises what the framework must see: what the tool said did not act or failed for good
+    (the framework treats it as it always does), a result that cannot be stored (a bug), a
+    cancellation. An exception the tool raised after it may have acted is not raised: it is
+    logged, and the model reads the unknown note."""
+    error = outcome.error
+    if outcome.kind in (Kind.NOT_EXECUTED, Kind.FAILED) and error is not None:
+        raise error
+    if outcome.kind == Kind.UNKNOWN and outcome.acted and error is not None:
+        if isinstance(error, ResultNotEncodable) or not isinstance(error, Exception):
+            raise error
+        key = outcome.entry.key if outcome.entry is not None else "?"
+        log.warning("a ledger tool raised after it may have acted; its outcome is UNKNOWN "
+                    "(entry %s) and the model is told not to repeat it: %r", key, error,
+                    exc_info=error)
+
+
+# --- running one call -------------------------------------------------------------------------
 
 
 def run_options(
@@ -226,15 +340,24 @@ def run_options(
     canonicalization: Canonicalization | str = Canonicalization.JCS,
     principal: str | None = None,
     timeout: float | None = None,
+    confirm_delay: float = DEFAULT_CONFIRM_DELAY,
 ) -> dict[str, Any]:
     """The ``run_once`` options the wrapper and the adapters take, checked by name."""
     return {"codec": codec, "wait": wait, "lease": lease, "retention": retention,
             "action_timeout": action_timeout, "canonicalization": canonicalization,
-            "principal": principal, "timeout": timeout}
+            "principal": principal, "timeout": timeout, "confirm_delay": confirm_delay}
+
+
+def _with_attempt(attempt: Attempt, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    token = _attempt.set(attempt)
+    try:
+        return fn(*args, **kwargs)
+    finally:
+        _attempt.reset(token)
 
 
 async def run_tool_call(
-    ledger: Ledger | AsyncLedger,
+    ledger: LedgerClient | AsyncLedgerClient,
     *,
     run_id: str,
     tool: str,
@@ -242,41 +365,53 @@ async def run_tool_call(
     act: Callable[[], Awaitable[Any]],
     options: dict[str, Any],
     not_executed: tuple[type[BaseException], ...] = (),
-    present: Callable[[Any], Any] = for_model,
+    confirm: Confirm | None = None,
+    present: Callable[[CallOutcome[Any]], Any] = model_view,
 ) -> Any:
     """Runs one tool call through the ledger from a coroutine and returns what the model reads:
-    `present` of the :class:`Result`, or of the ``InProgressError`` / ``PreviouslyFailedError``
-    (default: their ``for_model()``). `act` starts the tool; the adapters use this."""
-    from .client import AsyncLedger
+    `present` of the :class:`~idempotency_ledger.CallOutcome` (default :func:`model_view`).
+    `act` starts the tool; the adapters use this."""
+    not_executed = (*not_executed, *framework_not_executed())
 
     async def action(attempt: Attempt) -> Any:
-        with _acting(attempt, not_executed):
+        token = _attempt.set(attempt)
+        try:
             return await act()
+        finally:
+            _attempt.reset(token)
 
-    if isinstance(ledger, AsyncLedger):
-        return await _for_model_async(ledger.run_once(run_id, tool, arguments, action,
-                                                      **options), present)
+    if isinstance(ledger, AsyncLedgerClient):
+        outcome = await ledger.attempt(run_id, tool, arguments, action,
+                                       not_executed=not_executed, confirm=confirm, **options)
+        return present(outcome)
     loop = asyncio.get_running_loop()
     running: list[Any] = []
 
     def blocking_action(attempt: Attempt) -> Any:
-        # Runs in run_once's worker thread; the coroutine itself runs on the caller's loop.
+        # Runs in a worker thread (the blocking ledger's calls); the coroutine itself runs on
+        # the caller's loop.
         future = asyncio.run_coroutine_threadsafe(action(attempt), loop)
         running.append(future)
         return future.result()
 
-    blocking = asyncio.to_thread(ledger.run_once, run_id, tool, arguments, blocking_action,
-                                 **options)
+    blocking_confirm = confirm
+    if confirm is not None and _is_coroutine_function(confirm):
+        def blocking_confirm(question: UnknownAttempt) -> Any:
+            return asyncio.run_coroutine_threadsafe(confirm(question), loop).result()
+
+    blocking = asyncio.to_thread(ledger.attempt, run_id, tool, arguments, blocking_action,
+                                 not_executed=not_executed, confirm=blocking_confirm, **options)
     try:
-        return await _for_model_async(blocking, present)
+        outcome = await blocking
     except asyncio.CancelledError:
         for future in running:  # the thread then records the cancellation as UNKNOWN
             future.cancel()
         raise
+    return present(outcome)
 
 
 def run_tool_call_sync(
-    ledger: Ledger,
+    ledger: LedgerClient,
     *,
     run_id: str,
     tool: str,
@@ -284,20 +419,25 @@ def run_tool_call_sync(
     act: Callable[[], Any],
     options: dict[str, Any],
     not_executed: tuple[type[BaseException], ...] = (),
-    present: Callable[[Any], Any] = for_model,
+    confirm: Confirm | None = None,
+    present: Callable[[CallOutcome[Any]], Any] = model_view,
 ) -> Any:
     """:func:`run_tool_call` for blocking code, with the blocking client."""
-    from .client import AsyncLedger
-
-    if isinstance(ledger, AsyncLedger):
+    if isinstance(ledger, AsyncLedgerClient):
         raise TypeError("a blocking tool call needs the blocking Ledger, not an AsyncLedger")
+    outcome = ledger.attempt(run_id, tool, arguments,
+                             lambda attempt: _with_attempt(attempt, act),
+                             not_executed=(*not_executed, *framework_not_executed()),
+                             confirm=confirm, **options)
+    return present(outcome)
 
-    def action(attempt: Attempt) -> Any:
-        with _acting(attempt, not_executed):
-            return act()
 
-    return _for_model(lambda: ledger.run_once(run_id, tool, arguments, action, **options),
-                      present)
+def _is_coroutine_function(fn: Any) -> bool:
+    return inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(
+        getattr(fn, "__call__", None))  # noqa: B004 (a callable object's async __call__)
+
+
+# --- the decorator ----------------------------------------------------------------------------
 
 
 class _ToolCall:
@@ -306,12 +446,14 @@ class _ToolCall:
 
     def __init__(self, fn: Callable[..., Any], name: str | None, run_id: Any,
                  exclude: Collection[str], not_executed: tuple[type[BaseException], ...],
-                 run_options: dict[str, Any]) -> None:
+                 confirm: Confirm | None, options: dict[str, Any]) -> None:
         if not callable(fn):
             raise TypeError(f"ledger.tool() decorates a function, not {fn!r}")
         if run_id is not None and not (isinstance(run_id, str) and run_id) and not callable(
                 run_id):
             raise TypeError(f"run_id must be a non-empty str or a callable, not {run_id!r}")
+        if confirm is not None and not callable(confirm):
+            raise TypeError(f"confirm must be a function of the attempt, not {confirm!r}")
         self.fn = fn
         self.name = name or getattr(fn, "__name__", None) or ""
         if not self.name:
@@ -323,20 +465,31 @@ class _ToolCall:
         self.exclude = frozenset(exclude)
         self.run_id_option = run_id
         self.not_executed = not_executed
-        self.run_options = run_options
+        self.confirm = confirm
+        self.options = options
 
-    def prepare(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[str, dict[str, Any]]:
-        """(run id, recorded arguments) of one call; raises before anything is claimed."""
+    def prepare(self, args: tuple[Any, ...],
+                kwargs: dict[str, Any]) -> tuple[str, dict[str, Any]] | dict[str, str]:
+        """(run id, recorded arguments) of one call, or what the model reads of a call refused
+        for want of a run id where the framework would hide the exception from the developer;
+        raises before anything is claimed."""
         bound = self.signature.bind(*args, **kwargs)  # the framework's TypeError, as without us
         arguments: dict[str, Any] = {}
         context_run_id: str | None = None
+        context: FrameworkContext | None = None
         for pname, value in bound.arguments.items():
             if pname in self.exclude:
                 continue
-            is_context, found = framework_run_id(value)
-            if is_context:
-                context_run_id = context_run_id or found
+            found = _framework_context(value)
+            if found is not None:
+                context = context or found
+                context_run_id = context_run_id or found.run_id(value)
                 continue
+            adapter = _unregistered_framework(value)
+            if adapter is not None:
+                raise missing_run_id(
+                    self.name, f"Its parameter {pname!r} is a framework's context, whose run id "
+                    f"the ledger reads once its adapter is imported: import {adapter}")
             kind = self.signature.parameters[pname].kind
             try:
                 if kind is inspect.Parameter.VAR_KEYWORD:
@@ -346,25 +499,30 @@ class _ToolCall:
             except TypeError as e:
                 raise TypeError(f"ledger tool {self.name}: argument {pname!r} cannot be recorded "
                                 f"as JSON: {e} (or leave it out with exclude=)") from None
-        return self._run_id(context_run_id), arguments
+        run_id = self._run_id(context_run_id)
+        if run_id is not None:
+            return run_id, arguments
+        hint = context.run_id_hint if context is not None else (
+            "give the function the framework's context parameter (see the idempotency_ledger "
+            "adapters)")
+        error = missing_run_id(self.name, f"Pass run_id= to ledger.tool(), call it inside "
+                                          f"run_scope(run_id), or {hint}")
+        if context is not None and not context.raises_reach_developer:
+            return missing_run_id_view(self.name)
+        raise error
 
-    def _run_id(self, from_context: str | None) -> str:
+    def _run_id(self, from_context: str | None) -> str | None:
         option = self.run_id_option
         run_id = option() if callable(option) else option
         run_id = run_id or _run_id.get() or from_context
+        if isinstance(run_id, uuid.UUID):
+            run_id = str(run_id)
         if not run_id:
-            raise NoRunId(
-                f"ledger tool {self.name}: no run id to key the call by. Pass run_id= to "
-                "ledger.tool(), call it inside run_scope(run_id), or give the function the "
-                "framework's context parameter (see the idempotency_ledger adapters)")
+            return None
         if not isinstance(run_id, str):
-            raise TypeError(f"ledger tool {self.name}: the run id must be a str, not "
+            raise TypeError(f"ledger tool {self.name}: the run id must be a str or a UUID, not "
                             f"{type(run_id).__name__}")
         return run_id
-
-    def call_sync(self, attempt: Attempt, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-        with _acting(attempt, self.not_executed):
-            return self.fn(*args, **kwargs)
 
 
 def _signature(fn: Callable[..., Any]) -> inspect.Signature:
@@ -385,12 +543,13 @@ def _keep_signature(wrapper: Callable[..., Any], fn: Callable[..., Any],
 
 
 def ledger_tool(
-    ledger: Ledger | AsyncLedger,
+    ledger: LedgerClient | AsyncLedgerClient,
     name: str | None = None,
     *,
     run_id: str | Callable[[], str | None] | None = None,
     exclude: Collection[str] = (),
     not_executed: tuple[type[BaseException], ...] = (),
+    confirm: Confirm | None = None,
     **options: Any,
 ) -> Callable[[F], F]:
     """The decorator behind ``Ledger.tool`` and ``AsyncLedger.tool``; see the module's
@@ -400,31 +559,41 @@ def ledger_tool(
         name: the tool's name in the ledger (default: the function's ``__name__``).
         run_id: the run to key calls by, or a callable returning it (called per call).
         exclude: parameters that are not the model's arguments (injected dependencies).
-        not_executed: exception classes that mean the function certainly did not act (a refusal
-            before acting): recorded ``FAILED`` and retryable instead of ``UNKNOWN``.
+        not_executed: exception classes the function raises only before acting (a refusal
+            before acting): recorded ``FAILED`` and retryable instead of ``UNKNOWN``, also when
+            what it raised was raised from one of them.
+        confirm: the tool's paired read: ``confirm(attempt)`` gets an
+            :class:`~idempotency_ledger.UnknownAttempt` (key, ``external_ref``, arguments,
+            attempt number) and returns ``found(result)``, ``not_found()`` or ``cannot_tell()``
+            (a plain or a coroutine function). It settles an unknown outcome right after it
+            happens (after ``confirm_delay`` seconds) and before a repeat answers one whose
+            lease ended; the :class:`~idempotency_ledger.Reconciler` uses it too.
         options: ``codec``, ``wait``, ``lease``, ``retention``, ``action_timeout``,
-            ``canonicalization``, ``principal``, ``timeout``, as for ``run_once``
-            (:func:`run_options`).
+            ``canonicalization``, ``principal``, ``timeout``, ``confirm_delay``, as for
+            ``run_once`` (:func:`run_options`).
 
     With a blocking :class:`~idempotency_ledger.Ledger`, a plain function stays a plain function;
     a coroutine function stays one, its ledger calls made from a worker thread so the event loop
     keeps running. With an :class:`~idempotency_ledger.AsyncLedger` the wrapper is always a
     coroutine function (a plain function runs in a thread), to be called in the event loop the
-    ``AsyncLedger`` was created in.
+    ``AsyncLedger`` was created in. The wrapper's ``ledger_tool`` attribute is its
+    :class:`LedgerTool` (name, confirm, codec), for the reconciler.
     """
-    from .client import AsyncLedger
-
     checked = run_options(**options)
     not_executed = tuple(not_executed)
 
     def decorate(fn: F) -> F:
-        call = _ToolCall(fn, name, run_id, exclude, not_executed, checked)
+        call = _ToolCall(fn, name, run_id, exclude, not_executed, confirm, checked)
+        require_confirm(ledger, call.name, confirm)
+        spec = LedgerTool(call.name, confirm, checked["codec"])
+        _register(spec)
         is_async = inspect.iscoroutinefunction(fn)
-        if is_async or isinstance(ledger, AsyncLedger):
+        if is_async or isinstance(ledger, AsyncLedgerClient):
             wrapper = _async_wrapper(ledger, call, is_async)
         else:
             wrapper = _sync_wrapper(ledger, call)
         _keep_signature(wrapper, fn, call.signature)
+        wrapper.ledger_tool = spec  # type: ignore[attr-defined]
         return cast(F, wrapper)
 
     return decorate
@@ -436,20 +605,26 @@ ledger_tool.__signature__ = inspect.Signature(  # type: ignore[attr-defined]
     + [p for p in inspect.signature(run_options).parameters.values()])
 
 
-def _sync_wrapper(ledger: Ledger, call: _ToolCall) -> Callable[..., Any]:
+def _sync_wrapper(ledger: LedgerClient, call: _ToolCall) -> Callable[..., Any]:
     def wrapper(*args: Any, **kwargs: Any) -> Any:
-        run_id, arguments = call.prepare(args, kwargs)
-        return _for_model(lambda: ledger.run_once(
-            run_id, call.name, arguments, lambda attempt: call.call_sync(attempt, args, kwargs),
-            **call.run_options))
+        prepared = call.prepare(args, kwargs)
+        if isinstance(prepared, dict):
+            return prepared
+        run_id, arguments = prepared
+        return run_tool_call_sync(ledger, run_id=run_id, tool=call.name, arguments=arguments,
+                                  act=lambda: call.fn(*args, **kwargs), options=call.options,
+                                  not_executed=call.not_executed, confirm=call.confirm)
 
     return wrapper
 
 
-def _async_wrapper(ledger: Ledger | AsyncLedger, call: _ToolCall,
+def _async_wrapper(ledger: LedgerClient | AsyncLedgerClient, call: _ToolCall,
                    is_async: bool) -> Callable[..., Any]:
     async def wrapper(*args: Any, **kwargs: Any) -> Any:
-        run_id, arguments = call.prepare(args, kwargs)
+        prepared = call.prepare(args, kwargs)
+        if isinstance(prepared, dict):
+            return prepared
+        run_id, arguments = prepared
         if is_async:
             def act() -> Awaitable[Any]:
                 return cast(Awaitable[Any], call.fn(*args, **kwargs))
@@ -458,20 +633,44 @@ def _async_wrapper(ledger: Ledger | AsyncLedger, call: _ToolCall,
 
             def act() -> Awaitable[Any]:
                 # A plain function on the async client: in a thread, with the attempt set.
-                attempt = _attempt.get()
-                return asyncio.to_thread(context.run, _with_attempt, attempt, call.fn, args,
-                                         kwargs)
+                return asyncio.to_thread(context.run, _with_attempt, current_attempt(),
+                                         call.fn, *args, **kwargs)
         return await run_tool_call(ledger, run_id=run_id, tool=call.name, arguments=arguments,
-                                   act=act, options=call.run_options,
-                                   not_executed=call.not_executed)
+                                   act=act, options=call.options,
+                                   not_executed=call.not_executed, confirm=call.confirm)
 
     return wrapper
 
 
-def _with_attempt(attempt: Attempt | None, fn: Callable[..., Any], args: tuple[Any, ...],
-                  kwargs: dict[str, Any]) -> Any:
-    token = _attempt.set(attempt)
-    try:
-        return fn(*args, **kwargs)
-    finally:
-        _attempt.reset(token)
+# --- the clients with the decorator -----------------------------------------------------------
+
+
+class Ledger(LedgerClient):
+    """The blocking client (:class:`~idempotency_ledger.client.LedgerClient`: the RPCs,
+    ``run_once``, ``attempt``) with :meth:`tool`, the one-line decorator of this layer."""
+
+    def tool(self, name: str | None = None, **options: Any) -> Callable[[F], F]:
+        """A decorator that makes a tool function run once per intent; see :func:`ledger_tool`
+        for the options. The function keeps its signature, so a framework builds the same
+        schema from it::
+
+            @ledger.tool(run_id=lambda: current_run, confirm=find_credit)
+            def issue_credit(customer: str, amount: int) -> dict: ...
+        """
+        return ledger_tool(self, name, **options)
+
+    def __enter__(self) -> Ledger:
+        return self
+
+
+class AsyncLedger(AsyncLedgerClient):
+    """The asyncio client (:class:`~idempotency_ledger.client.AsyncLedgerClient`) with
+    :meth:`tool`."""
+
+    def tool(self, name: str | None = None, **options: Any) -> Callable[[F], F]:
+        """See :meth:`Ledger.tool`: the wrapped function is a coroutine function (a plain one
+        runs in a thread, with ``asyncio.to_thread``)."""
+        return ledger_tool(self, name, **options)
+
+    async def __aenter__(self) -> AsyncLedger:
+        return self

@@ -3,21 +3,18 @@
 // `server.registerTool(name, config, callback)` does, with each call going through the ledger.
 // The run is read from the request's `_meta` (RUN_ID_META_KEY, "idempotency-ledger/run_id"):
 // an MCP client calls `callTool({ name, arguments, _meta: { "idempotency-ledger/run_id": runId } })`.
-// A call without one gets a tool error (isError) and nothing runs. Only types are imported from
+// A call without one gets a tool error (isError), nothing runs, and the server logs it (once per
+// tool): the SDK lets no exception from a tool reach the host. Only types are imported from
 // "@modelcontextprotocol/sdk" (an optional peer dependency).
 
 import type { McpServer, RegisteredTool, ToolCallback } from "@modelcontextprotocol/sdk/server/mcp.js";
 import type { AnySchema, ZodRawShapeCompat } from "@modelcontextprotocol/sdk/server/zod-compat.js";
 import type { CallToolResult, ToolAnnotations } from "@modelcontextprotocol/sdk/types.js";
+import type { Confirm } from "../confirm.js";
 import type { ArgumentsInput } from "../keys.js";
-import type { Ledger } from "../ledger.js";
-import {
-  missingRunId,
-  toolResultCodec,
-  withAttempt,
-  type RunToolOptions,
-  type ToolCallResult,
-} from "../tools.js";
+import type { Ledger, RunToolOptions, ToolRegistration } from "../ledger.js";
+import { missingRunIdResult, toolResultCodec, type ToolCallResult } from "../outcome.js";
+import { markRegistered } from "../tools.js";
 
 /** The `_meta` member of a tools/call request that carries the run id. */
 export const RUN_ID_META_KEY = "idempotency-ledger/run_id";
@@ -29,11 +26,17 @@ export interface McpCallExtra {
 }
 
 /** The options of registerLedgerTool: runTool's, and where the run id comes from. */
-export interface McpLedgerOptions extends Omit<RunToolOptions<unknown>, "signal" | "codec"> {
+export interface McpLedgerOptions extends Omit<RunToolOptions<unknown>, "signal" | "codec" | "confirm"> {
   /** The `_meta` member that holds the run id; default RUN_ID_META_KEY. */
   metaKey?: string;
   /** The run id from the call, instead of `_meta[metaKey]`. */
   runId?: (args: unknown, extra: McpCallExtra) => string | undefined;
+  /**
+   * The paired read: given the attempt (key, externalRef, arguments, attempt number), answers
+   * found(result) with the CallToolResult the callback would have returned (any other value is
+   * sent as one text block), notFound, or cannotTell.
+   */
+  confirm?: Confirm<CallToolResult | unknown>;
 }
 
 /** The tool's config, as McpServer.registerTool takes it. */
@@ -49,7 +52,8 @@ export interface McpToolConfig<InputArgs, OutputArgs> {
 /**
  * The callback returned a result with `isError: true`: the tool reported a failure in-band,
  * which says nothing about whether the effect happened. It is recorded UNKNOWN like any other
- * failure; a tool that knows nothing happened throws NotExecutedError instead.
+ * failure (its text is the entry's error); a tool that knows nothing happened throws
+ * NotExecutedError instead.
  */
 class ToolReportedError extends Error {
   constructor(readonly result: CallToolResult) {
@@ -78,7 +82,10 @@ export function runIdFromMeta(extra: McpCallExtra | undefined, metaKey = RUN_ID_
  * toModelText()); `isError` is set when nothing happened or will happen (not performed,
  * failed), never for an attempt in flight or an unknown outcome, which must not be retried
  * (with an `outputSchema` those are isError too: the SDK allows no result without its
- * structured content). Inside the callback `currentAttempt()` gives the attempt.
+ * structured content). An exception thrown by the callback after it started, and a result it
+ * marks `isError`, are unknown outcomes (settled with `confirm` if given), unless it is
+ * NotExecutedError (itself or as its `cause`) or of a `notExecuted` class. Inside the callback
+ * `currentAttempt()` gives the attempt.
  */
 export function registerLedgerTool<
   InputArgs extends undefined | ZodRawShapeCompat | AnySchema = undefined,
@@ -94,7 +101,12 @@ export function registerLedgerTool<
   if (typeof callback !== "function") {
     throw new TypeError(`registerLedgerTool(${name}): the callback must be a function`);
   }
-  const { metaKey = RUN_ID_META_KEY, runId: runIdOf, ...runOptions } = options;
+  const { metaKey = RUN_ID_META_KEY, runId: runIdOf, confirm, ...runOptions } = options;
+  const registration: ToolRegistration = { name, confirm: confirm as Confirm<unknown> | undefined, codec: toolResultCodec };
+  ledger.register(registration, "registerLedgerTool:");
+  const fix = runIdOf
+    ? "the runId option of registerLedgerTool found none in the call"
+    : `the MCP client sends it as _meta["${metaKey}"] of tools/call, or pass the runId option of registerLedgerTool`;
   const hasInput = config.inputSchema !== undefined;
   const hasOutput = config.outputSchema !== undefined;
   // eslint-disable-next-line @typescript-eslint/no-explicit-any
@@ -103,26 +115,39 @@ export function registerLedgerTool<
   const handle = async (args: unknown, extra: McpCallExtra): Promise<CallToolResult> => {
     const runId = runIdOf ? runIdOf(args, extra) : runIdFromMeta(extra, metaKey);
     if (!runId) {
-      const missing = missingRunId(name, `the MCP client sends it as _meta["${metaKey}"] of tools/call`);
+      const missing = missingRunIdResult(ledger.missingRunId(name, fix));
       return { content: [{ type: "text", text: missing.toModelText() }], isError: true };
     }
     const result = await ledger.runTool<CallToolResult>(
       runId,
       name,
       (args ?? {}) as ArgumentsInput,
-      (ctx) =>
-        withAttempt(ctx, async () => {
-          const out = await (hasInput ? call(args, extra) : call(extra));
-          if (out?.isError) throw new ToolReportedError(out);
-          return out;
-        }),
-      { ...runOptions, signal: extra?.signal, codec: toolResultCodec as never },
+      async () => {
+        const out = await (hasInput ? call(args, extra) : call(extra));
+        if (out?.isError) throw new ToolReportedError(out);
+        return out;
+      },
+      {
+        ...runOptions,
+        confirm: confirm as Confirm<CallToolResult> | undefined,
+        signal: extra?.signal,
+        codec: toolResultCodec as never,
+      },
     );
     return toCallToolResult(result, hasOutput);
   };
 
   const registered = hasInput ? handle : (extra: McpCallExtra) => handle(undefined, extra);
-  return server.registerTool(name, config as never, registered as never);
+  return markRegistered(server.registerTool(name, config as never, registered as never), registration);
+}
+
+/** A result as the MCP client gets it: a CallToolResult as is, anything else as one text block. */
+function asCallToolResult(value: unknown): CallToolResult {
+  if (value !== null && typeof value === "object" && Array.isArray((value as CallToolResult).content)) {
+    return value as CallToolResult;
+  }
+  if (value === undefined) return { content: [] };
+  return { content: [{ type: "text", text: typeof value === "string" ? value : JSON.stringify(value) }] };
 }
 
 /** What the MCP client gets for a ToolCallResult. */
@@ -130,18 +155,19 @@ function toCallToolResult(result: ToolCallResult<CallToolResult>, hasOutput: boo
   const text = (t: string) => ({ type: "text" as const, text: t });
   switch (result.outcome) {
     case "performed":
-      return result.value ?? { content: [] };
+      return asCallToolResult(result.value);
     case "replayed": {
-      const stored = result.value ?? { content: [] };
+      const stored = asCallToolResult(result.value);
       return { ...stored, content: [text(result.note), ...(stored.content ?? [])] };
     }
+    case "not_executed":
+      // Settled by the paired read (nothing happened): a normal result, like the unknown
+      // outcome it was. Anything else not performed is a tool error the model may retry.
+      return { content: [text(result.toModelText())], isError: result.confirmed ? hasOutput : true };
     case "outcome_unknown":
-      if (result.error instanceof ToolReportedError) {
-        // The tool's own words first, then what the ledger makes of them.
-        return { content: [...result.error.result.content, text(result.note)], isError: true };
-      }
-      return { content: [text(result.toModelText())], isError: hasOutput };
     case "in_progress":
+      // Not a failure to retry: a normal result the model reads (the SDK insists on isError
+      // for a result without the structured content an outputSchema asks for).
       return { content: [text(result.toModelText())], isError: hasOutput };
     default:
       return { content: [text(result.toModelText())], isError: true };

@@ -1,42 +1,71 @@
 // The OpenAI Agents JS SDK adapter (`import { ledgerTool } from "idempotency-ledger/openai-agents"`):
-// wraps the options of `tool({ name, parameters, execute })` so that each call goes through the
-// ledger: `tool(ledgerTool(ledger, { name, description, parameters, execute }))`. The run is
-// read from the run context: the `context` given to `run(agent, input, { context: { runId } })`
-// (it is kept in a RunState, so a run resumed after an interruption keeps its run id). Only
-// types are imported from "@openai/agents" (an optional peer dependency).
+// the ledger wraps the tool's definition, the object you give the SDK's `tool()`:
+// `tool(ledgerTool(ledger, { name, description, parameters, execute }, { confirm }))`. It cannot
+// wrap what `tool()` returns: that FunctionTool hides execute, and turns what execute throws
+// (and its own timeouts) into an ordinary text result before any wrapper could see it, so an
+// error after acting would be recorded as a success. The run is read from the run context: the
+// `context` given to `run(agent, input, { context: { runId } })` (it is kept in a RunState, so a
+// run resumed after an interruption keeps its run id). Only types are imported from
+// "@openai/agents" (an optional peer dependency).
 
 import type { RunContext } from "@openai/agents";
+import type { Confirm } from "../confirm.js";
+import { MissingRunIdError } from "../errors.js";
 import type { Ledger } from "../ledger.js";
-import type { WrapToolOptions } from "../tools.js";
+import { notExecutedNote } from "../outcome.js";
+import { wrapTool, type WrapToolOptions } from "../tools.js";
 
 /** What the SDK passes as execute's third argument (its ToolCallDetails): the call's signal. */
 interface CallDetails {
   signal?: AbortSignal;
 }
 
-/** The tool options ledgerTool takes: those of the SDK's tool(), with a name and an execute. */
+/** Where the developer sets the run id, said in the log line and the exception. */
+const RUN_ID_FIX = "pass context: { runId } to run(agent, input, options), or the runId option of ledgerTool";
+
+/** The tool definition ledgerTool takes: what the SDK's tool() takes, with a name and an execute. */
 export interface AgentsToolOptions {
   name: string;
   // eslint-disable-next-line @typescript-eslint/no-explicit-any
   execute: (input: any, context?: RunContext<any>, details?: any) => unknown;
   outputSchema?: unknown;
+  // eslint-disable-next-line @typescript-eslint/no-explicit-any
+  errorFunction?: ((context: RunContext<any>, error: unknown, details?: any) => unknown) | null;
+  /** The SDK's own per-call time limit: ledgerTool makes it the ledger's `timeoutMs` instead. */
+  timeoutMs?: number;
+  timeoutBehavior?: unknown;
+  timeoutErrorFunction?: unknown;
 }
 
-/** The same tool options, whose execute returns the text the model reads. */
-export type LedgerAgentsToolOptions<T extends AgentsToolOptions> = Omit<T, "execute"> & {
+/** The same definition, whose execute returns the text the model reads. */
+export type LedgerAgentsToolOptions<T extends AgentsToolOptions> = Omit<
+  T,
+  "execute" | "errorFunction" | "timeoutMs" | "timeoutBehavior" | "timeoutErrorFunction"
+> & {
   execute: (...args: Parameters<T["execute"]>) => Promise<string>;
+  // eslint-disable-next-line @typescript-eslint/no-explicit-any
+  errorFunction: (context: RunContext<any>, error: unknown, details?: any) => Promise<string>;
 };
 
 /** The options of ledgerTool: wrapTool's, with the run id read from the run context. */
 export interface AgentsLedgerOptions
-  // eslint-disable-next-line @typescript-eslint/no-explicit-any
-  extends Omit<WrapToolOptions<[any, RunContext<any> | undefined, CallDetails | undefined]>, "name" | "runId" | "signal"> {
+  extends Omit<
+    // eslint-disable-next-line @typescript-eslint/no-explicit-any
+    WrapToolOptions<[any, RunContext<any> | undefined, CallDetails | undefined]>,
+    "name" | "runId" | "signal" | "throwOnMissingRunId" | "confirm"
+  > {
   /**
    * The run: a string, or a function of the call (input, run context). Default: the run
    * context's `context.runId` (`run(agent, input, { context: { runId } })`).
    */
   // eslint-disable-next-line @typescript-eslint/no-explicit-any
   runId?: string | ((input: any, context: RunContext<any> | undefined) => string | undefined);
+  /**
+   * The paired read: given the attempt (key, externalRef, arguments, attempt number), answers
+   * found(result) with what execute would have returned, notFound, or cannotTell.
+   */
+  // eslint-disable-next-line @typescript-eslint/no-explicit-any
+  confirm?: Confirm<unknown, any>;
 }
 
 /** The default run id: `runContext.context.runId`, when the run's context is an object with one. */
@@ -50,38 +79,68 @@ export function runIdFromRunContext(_input: unknown, context: RunContext<any> | 
 }
 
 /**
- * Wraps the options of an Agents SDK function tool: `tool(ledgerTool(ledger, { name,
- * description, parameters, execute }))`. Each call claims the key of (run, name, parsed input)
- * before execute runs; a repeat of the same intent in the run gets the stored result with the
- * ledger's replay note, and nothing runs. execute returns the text the model reads
- * (ToolCallResult.toModelText()), so no outcome reaches the SDK as an error. Inside execute,
- * `currentAttempt()` gives the attempt (its `externalRef` is the idempotency key to pass
- * downstream). A tool with an `outputSchema` is refused: its result must be the schema's object,
- * and a replay note or an in-progress note is not.
+ * Wraps an Agents SDK tool definition: `tool(ledgerTool(ledger, { name, description, parameters,
+ * execute }, { confirm }))`. Each call claims the key of (run, name, parsed input) before execute
+ * runs; a repeat of the same intent in the run gets the stored result with the ledger's replay
+ * note, and nothing runs. execute returns the text the model reads (ToolCallResult.toModelText()),
+ * so no outcome reaches the SDK as an error (whose text would ask the model to try again). An
+ * exception thrown by execute after it started is an unknown outcome (settled with `confirm` if
+ * given), unless it is NotExecutedError (itself or as its `cause`) or of a `notExecuted` class.
+ * The definition's `timeoutMs` becomes the ledger's (an unknown outcome, not the SDK's "timed
+ * out" text). A run without a run id throws MissingRunIdError out of run() (logged once per
+ * tool). Inside execute, `currentAttempt()` gives the attempt. A tool with an `outputSchema` is
+ * refused: its result must be the schema's object, and a replay note or an unknown note is not.
  */
 export function ledgerTool<T extends AgentsToolOptions>(
   ledger: Ledger,
-  toolOptions: T,
+  definition: T,
   options: AgentsLedgerOptions = {},
 ): LedgerAgentsToolOptions<T> {
-  if (toolOptions === null || typeof toolOptions !== "object" || typeof toolOptions.execute !== "function") {
-    throw new TypeError("ledgerTool: the tool options need an execute function");
-  }
-  if (toolOptions.outputSchema !== undefined) {
+  const candidate = definition as unknown as { type?: unknown; invoke?: unknown; name?: unknown };
+  if (candidate !== null && typeof candidate === "object" && typeof candidate.invoke === "function") {
     throw new TypeError(
-      `ledgerTool(${toolOptions.name}): a tool with an outputSchema cannot carry the ledger's notes; ` +
+      `ledgerTool(${String(candidate.name)}): this is the FunctionTool tool() returns; wrap its definition instead: ` +
+        `tool(ledgerTool(ledger, { name, description, parameters, execute }, { confirm })). A FunctionTool hides ` +
+        `execute and turns its errors and timeouts into ordinary results, so a wrapper around it could not tell ` +
+        `a failure after acting from a success`,
+    );
+  }
+  if (definition === null || typeof definition !== "object" || typeof definition.execute !== "function") {
+    throw new TypeError("ledgerTool: the tool definition needs an execute function");
+  }
+  if (definition.outputSchema !== undefined) {
+    throw new TypeError(
+      `ledgerTool(${definition.name}): a tool with an outputSchema cannot carry the ledger's notes; ` +
         `drop the outputSchema, or use ledger.runTool inside execute`,
     );
   }
-  const { runId = runIdFromRunContext, ...rest } = options;
-  const wrapped = ledger.wrapTool(toolOptions, {
+  const { runId = runIdFromRunContext, confirm, timeoutMs, ...rest } = options;
+  const {
+    errorFunction: ownErrorFunction,
+    timeoutMs: sdkTimeoutMs,
+    timeoutBehavior: _behavior,
+    timeoutErrorFunction: _timeoutText,
+    ...plain
+  } = definition;
+  const wrapped = wrapTool(ledger, { ...plain, execute: definition.execute } as T, {
     ...rest,
+    confirm: confirm as Confirm<unknown> | undefined,
+    timeoutMs: timeoutMs ?? sdkTimeoutMs,
     runId: runId as WrapToolOptions<Parameters<T["execute"]>>["runId"],
     signal: (_input: unknown, _context?: unknown, details?: CallDetails) => details?.signal,
-    runIdHint: "the developer passes context: { runId } to run(agent, input, options), or the runId option of ledgerTool",
+    runIdHint: RUN_ID_FIX,
+    throwOnMissingRunId: true,
   } as WrapToolOptions<Parameters<T["execute"]>>);
   const execute = wrapped.execute;
   return Object.assign(wrapped, {
     execute: async (...args: Parameters<T["execute"]>) => (await execute(...args)).toModelText(),
+    // Only two things reach here: the input the SDK could not parse (nothing ran) and a missing
+    // run id, which must reach the developer: the SDK lets what this throws out of run().
+    // eslint-disable-next-line @typescript-eslint/no-explicit-any
+    errorFunction: async (context: RunContext<any>, error: unknown, details?: unknown) => {
+      if (error instanceof MissingRunIdError || ownErrorFunction === null) throw error;
+      if (ownErrorFunction) return (await ownErrorFunction(context, error, details)) as string;
+      return notExecutedNote(error);
+    },
   }) as unknown as LedgerAgentsToolOptions<T>;
 }

@@ -24,6 +24,10 @@ export interface ServerOptions {
   /** Tenants and their tokens: writes a tokens file and passes --auth-tokens-file. */
   tokens?: Array<[tenant: string, token: string]>;
   args?: string[];
+  /** The store (default a temp SQLite file). */
+  databaseUrl?: string;
+  /** RUST_LOG (default "info"). */
+  rustLog?: string;
 }
 
 export interface TestServer {
@@ -45,7 +49,7 @@ export async function startServer(options: ServerOptions = {}): Promise<TestServ
     "--listen",
     "127.0.0.1:0",
     "--database-url",
-    `sqlite://${join(dir, "ledger.db")}`,
+    options.databaseUrl ?? `sqlite://${join(dir, "ledger.db")}`,
     ...(options.args ?? []),
   ];
   if (options.tokens) {
@@ -55,7 +59,7 @@ export async function startServer(options: ServerOptions = {}): Promise<TestServ
   }
   const child = spawn(serverBinary(), args, {
     stdio: ["ignore", "ignore", "pipe"],
-    env: { ...process.env, RUST_LOG: "info", NO_COLOR: "1" },
+    env: { ...process.env, RUST_LOG: options.rustLog ?? "info", NO_COLOR: "1" },
   });
   running.add(child);
   let log = "";
@@ -102,12 +106,20 @@ export async function startServer(options: ServerOptions = {}): Promise<TestServ
 }
 
 /** Runs a compiled example (dist/examples/NAME.js) and returns its output. */
-export async function runExample(
+export function runExample(
   name: string,
   env: Record<string, string>,
 ): Promise<{ code: number | null; stdout: string; stderr: string }> {
-  const script = join(PACKAGE_ROOT, "dist/examples", `${name}.js`);
-  const child = spawn(process.execPath, [script], {
+  return runScript(join(PACKAGE_ROOT, "dist/examples", `${name}.js`), [], env);
+}
+
+/** Runs a compiled script of the package with arguments and returns its output. */
+export async function runScript(
+  script: string,
+  args: string[],
+  env: Record<string, string>,
+): Promise<{ code: number | null; stdout: string; stderr: string }> {
+  const child = spawn(process.execPath, [script, ...args], {
     env: { ...process.env, ...env },
     stdio: ["ignore", "pipe", "pipe"],
   });

@@ -1,0 +1,320 @@
+// The Reconciler: runs the Reconcile loop for the tools registered with a paired read
+// (confirm), and for those only. Each round asks the ledger, tool by tool, for its unresolved
+// entries (held for this reconciler for the reconcile lease), asks the tool's confirm about each
+// by its external_ref and arguments, and sends what it found: found → SUCCEEDED with the
+// result, not found → FAILED retryable, cannot tell → nothing (the entry is handed out again
+// after the hold, or settled by a person with `idempotency-ledger resolve`). Confirms are paced
+// (at most `maxConfirmsPerSecond`), failures back off (doubling, jittered, capped), and it stops
+// cleanly on stop(), an AbortSignal or (if asked) SIGTERM/SIGINT. Every settlement is logged
+// with its key, tool, external_ref, outcome and who settled it.
+
+import type { Ledger, ToolRegistration } from "./ledger.js";
+import type { LedgerLogger } from "./log.js";
+import { defaultPrincipal } from "./log.js";
+import { toolResultCodec } from "./outcome.js";
+import { ask, attemptOf, logSettlement, resolutionOf } from "./settle.js";
+import { registrationOf } from "./tools.js";
+import type { LedgerEntry } from "./types.js";
+import { NotFoundError } from "./errors.js";
+
+/** One settlement the reconciler made (or tried). */
+export interface SettlementRecord {
+  key: string;
+  tool: string;
+  externalRef: string;
+  /**
+   * What the paired read said, or `elsewhere` when the entry was settled by someone else
+   * between the hand-out and the answer (a late Complete, another reconciler, a person).
+   */
+  outcome: "found" | "not_found" | "cannot_tell" | "elsewhere";
+  /** Who settled it: this reconciler's principal, or the entry's resolvedBy for `elsewhere`. */
+  resolvedBy: string;
+  /** The entry as it stands after the answer. */
+  entry: LedgerEntry;
+}
+
+/** The options of a Reconciler. */
+export interface ReconcilerOptions {
+  /**
+   * Only entries whose attempt started at least this long ago (default 10 s), so that a call
+   * settling its own unknown outcome right away (runOnce with confirm) is not raced for it.
+   */
+  olderThanMs?: number;
+  /** How many entries to take per tool per round (default 50). */
+  limit?: number;
+  /** The pause between rounds when nothing was handed out (default 5 s). */
+  intervalMs?: number;
+  /** At most this many confirms per second, all tools together (default 10). */
+  maxConfirmsPerSecond?: number;
+  /** The first pause after a failed round, doubled after each failure (default 1 s). */
+  backoffMs?: number;
+  /** The longest pause after failed rounds (default 60 s). */
+  maxBackoffMs?: number;
+  /** Who reconciles, recorded as resolvedBy (default `reconciler@<host>:<pid>`). */
+  principal?: string;
+  /** How long one confirm may take before it counts as "cannot tell" (default 10 s). */
+  confirmTimeoutMs?: number;
+  /** Stops the reconciler when aborted. */
+  signal?: AbortSignal;
+  /** Stop on these process signals (for example ["SIGTERM", "SIGINT"]); default none. */
+  stopOnSignals?: NodeJS.Signals[];
+  /** Where to log (default the Ledger's logger). */
+  logger?: LedgerLogger;
+  /** Called with every settlement, after it is logged. */
+  onSettlement?: (record: SettlementRecord) => void;
+}
+
+/**
+ * What a Reconciler is given as its tools: wrapped tools (what wrapTool, ledgerTool and
+ * registerLedgerTool return), registrations `{ name, confirm, codec? }`, or tool names (or
+ * objects with a `name`, such as an Agents SDK FunctionTool) registered with the ledger; an
+ * array or a record of them (the AI SDK's tools object).
+ */
+export type ReconcilerTools = Iterable<unknown> | Record<string, unknown>;
+
+/** Settles the unknown outcomes of the tools it is given, and of those only. */
+export class Reconciler {
+  /** The tools this reconciler settles, each with its paired read. */
+  readonly tools: ReadonlyArray<Required<Pick<ToolRegistration, "name" | "confirm">> & ToolRegistration>;
+  /** Who reconciles (recorded as resolvedBy). */
+  readonly principal: string;
+  private readonly logger: LedgerLogger;
+  private readonly stopper = new AbortController();
+  private loop: Promise<void> | undefined;
+  private nextConfirmAt = 0;
+  private readonly cleanup: Array<() => void> = [];
+
+  /**
+   * `tools` unset: every tool registered with `ledger` with a confirm. A tool given without a
+   * paired read is refused: the reconciler never settles an entry it cannot ask about.
+   */
+  constructor(
+    private readonly ledger: Ledger,
+    tools?: ReconcilerTools,
+    private readonly options: ReconcilerOptions = {},
+  ) {
+    this.tools = resolveTools(ledger, tools);
+    this.principal = options.principal ?? defaultPrincipal("reconciler");
+    this.logger = options.logger ?? ledger.logger;
+    if (options.signal) {
+      const onAbort = () => this.stopper.abort();
+      if (options.signal.aborted) onAbort();
+      options.signal.addEventListener("abort", onAbort, { once: true });
+      this.cleanup.push(() => options.signal?.removeEventListener("abort", onAbort));
+    }
+    for (const sig of options.stopOnSignals ?? []) {
+      const onSignal = () => {
+        this.logger.info(`reconciler ${this.principal}: ${sig}, stopping`);
+        this.stopper.abort();
+      };
+      process.once(sig, onSignal);
+      this.cleanup.push(() => process.removeListener(sig, onSignal));
+    }
+  }
+
+  /** True once stop() was called or the signal fired. */
+  get stopped(): boolean {
+    return this.stopper.signal.aborted;
+  }
+
+  /** Starts the loop in the background (beside the agent); returns this. */
+  start(): this {
+    if (!this.loop) {
+      this.logger.info(
+        `reconciler ${this.principal}: reconciling ${this.tools.map((t) => t.name).join(", ")}`,
+      );
+      this.loop = this.run();
+    }
+    return this;
+  }
+
+  /** Stops the loop after the confirm in flight, if any; resolves once it has stopped. */
+  async stop(): Promise<void> {
+    this.stopper.abort();
+    await this.loop;
+  }
+
+  /** Resolves when the loop has stopped (after stop(), the signal, or a process signal). */
+  get done(): Promise<void> {
+    return this.loop ?? Promise.resolve();
+  }
+
+  private async run(): Promise<void> {
+    let failures = 0;
+    try {
+      while (!this.stopped) {
+        let handedOut: number;
+        try {
+          handedOut = (await this.round()).handedOut;
+          failures = 0;
+        } catch (err) {
+          failures++;
+          const base = Math.min(this.options.maxBackoffMs ?? 60_000, (this.options.backoffMs ?? 1_000) * 2 ** (failures - 1));
+          const pause = base * (0.5 + Math.random() / 2);
+          this.logger.warn(
+            `reconciler ${this.principal}: round failed (${describe(err)}); next in ${Math.round(pause)} ms`,
+          );
+          await this.sleep(pause);
+          continue;
+        }
+        if (handedOut === 0) await this.sleep(this.options.intervalMs ?? 5_000);
+      }
+    } finally {
+      for (const undo of this.cleanup.splice(0)) undo();
+    }
+  }
+
+  /**
+   * One round: for each tool, takes its unresolved entries, asks confirm about each, answers.
+   * Returns how many entries were handed out and what became of them. Throws when the ledger
+   * cannot be reached (the loop backs off).
+   */
+  async round(): Promise<{ handedOut: number; settlements: SettlementRecord[] }> {
+    let handedOut = 0;
+    const settlements: SettlementRecord[] = [];
+    for (const tool of this.tools) {
+      if (this.stopped) break;
+      const { pending } = await this.ledger.reconcile({
+        tool: tool.name,
+        limit: this.options.limit ?? 50,
+        olderThanMs: this.options.olderThanMs ?? 10_000,
+        principal: this.principal,
+      });
+      handedOut += pending.length;
+      for (const entry of pending) {
+        // Stopped mid-round: the rest are handed out again once their hold ends.
+        if (this.stopped) break;
+        // Never another tool's entry, whatever the ledger hands out.
+        if (entry.tool !== tool.name) continue;
+        const record = await this.settleOne(tool, entry);
+        if (record) settlements.push(record);
+      }
+    }
+    return { handedOut, settlements };
+  }
+
+  private async settleOne(tool: ToolRegistration & { confirm: NonNullable<ToolRegistration["confirm"]> }, entry: LedgerEntry) {
+    await this.pace();
+    // Reconcile hands out entries without their arguments: Lookup has them (as the server keeps them).
+    let args: unknown;
+    try {
+      const full = await this.ledger.lookup({ key: entry.key });
+      args = full.argumentsJson ? (JSON.parse(full.argumentsJson) as unknown) : undefined;
+    } catch (err) {
+      if (err instanceof NotFoundError) return undefined; // expired meanwhile
+      throw err;
+    }
+    const timeout = this.options.confirmTimeoutMs ?? 10_000;
+    const confirmation = await ask(tool.confirm, attemptOf(entry, args), this.logger, timeout);
+    const codec = tool.codec ?? toolResultCodec;
+    const resolution = resolutionOf(entry, confirmation, codec, this.logger);
+    if (!resolution) return this.record(entry, "cannot_tell");
+    const {
+      resolved: [after],
+    } = await this.ledger.reconcile({ resolutions: [resolution], resolveOnly: true, principal: this.principal });
+    if (!after) return undefined;
+    const mine = after.resolvedBy === this.principal && after.status === resolution.status;
+    return this.record(after, mine ? confirmation.kind : "elsewhere");
+  }
+
+  private record(entry: LedgerEntry, outcome: SettlementRecord["outcome"]): SettlementRecord {
+    logSettlement(this.logger, entry, outcome, this.principal, "reconciler");
+    const record: SettlementRecord = {
+      key: entry.key,
+      tool: entry.tool,
+      externalRef: entry.externalRef,
+      outcome,
+      resolvedBy: outcome === "elsewhere" ? entry.resolvedBy : outcome === "cannot_tell" ? "" : this.principal,
+      entry,
+    };
+    this.options.onSettlement?.(record);
+    return record;
+  }
+
+  /** Keeps confirms at most maxConfirmsPerSecond apart. */
+  private async pace(): Promise<void> {
+    const every = 1_000 / (this.options.maxConfirmsPerSecond ?? 10);
+    const now = Date.now();
+    const at = Math.max(now, this.nextConfirmAt);
+    this.nextConfirmAt = at + every;
+    if (at > now) await this.sleep(at - now);
+  }
+
+  /** A pause that ends early when the reconciler stops. */
+  private sleep(ms: number): Promise<void> {
+    const signal = this.stopper.signal;
+    if (signal.aborted) return Promise.resolve();
+    return new Promise((done) => {
+      const timer = setTimeout(finish, ms);
+      function finish() {
+        clearTimeout(timer);
+        signal.removeEventListener("abort", finish);
+        done();
+      }
+      signal.addEventListener("abort", finish, { once: true });
+    });
+  }
+}
+
+/** The registrations a Reconciler is given, each with its paired read. */
+function resolveTools(
+  ledger: Ledger,
+  tools: ReconcilerTools | undefined,
+): Array<ToolRegistration & { confirm: NonNullable<ToolRegistration["confirm"]> }> {
+  const withConfirm = (r: ToolRegistration): r is ToolRegistration & { confirm: NonNullable<ToolRegistration["confirm"]> } =>
+    typeof r.confirm === "function";
+  if (tools === undefined) {
+    const all = ledger.registeredTools().filter(withConfirm);
+    if (all.length === 0) {
+      throw new TypeError("Reconciler: no tool registered with this ledger has a paired read (confirm) to reconcile with");
+    }
+    return all;
+  }
+  const items: unknown[] =
+    typeof (tools as Iterable<unknown>)[Symbol.iterator] === "function"
+      ? [...(tools as Iterable<unknown>)]
+      : Object.values(tools as Record<string, unknown>);
+  const registered = new Map(ledger.registeredTools().map((r) => [r.name, r]));
+  const out = new Map<string, ToolRegistration & { confirm: NonNullable<ToolRegistration["confirm"]> }>();
+  for (const item of items) {
+    const reg = registrationFor(item, registered);
+    if (!reg) {
+      throw new TypeError(
+        `Reconciler: ${describeTool(item)} is not a tool registered with the ledger (wrap it with ledgerTool, ` +
+          `registerLedgerTool or wrapTool, or give { name, confirm })`,
+      );
+    }
+    if (!withConfirm(reg)) {
+      throw new TypeError(
+        `Reconciler: the tool ${reg.name} has no paired read (confirm); a reconciler settles only the ` +
+          `entries of tools registered with one`,
+      );
+    }
+    out.set(reg.name, reg);
+  }
+  if (out.size === 0) throw new TypeError("Reconciler: no tools to reconcile");
+  return [...out.values()];
+}
+
+function registrationFor(item: unknown, registered: Map<string, ToolRegistration>): ToolRegistration | undefined {
+  if (typeof item === "string") return registered.get(item);
+  const carried = registrationOf(item);
+  if (carried) return carried;
+  if (item !== null && typeof item === "object" && typeof (item as { name?: unknown }).name === "string") {
+    const { name, confirm } = item as { name: string; confirm?: unknown };
+    if (typeof confirm === "function") return item as ToolRegistration;
+    return registered.get(name);
+  }
+  return undefined;
+}
+
+function describeTool(item: unknown): string {
+  if (typeof item === "string") return `the name ${JSON.stringify(item)}`;
+  const name = (item as { name?: unknown } | null)?.name;
+  return typeof name === "string" ? `the tool ${name}` : `a ${typeof item}`;
+}
+
+function describe(err: unknown): string {
+  if (err instanceof Error) return `${err.name}: ${err.message}`;
+  return String(err);
+}

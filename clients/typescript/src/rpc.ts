@@ -1,0 +1,479 @@
+// The ledger's RPCs: Claim, Complete, Lookup, Reconcile, ListEntries (as an async iterator) and
+// RenewLease over gRPC (Connect-ES's gRPC transport on Node's http2), bearer-token credentials,
+// optional TLS, per-call deadlines with a default, and Claim, Lookup, RenewLease and Complete
+// sent again while the ledger answers UNAVAILABLE (a failover, a restart of its database, a cut
+// connection) within a retry budget. The Ledger (ledger.ts) adds runOnce and the tool calls on
+// top; this layer knows nothing of actions or tools.
+
+import { create } from "@bufbuild/protobuf";
+import { timestampFromDate } from "@bufbuild/protobuf/wkt";
+import { createClient, type Client, type Interceptor, type Transport } from "@connectrpc/connect";
+import { createGrpcTransport, Http2SessionManager } from "@connectrpc/connect-node";
+import {
+  ClaimRequestSchema,
+  CompleteRequestSchema,
+  LedgerService,
+  ListEntriesRequestSchema,
+  LookupRequestSchema,
+  ReconcileRequestSchema,
+  RenewLeaseRequestSchema,
+  ResolutionSchema,
+  Status as PbStatus,
+} from "./gen/idempotency/v1/ledger_pb.js";
+import { DEFAULT_DEADLINE_MS, DEFAULT_RETRY_BUDGET_MS, ledgerUrl } from "./defaults.js";
+import { DeadlineExceededError, UnavailableError, toLedgerError, type LedgerError } from "./errors.js";
+import { traceInterceptor } from "./trace.js";
+import { toArgumentsJson, type ArgumentsInput, type Canonicalization } from "./keys.js";
+import {
+  canonicalizationValue,
+  durationOf,
+  entryFrom,
+  msFromDuration,
+  outcomeName,
+  statusValue,
+  type EntryStatus,
+  type LedgerEntry,
+  type Outcome,
+} from "./types.js";
+
+/** TLS settings of the connection to the ledger. */
+export interface TlsOptions {
+  /** PEM root certificate(s) to trust instead of the system's (a private CA, a self-signed cert). */
+  rootCert?: string | Uint8Array;
+  /** The name to verify the server's certificate against, when it differs from the address. */
+  serverName?: string;
+}
+
+/** How to reach the ledger. */
+export interface LedgerRpcOptions {
+  /** `host:port`, or a URL `http://host:port` / `https://host:port` (DEFAULTS.addressForms). */
+  address: string;
+  /** The bearer token (sent as `authorization: Bearer <token>`); it selects the tenant. */
+  token?: string | (() => string | Promise<string>);
+  /** TLS: `true` for the system's roots, or options with a root certificate. Implied by https://. */
+  tls?: boolean | TlsOptions;
+  /** Deadline of each call in milliseconds (default 10 s); each call may set its own. */
+  deadlineMs?: number;
+  /** Default `principal` of claims, for the audit trail. */
+  principal?: string;
+  /**
+   * How long Claim, Lookup, RenewLease and Complete are sent again while the ledger answers
+   * UNAVAILABLE (default 30 s, long enough for a failover; 0: never). Each waits the delay the
+   * server's RetryInfo asks (jittered), or a backoff when the server cannot be reached. A
+   * Complete after an action keeps trying at least as long as the claim's lease.
+   */
+  retryBudgetMs?: number;
+  /**
+   * Use this transport instead of building one (tests, custom interceptors); it then carries
+   * neither the token nor the trace context unless its own interceptors add them.
+   */
+  transport?: Transport;
+}
+
+/** Per-call options of every RPC method. */
+export interface CallOptions {
+  /** This call's deadline in milliseconds (default: the Ledger's), for each time it is sent. */
+  deadlineMs?: number;
+  signal?: AbortSignal;
+  /** This call's retry budget on UNAVAILABLE (default: the Ledger's); Claim, Lookup, RenewLease and Complete. */
+  retryBudgetMs?: number;
+}
+
+/** A Claim. */
+export interface ClaimParams {
+  /** The agent run. Required unless `key` is set. */
+  runId?: string;
+  tool: string;
+  /** JSON text or a JS value (see the README for the rules on JS values). */
+  args: ArgumentsInput;
+  /** An explicit key such as `{workflowRunId}:{stepId}` instead of the derived one. */
+  key?: string;
+  canonicalization?: Canonicalization;
+  leaseMs?: number;
+  retentionMs?: number;
+  /** Hold the call up to this long while another attempt is in flight (server-side wait). */
+  waitMs?: number;
+  principal?: string;
+}
+
+/** What a Claim found. */
+export interface ClaimResult {
+  outcome: Outcome;
+  entry: LedgerEntry;
+  /** Set only with CLAIMED: the fencing token to complete with. */
+  claimToken: string;
+  /** A sentence written for the model (empty with CLAIMED). */
+  note: string;
+  /** With IN_PROGRESS: milliseconds after which a new claim is worth trying. */
+  retryAfter: number | undefined;
+}
+
+/** A Complete. */
+export interface CompleteParams {
+  key: string;
+  claimToken: string;
+  status: "SUCCEEDED" | "FAILED" | "UNKNOWN";
+  /** Only with SUCCEEDED. */
+  result?: Uint8Array;
+  error?: string;
+  /** Only with FAILED: true when the effect certainly did not happen. */
+  retryable?: boolean;
+}
+
+/** The entry after a Complete. */
+export interface CompleteResult {
+  entry: LedgerEntry;
+  /** True when this exact outcome had already been recorded: nothing changed. */
+  alreadyCompleted: boolean;
+}
+
+/** A Lookup: by key, or by run, tool and arguments (derived as Claim does). */
+export type LookupParams =
+  | { key: string }
+  | { runId: string; tool: string; args: ArgumentsInput; canonicalization?: Canonicalization };
+
+/** What a tool's own read found for one unresolved entry. */
+export interface Resolution {
+  key: string;
+  /** SUCCEEDED when the tool's read found the effect (with its result), FAILED when not. */
+  status: "SUCCEEDED" | "FAILED";
+  result?: Uint8Array;
+  error?: string;
+  /** With FAILED: true when the intent may be tried again (the usual case). */
+  retryable?: boolean;
+}
+
+/** A Reconcile. */
+export interface ReconcileParams {
+  /** Only entries started at least this long ago (ms). */
+  olderThanMs?: number;
+  tool?: string;
+  /** How many pending entries to hand out (0 or unset: the server's default). */
+  limit?: number;
+  resolutions?: Resolution[];
+  /**
+   * Apply the resolutions and hand out nothing new (a worker's last call before it stops):
+   * `pending` is then empty and no entry is held for this caller.
+   */
+  resolveOnly?: boolean;
+  /**
+   * Hand out only these keys (each if it is unresolved and not held by another reconciler), so
+   * that a caller settles one entry without taking any other.
+   */
+  keys?: string[];
+  /** Who reconciles: recorded as `resolvedBy` on every entry this call resolves. */
+  principal?: string;
+}
+
+/** The filters of listEntries. */
+export interface ListEntriesParams {
+  /** Only entries claimed by this run. */
+  runId?: string;
+  /** Only entries of this tool. */
+  tool?: string;
+  /** Only entries in this state (an attempt past its lease is UNKNOWN). */
+  status?: Exclude<EntryStatus, "UNSPECIFIED">;
+  /** Only entries whose current attempt started at or after this time. */
+  startedAfter?: Date;
+  /** Only entries whose current attempt started before this time. */
+  startedBefore?: Date;
+  /** Entries fetched per call (default 100, at most 1000). */
+  pageSize?: number;
+}
+
+/** What a Reconcile answered. */
+export interface ReconcileResult {
+  /** Unresolved entries, oldest first, now held for this caller for the reconcile lease. */
+  pending: LedgerEntry[];
+  /** The entries the resolutions named, as they stand afterwards. */
+  resolved: LedgerEntry[];
+}
+
+/** The RPCs of one ledger. The Ledger (ledger.ts) is this with runOnce and the tool calls. */
+export class LedgerRpc {
+  private readonly client: Client<typeof LedgerService>;
+  private readonly sessionManager: Http2SessionManager | undefined;
+  /** The default deadline of each call, in milliseconds. */
+  protected readonly deadlineMs: number;
+  /** The default principal of claims (and of settlements). */
+  readonly principal: string | undefined;
+  /** How long a call is sent again while the ledger answers UNAVAILABLE. */
+  readonly retryBudgetMs: number;
+
+  constructor(options: LedgerRpcOptions) {
+    this.deadlineMs = options.deadlineMs ?? DEFAULT_DEADLINE_MS;
+    this.retryBudgetMs = options.retryBudgetMs ?? DEFAULT_RETRY_BUDGET_MS;
+    if (!(this.retryBudgetMs >= 0)) throw new RangeError("retryBudgetMs: must be a non-negative number of milliseconds");
+    this.principal = options.principal;
+    let transport = options.transport;
+    if (!transport) {
+      const tlsOpts: TlsOptions | undefined =
+        typeof options.tls === "object" ? options.tls : options.tls ? {} : undefined;
+      const url = ledgerUrl(options.address, tlsOpts !== undefined);
+      const baseUrl = url.origin;
+      const secure = url.protocol === "https:";
+      const nodeOptions = secure
+        ? {
+            ...(tlsOpts?.rootCert !== undefined ? { ca: tlsOpts.rootCert as string | Buffer } : {}),
+            ...(tlsOpts?.serverName !== undefined ? { servername: tlsOpts.serverName } : {}),
+          }
+        : {};
+      this.sessionManager = new Http2SessionManager(baseUrl, {}, nodeOptions);
+      // The caller's OpenTelemetry span, when there is one, as traceparent.
+      const interceptors: Interceptor[] = [traceInterceptor];
+      const token = options.token;
+      if (token !== undefined) {
+        interceptors.push((next) => async (req) => {
+          const value = typeof token === "function" ? await token() : token;
+          req.header.set("authorization", `Bearer ${value}`);
+          return next(req);
+        });
+      }
+      transport = createGrpcTransport({
+        baseUrl,
+        sessionManager: this.sessionManager,
+        interceptors,
+      });
+    }
+    this.client = createClient(LedgerService, transport);
+  }
+
+  /** Closes the connection. Calls made afterwards open a new one. */
+  close(): void {
+    this.sessionManager?.abort();
+  }
+
+  private callOptions(opts: CallOptions | undefined, extraMs = 0) {
+    return {
+      timeoutMs: opts?.deadlineMs ?? this.deadlineMs + extraMs,
+      signal: opts?.signal,
+    };
+  }
+
+  /**
+   * A call's answer, or its error as a typed LedgerError (what `retrying` decides on). A call
+   * cancelled though its caller did not cancel it lost its connection (Node's HTTP/2 resets
+   * the streams of a session whose socket closed): UNAVAILABLE, as gRPC says of a transport
+   * failure, not CANCELLED.
+   */
+  private async send<T>(call: Promise<T>, signal: AbortSignal | undefined): Promise<T> {
+    try {
+      return await call;
+    } catch (err) {
+      const e = toLedgerError(err);
+      if (e.code === "CANCELLED" && !signal?.aborted) {
+        throw new UnavailableError(`the connection to the ledger closed before it answered (${e.message})`, {
+          code: "UNAVAILABLE",
+          cause: err,
+        });
+      }
+      throw e;
+    }
+  }
+
+  /**
+   * Sends a call, and again while the ledger answers UNAVAILABLE (and, for `deadlineToo`,
+   * DEADLINE_EXCEEDED: a Complete whose answer was lost is sent again identically), within the
+   * retry budget: after the delay the server's RetryInfo asks, or a doubling backoff from 100 ms
+   * to 2 s when there is none (the server could not be reached), each stretched by up to half
+   * (jitter, so that clients do not come back in step). The last error is thrown once the next
+   * wait would pass the budget, or the call's signal aborts.
+   */
+  protected async retrying<T>(
+    opts: CallOptions | undefined,
+    send: () => Promise<T>,
+    { minBudgetMs = 0, deadlineToo = false }: { minBudgetMs?: number; deadlineToo?: boolean } = {},
+  ): Promise<T> {
+    const budget = Math.max(opts?.retryBudgetMs ?? this.retryBudgetMs, minBudgetMs);
+    const started = Date.now();
+    for (let failures = 0; ; failures++) {
+      try {
+        return await send();
+      } catch (err) {
+        const transient = err instanceof UnavailableError || (deadlineToo && err instanceof DeadlineExceededError);
+        if (!transient || opts?.signal?.aborted) throw err;
+        const asked = (err as LedgerError).retryAfter;
+        const delay = (asked ?? Math.min(2_000, 100 * 2 ** failures)) * (1 + Math.random() / 2);
+        if (Date.now() - started + delay > budget) throw err;
+        await pause(delay, opts?.signal);
+      }
+    }
+  }
+
+  /** Claims the key of one tool call before acting. A repeat is never an error. */
+  async claim(params: ClaimParams, opts?: CallOptions): Promise<ClaimResult> {
+    const req = create(ClaimRequestSchema, {
+      runId: params.runId ?? "",
+      tool: params.tool,
+      argumentsJson: toArgumentsJson(params.args),
+      key: params.key ?? "",
+      canonicalization: canonicalizationValue(params.canonicalization),
+      lease: durationOf(params.leaseMs, "leaseMs"),
+      retention: durationOf(params.retentionMs, "retentionMs"),
+      wait: params.waitMs ? durationOf(params.waitMs, "waitMs") : undefined,
+      principal: params.principal ?? this.principal ?? "",
+    });
+    try {
+      // A waiting claim gets the wait on top of the default deadline.
+      const res = await this.retrying(opts, () => this.send(this.client.claim(req, this.callOptions(opts, params.waitMs ?? 0)), opts?.signal));
+      return {
+        outcome: outcomeName(res.outcome),
+        entry: entryFrom(res.entry),
+        claimToken: res.claimToken,
+        note: res.note,
+        retryAfter: msFromDuration(res.retryAfter),
+      };
+    } catch (err) {
+      throw toLedgerError(err);
+    }
+  }
+
+  /**
+   * Records the outcome of a claimed attempt (durable when this returns). Sent again on
+   * UNAVAILABLE and DEADLINE_EXCEEDED within the retry budget, or `minBudgetMs` if longer: the
+   * identical Complete is idempotent (`alreadyCompleted`).
+   */
+  async complete(params: CompleteParams, opts?: CallOptions, minBudgetMs = 0): Promise<CompleteResult> {
+    const req = create(CompleteRequestSchema, {
+      key: params.key,
+      claimToken: params.claimToken,
+      status: statusValue(params.status),
+      result: params.result ?? new Uint8Array(0),
+      error: params.error ?? "",
+      retryable: params.retryable ?? false,
+    });
+    try {
+      const res = await this.retrying(opts, () => this.send(this.client.complete(req, this.callOptions(opts)), opts?.signal), {
+        minBudgetMs,
+        deadlineToo: true,
+      });
+      return { entry: entryFrom(res.entry), alreadyCompleted: res.alreadyCompleted };
+    } catch (err) {
+      throw toLedgerError(err);
+    }
+  }
+
+  /**
+   * Extends the lease of the caller's own attempt, counted from now, while a slow action runs,
+   * so that a duplicate keeps getting IN_PROGRESS (ATTEMPTING) instead of UNKNOWN. `leaseMs`
+   * unset means the server's default lease. Throws StaleClaimTokenError for a token that is
+   * not the current claim's, LeaseEndedError when the entry is resolved or its lease already
+   * ended (nothing changes then), InvalidArgumentError above the server's --max-lease.
+   * runOnce and the tool wrappers renew by themselves.
+   */
+  async renewLease(
+    key: string,
+    claimToken: string,
+    leaseMs?: number,
+    opts?: CallOptions,
+  ): Promise<LedgerEntry> {
+    const req = create(RenewLeaseRequestSchema, {
+      key,
+      claimToken,
+      lease: durationOf(leaseMs, "leaseMs"),
+    });
+    try {
+      const res = await this.retrying(opts, () => this.send(this.client.renewLease(req, this.callOptions(opts)), opts?.signal));
+      return entryFrom(res.entry);
+    } catch (err) {
+      throw toLedgerError(err);
+    }
+  }
+
+  /** Reads an entry by key, or by run, tool and arguments (derived as Claim does). */
+  async lookup(params: LookupParams, opts?: CallOptions): Promise<LedgerEntry> {
+    const req =
+      "key" in params
+        ? create(LookupRequestSchema, { key: params.key })
+        : create(LookupRequestSchema, {
+            runId: params.runId,
+            tool: params.tool,
+            argumentsJson: toArgumentsJson(params.args),
+            canonicalization: canonicalizationValue(params.canonicalization),
+          });
+    try {
+      const res = await this.retrying(opts, () => this.send(this.client.lookup(req, this.callOptions(opts)), opts?.signal));
+      return entryFrom(res.entry);
+    } catch (err) {
+      throw toLedgerError(err);
+    }
+  }
+
+  /**
+   * Hands out unresolved entries and applies what the tools' reads found for earlier ones;
+   * with `resolveOnly`, only applies them.
+   */
+  async reconcile(params: ReconcileParams = {}, opts?: CallOptions): Promise<ReconcileResult> {
+    const req = create(ReconcileRequestSchema, {
+      olderThan: durationOf(params.olderThanMs, "olderThanMs"),
+      tool: params.tool ?? "",
+      limit: params.limit ?? 0,
+      resolutions: (params.resolutions ?? []).map((r) =>
+        create(ResolutionSchema, {
+          key: r.key,
+          status: statusValue(r.status),
+          result: r.result ?? new Uint8Array(0),
+          error: r.error ?? "",
+          retryable: r.retryable ?? false,
+        }),
+      ),
+      resolveOnly: params.resolveOnly ?? false,
+      keys: params.keys ?? [],
+      principal: params.principal ?? "",
+    });
+    try {
+      const res = await this.client.reconcile(req, this.callOptions(opts));
+      return { pending: res.pending.map(entryFrom), resolved: res.resolved.map(entryFrom) };
+    } catch (err) {
+      throw toLedgerError(err);
+    }
+  }
+
+  /**
+   * Yields the tenant's entries that match, oldest attempt first (by startedAt, then key),
+   * fetching a page at a time as the iteration goes (`for await (const e of
+   * ledger.listEntries({ runId }))`). Unset filters match everything. The deadline applies to
+   * each page's call; errors are thrown by the iteration.
+   */
+  async *listEntries(
+    params: ListEntriesParams = {},
+    opts?: CallOptions,
+  ): AsyncGenerator<LedgerEntry, void, undefined> {
+    const req = create(ListEntriesRequestSchema, {
+      runId: params.runId ?? "",
+      tool: params.tool ?? "",
+      status: params.status === undefined ? PbStatus.UNSPECIFIED : statusValue(params.status),
+      startedAfter: params.startedAfter ? timestampFromDate(params.startedAfter) : undefined,
+      startedBefore: params.startedBefore ? timestampFromDate(params.startedBefore) : undefined,
+      pageSize: params.pageSize ?? 0,
+    });
+    for (;;) {
+      let res;
+      try {
+        res = await this.client.listEntries(req, this.callOptions(opts));
+      } catch (err) {
+        throw toLedgerError(err);
+      }
+      for (const e of res.entries) yield entryFrom(e);
+      if (!res.nextPageToken) return;
+      // A server handing out the same token again would page forever.
+      if (res.nextPageToken === req.pageToken) {
+        throw new Error("the ledger answered the same page token twice");
+      }
+      req.pageToken = res.nextPageToken;
+    }
+  }
+}
+
+/** Resolves after `ms`, or at once when `signal` aborts. */
+function pause(ms: number, signal: AbortSignal | undefined): Promise<void> {
+  return new Promise((done) => {
+    const timer = setTimeout(finish, ms);
+    function finish() {
+      clearTimeout(timer);
+      signal?.removeEventListener("abort", finish);
+      done();
+    }
+    signal?.addEventListener("abort", finish, { once: true });
+  });
+}

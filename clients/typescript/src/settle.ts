@@ -1,0 +1,201 @@
+// Settling an unknown outcome with the tool's paired read (confirm): take the entry with a
+// Reconcile of its key alone (so that one settlement wins across callers, reconcilers and
+// servers: the ledger hands a key to one caller at a time), ask confirm, send what it found.
+// runOnce settles this way right after an unknown outcome and when a repeat meets one; the
+// Reconciler asks and answers the same way for the entries the ledger hands out in rounds.
+
+import type { Codec } from "./codec.js";
+import {
+  checkConfirmation,
+  type Confirm,
+  type ConfirmAttempt,
+  type Confirmation,
+} from "./confirm.js";
+import type { LedgerLogger } from "./log.js";
+import type { LedgerRpc, Resolution } from "./rpc.js";
+import type { LedgerEntry } from "./types.js";
+
+/** How one entry was settled (or not). */
+export type Settlement<T> =
+  /** The paired read found the effect: the entry is SUCCEEDED with `value`. */
+  | { kind: "found"; value: T; entry: LedgerEntry }
+  /** The paired read found none: the entry is FAILED, retryable. */
+  | { kind: "not_found"; entry: LedgerEntry }
+  /** The paired read could not tell (or could not be asked): the entry stays UNKNOWN. */
+  | { kind: "cannot_tell"; entry: LedgerEntry }
+  /**
+   * Someone else holds the entry or settled it first (a reconciler, another caller, the
+   * claimant's late Complete, a person): `entry` is as it stands now.
+   */
+  | { kind: "elsewhere"; entry: LedgerEntry };
+
+/** What a settlement needs besides the entry. */
+export interface SettleContext<T> {
+  confirm: Confirm<T>;
+  /** How the tool's results are stored (a found result is stored as a Complete would). */
+  codec: Codec<T>;
+  /** The call's arguments as JSON values (what confirm is given). */
+  args: unknown;
+  /** Recorded as the entry's resolvedBy. */
+  principal: string;
+  logger: LedgerLogger;
+  /** How long confirm may take before it counts as "cannot tell". */
+  confirmTimeoutMs: number;
+  /** Said in the log line: who asked ("runOnce", "a repeat", "reconciler"). */
+  via: string;
+}
+
+/** The attempt confirm is asked about. */
+export function attemptOf<A>(entry: LedgerEntry, args: A): ConfirmAttempt<A> {
+  return {
+    key: entry.key,
+    externalRef: entry.externalRef,
+    arguments: args,
+    attempt: entry.attempt,
+    runId: entry.runId,
+    tool: entry.tool,
+    entry,
+  };
+}
+
+/**
+ * Asks confirm, bounded by `timeoutMs`. A throw, a timeout or an answer that is not a
+ * Confirmation is "cannot tell", logged with why.
+ */
+export async function ask<T>(
+  confirm: Confirm<T>,
+  attempt: ConfirmAttempt,
+  logger: LedgerLogger,
+  timeoutMs: number,
+): Promise<Confirmation<T>> {
+  let timer: NodeJS.Timeout | undefined;
+  try {
+    const answer = await Promise.race([
+      Promise.resolve().then(() => confirm(attempt)),
+      new Promise<never>((_, reject) => {
+        timer = setTimeout(() => reject(new Error(`confirm did not answer within ${timeoutMs} ms`)), timeoutMs);
+      }),
+    ]);
+    const { confirmation, problem } = checkConfirmation<T>(answer);
+    if (problem) logger.warn(`${where(attempt)}: ${problem}; counted as cannot tell`);
+    return confirmation;
+  } catch (err) {
+    logger.warn(`${where(attempt)}: confirm failed (${describe(err)}); counted as cannot tell`);
+    return { kind: "cannot_tell" };
+  } finally {
+    clearTimeout(timer);
+  }
+}
+
+/**
+ * The resolution that records a confirmation, or undefined for "cannot tell" (and for a
+ * found result the codec cannot store, logged: the entry is left for a person).
+ */
+export function resolutionOf<T>(
+  entry: LedgerEntry,
+  confirmation: Confirmation<T>,
+  codec: Codec<T>,
+  logger: LedgerLogger,
+): Resolution | undefined {
+  switch (confirmation.kind) {
+    case "found": {
+      let result: Uint8Array;
+      try {
+        result = codec.encode(confirmation.result);
+      } catch (err) {
+        logger.warn(
+          `${where(entry)}: confirm found the effect but its result cannot be stored (${describe(err)}); ` +
+            `left UNKNOWN for a person (idempotency-ledger resolve)`,
+        );
+        return undefined;
+      }
+      return { key: entry.key, status: "SUCCEEDED", result };
+    }
+    case "not_found":
+      return {
+        key: entry.key,
+        status: "FAILED",
+        // The effect did not happen: the intent may be tried again.
+        retryable: true,
+        error: `the tool's paired read found no effect with reference ${entry.externalRef}`,
+      };
+    default:
+      return undefined;
+  }
+}
+
+/** One log line per settlement: key, tool, external_ref, outcome, who. */
+export function logSettlement(
+  logger: LedgerLogger,
+  entry: LedgerEntry,
+  outcome: "found" | "not_found" | "cannot_tell" | "elsewhere",
+  principal: string,
+  via: string,
+): void {
+  const who = outcome === "elsewhere" ? entry.resolvedBy || "(not yet settled)" : principal;
+  logger.info(
+    `settled key=${entry.key} tool=${entry.tool} external_ref=${entry.externalRef} outcome=${outcome} ` +
+      `status=${entry.status} resolved_by=${who} via=${via}`,
+  );
+}
+
+/**
+ * Settles one UNKNOWN entry: takes it (Reconcile of its key alone), asks confirm, records what
+ * it found. A Reconcile that fails leaves it UNKNOWN (cannot tell, logged).
+ */
+export async function settle<T>(rpc: LedgerRpc, entry: LedgerEntry, ctx: SettleContext<T>): Promise<Settlement<T>> {
+  let taken: LedgerEntry | undefined;
+  try {
+    const { pending } = await rpc.reconcile({ keys: [entry.key], principal: ctx.principal });
+    taken = pending.find((e) => e.key === entry.key);
+    if (!taken) {
+      const now = await rpc.lookup({ key: entry.key });
+      logSettlement(ctx.logger, now, "elsewhere", ctx.principal, ctx.via);
+      return { kind: "elsewhere", entry: now };
+    }
+  } catch (err) {
+    ctx.logger.warn(`${where(entry)}: could not take the entry to settle it (${describe(err)}); left UNKNOWN`);
+    return { kind: "cannot_tell", entry };
+  }
+  const confirmation = await ask(ctx.confirm, attemptOf(taken, ctx.args), ctx.logger, ctx.confirmTimeoutMs);
+  const resolution = resolutionOf(taken, confirmation, ctx.codec, ctx.logger);
+  if (!resolution) {
+    logSettlement(ctx.logger, taken, "cannot_tell", ctx.principal, ctx.via);
+    return { kind: "cannot_tell", entry: taken };
+  }
+  let resolved: LedgerEntry | undefined;
+  try {
+    ({ resolved: [resolved] } = await rpc.reconcile({
+      resolutions: [resolution],
+      resolveOnly: true,
+      principal: ctx.principal,
+    }));
+  } catch (err) {
+    ctx.logger.warn(`${where(taken)}: could not record what confirm found (${describe(err)}); left UNKNOWN`);
+    return { kind: "cannot_tell", entry: taken };
+  }
+  if (!resolved) {
+    // Gone (expired, or never this tenant's): nothing to settle.
+    return { kind: "cannot_tell", entry: taken };
+  }
+  const mine = resolved.resolvedBy === ctx.principal && resolved.status === resolution.status;
+  if (!mine) {
+    logSettlement(ctx.logger, resolved, "elsewhere", ctx.principal, ctx.via);
+    return { kind: "elsewhere", entry: resolved };
+  }
+  if (confirmation.kind === "found") {
+    logSettlement(ctx.logger, resolved, "found", ctx.principal, ctx.via);
+    return { kind: "found", value: confirmation.result, entry: resolved };
+  }
+  logSettlement(ctx.logger, resolved, "not_found", ctx.principal, ctx.via);
+  return { kind: "not_found", entry: resolved };
+}
+
+function where(x: { key: string; tool: string; externalRef: string }): string {
+  return `tool ${x.tool}, key ${x.key} (external_ref ${x.externalRef})`;
+}
+
+function describe(err: unknown): string {
+  if (err instanceof Error) return `${err.name}: ${err.message}`;
+  return String(err);
+}

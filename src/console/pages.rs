@@ -1,0 +1,1067 @@
+//! The console's pages: each reads the ledger for the session's tenant and renders HTML in
+//! which every stored value is escaped ([`super::html`]).
+
+use std::fmt::Write as _;
+use std::str::FromStr as _;
+
+use http::{Method, StatusCode};
+
+use super::chart::series_svg;
+use super::html::{
+    Flash, Nav, Viewer, entry_href, entry_path, esc, page, precise_time, query, shorten, shown,
+    shown_html, span, time,
+};
+use super::respond::{self, bad, good};
+use super::session::SignedIn;
+use super::{Answer, Call, Console};
+use crate::domain::key::Principal;
+use crate::domain::{FinalStatus, Micros, Status, Tenant};
+use crate::error::LedgerError;
+use crate::grpc::auth::Credential;
+use crate::ledger::find::{KeyQuery, SEARCH_LIMIT, Verdict, missing_message};
+use crate::ledger::{EntryView, ListInput, LookupInput, ReconcileInput, ResolutionInput};
+
+/// A page, or the page of what went wrong (boxed: `Err` only shortens the code, and an answer
+/// is large).
+type PageResult = Result<Answer, Box<Answer>>;
+
+/// Entries a page lists.
+const PAGE_SIZE: u32 = 50;
+
+/// Longest operator name a form may give.
+const MAX_OPERATOR_CHARS: usize = 64;
+
+/// The session a page is shown to.
+struct Who {
+    tenant: Tenant,
+    /// The session's cookie value.
+    id: String,
+    csrf: String,
+    operator: String,
+    flash: Option<Flash>,
+    /// Whether it signed in with a token (so it can sign out).
+    signed_in_with_token: bool,
+}
+
+impl Who {
+    fn viewer(&self) -> Viewer<'_> {
+        Viewer {
+            tenant: self.tenant.as_str(),
+            sign_out_csrf: self.signed_in_with_token.then_some(self.csrf.as_str()),
+        }
+    }
+
+    fn page(&self, title: &str, nav: Nav, body: &str) -> String {
+        page(title, nav, Some(&self.viewer()), self.flash.as_ref(), body)
+    }
+}
+
+/// Runs the page `call` asks for.
+///
+/// # Errors
+/// The error page to answer with (`Err` only shortens the code; both are answers).
+pub(super) async fn dispatch(console: &Console, call: &mut Call) -> PageResult {
+    let post = call.method == Method::POST;
+    match (post, call.path.as_str()) {
+        (false, "/signin") => return sign_in_page(console, call, None, StatusCode::OK),
+        (true, "/signin") => return sign_in(console, call),
+        (true, "/signout") => return Ok(sign_out(console, call)),
+        _ => {}
+    }
+    let known = matches!(
+        call.path.as_str(),
+        "/" | "/entries" | "/find" | "/entry" | "/replay-rate" | "/resolve"
+    );
+    if !known {
+        return Err(Box::new(respond::plain(
+            StatusCode::NOT_FOUND,
+            "There is no such page in this console.",
+        )));
+    }
+    let who = who(console, call)?;
+    match (post, call.path.as_str()) {
+        (false, "/") => attention(console, call, &who).await,
+        (false, "/entries") => entries(console, call, &who).await,
+        (false, "/find") => find(console, call, &who).await,
+        (false, "/entry") => entry(console, call, &who).await,
+        (false, "/replay-rate") => Ok(replay_rate(console, call, &who)),
+        (true, "/resolve") => resolve(console, call, &who).await,
+        _ => Err(Box::new(respond::plain(
+            StatusCode::METHOD_NOT_ALLOWED,
+            "This page does not take that method.",
+        ))),
+    }
+}
+
+/// The signed-in session of `call`. Without credentials configured, a request without one gets
+/// a new session of tenant `default`; with them, a page asks to sign in and a form is refused.
+fn who(console: &Console, call: &mut Call) -> Result<Who, Box<Answer>> {
+    if let Some((id, session)) = &call.session
+        && let Some(signed_in) = &session.signed_in
+    {
+        return Ok(Who {
+            tenant: signed_in.tenant.clone(),
+            id: id.clone(),
+            csrf: session.csrf.clone(),
+            operator: signed_in.operator.clone(),
+            flash: session.flash.clone(),
+            signed_in_with_token: signed_in.credential.is_some(),
+        });
+    }
+    if console.tenancy().requires_credentials() {
+        return Err(Box::new(if call.method == Method::POST {
+            respond::forbidden("Sign in first: nothing was changed.")
+        } else {
+            respond::redirect("/signin")
+        }));
+    }
+    let signed_in = SignedIn {
+        tenant: Tenant::default_tenant(),
+        credential: None,
+        operator: String::new(),
+    };
+    let (id, session) = console
+        .sessions()
+        .create(call.now, Some(signed_in))
+        .map_err(|e| failure(&e))?;
+    call.set_cookie = Some(console.session_cookie(Some(&id)));
+    Ok(Who {
+        tenant: Tenant::default_tenant(),
+        id,
+        csrf: session.csrf,
+        operator: String::new(),
+        flash: None,
+        signed_in_with_token: false,
+    })
+}
+
+/// The page of a ledger error: what a person can act on, never the store's own words.
+fn failure(error: &LedgerError) -> Box<Answer> {
+    Box::new(match error {
+        LedgerError::NotFound => respond::plain(StatusCode::NOT_FOUND, &error.to_string()),
+        LedgerError::InvalidArgument { .. } => {
+            respond::plain(StatusCode::BAD_REQUEST, &error.to_string())
+        }
+        LedgerError::Unavailable(_) | LedgerError::Store(_) => {
+            tracing::warn!(error = %error, "console: the store failed");
+            respond::plain(StatusCode::SERVICE_UNAVAILABLE, &error.to_string())
+        }
+        other => {
+            tracing::error!(error = ?other, "console: request failed");
+            respond::plain(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "Internal error; the server's log has the details.",
+            )
+        }
+    })
+}
+
+// ---- signing in -------------------------------------------------------------------------
+
+fn sign_in_page(
+    console: &Console,
+    call: &mut Call,
+    problem: Option<&str>,
+    status: StatusCode,
+) -> PageResult {
+    if !console.tenancy().requires_credentials() {
+        return Ok(respond::redirect("/"));
+    }
+    if call
+        .session
+        .as_ref()
+        .is_some_and(|(_, s)| s.signed_in.is_some())
+        && problem.is_none()
+    {
+        return Ok(respond::redirect("/"));
+    }
+    // The form needs a session for its CSRF token, before anyone signed in.
+    let csrf = match &call.session {
+        Some((_, session)) => session.csrf.clone(),
+        None => {
+            let (id, session) = console
+                .sessions()
+                .create(call.now, None)
+                .map_err(|e| failure(&e))?;
+            call.set_cookie = Some(console.session_cookie(Some(&id)));
+            session.csrf
+        }
+    };
+    let mut body = String::from("<div class=\"signin card\"><h1>Sign in</h1>");
+    body.push_str(
+        "<p class=\"lead\">With the token of a tenant, as callers send it in \
+         <code>authorization: Bearer</code>. The console then shows that tenant's entries only.</p>",
+    );
+    if let Some(problem) = problem {
+        let _ = write!(body, "<p class=\"flash bad\">{}</p>", esc(problem));
+    }
+    let _ = write!(
+        body,
+        "<form method=\"post\" action=\"/signin\">\
+         <input type=\"hidden\" name=\"csrf\" value=\"{}\">\
+         <label>Token<input type=\"password\" name=\"token\" autocomplete=\"off\" required \
+         autofocus></label>\
+         <label>Your name (optional: recorded as who resolved an entry)\
+         <input type=\"text\" name=\"operator\" maxlength=\"{MAX_OPERATOR_CHARS}\"></label>\
+         <button type=\"submit\">Sign in</button></form></div>",
+        esc(&csrf)
+    );
+    Ok(respond::html(
+        status,
+        page("Sign in", Nav::None, None, None, &body),
+    ))
+}
+
+fn sign_in(console: &Console, call: &mut Call) -> PageResult {
+    if !console.tenancy().requires_credentials() {
+        return Ok(respond::redirect("/"));
+    }
+    let operator = match operator_name(call.form.get("operator")) {
+        Ok(name) => name,
+        Err(problem) => {
+            return sign_in_page(console, call, Some(&problem), StatusCode::BAD_REQUEST);
+        }
+    };
+    let credential = Credential::of(call.form.get("token"));
+    let Some(tenant) = console.tenancy().tenant_of(&credential) else {
+        tracing::info!("console: a sign-in with an unknown token was refused");
+        return sign_in_page(
+            console,
+            call,
+            Some("This server knows no such token."),
+            StatusCode::UNAUTHORIZED,
+        );
+    };
+    // A new session id once signed in, so that an id known before cannot be used after.
+    if let Some((old, _)) = &call.session {
+        console.sessions().remove(old);
+    }
+    tracing::info!(tenant = tenant.as_str(), operator = %operator, "console: signed in");
+    let signed_in = SignedIn {
+        tenant,
+        credential: Some(credential),
+        operator,
+    };
+    let (id, _) = console
+        .sessions()
+        .create(call.now, Some(signed_in))
+        .map_err(|e| failure(&e))?;
+    call.set_cookie = Some(console.session_cookie(Some(&id)));
+    Ok(respond::redirect("/"))
+}
+
+fn sign_out(console: &Console, call: &mut Call) -> Answer {
+    if let Some((id, _)) = &call.session {
+        console.sessions().remove(id);
+    }
+    call.set_cookie = Some(console.session_cookie(None));
+    respond::redirect(if console.tenancy().requires_credentials() {
+        "/signin"
+    } else {
+        "/"
+    })
+}
+
+/// An operator's name from a form: trimmed, at most [`MAX_OPERATOR_CHARS`] characters, no
+/// control characters.
+fn operator_name(text: &str) -> Result<String, String> {
+    let name = text.trim();
+    if name.chars().count() > MAX_OPERATOR_CHARS {
+        return Err(format!(
+            "Your name may have at most {MAX_OPERATOR_CHARS} characters."
+        ));
+    }
+    if name.chars().any(char::is_control) {
+        return Err("Your name may not contain control characters.".into());
+    }
+    Ok(name.to_string())
+}
+
+// ---- what needs a person ----------------------------------------------------------------
+
+async fn attention(console: &Console, call: &Call, who: &Who) -> PageResult {
+    let input = ListInput {
+        status: Some(Status::Unknown),
+        page_size: PAGE_SIZE,
+        page_token: call.query.get("page_token").to_string(),
+        ..ListInput::default()
+    };
+    let page_token = input.page_token.clone();
+    let out = console
+        .ledger()
+        .list_entries(&who.tenant, input)
+        .await
+        .map_err(|e| failure(&e))?;
+    let mut body = String::from("<h1>Needs a person</h1>");
+    body.push_str(
+        "<p class=\"lead\">Outcomes nobody knows: reported UNKNOWN by their claimant, or \
+         attempts whose lease ended without a Complete. Until someone resolves them, every \
+         repeat gets IN_PROGRESS and nothing runs again. Oldest first. Ask the outside world \
+         (by the external_ref) whether the action happened, then resolve the entry here, as a \
+         reconciler would.</p>",
+    );
+    if out.entries.is_empty() {
+        body.push_str(if page_token.is_empty() {
+            "<div class=\"card\"><b>Nothing needs a person.</b> <span class=\"muted\">No \
+             entry of this tenant is unknown.</span></div>"
+        } else {
+            "<div class=\"card\">No more unknown entries.</div>"
+        });
+    } else {
+        body.push_str(
+            "<table><thead><tr><th>Age</th><th>Tool</th><th>external_ref</th>\
+             <th class=\"num\">Attempt</th><th>Run</th><th>Key</th><th>Why unknown</th>\
+             <th>Resolve</th></tr></thead><tbody>",
+        );
+        for view in &out.entries {
+            let e = &view.entry;
+            let why = if e.status == Status::Attempting {
+                format!(
+                    "lease ended {} ago",
+                    span(call.now.minus(e.lease_expires_at))
+                )
+            } else if e.error.is_empty() {
+                "reported unknown".to_string()
+            } else {
+                format!("reported unknown: {}", shorten(&e.error, 80))
+            };
+            let _ = write!(
+                body,
+                "<tr><td title=\"started {started}\">{age}</td><td>{tool}</td>\
+                 <td class=\"mono\">{xref}</td><td class=\"num\">{attempt}</td><td>{run}</td>\
+                 <td class=\"mono\"><a href=\"{href}\">{short}</a></td><td>{why}</td>\
+                 <td><details><summary>Resolve…</summary>{form}</details></td></tr>",
+                started = esc(&time(e.started_at)),
+                age = esc(&span(call.now.minus(e.started_at))),
+                tool = esc(&e.tool),
+                xref = esc(&view.external_ref),
+                attempt = e.attempt,
+                run = esc(&shorten(&e.run_id, 32)),
+                href = entry_href(&e.key),
+                short = esc(&shorten(&e.key, 17)),
+                why = esc(&why),
+                form = resolve_form(who, &e.key, "/"),
+            );
+        }
+        body.push_str("</tbody></table>");
+        if !out.next_page_token.is_empty() {
+            let _ = write!(
+                body,
+                "<p class=\"pager\"><a href=\"/{}\">Next {PAGE_SIZE} →</a></p>",
+                query(&[("page_token", &out.next_page_token)])
+            );
+        }
+    }
+    Ok(respond::html(
+        StatusCode::OK,
+        who.page("Needs a person", Nav::Attention, &body),
+    ))
+}
+
+/// The form that resolves `key`, as a reconciler's resolution would; `back` is where to go
+/// after it.
+fn resolve_form(who: &Who, key: &str, back: &str) -> String {
+    format!(
+        "<form class=\"resolve\" method=\"post\" action=\"/resolve\">\
+         <input type=\"hidden\" name=\"csrf\" value=\"{csrf}\">\
+         <input type=\"hidden\" name=\"key\" value=\"{key}\">\
+         <input type=\"hidden\" name=\"back\" value=\"{back}\">\
+         <fieldset><legend>What does the outside world say?</legend>\
+         <label><input type=\"radio\" name=\"outcome\" value=\"found\" required> Found: it \
+         happened (its result below is replayed to every repeat)</label>\
+         <label><input type=\"radio\" name=\"outcome\" value=\"not_found\"> Not found: it did \
+         not happen; a repeat may try again</label>\
+         <label><input type=\"radio\" name=\"outcome\" value=\"failed\"> Failed for good: it \
+         did not happen and must not be tried again</label></fieldset>\
+         <label>Result, with Found (stored as typed)<textarea name=\"result\" rows=\"3\">\
+         </textarea></label>\
+         <label>Note, with Not found or Failed (stored as the entry's error)\
+         <input type=\"text\" name=\"error\"></label>\
+         <label>Your name (recorded: resolved_by = console:NAME)<input type=\"text\" \
+         name=\"operator\" maxlength=\"{MAX_OPERATOR_CHARS}\" value=\"{operator}\"></label>\
+         <button type=\"submit\">Resolve</button></form>",
+        csrf = esc(&who.csrf),
+        key = esc(key),
+        back = esc(back),
+        operator = esc(&who.operator),
+    )
+}
+
+async fn resolve(console: &Console, call: &Call, who: &Who) -> PageResult {
+    let key = call.form.get("key").to_string();
+    let back = match call.form.get("back") {
+        b if b.starts_with('/') && !b.starts_with("//") => b.to_string(),
+        _ => entry_path(&key),
+    };
+    let (status, retryable, default_error) = match call.form.get("outcome") {
+        "found" => (FinalStatus::Succeeded, false, ""),
+        "not_found" => (
+            FinalStatus::Failed,
+            true,
+            "not found in the outside world (resolved in the console)",
+        ),
+        "failed" => (
+            FinalStatus::Failed,
+            false,
+            "failed for good (resolved in the console)",
+        ),
+        _ => {
+            return Err(Box::new(respond::plain(
+                StatusCode::BAD_REQUEST,
+                "Choose what the outside world says: found, not found, or failed for good. \
+                 Nothing was changed.",
+            )));
+        }
+    };
+    let operator = operator_name(call.form.get("operator"))
+        .map_err(|problem| Box::new(respond::plain(StatusCode::BAD_REQUEST, &problem)))?;
+    let principal = if operator.is_empty() {
+        format!("console:{}", who.tenant.as_str())
+    } else {
+        format!("console:{operator}")
+    };
+    Principal::parse(&principal)
+        .map_err(|e| Box::new(respond::plain(StatusCode::BAD_REQUEST, &e.message)))?;
+    let (result, error) = if status == FinalStatus::Succeeded {
+        (call.form.get("result").as_bytes().to_vec(), String::new())
+    } else {
+        let note = call.form.get("error").trim();
+        let note = if note.is_empty() { default_error } else { note };
+        (Vec::new(), note.to_string())
+    };
+    let ledger = console.ledger().clone();
+    let before = ledger
+        .lookup(
+            &who.tenant,
+            LookupInput {
+                key: key.clone(),
+                ..LookupInput::default()
+            },
+        )
+        .await
+        .map_err(|e| failure(&e))?;
+    let input = ReconcileInput {
+        resolutions: vec![ResolutionInput {
+            key: key.clone(),
+            status,
+            result,
+            error,
+            retryable,
+        }],
+        resolve_only: true,
+        principal: principal.clone(),
+        ..ReconcileInput::default()
+    };
+    // In a task of its own: a browser that goes away does not abandon the write halfway.
+    let tenant = who.tenant.clone();
+    let out = tokio::spawn(async move { ledger.reconcile(&tenant, input).await })
+        .await
+        .map_err(|e| failure(&LedgerError::Internal(format!("resolution task: {e}"))))?
+        .map_err(|e| failure(&e))?;
+    console.metrics().resolutions([status]);
+    console.sessions().set_operator(&who.id, &operator);
+    let short = shorten(&key, 17);
+    let flash = match out.resolved.first() {
+        None => bad(format!(
+            "{}; nothing was changed.",
+            missing_message(&short, crate::ledger::find::Missing::Key)
+        )),
+        Some(after)
+            if before.status == Status::Unknown
+                && after.entry.status.is_resolved()
+                && after.entry.resolved_by == principal =>
+        {
+            tracing::info!(
+                tenant = who.tenant.as_str(),
+                key = crate::observe::telemetry::key_prefix(&key),
+                status = after.entry.status.as_str(),
+                resolved_by = %principal,
+                "console: resolved an unknown outcome"
+            );
+            good(format!(
+                "Resolved {short} as {}{}, recorded as resolved by {principal}. {}",
+                after.entry.status.as_str(),
+                if after.entry.retryable {
+                    " (retryable)"
+                } else {
+                    ""
+                },
+                next_claim(&after.entry.status, after.entry.retryable)
+            ))
+        }
+        Some(after) if after.status == Status::Attempting => bad(format!(
+            "{short} is still in its lease: its claimant may yet complete it. Nothing was changed."
+        )),
+        Some(after) => bad(format!(
+            "{short} was already resolved ({}{}); nothing was changed.",
+            after.entry.status.as_str(),
+            if after.entry.resolved_by.is_empty() {
+                String::new()
+            } else {
+                format!(", by {}", after.entry.resolved_by)
+            }
+        )),
+    };
+    console.sessions().flash(&who.id, flash);
+    Ok(respond::redirect(&back))
+}
+
+/// What the next Claim of an entry in `status` gets.
+fn next_claim(status: &Status, retryable: bool) -> &'static str {
+    match (status, retryable) {
+        (Status::Succeeded, _) => "The next claim of it is REPLAYED with this result.",
+        (Status::Failed, true) => "The next claim of it is CLAIMED again (a new attempt).",
+        (Status::Failed, false) => "The next claim of it is PREVIOUSLY_FAILED.",
+        _ => "",
+    }
+}
+
+// ---- entries -----------------------------------------------------------------------------
+
+/// A time bound of a filter: RFC 3339, or a duration before now (`15m`, `24h`, `7d`).
+fn time_bound(field: &'static str, text: &str, now: Micros) -> Result<Option<Micros>, String> {
+    let text = text.trim();
+    if text.is_empty() {
+        return Ok(None);
+    }
+    if let Ok(t) = prost_types::Timestamp::from_str(text) {
+        return Ok(Some(Micros(
+            t.seconds
+                .saturating_mul(1_000_000)
+                .saturating_add(i64::from(t.nanos / 1000)),
+        )));
+    }
+    match crate::defaults::parse_duration(text) {
+        Ok(d) => Ok(Some(now.minus(Micros::from_duration(d)))),
+        Err(_) => Err(format!(
+            "{field}: `{text}` is neither an RFC 3339 time (2026-11-30T06:00:00Z) nor a \
+             duration ago (15m, 24h, 7d)"
+        )),
+    }
+}
+
+fn status_of(text: &str) -> Result<Option<Status>, String> {
+    match text {
+        "" | "any" => Ok(None),
+        other => Status::parse(&other.to_ascii_uppercase())
+            .map(Some)
+            .ok_or_else(|| format!("status: `{other}` is not a state")),
+    }
+}
+
+fn status_badge(status: Status) -> String {
+    format!(
+        "<span class=\"badge s-{s}\">{s}</span>",
+        s = status.as_str()
+    )
+}
+
+async fn entries(console: &Console, call: &Call, who: &Who) -> PageResult {
+    let q = &call.query;
+    let (status, tool, run, since, until) = (
+        q.get("status"),
+        q.get("tool").trim(),
+        q.get("run").trim(),
+        q.get("since"),
+        q.get("until"),
+    );
+    let filters = |problem: Option<&str>| {
+        let mut form = String::from(
+            "<form class=\"filters\" method=\"get\" action=\"/entries\"><label>Status<select \
+             name=\"status\">",
+        );
+        for s in ["any", "unknown", "attempting", "succeeded", "failed"] {
+            let selected = if status.eq_ignore_ascii_case(s) || (status.is_empty() && s == "any") {
+                " selected"
+            } else {
+                ""
+            };
+            let _ = write!(form, "<option value=\"{s}\"{selected}>{s}</option>");
+        }
+        let _ = write!(
+            form,
+            "</select></label><label>Tool<input type=\"text\" name=\"tool\" value=\"{}\"></label>\
+             <label>Run<input type=\"text\" name=\"run\" value=\"{}\"></label>\
+             <label>Started since (RFC 3339 or 24h)<input type=\"text\" name=\"since\" \
+             value=\"{}\"></label><label>Started before<input type=\"text\" name=\"until\" \
+             value=\"{}\"></label><button type=\"submit\">Filter</button></form>\
+             <form class=\"filters\" method=\"get\" action=\"/find\"><label>Find by key, key \
+             prefix (6+ characters) or external_ref<input type=\"text\" name=\"q\" size=\"70\">\
+             </label><button type=\"submit\">Find</button></form>",
+            esc(tool),
+            esc(run),
+            esc(since),
+            esc(until)
+        );
+        if let Some(problem) = problem {
+            let _ = write!(form, "<p class=\"flash bad\">{}</p>", esc(problem));
+        }
+        form
+    };
+    let parsed = (|| {
+        Ok::<_, String>(ListInput {
+            run_id: run.to_string(),
+            tool: tool.to_string(),
+            status: status_of(status)?,
+            started_after: time_bound("since", since, call.now)?,
+            started_before: time_bound("until", until, call.now)?,
+            page_size: PAGE_SIZE,
+            page_token: q.get("page_token").to_string(),
+        })
+    })();
+    let input = match parsed {
+        Ok(input) => input,
+        Err(problem) => {
+            let body = format!("<h1>Entries</h1>{}", filters(Some(&problem)));
+            return Ok(respond::html(
+                StatusCode::BAD_REQUEST,
+                who.page("Entries", Nav::Entries, &body),
+            ));
+        }
+    };
+    let out = match console.ledger().list_entries(&who.tenant, input).await {
+        Ok(out) => out,
+        Err(LedgerError::InvalidArgument { field, message, .. }) => {
+            let problem = format!("{field}: {message}");
+            let body = format!("<h1>Entries</h1>{}", filters(Some(&problem)));
+            return Ok(respond::html(
+                StatusCode::BAD_REQUEST,
+                who.page("Entries", Nav::Entries, &body),
+            ));
+        }
+        Err(e) => return Err(failure(&e)),
+    };
+    let mut body = format!(
+        "<h1>Entries</h1><p class=\"lead\">The audit trail of this tenant, oldest attempt first, \
+         as ListEntries answers it.</p>{}",
+        filters(None)
+    );
+    body.push_str(&entry_table(&out.entries, call.now));
+    if !out.next_page_token.is_empty() {
+        let _ = write!(
+            body,
+            "<p class=\"pager\"><a href=\"/entries{}\">Next {PAGE_SIZE} →</a></p>",
+            query(&[
+                ("status", status),
+                ("tool", tool),
+                ("run", run),
+                ("since", since),
+                ("until", until),
+                ("page_token", &out.next_page_token)
+            ])
+        );
+    }
+    Ok(respond::html(
+        StatusCode::OK,
+        who.page("Entries", Nav::Entries, &body),
+    ))
+}
+
+fn entry_table(entries: &[EntryView], now: Micros) -> String {
+    if entries.is_empty() {
+        return "<div class=\"card\">No entry matches.</div>".to_string();
+    }
+    let mut table = String::from(
+        "<table><thead><tr><th>Started</th><th>Status</th><th>Tool</th><th>Run</th>\
+         <th class=\"num\">Attempt</th><th class=\"num\">Replays</th><th>external_ref</th>\
+         <th>Key</th><th>Resolved by</th></tr></thead><tbody>",
+    );
+    for view in entries {
+        let e = &view.entry;
+        let _ = write!(
+            table,
+            "<tr><td title=\"{ago} ago\">{started}</td><td>{status}</td><td>{tool}</td>\
+             <td>{run}</td><td class=\"num\">{attempt}</td><td class=\"num\">{replays}</td>\
+             <td class=\"mono\">{xref}</td><td class=\"mono\"><a href=\"{href}\">{short}</a></td>\
+             <td>{by}</td></tr>",
+            ago = esc(&span(now.minus(e.started_at))),
+            started = esc(&time(e.started_at)),
+            status = status_badge(view.status),
+            tool = esc(&shorten(&e.tool, 32)),
+            run = esc(&shorten(&e.run_id, 32)),
+            attempt = e.attempt,
+            replays = e.replay_count,
+            xref = esc(&view.external_ref),
+            href = entry_href(&e.key),
+            short = esc(&shorten(&e.key, 17)),
+            by = esc(&e.resolved_by),
+        );
+    }
+    table.push_str("</tbody></table>");
+    table
+}
+
+async fn find(console: &Console, call: &Call, who: &Who) -> PageResult {
+    let text = call.query.get("q");
+    let answer = |status: StatusCode, message: &str, listed: &str| {
+        let body = format!(
+            "<h1>Find</h1><form class=\"filters\" method=\"get\" action=\"/find\"><label>Key, \
+             key prefix (6+ characters) or external_ref<input type=\"text\" name=\"q\" \
+             size=\"70\" value=\"{}\"></label><button type=\"submit\">Find</button></form>\
+             <p class=\"flash bad\">{}</p>{listed}",
+            esc(text),
+            esc(message)
+        );
+        respond::html(status, who.page("Find", Nav::Entries, &body))
+    };
+    let query = match KeyQuery::parse(text) {
+        Ok(query) => query,
+        Err(problem) => return Ok(answer(StatusCode::BAD_REQUEST, &problem, "")),
+    };
+    let verdict = console
+        .ledger()
+        .find(&who.tenant, &query, SEARCH_LIMIT)
+        .await
+        .map_err(|e| failure(&e))?;
+    Ok(match verdict {
+        Verdict::One(view) => respond::redirect(&entry_path(&view.entry.key)),
+        Verdict::Missing(why) => answer(
+            StatusCode::NOT_FOUND,
+            &missing_message(query.text(), why),
+            "",
+        ),
+        Verdict::Cut { read, found } => answer(
+            StatusCode::OK,
+            &format!(
+                "The search stopped after the oldest {read} entries{}: another may match further \
+                 on. Give the whole key.",
+                found.map_or(String::new(), |k| format!(" with one match, {k}"))
+            ),
+            "",
+        ),
+        Verdict::Ambiguous {
+            keys,
+            count,
+            searched,
+        } => {
+            let mut listed = String::from("<ul class=\"mono\">");
+            for key in &keys {
+                let _ = write!(
+                    listed,
+                    "<li><a href=\"{}\">{}</a></li>",
+                    entry_href(key),
+                    esc(key)
+                );
+            }
+            listed.push_str("</ul>");
+            let more = if searched.is_some() { "at least " } else { "" };
+            answer(
+                StatusCode::OK,
+                &format!(
+                    "{more}{count} entries match `{}`: give more characters.",
+                    query.text()
+                ),
+                &listed,
+            )
+        }
+    })
+}
+
+// ---- one entry ---------------------------------------------------------------------------
+
+async fn entry(console: &Console, call: &Call, who: &Who) -> PageResult {
+    let key = call.query.get("key");
+    let view = match console
+        .ledger()
+        .lookup(
+            &who.tenant,
+            LookupInput {
+                key: key.to_string(),
+                ..LookupInput::default()
+            },
+        )
+        .await
+    {
+        Ok(view) => view,
+        Err(LedgerError::NotFound | LedgerError::InvalidArgument { .. }) => {
+            let body = format!(
+                "<h1>No such entry</h1><p>{}</p>",
+                esc(&missing_message(key, crate::ledger::find::Missing::Key))
+            );
+            return Ok(respond::html(
+                StatusCode::NOT_FOUND,
+                who.page("No such entry", Nav::Entries, &body),
+            ));
+        }
+        Err(e) => return Err(failure(&e)),
+    };
+    let e = &view.entry;
+    let mut body = format!(
+        "<h1>Entry {} {}</h1><p class=\"lead mono\">{}</p>",
+        esc(&shorten(&e.key, 17)),
+        status_badge(view.status),
+        esc(&e.key)
+    );
+    if view.status == Status::Unknown {
+        let _ = write!(
+            body,
+            "<div class=\"card\"><b class=\"warn\">Nobody knows whether this happened.</b> Ask \
+             the outside world about <code>{}</code>, then say what it found. \
+             <details open><summary>Resolve</summary>{}</details></div>",
+            esc(&view.external_ref),
+            resolve_form(who, &e.key, &entry_path(&e.key))
+        );
+    }
+    let opt_time = |t: Option<Micros>| t.map_or("-".to_string(), precise_time);
+    let stored = if view.status == e.status {
+        String::new()
+    } else {
+        format!(" (stored {}: its lease ended)", e.status.as_str())
+    };
+    body.push_str("<h2>Fields</h2><dl class=\"fields\">");
+    for (name, value) in [
+        ("key", e.key.clone()),
+        ("external_ref", view.external_ref.clone()),
+        ("run_id", e.run_id.clone()),
+        ("tool", e.tool.clone()),
+        ("status", format!("{}{stored}", view.status.as_str())),
+        ("attempt", e.attempt.to_string()),
+        ("retryable", e.retryable.to_string()),
+        ("principal", e.principal.clone()),
+        ("resolved_by", e.resolved_by.clone()),
+        ("error", e.error.clone()),
+        ("fingerprint", e.fingerprint.clone()),
+        ("started_at", precise_time(e.started_at)),
+        ("lease_expires_at", precise_time(e.lease_expires_at)),
+        ("finished_at", opt_time(e.finished_at)),
+        ("expires_at", opt_time(e.expires_at)),
+        ("replay_count", e.replay_count.to_string()),
+    ] {
+        let shown = if value.is_empty() {
+            "-"
+        } else {
+            value.as_str()
+        };
+        let _ = write!(
+            body,
+            "<dt>{name}</dt><dd class=\"mono\">{}</dd>",
+            esc(shown)
+        );
+    }
+    body.push_str("</dl><h2>Timeline</h2><div class=\"card\"><ol class=\"timeline\">");
+    for line in timeline(&view, call.now) {
+        let _ = write!(body, "<li>{}</li>", esc(&line));
+    }
+    body.push_str("</ol></div><h2>Arguments</h2>");
+    match &e.arguments {
+        Some(arguments) if !arguments.is_empty() => {
+            body.push_str(&shown_html(&shown(arguments.as_bytes())));
+            body.push_str(
+                "<p class=\"muted\">As kept for audit (--store-arguments): canonical, with members \
+                 named like secrets redacted unless the server keeps them whole.</p>",
+            );
+        }
+        _ => body.push_str(
+            "<p class=\"muted\">None kept (--store-arguments none, or an entry stored before \
+             arguments were kept).</p>",
+        ),
+    }
+    body.push_str("<h2>Result</h2>");
+    body.push_str(&shown_html(&shown(&e.result)));
+    let title = format!("Entry {}", shorten(&e.key, 17));
+    Ok(respond::html(
+        StatusCode::OK,
+        who.page(&title, Nav::Entries, &body),
+    ))
+}
+
+/// The entry's life so far and to come, one line an event.
+fn timeline(view: &EntryView, now: Micros) -> Vec<String> {
+    let e = &view.entry;
+    let mut lines = vec![format!(
+        "{}: attempt {} claimed{}{}",
+        time(e.started_at),
+        e.attempt,
+        if e.run_id.is_empty() {
+            String::new()
+        } else {
+            format!(" in run {}", e.run_id)
+        },
+        if e.principal.is_empty() {
+            String::new()
+        } else {
+            format!(" by {}", e.principal)
+        }
+    )];
+    let lease_end = time(e.lease_expires_at);
+    match (e.status, e.finished_at) {
+        (Status::Attempting, _) if now < e.lease_expires_at => lines.push(format!(
+            "{lease_end}: its lease ends (in {}); then it counts as unknown",
+            span(e.lease_expires_at.minus(now))
+        )),
+        (Status::Attempting, _) => lines.push(format!(
+            "{lease_end}: its lease ended without a Complete: unknown since"
+        )),
+        (Status::Unknown, _) => lines.push(format!(
+            "its claimant reported it unknown{} (lease until {lease_end})",
+            if e.error.is_empty() {
+                String::new()
+            } else {
+                format!(": {}", e.error)
+            }
+        )),
+        (_, Some(finished)) => {
+            let by = if e.resolved_by.is_empty() {
+                "by its claimant's Complete".to_string()
+            } else {
+                format!("by {}", e.resolved_by)
+            };
+            lines.push(format!(
+                "{}: {}{} {by}",
+                time(finished),
+                e.status.as_str(),
+                if e.status == Status::Failed && e.retryable {
+                    " (retryable)"
+                } else {
+                    ""
+                }
+            ));
+        }
+        (_, None) => {}
+    }
+    if e.replay_count > 0 {
+        lines.push(format!(
+            "replayed {} time{} since",
+            e.replay_count,
+            if e.replay_count == 1 { "" } else { "s" }
+        ));
+    }
+    match e.expires_at {
+        Some(at) if at > now => lines.push(format!(
+            "{}: expires (in {}); after that its key claims anew",
+            time(at),
+            span(at.minus(now))
+        )),
+        Some(at) => lines.push(format!("{}: expired", time(at))),
+        None => lines.push("never expires while unresolved".to_string()),
+    }
+    lines
+}
+
+// ---- the replay rate ---------------------------------------------------------------------
+
+fn replay_rate(console: &Console, call: &Call, who: &Who) -> Answer {
+    let tool = call.query.get("tool").trim();
+    let figures = console
+        .metrics()
+        .replay_figures(&who.tenant, (!tool.is_empty()).then_some(tool));
+    let mut body = String::from("<h1>Replay rate</h1>");
+    let _ = write!(
+        body,
+        "<p class=\"lead\">Claims this server answered for this tenant in the last hour, a bar a \
+         minute, and how many were replays of an earlier result. A healthy agent replays some: \
+         retries find their first result. Many claims and not one replay usually mean callers \
+         derive a new key on every retry (the alarm: at least {min} claims and no replay in {window} \
+         of one series). Key-reuse refusals are callers sending one key for two different \
+         requests. These figures are this server's alone and start empty at each start; \
+         <code>ReplayRate</code> answers the same numbers over gRPC.</p>",
+        min = figures.alarm_min_claims,
+        window = esc(&span(Micros::from_duration(figures.alarm_window))),
+    );
+    let legend = "<div class=\"legend\"><span class=\"l-claims\">claims</span>\
+                  <span class=\"l-replays\">replays</span><span class=\"l-ratio\">replay ratio \
+                  (right axis)</span><span class=\"l-alarm\">alarm on</span>\
+                  <span class=\"l-reuse\">key-reuse refusals</span></div>";
+    body.push_str(
+        "<table><thead><tr><th>Series</th><th class=\"num\">Claims (1 h)</th>\
+         <th class=\"num\">Replays</th><th class=\"num\">Ratio</th>\
+         <th class=\"num\">Key-reuse refusals</th><th class=\"num\">In the alarm window</th>\
+         <th>Alarm</th></tr></thead><tbody>",
+    );
+    let all = std::iter::once(&figures.total).chain(figures.tools.iter());
+    for series in all {
+        let name = series_name(series);
+        let _ = write!(
+            body,
+            "<tr><td>{name}</td><td class=\"num\">{}</td><td class=\"num\">{}</td>\
+             <td class=\"num\">{:.2}</td><td class=\"num\">{}</td>\
+             <td class=\"num\">{} claims, {} replays</td><td>{}</td></tr>",
+            series.claims(),
+            series.replays(),
+            series.ratio(),
+            series.key_reuse_refusals(),
+            series.window.claims,
+            series.window.replays,
+            if series.alarm {
+                "<b class=\"warn\">ON</b>"
+            } else {
+                "off"
+            },
+            name = esc(&name),
+        );
+    }
+    body.push_str("</tbody></table><h2>A bar a minute, the last hour</h2>");
+    body.push_str(legend);
+    let all = std::iter::once(&figures.total).chain(figures.tools.iter());
+    for series in all {
+        let name = series_name(series);
+        let _ = write!(
+            body,
+            "<h2>{}{}</h2><div class=\"chart\">{}</div>",
+            esc(&name),
+            if series.alarm {
+                " <span class=\"warn\">alarm on</span>"
+            } else {
+                ""
+            },
+            series_svg(series, &format!("replay rate of {name}"))
+        );
+    }
+    if figures.tools.is_empty() {
+        body.push_str(
+            "<p class=\"muted\">No claim of any tool in the last hour on this server.</p>",
+        );
+    }
+    respond::html(StatusCode::OK, who.page("Replay rate", Nav::Replays, &body))
+}
+
+fn series_name(series: &crate::observe::replay::SeriesFigures) -> String {
+    if series.tool.is_empty() {
+        "All tools".to_string()
+    } else if series.folded {
+        format!(
+            "{} (tools beyond --metrics-max-tools)",
+            crate::observe::replay::FOLDED_TOOL
+        )
+    } else {
+        series.tool.clone()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn time_bounds_are_rfc_3339_or_a_duration_ago() {
+        let now = Micros(10_000_000_000);
+        assert_eq!(time_bound("since", "", now), Ok(None));
+        assert_eq!(
+            time_bound("since", "1970-01-01T00:00:01Z", now),
+            Ok(Some(Micros(1_000_000)))
+        );
+        assert_eq!(
+            time_bound("since", "15m", now),
+            Ok(Some(Micros(10_000_000_000 - 900_000_000)))
+        );
+        let e = time_bound("until", "yesterday", now).expect_err("refused");
+        assert!(e.starts_with("until: `yesterday`"), "{e}");
+    }
+
+    #[test]
+    fn statuses_are_named_in_any_case() {
+        assert_eq!(status_of(""), Ok(None));
+        assert_eq!(status_of("any"), Ok(None));
+        assert_eq!(status_of("unknown"), Ok(Some(Status::Unknown)));
+        assert_eq!(status_of("SUCCEEDED"), Ok(Some(Status::Succeeded)));
+        assert!(status_of("done").is_err());
+    }
+
+    #[test]
+    fn an_operator_name_is_short_text() {
+        assert_eq!(operator_name("  ada "), Ok("ada".into()));
+        assert_eq!(operator_name(""), Ok(String::new()));
+        assert!(operator_name(&"x".repeat(65)).is_err());
+        assert!(operator_name("a\u{7}b").is_err());
+    }
+}

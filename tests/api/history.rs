@@ -1,0 +1,1582 @@
+//! The history check: Jepsen's idea at the ledger's scale. Real servers run under a nemesis
+//! while clients carry out hot intents against a recorded outside world; every call and answer
+//! is recorded, and afterwards the history and the final state are checked key by key.
+//!
+//! # The system
+//!
+//! - On PostgreSQL: a cluster of the test's own and three `idempotency-ledger` processes (the
+//!   real binary) on one database, each reaching it through a TCP fault proxy of its own
+//!   ([`Proxy`]).
+//! - On SQLite: one process on a file.
+//!
+//! # The clients
+//!
+//! Twelve *workers* run claim, act, complete on a few hot intents:
+//! three explicit keys at a time, out of a window that moves on every 250 ms, so many workers
+//! meet on one key. Half of the claims wait up to a second for an attempt in flight. Acting is
+//! an effect in the *world*, an in-test outside system that records every effect with its key,
+//! external_ref, attempt and receipt, and answers "did this happen?" by external_ref, as a
+//! tool's own read would. Of the attempts a worker claims, 10 % crash before acting (the token
+//! is forgotten, nothing completes), 10 % fail before acting (`FAILED` retryable), 12 % crash
+//! after acting (never completing), and the rest complete `SUCCEEDED` with the effect's
+//! receipt, retrying on `UNAVAILABLE` or no answer on any server.
+//!
+//! A worker acts only within [`ACT_WITHIN`] of sending its Claim, less than the lease
+//! ([`LEASE`]), and reports a failure only within that time too: a reconciler asks the world
+//! only about an attempt whose lease has ended, so what it hears is final. (A worker that acts
+//! after its lease can make two effects whatever the ledger does; that is the client's rule to
+//! keep, not the ledger's.)
+//!
+//! Two *reconcilers* run the Reconcile loop: each entry handed out is looked up in the world,
+//! and the finding (found: `SUCCEEDED` with the receipt; not found: `FAILED` retryable) goes
+//! with the reconciler's next call, retried while the entry is still held for it
+//! ([`RESOLVE_WITHIN`] of the call that handed it out, under `--reconcile-lease`), and dropped
+//! after: a finding sent later could land on a later attempt, which the resolution cannot
+//! name.
+//!
+//! # The nemesis
+//!
+//! One fault at a time, every 0.6 to 1.8 s, the kinds in a shuffled cycle so that each comes
+//! up: SIGKILL of a server and its restart on the same port; `pg_ctl stop -m immediate` of
+//! PostgreSQL and its start; a reset of every link at the proxies; a cut of one link in the
+//! middle of a server message; a cut of a write's answer after it committed; a partition of one
+//! link for up to 1.2 s. On SQLite, the kills only.
+//!
+//! # The check
+//!
+//! Once the nemesis stopped, the workers and reconcilers stopped, every lease and hold ended,
+//! and a final reconcile pass found nothing more to hand out, each key must show:
+//!
+//! - at most one effect in the world for the intent;
+//! - nothing in flight: the entry is `SUCCEEDED` or `FAILED` (retryable: nobody reports a
+//!   permanent failure);
+//! - an effect, if any, as the entry's result, byte for byte, at the effect's attempt; and a
+//!   `SUCCEEDED` entry only with an effect;
+//! - every acknowledged completion (a Complete answered OK, an entry a Reconcile resolved)
+//!   present: the success's result byte for byte, a failure at its attempt or followed by a
+//!   later one;
+//! - every `REPLAYED` answer carrying that result, and one more Claim replaying it now;
+//! - one token per claimed attempt, and no `PREVIOUSLY_FAILED`.
+//!
+//! And no server answered `INTERNAL` (`UNAVAILABLE` is expected during faults) or panicked.
+//! Floors on the calls, effects and faults make sure the run did something.
+//!
+//! # Running it
+//!
+//! Each store's test loads for 12 s by default (`HISTORY_SECONDS` changes that) and must end
+//! within 90 s. `HISTORY_SEED=<n>` replays the random choices of a run (the clients', the
+//! nemesis's; the interleaving is the machine's); a failure prints its seed and the command:
+//!
+//! ```sh
+//! HISTORY_SEED=<n> cargo nextest run --test api -E 'test(/^history::/)'
+//! ```
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::fmt::Write as _;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use idempotency_ledger::grpc::pb;
+use idempotency_ledger::grpc::pb::ledger_service_client::LedgerServiceClient;
+use idempotency_ledger::splitmix::SplitMix64 as Rng;
+use tokio::time::Instant;
+use tonic::transport::{Channel, Endpoint};
+use tonic::{Code, Status};
+
+use crate::support::postgres::{PgCluster, StopMode};
+use crate::support::proxy::Proxy;
+use crate::support::{ServerProcess, reason};
+
+/// The lease every claim asks for.
+const LEASE: Duration = Duration::from_secs(3);
+/// How long after sending its Claim a worker may still act, or report that it did not.
+const ACT_WITHIN: Duration = Duration::from_secs(2);
+/// `--reconcile-lease`: how long an entry handed out stays held for its reconciler.
+const HOLD: Duration = Duration::from_secs(2);
+/// [`HOLD`] as the flag says it.
+const HOLD_FLAG: &str = "2s";
+/// How long after the Reconcile that handed an entry out its finding may still be sent: well
+/// within the hold, which the server counts from a later instant.
+const RESOLVE_WITHIN: Duration = Duration::from_millis(1500);
+/// The deadline of every call (its `grpc-timeout`); the client gives up a second later.
+const CALL_TIMEOUT: Duration = Duration::from_secs(4);
+/// How many intents are hot at once.
+const HOT: u64 = 3;
+/// How often the window of hot intents moves on by one.
+const SLIDE: Duration = Duration::from_millis(250);
+/// The longest a store's whole run may take.
+const BUDGET: Duration = Duration::from_secs(90);
+const TOOL: &str = "issue_credit";
+const RUN: &str = "history";
+
+// ---------------------------------------------------------------------------------------------
+// The world outside the ledger
+
+/// One effect of a tool call in the outside world.
+#[derive(Clone, Debug)]
+struct Effect {
+    key: String,
+    external_ref: String,
+    attempt: u32,
+    receipt: Vec<u8>,
+    by: String,
+    at: Duration,
+}
+
+/// The outside world the workers act on: it records every effect and never deduplicates
+/// (keeping intents to one effect is the ledger's job).
+#[derive(Default)]
+struct World {
+    effects: Mutex<Vec<Effect>>,
+}
+
+impl World {
+    fn act(&self, effect: Effect) {
+        lock(&self.effects).push(effect);
+    }
+
+    /// "Did this happen?", by the reference the tool was given: the receipt if it did.
+    fn did_it_happen(&self, external_ref: &str) -> Option<Vec<u8>> {
+        lock(&self.effects)
+            .iter()
+            .find(|e| e.external_ref == external_ref)
+            .map(|e| e.receipt.clone())
+    }
+
+    fn effects(&self) -> Vec<Effect> {
+        lock(&self.effects).clone()
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+// ---------------------------------------------------------------------------------------------
+// The recorded history
+
+/// An entry as an answer showed it.
+#[derive(Clone, Debug)]
+struct Seen {
+    key: String,
+    status: pb::Status,
+    attempt: u32,
+    result: Vec<u8>,
+    retryable: bool,
+}
+
+impl Seen {
+    fn of(entry: &pb::Entry) -> Seen {
+        Seen {
+            key: entry.key.clone(),
+            status: entry.status(),
+            attempt: entry.attempt,
+            result: entry.result.to_vec(),
+            retryable: entry.retryable,
+        }
+    }
+}
+
+/// What a call got back, or what a client did.
+#[derive(Clone, Debug)]
+enum Answer {
+    Claimed {
+        attempt: u32,
+        token: String,
+    },
+    Replayed(Seen),
+    InProgress(Seen),
+    PreviouslyFailed(Seen),
+    Completed {
+        entry: Seen,
+        already: bool,
+    },
+    Reconciled {
+        pending: Vec<(String, u32)>,
+        resolved: Vec<Seen>,
+    },
+    Looked(Option<Seen>),
+    Error {
+        code: Code,
+        reason: String,
+        message: String,
+    },
+    /// No answer within the call's deadline and a second more.
+    Unanswered,
+    /// Something the client did (acted, crashed, asked the world).
+    Did(String),
+}
+
+/// One call (or client action) of the history.
+#[derive(Clone, Debug)]
+struct Op {
+    actor: String,
+    server: Option<usize>,
+    call: &'static str,
+    key: String,
+    sent: Duration,
+    took: Duration,
+    answer: Answer,
+}
+
+impl Op {
+    /// Whether this op is about `key` (a Reconcile is about every key it resolved or handed
+    /// out).
+    fn names(&self, key: &str) -> bool {
+        self.key == key
+            || match &self.answer {
+                Answer::Reconciled { pending, resolved } => {
+                    pending.iter().any(|(k, _)| k == key) || resolved.iter().any(|s| s.key == key)
+                }
+                _ => self.call == "Reconcile" && self.key.split(',').any(|k| k == key),
+            }
+    }
+}
+
+struct History {
+    started: Instant,
+    ops: Mutex<Vec<Op>>,
+}
+
+impl History {
+    fn new() -> History {
+        History {
+            started: Instant::now(),
+            ops: Mutex::new(Vec::new()),
+        }
+    }
+
+    fn record(
+        &self,
+        actor: &str,
+        server: Option<usize>,
+        call: &'static str,
+        key: &str,
+        sent: Instant,
+        answer: Answer,
+    ) {
+        let op = Op {
+            actor: actor.to_string(),
+            server,
+            call,
+            key: key.to_string(),
+            sent: sent.saturating_duration_since(self.started),
+            took: sent.elapsed(),
+            answer,
+        };
+        lock(&self.ops).push(op);
+    }
+
+    fn did(&self, actor: &str, key: &str, what: String) {
+        self.record(
+            actor,
+            None,
+            "client",
+            key,
+            Instant::now(),
+            Answer::Did(what),
+        );
+    }
+
+    fn ops(&self) -> Vec<Op> {
+        lock(&self.ops).clone()
+    }
+}
+
+fn error_answer(result: Option<&Status>) -> Answer {
+    match result {
+        Some(s) => Answer::Error {
+            code: s.code(),
+            reason: reason(s),
+            message: s.message().to_string(),
+        },
+        None => Answer::Unanswered,
+    }
+}
+
+/// A call's answer, `Err(None)` when none came within its deadline and a second more.
+async fn within<T>(
+    call: impl Future<Output = Result<tonic::Response<T>, Status>>,
+) -> Result<T, Option<Status>> {
+    match tokio::time::timeout(CALL_TIMEOUT + Duration::from_secs(1), call).await {
+        Ok(Ok(response)) => Ok(response.into_inner()),
+        Ok(Err(status)) => Err(Some(status)),
+        Err(_) => Err(None),
+    }
+}
+
+fn request<T>(message: T, timeout: Duration) -> tonic::Request<T> {
+    let mut request = tonic::Request::new(message);
+    request.set_timeout(timeout);
+    request
+}
+
+fn pb_duration(d: Duration) -> prost_types::Duration {
+    prost_types::Duration::try_from(d).expect("a short duration")
+}
+
+fn short(bytes: &[u8]) -> String {
+    let hex = hex::encode(&bytes[..bytes.len().min(6)]);
+    format!("{}B:{hex}…", bytes.len())
+}
+
+// ---------------------------------------------------------------------------------------------
+// The clients
+
+/// What the workers, reconcilers and the checker share.
+struct Ctx {
+    store: &'static str,
+    seed: u64,
+    clients: Vec<LedgerServiceClient<Channel>>,
+    world: World,
+    history: History,
+    stop: AtomicBool,
+    counts: Counts,
+}
+
+#[derive(Default)]
+struct Counts {
+    crashed_before: AtomicU64,
+    failed_before: AtomicU64,
+    crashed_after: AtomicU64,
+    too_late: AtomicU64,
+    gave_up_completing: AtomicU64,
+    found: AtomicU64,
+    not_found: AtomicU64,
+    findings_dropped: AtomicU64,
+}
+
+fn bump(counter: &AtomicU64) {
+    counter.fetch_add(1, Ordering::Relaxed);
+}
+
+fn intent_key(n: u64) -> String {
+    format!("intent-{n:04}")
+}
+
+fn intent_args(n: u64) -> String {
+    format!(r#"{{"intent":{n},"amount":5,"currency":"EUR"}}"#)
+}
+
+impl Ctx {
+    fn client(&self, server: usize) -> LedgerServiceClient<Channel> {
+        self.clients[server].clone()
+    }
+
+    /// One of the intents hot now.
+    fn hot_intent(&self, rng: &mut Rng) -> u64 {
+        let window = self.history.started.elapsed().as_millis() / SLIDE.as_millis();
+        u64::try_from(window).unwrap_or(0) + rng.below_u64(HOT)
+    }
+
+    fn claim_request(&self, n: u64, actor: &str, wait: Option<Duration>) -> pb::ClaimRequest {
+        pb::ClaimRequest {
+            run_id: RUN.into(),
+            tool: TOOL.into(),
+            arguments_json: intent_args(n),
+            key: intent_key(n),
+            lease: Some(pb_duration(LEASE)),
+            wait: wait.map(pb_duration),
+            principal: actor.into(),
+            ..Default::default()
+        }
+    }
+}
+
+async fn pause(rng: &mut Rng, from_ms: u64, to_ms: u64) {
+    let ms = from_ms + rng.below_u64(to_ms.saturating_sub(from_ms).max(1));
+    tokio::time::sleep(Duration::from_millis(ms)).await;
+}
+
+async fn worker(ctx: Arc<Ctx>, id: usize, mut rng: Rng) {
+    let actor = format!("w{id}");
+    while !ctx.stop.load(Ordering::SeqCst) {
+        let n = ctx.hot_intent(&mut rng);
+        let key = intent_key(n);
+        let server = rng.below(ctx.clients.len());
+        let wait = rng
+            .one_in(2)
+            .then(|| Duration::from_millis(200 + rng.below_u64(800)));
+        let sent = Instant::now();
+        let answer = within(
+            ctx.client(server)
+                .claim(request(ctx.claim_request(n, &actor, wait), CALL_TIMEOUT)),
+        )
+        .await;
+        let record = |answer| {
+            ctx.history
+                .record(&actor, Some(server), "Claim", &key, sent, answer)
+        };
+        let claim = match answer {
+            Ok(claim) => claim,
+            Err(status) => {
+                record(error_answer(status.as_ref()));
+                pause(&mut rng, 50, 250).await;
+                continue;
+            }
+        };
+        let entry = claim.entry.clone().unwrap_or_default();
+        let seen = Seen::of(&entry);
+        match claim.outcome() {
+            pb::Outcome::Claimed => {
+                record(Answer::Claimed {
+                    attempt: entry.attempt,
+                    token: claim.claim_token.clone(),
+                });
+                carry_out(&ctx, &actor, &mut rng, &entry, &claim.claim_token, sent).await;
+            }
+            pb::Outcome::Replayed => {
+                record(Answer::Replayed(seen));
+                pause(&mut rng, 20, 100).await;
+            }
+            pb::Outcome::InProgress => {
+                record(Answer::InProgress(seen));
+                pause(&mut rng, 50, 250).await;
+            }
+            pb::Outcome::PreviouslyFailed => {
+                record(Answer::PreviouslyFailed(seen));
+                pause(&mut rng, 50, 250).await;
+            }
+            pb::Outcome::Unspecified => {
+                record(Answer::Error {
+                    code: Code::Ok,
+                    reason: "OUTCOME_UNSPECIFIED".into(),
+                    message: format!("{claim:?}"),
+                });
+            }
+        }
+    }
+}
+
+/// What a worker does with an attempt it claimed.
+async fn carry_out(
+    ctx: &Ctx,
+    actor: &str,
+    rng: &mut Rng,
+    entry: &pb::Entry,
+    token: &str,
+    claim_sent: Instant,
+) {
+    let key = &entry.key;
+    let fate = rng.below(100);
+    if fate < 10 {
+        bump(&ctx.counts.crashed_before);
+        ctx.history
+            .did(actor, key, "crashed before acting".to_string());
+        return;
+    }
+    if fate < 20 {
+        bump(&ctx.counts.failed_before);
+        let failure = pb::CompleteRequest {
+            key: key.clone(),
+            claim_token: token.to_string(),
+            status: pb::Status::Failed.into(),
+            error: "the upstream refused before acting".into(),
+            retryable: true,
+            ..Default::default()
+        };
+        complete(ctx, actor, rng, failure, claim_sent + ACT_WITHIN).await;
+        return;
+    }
+    if claim_sent.elapsed() >= ACT_WITHIN {
+        bump(&ctx.counts.too_late);
+        ctx.history
+            .did(actor, key, "too late to act: left it".to_string());
+        return;
+    }
+    // A receipt of its own per attempt, with bytes of every value (NUL included).
+    let mut receipt = format!("receipt {key} attempt {} ", entry.attempt).into_bytes();
+    let extra = 1 + rng.below(300);
+    receipt.extend((0..extra).map(|_| (rng.next() & 0xff) as u8));
+    ctx.world.act(Effect {
+        key: key.clone(),
+        external_ref: entry.external_ref.clone(),
+        attempt: entry.attempt,
+        receipt: receipt.clone(),
+        by: actor.to_string(),
+        at: ctx.history.started.elapsed(),
+    });
+    ctx.history.did(
+        actor,
+        key,
+        format!("acted on attempt {}: {}", entry.attempt, short(&receipt)),
+    );
+    if fate < 32 {
+        bump(&ctx.counts.crashed_after);
+        ctx.history
+            .did(actor, key, "crashed after acting".to_string());
+        return;
+    }
+    let success = pb::CompleteRequest {
+        key: key.clone(),
+        claim_token: token.to_string(),
+        status: pb::Status::Succeeded.into(),
+        result: receipt.into(),
+        ..Default::default()
+    };
+    // A success may land late: it says what the world says, as a reconciler would.
+    complete(ctx, actor, rng, success, claim_sent + LEASE + CALL_TIMEOUT).await;
+}
+
+/// Sends a Complete until it is answered (on any server), or `until` passes.
+async fn complete(
+    ctx: &Ctx,
+    actor: &str,
+    rng: &mut Rng,
+    completion: pb::CompleteRequest,
+    until: Instant,
+) {
+    let key = completion.key.clone();
+    loop {
+        let left = until.saturating_duration_since(Instant::now());
+        if left < Duration::from_millis(100) {
+            bump(&ctx.counts.gave_up_completing);
+            ctx.history
+                .did(actor, &key, "gave up completing".to_string());
+            return;
+        }
+        let server = rng.below(ctx.clients.len());
+        let sent = Instant::now();
+        let answer = within(
+            ctx.client(server)
+                .complete(request(completion.clone(), left.min(CALL_TIMEOUT))),
+        )
+        .await;
+        match answer {
+            Ok(done) => {
+                let entry = done.entry.as_ref().map(Seen::of).unwrap_or(Seen {
+                    key: key.clone(),
+                    status: pb::Status::Unspecified,
+                    attempt: 0,
+                    result: Vec::new(),
+                    retryable: false,
+                });
+                ctx.history.record(
+                    actor,
+                    Some(server),
+                    "Complete",
+                    &key,
+                    sent,
+                    Answer::Completed {
+                        entry,
+                        already: done.already_completed,
+                    },
+                );
+                return;
+            }
+            Err(status) => {
+                let settled = status
+                    .as_ref()
+                    .is_some_and(|s| matches!(s.code(), Code::FailedPrecondition | Code::NotFound));
+                ctx.history.record(
+                    actor,
+                    Some(server),
+                    "Complete",
+                    &key,
+                    sent,
+                    error_answer(status.as_ref()),
+                );
+                if settled {
+                    return;
+                }
+                pause(rng, 100, 300).await;
+            }
+        }
+    }
+}
+
+/// The Reconcile loop: hand out, ask the world, send the findings with the next call. With
+/// `until_settled`, runs until nothing was handed out for longer than a hold (and returns
+/// `true`), or 30 s pass (`false`); else until the run stops.
+async fn reconciler(ctx: Arc<Ctx>, actor: String, mut rng: Rng, until_settled: bool) -> bool {
+    let began = Instant::now();
+    let mut findings: Vec<(pb::Resolution, Instant)> = Vec::new();
+    let mut quiet_since: Option<Instant> = None;
+    loop {
+        if until_settled {
+            if quiet_since.is_some_and(|q| q.elapsed() > HOLD + Duration::from_millis(300)) {
+                return true;
+            }
+            if began.elapsed() > Duration::from_secs(30) {
+                return false;
+            }
+        } else if ctx.stop.load(Ordering::SeqCst) {
+            return true;
+        }
+        let now = Instant::now();
+        let before = findings.len();
+        findings.retain(|(_, by)| *by > now + Duration::from_millis(100));
+        ctx.counts
+            .findings_dropped
+            .fetch_add((before - findings.len()) as u64, Ordering::Relaxed);
+        let timeout = findings
+            .iter()
+            .map(|(_, by)| by.saturating_duration_since(now))
+            .min()
+            .unwrap_or(CALL_TIMEOUT)
+            .min(CALL_TIMEOUT);
+        let server = rng.below(ctx.clients.len());
+        let resolutions: Vec<pb::Resolution> = findings.iter().map(|(r, _)| r.clone()).collect();
+        let keys = resolutions
+            .iter()
+            .map(|r| r.key.as_str())
+            .collect::<Vec<_>>()
+            .join(",");
+        let sent = Instant::now();
+        let answer = within(ctx.client(server).reconcile(request(
+            pb::ReconcileRequest {
+                limit: 10,
+                resolutions,
+                principal: actor.clone(),
+                ..Default::default()
+            },
+            timeout,
+        )))
+        .await;
+        match answer {
+            Ok(out) => {
+                ctx.history.record(
+                    &actor,
+                    Some(server),
+                    "Reconcile",
+                    &keys,
+                    sent,
+                    Answer::Reconciled {
+                        pending: out
+                            .pending
+                            .iter()
+                            .map(|e| (e.key.clone(), e.attempt))
+                            .collect(),
+                        resolved: out.resolved.iter().map(Seen::of).collect(),
+                    },
+                );
+                let settled = findings.is_empty() && out.pending.is_empty();
+                findings.clear();
+                for entry in &out.pending {
+                    let resolution = match ctx.world.did_it_happen(&entry.external_ref) {
+                        Some(receipt) => {
+                            bump(&ctx.counts.found);
+                            pb::Resolution {
+                                key: entry.key.clone(),
+                                status: pb::Status::Succeeded.into(),
+                                result: receipt.into(),
+                                ..Default::default()
+                            }
+                        }
+                        None => {
+                            bump(&ctx.counts.not_found);
+                            pb::Resolution {
+                                key: entry.key.clone(),
+                                status: pb::Status::Failed.into(),
+                                error: "not found in the world".into(),
+                                retryable: true,
+                                ..Default::default()
+                            }
+                        }
+                    };
+                    ctx.history.did(
+                        &actor,
+                        &entry.key,
+                        format!(
+                            "asked the world about attempt {} ({}): {}",
+                            entry.attempt,
+                            entry.external_ref,
+                            if resolution.status() == pb::Status::Succeeded {
+                                "found"
+                            } else {
+                                "not found"
+                            }
+                        ),
+                    );
+                    findings.push((resolution, sent + RESOLVE_WITHIN));
+                }
+                quiet_since = match (settled, quiet_since) {
+                    (true, Some(q)) => Some(q),
+                    (true, None) => Some(Instant::now()),
+                    (false, _) => None,
+                };
+            }
+            Err(status) => {
+                ctx.history.record(
+                    &actor,
+                    Some(server),
+                    "Reconcile",
+                    &keys,
+                    sent,
+                    error_answer(status.as_ref()),
+                );
+                quiet_since = None;
+            }
+        }
+        pause(&mut rng, 150, if until_settled { 300 } else { 600 }).await;
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// The servers and the nemesis
+
+/// The server processes of a run, with the logs of every process started, killed ones too.
+struct Fleet {
+    /// Each server's database URL (through its own proxy on PostgreSQL).
+    urls: Vec<String>,
+    /// Each server's port, kept across restarts so that clients find it again.
+    ports: Vec<u16>,
+    servers: Vec<ServerProcess>,
+    logs: Vec<(String, Arc<Mutex<String>>)>,
+}
+
+fn server_flags() -> [&'static str; 4] {
+    ["--db-acquire-timeout", "2s", "--reconcile-lease", HOLD_FLAG]
+}
+
+impl Fleet {
+    async fn start(urls: Vec<String>) -> Fleet {
+        let mut fleet = Fleet {
+            ports: Vec::new(),
+            servers: Vec::new(),
+            logs: Vec::new(),
+            urls,
+        };
+        for i in 0..fleet.urls.len() {
+            let server = ServerProcess::start(&fleet.urls[i], &server_flags()).await;
+            fleet.ports.push(server.addr.port());
+            fleet.keep_log(i, &server);
+            fleet.servers.push(server);
+        }
+        fleet
+    }
+
+    fn keep_log(&mut self, i: usize, server: &ServerProcess) {
+        // The start-up lines go first, so that what follows reads in order.
+        lock(&server.log).insert_str(0, &server.startup_log);
+        let name = format!("server {i} (start {})", self.logs.len() + 1);
+        self.logs.push((name, server.log.clone()));
+    }
+
+    fn addrs(&self) -> Vec<SocketAddr> {
+        self.servers.iter().map(|s| s.addr).collect()
+    }
+
+    async fn kill(&mut self, i: usize) {
+        let child = &mut self.servers[i].child;
+        assert!(
+            child.try_wait().expect("try_wait").is_none(),
+            "server {i} exited before the nemesis killed it"
+        );
+        child.start_kill().expect("SIGKILL");
+        tokio::time::timeout(Duration::from_secs(10), child.wait())
+            .await
+            .expect("a killed server is gone within 10 s")
+            .expect("wait");
+    }
+
+    async fn restart(&mut self, i: usize) {
+        let server = ServerProcess::start_on(&self.urls[i], self.ports[i], &server_flags()).await;
+        self.keep_log(i, &server);
+        self.servers[i] = server;
+    }
+
+    /// Every line of every server's log that contains one of `needles`.
+    fn lines_with(&self, needles: &[&str]) -> Vec<String> {
+        let mut lines = Vec::new();
+        for (name, log) in &self.logs {
+            for line in lock(log).lines() {
+                if needles.iter().any(|n| line.contains(n)) {
+                    lines.push(format!("{name}: {}", crate::support::plain(line)));
+                }
+            }
+        }
+        lines
+    }
+}
+
+/// What the nemesis can do.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+enum Fault {
+    KillServer,
+    RestartPostgres,
+    ResetLinks,
+    CutMidMessage,
+    CutAtCommit,
+    Partition,
+}
+
+/// PostgreSQL and the proxies to it, when the run has them.
+struct Postgres {
+    cluster: Arc<PgCluster>,
+    proxies: Vec<Proxy>,
+}
+
+/// Faults, one at a time, until `load` has passed since `started`; returns how many of each.
+async fn nemesis(
+    fleet: &mut Fleet,
+    postgres: Option<&Postgres>,
+    rng: &mut Rng,
+    started: Instant,
+    load: Duration,
+) -> BTreeMap<Fault, u32> {
+    let kinds: Vec<Fault> = if postgres.is_some() {
+        vec![
+            Fault::KillServer,
+            Fault::RestartPostgres,
+            Fault::ResetLinks,
+            Fault::CutMidMessage,
+            Fault::CutAtCommit,
+            Fault::Partition,
+        ]
+    } else {
+        vec![Fault::KillServer]
+    };
+    let mut done: BTreeMap<Fault, u32> = BTreeMap::new();
+    let mut cycle = Vec::new();
+    loop {
+        pause(rng, 600, 1800).await;
+        if started.elapsed() >= load {
+            break;
+        }
+        if cycle.is_empty() {
+            cycle = kinds.clone();
+            rng.shuffle(&mut cycle);
+        }
+        let fault = cycle.pop().expect("a fault");
+        let i = rng.below(fleet.servers.len());
+        let proxy = postgres.map(|p| &p.proxies[i]);
+        match fault {
+            Fault::KillServer => {
+                fleet.kill(i).await;
+                pause(rng, 200, 800).await;
+                fleet.restart(i).await;
+            }
+            Fault::RestartPostgres => {
+                let cluster = postgres.expect("postgres").cluster.clone();
+                tokio::task::spawn_blocking(move || cluster.stop(StopMode::Immediate))
+                    .await
+                    .expect("pg_ctl stop -m immediate");
+                pause(rng, 100, 600).await;
+                let cluster = postgres.expect("postgres").cluster.clone();
+                tokio::task::spawn_blocking(move || cluster.restart())
+                    .await
+                    .expect("pg_ctl start");
+            }
+            Fault::ResetLinks => {
+                for p in &postgres.expect("postgres").proxies {
+                    p.reset_all();
+                }
+            }
+            Fault::CutMidMessage => proxy
+                .expect("a proxy")
+                .cut_after_server_bytes(rng.below_u64(4000)),
+            Fault::CutAtCommit => proxy
+                .expect("a proxy")
+                .cut_writes_at_commit(1 + rng.below_u64(2)),
+            Fault::Partition => {
+                let proxy = proxy.expect("a proxy");
+                proxy.blackhole(true);
+                pause(rng, 300, 1200).await;
+                proxy.blackhole(false);
+            }
+        }
+        *done.entry(fault).or_default() += 1;
+    }
+    if let Some(postgres) = postgres {
+        for proxy in &postgres.proxies {
+            proxy.clear();
+        }
+    }
+    done
+}
+
+// ---------------------------------------------------------------------------------------------
+// A run
+
+/// How a run goes.
+struct Plan {
+    store: &'static str,
+    workers: usize,
+    reconcilers: usize,
+}
+
+/// `HISTORY_SEED`, or the clock.
+fn seed() -> u64 {
+    std::env::var("HISTORY_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| {
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map(|d| d.as_nanos() as u64)
+                .unwrap_or(1)
+        })
+}
+
+/// `HISTORY_SECONDS`, or 12 s.
+fn load_duration() -> Duration {
+    std::env::var("HISTORY_SECONDS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .map_or(Duration::from_secs(12), Duration::from_secs_f64)
+}
+
+fn rerun(store: &str, seed: u64) -> String {
+    format!(
+        "history[{store}] seed={seed}; to re-run it: HISTORY_SEED={seed} cargo nextest run \
+         --test api -E 'test(/^history::/)'"
+    )
+}
+
+/// Runs the load and the nemesis on `fleet`, then the final pass and the check; panics with
+/// the seed and what was found.
+async fn run(plan: Plan, seed: u64, mut fleet: Fleet, postgres: Option<Postgres>) {
+    let began = Instant::now();
+    let load = load_duration();
+    let mut rng = Rng(seed);
+    let clients = fleet
+        .addrs()
+        .iter()
+        .map(|addr| {
+            let channel = Endpoint::from_shared(format!("http://{addr}"))
+                .expect("uri")
+                .connect_timeout(Duration::from_secs(1))
+                .connect_lazy();
+            LedgerServiceClient::new(channel)
+        })
+        .collect();
+    let ctx = Arc::new(Ctx {
+        store: plan.store,
+        seed,
+        clients,
+        world: World::default(),
+        history: History::new(),
+        stop: AtomicBool::new(false),
+        counts: Counts::default(),
+    });
+    let workers: Vec<_> = (0..plan.workers)
+        .map(|i| tokio::spawn(worker(ctx.clone(), i, Rng(rng.next()))))
+        .collect();
+    let reconcilers: Vec<_> = (0..plan.reconcilers)
+        .map(|i| {
+            tokio::spawn(reconciler(
+                ctx.clone(),
+                format!("r{i}"),
+                Rng(rng.next()),
+                false,
+            ))
+        })
+        .collect();
+
+    let faults = nemesis(
+        &mut fleet,
+        postgres.as_ref(),
+        &mut rng,
+        ctx.history.started,
+        load,
+    )
+    .await;
+    ctx.stop.store(true, Ordering::SeqCst);
+    let clients_stopped = async {
+        for worker in workers {
+            worker.await.expect("worker");
+        }
+        for reconciler in reconcilers {
+            reconciler.await.expect("reconciler");
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(30), clients_stopped)
+        .await
+        .expect("every client stops within 30 s of the end of the load");
+    let loaded = ctx.history.started.elapsed();
+
+    // Every lease and every hold ends; then one reconciler settles what is left.
+    tokio::time::sleep(LEASE.max(HOLD) + Duration::from_millis(500)).await;
+    let settled = reconciler(ctx.clone(), "final".into(), Rng(rng.next()), true).await;
+    let finals = final_state(&ctx).await;
+    let report = check(&ctx, &fleet, &faults, &finals, settled);
+    let summary = report.summary(&ctx, &faults, loaded, began.elapsed());
+    eprintln!("{summary}");
+    assert!(
+        report.problems.is_empty(),
+        "{}\n{summary}\n{} problems:\n{}\n{}",
+        rerun(ctx.store, ctx.seed),
+        report.problems.len(),
+        report.problems.join("\n"),
+        report.evidence
+    );
+    if let Some(postgres) = postgres {
+        drop(fleet);
+        tokio::task::spawn_blocking(move || drop(postgres))
+            .await
+            .expect("stop the cluster");
+    }
+}
+
+/// What the ledger holds for each key the run touched, and what a Claim of it answers now.
+struct Finals {
+    entries: BTreeMap<String, Option<Seen>>,
+    claims: BTreeMap<String, Answer>,
+}
+
+/// Looks up every key the history names, and claims again each that succeeded.
+async fn final_state(ctx: &Ctx) -> Finals {
+    let keys: BTreeSet<String> = ctx
+        .history
+        .ops()
+        .into_iter()
+        .filter(|op| op.call == "Claim")
+        .map(|op| op.key)
+        .collect();
+    let mut entries = BTreeMap::new();
+    let mut claims = BTreeMap::new();
+    for key in keys {
+        let n: u64 = key
+            .trim_start_matches("intent-")
+            .parse()
+            .expect("an intent key");
+        let looked = until_answered(|| {
+            let mut client = ctx.client(0);
+            let lookup = pb::LookupRequest {
+                key: key.clone(),
+                ..Default::default()
+            };
+            async move { client.lookup(request(lookup, CALL_TIMEOUT)).await }
+        })
+        .await;
+        let seen = match looked {
+            Ok(found) => found.entry.as_ref().map(Seen::of),
+            Err(status) if status.code() == Code::NotFound => None,
+            Err(status) => panic!(
+                "{}: Lookup of {key} failed after the faults: {status:?}",
+                rerun(ctx.store, ctx.seed)
+            ),
+        };
+        ctx.history.record(
+            "check",
+            Some(0),
+            "Lookup",
+            &key,
+            Instant::now(),
+            Answer::Looked(seen.clone()),
+        );
+        if seen
+            .as_ref()
+            .is_some_and(|s| s.status == pb::Status::Succeeded)
+        {
+            let answer = match until_answered(|| {
+                let mut client = ctx.client(0);
+                let claim = ctx.claim_request(n, "check", None);
+                async move { client.claim(request(claim, CALL_TIMEOUT)).await }
+            })
+            .await
+            {
+                Ok(claim) if claim.outcome() == pb::Outcome::Replayed => {
+                    Answer::Replayed(Seen::of(&claim.entry.unwrap_or_default()))
+                }
+                Ok(claim) => Answer::Error {
+                    code: Code::Ok,
+                    reason: format!("{:?}", claim.outcome()),
+                    message: format!("{claim:?}"),
+                },
+                Err(status) => error_answer(Some(&status)),
+            };
+            claims.insert(key.clone(), answer);
+        }
+        entries.insert(key, seen);
+    }
+    Finals { entries, claims }
+}
+
+/// Retries a call on UNAVAILABLE or no answer for up to 20 s (the faults are over, but a
+/// restarted server may still be warming up).
+async fn until_answered<T, F>(mut call: impl FnMut() -> F) -> Result<T, Status>
+where
+    F: Future<Output = Result<tonic::Response<T>, Status>>,
+{
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        match within(call()).await {
+            Ok(answer) => return Ok(answer),
+            Err(Some(status))
+                if status.code() != Code::Unavailable || Instant::now() >= deadline =>
+            {
+                return Err(status);
+            }
+            Err(None) if Instant::now() >= deadline => {
+                return Err(Status::deadline_exceeded("no answer within 20 s"));
+            }
+            Err(_) => tokio::time::sleep(Duration::from_millis(200)).await,
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// The check
+
+struct Report {
+    problems: Vec<String>,
+    /// The history of the keys with problems, and the server log lines that explain them.
+    evidence: String,
+    figures: Figures,
+}
+
+#[derive(Default)]
+struct Figures {
+    calls: BTreeMap<&'static str, u64>,
+    outcomes: BTreeMap<String, u64>,
+    errors: BTreeMap<String, u64>,
+    keys: usize,
+    effects: usize,
+    acknowledged: u64,
+    replays: u64,
+}
+
+impl Report {
+    fn summary(
+        &self,
+        ctx: &Ctx,
+        faults: &BTreeMap<Fault, u32>,
+        loaded: Duration,
+        took: Duration,
+    ) -> String {
+        let f = &self.figures;
+        let c = &ctx.counts;
+        let n = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        format!(
+            "history[{}] seed={} load={:.1}s took={:.1}s calls={:?} outcomes={:?} keys={} \
+             effects={} acknowledged={} replays={} crashed_before={} failed_before={} \
+             crashed_after={} too_late={} gave_up_completing={} world_found={} \
+             world_not_found={} findings_dropped={} errors={:?} faults={:?} problems={}",
+            ctx.store,
+            ctx.seed,
+            loaded.as_secs_f64(),
+            took.as_secs_f64(),
+            f.calls,
+            f.outcomes,
+            f.keys,
+            f.effects,
+            f.acknowledged,
+            f.replays,
+            n(&c.crashed_before),
+            n(&c.failed_before),
+            n(&c.crashed_after),
+            n(&c.too_late),
+            n(&c.gave_up_completing),
+            n(&c.found),
+            n(&c.not_found),
+            n(&c.findings_dropped),
+            f.errors,
+            faults,
+            self.problems.len(),
+        )
+    }
+}
+
+fn check(
+    ctx: &Ctx,
+    fleet: &Fleet,
+    faults: &BTreeMap<Fault, u32>,
+    finals: &Finals,
+    settled: bool,
+) -> Report {
+    let ops = ctx.history.ops();
+    let effects = ctx.world.effects();
+    let mut problems = Vec::new();
+    let mut suspects: BTreeSet<String> = BTreeSet::new();
+    let mut figures = Figures {
+        keys: finals.entries.len(),
+        effects: effects.len(),
+        ..Figures::default()
+    };
+    if !settled {
+        problems.push("the final reconcile pass did not settle within 30 s".to_string());
+    }
+
+    // Every answer: no INTERNAL from any server.
+    for op in &ops {
+        if op.call != "client" {
+            *figures.calls.entry(op.call).or_default() += 1;
+        }
+        match &op.answer {
+            Answer::Error {
+                code,
+                reason,
+                message,
+            } => {
+                *figures
+                    .errors
+                    .entry(format!("{code:?}/{reason}"))
+                    .or_default() += 1;
+                if *code == Code::Internal || *code == Code::Ok {
+                    problems.push(format!(
+                        "{} {} on server {:?} of {} at {:.3}s answered {code:?} {reason} {message:?}",
+                        op.actor,
+                        op.call,
+                        op.server,
+                        op.key,
+                        op.sent.as_secs_f64()
+                    ));
+                }
+            }
+            Answer::Unanswered => *figures.errors.entry("no answer".into()).or_default() += 1,
+            Answer::Claimed { .. } => *figures.outcomes.entry("CLAIMED".into()).or_default() += 1,
+            Answer::Replayed(_) => *figures.outcomes.entry("REPLAYED".into()).or_default() += 1,
+            Answer::InProgress(_) => {
+                *figures.outcomes.entry("IN_PROGRESS".into()).or_default() += 1;
+            }
+            Answer::PreviouslyFailed(_) => {
+                *figures
+                    .outcomes
+                    .entry("PREVIOUSLY_FAILED".into())
+                    .or_default() += 1;
+            }
+            _ => {}
+        }
+    }
+    for line in fleet.lines_with(&["panicked"]) {
+        problems.push(format!("a server panicked: {line}"));
+    }
+
+    // Key by key.
+    for (key, fin) in &finals.entries {
+        let of_key: Vec<&Op> = ops.iter().filter(|op| op.names(key)).collect();
+        let mine: Vec<&Effect> = effects.iter().filter(|e| e.key == *key).collect();
+        let trouble = check_key(
+            key,
+            fin.as_ref(),
+            &of_key,
+            &mine,
+            finals.claims.get(key),
+            &mut figures,
+        );
+        if !trouble.is_empty() {
+            suspects.insert(key.clone());
+            problems.extend(trouble.into_iter().map(|t| format!("{key}: {t}")));
+        }
+    }
+
+    // Floors: the run did something, and the faults hit it.
+    let claimed = figures.outcomes.get("CLAIMED").copied().unwrap_or(0);
+    let answered_claims = figures.outcomes.values().sum::<u64>();
+    // Low enough for a loaded machine, where a killed server takes seconds to come back.
+    if answered_claims < 50 || claimed < 10 || figures.effects < 10 {
+        problems.push(format!(
+            "too little happened to judge: {answered_claims} claims answered, {claimed} \
+             claimed, {} effects",
+            figures.effects
+        ));
+    }
+    let failed_calls: u64 = figures.errors.values().sum();
+    if failed_calls == 0 {
+        problems.push("no call failed: the faults hit nothing".to_string());
+    }
+    if faults.values().sum::<u32>() < 3 {
+        problems.push(format!("only {faults:?} faults were injected"));
+    }
+
+    let mut evidence = String::new();
+    for key in suspects.iter().take(4) {
+        let _ = writeln!(evidence, "--- the history of {key} ---");
+        for op in ops.iter().filter(|op| op.names(key)) {
+            let _ = writeln!(
+                evidence,
+                "{:>8.3}s +{:>4}ms {:<6} {:<9} server {:?}: {}",
+                op.sent.as_secs_f64(),
+                op.took.as_millis(),
+                op.actor,
+                op.call,
+                op.server,
+                describe(&op.answer)
+            );
+        }
+        for e in effects.iter().filter(|e| e.key == *key) {
+            let _ = writeln!(
+                evidence,
+                "world: effect of attempt {} by {} at {:.3}s: {}",
+                e.attempt,
+                e.by,
+                e.at.as_secs_f64(),
+                short(&e.receipt)
+            );
+        }
+    }
+    let internal = fleet.lines_with(&["ERROR", "internal"]);
+    if !internal.is_empty() {
+        let _ = writeln!(evidence, "--- server log lines with ERROR or internal ---");
+        for line in internal.iter().take(20) {
+            let _ = writeln!(evidence, "{line}");
+        }
+    }
+    Report {
+        problems,
+        evidence,
+        figures,
+    }
+}
+
+/// What is wrong with one key: its effects in the world, its final entry `fin`, the ops about
+/// it and the Claim sent after the check's Lookup.
+fn check_key(
+    key: &str,
+    fin: Option<&Seen>,
+    of_key: &[&Op],
+    mine: &[&Effect],
+    final_claim: Option<&Answer>,
+    figures: &mut Figures,
+) -> Vec<String> {
+    let mut trouble = Vec::new();
+    if mine.len() > 1 {
+        trouble.push(format!(
+            "{} effects for one intent: {}",
+            mine.len(),
+            mine.iter()
+                .map(|e| format!(
+                    "attempt {} by {} at {:.3}s",
+                    e.attempt,
+                    e.by,
+                    e.at.as_secs_f64()
+                ))
+                .collect::<Vec<_>>()
+                .join("; ")
+        ));
+    }
+    match fin {
+        None => {
+            if !mine.is_empty()
+                || of_key
+                    .iter()
+                    .any(|op| matches!(op.answer, Answer::Claimed { .. }))
+            {
+                trouble.push("claimed (and maybe acted on) but Lookup finds nothing".into());
+            }
+        }
+        Some(fin) => {
+            match fin.status {
+                pb::Status::Succeeded => {}
+                pb::Status::Failed if fin.retryable => {}
+                other => trouble.push(format!(
+                    "left {other:?} (retryable {}) at attempt {} once reconciled",
+                    fin.retryable, fin.attempt
+                )),
+            }
+            match mine.first() {
+                Some(effect)
+                    if fin.status != pb::Status::Succeeded
+                        || fin.result != effect.receipt
+                        || fin.attempt != effect.attempt =>
+                {
+                    trouble.push(format!(
+                        "the world has attempt {}'s effect {} but the ledger holds {:?} at \
+                         attempt {} with {}",
+                        effect.attempt,
+                        short(&effect.receipt),
+                        fin.status,
+                        fin.attempt,
+                        short(&fin.result)
+                    ));
+                }
+                Some(_) => {}
+                None if fin.status == pb::Status::Succeeded => trouble.push(format!(
+                    "SUCCEEDED with {} at attempt {} but nothing happened in the world",
+                    short(&fin.result),
+                    fin.attempt
+                )),
+                None => {}
+            }
+            let mut tokens: BTreeMap<u32, BTreeSet<&str>> = BTreeMap::new();
+            for op in of_key {
+                let acknowledged = match &op.answer {
+                    Answer::Completed { entry, .. } => vec![entry],
+                    Answer::Reconciled { resolved, .. } => {
+                        resolved.iter().filter(|s| s.key == *key).collect()
+                    }
+                    _ => Vec::new(),
+                };
+                for ack in acknowledged {
+                    figures.acknowledged += 1;
+                    let kept = match ack.status {
+                        pb::Status::Succeeded => {
+                            fin.status == pb::Status::Succeeded
+                                && fin.result == ack.result
+                                && fin.attempt == ack.attempt
+                        }
+                        pb::Status::Failed => {
+                            fin.attempt > ack.attempt
+                                || (fin.attempt == ack.attempt && fin.status == pb::Status::Failed)
+                        }
+                        // A resolution of an attempt still in flight returns it as it is.
+                        _ => op.call == "Reconcile",
+                    };
+                    if !kept {
+                        trouble.push(format!(
+                            "{} {} acknowledged {:?} at attempt {} with {}, but the ledger \
+                             holds {:?} at attempt {} with {}",
+                            op.actor,
+                            op.call,
+                            ack.status,
+                            ack.attempt,
+                            short(&ack.result),
+                            fin.status,
+                            fin.attempt,
+                            short(&fin.result)
+                        ));
+                    }
+                }
+                match &op.answer {
+                    Answer::Replayed(seen) => {
+                        figures.replays += 1;
+                        if fin.status != pb::Status::Succeeded || seen.result != fin.result {
+                            trouble.push(format!(
+                                "{} was replayed {} at {:.3}s, but the ledger holds {:?} \
+                                 with {}",
+                                op.actor,
+                                short(&seen.result),
+                                op.sent.as_secs_f64(),
+                                fin.status,
+                                short(&fin.result)
+                            ));
+                        }
+                    }
+                    Answer::Claimed { attempt, token } => {
+                        tokens.entry(*attempt).or_default().insert(token);
+                    }
+                    Answer::PreviouslyFailed(seen) => trouble.push(format!(
+                        "{} got PREVIOUSLY_FAILED at attempt {}: nobody reports a permanent \
+                         failure",
+                        op.actor, seen.attempt
+                    )),
+                    _ => {}
+                }
+            }
+            for (attempt, tokens) in tokens {
+                if tokens.len() > 1 {
+                    trouble.push(format!(
+                        "attempt {attempt} was claimed by {} tokens",
+                        tokens.len()
+                    ));
+                }
+            }
+            if fin.status == pb::Status::Succeeded {
+                match final_claim {
+                    Some(Answer::Replayed(seen)) if seen.result == fin.result => {}
+                    other => trouble.push(format!(
+                        "a Claim now does not replay the stored result: {other:?}"
+                    )),
+                }
+            }
+        }
+    }
+    trouble
+}
+
+fn describe(answer: &Answer) -> String {
+    let seen = |s: &Seen| {
+        format!(
+            "{:?} attempt {} {}{}",
+            s.status,
+            s.attempt,
+            short(&s.result),
+            if s.retryable { " retryable" } else { "" }
+        )
+    };
+    match answer {
+        Answer::Claimed { attempt, token } => format!("CLAIMED attempt {attempt} token {token}"),
+        Answer::Replayed(s) => format!("REPLAYED {}", seen(s)),
+        Answer::InProgress(s) => format!("IN_PROGRESS {}", seen(s)),
+        Answer::PreviouslyFailed(s) => format!("PREVIOUSLY_FAILED {}", seen(s)),
+        Answer::Completed { entry, already } => {
+            format!("completed: {} (already_completed {already})", seen(entry))
+        }
+        Answer::Reconciled { pending, resolved } => format!(
+            "pending {pending:?}, resolved [{}]",
+            resolved
+                .iter()
+                .map(|s| format!("{} {}", s.key, seen(s)))
+                .collect::<Vec<_>>()
+                .join("; ")
+        ),
+        Answer::Looked(s) => format!("lookup: {}", s.as_ref().map_or("NOT_FOUND".into(), seen)),
+        Answer::Error {
+            code,
+            reason,
+            message,
+        } => format!("{code:?} {reason} {message:?}"),
+        Answer::Unanswered => "no answer".into(),
+        Answer::Did(what) => what.clone(),
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// The two stores
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn three_servers_on_postgres_keep_each_intent_to_one_effect_under_faults() {
+    let seed = seed();
+    eprintln!("{}", rerun("postgres", seed));
+    let bounded = tokio::time::timeout(BUDGET, async move {
+        let cluster = Arc::new(
+            tokio::task::spawn_blocking(PgCluster::start)
+                .await
+                .expect("start a cluster"),
+        );
+        let db_url = {
+            let cluster = cluster.clone();
+            tokio::task::spawn_blocking(move || cluster.create_database())
+                .await
+                .expect("create a database")
+        };
+        let upstream: SocketAddr = format!("127.0.0.1:{}", cluster.port())
+            .parse()
+            .expect("addr");
+        let mut proxies = Vec::new();
+        for _ in 0..3 {
+            proxies.push(Proxy::start(upstream).await);
+        }
+        let urls = proxies.iter().map(|p| p.url_for(&db_url)).collect();
+        let fleet = Fleet::start(urls).await;
+        run(
+            Plan {
+                store: "postgres",
+                workers: 12,
+                reconcilers: 2,
+            },
+            seed,
+            fleet,
+            Some(Postgres { cluster, proxies }),
+        )
+        .await;
+    })
+    .await;
+    assert!(
+        bounded.is_ok(),
+        "{}: the run took longer than {BUDGET:?}",
+        rerun("postgres", seed)
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn one_server_on_sqlite_keeps_each_intent_to_one_effect_under_kills() {
+    let seed = seed();
+    eprintln!("{}", rerun("sqlite", seed));
+    let dir = tempfile::tempdir().expect("temp dir");
+    let url = format!("sqlite://{}", dir.path().join("ledger.db").display());
+    let bounded = tokio::time::timeout(BUDGET, async move {
+        let fleet = Fleet::start(vec![url]).await;
+        run(
+            Plan {
+                store: "sqlite",
+                workers: 12,
+                reconcilers: 2,
+            },
+            seed,
+            fleet,
+            None,
+        )
+        .await;
+    })
+    .await;
+    assert!(
+        bounded.is_ok(),
+        "{}: the run took longer than {BUDGET:?}",
+        rerun("sqlite", seed)
+    );
+}
