@@ -315,8 +315,9 @@ pub(crate) fn parse_report(text: &str) -> PgbenchRun {
     PgbenchRun {
         tps: after("tps = ").and_then(|v| v.parse().ok()),
         latency_avg_ms: after("latency average = ").and_then(|v| v.parse().ok()),
+        // "304/304": done of those asked for (with -t; with -T the count alone).
         transactions: after("number of transactions actually processed: ")
-            .and_then(|v| v.parse().ok()),
+            .and_then(|v| v.split('/').next()?.parse().ok()),
         failed: after("number of failed transactions: ").and_then(|v| v.parse().ok()),
         statements,
         ..PgbenchRun::default()

@@ -285,20 +285,33 @@ fn write(options: &Options, runs: &[StoreRun]) -> Result<(), String> {
         "- flat: after the warm-up (the first {:.0}% of samples, left out), the least-squares line's rise over the rest (drift) is within 5% of the mean, and at least 2 MiB of memory, 4 descriptors, 2 connections\n\n",
         WARMUP_FRACTION * 100.0
     ));
-    md.push_str("| store | ops | ops/s | errors | measure | first | last | min | max | max − min | slope per minute | drift | flat |\n");
-    md.push_str("| --- | ---: | ---: | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |\n");
+    md.push_str("| store | ops | ops/s | errors | measure | start | after warm-up | end | min | max | max − min | slope per minute | drift | flat |\n");
+    md.push_str("| --- | ---: | ---: | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |\n");
     for run in runs {
         let ops: u64 = run.ops.values().sum();
         let errors: u64 = run.errors.values().sum();
         let rate = ops as f64 / run.duration_s.max(1.0);
-        for (measure, t, places) in [
-            ("RSS MiB", &run.rss_mib, 1),
-            ("open descriptors", &run.fds, 0),
-            ("database connections", &run.db_connections, 0),
+        // The first sample, before the warm-up: what the server held once the load began.
+        let start = run.samples.first();
+        for (measure, t, places, at_start) in [
+            (
+                "RSS MiB",
+                &run.rss_mib,
+                1,
+                start.map(|s| s.rss_kib as f64 / 1024.0),
+            ),
+            ("open descriptors", &run.fds, 0, start.map(|s| s.fds as f64)),
+            (
+                "database connections",
+                &run.db_connections,
+                0,
+                start.and_then(|s| s.db_connections.map(|c| c as f64)),
+            ),
         ] {
+            let at_start = at_start.map_or_else(|| "-".to_string(), |v| format!("{v:.places$}"));
             let row = match t {
                 Some(t) => format!(
-                    "{:.p$} | {:.p$} | {:.p$} | {:.p$} | {:.p$} | {:+.2} | {:+.1} | {}",
+                    "{at_start} | {:.p$} | {:.p$} | {:.p$} | {:.p$} | {:.p$} | {:+.2} | {:+.1} | {}",
                     t.first,
                     t.last,
                     t.min,
@@ -309,7 +322,7 @@ fn write(options: &Options, runs: &[StoreRun]) -> Result<(), String> {
                     if t.flat { "yes" } else { "**no**" },
                     p = places
                 ),
-                None => "- | - | - | - | - | - | - | -".to_string(),
+                None => format!("{at_start} | - | - | - | - | - | - | - | -"),
             };
             md.push_str(&format!(
                 "| {} | {ops} | {rate:.0} | {errors} | {measure} | {row} |\n",
