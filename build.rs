@@ -1,7 +1,6 @@
 //! Compiles `proto/idempotency/v1/ledger.proto` with protox (pure Rust, so a fresh machine needs
-//! no protoc) and writes the descriptor set that the reflection service serves; and the
-//! benchmark's floor service, `proto/bench/v1/floor.proto`, which only `src/bin/ledger-floor.rs`
-//! and `src/bin/ledger-bench.rs` include.
+//! no protoc) and writes the descriptor set that the reflection service serves. (The
+//! benchmark's floor service, `proto/bench/v1/floor.proto`, is compiled by `bench/build.rs`.)
 
 use std::path::PathBuf;
 
@@ -28,11 +27,5 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         // A request that does not decode is bad input (src/proto.rs, `codec`).
         .codec_path("crate::proto::codec::LedgerCodec")
         .compile_fds(fds)?;
-    let floor = "proto/bench/v1/floor.proto";
-    println!("cargo:rerun-if-changed={floor}");
-    tonic_prost_build::configure()
-        // The payloads are filler: `Bytes` lets the floor answer without copying them.
-        .bytes(".bench.v1")
-        .compile_fds(protox::compile([floor], ["proto"])?)?;
     Ok(())
 }

@@ -222,7 +222,7 @@ fn the_checker_reads_grouped_imports_nested_and_over_several_lines() {
 
 #[test]
 fn the_service_depends_on_no_benchmark_crate() {
-    // ledger-bench's histograms come with the `bench` feature only.
+    // ledger-bench's histograms belong to the benchmark's own crate (bench/).
     let out = std::process::Command::new(env!("CARGO"))
         .args([
             "tree",
@@ -245,6 +245,106 @@ fn the_service_depends_on_no_benchmark_crate() {
     let tree = String::from_utf8_lossy(&out.stdout);
     assert!(tree.contains("tonic"), "a real dependency tree:\n{tree}");
     assert!(!tree.contains("hdrhistogram"), "{tree}");
+}
+
+#[test]
+fn a_plain_install_of_the_service_builds_no_benchmark_binary() {
+    // `cargo install --path . ` installs every binary of the service's package: the load
+    // generator and the floor live in the benchmark's crate (bench/), not here.
+    let out = std::process::Command::new(env!("CARGO"))
+        .args([
+            "metadata",
+            "--offline",
+            "--no-deps",
+            "--format-version",
+            "1",
+        ])
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .output()
+        .expect("cargo metadata");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let metadata: serde_json::Value = serde_json::from_slice(&out.stdout).expect("metadata");
+    let packages = metadata["packages"].as_array().expect("packages");
+    let binaries_of = |name: &str| -> Vec<String> {
+        let package = packages
+            .iter()
+            .find(|p| p["name"] == name)
+            .unwrap_or_else(|| panic!("no package {name} in the workspace"));
+        package["targets"]
+            .as_array()
+            .expect("targets")
+            .iter()
+            .filter(|t| {
+                t["kind"]
+                    .as_array()
+                    .is_some_and(|k| k.iter().any(|k| k == "bin"))
+            })
+            .map(|t| t["name"].as_str().unwrap_or_default().to_string())
+            .collect()
+    };
+    assert_eq!(binaries_of("idempotency-ledger"), ["idempotency-ledger"]);
+    let bench = binaries_of("ledger-bench");
+    for binary in ["ledger-bench", "ledger-floor", "compare", "soak"] {
+        assert!(bench.iter().any(|b| b == binary), "{binary} in {bench:?}");
+    }
+}
+
+/// The repository's shell scripts (a `.sh` name, or a `#!` line naming sh or bash), outside
+/// build output, dependencies and git's own directory.
+fn shell_scripts(dir: &Path, found: &mut Vec<PathBuf>) {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return;
+    };
+    for entry in entries.flatten() {
+        let path = entry.path();
+        let name = entry.file_name().to_string_lossy().into_owned();
+        if path.is_dir() {
+            if !matches!(
+                name.as_str(),
+                "target" | "node_modules" | ".git" | ".venv" | "venv"
+            ) {
+                shell_scripts(&path, found);
+            }
+            continue;
+        }
+        let first_line = std::fs::read(&path)
+            .ok()
+            .and_then(|bytes| {
+                let line = bytes.split(|b| *b == b'\n').next()?.to_vec();
+                String::from_utf8(line).ok()
+            })
+            .unwrap_or_default();
+        let shebang = first_line.starts_with("#!")
+            && (first_line.ends_with("sh") || first_line.contains("bash"));
+        if name.ends_with(".sh") || shebang {
+            found.push(path);
+        }
+    }
+}
+
+#[test]
+fn no_shell_script_in_the_repository_is_over_three_hundred_lines() {
+    // Logic longer than that belongs in a language with types and tests: the benchmark's
+    // driver was 1,057 lines of bash before it became bench/src/compare/.
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let mut scripts = Vec::new();
+    shell_scripts(root, &mut scripts);
+    assert!(
+        scripts.iter().any(|s| s.ends_with("scripts/test")),
+        "the walk finds the scripts: {scripts:?}"
+    );
+    let long: Vec<String> = scripts
+        .iter()
+        .filter_map(|s| {
+            let lines = std::fs::read_to_string(s).ok()?.lines().count();
+            (lines > 300).then(|| format!("{} ({lines} lines)", s.display()))
+        })
+        .collect();
+    assert!(long.is_empty(), "scripts over 300 lines: {long:?}");
 }
 
 #[test]

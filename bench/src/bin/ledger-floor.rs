@@ -1,4 +1,4 @@
-//! `ledger-floor`: the gRPC floor of `bench/compare.sh`. A server that answers one unary RPC
+//! `ledger-floor`: the gRPC floor of the benchmark's comparison (`compare`). A server that answers one unary RPC
 //! (`bench.v1.FloorService/Call`, `proto/bench/v1/floor.proto`) at once, with no database and
 //! no ledger, on the ledger server's own transport:
 //!
@@ -14,7 +14,7 @@
 //! `--connection-idle-timeout` have the server's flags, environment variables and defaults;
 //! the other settings are accepted and ignored. What the ledger server runs on top of this
 //! (its interceptor, the metrics and call-log layers, admission, the ledger, the store) is
-//! what `compare.sh` reports as the overhead above the floor.
+//! what the comparison reports as the overhead above the floor.
 //!
 //! ```text
 //! ledger-floor --listen 127.0.0.1:0    # the start-up log line names the port: listen=...
@@ -33,12 +33,8 @@ use tokio::net::TcpListener;
 use tonic::transport::Server;
 use tonic::{Request, Response, Status};
 
-mod pb {
-    tonic::include_proto!("bench.v1");
-}
-
-use pb::floor_service_server::{FloorService, FloorServiceServer};
-use pb::{CallRequest, CallResponse};
+use ledger_bench::floor_pb::floor_service_server::{FloorService, FloorServiceServer};
+use ledger_bench::floor_pb::{CallRequest, CallResponse};
 
 /// The largest payload a response carries (a Claim's answer is a few hundred bytes).
 const MAX_PAYLOAD: usize = 64 * 1024;
@@ -107,7 +103,7 @@ async fn serve(settings: Settings) -> Result<(), Box<dyn std::error::Error>> {
     let floor = Floor {
         zeros: Bytes::from(vec![0u8; MAX_PAYLOAD]),
     };
-    // The same line as the ledger server's, so bench/compare.sh finds the port the same way.
+    // The same line as the ledger server's, so the drivers find the port the same way.
     tracing::info!(listen = %addr, "ledger-floor starting");
     Server::builder()
         .http2_keepalive_interval(Some(settings.http2_keepalive_interval))
