@@ -189,7 +189,10 @@ impl Ledger {
     /// many entries' counts were written.
     ///
     /// # Errors
-    /// As the store fails; the counts are kept for the next call then.
+    /// As the store fails. Counts the store refused before committing anything are kept for
+    /// the next call; counts whose write may have committed all the same (its connection lost
+    /// mid-statement) are dropped and logged, since writing them again could count a replay
+    /// twice: a count may run behind after such a failure, as after a crash, never ahead.
     pub async fn flush_replay_counts(&self) -> Result<usize, LedgerError> {
         let _writing = self.counts_in_flight.write().await;
         let taken = self.memory.take_counts();
@@ -200,7 +203,16 @@ impl Ledger {
         match self.store.count_replays(&counts).await {
             Ok(()) => Ok(counts.len()),
             Err(e) => {
-                self.memory.restore_counts(taken);
+                if e.may_have_committed() {
+                    tracing::warn!(
+                        error = %e,
+                        entries = counts.len(),
+                        "replay counts dropped: their write failed in a way that may have \
+                         committed them, so they are not written again"
+                    );
+                } else {
+                    self.memory.restore_counts(taken);
+                }
                 Err(e.into())
             }
         }

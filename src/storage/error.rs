@@ -54,6 +54,13 @@ pub enum StoreError {
 }
 
 impl StoreError {
+    /// Whether a write that failed this way may have committed all the same: a connection
+    /// lost mid-statement (or at its commit) leaves its outcome unknown, and a bug says
+    /// nothing. Every other cause was refused before anything was committed.
+    pub fn may_have_committed(&self) -> bool {
+        matches!(self, StoreError::Unavailable(_) | StoreError::Internal(_))
+    }
+
     /// A short stable name of the cause, for metrics labels and logs.
     pub fn kind(&self) -> &'static str {
         match self {

@@ -65,7 +65,9 @@
 //!     moments: the replays answered within [`COUNT_LOSS_WINDOW`] before a crash the scenario
 //!     caused may be missing; and a server keeps the counts of its replays in memory for up to
 //!     a second before it writes them, so a SIGKILL may take the replays answered within
-//!     [`MEMORY_COUNT_LOSS_WINDOW`] before it (never outcomes, which the other checks hold).
+//!     [`MEMORY_COUNT_LOSS_WINDOW`] before it, and a batch whose write met a crash of the
+//!     database or a fault of the link is dropped rather than perhaps written twice (never
+//!     outcomes, which the other checks hold). A count above the answers is always a fault.
 //!
 //! Each test prints one line `fault=<name> operations=N acknowledged=A lost=L duplicated=D
 //! unexpected=U` (its other lines start `faults[<name>]`: the seed, the error codes seen,
@@ -1227,6 +1229,9 @@ fn duplicates(h: &History) -> (u64, Vec<String>) {
 /// Reads the final state through `client` (a healthy server, faults removed, clients stopped)
 /// and counts; prints the `fault=` line.
 async fn check(name: &str, log: &Log, client: LedgerServiceClient<Channel>) -> Report {
+    // Every server writes the replay counts it holds within a second; the final Lookups go to
+    // one server, which adds only its own.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
     // 1. Completions left ambiguous: Lookup, then the retried Complete must agree with it.
     let pending: Vec<(String, String, Sent)> = {
         let mut h = lock(log);
@@ -1610,9 +1615,6 @@ async fn faults_postgres_immediate_stop_under_load() {
                 .await
                 .expect("stop");
         }
-        lock(&load.log)
-            .count_losses
-            .push(count_loss(stopped, Instant::now(), COUNT_LOSS_WINDOW));
         let noticed =
             wait_for_health(&channel, ServingStatus::NotServing, Duration::from_secs(5)).await;
         // A claim now fails UNAVAILABLE with the ledger's reason and a retry delay.
@@ -1640,6 +1642,14 @@ async fn faults_postgres_immediate_stop_under_load() {
         }
         let recovered =
             wait_for_health(&channel, ServingStatus::Serving, Duration::from_secs(15)).await;
+        // The counts of the replays answered before the crash that had not reached the disk,
+        // and those whose batch met the outage (dropped as perhaps committed), until the
+        // server wrote again.
+        lock(&load.log).count_losses.push(count_loss(
+            stopped,
+            Instant::now() + Duration::from_secs(2),
+            MEMORY_COUNT_LOSS_WINDOW,
+        ));
         let mut req = tonic::Request::new(claim_req(
             "outage-probe",
             "open_ticket",
@@ -1787,6 +1797,14 @@ async fn through_proxy(name: &str, fault: LinkFault) {
             }
         }
         proxy.clear();
+        // A batch of replay counts whose write met the fault may have been dropped (perhaps
+        // committed, so never written twice): the replays answered up to a batch before the
+        // window, to a batch after it.
+        lock(&load.log).count_losses.push(count_loss(
+            from,
+            Instant::now() + Duration::from_secs(2),
+            MEMORY_COUNT_LOSS_WINDOW,
+        ));
     }
     // A clean stretch, then the checker on a healthy, quiet ledger.
     tokio::time::sleep(Duration::from_millis(700)).await;
