@@ -1,5 +1,5 @@
 //! The console's HTML: escaping (every value that reaches a page goes through [`esc`] or
-//! [`url`], since keys, runs, tools, arguments, results, errors and principals are the
+//! `url`, since keys, runs, tools, arguments, results, errors and principals are the
 //! callers' text), the page frame and its one stylesheet, and how times, ages, JSON and bytes
 //! are shown.
 

@@ -13,7 +13,7 @@
 //! - `/signin`, `/signout`: with `--auth-tokens-file`, a session starts with a tenant's token
 //!   and shows that tenant's entries only; without it, every session is tenant `default`.
 //!
-//! Safety ([`session`] and [`respond`]): sessions live in the server's memory behind an
+//! Safety ([`session`] and `respond`): sessions live in the server's memory behind an
 //! HttpOnly, SameSite=Strict cookie; every POST carries the session's CSRF token (refused with
 //! 403 and nothing changed without it) and, when the browser sends one, an `Origin` of this
 //! console; a request whose `Host` is a name the console was not told of is refused (DNS

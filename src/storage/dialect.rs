@@ -257,7 +257,7 @@ pub(crate) fn at_most_one<T>(mut rows: Vec<T>, what: &str) -> StoreResult<Option
 }
 
 /// The entries of a SQL backend: every statement [`sql`]'s (or the backend's own, through
-/// [`Dialect`]), run with [`Dialect::execute`] or [`Dialect::fetch_all`].
+/// `Dialect`), run with `Dialect::execute` or `Dialect::fetch_all`.
 #[async_trait]
 impl<D: Dialect> Entries for D {
     async fn insert(&self, tenant: &str, entry: &Entry) -> StoreResult<bool> {

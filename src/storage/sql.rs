@@ -14,14 +14,14 @@ const FIELDS: &str = "run_id, tool, fingerprint, status, attempt, claim_token, r
     retryable, principal, started_at, finished_at, lease_expires_at, retention_us, expires_at, \
     replay_count";
 
-/// The columns of [`EntryRow`](super::EntryRow), for `RETURNING` clauses.
+/// The columns of `EntryRow`, for `RETURNING` clauses.
 pub const ENTRY_COLUMNS: &str = concatcp!("key, ", FIELDS, ", resolved_by");
 
 /// [`ENTRY_COLUMNS`] of the table aliased `e` (in a statement whose `FROM` has columns of the
 /// same names).
 pub const E_ENTRY_COLUMNS: &str = concatcp!("e.", str_replace!(ENTRY_COLUMNS, ", ", ", e."));
 
-/// The columns a claim writes, in [`bind_entry`]'s order: `$1`..`$19` of [`INSERT`].
+/// The columns a claim writes, in `entry_params`' order: `$1`..`$19` of [`INSERT`].
 pub const INSERT_COLUMNS: &str = concatcp!("tenant, key, ", FIELDS, ", arguments");
 
 /// Claims a key: the primary key on (tenant, key) decides among concurrent claimants.
@@ -151,7 +151,7 @@ pub(crate) const UNRESOLVED_WHERE: &str =
     concatcp!("tenant = $1 AND expires_at IS NULL AND ", TAKABLE);
 
 /// Takes one named unresolved entry (key `$5`) for a reconciler until `$6`, on the conditions
-/// of [`TAKABLE`] (at `$2`, started by `$3`, of tool `$4`): a Reconcile with `keys` settles
+/// of `TAKABLE` (at `$2`, started by `$3`, of tool `$4`): a Reconcile with `keys` settles
 /// these entries and takes no other. A statement on one entry: it does not say `expires_at IS
 /// NULL` (the status test implies it), so that its plan keeps to the primary key rather than
 /// the unresolved index (migration 0003; tests/api/plans.rs).
@@ -174,7 +174,7 @@ const LIST_FILTER: &str = "($3 = '' OR tool = $3) \
      AND (started_at > $7 OR (started_at = $7 AND key > $8)) \
      ORDER BY started_at, key LIMIT $9";
 
-/// A page of one run's entries (run `$2`), with their stored arguments; see [`LIST_FILTER`].
+/// A page of one run's entries (run `$2`), with their stored arguments; see `LIST_FILTER`.
 /// The run's own statement, so that its plan can use the (tenant, run_id, started_at, key)
 /// index: a generic plan cannot when the run is an optional filter.
 pub const LIST_RUN: &str = concatcp!(
@@ -185,7 +185,7 @@ pub const LIST_RUN: &str = concatcp!(
 );
 
 /// A page of a tenant's entries of any run (`$2` is empty), with their stored arguments; see
-/// [`LIST_FILTER`].
+/// `LIST_FILTER`.
 pub const LIST: &str = concatcp!(
     "SELECT ",
     ENTRY_COLUMNS,

@@ -1,7 +1,7 @@
 //! The soak (`soak`): ten minutes of mixed load (claims, completes, waits, replays, lookups,
 //! reconciles) on each store, the server's resident memory, open descriptors and database
 //! connections sampled every few seconds; each reported flat or not after the warm-up
-//! ([`trend`]), written to `bench/results/soak.md` and `.json`.
+//! ([`trend()`](trend::trend)), written to `bench/results/soak.md` and `.json`.
 //!
 //! Not a speed test: the machine may be loaded. What it shows is whether anything the server
 //! holds grows with the calls it has served (a leak), rather than with the calls in flight.

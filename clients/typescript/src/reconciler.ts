@@ -210,7 +210,6 @@ export class Reconciler {
   }
 
   private async settleOne(tool: ToolRegistration & { confirm: NonNullable<ToolRegistration["confirm"]> }, entry: LedgerEntry) {
-    await this.pace();
     // Reconcile hands out entries without their arguments: Lookup has them (as the server keeps them).
     let args: unknown;
     try {
@@ -221,6 +220,8 @@ export class Reconciler {
       throw err;
     }
     const timeout = this.options.confirmTimeoutMs ?? RECONCILER_DEFAULTS.confirmTimeoutMs;
+    // Paced right before the confirm, so the Lookup's own time cannot bring two confirms closer.
+    await this.pace();
     const confirmation = await ask(tool.confirm, attemptOf(entry, args), this.logger, timeout);
     const codec = tool.codec ?? toolResultCodec;
     const resolution = resolutionOf(entry, confirmation, codec, this.logger);
