@@ -1,0 +1,184 @@
+//! One entry's page: every field, its arguments and result as stored, its timeline.
+
+use super::*;
+
+// ---- one entry ---------------------------------------------------------------------------
+
+pub(super) async fn entry(console: &Console, call: &Call, who: &Who) -> PageResult {
+    let key = call.query.get("key");
+    let view = match console
+        .ledger()
+        .lookup(
+            &who.tenant,
+            LookupInput {
+                key: key.to_string(),
+                ..LookupInput::default()
+            },
+        )
+        .await
+    {
+        Ok(view) => view,
+        Err(LedgerError::NotFound | LedgerError::InvalidArgument { .. }) => {
+            let body = format!(
+                "<h1>No such entry</h1><p>{}</p>",
+                esc(&missing_message(key, crate::ledger::find::Missing::Key))
+            );
+            return Ok(respond::html(
+                StatusCode::NOT_FOUND,
+                who.page("No such entry", Nav::Entries, &body),
+            ));
+        }
+        Err(e) => return Err(failure(&e)),
+    };
+    let e = &view.entry;
+    let mut body = format!(
+        "<h1>Entry {} {}</h1><p class=\"lead mono\">{}</p>",
+        esc(&shorten(&e.key, 17)),
+        status_badge(view.status),
+        esc(&e.key)
+    );
+    if view.status == Status::Unknown {
+        let _ = write!(
+            body,
+            "<div class=\"card\"><b class=\"warn\">Nobody knows whether this happened.</b> Ask \
+             the outside world about <code>{}</code>, then say what it found. \
+             <details open><summary>Resolve</summary>{}</details></div>",
+            esc(&view.external_ref),
+            resolve_form(who, &e.key, &entry_path(&e.key))
+        );
+    }
+    let opt_time = |t: Option<Micros>| t.map_or("-".to_string(), precise_time);
+    let stored = if view.status == e.status {
+        String::new()
+    } else {
+        format!(" (stored {}: its lease ended)", e.status.as_str())
+    };
+    body.push_str("<h2>Fields</h2><dl class=\"fields\">");
+    for (name, value) in [
+        ("key", e.key.clone()),
+        ("external_ref", view.external_ref.clone()),
+        ("run_id", e.run_id.clone()),
+        ("tool", e.tool.clone()),
+        ("status", format!("{}{stored}", view.status.as_str())),
+        ("attempt", e.attempt.to_string()),
+        ("retryable", e.retryable.to_string()),
+        ("principal", e.principal.clone()),
+        ("resolved_by", e.resolved_by.clone()),
+        ("error", e.error.clone()),
+        ("fingerprint", e.fingerprint.clone()),
+        ("started_at", precise_time(e.started_at)),
+        ("lease_expires_at", precise_time(e.lease_expires_at)),
+        ("finished_at", opt_time(e.finished_at)),
+        ("expires_at", opt_time(e.expires_at)),
+        ("replay_count", e.replay_count.to_string()),
+    ] {
+        let shown = if value.is_empty() {
+            "-"
+        } else {
+            value.as_str()
+        };
+        let _ = write!(
+            body,
+            "<dt>{name}</dt><dd class=\"mono\">{}</dd>",
+            esc(shown)
+        );
+    }
+    body.push_str("</dl><h2>Timeline</h2><div class=\"card\"><ol class=\"timeline\">");
+    for line in timeline(&view, call.now) {
+        let _ = write!(body, "<li>{}</li>", esc(&line));
+    }
+    body.push_str("</ol></div><h2>Arguments</h2>");
+    match &e.arguments {
+        Some(arguments) if !arguments.is_empty() => {
+            body.push_str(&shown_html(&shown(arguments.as_bytes())));
+            body.push_str(
+                "<p class=\"muted\">As kept for audit (--store-arguments): canonical, with members \
+                 named like secrets redacted unless the server keeps them whole.</p>",
+            );
+        }
+        _ => body.push_str(
+            "<p class=\"muted\">None kept (--store-arguments none, or an entry stored before \
+             arguments were kept).</p>",
+        ),
+    }
+    body.push_str("<h2>Result</h2>");
+    body.push_str(&shown_html(&shown(&e.result)));
+    let title = format!("Entry {}", shorten(&e.key, 17));
+    Ok(respond::html(
+        StatusCode::OK,
+        who.page(&title, Nav::Entries, &body),
+    ))
+}
+
+/// The entry's life so far and to come, one line an event.
+pub(super) fn timeline(view: &EntryView, now: Micros) -> Vec<String> {
+    let e = &view.entry;
+    let mut lines = vec![format!(
+        "{}: attempt {} claimed{}{}",
+        time(e.started_at),
+        e.attempt,
+        if e.run_id.is_empty() {
+            String::new()
+        } else {
+            format!(" in run {}", e.run_id)
+        },
+        if e.principal.is_empty() {
+            String::new()
+        } else {
+            format!(" by {}", e.principal)
+        }
+    )];
+    let lease_end = time(e.lease_expires_at);
+    match (e.status, e.finished_at) {
+        (Status::Attempting, _) if now < e.lease_expires_at => lines.push(format!(
+            "{lease_end}: its lease ends (in {}); then it counts as unknown",
+            span(e.lease_expires_at.minus(now))
+        )),
+        (Status::Attempting, _) => lines.push(format!(
+            "{lease_end}: its lease ended without a Complete: unknown since"
+        )),
+        (Status::Unknown, _) => lines.push(format!(
+            "its claimant reported it unknown{} (lease until {lease_end})",
+            if e.error.is_empty() {
+                String::new()
+            } else {
+                format!(": {}", e.error)
+            }
+        )),
+        (_, Some(finished)) => {
+            let by = if e.resolved_by.is_empty() {
+                "by its claimant's Complete".to_string()
+            } else {
+                format!("by {}", e.resolved_by)
+            };
+            lines.push(format!(
+                "{}: {}{} {by}",
+                time(finished),
+                e.status.as_str(),
+                if e.status == Status::Failed && e.retryable {
+                    " (retryable)"
+                } else {
+                    ""
+                }
+            ));
+        }
+        (_, None) => {}
+    }
+    if e.replay_count > 0 {
+        lines.push(format!(
+            "replayed {} time{} since",
+            e.replay_count,
+            if e.replay_count == 1 { "" } else { "s" }
+        ));
+    }
+    match e.expires_at {
+        Some(at) if at > now => lines.push(format!(
+            "{}: expires (in {}); after that its key claims anew",
+            time(at),
+            span(at.minus(now))
+        )),
+        Some(at) => lines.push(format!("{}: expired", time(at))),
+        None => lines.push("never expires while unresolved".to_string()),
+    }
+    lines
+}
