@@ -336,14 +336,14 @@ async fn attention(console: &Console, call: &Call, who: &Who) -> PageResult {
                  <td><details><summary>Resolve…</summary>{form}</details></td></tr>",
                 started = esc(&time(e.started_at)),
                 age = esc(&span(call.now.minus(e.started_at))),
-                tool = esc(&e.tool),
+                tool = esc(e.tool.as_str()),
                 xref = esc(&view.external_ref),
                 attempt = e.attempt,
-                run = esc(&shorten(&e.run_id, 32)),
-                href = entry_href(&e.key),
-                short = esc(&shorten(&e.key, 17)),
+                run = esc(&shorten(e.run_id_str(), 32)),
+                href = entry_href(e.key.as_str()),
+                short = esc(&shorten(e.key.as_str(), 17)),
                 why = esc(&why),
-                form = resolve_form(who, &e.key, "/"),
+                form = resolve_form(who, e.key.as_str(), "/"),
             );
         }
         body.push_str("</tbody></table>");
@@ -680,14 +680,14 @@ fn entry_table(entries: &[EntryView], now: Micros) -> String {
             ago = esc(&span(now.minus(e.started_at))),
             started = esc(&time(e.started_at)),
             status = status_badge(view.status),
-            tool = esc(&shorten(&e.tool, 32)),
-            run = esc(&shorten(&e.run_id, 32)),
+            tool = esc(&shorten(e.tool.as_str(), 32)),
+            run = esc(&shorten(e.run_id_str(), 32)),
             attempt = e.attempt,
             replays = e.replay_count,
             xref = esc(&view.external_ref),
-            href = entry_href(&e.key),
-            short = esc(&shorten(&e.key, 17)),
-            by = esc(&e.resolved_by),
+            href = entry_href(e.key.as_str()),
+            short = esc(&shorten(e.key.as_str(), 17)),
+            by = esc(e.resolved_by.as_str()),
         );
     }
     table.push_str("</tbody></table>");
@@ -717,7 +717,7 @@ async fn find(console: &Console, call: &Call, who: &Who) -> PageResult {
         .await
         .map_err(|e| failure(&e))?;
     Ok(match verdict {
-        Verdict::One(view) => respond::redirect(&entry_path(&view.entry.key)),
+        Verdict::One(view) => respond::redirect(&entry_path(view.entry.key.as_str())),
         Verdict::Missing(why) => answer(
             StatusCode::NOT_FOUND,
             &missing_message(query.text(), why),

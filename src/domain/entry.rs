@@ -4,6 +4,7 @@
 //! made here, from the entry the store returned, so the state table (docs/behaviour.md) is tested without
 //! a database.
 
+use super::key::{ClaimToken, Key, Principal, RunId, ToolName};
 use super::time::Micros;
 
 /// An entry's status as stored. `Attempting` past its lease is *reported* as `Unknown`
@@ -52,11 +53,12 @@ impl Status {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Entry {
     /// The derived or explicit key; unique per tenant.
-    pub key: String,
-    /// The run that made the current attempt; empty for an explicit key claimed without one.
-    pub run_id: String,
+    pub key: Key,
+    /// The run that made the current attempt; `None` for an explicit key claimed without one
+    /// (stored as the empty text).
+    pub run_id: Option<RunId>,
     /// The tool's name.
-    pub tool: String,
+    pub tool: ToolName,
     /// hex(sha256) of tool and canonical arguments; an explicit key must keep it.
     pub fingerprint: String,
     /// The stored status; see [`Entry::effective_status`] for what callers are told.
@@ -64,15 +66,15 @@ pub struct Entry {
     /// 1 for the first attempt, one more after each retryable failure.
     pub attempt: u32,
     /// The fencing token of the current attempt; only its holder may complete.
-    pub claim_token: String,
+    pub claim_token: ClaimToken,
     /// The result (only when `Succeeded`), byte for byte.
     pub result: Vec<u8>,
     /// The error of a failure, or the claimant's note on an unknown outcome.
     pub error: String,
     /// With `Failed`: whether a new claim may try again.
     pub retryable: bool,
-    /// Who claimed the current attempt.
-    pub principal: String,
+    /// Who claimed the current attempt; empty when nobody was named.
+    pub principal: Principal,
     /// When the current attempt was claimed.
     pub started_at: Micros,
     /// When the entry was resolved; `None` while unresolved.
@@ -90,10 +92,15 @@ pub struct Entry {
     pub arguments: Option<String>,
     /// Who settled an unknown outcome (a Reconcile's principal); empty when the claimant's
     /// own Complete resolved it, or while unresolved. A new attempt starts with it empty.
-    pub resolved_by: String,
+    pub resolved_by: Principal,
 }
 
 impl Entry {
+    /// The run's id as stored and shown: empty when the entry has no run.
+    pub fn run_id_str(&self) -> &str {
+        self.run_id.as_ref().map_or("", RunId::as_str)
+    }
+
     /// What callers are told: an attempt past its lease is `Unknown`.
     pub fn effective_status(&self, now: Micros) -> Status {
         match self.status {
@@ -130,29 +137,132 @@ impl FinalStatus {
     }
 }
 
-/// A reported outcome with its payload. Construction is validated by the caller (result only
-/// with success, `retryable` only with failure).
+/// A reported outcome with its payload, in the shapes Complete allows: a result only with
+/// success, `retryable` only with failure. Built from a request's fields by
+/// [`Completion::new`], which refuses the other combinations, so no code after it needs to
+/// check them again.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Completion {
-    /// What happened.
-    pub status: FinalStatus,
-    /// The result, with `Succeeded`; empty otherwise.
-    pub result: Vec<u8>,
-    /// The error, with `Failed` or `Unknown`.
-    pub error: String,
-    /// With `Failed`: whether the intent may be tried again.
-    pub retryable: bool,
+pub enum Completion {
+    /// The effect happened.
+    Succeeded {
+        /// The result, byte for byte.
+        result: Vec<u8>,
+        /// A note the claimant sent with its success (usually empty).
+        error: String,
+    },
+    /// The effect did not happen.
+    Failed {
+        /// What went wrong.
+        error: String,
+        /// Whether the intent may be tried again.
+        retryable: bool,
+    },
+    /// The claimant does not know whether the effect happened.
+    Unknown {
+        /// The claimant's note (a timeout, say).
+        error: String,
+    },
 }
 
 impl Completion {
+    /// The outcome a request's fields describe.
+    ///
+    /// # Errors
+    /// [`InvalidField`](super::key::InvalidField) for field `result` when a result comes with
+    /// another status than success, and for field `retryable` when it is set with another
+    /// status than failure.
+    pub fn new(
+        status: FinalStatus,
+        result: Vec<u8>,
+        error: String,
+        retryable: bool,
+    ) -> Result<Completion, super::key::InvalidField> {
+        use super::key::InvalidField;
+        if !result.is_empty() && status != FinalStatus::Succeeded {
+            return Err(InvalidField {
+                field: "result",
+                message: "is stored only with STATUS_SUCCEEDED; describe a failure in error"
+                    .to_owned(),
+            });
+        }
+        if retryable && status != FinalStatus::Failed {
+            return Err(InvalidField {
+                field: "retryable",
+                message: "applies only to STATUS_FAILED".to_owned(),
+            });
+        }
+        Ok(match status {
+            FinalStatus::Succeeded => Completion::Succeeded { result, error },
+            FinalStatus::Failed => Completion::Failed { error, retryable },
+            FinalStatus::Unknown => Completion::Unknown { error },
+        })
+    }
+
+    /// A success with `result` and no note.
+    #[must_use]
+    pub fn success(result: Vec<u8>) -> Completion {
+        Completion::Succeeded {
+            result,
+            error: String::new(),
+        }
+    }
+
+    /// What happened.
+    #[must_use]
+    pub fn final_status(&self) -> FinalStatus {
+        match self {
+            Completion::Succeeded { .. } => FinalStatus::Succeeded,
+            Completion::Failed { .. } => FinalStatus::Failed,
+            Completion::Unknown { .. } => FinalStatus::Unknown,
+        }
+    }
+
+    /// The stored status this outcome writes.
+    #[must_use]
+    pub fn status(&self) -> Status {
+        self.final_status().status()
+    }
+
+    /// The result stored with it: empty unless it is a success.
+    #[must_use]
+    pub fn result(&self) -> &[u8] {
+        match self {
+            Completion::Succeeded { result, .. } => result,
+            Completion::Failed { .. } | Completion::Unknown { .. } => &[],
+        }
+    }
+
+    /// The error (or note) stored with it.
+    #[must_use]
+    pub fn error(&self) -> &str {
+        match self {
+            Completion::Succeeded { error, .. }
+            | Completion::Failed { error, .. }
+            | Completion::Unknown { error } => error,
+        }
+    }
+
+    /// Whether a new claim may try again: only a retryable failure.
+    #[must_use]
+    pub fn retryable(&self) -> bool {
+        matches!(
+            self,
+            Completion::Failed {
+                retryable: true,
+                ..
+            }
+        )
+    }
+
     /// The entry after this outcome is applied at `now`.
+    #[must_use]
     pub fn apply_to(&self, entry: &Entry, now: Micros) -> Entry {
-        let resolved = self.status != FinalStatus::Unknown;
+        let resolved = self.status().is_resolved();
         Entry {
-            status: self.status.status(),
-            result: self.result.clone(),
-            error: self.error.clone(),
-            retryable: self.retryable,
+            status: self.status(),
+            result: self.result().to_vec(),
+            error: self.error().to_owned(),
+            retryable: self.retryable(),
             finished_at: resolved.then_some(now),
             expires_at: resolved.then(|| now.plus(entry.retention)),
             ..entry.clone()
@@ -160,11 +270,12 @@ impl Completion {
     }
 
     /// Whether `entry` already records exactly this outcome.
+    #[must_use]
     pub fn is_recorded_in(&self, entry: &Entry) -> bool {
-        entry.status == self.status.status()
-            && entry.result == self.result
-            && entry.error == self.error
-            && entry.retryable == self.retryable
+        entry.status == self.status()
+            && entry.result == self.result()
+            && entry.error == self.error()
+            && entry.retryable == self.retryable()
     }
 }
 
@@ -174,7 +285,7 @@ impl Completion {
 /// store applies it. The integration test `predicates` holds both stores to them on random
 /// entries, boundaries included.
 pub mod cas {
-    use super::{Entry, Micros, Status};
+    use super::{ClaimToken, Entry, Micros, Status};
 
     /// REPLAY: a success that is still there for a request with `fingerprint` at `now`.
     pub fn replays(e: &Entry, fingerprint: &str, now: Micros) -> bool {
@@ -185,14 +296,14 @@ pub mod cas {
 
     /// FINISH: the claimant's `token` on an unresolved attempt: ATTEMPTING (in its lease or
     /// past it), or also UNKNOWN when `also_unknown`.
-    pub fn finishes(e: &Entry, token: &str, also_unknown: bool) -> bool {
-        e.claim_token == token
+    pub fn finishes(e: &Entry, token: &ClaimToken, also_unknown: bool) -> bool {
+        e.claim_token == *token
             && (e.status == Status::Attempting || (e.status == Status::Unknown && also_unknown))
     }
 
     /// RENEW: the holder's `token` on an attempt whose lease has not ended at `now`.
-    pub fn renews(e: &Entry, token: &str, now: Micros) -> bool {
-        e.claim_token == token && e.status == Status::Attempting && e.lease_expires_at > now
+    pub fn renews(e: &Entry, token: &ClaimToken, now: Micros) -> bool {
+        e.claim_token == *token && e.status == Status::Attempting && e.lease_expires_at > now
     }
 
     /// RESOLVE: an outcome nobody knows at `now`: UNKNOWN, or an attempt past its lease (no
@@ -202,8 +313,8 @@ pub mod cas {
     }
 
     /// RESTART: a resolved entry that still carries the `token` the claimant read.
-    pub fn restarts(e: &Entry, token: &str) -> bool {
-        e.claim_token == token && e.status.is_resolved()
+    pub fn restarts(e: &Entry, token: &ClaimToken) -> bool {
+        e.claim_token == *token && e.status.is_resolved()
     }
 }
 
@@ -256,11 +367,11 @@ pub enum RenewDecision {
 
 /// Decides what renewing the lease of `existing` with `token` does at `now`: applied exactly
 /// when the RENEW statement applies ([`cas::renews`]).
-pub fn decide_renew(existing: &Entry, token: &str, now: Micros) -> RenewDecision {
+pub fn decide_renew(existing: &Entry, token: &ClaimToken, now: Micros) -> RenewDecision {
     if existing.is_expired(now) {
         return RenewDecision::NotFound;
     }
-    if existing.claim_token != token {
+    if existing.claim_token != *token {
         return RenewDecision::StaleToken;
     }
     if cas::renews(existing, token, now) {
@@ -288,14 +399,14 @@ pub enum CompleteDecision {
 /// Decides what completing `existing` with `token` and `completion` does at `now`.
 pub fn decide_complete(
     existing: &Entry,
-    token: &str,
+    token: &ClaimToken,
     completion: &Completion,
     now: Micros,
 ) -> CompleteDecision {
     if existing.is_expired(now) {
         return CompleteDecision::NotFound;
     }
-    if existing.claim_token != token {
+    if existing.claim_token != *token {
         return CompleteDecision::StaleToken;
     }
     if existing.status.is_resolved() {
@@ -322,17 +433,17 @@ mod tests {
 
     fn entry(status: Status) -> Entry {
         Entry {
-            key: "k".into(),
-            run_id: "run".into(),
-            tool: "tool".into(),
+            key: Key::from_stored("k".into()),
+            run_id: Some(RunId::from_stored("run".into())),
+            tool: ToolName::from_stored("tool".into()),
             fingerprint: "fp".into(),
             status,
             attempt: 1,
-            claim_token: "tok".into(),
+            claim_token: tok(),
             result: Vec::new(),
             error: String::new(),
             retryable: false,
-            principal: String::new(),
+            principal: Principal::none(),
             started_at: NOW,
             finished_at: None,
             lease_expires_at: NOW.plus(Micros(60_000_000)),
@@ -340,31 +451,57 @@ mod tests {
             expires_at: None,
             replay_count: 0,
             arguments: None,
-            resolved_by: String::new(),
+            resolved_by: Principal::none(),
         }
     }
 
     fn resolved(status: Status, retryable: bool) -> Entry {
-        let completion = Completion {
-            status: if status == Status::Succeeded {
-                FinalStatus::Succeeded
-            } else {
-                FinalStatus::Failed
-            },
-            result: b"r".to_vec(),
-            error: String::new(),
-            retryable,
+        let completion = if status == Status::Succeeded {
+            success(b"r")
+        } else {
+            Completion::Failed {
+                error: "e".into(),
+                retryable,
+            }
         };
         completion.apply_to(&entry(Status::Attempting), NOW)
     }
 
     fn success(result: &[u8]) -> Completion {
-        Completion {
-            status: FinalStatus::Succeeded,
-            result: result.to_vec(),
-            error: String::new(),
-            retryable: false,
-        }
+        Completion::success(result.to_vec())
+    }
+
+    fn tok() -> ClaimToken {
+        ClaimToken::from_stored("tok".into())
+    }
+
+    #[test]
+    fn a_completion_cannot_carry_a_result_without_success_or_retry_without_failure() {
+        let result_with_failure =
+            Completion::new(FinalStatus::Failed, b"r".to_vec(), "e".into(), false);
+        assert_eq!(result_with_failure.map_err(|e| e.field), Err("result"));
+        let result_with_unknown =
+            Completion::new(FinalStatus::Unknown, b"r".to_vec(), String::new(), false);
+        assert_eq!(result_with_unknown.map_err(|e| e.field), Err("result"));
+        let retry_after_success =
+            Completion::new(FinalStatus::Succeeded, b"r".to_vec(), String::new(), true);
+        assert_eq!(retry_after_success.map_err(|e| e.field), Err("retryable"));
+        let retry_unknown = Completion::new(FinalStatus::Unknown, Vec::new(), "t".into(), true);
+        assert_eq!(retry_unknown.map_err(|e| e.field), Err("retryable"));
+        assert_eq!(
+            Completion::new(FinalStatus::Failed, Vec::new(), "e".into(), true),
+            Ok(Completion::Failed {
+                error: "e".into(),
+                retryable: true
+            })
+        );
+        assert_eq!(
+            Completion::new(FinalStatus::Succeeded, b"r".to_vec(), "note".into(), false),
+            Ok(Completion::Succeeded {
+                result: b"r".to_vec(),
+                error: "note".into()
+            })
+        );
     }
 
     #[test]
@@ -424,11 +561,8 @@ mod tests {
         let e = success(b"ok").apply_to(&entry(Status::Attempting), NOW);
         assert_eq!(e.finished_at, Some(NOW));
         assert_eq!(e.expires_at, Some(NOW.plus(e.retention)));
-        let unknown = Completion {
-            status: FinalStatus::Unknown,
-            result: Vec::new(),
+        let unknown = Completion::Unknown {
             error: "timeout".into(),
-            retryable: false,
         };
         let u = unknown.apply_to(&entry(Status::Attempting), NOW);
         assert_eq!(
@@ -441,11 +575,16 @@ mod tests {
     fn only_the_current_token_may_complete() {
         let e = entry(Status::Attempting);
         assert_eq!(
-            decide_complete(&e, "old", &success(b"x"), NOW),
+            decide_complete(
+                &e,
+                &ClaimToken::from_stored("old".into()),
+                &success(b"x"),
+                NOW
+            ),
             CompleteDecision::StaleToken
         );
         assert_eq!(
-            decide_complete(&e, "tok", &success(b"x"), NOW),
+            decide_complete(&e, &tok(), &success(b"x"), NOW),
             CompleteDecision::Apply
         );
     }
@@ -456,7 +595,7 @@ mod tests {
         assert_eq!(
             decide_complete(
                 &e,
-                "tok",
+                &tok(),
                 &success(b"x"),
                 e.lease_expires_at.plus(Micros(1))
             ),
@@ -468,30 +607,27 @@ mod tests {
     fn an_identical_complete_is_already_completed_and_a_different_one_is_refused() {
         let done = success(b"r").apply_to(&entry(Status::Attempting), NOW);
         assert_eq!(
-            decide_complete(&done, "tok", &success(b"r"), NOW),
+            decide_complete(&done, &tok(), &success(b"r"), NOW),
             CompleteDecision::AlreadyCompleted
         );
         assert_eq!(
-            decide_complete(&done, "tok", &success(b"other"), NOW),
+            decide_complete(&done, &tok(), &success(b"other"), NOW),
             CompleteDecision::AlreadyResolved
         );
     }
 
     #[test]
     fn an_unknown_entry_may_still_be_resolved_or_reported_again() {
-        let unknown = Completion {
-            status: FinalStatus::Unknown,
-            result: Vec::new(),
+        let unknown = Completion::Unknown {
             error: "timeout".into(),
-            retryable: false,
         };
         let u = unknown.apply_to(&entry(Status::Attempting), NOW);
         assert_eq!(
-            decide_complete(&u, "tok", &unknown, NOW),
+            decide_complete(&u, &tok(), &unknown, NOW),
             CompleteDecision::AlreadyCompleted
         );
         assert_eq!(
-            decide_complete(&u, "tok", &success(b"x"), NOW),
+            decide_complete(&u, &tok(), &success(b"x"), NOW),
             CompleteDecision::Apply
         );
     }
@@ -501,7 +637,7 @@ mod tests {
         let done = success(b"r").apply_to(&entry(Status::Attempting), NOW);
         let later = done.expires_at.unwrap_or(NOW);
         assert_eq!(
-            decide_complete(&done, "tok", &success(b"r"), later),
+            decide_complete(&done, &tok(), &success(b"r"), later),
             CompleteDecision::NotFound
         );
     }

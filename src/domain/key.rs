@@ -171,6 +171,155 @@ impl Principal {
     }
 }
 
+/// The key of an entry, unique per tenant: a derived key ([`Key::derive`]: 64 lowercase hex)
+/// or an [`ExplicitKey`] the caller chose. Built only from those two, or read back from the
+/// store ([`Key::from_stored`]).
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Key(String);
+
+impl Key {
+    /// The key derived for a tool call ([`derive_key`]).
+    #[must_use]
+    pub fn derive(run_id: &RunId, tool: &ToolName, canonical: &str, mode: Canonicalization) -> Key {
+        Key(derive_key(run_id, tool, canonical, mode))
+    }
+
+    /// The key as stored and shown.
+    #[must_use]
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl From<ExplicitKey> for Key {
+    fn from(key: ExplicitKey) -> Key {
+        Key(key.0)
+    }
+}
+
+/// The fencing token of one attempt: whoever holds it may renew the attempt's lease and
+/// complete it. The server makes it ([`ClaimToken::random`]: 32 hex characters); a caller
+/// sends it back ([`ClaimToken::parse`]), and any other text is merely a token that matches no
+/// attempt.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct ClaimToken(String);
+
+impl ClaimToken {
+    /// A fresh token of 128 random bits, as hex.
+    ///
+    /// # Errors
+    /// When the system has no randomness to give.
+    pub fn random() -> Result<ClaimToken, getrandom::Error> {
+        let mut bytes = [0u8; 16];
+        getrandom::fill(&mut bytes)?;
+        Ok(ClaimToken(hex::encode(bytes)))
+    }
+
+    /// A token as a caller sent it back: any text but the empty one, which is no token.
+    ///
+    /// # Errors
+    /// [`InvalidField`] for field `claim_token` when `s` is empty.
+    pub fn parse(s: &str) -> Result<ClaimToken, InvalidField> {
+        if s.is_empty() {
+            return Err(InvalidField {
+                field: "claim_token",
+                message: "is required".to_owned(),
+            });
+        }
+        Ok(ClaimToken(s.to_owned()))
+    }
+
+    /// The token as given.
+    #[must_use]
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+/// What the text newtypes share: `from_stored` (see below), shown as their text, and compared
+/// with plain strings (tests and filters compare them with literals).
+///
+/// `from_stored` builds the value from what the store holds, **without validating it again**:
+/// it was valid under the rules of the server that wrote it, and a rule tightened later must
+/// not make an old row unreadable. Only the storage module and tests call it; every request
+/// goes through `parse` (or [`Key::derive`]).
+macro_rules! text_newtype {
+    ($($name:ident),*) => {$(
+        impl $name {
+            /// The value as the store holds it, not validated again: see the module's
+            /// `text_newtype` note (an old row stays readable when a rule tightens).
+            #[must_use]
+            pub fn from_stored(s: String) -> $name {
+                $name(s)
+            }
+        }
+
+        impl std::fmt::Display for $name {
+            fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str(&self.0)
+            }
+        }
+
+        impl From<$name> for String {
+            fn from(value: $name) -> String {
+                value.0
+            }
+        }
+
+        impl AsRef<str> for $name {
+            fn as_ref(&self) -> &str {
+                &self.0
+            }
+        }
+
+        impl PartialEq<str> for $name {
+            fn eq(&self, other: &str) -> bool {
+                self.0 == other
+            }
+        }
+
+        impl PartialEq<&str> for $name {
+            fn eq(&self, other: &&str) -> bool {
+                self.0 == *other
+            }
+        }
+
+        impl PartialEq<String> for $name {
+            fn eq(&self, other: &String) -> bool {
+                &self.0 == other
+            }
+        }
+
+        impl PartialEq<$name> for String {
+            fn eq(&self, other: &$name) -> bool {
+                *self == other.0
+            }
+        }
+
+        impl PartialEq<$name> for &str {
+            fn eq(&self, other: &$name) -> bool {
+                *self == other.0
+            }
+        }
+    )*};
+}
+
+text_newtype!(RunId, ToolName, Key, ClaimToken, Principal);
+
+impl Principal {
+    /// No principal: the caller named none and its credential names none.
+    #[must_use]
+    pub fn none() -> Principal {
+        Principal(String::new())
+    }
+
+    /// Whether no principal was named.
+    #[must_use]
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+}
+
 /// SHA-256 over the parts joined by single zero bytes, as lowercase hex. The zero byte cannot
 /// occur in a validated run id or tool name, so the parts cannot run into each other.
 fn hash_parts(parts: &[&str]) -> String {

@@ -14,5 +14,6 @@ pub use entry::{
     ClaimDecision, CompleteDecision, Completion, Entry, FinalStatus, RenewDecision, Status,
     decide_claim, decide_complete, decide_renew,
 };
+pub use key::{ClaimToken, Key, Principal, RunId, ToolName};
 pub use tenant::Tenant;
 pub use time::Micros;

@@ -162,16 +162,16 @@ pub(super) fn audited_entry(mut view: EntryView) -> pb::Entry {
 pub(super) fn entry(view: EntryView) -> pb::Entry {
     let e = view.entry;
     pb::Entry {
-        key: e.key,
-        run_id: e.run_id,
-        tool: e.tool,
+        key: e.key.into(),
+        run_id: e.run_id.map(String::from).unwrap_or_default(),
+        tool: e.tool.into(),
         fingerprint: e.fingerprint,
         status: status(view.status).into(),
         attempt: e.attempt,
         result: e.result.into(),
         error: e.error,
         retryable: e.retryable,
-        principal: e.principal,
+        principal: e.principal.into(),
         started_at: Some(timestamp(e.started_at)),
         finished_at: e.finished_at.map(timestamp),
         lease_expires_at: Some(timestamp(e.lease_expires_at)),
@@ -179,7 +179,7 @@ pub(super) fn entry(view: EntryView) -> pb::Entry {
         replay_count: e.replay_count,
         external_ref: view.external_ref,
         arguments_json: String::new(),
-        resolved_by: e.resolved_by,
+        resolved_by: e.resolved_by.into(),
     }
 }
 
@@ -196,7 +196,7 @@ pub(super) fn claim_response(out: ClaimOutput) -> pb::ClaimResponse {
     pb::ClaimResponse {
         outcome: outcome(out.outcome).into(),
         entry: Some(entry(out.entry)),
-        claim_token: out.claim_token.unwrap_or_default(),
+        claim_token: out.claim_token.map(String::from).unwrap_or_default(),
         note: out.note,
         retry_after: out.retry_after.map(proto_duration),
     }

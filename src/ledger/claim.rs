@@ -13,7 +13,7 @@ use super::notes::{IN_FLIGHT_NOTE, UNKNOWN_NOTE, failed_note, replay_note};
 use super::{EntryView, Ledger, MAX_RACES, UNKNOWN_RETRY_AFTER, bounded, new_claim_token};
 use crate::domain::Tenant;
 use crate::domain::canonical::{self, Canonicalization};
-use crate::domain::key::{self, ExplicitKey, Principal, RunId, ToolName};
+use crate::domain::key::{self, ClaimToken, ExplicitKey, Key, Principal, RunId, ToolName};
 use crate::domain::{ClaimDecision, Entry, Micros, Status, decide_claim};
 use crate::error::LedgerError;
 
@@ -84,7 +84,7 @@ pub struct ClaimOutput {
     /// The entry after the claim.
     pub entry: EntryView,
     /// The fencing token, with `Claimed` only.
-    pub claim_token: Option<String>,
+    pub claim_token: Option<ClaimToken>,
     /// A sentence for the model; empty with `Claimed`.
     pub note: String,
     /// With `InProgress`: when trying again is worthwhile.
@@ -127,11 +127,9 @@ impl Ledger {
         // Wait: register first, then mark the entry so other servers announce its change,
         // then re-read in the loop, so that no completion can slip between read and sleep.
         // Only other servers read the mark: a store no other server shares gets no write.
-        let watch = self.waits.watch(tenant.as_str(), &request.key);
+        let watch = self.waits.watch(tenant, &request.key);
         if self.store.shared() {
-            self.store
-                .mark_waiting(tenant.as_str(), &request.key)
-                .await?;
+            self.store.mark_waiting(tenant, &request.key).await?;
         }
         loop {
             let changed = watch.notified();
@@ -166,10 +164,8 @@ impl Ledger {
             None
         };
         let key = match (&run_id, input.key.is_empty()) {
-            (Some(run_id), true) => {
-                key::derive_key(run_id, &tool, &canonical, input.canonicalization)
-            }
-            _ => ExplicitKey::parse(&input.key)?.as_str().to_string(),
+            (Some(run_id), true) => Key::derive(run_id, &tool, &canonical, input.canonicalization),
+            _ => Key::from(ExplicitKey::parse(&input.key)?),
         };
         let principal = Principal::parse(&input.principal)?;
         let lease = bounded(
@@ -186,10 +182,10 @@ impl Ledger {
         )?;
         Ok(PreparedClaim {
             key,
-            run_id: run_id.map(|r| r.as_str().to_string()).unwrap_or_default(),
-            tool: tool.as_str().to_string(),
+            run_id,
+            tool,
             fingerprint,
-            principal: principal.as_str().to_string(),
+            principal,
             lease: Micros::from_duration(lease),
             retention: Micros::from_duration(retention),
             wait: input
@@ -235,12 +231,9 @@ impl Ledger {
         request: &PreparedClaim,
     ) -> Result<ClaimOutput, LedgerError> {
         // A finished entry this server remembers answers without the store.
-        let remembered = self.memory.recall(
-            tenant.as_str(),
-            &request.key,
-            &request.fingerprint,
-            self.clock.now(),
-        );
+        let remembered =
+            self.memory
+                .recall(tenant, &request.key, &request.fingerprint, self.clock.now());
         if let Some(recalled) = remembered {
             let now = self.clock.now();
             return match recalled {
@@ -258,18 +251,15 @@ impl Ledger {
         // A key this server saw succeed recently is most likely a repeat: try the replay
         // first, which spares the insert (and its wait on the row lock of a concurrent replay).
         let mut replay_tried = false;
-        if self
-            .finished
-            .probably_contains(tenant.as_str(), &request.key)
-        {
+        if self.finished.probably_contains(tenant, &request.key) {
             replay_tried = true;
             let now = self.clock.now();
             if let Some(entry) = self
                 .store
-                .replay(tenant.as_str(), &request.key, &request.fingerprint, now)
+                .replay(tenant, &request.key, &request.fingerprint, now)
                 .await?
             {
-                self.memory.remember(tenant.as_str(), &entry);
+                self.memory.remember(tenant, &entry);
                 let note = replay_note(&entry);
                 return Ok(self.answer(Outcome::Replayed, entry, now, note, None));
             }
@@ -277,7 +267,7 @@ impl Ledger {
         for _ in 0..MAX_RACES {
             let now = self.clock.now();
             let fresh = request.new_entry(now, 1, new_claim_token()?);
-            if self.store.insert(tenant.as_str(), &fresh).await? {
+            if self.store.insert(tenant, &fresh).await? {
                 return Ok(self.claimed(fresh, now));
             }
             // The row exists. The most common reason is a repeat of a finished call: replay it
@@ -285,17 +275,17 @@ impl Ledger {
             if !std::mem::take(&mut replay_tried)
                 && let Some(entry) = self
                     .store
-                    .replay(tenant.as_str(), &request.key, &request.fingerprint, now)
+                    .replay(tenant, &request.key, &request.fingerprint, now)
                     .await?
             {
-                self.finished.insert(tenant.as_str(), &request.key);
-                self.memory.remember(tenant.as_str(), &entry);
+                self.finished.insert(tenant, &request.key);
+                self.memory.remember(tenant, &entry);
                 let note = replay_note(&entry);
                 return Ok(self.answer(Outcome::Replayed, entry, now, note, None));
             }
             // Otherwise read it in its own statement (a CTE on the insert would not see a row
             // committed after its snapshot) and let the domain decide.
-            let Some(existing) = self.store.get(tenant.as_str(), &request.key).await? else {
+            let Some(existing) = self.store.get(tenant, &request.key).await? else {
                 continue; // pruned in between: insert again
             };
             match decide_claim(&existing, &request.fingerprint, now) {
@@ -310,7 +300,7 @@ impl Ledger {
                     let next = request.new_entry(now, attempt, fresh.claim_token);
                     if self
                         .store
-                        .restart(tenant.as_str(), &existing.claim_token, &next)
+                        .restart(tenant, &existing.claim_token, &next)
                         .await?
                     {
                         return Ok(self.claimed(next, now));
@@ -319,7 +309,7 @@ impl Ledger {
                 // Became a success after the replay statement looked: go round again.
                 ClaimDecision::Replay => {}
                 ClaimDecision::PreviouslyFailed => {
-                    self.memory.remember(tenant.as_str(), &existing);
+                    self.memory.remember(tenant, &existing);
                     let note = failed_note(&existing);
                     return Ok(self.answer(Outcome::PreviouslyFailed, existing, now, note, None));
                 }
@@ -407,11 +397,11 @@ fn in_flight(output: &ClaimOutput) -> bool {
 /// A validated claim with its derived key.
 #[derive(Clone, Debug)]
 struct PreparedClaim {
-    key: String,
-    run_id: String,
-    tool: String,
+    key: Key,
+    run_id: Option<RunId>,
+    tool: ToolName,
     fingerprint: String,
-    principal: String,
+    principal: Principal,
     lease: Micros,
     retention: Micros,
     wait: Option<Duration>,
@@ -420,7 +410,7 @@ struct PreparedClaim {
 }
 
 impl PreparedClaim {
-    fn new_entry(&self, now: Micros, attempt: u32, claim_token: String) -> Entry {
+    fn new_entry(&self, now: Micros, attempt: u32, claim_token: ClaimToken) -> Entry {
         Entry {
             key: self.key.clone(),
             run_id: self.run_id.clone(),
@@ -440,7 +430,7 @@ impl PreparedClaim {
             expires_at: None,
             replay_count: 0,
             arguments: self.arguments.clone(),
-            resolved_by: String::new(),
+            resolved_by: Principal::none(),
         }
     }
 }

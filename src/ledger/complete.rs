@@ -3,7 +3,7 @@
 
 use super::{EntryView, Ledger, MAX_RACES};
 use crate::domain::Tenant;
-use crate::domain::key::ExplicitKey;
+use crate::domain::key::{ClaimToken, ExplicitKey, Key};
 use crate::domain::{CompleteDecision, Completion, FinalStatus, Micros, Status, decide_complete};
 use crate::error::LedgerError;
 use crate::reason::Reason;
@@ -47,32 +47,25 @@ impl Ledger {
         tenant: &Tenant,
         input: CompleteInput,
     ) -> Result<CompleteOutput, LedgerError> {
-        let key = ExplicitKey::parse(&input.key)?;
-        if input.claim_token.is_empty() {
-            return Err(LedgerError::invalid("claim_token", "is required"));
-        }
-        let completion = Completion {
-            status: input.status,
-            result: input.result,
-            error: input.error,
-            retryable: input.retryable,
-        };
-        self.check_outcome(&completion)?;
+        let key = Key::from(ExplicitKey::parse(&input.key)?);
+        let claim_token = ClaimToken::parse(&input.claim_token)?;
+        let completion = Completion::new(input.status, input.result, input.error, input.retryable)?;
+        self.check_size(&completion)?;
         let mut finish = Finish {
-            key: key.as_str().to_string(),
-            claim_token: input.claim_token,
+            key,
+            claim_token,
             completion,
             now: self.clock.now(),
             also_unknown: false,
         };
         // The common case in one statement: the claimant completes its own attempt in flight.
-        if let Some(done) = self.store.finish(tenant.as_str(), &finish).await? {
+        if let Some(done) = self.store.finish(tenant, &finish).await? {
             return Ok(self.completed(tenant, done, finish.now).await);
         }
         // Otherwise read the entry to learn what to answer, and write only if the domain says so.
         for _ in 0..MAX_RACES {
             let now = self.clock.now();
-            let Some(existing) = self.store.get(tenant.as_str(), key.as_str()).await? else {
+            let Some(existing) = self.store.get(tenant, &finish.key).await? else {
                 return Err(LedgerError::NotFound);
             };
             match decide_complete(&existing, &finish.claim_token, &finish.completion, now) {
@@ -91,7 +84,7 @@ impl Ledger {
                 CompleteDecision::Apply => {
                     finish.now = now;
                     finish.also_unknown = true;
-                    if let Some(done) = self.store.finish(tenant.as_str(), &finish).await? {
+                    if let Some(done) = self.store.finish(tenant, &finish).await? {
                         return Ok(self.completed(tenant, done, now).await);
                     }
                 }
@@ -99,7 +92,7 @@ impl Ledger {
         }
         Err(LedgerError::Internal(format!(
             "complete of {} lost {MAX_RACES} races in a row",
-            key.as_str()
+            finish.key
         )))
     }
 
@@ -111,9 +104,9 @@ impl Ledger {
         now: Micros,
     ) -> CompleteOutput {
         if done.entry.status == Status::Succeeded {
-            self.finished.insert(tenant.as_str(), &done.entry.key);
+            self.finished.insert(tenant, &done.entry.key);
         }
-        self.memory.remember(tenant.as_str(), &done.entry);
+        self.memory.remember(tenant, &done.entry);
         self.changed(tenant, &done.entry.key, done.has_waiters)
             .await;
         CompleteOutput {
@@ -122,35 +115,21 @@ impl Ledger {
         }
     }
 
-    /// The rules every reported outcome follows: result only with success, retryable only with
-    /// failure, sizes within the limit.
-    pub(super) fn check_outcome(&self, input: &Completion) -> Result<(), LedgerError> {
-        if !input.result.is_empty() && input.status != FinalStatus::Succeeded {
-            return Err(LedgerError::invalid(
-                "result",
-                "is stored only with STATUS_SUCCEEDED; describe a failure in error",
-            ));
-        }
-        if input.retryable && input.status != FinalStatus::Failed {
-            return Err(LedgerError::invalid(
-                "retryable",
-                "applies only to STATUS_FAILED",
-            ));
-        }
+    /// The server's limit on a reported outcome: its result and its error each within
+    /// `--max-result-bytes`. (Which fields go with which status, [`Completion::new`] has
+    /// already checked.)
+    pub(super) fn check_size(&self, outcome: &Completion) -> Result<(), LedgerError> {
         let max = self.limits.max_result_bytes;
-        if input.result.len() > max {
-            return Err(LedgerError::InvalidArgument {
-                field: "result",
-                reason: Reason::ResultTooLarge,
-                message: format!("is {} bytes; the limit is {max}", input.result.len()),
-            });
+        let too_large = |field: &'static str, len: usize| LedgerError::InvalidArgument {
+            field,
+            reason: Reason::ResultTooLarge,
+            message: format!("is {len} bytes; the limit is {max}"),
+        };
+        if outcome.result().len() > max {
+            return Err(too_large("result", outcome.result().len()));
         }
-        if input.error.len() > max {
-            return Err(LedgerError::InvalidArgument {
-                field: "error",
-                reason: Reason::ResultTooLarge,
-                message: format!("is {} bytes; the limit is {max}", input.error.len()),
-            });
+        if outcome.error().len() > max {
+            return Err(too_large("error", outcome.error().len()));
         }
         Ok(())
     }

@@ -260,7 +260,7 @@ impl Ledger {
             let page = self.list_entries(tenant, input.clone()).await?;
             for view in page.entries {
                 let (key, external_ref) = (view.entry.key.clone(), view.external_ref.clone());
-                search.see(query, &key, &external_ref, view);
+                search.see(query, key.as_str(), &external_ref, view);
             }
             if page.next_page_token.is_empty() {
                 search.finish();
@@ -272,7 +272,7 @@ impl Ledger {
             input.page_token = page.next_page_token;
         }
         Ok(match search.verdict(query) {
-            Verdict::One(view) => match self.lookup_key(tenant, &view.entry.key).await? {
+            Verdict::One(view) => match self.lookup_key(tenant, view.entry.key.as_str()).await? {
                 Some(now) => Verdict::One(now),
                 None => Verdict::Missing(Missing::Key),
             },

@@ -3,7 +3,7 @@
 
 use super::{EntryView, Ledger};
 use crate::domain::Tenant;
-use crate::domain::key::{RunId, ToolName};
+use crate::domain::key::{Key, RunId, ToolName};
 use crate::domain::{Micros, Status};
 use crate::error::LedgerError;
 use crate::reason::Reason;
@@ -53,14 +53,14 @@ impl Ledger {
         input: ListInput,
     ) -> Result<ListOutput, LedgerError> {
         let run_id = if input.run_id.is_empty() {
-            String::new()
+            None
         } else {
-            RunId::parse(&input.run_id)?.as_str().to_string()
+            Some(RunId::parse(&input.run_id)?)
         };
         let tool = if input.tool.is_empty() {
-            String::new()
+            None
         } else {
-            ToolName::parse(&input.tool)?.as_str().to_string()
+            Some(ToolName::parse(&input.tool)?)
         };
         if let (Some(from), Some(before)) = (input.started_after, input.started_before)
             && from >= before
@@ -70,7 +70,7 @@ impl Ledger {
                 "must be later than started_after",
             ));
         }
-        let filters = list_filters_digest(&run_id, &tool, input.status, &input);
+        let filters = list_filters_digest(run_id.as_ref(), tool.as_ref(), input.status, &input);
         let after = if input.page_token.is_empty() {
             None
         } else {
@@ -94,7 +94,7 @@ impl Ledger {
         };
         // Held until the counts not yet written are added (see `counts_in_flight`).
         let counting = self.counts_in_flight.read().await;
-        let mut entries = self.store.list(tenant.as_str(), &query).await?;
+        let mut entries = self.store.list(tenant, &query).await?;
         let more = entries.len() > page_size as usize;
         entries.truncate(page_size as usize);
         let next_page_token = match entries.last() {
@@ -116,16 +116,16 @@ impl Ledger {
 /// What a page token is bound to: the listing's filters, so that a token cannot continue a
 /// different listing (its cursor would skip or repeat entries there).
 fn list_filters_digest(
-    run_id: &str,
-    tool: &str,
+    run_id: Option<&RunId>,
+    tool: Option<&ToolName>,
     status: Option<Status>,
     input: &ListInput,
 ) -> String {
     use sha2::{Digest, Sha256};
     let bound = |m: Option<Micros>| m.map_or_else(String::new, |m| m.0.to_string());
     let text = [
-        run_id,
-        tool,
+        run_id.map_or("", RunId::as_str),
+        tool.map_or("", ToolName::as_str),
         status.map_or("", Status::as_str),
         &bound(input.started_after),
         &bound(input.started_before),
@@ -138,15 +138,18 @@ fn list_filters_digest(
 const PAGE_TOKEN_VERSION: &str = "p1";
 
 /// An opaque page token: hex of `p1 NUL started_at NUL filters NUL key`.
-fn page_token(started_at: Micros, key: &str, filters: &str) -> String {
+fn page_token(started_at: Micros, key: &Key, filters: &str) -> String {
     hex::encode(format!(
-        "{PAGE_TOKEN_VERSION}\0{}\0{filters}\0{key}",
-        started_at.0
+        "{PAGE_TOKEN_VERSION}\0{}\0{filters}\0{}",
+        started_at.0,
+        key.as_str()
     ))
 }
 
 /// The cursor in a page token made for a listing with these `filters`.
-fn parse_page_token(token: &str, filters: &str) -> Result<(Micros, String), LedgerError> {
+/// The key in it is one the server wrote there from a stored entry, taken as stored: it is
+/// only a cursor to compare with, never looked up.
+fn parse_page_token(token: &str, filters: &str) -> Result<(Micros, Key), LedgerError> {
     let invalid = |message: &str| LedgerError::InvalidArgument {
         field: "page_token",
         reason: Reason::InvalidPageToken,
@@ -175,5 +178,5 @@ fn parse_page_token(token: &str, filters: &str) -> Result<(Micros, String), Ledg
              returned it, or start over without a page_token",
         ));
     }
-    Ok((Micros(started), key.to_string()))
+    Ok((Micros(started), Key::from_stored(key.to_string())))
 }

@@ -3,7 +3,7 @@
 use super::{EntryView, Ledger};
 use crate::domain::Tenant;
 use crate::domain::canonical::Canonicalization;
-use crate::domain::key::{self, ExplicitKey, RunId};
+use crate::domain::key::{ExplicitKey, Key, RunId};
 use crate::error::LedgerError;
 
 /// A Lookup: either `key`, or `run_id` + `tool` + `arguments_json`.
@@ -42,7 +42,7 @@ impl Ledger {
             let run_id = RunId::parse(&input.run_id)?;
             let (_, canonical, tool, _) =
                 self.canonical_request(&input.tool, &input.arguments_json, input.canonicalization)?;
-            key::derive_key(&run_id, &tool, &canonical, input.canonicalization)
+            Key::derive(&run_id, &tool, &canonical, input.canonicalization)
         } else {
             if !(input.run_id.is_empty()
                 && input.tool.is_empty()
@@ -53,11 +53,11 @@ impl Ledger {
                     "give either key, or run_id, tool and arguments_json, not both",
                 ));
             }
-            ExplicitKey::parse(&input.key)?.as_str().to_string()
+            Key::from(ExplicitKey::parse(&input.key)?)
         };
         let now = self.clock.now();
         let _counting = self.counts_in_flight.read().await;
-        match self.store.get(tenant.as_str(), &key).await? {
+        match self.store.get(tenant, &key).await? {
             Some(entry) if !entry.is_expired(now) => {
                 Ok(self.audit_view(self.with_unwritten_replays(tenant, entry), now))
             }

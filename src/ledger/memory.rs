@@ -22,7 +22,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 use quick_cache::sync::Cache;
 use quick_cache::{Equivalent, Weighter};
 
-use crate::domain::{ClaimDecision, Entry, Micros, Status, decide_claim};
+use crate::domain::{ClaimDecision, Entry, Key, Micros, Status, Tenant, decide_claim};
 use crate::storage::ReplayCount;
 
 /// What one remembered entry costs besides its result and error: its strings (key, run, tool,
@@ -33,10 +33,10 @@ const ENTRY_OVERHEAD: u64 = 512;
 /// yet. Shared by every call of one server.
 pub(super) struct ReplayMemory {
     /// (tenant, key) → the finished entry; `None` when the memory is off (0 bytes).
-    entries: Option<Cache<(String, String), Arc<Remembered>, ByBytes>>,
+    entries: Option<Cache<(Tenant, Key), Arc<Remembered>, ByBytes>>,
     /// The entries with replays not yet written, each once, with its tenant. An entry stays
     /// here when the cache evicts it, so its count is still written.
-    unwritten: Mutex<Vec<(String, Arc<Remembered>)>>,
+    unwritten: Mutex<Vec<(Tenant, Arc<Remembered>)>>,
 }
 
 /// One finished entry as the store last showed it.
@@ -63,7 +63,7 @@ pub(super) enum Recalled {
 
 /// Replay counts taken from memory to be written: given back with
 /// [`ReplayMemory::restore_counts`] when the write fails.
-pub(super) struct TakenCounts(Vec<(String, Arc<Remembered>, u64)>);
+pub(super) struct TakenCounts(Vec<(Tenant, Arc<Remembered>, u64)>);
 
 impl TakenCounts {
     /// The counts as the store writes them, in (tenant, key) order: the order every writer
@@ -79,7 +79,7 @@ impl TakenCounts {
                 count: *n,
             })
             .collect();
-        counts.sort_by(|a, b| (&a.tenant, &a.key).cmp(&(&b.tenant, &b.key)));
+        counts.sort_by(|a, b| (a.tenant.as_str(), &a.key).cmp(&(b.tenant.as_str(), &b.key)));
         counts
     }
 
@@ -93,8 +93,8 @@ impl TakenCounts {
 #[derive(Clone)]
 struct ByBytes;
 
-impl Weighter<(String, String), Arc<Remembered>> for ByBytes {
-    fn weight(&self, _key: &(String, String), value: &Arc<Remembered>) -> u64 {
+impl Weighter<(Tenant, Key), Arc<Remembered>> for ByBytes {
+    fn weight(&self, _key: &(Tenant, Key), value: &Arc<Remembered>) -> u64 {
         let held = value.entry.result.len() + value.entry.error.len();
         ENTRY_OVERHEAD + u64::try_from(held).unwrap_or(u64::MAX / 2)
     }
@@ -103,17 +103,24 @@ impl Weighter<(String, String), Arc<Remembered>> for ByBytes {
 /// A borrowed (tenant, key), hashed as the owned pair is, so that a lookup allocates nothing.
 struct Named<'a>(&'a str, &'a str);
 
+impl<'a> Named<'a> {
+    fn of(tenant: &'a Tenant, key: &'a Key) -> Named<'a> {
+        Named(tenant.as_str(), key.as_str())
+    }
+}
+
 impl Hash for Named<'_> {
     fn hash<H: Hasher>(&self, state: &mut H) {
-        // As `(String, String)` hashes: each element in order, a `String` as its `str`.
+        // As `(Tenant, Key)` hashes: each element in order, each (derived) as its one `String`,
+        // which hashes as its `str`.
         self.0.hash(state);
         self.1.hash(state);
     }
 }
 
-impl Equivalent<(String, String)> for Named<'_> {
-    fn equivalent(&self, owned: &(String, String)) -> bool {
-        self.0 == owned.0 && self.1 == owned.1
+impl Equivalent<(Tenant, Key)> for Named<'_> {
+    fn equivalent(&self, owned: &(Tenant, Key)) -> bool {
+        self.0 == owned.0.as_str() && self.1 == owned.1.as_str()
     }
 }
 
@@ -136,7 +143,7 @@ impl ReplayMemory {
 
     /// Remembers `entry` as the store holds it, if it is finished for good (SUCCEEDED, or
     /// FAILED and not retryable) and expires; anything else is left to the store.
-    pub(super) fn remember(&self, tenant: &str, entry: &Entry) {
+    pub(super) fn remember(&self, tenant: &Tenant, entry: &Entry) {
         let Some(entries) = &self.entries else { return };
         let finished = match entry.status {
             Status::Succeeded => true,
@@ -149,7 +156,7 @@ impl ReplayMemory {
         // The copy already here holds the counts of its replays: keep it (a repeat that read the
         // store meanwhile was counted there).
         if entries
-            .get(&Named(tenant, &entry.key))
+            .get(&Named::of(tenant, &entry.key))
             .is_some_and(|r| r.entry.claim_token == entry.claim_token)
         {
             return;
@@ -159,7 +166,7 @@ impl ReplayMemory {
             ..entry.clone()
         };
         entries.insert(
-            (tenant.to_string(), entry.key.clone()),
+            (tenant.clone(), entry.key.clone()),
             Arc::new(Remembered {
                 entry,
                 replays: AtomicU64::new(0),
@@ -172,13 +179,13 @@ impl ReplayMemory {
     /// when nothing is remembered (or it expired: then it is forgotten), and the store decides.
     pub(super) fn recall(
         &self,
-        tenant: &str,
-        key: &str,
+        tenant: &Tenant,
+        key: &Key,
         fingerprint: &str,
         now: Micros,
     ) -> Option<Recalled> {
         let entries = self.entries.as_ref()?;
-        let found = entries.get(&Named(tenant, key))?;
+        let found = entries.get(&Named::of(tenant, key))?;
         match decide_claim(&found.entry, fingerprint, now) {
             ClaimDecision::Replay => {
                 let answered = found.replays.fetch_add(1, Ordering::Relaxed) + 1;
@@ -195,31 +202,31 @@ impl ReplayMemory {
             ClaimDecision::KeyReused => Some(Recalled::KeyReused),
             // Expired (or, which cannot be, not finished): forget it; the store decides.
             ClaimDecision::StartOver | ClaimDecision::Retry | ClaimDecision::InProgress => {
-                entries.remove(&Named(tenant, key));
+                entries.remove(&Named::of(tenant, key));
                 None
             }
         }
     }
 
     /// Adds `n` unwritten replays to `remembered`, listing it when it had none.
-    fn add_unwritten(&self, tenant: &str, remembered: Arc<Remembered>, n: u64) {
+    fn add_unwritten(&self, tenant: &Tenant, remembered: Arc<Remembered>, n: u64) {
         if remembered.unwritten.fetch_add(n, Ordering::AcqRel) == 0 {
             self.unwritten
                 .lock()
                 .unwrap_or_else(PoisonError::into_inner)
-                .push((tenant.to_string(), remembered));
+                .push((tenant.clone(), remembered));
         }
     }
 
     /// The replays of `entry` answered here and not yet written: a Lookup on this server adds
     /// them, so that it shows the replays this server answered (those taken for a write in
     /// progress excepted, for that write's short while).
-    pub(super) fn unwritten(&self, tenant: &str, entry: &Entry) -> u64 {
+    pub(super) fn unwritten(&self, tenant: &Tenant, entry: &Entry) -> u64 {
         let Some(entries) = &self.entries else {
             return 0;
         };
         entries
-            .get(&Named(tenant, &entry.key))
+            .get(&Named::of(tenant, &entry.key))
             .filter(|r| r.entry.claim_token == entry.claim_token)
             .map_or(0, |r| r.unwritten.load(Ordering::Acquire))
     }
@@ -261,21 +268,31 @@ impl ReplayMemory {
 mod tests {
     use super::*;
 
+    use crate::domain::{ClaimToken, Principal};
+
     const NOW: Micros = Micros(1_000_000_000);
+
+    fn t(name: &str) -> Tenant {
+        Tenant(name.to_string())
+    }
+
+    fn k(key: &str) -> Key {
+        Key::from_stored(key.to_string())
+    }
 
     fn finished(key: &str, status: Status, retryable: bool, result: &[u8]) -> Entry {
         Entry {
-            key: key.into(),
-            run_id: "run".into(),
-            tool: "tool".into(),
+            key: k(key),
+            run_id: Some(crate::domain::RunId::from_stored("run".into())),
+            tool: crate::domain::ToolName::from_stored("tool".into()),
             fingerprint: "fp".into(),
             status,
             attempt: 1,
-            claim_token: "tok".into(),
+            claim_token: ClaimToken::from_stored("tok".into()),
             result: result.to_vec(),
             error: String::new(),
             retryable,
-            principal: String::new(),
+            principal: Principal::none(),
             started_at: NOW,
             finished_at: Some(NOW),
             lease_expires_at: NOW,
@@ -283,23 +300,23 @@ mod tests {
             expires_at: Some(NOW.plus(Micros(60_000_000))),
             replay_count: 3,
             arguments: Some("{}".into()),
-            resolved_by: String::new(),
+            resolved_by: Principal::none(),
         }
     }
 
     #[test]
     fn a_success_replays_from_memory_counting_on_from_the_stored_count() {
         let memory = ReplayMemory::new(1 << 20);
-        memory.remember("t", &finished("k", Status::Succeeded, false, b"r"));
+        memory.remember(&t("t"), &finished("k", Status::Succeeded, false, b"r"));
         for n in 4..7 {
-            let Some(Recalled::Replay(e)) = memory.recall("t", "k", "fp", NOW) else {
+            let Some(Recalled::Replay(e)) = memory.recall(&t("t"), &k("k"), "fp", NOW) else {
                 panic!("a replay");
             };
             assert_eq!((e.replay_count, e.result.as_slice()), (n, &b"r"[..]));
             assert_eq!(e.arguments, None, "arguments are not kept in memory");
         }
         let e = finished("k", Status::Succeeded, false, b"");
-        assert_eq!(memory.unwritten("t", &e), 3);
+        assert_eq!(memory.unwritten(&t("t"), &e), 3);
         let taken = memory.take_counts();
         let counts = taken.counts();
         assert_eq!(counts.len(), 1);
@@ -307,7 +324,7 @@ mod tests {
             (counts[0].count, counts[0].claim_token.as_str()),
             (3, "tok")
         );
-        assert_eq!(memory.unwritten("t", &e), 0);
+        assert_eq!(memory.unwritten(&t("t"), &e), 0);
         assert!(memory.take_counts().is_empty(), "taken once");
         memory.restore_counts(taken);
         let again = memory.take_counts().counts();
@@ -315,7 +332,7 @@ mod tests {
         // A replay while a write is under way is listed for the next one.
         let taken = memory.take_counts();
         assert!(taken.is_empty());
-        memory.recall("t", "k", "fp", NOW);
+        memory.recall(&t("t"), &k("k"), "fp", NOW);
         memory.restore_counts(taken);
         assert_eq!(memory.take_counts().counts()[0].count, 1);
     }
@@ -324,27 +341,27 @@ mod tests {
     fn remembering_the_same_attempt_again_keeps_the_copy_that_holds_its_counts() {
         let memory = ReplayMemory::new(1 << 20);
         let e = finished("k", Status::Succeeded, false, b"r");
-        memory.remember("t", &e);
-        memory.recall("t", "k", "fp", NOW);
+        memory.remember(&t("t"), &e);
+        memory.recall(&t("t"), &k("k"), "fp", NOW);
         memory.remember(
-            "t",
+            &t("t"),
             &Entry {
                 replay_count: 9,
                 ..e.clone()
             },
         );
         assert_eq!(
-            memory.unwritten("t", &e),
+            memory.unwritten(&t("t"), &e),
             1,
             "the count is still there to read"
         );
         // Another attempt of the key (it expired and was claimed again) replaces it.
         let next = Entry {
-            claim_token: "tok-2".into(),
+            claim_token: ClaimToken::from_stored("tok-2".into()),
             ..e.clone()
         };
-        memory.remember("t", &next);
-        assert_eq!(memory.unwritten("t", &next), 0);
+        memory.remember(&t("t"), &next);
+        assert_eq!(memory.unwritten(&t("t"), &next), 0);
         assert_eq!(
             memory.take_counts().counts()[0].claim_token,
             "tok",
@@ -355,17 +372,20 @@ mod tests {
     #[test]
     fn only_what_cannot_change_is_remembered() {
         let memory = ReplayMemory::new(1 << 20);
-        memory.remember("t", &finished("retryable", Status::Failed, true, b""));
-        memory.remember("t", &finished("unknown", Status::Unknown, false, b""));
+        memory.remember(&t("t"), &finished("retryable", Status::Failed, true, b""));
+        memory.remember(&t("t"), &finished("unknown", Status::Unknown, false, b""));
         let mut open = finished("open", Status::Succeeded, false, b"");
         open.expires_at = None;
-        memory.remember("t", &open);
+        memory.remember(&t("t"), &open);
         for key in ["retryable", "unknown", "open"] {
-            assert!(memory.recall("t", key, "fp", NOW).is_none(), "{key}");
+            assert!(
+                memory.recall(&t("t"), &k(key), "fp", NOW).is_none(),
+                "{key}"
+            );
         }
-        memory.remember("t", &finished("failed", Status::Failed, false, b""));
+        memory.remember(&t("t"), &finished("failed", Status::Failed, false, b""));
         assert!(matches!(
-            memory.recall("t", "failed", "fp", NOW),
+            memory.recall(&t("t"), &k("failed"), "fp", NOW),
             Some(Recalled::PreviouslyFailed(_))
         ));
         assert!(memory.take_counts().is_empty(), "a failure is no replay");
@@ -375,18 +395,21 @@ mod tests {
     fn tenants_keys_fingerprints_and_expiry_are_kept_apart() {
         let memory = ReplayMemory::new(1 << 20);
         let e = finished("k", Status::Succeeded, false, b"r");
-        memory.remember("t", &e);
-        assert!(memory.recall("other", "k", "fp", NOW).is_none());
+        memory.remember(&t("t"), &e);
+        assert!(memory.recall(&t("other"), &k("k"), "fp", NOW).is_none());
         assert!(matches!(
-            memory.recall("t", "k", "another-fp", NOW),
+            memory.recall(&t("t"), &k("k"), "another-fp", NOW),
             Some(Recalled::KeyReused)
         ));
         let Some(expiry) = e.expires_at else {
             panic!("expires")
         };
-        assert!(memory.recall("t", "k", "fp", expiry).is_none(), "expired");
         assert!(
-            memory.recall("t", "k", "fp", NOW).is_none(),
+            memory.recall(&t("t"), &k("k"), "fp", expiry).is_none(),
+            "expired"
+        );
+        assert!(
+            memory.recall(&t("t"), &k("k"), "fp", NOW).is_none(),
             "and forgotten"
         );
     }
@@ -396,7 +419,7 @@ mod tests {
         let memory = ReplayMemory::new(64 * 1024);
         for i in 0..200 {
             memory.remember(
-                "t",
+                &t("t"),
                 &finished(&format!("k{i}"), Status::Succeeded, false, &[7; 1024]),
             );
         }
@@ -407,7 +430,7 @@ mod tests {
             memory.weight()
         );
         let off = ReplayMemory::new(0);
-        off.remember("t", &finished("k", Status::Succeeded, false, b"r"));
-        assert!(off.recall("t", "k", "fp", NOW).is_none());
+        off.remember(&t("t"), &finished("k", Status::Succeeded, false, b"r"));
+        assert!(off.recall(&t("t"), &k("k"), "fp", NOW).is_none());
     }
 }

@@ -34,7 +34,7 @@ use std::time::Duration;
 use crate::domain::canonical::JsonLimits;
 use crate::domain::redact::ArgumentsPolicy;
 use crate::domain::time::Clock;
-use crate::domain::{Entry, Micros, Status, Tenant};
+use crate::domain::{ClaimToken, Entry, Key, Micros, Status, Tenant};
 use crate::error::LedgerError;
 use crate::storage::Store;
 use memory::ReplayMemory;
@@ -236,11 +236,11 @@ impl Ledger {
     /// After an entry left ATTEMPTING/UNKNOWN: wake this server's waiters, and announce it to
     /// other servers when some claim waits for it. The outcome is already committed, so a
     /// failed announcement only delays waiters until their poll.
-    async fn changed(&self, tenant: &Tenant, key: &str, has_waiters: bool) {
-        self.waits.wake(tenant.as_str(), key);
+    async fn changed(&self, tenant: &Tenant, key: &Key, has_waiters: bool) {
+        self.waits.wake(tenant, key);
         if has_waiters
             && self.store.shared()
-            && let Err(e) = self.store.announce(tenant.as_str(), key).await
+            && let Err(e) = self.store.announce(tenant, key).await
         {
             tracing::warn!(error = %e, "could not announce a completion to other servers");
         }
@@ -265,7 +265,7 @@ impl Ledger {
     fn with_unwritten_replays(&self, tenant: &Tenant, mut entry: Entry) -> Entry {
         entry.replay_count = entry
             .replay_count
-            .saturating_add(self.memory.unwritten(tenant.as_str(), &entry));
+            .saturating_add(self.memory.unwritten(tenant, &entry));
         entry
     }
 
@@ -273,7 +273,7 @@ impl Ledger {
     fn audit_view(&self, entry: Entry, now: Micros) -> EntryView {
         EntryView {
             status: entry.effective_status(now),
-            external_ref: self.external_ref(&entry.key),
+            external_ref: self.external_ref(entry.key.as_str()),
             entry,
         }
     }
@@ -302,11 +302,9 @@ fn bounded(
 }
 
 /// A fresh 128-bit random claim token, hex.
-fn new_claim_token() -> Result<String, LedgerError> {
-    let mut bytes = [0u8; 16];
-    getrandom::fill(&mut bytes)
-        .map_err(|e| LedgerError::Internal(format!("no randomness for a claim token: {e}")))?;
-    Ok(hex::encode(bytes))
+fn new_claim_token() -> Result<ClaimToken, LedgerError> {
+    ClaimToken::random()
+        .map_err(|e| LedgerError::Internal(format!("no randomness for a claim token: {e}")))
 }
 
 /// See [`Ledger::external_ref`].
@@ -351,7 +349,7 @@ mod tests {
     fn claim_tokens_are_fresh_each_time() {
         let a = new_claim_token().ok();
         let b = new_claim_token().ok();
-        assert_eq!(a.as_ref().map(String::len), Some(32));
+        assert_eq!(a.as_ref().map(|t| t.as_str().len()), Some(32));
         assert_ne!(a, b);
     }
 }

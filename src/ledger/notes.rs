@@ -9,7 +9,7 @@ pub(super) const UNKNOWN_NOTE: &str = "An earlier attempt of this action may or 
     its outcome is unknown and is being reconciled. Do not repeat it. No new action was taken.";
 
 pub(super) fn replay_note(entry: &Entry) -> String {
-    if entry.run_id.is_empty() {
+    if entry.run_id.is_none() {
         "This action was already performed for this request; returning the earlier result. No \
          new action was taken."
             .to_string()
@@ -21,7 +21,7 @@ pub(super) fn replay_note(entry: &Entry) -> String {
 }
 
 pub(super) fn failed_note(entry: &Entry) -> String {
-    let scope = if entry.run_id.is_empty() {
+    let scope = if entry.run_id.is_none() {
         "for this request"
     } else {
         "in this run"

@@ -1,5 +1,7 @@
 //! Keys this server recently saw succeed: a hint for the claim path, never a decision.
 
+use crate::domain::{Key, Tenant};
+
 /// How many recently finished keys the claim path remembers; the set starts over when full.
 const RECENT_KEYS: usize = 65_536;
 
@@ -10,14 +12,14 @@ const RECENT_KEYS: usize = 65_536;
 pub(super) struct RecentKeys(std::sync::Mutex<std::collections::HashSet<u64>>);
 
 impl RecentKeys {
-    fn hash(tenant: &str, key: &str) -> u64 {
+    fn hash(tenant: &Tenant, key: &Key) -> u64 {
         use std::hash::{Hash, Hasher};
         let mut h = std::collections::hash_map::DefaultHasher::new();
-        (tenant, key).hash(&mut h);
+        (tenant.as_str(), key.as_str()).hash(&mut h);
         h.finish()
     }
 
-    pub(super) fn insert(&self, tenant: &str, key: &str) {
+    pub(super) fn insert(&self, tenant: &Tenant, key: &Key) {
         let mut set = self
             .0
             .lock()
@@ -28,7 +30,7 @@ impl RecentKeys {
         set.insert(Self::hash(tenant, key));
     }
 
-    pub(super) fn probably_contains(&self, tenant: &str, key: &str) -> bool {
+    pub(super) fn probably_contains(&self, tenant: &Tenant, key: &Key) -> bool {
         let set = self
             .0
             .lock()

@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use super::{EntryView, Ledger, MAX_RACES};
 use crate::domain::Tenant;
-use crate::domain::key::{ExplicitKey, Principal, ToolName};
+use crate::domain::key::{ExplicitKey, Key, Principal, ToolName};
 use crate::domain::{Completion, Entry, FinalStatus, Micros, Status};
 use crate::error::LedgerError;
 use crate::storage::UnresolvedQuery;
@@ -80,9 +80,11 @@ impl Ledger {
                 ),
             ));
         }
-        if !input.tool.is_empty() {
-            ToolName::parse(&input.tool)?;
-        }
+        let tool = if input.tool.is_empty() {
+            None
+        } else {
+            Some(ToolName::parse(&input.tool)?)
+        };
         let principal = Principal::parse(&input.principal)?;
         if input.keys.len() > max as usize {
             return Err(LedgerError::invalid(
@@ -94,8 +96,9 @@ impl Ledger {
         for (i, k) in input.keys.iter().enumerate() {
             let key = ExplicitKey::parse(k)
                 .map_err(|e| LedgerError::invalid("keys", format!("[{i}]: {}", e.message)))?;
-            if !keys.iter().any(|seen: &String| seen == key.as_str()) {
-                keys.push(key.as_str().to_string());
+            let key = Key::from(key);
+            if !keys.contains(&key) {
+                keys.push(key);
             }
         }
         let mut checked = Vec::with_capacity(input.resolutions.len());
@@ -109,31 +112,28 @@ impl Ledger {
                     format!("[{i}].status must be STATUS_SUCCEEDED or STATUS_FAILED"),
                 ));
             }
-            let completion = Completion {
-                status: r.status,
-                result: r.result,
-                error: r.error,
-                retryable: r.retryable,
-            };
-            self.check_outcome(&completion).map_err(|e| match e {
-                LedgerError::InvalidArgument {
-                    reason,
-                    message,
-                    field,
-                } => LedgerError::InvalidArgument {
-                    field: "resolutions",
-                    reason,
-                    message: format!("[{i}].{field} {message}"),
-                },
-                other => other,
-            })?;
-            checked.push((key, completion));
+            let completion = Completion::new(r.status, r.result, r.error, r.retryable)
+                .map_err(LedgerError::from)
+                .and_then(|c| self.check_size(&c).map(|()| c))
+                .map_err(|e| match e {
+                    LedgerError::InvalidArgument {
+                        reason,
+                        message,
+                        field,
+                    } => LedgerError::InvalidArgument {
+                        field: "resolutions",
+                        reason,
+                        message: format!("[{i}].{field} {message}"),
+                    },
+                    other => other,
+                })?;
+            checked.push((Key::from(key), completion));
         }
 
         let mut resolved = Vec::with_capacity(checked.len());
         for (key, completion) in checked {
             if let Some(view) = self
-                .resolve_one(tenant, key.as_str(), &completion, principal.as_str())
+                .resolve_one(tenant, &key, &completion, &principal)
                 .await?
             {
                 resolved.push(view);
@@ -160,14 +160,14 @@ impl Ledger {
         let query = UnresolvedQuery {
             now,
             started_before: now.minus(older_than),
-            tool: input.tool,
+            tool,
             limit,
             hold_until: now.plus(Micros::from_duration(self.limits.reconcile_lease)),
             keys,
         };
         let pending = self
             .store
-            .take_unresolved(tenant.as_str(), &query)
+            .take_unresolved(tenant, &query)
             .await?
             .into_iter()
             .map(|e| self.view(e, now))
@@ -179,13 +179,13 @@ impl Ledger {
     async fn resolve_one(
         &self,
         tenant: &Tenant,
-        key: &str,
+        key: &Key,
         completion: &Completion,
-        principal: &str,
+        principal: &Principal,
     ) -> Result<Option<EntryView>, LedgerError> {
         for _ in 0..MAX_RACES {
             let now = self.clock.now();
-            let Some(existing) = self.store.get(tenant.as_str(), key).await? else {
+            let Some(existing) = self.store.get(tenant, key).await? else {
                 return Ok(None);
             };
             if existing.is_expired(now) {
@@ -197,11 +197,11 @@ impl Ledger {
                 return Ok(Some(self.view(existing, now)));
             }
             let done = Entry {
-                resolved_by: principal.to_string(),
+                resolved_by: principal.clone(),
                 ..completion.apply_to(&existing, now)
             };
-            if let Some(has_waiters) = self.store.resolve(tenant.as_str(), &done, now).await? {
-                self.memory.remember(tenant.as_str(), &done);
+            if let Some(has_waiters) = self.store.resolve(tenant, &done, now).await? {
+                self.memory.remember(tenant, &done);
                 self.changed(tenant, key, has_waiters).await;
                 return Ok(Some(self.view(done, now)));
             }

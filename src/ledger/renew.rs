@@ -4,7 +4,7 @@ use std::time::Duration;
 
 use super::{EntryView, Ledger, bounded};
 use crate::domain::Tenant;
-use crate::domain::key::ExplicitKey;
+use crate::domain::key::{ClaimToken, ExplicitKey, Key};
 use crate::domain::{Micros, RenewDecision, decide_renew};
 use crate::error::LedgerError;
 
@@ -32,10 +32,8 @@ impl Ledger {
         tenant: &Tenant,
         input: RenewInput,
     ) -> Result<EntryView, LedgerError> {
-        let key = ExplicitKey::parse(&input.key)?;
-        if input.claim_token.is_empty() {
-            return Err(LedgerError::invalid("claim_token", "is required"));
-        }
+        let key = Key::from(ExplicitKey::parse(&input.key)?);
+        let token = ClaimToken::parse(&input.claim_token)?;
         let lease = bounded(
             "lease",
             input.lease,
@@ -45,24 +43,14 @@ impl Ledger {
         let now = self.clock.now();
         let until = now.plus(Micros::from_duration(lease));
         // The common case in one statement; a read only to say why it did not apply.
-        if let Some(entry) = self
-            .store
-            .renew(
-                tenant.as_str(),
-                key.as_str(),
-                &input.claim_token,
-                until,
-                now,
-            )
-            .await?
-        {
+        if let Some(entry) = self.store.renew(tenant, &key, &token, until, now).await? {
             return Ok(self.view(entry, now));
         }
-        let Some(existing) = self.store.get(tenant.as_str(), key.as_str()).await? else {
+        let Some(existing) = self.store.get(tenant, &key).await? else {
             return Err(LedgerError::NotFound);
         };
         let now = self.clock.now();
-        match decide_renew(&existing, &input.claim_token, now) {
+        match decide_renew(&existing, &token, now) {
             RenewDecision::NotFound => Err(LedgerError::NotFound),
             RenewDecision::StaleToken => Err(LedgerError::StaleClaimToken),
             RenewDecision::LeaseEnded => Err(LedgerError::LeaseEnded(
@@ -71,8 +59,7 @@ impl Ledger {
             // The statement did not apply, yet the entry read afterwards would: only a clock
             // that went backwards between the two explains it.
             RenewDecision::Apply => Err(LedgerError::Internal(format!(
-                "renewal of {} did not apply to an attempt in its lease",
-                key.as_str()
+                "renewal of {key} did not apply to an attempt in its lease"
             ))),
         }
     }

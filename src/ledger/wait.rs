@@ -16,8 +16,8 @@ use std::time::Duration;
 use tokio::sync::Notify;
 use tokio::sync::futures::Notified;
 
-use crate::domain::Status;
 use crate::domain::time::Clock;
+use crate::domain::{Key, Status, Tenant};
 use crate::storage::Store;
 
 /// What the waiters of one key share.
@@ -39,7 +39,7 @@ impl KeyWatch {
 /// The keys this server's claims wait on.
 pub struct WaitHub {
     /// Live watches; an entry whose last waiter left is swept on the next `watch`.
-    watches: Mutex<HashMap<(String, String), Weak<KeyWatch>>>,
+    watches: Mutex<HashMap<(Tenant, Key), Weak<KeyWatch>>>,
     /// Where the poller reads entries.
     store: Arc<dyn Store>,
     /// Where the poller reads the time (to notice an expired lease).
@@ -94,12 +94,12 @@ impl WaitHub {
 
     /// The shared watch of (tenant, key), created (with its poller, if polling) for the first
     /// waiter. Waiters keep it alive; it ends with the last of them.
-    pub fn watch(&self, tenant: &str, key: &str) -> Arc<KeyWatch> {
+    pub fn watch(&self, tenant: &Tenant, key: &Key) -> Arc<KeyWatch> {
         let mut watches = self
             .watches
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
-        let id = (tenant.to_string(), key.to_string());
+        let id = (tenant.clone(), key.clone());
         if let Some(existing) = watches.get(&id).and_then(Weak::upgrade) {
             return existing;
         }
@@ -119,13 +119,13 @@ impl WaitHub {
     }
 
     /// Wakes every waiter of (tenant, key) on this server; nothing when nobody waits.
-    pub fn wake(&self, tenant: &str, key: &str) {
+    pub fn wake(&self, tenant: &Tenant, key: &Key) {
         let watches = self
             .watches
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
         if let Some(watch) = watches
-            .get(&(tenant.to_string(), key.to_string()))
+            .get(&(tenant.clone(), key.clone()))
             .and_then(Weak::upgrade)
         {
             watch.notify.notify_waiters();
@@ -148,7 +148,7 @@ async fn poll(
     watch: Weak<KeyWatch>,
     store: Arc<dyn Store>,
     clock: Arc<dyn Clock>,
-    (tenant, key): (String, String),
+    (tenant, key): (Tenant, Key),
     interval: Duration,
 ) {
     loop {

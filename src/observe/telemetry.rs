@@ -180,7 +180,7 @@ pub fn record_request(tool: &str, key: &str) {
 /// Records the entry a call answers with: its tool, key prefix, status and attempt.
 pub fn record_entry(view: &EntryView) {
     let e = &view.entry;
-    record_request(&e.tool, &e.key);
+    record_request(e.tool.as_str(), e.key.as_str());
     with_record(|c| {
         c.status = Some(view.status.as_str());
         c.attempt = Some(e.attempt);

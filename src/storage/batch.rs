@@ -26,7 +26,7 @@ use tokio::sync::{Semaphore, mpsc, oneshot};
 use tracing::Instrument as _;
 
 use super::{Batches, Finish, Finished, StoreError, StoreResult};
-use crate::domain::Entry;
+use crate::domain::{Entry, Tenant};
 
 /// The most requests one statement carries.
 const MAX_BATCH: usize = 256;
@@ -45,7 +45,7 @@ fn commit_span(kind: &'static str) -> tracing::Span {
 
 /// One queued write and where its answer goes.
 struct Job<T, R> {
-    tenant: String,
+    tenant: Tenant,
     write: T,
     reply: oneshot::Sender<StoreResult<R>>,
     /// Its [`commit_span`], told the size of the batch that carries it.
@@ -161,14 +161,14 @@ impl<T: Send + 'static, R: Send + 'static> Queue<Job<T, R>> {
     /// queues for the dispatcher's next batch.
     async fn submit<L>(
         &self,
-        tenant: &str,
+        tenant: &Tenant,
         write: &T,
         span: &tracing::Span,
         lone: L,
     ) -> StoreResult<R>
     where
         T: Clone,
-        L: AsyncFnOnce(&str, &T) -> StoreResult<R>,
+        L: AsyncFnOnce(&Tenant, &T) -> StoreResult<R>,
     {
         if self.queued.load(Ordering::Acquire) == 0
             && let Ok(_writer) = self.free.try_acquire()
@@ -181,7 +181,7 @@ impl<T: Send + 'static, R: Send + 'static> Queue<Job<T, R>> {
         if self
             .waiting
             .send(Job {
-                tenant: tenant.to_string(),
+                tenant: tenant.clone(),
                 write: write.clone(),
                 reply,
                 span: span.clone(),
@@ -249,7 +249,7 @@ async fn write_inserts(store: &dyn Batches, mut batch: Vec<InsertJob>) {
             .send(store.insert_one(&job.tenant, &job.write).await);
         return;
     }
-    let writes: Vec<(String, Entry)> = batch
+    let writes: Vec<(Tenant, Entry)> = batch
         .iter()
         .map(|j| (j.tenant.clone(), j.write.clone()))
         .collect();
@@ -283,7 +283,7 @@ async fn write_finishes(store: &dyn Batches, mut batch: Vec<FinishJob>) {
             .into_iter()
             .partition(|j| keys.insert((j.tenant.clone(), j.write.key.clone())));
         batch = later;
-        let writes: Vec<(String, Finish)> = round
+        let writes: Vec<(Tenant, Finish)> = round
             .iter()
             .map(|j| (j.tenant.clone(), j.write.clone()))
             .collect();
@@ -314,11 +314,11 @@ impl GroupCommit {
     ///
     /// # Errors
     /// The batch's error, or `Unavailable` while the store shuts down.
-    pub async fn insert(&self, tenant: &str, entry: &Entry) -> StoreResult<bool> {
+    pub async fn insert(&self, tenant: &Tenant, entry: &Entry) -> StoreResult<bool> {
         let inner = &self.inner;
         let span = commit_span("insert");
         self.inserts
-            .submit(tenant, entry, &span, async |t: &str, e: &Entry| {
+            .submit(tenant, entry, &span, async |t: &Tenant, e: &Entry| {
                 self.stats.record(1);
                 inner.insert_one(t, e).await
             })
@@ -331,11 +331,11 @@ impl GroupCommit {
     ///
     /// # Errors
     /// As [`GroupCommit::insert`].
-    pub async fn finish(&self, tenant: &str, cmd: &Finish) -> StoreResult<Option<Finished>> {
+    pub async fn finish(&self, tenant: &Tenant, cmd: &Finish) -> StoreResult<Option<Finished>> {
         let inner = &self.inner;
         let span = commit_span("finish");
         self.finishes
-            .submit(tenant, cmd, &span, async |t: &str, c: &Finish| {
+            .submit(tenant, cmd, &span, async |t: &Tenant, c: &Finish| {
                 self.stats.record(1);
                 inner.finish_one(t, c).await
             })

@@ -12,7 +12,7 @@ use super::{
     Entries, EntryRow, Finish, Finished, FinishedRow, ListQuery, PoolStats, ReplayCount,
     StoreError, StoreMarks, StoreResult, UnresolvedCount, UnresolvedQuery, Upkeep, held,
 };
-use crate::domain::{Entry, Micros};
+use crate::domain::{ClaimToken, Entry, Key, Micros, Tenant};
 
 /// Which of a backend's connections a statement runs on.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -260,27 +260,32 @@ pub(crate) fn at_most_one<T>(mut rows: Vec<T>, what: &str) -> StoreResult<Option
 /// `Dialect`), run with `Dialect::execute` or `Dialect::fetch_all`.
 #[async_trait]
 impl<D: Dialect> Entries for D {
-    async fn insert(&self, tenant: &str, entry: &Entry) -> StoreResult<bool> {
+    async fn insert(&self, tenant: &Tenant, entry: &Entry) -> StoreResult<bool> {
         match self.group_commit() {
             Some(batcher) => batcher.insert(tenant, entry).await,
             None => insert_one(self, tenant, entry).await,
         }
     }
 
-    async fn get(&self, tenant: &str, key: &str) -> StoreResult<Option<Entry>> {
-        let params = [Param::Text(tenant), Param::Text(key)];
+    async fn get(&self, tenant: &Tenant, key: &Key) -> StoreResult<Option<Entry>> {
+        let params = [Param::Text(tenant.as_str()), Param::Text(key.as_str())];
         let rows: Vec<EntryRow> = self.fetch_all(sql::GET, &params, On::Pool).await?;
         at_most_one(rows, "GET")?.map(Entry::try_from).transpose()
     }
 
-    async fn restart(&self, tenant: &str, expected_token: &str, next: &Entry) -> StoreResult<bool> {
+    async fn restart(
+        &self,
+        tenant: &Tenant,
+        expected_token: &ClaimToken,
+        next: &Entry,
+    ) -> StoreResult<bool> {
         let mut params = sql::entry_params(tenant, next).to_vec();
-        params.push(Param::Text(expected_token));
+        params.push(Param::Text(expected_token.as_str()));
         let restarted = self.execute(sql::RESTART, &params, On::Pool).await?;
         Ok(restarted == 1)
     }
 
-    async fn finish(&self, tenant: &str, cmd: &Finish) -> StoreResult<Option<Finished>> {
+    async fn finish(&self, tenant: &Tenant, cmd: &Finish) -> StoreResult<Option<Finished>> {
         match self.group_commit() {
             Some(batcher) => batcher.finish(tenant, cmd).await,
             None => finish_one(self, tenant, cmd).await,
@@ -289,14 +294,14 @@ impl<D: Dialect> Entries for D {
 
     async fn replay(
         &self,
-        tenant: &str,
-        key: &str,
+        tenant: &Tenant,
+        key: &Key,
         fingerprint: &str,
         now: Micros,
     ) -> StoreResult<Option<Entry>> {
         let params = [
-            Param::Text(tenant),
-            Param::Text(key),
+            Param::Text(tenant.as_str()),
+            Param::Text(key.as_str()),
             Param::Text(fingerprint),
             Param::Int(now.0),
         ];
@@ -309,16 +314,16 @@ impl<D: Dialect> Entries for D {
 
     async fn renew(
         &self,
-        tenant: &str,
-        key: &str,
-        token: &str,
+        tenant: &Tenant,
+        key: &Key,
+        token: &ClaimToken,
         lease_expires_at: Micros,
         now: Micros,
     ) -> StoreResult<Option<Entry>> {
         let params = [
-            Param::Text(tenant),
-            Param::Text(key),
-            Param::Text(token),
+            Param::Text(tenant.as_str()),
+            Param::Text(key.as_str()),
+            Param::Text(token.as_str()),
             Param::Int(lease_expires_at.0),
             Param::Int(now.0),
         ];
@@ -326,10 +331,15 @@ impl<D: Dialect> Entries for D {
         at_most_one(rows, "RENEW")?.map(Entry::try_from).transpose()
     }
 
-    async fn resolve(&self, tenant: &str, done: &Entry, now: Micros) -> StoreResult<Option<bool>> {
+    async fn resolve(
+        &self,
+        tenant: &Tenant,
+        done: &Entry,
+        now: Micros,
+    ) -> StoreResult<Option<bool>> {
         let params = [
-            Param::Text(tenant),
-            Param::Text(&done.key),
+            Param::Text(tenant.as_str()),
+            Param::Text(done.key.as_str()),
             Param::Text(done.status.as_str()),
             Param::Bytes(&done.result),
             Param::Text(&done.error),
@@ -337,7 +347,7 @@ impl<D: Dialect> Entries for D {
             Param::MaybeInt(done.finished_at.map(|m| m.0)),
             Param::MaybeInt(done.expires_at.map(|m| m.0)),
             Param::Int(now.0),
-            Param::Text(&done.resolved_by),
+            Param::Text(done.resolved_by.as_str()),
         ];
         let rows: Vec<(bool,)> = self.fetch_all(sql::RESOLVE, &params, On::Pool).await?;
         Ok(at_most_one(rows, "RESOLVE")?.map(|(has_waiters,)| has_waiters))
@@ -345,16 +355,17 @@ impl<D: Dialect> Entries for D {
 
     async fn take_unresolved(
         &self,
-        tenant: &str,
+        tenant: &Tenant,
         query: &UnresolvedQuery,
     ) -> StoreResult<Vec<Entry>> {
+        let tool = query.tool.as_ref().map_or("", |t| t.as_str());
         let mut entries = Vec::with_capacity(query.keys.len());
         if query.keys.is_empty() {
             let params = [
-                Param::Text(tenant),
+                Param::Text(tenant.as_str()),
                 Param::Int(query.now.0),
                 Param::Int(query.started_before.0),
-                Param::Text(&query.tool),
+                Param::Text(tool),
                 Param::Int(i64::from(query.limit)),
                 Param::Int(query.hold_until.0),
             ];
@@ -368,11 +379,11 @@ impl<D: Dialect> Entries for D {
             // The named keys only, each its own primary-key update.
             for key in &query.keys {
                 let params = [
-                    Param::Text(tenant),
+                    Param::Text(tenant.as_str()),
                     Param::Int(query.now.0),
                     Param::Int(query.started_before.0),
-                    Param::Text(&query.tool),
-                    Param::Text(key),
+                    Param::Text(tool),
+                    Param::Text(key.as_str()),
                     Param::Int(query.hold_until.0),
                 ];
                 let rows: Vec<EntryRow> = self.fetch_all(sql::TAKE_KEY, &params, On::Pool).await?;
@@ -391,15 +402,16 @@ impl<D: Dialect> Entries for D {
         self.execute(Self::PRUNE, &params, On::Pool).await
     }
 
-    async fn list(&self, tenant: &str, query: &ListQuery) -> StoreResult<Vec<Entry>> {
+    async fn list(&self, tenant: &Tenant, query: &ListQuery) -> StoreResult<Vec<Entry>> {
         let (after_started, after_key) = query
             .after
             .as_ref()
             .map_or((i64::MIN, ""), |(started, key)| (started.0, key.as_str()));
+        let run_id = query.run_id.as_ref().map_or("", |r| r.as_str());
         let params = [
-            Param::Text(tenant),
-            Param::Text(&query.run_id),
-            Param::Text(&query.tool),
+            Param::Text(tenant.as_str()),
+            Param::Text(run_id),
+            Param::Text(query.tool.as_ref().map_or("", |t| t.as_str())),
             Param::Text(query.status.map_or("", |s| s.as_str())),
             Param::Int(query.started_from.0),
             Param::Int(query.started_before.0),
@@ -409,7 +421,7 @@ impl<D: Dialect> Entries for D {
             Param::Int(query.now.0),
         ];
         // The run's own statement when there is a run, so its plan can use the run index.
-        let rows: Vec<EntryRow> = if query.run_id.is_empty() {
+        let rows: Vec<EntryRow> = if query.run_id.is_none() {
             self.fetch_all(sql::LIST, &params, On::Pool).await?
         } else {
             self.fetch_all(sql::LIST_RUN, &params, On::Pool).await?
@@ -417,8 +429,8 @@ impl<D: Dialect> Entries for D {
         rows.into_iter().map(Entry::try_from).collect()
     }
 
-    async fn mark_waiting(&self, tenant: &str, key: &str) -> StoreResult<()> {
-        let params = [Param::Text(tenant), Param::Text(key)];
+    async fn mark_waiting(&self, tenant: &Tenant, key: &Key) -> StoreResult<()> {
+        let params = [Param::Text(tenant.as_str()), Param::Text(key.as_str())];
         self.execute(sql::MARK_WAITING, &params, On::Pool).await?;
         Ok(())
     }
@@ -437,7 +449,7 @@ impl<D: Dialect> Entries for D {
 /// As the database fails.
 pub(crate) async fn insert_one<D: Dialect>(
     store: &D,
-    tenant: &str,
+    tenant: &Tenant,
     entry: &Entry,
 ) -> StoreResult<bool> {
     let params = sql::entry_params(tenant, entry);
@@ -451,7 +463,7 @@ pub(crate) async fn insert_one<D: Dialect>(
 /// As the database fails.
 pub(crate) async fn finish_one<D: Dialect>(
     store: &D,
-    tenant: &str,
+    tenant: &Tenant,
     cmd: &Finish,
 ) -> StoreResult<Option<Finished>> {
     let params = sql::finish_params(tenant, cmd);

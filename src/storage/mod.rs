@@ -31,7 +31,9 @@ use std::sync::Arc;
 
 use async_trait::async_trait;
 
-use crate::domain::{Completion, Entry, Micros};
+use crate::domain::{
+    ClaimToken, Completion, Entry, Key, Micros, Principal, RunId, Tenant, ToolName,
+};
 
 pub use error::{StoreError, StoreResult};
 pub(crate) use marks::CONNECTIONS_PROVEN_FOR;
@@ -57,13 +59,13 @@ pub trait Entries: Send + Sync + 'static {
     ///
     /// # Errors
     /// `Unavailable` or `Internal` as the database fails.
-    async fn insert(&self, tenant: &str, entry: &Entry) -> StoreResult<bool>;
+    async fn insert(&self, tenant: &Tenant, entry: &Entry) -> StoreResult<bool>;
 
     /// Reads the entry of (tenant, key), whatever its state.
     ///
     /// # Errors
     /// `Unavailable` or `Internal` as the database fails.
-    async fn get(&self, tenant: &str, key: &str) -> StoreResult<Option<Entry>>;
+    async fn get(&self, tenant: &Tenant, key: &Key) -> StoreResult<Option<Entry>>;
 
     /// Replaces a resolved entry with a new attempt (`next`, same key), only if the stored entry
     /// is still resolved and still carries `expected_token`. A resolved entry's outcome never
@@ -72,7 +74,12 @@ pub trait Entries: Send + Sync + 'static {
     ///
     /// # Errors
     /// `Unavailable` or `Internal` as the database fails.
-    async fn restart(&self, tenant: &str, expected_token: &str, next: &Entry) -> StoreResult<bool>;
+    async fn restart(
+        &self,
+        tenant: &Tenant,
+        expected_token: &ClaimToken,
+        next: &Entry,
+    ) -> StoreResult<bool>;
 
     /// Records a claimant's outcome (see [`Finish`]) only if the entry still carries its claim
     /// token and is ATTEMPTING (or also UNKNOWN, when `cmd.also_unknown`); the store computes
@@ -81,7 +88,7 @@ pub trait Entries: Send + Sync + 'static {
     ///
     /// # Errors
     /// `Unavailable` or `Internal` as the database fails.
-    async fn finish(&self, tenant: &str, cmd: &Finish) -> StoreResult<Option<Finished>>;
+    async fn finish(&self, tenant: &Tenant, cmd: &Finish) -> StoreResult<Option<Finished>>;
 
     /// Counts a replay and returns the entry, only if it is SUCCEEDED with `fingerprint` and
     /// not expired at `now`: the whole replay in one statement. `None` otherwise (read the
@@ -97,8 +104,8 @@ pub trait Entries: Send + Sync + 'static {
     /// `Unavailable` or `Internal` as the database fails.
     async fn replay(
         &self,
-        tenant: &str,
-        key: &str,
+        tenant: &Tenant,
+        key: &Key,
         fingerprint: &str,
         now: Micros,
     ) -> StoreResult<Option<Entry>>;
@@ -111,9 +118,9 @@ pub trait Entries: Send + Sync + 'static {
     /// `Unavailable` or `Internal` as the database fails.
     async fn renew(
         &self,
-        tenant: &str,
-        key: &str,
-        token: &str,
+        tenant: &Tenant,
+        key: &Key,
+        token: &ClaimToken,
         lease_expires_at: Micros,
         now: Micros,
     ) -> StoreResult<Option<Entry>>;
@@ -124,7 +131,12 @@ pub trait Entries: Send + Sync + 'static {
     ///
     /// # Errors
     /// `Unavailable` or `Internal` as the database fails.
-    async fn resolve(&self, tenant: &str, done: &Entry, now: Micros) -> StoreResult<Option<bool>>;
+    async fn resolve(
+        &self,
+        tenant: &Tenant,
+        done: &Entry,
+        now: Micros,
+    ) -> StoreResult<Option<bool>>;
 
     /// Hands out up to `query.limit` entries whose outcome is unknown at `query.now`, oldest
     /// first, that no other reconciler holds, and holds them until `query.hold_until`. Two
@@ -134,7 +146,7 @@ pub trait Entries: Send + Sync + 'static {
     /// `Unavailable` or `Internal` as the database fails.
     async fn take_unresolved(
         &self,
-        tenant: &str,
+        tenant: &Tenant,
         query: &UnresolvedQuery,
     ) -> StoreResult<Vec<Entry>>;
 
@@ -151,14 +163,14 @@ pub trait Entries: Send + Sync + 'static {
     ///
     /// # Errors
     /// `Unavailable` or `Internal` as the database fails.
-    async fn list(&self, tenant: &str, query: &ListQuery) -> StoreResult<Vec<Entry>>;
+    async fn list(&self, tenant: &Tenant, query: &ListQuery) -> StoreResult<Vec<Entry>>;
 
     /// Notes that a claim waits for the current attempt of (tenant, key), so that its
     /// completion is announced to other servers sharing the database.
     ///
     /// # Errors
     /// `Unavailable` or `Internal` as the database fails.
-    async fn mark_waiting(&self, tenant: &str, key: &str) -> StoreResult<()>;
+    async fn mark_waiting(&self, tenant: &Tenant, key: &Key) -> StoreResult<()>;
 
     /// Adds replays a server answered from memory to their entries' `replay_count`, each
     /// only to the attempt it replayed (its claim token) while it is SUCCEEDED. Like a replay,
@@ -178,13 +190,13 @@ pub trait Batches: Send + Sync + 'static {
     ///
     /// # Errors
     /// `Unavailable` or `Internal` as the database fails.
-    async fn insert_one(&self, tenant: &str, entry: &Entry) -> StoreResult<bool>;
+    async fn insert_one(&self, tenant: &Tenant, entry: &Entry) -> StoreResult<bool>;
 
     /// [`Entries::finish`], as its own statement.
     ///
     /// # Errors
     /// `Unavailable` or `Internal` as the database fails.
-    async fn finish_one(&self, tenant: &str, cmd: &Finish) -> StoreResult<Option<Finished>>;
+    async fn finish_one(&self, tenant: &Tenant, cmd: &Finish) -> StoreResult<Option<Finished>>;
 
     /// Inserts each (tenant, entry) unless its (tenant, key) exists, in as few statements and
     /// commits as the backend allows; per entry, whether this call inserted it. Within one
@@ -193,14 +205,14 @@ pub trait Batches: Send + Sync + 'static {
     ///
     /// # Errors
     /// `Unavailable` or `Internal` as the database fails.
-    async fn insert_many(&self, batch: &[(String, Entry)]) -> StoreResult<Vec<bool>>;
+    async fn insert_many(&self, batch: &[(Tenant, Entry)]) -> StoreResult<Vec<bool>>;
 
     /// [`Entries::finish`] for many entries at once, in as few statements and commits as the
     /// backend allows; at most one command per (tenant, key) in a batch.
     ///
     /// # Errors
     /// `Unavailable` or `Internal` as the database fails; none is known to be written then.
-    async fn finish_many(&self, batch: &[(String, Finish)]) -> StoreResult<Vec<Option<Finished>>>;
+    async fn finish_many(&self, batch: &[(Tenant, Finish)]) -> StoreResult<Vec<Option<Finished>>>;
 }
 
 /// Telling other servers that share the database that an entry changed (for their waiting
@@ -216,11 +228,11 @@ pub trait Announcements: Send + Sync + 'static {
     ///
     /// # Errors
     /// `Unavailable` or `Internal` as the database fails.
-    async fn announce(&self, tenant: &str, key: &str) -> StoreResult<()>;
+    async fn announce(&self, tenant: &Tenant, key: &Key) -> StoreResult<()>;
 
     /// Starts listening for other servers' announcements; each arrives as (tenant, key).
     /// `None` for a store only one server uses.
-    fn subscribe(&self) -> Option<tokio::sync::mpsc::Receiver<(String, String)>>;
+    fn subscribe(&self) -> Option<tokio::sync::mpsc::Receiver<(Tenant, Key)>>;
 }
 
 /// What the server's probe, migrations and metrics need of a store: no entry is read or
@@ -317,9 +329,9 @@ pub struct PoolStats {
 #[derive(Clone, Debug)]
 pub struct Finish {
     /// The entry's key.
-    pub key: String,
+    pub key: Key,
     /// The claimant's token: the write's fence.
-    pub claim_token: String,
+    pub claim_token: ClaimToken,
     /// What happened.
     pub completion: Completion,
     /// When it is recorded (`finished_at`).
@@ -360,10 +372,10 @@ impl TryFrom<FinishedRow> for Finished {
 /// Which of a tenant's entries a listing asks for, and where the page starts.
 #[derive(Clone, Debug)]
 pub struct ListQuery {
-    /// Only this run's entries; any run when empty.
-    pub run_id: String,
-    /// Only this tool's entries; any tool when empty.
-    pub tool: String,
+    /// Only this run's entries; any run when `None`.
+    pub run_id: Option<RunId>,
+    /// Only this tool's entries; any tool when `None`.
+    pub tool: Option<ToolName>,
     /// Only entries in this state as Lookup reports it at `now`.
     pub status: Option<crate::domain::Status>,
     /// Only entries whose current attempt started at or after this.
@@ -371,7 +383,7 @@ pub struct ListQuery {
     /// Only entries whose current attempt started before this.
     pub started_before: Micros,
     /// Only entries after this (started_at, key) in the listing's order: the page cursor.
-    pub after: Option<(Micros, String)>,
+    pub after: Option<(Micros, Key)>,
     /// At most this many entries.
     pub limit: u32,
     /// The time an attempt's lease is judged at.
@@ -382,11 +394,11 @@ pub struct ListQuery {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ReplayCount {
     /// The entry's tenant.
-    pub tenant: String,
+    pub tenant: Tenant,
     /// The entry's key.
-    pub key: String,
+    pub key: Key,
     /// The attempt that was replayed.
-    pub claim_token: String,
+    pub claim_token: ClaimToken,
     /// How many replays.
     pub count: u64,
 }
@@ -398,15 +410,15 @@ pub struct UnresolvedQuery {
     pub now: Micros,
     /// Only entries whose current attempt started at or before this instant.
     pub started_before: Micros,
-    /// Only entries of this tool; empty for every tool.
-    pub tool: String,
+    /// Only entries of this tool; `None` for every tool.
+    pub tool: Option<ToolName>,
     /// At most this many entries.
     pub limit: u32,
     /// The reconcile hold ends here.
     pub hold_until: Micros,
     /// Only these keys (each if unresolved and not held), at most `limit` of them; any
     /// unresolved entry when empty.
-    pub keys: Vec<String>,
+    pub keys: Vec<Key>,
 }
 
 /// Opens the store a database URL names: `postgres://` or `postgresql://` for PostgreSQL,
@@ -556,6 +568,11 @@ pub(crate) fn non_negative<T: TryFrom<i64>>(v: i64, what: &str) -> StoreResult<T
 }
 
 /// The stored row shape both backends read into; converted to [`Entry`] here, once.
+///
+/// The text columns become the domain's types through their `from_stored` constructors,
+/// which trust the stored value: it passed the request rules of the server that wrote it, and
+/// checking it again against today's rules could make an old row unreadable. (Rows are read
+/// with `FromRow` into plain columns, so no sqlx trait reaches the domain's types.)
 #[derive(sqlx::FromRow)]
 pub(crate) struct EntryRow {
     pub key: String,
@@ -588,17 +605,17 @@ impl TryFrom<EntryRow> for Entry {
         let status = crate::domain::Status::parse(&r.status)
             .ok_or_else(|| StoreError::Internal(format!("unknown stored status {}", r.status)))?;
         Ok(Entry {
-            key: r.key,
-            run_id: r.run_id,
-            tool: r.tool,
+            key: Key::from_stored(r.key),
+            run_id: (!r.run_id.is_empty()).then(|| RunId::from_stored(r.run_id)),
+            tool: ToolName::from_stored(r.tool),
             fingerprint: r.fingerprint,
             status,
             attempt: non_negative(r.attempt, "attempt")?,
-            claim_token: r.claim_token,
+            claim_token: ClaimToken::from_stored(r.claim_token),
             result: r.result,
             error: r.error,
             retryable: r.retryable,
-            principal: r.principal,
+            principal: Principal::from_stored(r.principal),
             started_at: Micros(r.started_at),
             finished_at: r.finished_at.map(Micros),
             lease_expires_at: Micros(r.lease_expires_at),
@@ -606,7 +623,7 @@ impl TryFrom<EntryRow> for Entry {
             expires_at: r.expires_at.map(Micros),
             replay_count: non_negative(r.replay_count, "replay_count")?,
             arguments: r.arguments,
-            resolved_by: r.resolved_by,
+            resolved_by: Principal::from_stored(r.resolved_by),
         })
     }
 }

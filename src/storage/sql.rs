@@ -5,7 +5,7 @@
 
 use const_format::{concatcp, str_replace};
 
-use crate::domain::Entry;
+use crate::domain::{Entry, Tenant};
 
 /// An entry's stored fields besides its key and the two only some statements read or write
 /// (`arguments`, `resolved_by`), in [`EntryRow`](super::EntryRow)'s order: the one list every
@@ -252,21 +252,22 @@ pub(crate) fn arguments<'a, DB: Columns<'a>>(
 }
 
 /// An entry's columns with its tenant, in [`INSERT_COLUMNS`]' order (`$1`..`$19`).
-pub(crate) fn entry_params<'a>(tenant: &'a str, e: &'a Entry) -> [Param<'a>; 19] {
+pub(crate) fn entry_params<'a>(tenant: &'a Tenant, e: &'a Entry) -> [Param<'a>; 19] {
     use Param::{Bytes, Flag, Int, MaybeInt, MaybeText, Text};
     [
-        Text(tenant),
-        Text(&e.key),
-        Text(&e.run_id),
-        Text(&e.tool),
+        Text(tenant.as_str()),
+        Text(e.key.as_str()),
+        // An entry without a run stores the empty text (the column is NOT NULL).
+        Text(e.run_id.as_ref().map_or("", |r| r.as_str())),
+        Text(e.tool.as_str()),
         Text(&e.fingerprint),
         Text(e.status.as_str()),
         Int(i64::from(e.attempt)),
-        Text(&e.claim_token),
+        Text(e.claim_token.as_str()),
         Bytes(&e.result),
         Text(&e.error),
         Flag(e.retryable),
-        Text(&e.principal),
+        Text(e.principal.as_str()),
         Int(e.started_at.0),
         MaybeInt(e.finished_at.map(|m| m.0)),
         Int(e.lease_expires_at.0),
@@ -278,16 +279,16 @@ pub(crate) fn entry_params<'a>(tenant: &'a str, e: &'a Entry) -> [Param<'a>; 19]
 }
 
 /// A [`Finish`](super::Finish) as [`FINISH`]'s `$1`..`$9`.
-pub(crate) fn finish_params<'a>(tenant: &'a str, cmd: &'a super::Finish) -> [Param<'a>; 9] {
+pub(crate) fn finish_params<'a>(tenant: &'a Tenant, cmd: &'a super::Finish) -> [Param<'a>; 9] {
     use Param::{Bytes, Flag, Int, Text};
     [
-        Text(tenant),
-        Text(&cmd.key),
-        Text(&cmd.claim_token),
-        Text(cmd.completion.status.status().as_str()),
-        Bytes(&cmd.completion.result),
-        Text(&cmd.completion.error),
-        Flag(cmd.completion.retryable),
+        Text(tenant.as_str()),
+        Text(cmd.key.as_str()),
+        Text(cmd.claim_token.as_str()),
+        Text(cmd.completion.status().as_str()),
+        Bytes(cmd.completion.result()),
+        Text(cmd.completion.error()),
+        Flag(cmd.completion.retryable()),
         Int(cmd.now.0),
         Flag(cmd.also_unknown),
     ]

@@ -22,7 +22,7 @@ use super::{
     Finish, Finished, FinishedRow, PoolOptions, ReplayCount, StoreError, StoreMarks, StoreResult,
     held,
 };
-use crate::domain::{Entry, Micros};
+use crate::domain::{Entry, Key, Micros, Tenant};
 
 /// A SQLite store: a cheap-to-clone pool handle.
 #[derive(Clone, Debug)]
@@ -209,9 +209,9 @@ impl Dialect for SqliteStore {
                 let mut tx = conn.begin_with("BEGIN IMMEDIATE").await?;
                 for c in counts {
                     let params = [
-                        Param::Text(&c.tenant),
-                        Param::Text(&c.key),
-                        Param::Text(&c.claim_token),
+                        Param::Text(c.tenant.as_str()),
+                        Param::Text(c.key.as_str()),
+                        Param::Text(c.claim_token.as_str()),
                         Param::Int(i64::try_from(c.count).unwrap_or(i64::MAX)),
                     ];
                     let args = sql::arguments::<sqlx::Sqlite>(params)?;
@@ -230,15 +230,15 @@ impl Dialect for SqliteStore {
 
 #[async_trait::async_trait]
 impl super::Batches for SqliteStore {
-    async fn insert_one(&self, tenant: &str, entry: &Entry) -> StoreResult<bool> {
+    async fn insert_one(&self, tenant: &Tenant, entry: &Entry) -> StoreResult<bool> {
         super::dialect::insert_one(self, tenant, entry).await
     }
 
-    async fn finish_one(&self, tenant: &str, cmd: &Finish) -> StoreResult<Option<Finished>> {
+    async fn finish_one(&self, tenant: &Tenant, cmd: &Finish) -> StoreResult<Option<Finished>> {
         super::dialect::finish_one(self, tenant, cmd).await
     }
 
-    async fn insert_many(&self, batch: &[(String, Entry)]) -> StoreResult<Vec<bool>> {
+    async fn insert_many(&self, batch: &[(Tenant, Entry)]) -> StoreResult<Vec<bool>> {
         // One transaction, so one commit (one fsync) for the batch; IMMEDIATE takes the write
         // lock up front, so the transaction never has to upgrade a read lock. The answers
         // count only once the commit succeeded.
@@ -262,7 +262,7 @@ impl super::Batches for SqliteStore {
         .await
     }
 
-    async fn finish_many(&self, batch: &[(String, Finish)]) -> StoreResult<Vec<Option<Finished>>> {
+    async fn finish_many(&self, batch: &[(Tenant, Finish)]) -> StoreResult<Vec<Option<Finished>>> {
         let rows = run_on(self, &self.pool, move |mut conn| async move {
             let result: Result<_, sqlx::Error> = async {
                 let mut tx = conn.begin_with("BEGIN IMMEDIATE").await?;
@@ -298,11 +298,11 @@ impl super::Announcements for SqliteStore {
         false
     }
 
-    async fn announce(&self, _tenant: &str, _key: &str) -> StoreResult<()> {
+    async fn announce(&self, _tenant: &Tenant, _key: &Key) -> StoreResult<()> {
         Ok(())
     }
 
-    fn subscribe(&self) -> Option<tokio::sync::mpsc::Receiver<(String, String)>> {
+    fn subscribe(&self) -> Option<tokio::sync::mpsc::Receiver<(Tenant, Key)>> {
         None
     }
 }

@@ -11,7 +11,10 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use idempotency_ledger::domain::{Completion, Entry, FinalStatus, Micros, Status};
+use idempotency_ledger::domain::{
+    ClaimToken, Completion, Entry, FinalStatus, Key, Micros, Principal, RunId, Status, Tenant,
+    ToolName,
+};
 use idempotency_ledger::storage::{self, Finish, StoreError, UnresolvedQuery};
 
 use crate::support::{Backend, TestDb};
@@ -19,6 +22,20 @@ use crate::support::{Backend, TestDb};
 on_every_store!(every_write_reports_a_commit_that_fails_and_leaves_nothing_behind);
 
 const TENANT: &str = "doomed";
+
+fn tenant() -> Tenant {
+    Tenant(TENANT.to_string())
+}
+
+/// A key as the store holds it.
+fn k(key: &str) -> Key {
+    Key::from_stored(key.to_string())
+}
+
+/// A claim token as the store holds it.
+fn tok(token: &str) -> ClaimToken {
+    ClaimToken::from_stored(token.to_string())
+}
 
 /// Makes the commit of every write to `ledger_entries` (and to the write probe's table) fail
 /// while armed.
@@ -119,17 +136,17 @@ impl CommitFailure {
 
 fn attempt(key: &str, token: &str, now: Micros) -> Entry {
     Entry {
-        key: key.into(),
-        run_id: "run-1".into(),
-        tool: "issue_credit".into(),
+        key: k(key),
+        run_id: Some(RunId::from_stored("run-1".into())),
+        tool: ToolName::from_stored("issue_credit".into()),
         fingerprint: "f".repeat(64),
         status: Status::Attempting,
         attempt: 1,
-        claim_token: token.into(),
+        claim_token: tok(token),
         result: Vec::new(),
         error: String::new(),
         retryable: false,
-        principal: String::new(),
+        principal: Principal::none(),
         started_at: now,
         finished_at: None,
         lease_expires_at: now.plus(Micros::from_duration(Duration::from_secs(60))),
@@ -137,27 +154,18 @@ fn attempt(key: &str, token: &str, now: Micros) -> Entry {
         expires_at: None,
         replay_count: 0,
         arguments: Some("{}".into()),
-        resolved_by: String::new(),
+        resolved_by: Principal::none(),
     }
 }
 
 fn finish(key: &str, token: &str, status: FinalStatus, now: Micros) -> Finish {
     Finish {
-        key: key.into(),
-        claim_token: token.into(),
-        completion: Completion {
-            status,
-            result: if status == FinalStatus::Succeeded {
-                b"result".to_vec()
-            } else {
-                Vec::new()
-            },
-            error: if status == FinalStatus::Succeeded {
-                String::new()
-            } else {
-                "why".into()
-            },
-            retryable: false,
+        key: k(key),
+        claim_token: tok(token),
+        completion: if status == FinalStatus::Succeeded {
+            Completion::success(b"result".to_vec())
+        } else {
+            Completion::new(status, Vec::new(), "why".into(), false).expect("an outcome")
         },
         now,
         also_unknown: true,
@@ -175,7 +183,7 @@ async fn fails_cleanly<T: std::fmt::Debug>(
 ) {
     let mut before = Vec::new();
     for key in keys {
-        before.push(store.get(TENANT, key).await.expect("get"));
+        before.push(store.get(&tenant(), &k(key)).await.expect("get"));
     }
     inject.arm().await;
     let answer = write.await;
@@ -186,7 +194,7 @@ async fn fails_cleanly<T: std::fmt::Debug>(
     }
     for (key, before) in keys.iter().zip(before) {
         assert_eq!(
-            store.get(TENANT, key).await.expect("get"),
+            store.get(&tenant(), &k(key)).await.expect("get"),
             before,
             "{what}: the failed commit left a change behind on {key}"
         );
@@ -206,12 +214,12 @@ async fn every_write_reports_a_commit_that_fails_and_leaves_nothing_behind(b: Ba
         &inject,
         "INSERT",
         &["k-new"],
-        store.insert(TENANT, &attempt("k-new", "t-new", now)),
+        store.insert(&tenant(), &attempt("k-new", "t-new", now)),
     )
     .await;
     let batch = vec![
-        (TENANT.to_string(), attempt("k-b1", "t-b1", now)),
-        (TENANT.to_string(), attempt("k-b2", "t-b2", now)),
+        (tenant(), attempt("k-b1", "t-b1", now)),
+        (tenant(), attempt("k-b2", "t-b2", now)),
     ];
     fails_cleanly(
         &store,
@@ -226,7 +234,7 @@ async fn every_write_reports_a_commit_that_fails_and_leaves_nothing_behind(b: Ba
     for (key, token) in [("k-1", "t-1"), ("k-2", "t-2"), ("k-3", "t-3")] {
         assert!(
             store
-                .insert(TENANT, &attempt(key, token, now))
+                .insert(&tenant(), &attempt(key, token, now))
                 .await
                 .expect("set up")
         );
@@ -236,18 +244,15 @@ async fn every_write_reports_a_commit_that_fails_and_leaves_nothing_behind(b: Ba
         &inject,
         "FINISH",
         &["k-1"],
-        store.finish(TENANT, &finish("k-1", "t-1", FinalStatus::Succeeded, now)),
+        store.finish(
+            &tenant(),
+            &finish("k-1", "t-1", FinalStatus::Succeeded, now),
+        ),
     )
     .await;
     let finishes = vec![
-        (
-            TENANT.to_string(),
-            finish("k-2", "t-2", FinalStatus::Succeeded, now),
-        ),
-        (
-            TENANT.to_string(),
-            finish("k-3", "t-3", FinalStatus::Failed, now),
-        ),
+        (tenant(), finish("k-2", "t-2", FinalStatus::Succeeded, now)),
+        (tenant(), finish("k-3", "t-3", FinalStatus::Failed, now)),
     ];
     fails_cleanly(
         &store,
@@ -264,7 +269,7 @@ async fn every_write_reports_a_commit_that_fails_and_leaves_nothing_behind(b: Ba
         &inject,
         "RENEW",
         &["k-1"],
-        store.renew(TENANT, "k-1", "t-1", now.plus(hour), now),
+        store.renew(&tenant(), &k("k-1"), &tok("t-1"), now.plus(hour), now),
     )
     .await;
     fails_cleanly(
@@ -272,13 +277,16 @@ async fn every_write_reports_a_commit_that_fails_and_leaves_nothing_behind(b: Ba
         &inject,
         "MARK_WAITING",
         &["k-1"],
-        store.mark_waiting(TENANT, "k-1"),
+        store.mark_waiting(&tenant(), &k("k-1")),
     )
     .await;
 
     // Replays and restarts need resolved entries: k-1 succeeded, k-2 failed retryably.
     let done = store
-        .finish(TENANT, &finish("k-1", "t-1", FinalStatus::Succeeded, now))
+        .finish(
+            &tenant(),
+            &finish("k-1", "t-1", FinalStatus::Succeeded, now),
+        )
         .await
         .expect("set up")
         .expect("applied");
@@ -287,7 +295,7 @@ async fn every_write_reports_a_commit_that_fails_and_leaves_nothing_behind(b: Ba
         &inject,
         "REPLAY",
         &["k-1"],
-        store.replay(TENANT, "k-1", &done.entry.fingerprint, now),
+        store.replay(&tenant(), &k("k-1"), &done.entry.fingerprint, now),
     )
     .await;
     let mut next = attempt("k-1", "t-1b", now);
@@ -297,7 +305,7 @@ async fn every_write_reports_a_commit_that_fails_and_leaves_nothing_behind(b: Ba
         &inject,
         "RESTART",
         &["k-1"],
-        store.restart(TENANT, "t-1", &next),
+        store.restart(&tenant(), &tok("t-1"), &next),
     )
     .await;
 
@@ -306,7 +314,7 @@ async fn every_write_reports_a_commit_that_fails_and_leaves_nothing_behind(b: Ba
     let query = UnresolvedQuery {
         now: later,
         started_before: later,
-        tool: String::new(),
+        tool: None,
         limit: 10,
         hold_until: later.plus(hour),
         keys: Vec::new(),
@@ -316,10 +324,14 @@ async fn every_write_reports_a_commit_that_fails_and_leaves_nothing_behind(b: Ba
         &inject,
         "TAKE_UNRESOLVED",
         &["k-2", "k-3"],
-        store.take_unresolved(TENANT, &query),
+        store.take_unresolved(&tenant(), &query),
     )
     .await;
-    let mut found = store.get(TENANT, "k-2").await.expect("get").expect("k-2");
+    let mut found = store
+        .get(&tenant(), &k("k-2"))
+        .await
+        .expect("get")
+        .expect("k-2");
     found.status = Status::Succeeded;
     found.result = b"found".to_vec();
     found.finished_at = Some(later);
@@ -329,7 +341,7 @@ async fn every_write_reports_a_commit_that_fails_and_leaves_nothing_behind(b: Ba
         &inject,
         "RESOLVE",
         &["k-2"],
-        store.resolve(TENANT, &found, later),
+        store.resolve(&tenant(), &found, later),
     )
     .await;
 

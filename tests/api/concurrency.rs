@@ -79,8 +79,8 @@ async fn one_winner_among_simultaneous_claims(backend: Backend) {
             .complete(
                 &Tenant::default_tenant(),
                 CompleteInput {
-                    key: winner.entry.entry.key.clone(),
-                    claim_token: winner.claim_token.clone().expect("token"),
+                    key: winner.entry.entry.key.to_string(),
+                    claim_token: winner.claim_token.clone().expect("token").into(),
                     status: FinalStatus::Succeeded,
                     result: b"ok".to_vec(),
                     error: String::new(),
@@ -246,10 +246,10 @@ async fn one_batcher_many_claimants(backend: Backend) {
                 .complete(
                     &Tenant::default_tenant(),
                     CompleteInput {
-                        key: out.entry.entry.key.clone(),
-                        claim_token: out.claim_token.clone().expect("token"),
+                        key: out.entry.entry.key.to_string(),
+                        claim_token: out.claim_token.clone().expect("token").into(),
                         status: FinalStatus::Succeeded,
-                        result: out.entry.entry.key.as_bytes().to_vec(),
+                        result: out.entry.entry.key.as_str().as_bytes().to_vec(),
                         error: String::new(),
                         retryable: false,
                     },
@@ -262,7 +262,7 @@ async fn one_batcher_many_claimants(backend: Backend) {
         assert!(!done.already_completed);
         assert_eq!(
             done.entry.entry.result,
-            done.entry.entry.key.as_bytes(),
+            done.entry.entry.key.as_str().as_bytes(),
             "its own result"
         );
     }
@@ -294,22 +294,24 @@ async fn a_failing_batch_fails_every_request_in_it_and_writes_none_on_sqlite() {
 /// One request in a batch breaks a table constraint (attempt 0): the batch's statement fails
 /// as a whole, so every request of that batch gets the error and none of their rows exists.
 async fn a_failing_batch_writes_nothing(backend: Backend) {
-    use idempotency_ledger::domain::{Entry, Micros, Status};
+    use idempotency_ledger::domain::{
+        ClaimToken, Entry, Key, Micros, Principal, RunId, Status, ToolName,
+    };
 
     let db = TestDb::new(backend);
     let inner = db.backend(4).await;
     let entry = |n: usize, attempt: u32| Entry {
-        key: format!("k-{n}"),
-        run_id: "r".into(),
-        tool: "t".into(),
+        key: Key::from_stored(format!("k-{n}")),
+        run_id: Some(RunId::from_stored("r".into())),
+        tool: ToolName::from_stored("t".into()),
         fingerprint: "f".into(),
         status: Status::Attempting,
         attempt,
-        claim_token: format!("tok-{n}"),
+        claim_token: ClaimToken::from_stored(format!("tok-{n}")),
         result: Vec::new(),
         error: String::new(),
         retryable: false,
-        principal: String::new(),
+        principal: Principal::none(),
         started_at: Micros(1),
         finished_at: None,
         lease_expires_at: Micros(2),
@@ -317,18 +319,17 @@ async fn a_failing_batch_writes_nothing(backend: Backend) {
         expires_at: None,
         replay_count: 0,
         arguments: None,
-        resolved_by: String::new(),
+        resolved_by: Principal::none(),
     };
-    let mut batch: Vec<(String, Entry)> = (0..10)
-        .map(|n| ("default".to_string(), entry(n, 1)))
-        .collect();
-    batch.insert(5, ("default".to_string(), entry(99, 0)));
+    let tenant = Tenant::default_tenant();
+    let mut batch: Vec<(Tenant, Entry)> = (0..10).map(|n| (tenant.clone(), entry(n, 1))).collect();
+    batch.insert(5, (tenant.clone(), entry(99, 0)));
     let failed = inner.insert_many(&batch).await;
     assert!(failed.is_err(), "the poisoned batch must fail: {failed:?}");
     for n in (0..10).chain([99]) {
         assert!(
             inner
-                .get("default", &format!("k-{n}"))
+                .get(&tenant, &Key::from_stored(format!("k-{n}")))
                 .await
                 .expect("get")
                 .is_none(),
@@ -343,13 +344,13 @@ async fn a_failing_batch_writes_nothing(backend: Backend) {
     ));
     let barrier = Arc::new(Barrier::new(11));
     let mut tasks = Vec::new();
-    for (tenant, e) in batch {
+    for (owner, e) in batch {
         let batched = batched.clone();
         let barrier = barrier.clone();
         tasks.push(tokio::spawn(async move {
             barrier.wait().await;
             let n = e.key.clone();
-            (n, batched.insert(&tenant, &e).await)
+            (n, batched.insert(&owner, &e).await)
         }));
     }
     let mut failed_keys = Vec::new();
@@ -358,19 +359,22 @@ async fn a_failing_batch_writes_nothing(backend: Backend) {
         match result {
             Ok(true) => {
                 assert!(
-                    inner.get("default", &key).await.expect("get").is_some(),
+                    inner.get(&tenant, &key).await.expect("get").is_some(),
                     "{key} acknowledged"
                 );
             }
             Ok(false) => panic!("{key}: no conflict was possible"),
             Err(_) => {
                 assert!(
-                    inner.get("default", &key).await.expect("get").is_none(),
+                    inner.get(&tenant, &key).await.expect("get").is_none(),
                     "{key} failed but written"
                 );
                 failed_keys.push(key);
             }
         }
     }
-    assert!(failed_keys.contains(&"k-99".to_string()), "{failed_keys:?}");
+    assert!(
+        failed_keys.contains(&Key::from_stored("k-99".into())),
+        "{failed_keys:?}"
+    );
 }

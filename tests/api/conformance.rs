@@ -5,7 +5,7 @@
 use std::time::Duration;
 
 use idempotency_ledger::domain::canonical::Canonicalization;
-use idempotency_ledger::domain::{Entry, FinalStatus, Status, Tenant};
+use idempotency_ledger::domain::{Entry, FinalStatus, Key, Principal, Status, Tenant};
 use idempotency_ledger::error::LedgerError;
 use idempotency_ledger::ledger::{
     ClaimInput, ClaimOutput, CompleteInput, EntryView, Ledger, Limits, ListInput, LookupInput,
@@ -90,9 +90,9 @@ async fn claim(ledger: &Ledger, run: &str, tool: &str, args: &str) -> ClaimOutpu
         .expect("claim")
 }
 
-fn done(key: &str, token: &str, status: FinalStatus, result: &[u8]) -> CompleteInput {
+fn done(key: impl AsRef<str>, token: &str, status: FinalStatus, result: &[u8]) -> CompleteInput {
     CompleteInput {
-        key: key.into(),
+        key: key.as_ref().into(),
         claim_token: token.into(),
         status,
         result: result.to_vec(),
@@ -101,9 +101,9 @@ fn done(key: &str, token: &str, status: FinalStatus, result: &[u8]) -> CompleteI
     }
 }
 
-fn failed(key: &str, token: &str, error: &str, retryable: bool) -> CompleteInput {
+fn failed(key: impl AsRef<str>, token: &str, error: &str, retryable: bool) -> CompleteInput {
     CompleteInput {
-        key: key.into(),
+        key: key.as_ref().into(),
         claim_token: token.into(),
         status: FinalStatus::Failed,
         result: Vec::new(),
@@ -115,6 +115,7 @@ fn failed(key: &str, token: &str, error: &str, retryable: bool) -> CompleteInput
 fn token(out: &ClaimOutput) -> String {
     out.claim_token
         .clone()
+        .map(String::from)
         .expect("a claimed outcome carries a token")
 }
 
@@ -122,13 +123,13 @@ fn token(out: &ClaimOutput) -> String {
 /// the entry compares equal to theirs; Lookup must show the arguments.
 async fn lookup_key(
     ledger: &Ledger,
-    key: &str,
+    key: impl AsRef<str>,
 ) -> Result<idempotency_ledger::ledger::EntryView, LedgerError> {
     let mut view = ledger
         .lookup(
             &tenant(),
             LookupInput {
-                key: key.into(),
+                key: key.as_ref().into(),
                 ..Default::default()
             },
         )
@@ -147,14 +148,14 @@ async fn a_first_claim_is_claimed_with_attempt_one_and_a_token(b: Backend) {
     assert_eq!(out.outcome, Outcome::Claimed);
     assert_eq!(out.entry.status, Status::Attempting);
     assert_eq!(out.entry.entry.attempt, 1);
-    assert_eq!(out.entry.entry.key.len(), 64);
-    assert_eq!(out.entry.entry.run_id, RUN);
+    assert_eq!(out.entry.entry.key.as_str().len(), 64);
+    assert_eq!(out.entry.entry.run_id_str(), RUN);
     assert_eq!(out.entry.entry.tool, TOOL);
     assert!(out.note.is_empty());
     assert_eq!(token(&out).len(), 32);
     assert_eq!(
         out.entry.external_ref,
-        format!("idem-{}", &out.entry.entry.key[..16])
+        format!("idem-{}", &out.entry.entry.key.as_str()[..16])
     );
     let lease = out.entry.entry.lease_expires_at.0 - out.entry.entry.started_at.0;
     assert_eq!(lease, 60_000_000, "default lease is 60 s");
@@ -163,7 +164,7 @@ async fn a_first_claim_is_claimed_with_attempt_one_and_a_token(b: Backend) {
 async fn a_retry_with_reordered_arguments_replays_the_first_result(b: Backend) {
     let t = TestLedger::new(b).await;
     let first = claim(&t.ledger, RUN, TOOL, ARGS).await;
-    let key = first.entry.entry.key.clone();
+    let key = first.entry.entry.key.to_string();
     let completed = t
         .ledger
         .complete(
@@ -231,7 +232,7 @@ async fn concurrent_replays_are_numbered_one_by_one_and_lookup_and_listing_show_
     const REPLAYS: u64 = 16;
     let t = TestLedger::new(b).await;
     let first = claim(&t.ledger, RUN, TOOL, ARGS).await;
-    let key = first.entry.entry.key.clone();
+    let key = first.entry.entry.key.to_string();
     t.ledger
         .complete(
             &tenant(),
@@ -360,7 +361,7 @@ async fn an_attempt_past_its_lease_reads_unknown_and_is_not_reexecuted(b: Backen
 async fn a_reported_unknown_is_in_progress_until_the_claimant_resolves_it(b: Backend) {
     let t = TestLedger::new(b).await;
     let first = claim(&t.ledger, RUN, TOOL, ARGS).await;
-    let key = first.entry.entry.key.clone();
+    let key = first.entry.entry.key.to_string();
     let mut unknown = done(&key, &token(&first), FinalStatus::Unknown, b"");
     unknown.error = "timed out after 30s".into();
     let out = t
@@ -398,7 +399,7 @@ async fn a_reported_unknown_is_in_progress_until_the_claimant_resolves_it(b: Bac
 async fn a_permanent_failure_is_previously_failed_with_its_error(b: Backend) {
     let t = TestLedger::new(b).await;
     let first = claim(&t.ledger, RUN, TOOL, ARGS).await;
-    let key = first.entry.entry.key.clone();
+    let key = first.entry.entry.key.to_string();
     t.ledger
         .complete(
             &tenant(),
@@ -419,7 +420,7 @@ async fn a_permanent_failure_is_previously_failed_with_its_error(b: Backend) {
 async fn a_retryable_failure_is_claimed_again_with_attempt_two_and_a_new_token(b: Backend) {
     let t = TestLedger::new(b).await;
     let first = claim(&t.ledger, RUN, TOOL, ARGS).await;
-    let key = first.entry.entry.key.clone();
+    let key = first.entry.entry.key.to_string();
     t.ledger
         .complete(
             &tenant(),
@@ -660,7 +661,7 @@ async fn a_finished_entry_past_its_retention_is_a_new_claim(b: Backend) {
         .claim(&tenant(), input.clone())
         .await
         .expect("claim");
-    let key = first.entry.entry.key.clone();
+    let key = first.entry.entry.key.to_string();
     t.ledger
         .complete(
             &tenant(),
@@ -707,7 +708,7 @@ async fn a_finished_entry_past_its_retention_is_a_new_claim(b: Backend) {
 async fn unresolved_entries_never_expire(b: Backend) {
     let t = TestLedger::new(b).await;
     let first = claim(&t.ledger, RUN, TOOL, ARGS).await;
-    let key = first.entry.entry.key.clone();
+    let key = first.entry.entry.key.to_string();
     t.clock.advance(Duration::from_secs(365 * 86_400));
     let seen = lookup_key(&t.ledger, &key)
         .await
@@ -812,7 +813,7 @@ async fn bad_input_is_refused_and_stores_nothing(b: Backend) {
 async fn a_stale_or_wrong_token_cannot_complete(b: Backend) {
     let t = TestLedger::new(b).await;
     let first = claim(&t.ledger, RUN, TOOL, ARGS).await;
-    let key = first.entry.entry.key.clone();
+    let key = first.entry.entry.key.to_string();
     let wrong = t
         .ledger
         .complete(
@@ -889,7 +890,7 @@ async fn an_identical_complete_is_already_completed_and_a_different_one_changes_
 ) {
     let t = TestLedger::new(b).await;
     let first = claim(&t.ledger, RUN, TOOL, ARGS).await;
-    let key = first.entry.entry.key.clone();
+    let key = first.entry.entry.key.to_string();
     let ok = done(&key, &token(&first), FinalStatus::Succeeded, b"result-1");
     let once = t
         .ledger
@@ -924,17 +925,12 @@ async fn an_identical_complete_is_already_completed_and_a_different_one_changes_
 async fn completing_an_absent_or_other_tenants_key_is_not_found(b: Backend) {
     let t = TestLedger::new(b).await;
     let first = claim(&t.ledger, RUN, TOOL, ARGS).await;
-    let key = first.entry.entry.key.clone();
+    let key = first.entry.entry.key.to_string();
     let absent = t
         .ledger
         .complete(
             &tenant(),
-            done(
-                &"0".repeat(64),
-                &token(&first),
-                FinalStatus::Succeeded,
-                b"x",
-            ),
+            done("0".repeat(64), &token(&first), FinalStatus::Succeeded, b"x"),
         )
         .await;
     assert!(matches!(absent, Err(LedgerError::NotFound)), "{absent:?}");
@@ -1008,7 +1004,7 @@ async fn a_result_over_the_limit_is_refused_and_the_entry_unchanged(b: Backend) 
     };
     let t = TestLedger::with_limits(b, limits).await;
     let first = claim(&t.ledger, RUN, TOOL, ARGS).await;
-    let key = first.entry.entry.key.clone();
+    let key = first.entry.entry.key.to_string();
     let big = t
         .ledger
         .complete(
@@ -1038,7 +1034,7 @@ async fn a_result_over_the_limit_is_refused_and_the_entry_unchanged(b: Backend) 
 async fn result_and_retryable_only_go_with_their_status(b: Backend) {
     let t = TestLedger::new(b).await;
     let first = claim(&t.ledger, RUN, TOOL, ARGS).await;
-    let key = first.entry.entry.key.clone();
+    let key = first.entry.entry.key.to_string();
     let mut result_on_failure = failed(&key, &token(&first), "x", false);
     result_on_failure.result = b"r".to_vec();
     let mut retryable_on_success = done(&key, &token(&first), FinalStatus::Succeeded, b"r");
@@ -1061,7 +1057,7 @@ async fn result_and_retryable_only_go_with_their_status(b: Backend) {
 async fn lookup_by_key_and_by_derivation_agree_and_change_nothing(b: Backend) {
     let t = TestLedger::new(b).await;
     let first = claim(&t.ledger, RUN, TOOL, ARGS).await;
-    let key = first.entry.entry.key.clone();
+    let key = first.entry.entry.key.to_string();
     t.ledger
         .complete(
             &tenant(),
@@ -1093,7 +1089,7 @@ async fn lookup_by_key_and_by_derivation_agree_and_change_nothing(b: Backend) {
         EntryView {
             entry: Entry {
                 arguments: None,
-                resolved_by: String::new(),
+                resolved_by: Principal::none(),
                 ..derived.entry
             },
             ..derived
@@ -1140,7 +1136,7 @@ async fn lookup_by_key_and_by_derivation_agree_and_change_nothing(b: Backend) {
 async fn a_waiting_claim_returns_the_result_once_the_attempt_completes(b: Backend) {
     let t = TestLedger::new(b).await;
     let first = claim(&t.ledger, RUN, TOOL, ARGS).await;
-    let key = first.entry.entry.key.clone();
+    let key = first.entry.entry.key.to_string();
     let ledger = t.ledger.clone();
     let waiter = tokio::spawn(async move {
         let mut input = claim_input(RUN, TOOL, ARGS);
@@ -1169,7 +1165,7 @@ async fn a_waiting_claim_returns_the_result_once_the_attempt_completes(b: Backen
 async fn a_waiting_claim_takes_over_after_a_retryable_failure(b: Backend) {
     let t = TestLedger::new(b).await;
     let first = claim(&t.ledger, RUN, TOOL, ARGS).await;
-    let key = first.entry.entry.key.clone();
+    let key = first.entry.entry.key.to_string();
     let ledger = t.ledger.clone();
     let waiter = tokio::spawn(async move {
         let mut input = claim_input(RUN, TOOL, ARGS);
@@ -1237,7 +1233,7 @@ async fn a_waiter_wakes_on_the_complete_not_at_the_end_of_its_wait(b: Backend) {
     };
     let t = TestLedger::with_limits(b, limits).await;
     let first = claim(&t.ledger, RUN, TOOL, ARGS).await;
-    let key = first.entry.entry.key.clone();
+    let key = first.entry.entry.key.to_string();
     let ledger = t.ledger.clone();
     let waiter = tokio::spawn(async move {
         let out = ledger
@@ -1269,7 +1265,7 @@ async fn a_waiter_wakes_on_the_complete_not_at_the_end_of_its_wait(b: Backend) {
 async fn fifty_waiters_all_get_the_result(b: Backend) {
     let t = TestLedger::new(b).await;
     let first = claim(&t.ledger, RUN, TOOL, ARGS).await;
-    let key = first.entry.entry.key.clone();
+    let key = first.entry.entry.key.to_string();
     let mut waiters = Vec::new();
     for _ in 0..50 {
         let ledger = t.ledger.clone();
@@ -1309,7 +1305,7 @@ async fn fifty_waiters_all_get_the_result(b: Backend) {
 async fn of_fifty_waiters_exactly_one_takes_over_after_a_retryable_failure(b: Backend) {
     let t = TestLedger::new(b).await;
     let first = claim(&t.ledger, RUN, TOOL, ARGS).await;
-    let key = first.entry.entry.key.clone();
+    let key = first.entry.entry.key.to_string();
     let (answers, mut answered) = tokio::sync::mpsc::unbounded_channel();
     for _ in 0..50 {
         let ledger = t.ledger.clone();
@@ -1398,7 +1394,7 @@ async fn unknown_entries(t: &TestLedger, tool: &str, n: usize) -> Vec<String> {
         );
         report.error = "timeout".into();
         t.ledger.complete(&tenant(), report).await.expect("unknown");
-        keys.push(out.entry.entry.key.clone());
+        keys.push(out.entry.entry.key.to_string());
         t.clock.advance(Duration::from_millis(10));
     }
     keys
@@ -1411,7 +1407,7 @@ async fn reconcile(ledger: &Ledger, input: ReconcileInput) -> Vec<String> {
         .expect("reconcile")
         .pending
         .into_iter()
-        .map(|v| v.entry.key)
+        .map(|v| v.entry.key.into())
         .collect()
 }
 
@@ -1443,7 +1439,7 @@ async fn reconcile_hands_out_only_unknown_entries_oldest_first_by_tool_and_age(b
     let tickets = unknown_entries(&t, "open_ticket", 2).await;
     t.clock.advance(Duration::from_secs(1));
 
-    let mut want = vec![expired.entry.entry.key.clone()];
+    let mut want = vec![expired.entry.entry.key.to_string()];
     want.extend(credits.iter().cloned());
     let all = reconcile(
         &t.ledger,
@@ -1454,7 +1450,7 @@ async fn reconcile_hands_out_only_unknown_entries_oldest_first_by_tool_and_age(b
     )
     .await;
     assert_eq!(all, want, "unknown entries of the tool, oldest first");
-    assert!(!all.contains(&live.entry.entry.key));
+    assert!(!all.contains(&live.entry.entry.key.to_string()));
 
     t.clock.advance(Duration::from_secs(61)); // past the reconcile hold
     let old_only = reconcile(
@@ -1524,9 +1520,9 @@ async fn reconcile_with_keys_hands_out_only_those_keys_when_unresolved_and_not_h
     let mut long = claim_input("live", TOOL, ARGS);
     long.lease = Some(Duration::from_secs(3600));
     let live = t.ledger.claim(&tenant(), long).await.expect("claim");
-    let live_key = live.entry.entry.key.clone();
+    let live_key = live.entry.entry.key.to_string();
     let ok = claim(&t.ledger, "ok", TOOL, ARGS).await;
-    let ok_key = ok.entry.entry.key.clone();
+    let ok_key = ok.entry.entry.key.to_string();
     t.ledger
         .complete(
             &tenant(),
@@ -1722,9 +1718,14 @@ async fn a_resolution_records_its_principal_as_resolved_by_until_a_new_attempt(b
     );
 }
 
-fn finding(key: &str, status: FinalStatus, result: &[u8], retryable: bool) -> ResolutionInput {
+fn finding(
+    key: impl AsRef<str>,
+    status: FinalStatus,
+    result: &[u8],
+    retryable: bool,
+) -> ResolutionInput {
     ResolutionInput {
-        key: key.into(),
+        key: key.as_ref().into(),
         status,
         result: result.to_vec(),
         error: if status == FinalStatus::Failed {
@@ -1749,7 +1750,7 @@ async fn resolve(t: &TestLedger, findings: Vec<ResolutionInput>) -> Vec<(String,
         .expect("reconcile")
         .resolved
         .into_iter()
-        .map(|v| (v.entry.key, v.status))
+        .map(|v| (v.entry.key.into(), v.status))
         .collect()
 }
 
@@ -1807,13 +1808,13 @@ async fn resolving_a_resolved_or_live_entry_changes_nothing(b: Backend) {
     .await;
     let before = lookup_key(&t.ledger, &keys[0]).await.expect("lookup");
     let live = claim(&t.ledger, "live", TOOL, ARGS).await;
-    let live_key = live.entry.entry.key.clone();
+    let live_key = live.entry.entry.key.to_string();
     let out = resolve(
         &t,
         vec![
             finding(&keys[0], FinalStatus::Failed, b"", true),
             finding(&live_key, FinalStatus::Succeeded, b"guess", false),
-            finding(&"f".repeat(64), FinalStatus::Succeeded, b"nobody", false),
+            finding("f".repeat(64), FinalStatus::Succeeded, b"nobody", false),
         ],
     )
     .await;
@@ -1843,7 +1844,7 @@ async fn the_claimants_late_complete_wins_over_a_later_resolution(b: Backend) {
     let mut input = claim_input(RUN, TOOL, ARGS);
     input.lease = Some(Duration::from_secs(1));
     let first = t.ledger.claim(&tenant(), input).await.expect("claim");
-    let key = first.entry.entry.key.clone();
+    let key = first.entry.entry.key.to_string();
     t.clock.advance(Duration::from_secs(5));
     assert_eq!(
         reconcile(&t.ledger, ReconcileInput::default()).await,
@@ -1936,7 +1937,7 @@ async fn pruning_removes_expired_finished_entries_and_keeps_unresolved_ones(b: B
             )
             .await
             .expect("complete");
-        finished.push(out.entry.entry.key.clone());
+        finished.push(out.entry.entry.key.to_string());
     }
     let mut kept_longer = claim_input("kept", TOOL, ARGS);
     kept_longer.retention = Some(Duration::from_secs(3600));
@@ -1967,13 +1968,17 @@ async fn pruning_removes_expired_finished_entries_and_keeps_unresolved_ones(b: B
     let store = t.ledger.store();
     for key in &finished {
         assert!(
-            store.get("default", key).await.expect("get").is_none(),
+            store
+                .get(&tenant(), &Key::from_stored(key.clone()))
+                .await
+                .expect("get")
+                .is_none(),
             "{key} pruned"
         );
     }
     assert!(
         store
-            .get("default", &kept.entry.entry.key)
+            .get(&tenant(), &kept.entry.entry.key)
             .await
             .expect("get")
             .is_some()
@@ -1984,9 +1989,10 @@ async fn pruning_removes_expired_finished_entries_and_keeps_unresolved_ones(b: B
         1,
         "the longer retention ends too"
     );
-    for key in unresolved.iter().chain([&attempting.entry.entry.key]) {
+    let unresolved = unresolved.iter().map(|k| Key::from_stored(k.clone()));
+    for key in unresolved.chain([attempting.entry.entry.key.clone()]) {
         assert!(
-            store.get("default", key).await.expect("get").is_some(),
+            store.get(&tenant(), &key).await.expect("get").is_some(),
             "unresolved stay"
         );
     }
@@ -1996,9 +2002,9 @@ async fn pruning_removes_expired_finished_entries_and_keeps_unresolved_ones(b: B
     assert_eq!(again.entry.entry.attempt, 1);
 }
 
-fn renewal(key: &str, token: &str, lease: Option<Duration>) -> RenewInput {
+fn renewal(key: impl AsRef<str>, token: &str, lease: Option<Duration>) -> RenewInput {
     RenewInput {
-        key: key.into(),
+        key: key.as_ref().into(),
         claim_token: token.into(),
         lease,
     }
@@ -2009,7 +2015,7 @@ async fn the_holder_renews_its_lease_and_a_duplicate_stays_in_progress(b: Backen
     let mut input = claim_input(RUN, TOOL, ARGS);
     input.lease = Some(Duration::from_secs(10));
     let first = t.ledger.claim(&tenant(), input).await.expect("claim");
-    let key = first.entry.entry.key.clone();
+    let key = first.entry.entry.key.to_string();
     t.clock.advance(Duration::from_secs(8));
     let renewed = t
         .ledger
@@ -2066,7 +2072,7 @@ async fn renewing_with_a_stale_token_or_after_the_lease_ended_changes_nothing(b:
     };
     // A wrong token, on an attempt in its lease.
     let live = claim(&t.ledger, "live", TOOL, ARGS).await;
-    let live_key = live.entry.entry.key.clone();
+    let live_key = live.entry.entry.key.to_string();
     assert!(matches!(
         renew(&live_key, "not-the-token").await,
         Err(LedgerError::StaleClaimToken)
@@ -2097,7 +2103,7 @@ async fn renewing_with_a_stale_token_or_after_the_lease_ended_changes_nothing(b:
 
     // Resolved: the lease is over for good.
     let resolved = claim(&t.ledger, "resolved", TOOL, ARGS).await;
-    let resolved_key = resolved.entry.entry.key.clone();
+    let resolved_key = resolved.entry.entry.key.to_string();
     t.ledger
         .complete(
             &tenant(),
@@ -2117,7 +2123,7 @@ async fn renewing_with_a_stale_token_or_after_the_lease_ended_changes_nothing(b:
 
     // Reported UNKNOWN by its claimant: a reconciler may be asking the world already.
     let reported = claim(&t.ledger, "reported", TOOL, ARGS).await;
-    let reported_key = reported.entry.entry.key.clone();
+    let reported_key = reported.entry.entry.key.to_string();
     let mut unknown = done(&reported_key, &token(&reported), FinalStatus::Unknown, b"");
     unknown.error = "timeout".into();
     t.ledger
@@ -2131,7 +2137,7 @@ async fn renewing_with_a_stale_token_or_after_the_lease_ended_changes_nothing(b:
 
     // Past its lease: it reads UNKNOWN, and renewing cannot bring it back.
     let lapsed = claim(&t.ledger, "lapsed", TOOL, ARGS).await;
-    let lapsed_key = lapsed.entry.entry.key.clone();
+    let lapsed_key = lapsed.entry.entry.key.to_string();
     t.clock.advance(Duration::from_secs(61));
     let before = lookup_key(&t.ledger, &lapsed_key).await.expect("lookup");
     assert_eq!(before.status, Status::Unknown);
@@ -2146,7 +2152,7 @@ async fn renewing_with_a_stale_token_or_after_the_lease_ended_changes_nothing(b:
 
     // An earlier attempt's token, after a retryable failure and a new claim.
     let retried = claim(&t.ledger, "retried", TOOL, ARGS).await;
-    let retried_key = retried.entry.entry.key.clone();
+    let retried_key = retried.entry.entry.key.to_string();
     t.ledger
         .complete(
             &tenant(),
@@ -2214,7 +2220,7 @@ async fn other_server(t: &TestLedger) -> Ledger {
 
 async fn succeeded_entry(ledger: &Ledger, run: &str, result: &[u8]) -> String {
     let first = claim(ledger, run, TOOL, ARGS).await;
-    let key = first.entry.entry.key.clone();
+    let key = first.entry.entry.key.to_string();
     ledger
         .complete(
             &tenant(),
@@ -2225,7 +2231,7 @@ async fn succeeded_entry(ledger: &Ledger, run: &str, result: &[u8]) -> String {
     key
 }
 
-async fn replay_count_on(ledger: &Ledger, key: &str) -> u64 {
+async fn replay_count_on(ledger: &Ledger, key: impl AsRef<str>) -> u64 {
     lookup_key(ledger, key)
         .await
         .expect("lookup")
@@ -2310,7 +2316,7 @@ async fn what_is_remembered_expires_on_the_ledgers_clock_and_a_reused_key_is_sti
         .claim(&tenant(), input.clone())
         .await
         .expect("claim");
-    let key = first.entry.entry.key.clone();
+    let key = first.entry.entry.key.to_string();
     t.ledger
         .complete(
             &tenant(),
@@ -2377,7 +2383,7 @@ async fn a_retryable_failure_is_never_answered_from_memory_and_a_permanent_one_i
     let t = TestLedger::new(b).await;
     let other = other_server(&t).await;
     let first = claim(&t.ledger, RUN, TOOL, ARGS).await;
-    let key = first.entry.entry.key.clone();
+    let key = first.entry.entry.key.to_string();
     t.ledger
         .complete(&tenant(), failed(&key, &token(&first), "busy", true))
         .await

@@ -8,7 +8,9 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use idempotency_ledger::domain::{Completion, Entry, FinalStatus, Micros, Status};
+use idempotency_ledger::domain::{
+    ClaimToken, Completion, Entry, Key, Micros, Principal, RunId, Status, Tenant, ToolName,
+};
 use idempotency_ledger::grpc::pb;
 use idempotency_ledger::splitmix::SplitMix64;
 use idempotency_ledger::storage::Finish;
@@ -20,17 +22,17 @@ use crate::support::{Backend, TestDb, claim_req, reason, spawn_app_on, spawn_app
 
 fn attempt(key: &str, token: &str, now: Micros) -> Entry {
     Entry {
-        key: key.into(),
-        run_id: "run".into(),
-        tool: "issue_credit".into(),
+        key: Key::from_stored(key.into()),
+        run_id: Some(RunId::from_stored("run".into())),
+        tool: ToolName::from_stored("issue_credit".into()),
         fingerprint: "f".repeat(64),
         status: Status::Attempting,
         attempt: 1,
-        claim_token: token.into(),
+        claim_token: ClaimToken::from_stored(token.into()),
         result: Vec::new(),
         error: String::new(),
         retryable: false,
-        principal: String::new(),
+        principal: Principal::none(),
         started_at: now,
         finished_at: None,
         lease_expires_at: now.plus(Micros::from_duration(Duration::from_secs(60))),
@@ -38,7 +40,7 @@ fn attempt(key: &str, token: &str, now: Micros) -> Entry {
         expires_at: None,
         replay_count: 0,
         arguments: None,
-        resolved_by: String::new(),
+        resolved_by: Principal::none(),
     }
 }
 
@@ -62,11 +64,11 @@ async fn postgres_batches_sharing_keys_in_any_order_never_deadlock() {
         for b in 0..BATCHES {
             let mut order = keys.clone();
             rng.shuffle(&mut order);
-            let batch: Vec<(String, Entry)> = order
+            let batch: Vec<(Tenant, Entry)> = order
                 .iter()
                 .map(|k| {
                     (
-                        "default".to_string(),
+                        Tenant::default_tenant(),
                         attempt(k, &format!("{k}-b{b}"), Micros::now()),
                     )
                 })
@@ -79,7 +81,7 @@ async fn postgres_batches_sharing_keys_in_any_order_never_deadlock() {
                         .iter()
                         .zip(won)
                         .filter(|(_, won)| *won)
-                        .map(|((_, e), _)| (e.key.clone(), e.claim_token.clone()))
+                        .map(|((_, e), _)| (e.key.to_string(), e.claim_token.to_string()))
                         .collect::<Vec<_>>()
                 })
             }));
@@ -106,7 +108,7 @@ async fn postgres_batches_sharing_keys_in_any_order_never_deadlock() {
         for b in 0..BATCHES {
             let mut order = keys.clone();
             rng.shuffle(&mut order);
-            let batch: Vec<(String, Finish)> = order
+            let batch: Vec<(Tenant, Finish)> = order
                 .iter()
                 .map(|k| {
                     let token = if winners[k] == format!("{k}-b{b}") {
@@ -115,18 +117,13 @@ async fn postgres_batches_sharing_keys_in_any_order_never_deadlock() {
                         format!("{k}-b{b}")
                     };
                     let finish = Finish {
-                        key: k.clone(),
-                        claim_token: token,
-                        completion: Completion {
-                            status: FinalStatus::Succeeded,
-                            result: b"ok".to_vec(),
-                            error: String::new(),
-                            retryable: false,
-                        },
+                        key: Key::from_stored(k.clone()),
+                        claim_token: ClaimToken::from_stored(token),
+                        completion: Completion::success(b"ok".to_vec()),
                         now: Micros::now(),
                         also_unknown: false,
                     };
-                    ("default".to_string(), finish)
+                    (Tenant::default_tenant(), finish)
                 })
                 .collect();
             let (store, barrier) = (store.clone(), barrier.clone());

@@ -9,13 +9,19 @@
 use std::sync::Arc;
 
 use idempotency_ledger::domain::entry::cas;
-use idempotency_ledger::domain::{Completion, Entry, FinalStatus, Micros, Status};
+use idempotency_ledger::domain::{
+    ClaimToken, Completion, Entry, Key, Micros, Principal, RunId, Status, Tenant, ToolName,
+};
 use idempotency_ledger::splitmix::SplitMix64;
 use idempotency_ledger::storage::{Entries, Finish};
 
 use crate::support::{Backend, TestDb};
 
 const TENANT: &str = "acme";
+
+fn tenant() -> Tenant {
+    Tenant(TENANT.to_string())
+}
 const NOW: Micros = Micros(1_800_000_000_000_000);
 const CASES: usize = 60;
 
@@ -44,13 +50,13 @@ impl Gen {
         ]);
         let resolved = status.is_resolved();
         Entry {
-            key,
-            run_id: "run-p".into(),
-            tool: "issue_credit".into(),
+            key: Key::from_stored(key),
+            run_id: Some(RunId::from_stored("run-p".into())),
+            tool: ToolName::from_stored("issue_credit".into()),
             fingerprint: self.pick(&["f1", "f2"]).into(),
             status,
             attempt: 1,
-            claim_token: self.pick(&["t1", "t2"]).into(),
+            claim_token: ClaimToken::from_stored(self.pick(&["t1", "t2"]).into()),
             result: if status == Status::Succeeded {
                 b"done".to_vec()
             } else {
@@ -62,7 +68,7 @@ impl Gen {
                 String::new()
             },
             retryable: status == Status::Failed && self.pick(&[false, true]),
-            principal: String::new(),
+            principal: Principal::none(),
             started_at: Micros(NOW.0 - 10 * S),
             finished_at: resolved.then_some(Micros(NOW.0 - 5 * S)),
             lease_expires_at: self.near_now(),
@@ -70,7 +76,7 @@ impl Gen {
             expires_at: resolved.then(|| self.near_now()),
             replay_count: 0,
             arguments: None,
-            resolved_by: String::new(),
+            resolved_by: Principal::none(),
         }
     }
 }
@@ -93,13 +99,14 @@ async fn run_case(
     write: Write,
     stored: &Entry,
 ) -> (bool, bool, String) {
-    let token = g.pick(&["t1", "t2"]);
+    let token = ClaimToken::from_stored(g.pick(&["t1", "t2"]).to_string());
+    let token = &token;
     let fingerprint = g.pick(&["f1", "f2"]);
-    let key = stored.key.as_str();
+    let key = &stored.key;
     match write {
         Write::Replay => {
             let wrote = store
-                .replay(TENANT, key, fingerprint, NOW)
+                .replay(&tenant(), key, fingerprint, NOW)
                 .await
                 .expect("replay")
                 .is_some();
@@ -112,18 +119,17 @@ async fn run_case(
         Write::Finish => {
             let also_unknown = g.pick(&[false, true]);
             let cmd = Finish {
-                key: key.to_string(),
-                claim_token: token.to_string(),
-                completion: Completion {
-                    status: FinalStatus::Succeeded,
-                    result: b"ok".to_vec(),
-                    error: String::new(),
-                    retryable: false,
-                },
+                key: key.clone(),
+                claim_token: token.clone(),
+                completion: Completion::success(b"ok".to_vec()),
                 now: NOW,
                 also_unknown,
             };
-            let wrote = store.finish(TENANT, &cmd).await.expect("finish").is_some();
+            let wrote = store
+                .finish(&tenant(), &cmd)
+                .await
+                .expect("finish")
+                .is_some();
             (
                 wrote,
                 cas::finishes(stored, token, also_unknown),
@@ -132,7 +138,7 @@ async fn run_case(
         }
         Write::Renew => {
             let wrote = store
-                .renew(TENANT, key, token, Micros(NOW.0 + 60 * S), NOW)
+                .renew(&tenant(), key, token, Micros(NOW.0 + 60 * S), NOW)
                 .await
                 .expect("renew")
                 .is_some();
@@ -143,15 +149,13 @@ async fn run_case(
             )
         }
         Write::Resolve => {
-            let done = Completion {
-                status: FinalStatus::Failed,
-                result: Vec::new(),
+            let done = Completion::Failed {
                 error: "never sent".into(),
                 retryable: false,
             }
             .apply_to(stored, NOW);
             let wrote = store
-                .resolve(TENANT, &done, NOW)
+                .resolve(&tenant(), &done, NOW)
                 .await
                 .expect("resolve")
                 .is_some();
@@ -161,7 +165,7 @@ async fn run_case(
             let next = Entry {
                 status: Status::Attempting,
                 attempt: stored.attempt + 1,
-                claim_token: "t3".into(),
+                claim_token: ClaimToken::from_stored("t3".into()),
                 result: Vec::new(),
                 error: String::new(),
                 retryable: false,
@@ -170,7 +174,10 @@ async fn run_case(
                 lease_expires_at: Micros(NOW.0 + 60 * S),
                 ..stored.clone()
             };
-            let wrote = store.restart(TENANT, token, &next).await.expect("restart");
+            let wrote = store
+                .restart(&tenant(), token, &next)
+                .await
+                .expect("restart");
             (
                 wrote,
                 cas::restarts(stored, token),
@@ -193,7 +200,7 @@ async fn agree(store: Arc<dyn Entries>, label: &str, seed: u64) {
         ] {
             let stored = g.entry(format!("{label}-{write:?}-{case}"));
             assert!(
-                store.insert(TENANT, &stored).await.expect("insert"),
+                store.insert(&tenant(), &stored).await.expect("insert"),
                 "a fresh key"
             );
             let (wrote, should, params) = run_case(store.as_ref(), &mut g, write, &stored).await;

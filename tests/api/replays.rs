@@ -7,7 +7,7 @@
 
 use std::time::{Duration, Instant};
 
-use idempotency_ledger::domain::{FinalStatus, Tenant};
+use idempotency_ledger::domain::{FinalStatus, Key, Tenant};
 use idempotency_ledger::grpc::pb;
 use idempotency_ledger::grpc::pb::ledger_service_client::LedgerServiceClient;
 use idempotency_ledger::ledger::{ClaimInput, CompleteInput, Ledger, Limits, Outcome};
@@ -97,8 +97,8 @@ async fn a_replay_commits_without_waiting_for_the_wal_flush(b: Backend) {
         .complete(
             &tenant,
             CompleteInput {
-                key: first.entry.entry.key.clone(),
-                claim_token: first.claim_token.clone().expect("token"),
+                key: first.entry.entry.key.to_string(),
+                claim_token: first.claim_token.clone().expect("token").into(),
                 status: FinalStatus::Succeeded,
                 result: b"cr-1".to_vec(),
                 error: String::new(),
@@ -161,7 +161,7 @@ async fn a_replay_commits_without_waiting_for_the_wal_flush(b: Backend) {
         .lookup(
             &tenant,
             idempotency_ledger::ledger::LookupInput {
-                key: first.entry.entry.key.clone(),
+                key: first.entry.entry.key.to_string(),
                 ..Default::default()
             },
         )
@@ -251,7 +251,7 @@ async fn sequential_replays_count_one_each_and_a_killed_server_keeps_them(b: Bac
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
         let stored = store
-            .get(tenant.as_str(), &key)
+            .get(&tenant, &Key::from_stored(key.clone()))
             .await
             .expect("read")
             .expect("the entry");

@@ -33,9 +33,9 @@ pub(super) async fn entry(console: &Console, call: &Call, who: &Who) -> PageResu
     let e = &view.entry;
     let mut body = format!(
         "<h1>Entry {} {}</h1><p class=\"lead mono\">{}</p>",
-        esc(&shorten(&e.key, 17)),
+        esc(&shorten(e.key.as_str(), 17)),
         status_badge(view.status),
-        esc(&e.key)
+        esc(e.key.as_str())
     );
     if view.status == Status::Unknown {
         let _ = write!(
@@ -44,7 +44,7 @@ pub(super) async fn entry(console: &Console, call: &Call, who: &Who) -> PageResu
              the outside world about <code>{}</code>, then say what it found. \
              <details open><summary>Resolve</summary>{}</details></div>",
             esc(&view.external_ref),
-            resolve_form(who, &e.key, &entry_path(&e.key))
+            resolve_form(who, e.key.as_str(), &entry_path(e.key.as_str()))
         );
     }
     let opt_time = |t: Option<Micros>| t.map_or("-".to_string(), precise_time);
@@ -55,15 +55,15 @@ pub(super) async fn entry(console: &Console, call: &Call, who: &Who) -> PageResu
     };
     body.push_str("<h2>Fields</h2><dl class=\"fields\">");
     for (name, value) in [
-        ("key", e.key.clone()),
+        ("key", e.key.to_string()),
         ("external_ref", view.external_ref.clone()),
-        ("run_id", e.run_id.clone()),
-        ("tool", e.tool.clone()),
+        ("run_id", e.run_id_str().to_owned()),
+        ("tool", e.tool.to_string()),
         ("status", format!("{}{stored}", view.status.as_str())),
         ("attempt", e.attempt.to_string()),
         ("retryable", e.retryable.to_string()),
-        ("principal", e.principal.clone()),
-        ("resolved_by", e.resolved_by.clone()),
+        ("principal", e.principal.to_string()),
+        ("resolved_by", e.resolved_by.to_string()),
         ("error", e.error.clone()),
         ("fingerprint", e.fingerprint.clone()),
         ("started_at", precise_time(e.started_at)),
@@ -103,7 +103,7 @@ pub(super) async fn entry(console: &Console, call: &Call, who: &Who) -> PageResu
     }
     body.push_str("<h2>Result</h2>");
     body.push_str(&shown_html(&shown(&e.result)));
-    let title = format!("Entry {}", shorten(&e.key, 17));
+    let title = format!("Entry {}", shorten(e.key.as_str(), 17));
     Ok(respond::html(
         StatusCode::OK,
         who.page(&title, Nav::Entries, &body),
@@ -117,10 +117,9 @@ pub(super) fn timeline(view: &EntryView, now: Micros) -> Vec<String> {
         "{}: attempt {} claimed{}{}",
         time(e.started_at),
         e.attempt,
-        if e.run_id.is_empty() {
-            String::new()
-        } else {
-            format!(" in run {}", e.run_id)
+        match &e.run_id {
+            None => String::new(),
+            Some(run_id) => format!(" in run {run_id}"),
         },
         if e.principal.is_empty() {
             String::new()

@@ -2,21 +2,21 @@
 //! batch, its rows bound as one array per column.
 
 use super::PgStore;
-use crate::domain::Entry;
+use crate::domain::{Entry, Key, Tenant};
 use crate::storage::dialect::run_on;
 use crate::storage::{Finish, Finished, FinishedRow, StoreResult};
 
 #[async_trait::async_trait]
 impl crate::storage::Batches for PgStore {
-    async fn insert_one(&self, tenant: &str, entry: &Entry) -> StoreResult<bool> {
+    async fn insert_one(&self, tenant: &Tenant, entry: &Entry) -> StoreResult<bool> {
         crate::storage::dialect::insert_one(self, tenant, entry).await
     }
 
-    async fn finish_one(&self, tenant: &str, cmd: &Finish) -> StoreResult<Option<Finished>> {
+    async fn finish_one(&self, tenant: &Tenant, cmd: &Finish) -> StoreResult<Option<Finished>> {
         crate::storage::dialect::finish_one(self, tenant, cmd).await
     }
 
-    async fn insert_many(&self, batch: &[(String, Entry)]) -> StoreResult<Vec<bool>> {
+    async fn insert_many(&self, batch: &[(Tenant, Entry)]) -> StoreResult<Vec<bool>> {
         // Rows go in (tenant, key) order, so that two batches sharing keys lock them in the
         // same order and cannot deadlock; the sort is stable, so the first entry of a key
         // still wins.
@@ -25,17 +25,18 @@ impl crate::storage::Batches for PgStore {
         let int = |f: fn(&Entry) -> i64| rows.iter().map(|(_, e)| f(e)).collect::<Vec<_>>();
         let opt = |f: fn(&Entry) -> Option<i64>| rows.iter().map(|(_, e)| f(e)).collect::<Vec<_>>();
         let tenants: Vec<&str> = rows.iter().map(|(t, _)| t.as_str()).collect();
-        let keys = col(|e| e.key.clone());
-        let run_ids = col(|e| e.run_id.clone());
-        let tools = col(|e| e.tool.clone());
+        let keys = col(|e| e.key.as_str().to_owned());
+        // An entry without a run stores the empty text, as the one-row INSERT does.
+        let run_ids = col(|e| e.run_id.as_ref().map_or("", |r| r.as_str()).to_owned());
+        let tools = col(|e| e.tool.as_str().to_owned());
         let fingerprints = col(|e| e.fingerprint.clone());
         let statuses = col(|e| e.status.as_str().to_string());
         let attempts = int(|e| i64::from(e.attempt));
-        let tokens = col(|e| e.claim_token.clone());
+        let tokens = col(|e| e.claim_token.as_str().to_owned());
         let results: Vec<Vec<u8>> = rows.iter().map(|(_, e)| e.result.clone()).collect();
         let errors = col(|e| e.error.clone());
         let retryables: Vec<bool> = rows.iter().map(|(_, e)| e.retryable).collect();
-        let principals = col(|e| e.principal.clone());
+        let principals = col(|e| e.principal.as_str().to_owned());
         let started = int(|e| e.started_at.0);
         let finished = opt(|e| e.finished_at.map(|m| m.0));
         let leases = int(|e| e.lease_expires_at.0);
@@ -119,24 +120,24 @@ impl crate::storage::Batches for PgStore {
         let inserted: std::collections::HashSet<String> = inserted.into_iter().collect();
         Ok(batch
             .iter()
-            .map(|(_, e)| inserted.contains(&e.claim_token))
+            .map(|(_, e)| inserted.contains(e.claim_token.as_str()))
             .collect())
     }
 
-    async fn finish_many(&self, batch: &[(String, Finish)]) -> StoreResult<Vec<Option<Finished>>> {
+    async fn finish_many(&self, batch: &[(Tenant, Finish)]) -> StoreResult<Vec<Option<Finished>>> {
         // In (tenant, key) order, as insert_many, so two batches cannot deadlock.
         let cmds = in_key_order(batch, |c| &c.key);
         let col = |f: fn(&Finish) -> String| cmds.iter().map(|(_, c)| f(c)).collect::<Vec<_>>();
         let tenants: Vec<&str> = cmds.iter().map(|(t, _)| t.as_str()).collect();
-        let keys = col(|c| c.key.clone());
-        let tokens = col(|c| c.claim_token.clone());
-        let statuses = col(|c| c.completion.status.status().as_str().to_string());
+        let keys = col(|c| c.key.as_str().to_owned());
+        let tokens = col(|c| c.claim_token.as_str().to_owned());
+        let statuses = col(|c| c.completion.status().as_str().to_string());
         let results: Vec<Vec<u8>> = cmds
             .iter()
-            .map(|(_, c)| c.completion.result.clone())
+            .map(|(_, c)| c.completion.result().to_vec())
             .collect();
-        let errors = col(|c| c.completion.error.clone());
-        let retryables: Vec<bool> = cmds.iter().map(|(_, c)| c.completion.retryable).collect();
+        let errors = col(|c| c.completion.error().to_owned());
+        let retryables: Vec<bool> = cmds.iter().map(|(_, c)| c.completion.retryable()).collect();
         let nows: Vec<i64> = cmds.iter().map(|(_, c)| c.now.0).collect();
         let also_unknown: Vec<bool> = cmds.iter().map(|(_, c)| c.also_unknown).collect();
         // Borrowed by each try of the statement.
@@ -172,7 +173,7 @@ impl crate::storage::Batches for PgStore {
         })
         .await?;
         // Tokens are unique, so they tell which command each written row answers.
-        let mut written: std::collections::HashMap<String, Finished> = rows
+        let mut written: std::collections::HashMap<crate::domain::ClaimToken, Finished> = rows
             .into_iter()
             .map(|r| Finished::try_from(r).map(|f| (f.entry.claim_token.clone(), f)))
             .collect::<StoreResult<_>>()?;
@@ -185,8 +186,8 @@ impl crate::storage::Batches for PgStore {
 
 /// The rows of `batch` sorted by (tenant, key), stably: the order in which a multi-row
 /// statement takes their row locks, the same for every batch.
-fn in_key_order<T>(batch: &[(String, T)], key: fn(&T) -> &String) -> Vec<&(String, T)> {
-    let mut rows: Vec<&(String, T)> = batch.iter().collect();
-    rows.sort_by(|a, b| (&a.0, key(&a.1)).cmp(&(&b.0, key(&b.1))));
+fn in_key_order<T>(batch: &[(Tenant, T)], key: fn(&T) -> &Key) -> Vec<&(Tenant, T)> {
+    let mut rows: Vec<&(Tenant, T)> = batch.iter().collect();
+    rows.sort_by(|a, b| (a.0.as_str(), key(&a.1)).cmp(&(b.0.as_str(), key(&b.1))));
     rows
 }

@@ -2,6 +2,7 @@
 //! a claim waits for changed, and one `LISTEN` connection per server that relays them.
 
 use super::PgStore;
+use crate::domain::{Key, Tenant};
 use crate::storage::StoreResult;
 use crate::storage::dialect::{Dialect as _, On};
 use crate::storage::sql::Param;
@@ -16,15 +17,15 @@ impl crate::storage::Announcements for PgStore {
         true
     }
 
-    async fn announce(&self, tenant: &str, key: &str) -> StoreResult<()> {
-        let payload = format!("{tenant} {key}");
+    async fn announce(&self, tenant: &Tenant, key: &Key) -> StoreResult<()> {
+        let payload = format!("{} {}", tenant.as_str(), key.as_str());
         let params = [Param::Text(WAKE_CHANNEL), Param::Text(&payload)];
         self.execute("SELECT pg_notify($1, $2)", &params, On::Pool)
             .await?;
         Ok(())
     }
 
-    fn subscribe(&self) -> Option<tokio::sync::mpsc::Receiver<(String, String)>> {
+    fn subscribe(&self) -> Option<tokio::sync::mpsc::Receiver<(Tenant, Key)>> {
         let (tx, rx) = tokio::sync::mpsc::channel(1024);
         let pool = self.listen_pool.clone();
         tokio::spawn(async move {
@@ -44,7 +45,7 @@ impl crate::storage::Announcements for PgStore {
 
 /// Forwards the notifications of [`WAKE_CHANNEL`] to `tx`, reconnecting as needed, until `tx`
 /// has no receiver.
-async fn relay_announcements(pool: sqlx::PgPool, tx: tokio::sync::mpsc::Sender<(String, String)>) {
+async fn relay_announcements(pool: sqlx::PgPool, tx: tokio::sync::mpsc::Sender<(Tenant, Key)>) {
     loop {
         let mut listener = match sqlx::postgres::PgListener::connect_with(&pool).await {
             Ok(l) => l,
@@ -66,11 +67,12 @@ async fn relay_announcements(pool: sqlx::PgPool, tx: tokio::sync::mpsc::Sender<(
                     let Some((tenant, key)) = n.payload().split_once(' ') else {
                         continue;
                     };
-                    if tx
-                        .send((tenant.to_string(), key.to_string()))
-                        .await
-                        .is_err()
-                    {
+                    // Another server's announcement of a stored key: trusted as stored values.
+                    let announced = (
+                        Tenant(tenant.to_string()),
+                        Key::from_stored(key.to_string()),
+                    );
+                    if tx.send(announced).await.is_err() {
                         return; // nobody consumes announcements any more
                     }
                 }
