@@ -14,7 +14,7 @@ use super::html::{
 use super::respond::{self, bad, good};
 use super::session::SignedIn;
 use super::{Answer, Call, Console};
-use crate::domain::key::Principal;
+use crate::domain::key::{Key, Principal};
 use crate::domain::{FinalStatus, Micros, Status, Tenant};
 use crate::error::LedgerError;
 use crate::grpc::auth::Credential;
@@ -343,7 +343,7 @@ async fn attention(console: &Console, call: &Call, who: &Who) -> PageResult {
                 href = entry_href(e.key.as_str()),
                 short = esc(&shorten(e.key.as_str(), 17)),
                 why = esc(&why),
-                form = resolve_form(who, e.key.as_str(), "/"),
+                form = resolve_form(who, &e.key, "/"),
             );
         }
         body.push_str("</tbody></table>");
@@ -363,7 +363,7 @@ async fn attention(console: &Console, call: &Call, who: &Who) -> PageResult {
 
 /// The form that resolves `key`, as a reconciler's resolution would; `back` is where to go
 /// after it.
-fn resolve_form(who: &Who, key: &str, back: &str) -> String {
+fn resolve_form(who: &Who, key: &Key, back: &str) -> String {
     format!(
         "<form class=\"resolve\" method=\"post\" action=\"/resolve\">\
          <input type=\"hidden\" name=\"csrf\" value=\"{csrf}\">\
@@ -384,7 +384,7 @@ fn resolve_form(who: &Who, key: &str, back: &str) -> String {
          name=\"operator\" maxlength=\"{MAX_OPERATOR_CHARS}\" value=\"{operator}\"></label>\
          <button type=\"submit\">Resolve</button></form>",
         csrf = esc(&who.csrf),
-        key = esc(key),
+        key = esc(key.as_str()),
         back = esc(back),
         operator = esc(&who.operator),
     )

@@ -248,7 +248,7 @@ impl Ledger {
 
     /// The deterministic external reference of `key`: the prefix plus 16 hex characters, the
     /// key's own when it is a derived (64 lowercase hex) key, else those of sha256(key).
-    pub fn external_ref(&self, key: &str) -> String {
+    pub fn external_ref(&self, key: &Key) -> String {
         external_ref(&self.limits.external_ref_prefix, key)
     }
 
@@ -273,7 +273,7 @@ impl Ledger {
     fn audit_view(&self, entry: Entry, now: Micros) -> EntryView {
         EntryView {
             status: entry.effective_status(now),
-            external_ref: self.external_ref(entry.key.as_str()),
+            external_ref: self.external_ref(&entry.key),
             entry,
         }
     }
@@ -308,7 +308,8 @@ fn new_claim_token() -> Result<ClaimToken, LedgerError> {
 }
 
 /// See [`Ledger::external_ref`].
-pub fn external_ref(prefix: &str, key: &str) -> String {
+pub fn external_ref(prefix: &str, key: &Key) -> String {
+    let key = key.as_str();
     let derived = key.len() == 64 && key.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'));
     if derived {
         format!("{prefix}{}", &key[..16])
@@ -325,12 +326,13 @@ mod tests {
 
     #[test]
     fn external_refs_take_the_derived_keys_prefix_or_hash_an_explicit_key() {
-        let derived = "0123456789abcdef".repeat(4);
+        let key = |k: &str| Key::from_stored(k.to_string());
+        let derived = key(&"0123456789abcdef".repeat(4));
         assert_eq!(external_ref("idem-", &derived), "idem-0123456789abcdef");
-        let explicit = external_ref("x-", "wf-1:step-2");
+        let explicit = external_ref("x-", &key("wf-1:step-2"));
         assert_eq!(explicit.len(), 2 + 16);
-        assert_eq!(explicit, external_ref("x-", "wf-1:step-2"));
-        assert_ne!(explicit, external_ref("x-", "wf-1:step-3"));
+        assert_eq!(explicit, external_ref("x-", &key("wf-1:step-2")));
+        assert_ne!(explicit, external_ref("x-", &key("wf-1:step-3")));
     }
 
     #[test]

@@ -44,7 +44,7 @@ pub(super) async fn entry(console: &Console, call: &Call, who: &Who) -> PageResu
              the outside world about <code>{}</code>, then say what it found. \
              <details open><summary>Resolve</summary>{}</details></div>",
             esc(&view.external_ref),
-            resolve_form(who, e.key.as_str(), &entry_path(e.key.as_str()))
+            resolve_form(who, &e.key, &entry_path(e.key.as_str()))
         );
     }
     let opt_time = |t: Option<Micros>| t.map_or("-".to_string(), precise_time);
