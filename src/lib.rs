@@ -64,3 +64,7 @@ pub mod server;
 #[doc(hidden)]
 pub mod splitmix;
 pub mod storage;
+
+/// The unit tests' allocator, which counts what each thread allocates.
+#[cfg(test)]
+mod counting_alloc;
