@@ -544,6 +544,45 @@ mod tests {
     }
 
     #[test]
+    fn a_claim_token_from_a_caller_is_any_text_but_the_empty_one() {
+        let empty = ClaimToken::parse("").expect_err("empty");
+        assert_eq!(empty.to_string(), "claim_token: is required");
+        assert_eq!(
+            ClaimToken::parse("not ours").expect("any text").as_str(),
+            "not ours"
+        );
+        let fresh = ClaimToken::random().expect("randomness");
+        assert_eq!(fresh.as_str().len(), 32);
+        assert!(fresh.as_str().bytes().all(|b| b.is_ascii_hexdigit()));
+        assert_ne!(fresh, ClaimToken::random().expect("randomness"));
+    }
+
+    #[test]
+    fn a_key_is_an_explicit_key_or_a_derived_one_and_a_stored_one_is_not_checked_again() {
+        let explicit = Key::from(ExplicitKey::parse("wf-7:step-3").expect("a key"));
+        assert_eq!(explicit, "wf-7:step-3");
+        let derived = Key::derive(
+            &run("run-1"),
+            &tool("issue_credit"),
+            AMOUNT_200,
+            Canonicalization::Jcs,
+        );
+        assert_eq!(
+            derived,
+            derive_key(
+                &run("run-1"),
+                &tool("issue_credit"),
+                AMOUNT_200,
+                Canonicalization::Jcs
+            )
+        );
+        // A row written under older, looser rules stays readable.
+        assert!(ExplicitKey::parse("order 42").is_err());
+        assert_eq!(Key::from_stored("order 42".into()).as_str(), "order 42");
+        assert_eq!(RunId::from_stored(String::new()).as_str(), "");
+    }
+
+    #[test]
     fn newtypes_compare_and_hash_by_their_text() {
         use std::collections::HashSet;
         let set: HashSet<RunId> = [run("a"), run("a"), run("b")].into_iter().collect();

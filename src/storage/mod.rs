@@ -630,7 +630,52 @@ impl TryFrom<EntryRow> for Entry {
 
 #[cfg(test)]
 mod tests {
-    use super::redact_url;
+    use super::{EntryRow, redact_url};
+    use crate::domain::{Entry, Status};
+
+    fn row(run_id: &str, key: &str) -> EntryRow {
+        EntryRow {
+            key: key.into(),
+            run_id: run_id.into(),
+            tool: "t".into(),
+            fingerprint: "f".into(),
+            status: "ATTEMPTING".into(),
+            attempt: 1,
+            claim_token: "tok".into(),
+            result: Vec::new(),
+            error: String::new(),
+            retryable: false,
+            principal: String::new(),
+            started_at: 1,
+            finished_at: None,
+            lease_expires_at: 2,
+            retention_us: 3,
+            expires_at: None,
+            replay_count: 0,
+            arguments: None,
+            resolved_by: String::new(),
+        }
+    }
+
+    #[test]
+    fn a_stored_row_is_read_as_stored_and_an_empty_run_is_no_run() {
+        let without_run = Entry::try_from(row("", "k")).expect("readable");
+        assert_eq!(without_run.run_id, None);
+        assert_eq!(without_run.status, Status::Attempting);
+        // Today's request rules would refuse this key; a stored one is read all the same.
+        let old = Entry::try_from(row("r", "order 42")).expect("readable");
+        assert_eq!(
+            (old.key.as_str(), old.run_id_str(), old.claim_token.as_str()),
+            ("order 42", "r", "tok")
+        );
+        assert!(
+            Entry::try_from(EntryRow {
+                status: "DONE".into(),
+                ..row("r", "k")
+            })
+            .is_err()
+        );
+    }
 
     #[test]
     fn passwords_never_reach_the_log() {
