@@ -515,15 +515,15 @@ pub struct PoolOptions {
 impl Default for PoolOptions {
     /// The shipped defaults ([`crate::defaults`]).
     fn default() -> Self {
-        use crate::defaults::{self as d, duration};
+        use crate::defaults as d;
         PoolOptions {
             max_connections: d::DB_MAX_CONNECTIONS,
-            acquire_timeout: duration(d::DB_ACQUIRE_TIMEOUT),
+            acquire_timeout: d::DB_ACQUIRE_TIMEOUT,
             write_batches: usize::from(d::DB_WRITE_BATCHES),
             pooler: Pooler::None,
             migrations_url: None,
-            statement_timeout: duration(d::DB_STATEMENT_TIMEOUT),
-            connect_timeout: duration(d::DB_CONNECT_TIMEOUT),
+            statement_timeout: d::DB_STATEMENT_TIMEOUT,
+            connect_timeout: d::DB_CONNECT_TIMEOUT,
         }
     }
 }
