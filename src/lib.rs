@@ -11,7 +11,7 @@
 //! The dependency rule, in one line (a module uses only modules to its left; the test
 //! `tests/layout.rs` holds it):
 //!
-//! `reason ← domain, proto, defaults, connections, splitmix ← storage ← error ← ledger ← observe ← grpc ← console ← server ← cli`
+//! `reason ← domain, proto, defaults, connections ← storage ← error ← ledger ← observe ← grpc ← console ← server ← cli`
 //!
 //! - [`reason`]: every reason the server sends in an `ErrorInfo`, one enum (the wire names
 //!   derived from the variants by `strum`), below everything that refuses a call.
@@ -62,5 +62,4 @@ pub mod proto;
 pub mod reason;
 pub mod server;
 #[doc(hidden)]
-pub mod splitmix;
 pub mod storage;

@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 /// or a higher one.
 const LAYERS: &[&[&str]] = &[
     &["reason"],
-    &["domain", "proto", "defaults", "connections", "splitmix"],
+    &["domain", "proto", "defaults", "connections"],
     &["storage"],
     &["error"],
     &["ledger"],

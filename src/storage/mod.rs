@@ -41,10 +41,7 @@ pub use marks::StoreMarks;
 /// write smaller than what it stands for).
 fn probe_filler() -> Vec<u8> {
     let mut filler = vec![0u8; 64 * 1024];
-    let mut rng = crate::splitmix::SplitMix64(crate::splitmix::jitter(u64::MAX));
-    for chunk in filler.chunks_mut(8) {
-        chunk.copy_from_slice(&rng.next().to_le_bytes()[..chunk.len()]);
-    }
+    rand::Rng::fill_bytes(&mut rand::rng(), &mut filler);
     filler
 }
 

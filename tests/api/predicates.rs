@@ -10,8 +10,9 @@ use std::sync::Arc;
 
 use idempotency_ledger::domain::entry::cas;
 use idempotency_ledger::domain::{Completion, Entry, FinalStatus, Micros, Status};
-use idempotency_ledger::splitmix::SplitMix64;
 use idempotency_ledger::storage::{Entries, Finish};
+use rand::rngs::Xoshiro256PlusPlus as Rng;
+use rand::{SeedableRng as _, seq::IndexedRandom as _};
 
 use crate::support::{Backend, TestDb};
 
@@ -22,11 +23,11 @@ const CASES: usize = 60;
 /// One second, in the store's unit.
 const S: i64 = 1_000_000;
 
-struct Gen(SplitMix64);
+struct Gen(Rng);
 
 impl Gen {
     fn pick<T: Copy>(&mut self, of: &[T]) -> T {
-        *self.0.pick(of)
+        *of.choose(&mut self.0).expect("a non-empty list")
     }
 
     /// `NOW` moved by one of -1 s, -1 µs, 0, +1 µs, +1 s: the boundaries the statements
@@ -181,7 +182,7 @@ async fn run_case(
 }
 
 async fn agree(store: Arc<dyn Entries>, label: &str, seed: u64) {
-    let mut g = Gen(SplitMix64(seed));
+    let mut g = Gen(Rng::seed_from_u64(seed));
     let mut applied = [0usize; 2];
     for case in 0..CASES {
         for write in [
