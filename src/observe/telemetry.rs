@@ -42,8 +42,8 @@ use tracing_subscriber::EnvFilter;
 use super::traces::{self, TraceExport};
 use super::{Rpc, SERVICE};
 use crate::domain::Tenant;
-use crate::error::code_name;
 use crate::ledger::{ClaimOutput, EntryView};
+use crate::proto::code_name;
 
 /// The target of the `call` span, the access line and this module's other events.
 pub const LOG_TARGET: &str = "idempotency_ledger::telemetry";
