@@ -65,3 +65,7 @@ pub mod reason;
 pub mod server;
 #[doc(hidden)]
 pub mod storage;
+
+/// The unit tests' allocator, which counts what each thread allocates.
+#[cfg(test)]
+mod counting_alloc;

@@ -12,8 +12,10 @@
 //! `replay_count` may lag a Lookup on another server by that long, and a crash loses the counts
 //! not yet written: the documented bargain.
 //!
-//! Bounded in bytes (`--replay-memory-bytes`): each entry weighs its result and error plus a
-//! fixed overhead; `quick_cache` evicts by weight (CLOCK-Pro, scan resistant).
+//! Bounded in bytes (`--replay-memory-bytes`): each entry weighs what it takes of the heap (its
+//! strings, result and error, the copy's struct, the table's slot, the allocator's rounding:
+//! [`ByBytes`]), so that the flag bounds the server's memory and not only its results;
+//! `quick_cache` evicts by weight (CLOCK-Pro, scan resistant).
 
 use std::hash::{Hash, Hasher};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -25,9 +27,17 @@ use quick_cache::{Equivalent, Weighter};
 use crate::domain::{ClaimDecision, Entry, Micros, Status, decide_claim};
 use crate::storage::ReplayCount;
 
-/// What one remembered entry costs besides its result and error: its strings (key, run, tool,
-/// fingerprint, token, principal), the cache's slot and the counters.
-const ENTRY_OVERHEAD: u64 = 512;
+/// What one remembered entry costs besides the bytes of its strings and result: the copy itself
+/// (an [`Entry`] and its counters, behind an `Arc`), its key's pair of `String`s, and the
+/// cache's slot for it (its links, state and hash-table entry, about 40 bytes in quick_cache
+/// 0.6).
+const ENTRY_OVERHEAD: u64 = (size_of::<Remembered>() + 2 * size_of::<usize>() // Arc's counts
+    + size_of::<(String, String)>()
+    + 40) as u64;
+
+/// The allocator's rounding of each heap block up to its size class, and each block's own
+/// bookkeeping: mimalloc's classes waste at most an eighth; 16 bytes per block besides.
+const PER_BLOCK: u64 = 16;
 
 /// The remembered entries, and the replays answered from them that the store does not know of
 /// yet. Shared by every call of one server.
@@ -89,14 +99,37 @@ impl TakenCounts {
     }
 }
 
-/// Weighs an entry by the bytes it holds.
+/// Weighs an entry by the memory it takes: [`ENTRY_OVERHEAD`], and each heap block it owns (the
+/// key's two strings and the entry's strings and result) with the allocator's rounding. The
+/// copies are made by `clone`, so each block is as long as its contents.
 #[derive(Clone)]
 struct ByBytes;
 
 impl Weighter<(String, String), Arc<Remembered>> for ByBytes {
-    fn weight(&self, _key: &(String, String), value: &Arc<Remembered>) -> u64 {
-        let held = value.entry.result.len() + value.entry.error.len();
-        ENTRY_OVERHEAD + u64::try_from(held).unwrap_or(u64::MAX / 2)
+    fn weight(&self, (tenant, key): &(String, String), value: &Arc<Remembered>) -> u64 {
+        let e = &value.entry;
+        let blocks = [
+            tenant.len(),
+            key.len(),
+            e.key.len(),
+            e.run_id.len(),
+            e.tool.len(),
+            e.fingerprint.len(),
+            e.claim_token.len(),
+            e.result.len(),
+            e.error.len(),
+            e.principal.len(),
+            e.resolved_by.len(),
+        ];
+        let heap: u64 = blocks
+            .iter()
+            .filter(|&&n| n > 0) // an empty String or Vec allocates nothing
+            .map(|&n| {
+                let n = n as u64;
+                n + n / 8 + PER_BLOCK
+            })
+            .sum();
+        ENTRY_OVERHEAD + heap
     }
 }
 
@@ -388,6 +421,37 @@ mod tests {
         assert!(
             memory.recall("t", "k", "fp", NOW).is_none(),
             "and forgotten"
+        );
+    }
+
+    #[test]
+    fn an_entry_weighs_at_least_the_memory_it_takes_and_not_much_more() {
+        // Entries shaped like the service's: hex keys and fingerprints, a token, a small result.
+        const N: usize = 2_000;
+        let entries: Vec<Entry> = (0..N)
+            .map(|i| Entry {
+                key: format!("{i:064x}"),
+                run_id: format!("run-{i:012x}"),
+                tool: "issue_credit".into(),
+                fingerprint: format!("{:064x}", i * 7),
+                claim_token: format!("tok-{i:040x}"),
+                principal: "tenant-a".into(),
+                ..finished("", Status::Succeeded, false, br#"{"credit_id":"cr-001"}"#)
+            })
+            .collect();
+        let memory = ReplayMemory::new(64 << 20);
+        let before = crate::counting_alloc::live_bytes();
+        for e in &entries {
+            memory.remember("tenant-a", e);
+        }
+        let taken = u64::try_from(crate::counting_alloc::live_bytes() - before).expect("grew");
+        let weight = memory.weight();
+        // What the allocator was asked for; its rounding and bookkeeping come on top, which the
+        // weight counts too.
+        assert!(weight >= taken, "weight {weight} < {taken} bytes taken");
+        assert!(
+            weight <= taken * 2,
+            "weight {weight} is more than twice the {taken} bytes taken"
         );
     }
 

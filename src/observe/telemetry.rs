@@ -700,39 +700,6 @@ mod tests {
         assert!(!ids.contains(&SpanId::INVALID));
     }
 
-    /// Counts the heap allocations made on this thread, for the test below.
-    mod counting {
-        use std::alloc::{GlobalAlloc, Layout, System};
-        use std::cell::Cell;
-
-        thread_local! {
-            static ALLOCATIONS: Cell<u64> = const { Cell::new(0) };
-        }
-
-        pub struct Counting;
-
-        // SAFETY: every call is passed on to the system allocator unchanged.
-        unsafe impl GlobalAlloc for Counting {
-            unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-                let _ = ALLOCATIONS.try_with(|n| n.set(n.get() + 1));
-                // SAFETY: the caller's contract, passed on.
-                unsafe { System.alloc(layout) }
-            }
-
-            unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-                // SAFETY: the caller's contract, passed on.
-                unsafe { System.dealloc(ptr, layout) }
-            }
-        }
-
-        pub fn allocations() -> u64 {
-            ALLOCATIONS.with(Cell::get)
-        }
-    }
-
-    #[global_allocator]
-    static ALLOCATOR: counting::Counting = counting::Counting;
-
     #[test]
     fn without_traces_a_call_without_trace_context_allocates_only_its_future() {
         use tower::{Layer as _, Service as _};
@@ -757,11 +724,11 @@ mod tests {
             // The first call registers the callsites.
             runtime.block_on(service.call(request())).expect("call");
             let requests: Vec<_> = (0..100).map(|_| request()).collect();
-            let before = counting::allocations();
+            let before = crate::counting_alloc::allocations();
             for r in requests {
                 runtime.block_on(service.call(r)).expect("call");
             }
-            let per_call = (counting::allocations() - before) as f64 / 100.0;
+            let per_call = (crate::counting_alloc::allocations() - before) as f64 / 100.0;
             // The boxed future of the layer; no span, no id text, no trace context.
             assert_eq!(per_call, 1.0);
         });

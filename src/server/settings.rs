@@ -237,9 +237,9 @@ pub struct Settings {
     )]
     pub reconcile_default_limit: u32,
 
-    /// How many bytes of finished entries (results and errors, plus about 512 bytes each) this
-    /// server remembers to answer repeats without a database round trip; 0 turns the memory
-    /// off. A repeat of a key that is not remembered reads the database as before; the replay
+    /// How many bytes of memory the finished entries take (their results, errors and strings,
+    /// with the bookkeeping: about 900 bytes for an entry with a small result) that this server
+    /// remembers to answer repeats without a database round trip; 0 turns the memory off. A repeat of a key that is not remembered reads the database as before; the replay
     /// counts of repeats answered from memory reach the database within a second.
     #[arg(
         long,
