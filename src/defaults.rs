@@ -149,13 +149,20 @@ pub const LIST_DEFAULT_PAGE_SIZE: u32 = 100;
 pub const LISTEN_SAFETY_POLL: Duration = Duration::from_secs(1);
 
 /// Reads a duration setting: the `humantime` crate's syntax (`500ms`, `60s`, `15m`, `24h`,
-/// `30d`, and also `1h 30m`, `1.5h`, `90min`, `2days`), and a bare number as seconds, as the
-/// settings have always taken it.
+/// `30d`, and also `1h30m`, `1.5h`, `90min`, `2days`), and a bare number as seconds, as the
+/// settings have always taken it; without blanks.
 ///
 /// # Errors
 /// A message naming the text and what is wrong with it.
 pub fn parse_duration(text: &str) -> Result<Duration, String> {
     let text = text.trim();
+    // humantime reads `15 minutes` and `1h 30m`; a blank inside is refused, as it always was,
+    // so that `entries --since "15 minutes"` stays an error rather than a guess.
+    if text.contains(char::is_whitespace) {
+        return Err(format!(
+            "`{text}`: write a duration without blanks (90m, 1h30m)"
+        ));
+    }
     if !text.is_empty() && text.bytes().all(|b| b.is_ascii_digit()) {
         return text
             .parse()
@@ -253,10 +260,12 @@ mod tests {
         assert!(parse_duration("h").is_err());
         assert!(parse_duration("").is_err());
         assert!(parse_duration("10 parsecs").is_err());
+        assert!(parse_duration("10 years").is_err());
+        assert!(parse_duration("15 minutes").is_err());
         assert!(parse_duration("99999999999999999999").is_err());
         // What humantime reads beyond the forms above (docs/settings.md says so).
         assert_eq!(parse_duration("1.5h"), Ok(Duration::from_secs(5400)));
-        assert_eq!(parse_duration("1h 30m"), Ok(Duration::from_secs(5400)));
+        assert_eq!(parse_duration("1h30m"), Ok(Duration::from_secs(5400)));
         assert_eq!(parse_duration("90min"), Ok(Duration::from_secs(5400)));
         assert_eq!(parse_duration("2days"), Ok(Duration::from_secs(172_800)));
     }
