@@ -1,26 +1,21 @@
-//! The one error type of the ledger and the one place that turns it into a gRPC status: a code,
-//! a `google.rpc.ErrorInfo` (domain `idempotency.v1`, a SCREAMING_SNAKE reason) and, for a bad
-//! field, a `google.rpc.BadRequest` naming it. Internal details (SQL, paths) are logged here and
-//! never sent.
+//! The one error type of the ledger's use cases, independent of gRPC: each case's reason (a
+//! SCREAMING_SNAKE [`Reason`]), the message a person is shown, the retry hint, and the log
+//! line of what is not sent (internal details: SQL, paths). The refusals of the transport
+//! (a credential, a limit, a deadline) and the one mapping to a gRPC status are
+//! [`crate::grpc::error`]'s; nothing here imports tonic (tests/layout.rs holds it).
 
 use std::time::Duration;
-
-use tonic::{Code, Status};
-use tonic_types::{ErrorDetails, StatusExt};
 
 use crate::domain::canonical::CanonicalError;
 use crate::domain::key::InvalidField;
 use crate::reason::Reason;
 use crate::storage::StoreError;
 
-/// The `ErrorInfo` domain of every error the ledger sends.
-pub const ERROR_DOMAIN: &str = crate::proto::ERROR_DOMAIN;
-
 /// How long a client should wait before retrying when the store is unavailable.
 const UNAVAILABLE_RETRY_DELAY: Duration = Duration::from_secs(1);
 
 /// What the caller is told when the store cannot be reached (or the server is not ready).
-const UNAVAILABLE_MESSAGE: &str = "the ledger's database is unavailable; retry later";
+pub(crate) const UNAVAILABLE_MESSAGE: &str = "the ledger's database is unavailable; retry later";
 
 /// The retry hint after contention: the conflicting writers are done within milliseconds.
 const CONTENTION_RETRY_DELAY: Duration = Duration::from_millis(100);
@@ -63,9 +58,6 @@ pub enum LedgerError {
     /// No such entry for this tenant (absent, expired, or another tenant's: indistinguishable).
     #[error("no entry with this key")]
     NotFound,
-    /// A missing or wrong credential.
-    #[error("{0}")]
-    Unauthenticated(&'static str),
     /// The server cannot serve yet (migrations have not run); the detail is logged, not sent.
     /// The same reason and message as a store that cannot be reached.
     #[error("{}", UNAVAILABLE_MESSAGE)]
@@ -80,19 +72,6 @@ pub enum LedgerError {
          reconciler may be asking the outside world about it"
     )]
     LeaseEnded(&'static str),
-    /// A limit was reached (load shedding, a tenant's rate); retry after `retry_after`.
-    #[error("{message}")]
-    ResourceExhausted {
-        /// [`Reason::Overloaded`] or [`Reason::RateLimited`].
-        reason: Reason,
-        /// What was reached, for a person.
-        message: String,
-        /// When a retry is worthwhile.
-        retry_after: Duration,
-    },
-    /// The call's deadline passed before an answer.
-    #[error("the call's deadline passed before the ledger could answer")]
-    DeadlineExceeded,
     /// A bug or an operator problem; the detail is logged, not sent.
     #[error("internal error")]
     Internal(String),
@@ -111,13 +90,11 @@ impl LedgerError {
     /// The reason sent in `ErrorInfo`.
     pub fn reason(&self) -> Reason {
         match self {
-            LedgerError::InvalidArgument { reason, .. }
-            | LedgerError::ResourceExhausted { reason, .. } => *reason,
+            LedgerError::InvalidArgument { reason, .. } => *reason,
             LedgerError::KeyReused => Reason::KeyReusedWithDifferentRequest,
             LedgerError::StaleClaimToken => Reason::StaleClaimToken,
             LedgerError::AlreadyResolved(_) => Reason::AlreadyResolved,
             LedgerError::NotFound => Reason::EntryNotFound,
-            LedgerError::Unauthenticated(_) => Reason::Unauthenticated,
             LedgerError::Unavailable(_) => Reason::StoreUnavailable,
             LedgerError::Store(e) => match e {
                 StoreError::Unavailable(_) | StoreError::Unreachable(_) => Reason::StoreUnavailable,
@@ -131,37 +108,27 @@ impl LedgerError {
                 StoreError::Internal(_) => Reason::Internal,
             },
             LedgerError::LeaseEnded(_) => Reason::LeaseEnded,
-            LedgerError::DeadlineExceeded => Reason::DeadlineExceeded,
             LedgerError::Internal(_) => Reason::Internal,
         }
     }
 
-    /// The gRPC code this error is sent with.
-    pub fn code(&self) -> Code {
+    /// How long the caller should wait before retrying, when waiting helps.
+    pub fn retry_after(&self) -> Option<Duration> {
         match self {
-            LedgerError::InvalidArgument { .. } => Code::InvalidArgument,
-            LedgerError::KeyReused
-            | LedgerError::StaleClaimToken
-            | LedgerError::AlreadyResolved(_)
-            | LedgerError::LeaseEnded(_) => Code::FailedPrecondition,
-            LedgerError::NotFound => Code::NotFound,
-            LedgerError::Unauthenticated(_) => Code::Unauthenticated,
-            LedgerError::Unavailable(_) => Code::Unavailable,
-            LedgerError::Store(e) => match e {
-                StoreError::Unavailable(_)
-                | StoreError::Unreachable(_)
-                | StoreError::Busy(_)
-                | StoreError::Io(_)
-                | StoreError::Contention(_)
-                | StoreError::ReadOnly(_)
-                | StoreError::Misconfigured(_) => Code::Unavailable,
-                StoreError::Full(_) => Code::ResourceExhausted,
-                StoreError::Corrupt(_) => Code::DataLoss,
-                StoreError::Internal(_) => Code::Internal,
-            },
-            LedgerError::ResourceExhausted { .. } => Code::ResourceExhausted,
-            LedgerError::DeadlineExceeded => Code::DeadlineExceeded,
-            LedgerError::Internal(_) => Code::Internal,
+            LedgerError::Unavailable(_) => Some(UNAVAILABLE_RETRY_DELAY),
+            LedgerError::Store(e) => store_retry_delay(e),
+            _ => None,
+        }
+    }
+
+    /// Logs what the caller is not sent (the database's words, a bug's detail): called once
+    /// per error, where it is turned into an answer.
+    pub fn log_detail(&self) {
+        match self {
+            LedgerError::Unavailable(detail) => tracing::debug!(error = %detail, "not serving yet"),
+            LedgerError::Store(e) => log_store_error(e),
+            LedgerError::Internal(detail) => tracing::error!(error = %detail, "internal error"),
+            _ => {}
         }
     }
 }
@@ -295,156 +262,5 @@ impl LedgerError {
             reason: e.reason(),
             message: e.to_string(),
         }
-    }
-}
-
-impl From<LedgerError> for Status {
-    fn from(err: LedgerError) -> Status {
-        let mut details = ErrorDetails::new();
-        details.set_error_info(
-            err.reason().as_str(),
-            ERROR_DOMAIN,
-            std::collections::HashMap::new(),
-        );
-        match &err {
-            LedgerError::InvalidArgument { field, message, .. } => {
-                details.add_bad_request_violation(*field, message.clone());
-            }
-            LedgerError::Unavailable(detail) => {
-                tracing::debug!(error = %detail, "not serving yet");
-                details.set_retry_info(Some(UNAVAILABLE_RETRY_DELAY));
-            }
-            LedgerError::Store(e) => {
-                log_store_error(e);
-                if let Some(delay) = store_retry_delay(e) {
-                    details.set_retry_info(Some(delay));
-                }
-            }
-            LedgerError::ResourceExhausted { retry_after, .. } => {
-                details.set_retry_info(Some(*retry_after));
-            }
-            LedgerError::Internal(detail) => {
-                tracing::error!(error = %detail, "internal error");
-            }
-            _ => {}
-        }
-        Status::with_error_details(err.code(), err.to_string(), details)
-    }
-}
-
-/// The canonical name of a gRPC code, as the gRPC documentation writes it (for logs, metrics
-/// labels and the inspection commands).
-pub fn code_name(code: tonic::Code) -> &'static str {
-    match code {
-        tonic::Code::Ok => "OK",
-        tonic::Code::Cancelled => "CANCELLED",
-        tonic::Code::Unknown => "UNKNOWN",
-        tonic::Code::InvalidArgument => "INVALID_ARGUMENT",
-        tonic::Code::DeadlineExceeded => "DEADLINE_EXCEEDED",
-        tonic::Code::NotFound => "NOT_FOUND",
-        tonic::Code::AlreadyExists => "ALREADY_EXISTS",
-        tonic::Code::PermissionDenied => "PERMISSION_DENIED",
-        tonic::Code::ResourceExhausted => "RESOURCE_EXHAUSTED",
-        tonic::Code::FailedPrecondition => "FAILED_PRECONDITION",
-        tonic::Code::Aborted => "ABORTED",
-        tonic::Code::OutOfRange => "OUT_OF_RANGE",
-        tonic::Code::Unimplemented => "UNIMPLEMENTED",
-        tonic::Code::Internal => "INTERNAL",
-        tonic::Code::Unavailable => "UNAVAILABLE",
-        tonic::Code::DataLoss => "DATA_LOSS",
-        tonic::Code::Unauthenticated => "UNAUTHENTICATED",
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn internal_details_are_never_sent() {
-        let status = Status::from(LedgerError::Internal(
-            "relation ledger_entries does not exist at /var/lib/x".into(),
-        ));
-        assert_eq!(status.code(), Code::Internal);
-        assert!(!status.message().contains("ledger_entries"));
-        assert!(!status.message().contains("/var/lib"));
-        let unavailable = Status::from(LedgerError::Unavailable(
-            "connection refused 10.0.0.1".into(),
-        ));
-        assert!(!unavailable.message().contains("10.0.0.1"));
-        assert!(unavailable.get_details_retry_info().is_some());
-    }
-
-    /// The server recognises tonic's own size refusal by its code (grpc::library_errors):
-    /// no answer of the ledger's may share it.
-    #[test]
-    fn the_ledger_never_answers_out_of_range() {
-        let store = |e: fn(String) -> StoreError| LedgerError::Store(e(String::new()));
-        let every = [
-            LedgerError::invalid("tool", "x"),
-            LedgerError::KeyReused,
-            LedgerError::StaleClaimToken,
-            LedgerError::AlreadyResolved("SUCCEEDED"),
-            LedgerError::NotFound,
-            LedgerError::Unauthenticated("x"),
-            LedgerError::Unavailable(String::new()),
-            store(StoreError::Unavailable),
-            store(StoreError::Unreachable),
-            store(StoreError::Busy),
-            store(StoreError::Io),
-            store(StoreError::Full),
-            store(StoreError::Contention),
-            store(StoreError::ReadOnly),
-            store(StoreError::Corrupt),
-            store(StoreError::Misconfigured),
-            store(StoreError::Internal),
-            LedgerError::LeaseEnded("UNKNOWN"),
-            LedgerError::ResourceExhausted {
-                reason: Reason::Overloaded,
-                message: String::new(),
-                retry_after: Duration::ZERO,
-            },
-            LedgerError::DeadlineExceeded,
-            LedgerError::Internal(String::new()),
-        ];
-        for e in every {
-            assert_ne!(e.code(), Code::OutOfRange, "{e:?}");
-        }
-    }
-
-    /// One spelling of each reason; busy and unreachable both carry a retry delay.
-    #[test]
-    fn a_busy_store_has_a_reason_of_its_own_and_an_unreachable_one_the_same_as_unavailable() {
-        let busy = Status::from(LedgerError::Store(StoreError::Busy("all 16 in use".into())));
-        assert_eq!(busy.code(), Code::Unavailable);
-        assert_eq!(
-            busy.get_details_error_info().expect("info").reason,
-            Reason::StoreBusy
-        );
-        assert!(busy.get_details_retry_info().is_some());
-        assert!(!busy.message().contains("16"), "{}", busy.message());
-        for unavailable in [
-            LedgerError::Store(StoreError::Unreachable("refused".into())),
-            LedgerError::Store(StoreError::Unavailable("reset".into())),
-            LedgerError::Unavailable("migrations have not run yet".into()),
-        ] {
-            let status = Status::from(unavailable);
-            assert_eq!(status.code(), Code::Unavailable);
-            let info = status.get_details_error_info().expect("info");
-            assert_eq!(info.reason, Reason::StoreUnavailable);
-            assert_eq!(status.message(), UNAVAILABLE_MESSAGE);
-            assert!(status.get_details_retry_info().is_some());
-        }
-    }
-
-    #[test]
-    fn a_bad_field_carries_error_info_and_bad_request() {
-        let status = Status::from(LedgerError::invalid("tool", "must not be empty"));
-        assert_eq!(status.code(), Code::InvalidArgument);
-        let info = status.get_details_error_info().expect("error info");
-        assert_eq!(info.reason, "INVALID_FIELD");
-        assert_eq!(info.domain, ERROR_DOMAIN);
-        let bad = status.get_details_bad_request().expect("bad request");
-        assert_eq!(bad.field_violations[0].field, "tool");
     }
 }

@@ -11,7 +11,7 @@
 //! The dependency rule, in one line (a module uses only modules to its left; the test
 //! `tests/layout.rs` holds it):
 //!
-//! `reason ← domain, proto, defaults, connections, splitmix ← storage ← error ← ledger ← observe ← grpc ← console ← server ← cli`
+//! `reason ← domain, proto, defaults, connections ← storage ← error ← ledger ← observe ← grpc ← console ← server ← cli`
 //!
 //! - [`reason`]: every reason the server sends in an `ErrorInfo`, one enum (the wire names
 //!   derived from the variants by `strum`), below everything that refuses a call.
@@ -26,7 +26,8 @@
 //!   batcher's writes, announcements to other servers, operations, upkeep), implemented once
 //!   over a SQL dialect for the PostgreSQL and SQLite backends, whose claims and completions
 //!   go through group commit; `sqlx::Error` never leaves it.
-//! - [`error`]: the one error type and the one mapping to gRPC codes, reasons and details.
+//! - [`error`]: the ledger's one error type, its reasons, messages and retry hints, without
+//!   tonic (the transport's refusals and the mapping to gRPC statuses are [`grpc::error`]'s).
 //! - [`ledger`]: the use cases, one file each (claim, complete, renew, lookup, list,
 //!   reconcile, retention, and find: an entry by key, prefix or external reference), the
 //!   notes, and the claims that wait for an attempt in flight.
@@ -36,7 +37,8 @@
 //!   over OTLP when `OTEL_EXPORTER_OTLP_ENDPOINT` is set. Below [`grpc`], which records into
 //!   it; it knows the ledger's answers (to count them), not the service.
 //! - [`grpc`]: the service, the proto ↔ domain conversions, deadlines, the one rewrite of
-//!   tonic's own refusals, authentication and admission (load shedding, tenant rate limits).
+//!   tonic's own refusals, authentication and admission (load shedding, tenant rate limits),
+//!   and the one mapping of errors to gRPC codes, reasons and details.
 //! - [`console`]: the operator's console, server-rendered HTML over HTTP/1.1 (hyper): what
 //!   needs a person (unknown outcomes, resolvable there as Reconcile would), the entries by
 //!   filter or search, one entry whole, and the replay rate drawn per tool; sessions signed in
@@ -62,7 +64,6 @@ pub mod proto;
 pub mod reason;
 pub mod server;
 #[doc(hidden)]
-pub mod splitmix;
 pub mod storage;
 
 /// The unit tests' allocator, which counts what each thread allocates.

@@ -20,6 +20,30 @@ pub const ERROR_DETAILS_DESCRIPTOR_SET: &[u8] =
 /// The `ErrorInfo` domain of every error the ledger sends: its proto package.
 pub const ERROR_DOMAIN: &str = "idempotency.v1";
 
+/// The canonical name of a gRPC code, as the gRPC documentation writes it (for logs, metrics
+/// labels and the inspection commands).
+pub fn code_name(code: tonic::Code) -> &'static str {
+    match code {
+        tonic::Code::Ok => "OK",
+        tonic::Code::Cancelled => "CANCELLED",
+        tonic::Code::Unknown => "UNKNOWN",
+        tonic::Code::InvalidArgument => "INVALID_ARGUMENT",
+        tonic::Code::DeadlineExceeded => "DEADLINE_EXCEEDED",
+        tonic::Code::NotFound => "NOT_FOUND",
+        tonic::Code::AlreadyExists => "ALREADY_EXISTS",
+        tonic::Code::PermissionDenied => "PERMISSION_DENIED",
+        tonic::Code::ResourceExhausted => "RESOURCE_EXHAUSTED",
+        tonic::Code::FailedPrecondition => "FAILED_PRECONDITION",
+        tonic::Code::Aborted => "ABORTED",
+        tonic::Code::OutOfRange => "OUT_OF_RANGE",
+        tonic::Code::Unimplemented => "UNIMPLEMENTED",
+        tonic::Code::Internal => "INTERNAL",
+        tonic::Code::Unavailable => "UNAVAILABLE",
+        tonic::Code::DataLoss => "DATA_LOSS",
+        tonic::Code::Unauthenticated => "UNAUTHENTICATED",
+    }
+}
+
 /// The codec of the ledger's messages: prost's, except that a request that does not decode
 /// (a string field that is not UTF-8, a field of the wrong wire type) is answered as bad input
 /// is, `INVALID_ARGUMENT` with the reason `MALFORMED_MESSAGE`, where tonic answers `INTERNAL`

@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 /// or a higher one.
 const LAYERS: &[&[&str]] = &[
     &["reason"],
-    &["domain", "proto", "defaults", "connections", "splitmix"],
+    &["domain", "proto", "defaults", "connections"],
     &["storage"],
     &["error"],
     &["ledger"],
@@ -170,6 +170,45 @@ fn no_module_uses_its_own_layer_or_a_higher_one() {
         }
     }
     assert!(upward.is_empty(), "imports against the rule: {upward:#?}");
+}
+
+/// The modules that are the ledger without its transport: gRPC (tonic, its status, its codes)
+/// is `grpc`'s, and the mapping of errors to statuses with it (src/grpc/error.rs).
+const FREE_OF_GRPC: &[&str] = &["reason", "domain", "defaults", "storage", "error", "ledger"];
+
+/// The lines of `text`'s code (comments left out) that name tonic or one of its crates.
+fn tonic_lines(text: &str) -> Vec<usize> {
+    text.lines()
+        .enumerate()
+        .filter(|(_, line)| {
+            let code = line.split("//").next().unwrap_or("");
+            code.split(|c: char| !(c.is_alphanumeric() || c == '_'))
+                .any(|word| word == "tonic" || word.starts_with("tonic_"))
+        })
+        .map(|(i, _)| i + 1)
+        .collect()
+}
+
+#[test]
+fn the_ledger_and_its_errors_do_not_use_tonic() {
+    let src = src();
+    let mut found = Vec::new();
+    for module in FREE_OF_GRPC {
+        for file in files_of(&src, module) {
+            let text = std::fs::read_to_string(&file).expect("read");
+            for line in tonic_lines(&text) {
+                found.push(format!("{}:{line}", file.display()));
+            }
+        }
+    }
+    assert!(found.is_empty(), "tonic below grpc: {found:#?}");
+    // The checker finds what it looks for.
+    assert_eq!(
+        tonic_lines(
+            "//! tonic\nuse tonic::Status;\nuse tonic_types::X; // tonic\nlet tonical = 1;"
+        ),
+        vec![2, 3]
+    );
 }
 
 #[test]

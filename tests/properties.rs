@@ -129,7 +129,7 @@ fn members(value: impl Strategy<Value = M>) -> impl Strategy<Value = M> {
     )
         .prop_map(|(map, seed)| {
             let mut members: Vec<(String, M)> = map.into_iter().collect();
-            Rng(seed).shuffle(&mut members);
+            members.shuffle(&mut Rng::seed_from_u64(seed));
             M::Obj(members)
         })
 }
@@ -169,8 +169,9 @@ fn name() -> impl Strategy<Value = String> {
 // ---------------------------------------------------------------------------------------------
 // Rendering one value as many equivalent texts
 
-/// SplitMix64: rendering choices are drawn from a seed the strategy generates.
-use idempotency_ledger::splitmix::SplitMix64 as Rng;
+/// Rng: rendering choices are drawn from a seed the strategy generates.
+use rand::rngs::Xoshiro256PlusPlus as Rng;
+use rand::{SeedableRng as _, seq::SliceRandom as _};
 
 /// Which equivalences a rendering exercises; everything off is the plain form.
 #[derive(Clone, Copy, Default)]
@@ -191,7 +192,7 @@ const EVERYTHING: Style = Style {
 fn render(value: &M, style: Style, seed: u64) -> String {
     let mut r = Renderer {
         style,
-        rng: Rng(seed),
+        rng: Rng::seed_from_u64(seed),
         out: String::new(),
     };
     r.ws();
@@ -210,7 +211,7 @@ impl Renderer {
     fn ws(&mut self) {
         if self.style.whitespace {
             const WS: [&str; 6] = ["", " ", "\n", "\t", "\r\n", "  \t\r \n"];
-            let w = WS[self.rng.below(WS.len())];
+            let w = WS[self.rng.random_range(0..WS.len())];
             self.out.push_str(w);
         }
     }
@@ -245,7 +246,7 @@ impl Renderer {
             M::Obj(members) => {
                 let mut order: Vec<usize> = (0..members.len()).collect();
                 if self.style.shuffle {
-                    self.rng.shuffle(&mut order);
+                    order.shuffle(&mut self.rng);
                 }
                 self.out.push('{');
                 self.ws();
@@ -269,7 +270,7 @@ impl Renderer {
     }
 
     fn u_escape(&mut self, unit: u16) {
-        let text = if self.rng.one_in(2) {
+        let text = if self.rng.random_ratio(1, 2) {
             format!("\\u{unit:04x}")
         } else {
             format!("\\u{unit:04X}")
@@ -281,7 +282,7 @@ impl Renderer {
     fn string(&mut self, s: &str) {
         self.out.push('"');
         for c in s.chars() {
-            let spell_out = self.style.escape && self.rng.one_in(3);
+            let spell_out = self.style.escape && self.rng.random_ratio(1, 3);
             let short = match c {
                 '"' => Some("\\\""),
                 '\\' => Some("\\\\"),
@@ -294,7 +295,7 @@ impl Renderer {
                 _ => None,
             };
             match short {
-                Some(esc) if !(spell_out && self.rng.one_in(2)) => self.out.push_str(esc),
+                Some(esc) if !(spell_out && self.rng.random_ratio(1, 2)) => self.out.push_str(esc),
                 _ if spell_out || c < ' ' || c == '"' || c == '\\' => {
                     let mut units = [0u16; 2];
                     for &unit in c.encode_utf16(&mut units).iter() {
@@ -345,12 +346,12 @@ fn respell(x: f64, rng: &mut Rng) -> String {
     let sign = if x.is_sign_negative() { "-" } else { "" };
     if x == 0.0 {
         const ZEROS: [&str; 6] = ["0", "0.0", "0.000", "0e0", "0E+5", "0.0e-3"];
-        let z = ZEROS[rng.below(ZEROS.len())];
-        return format!("{}{z}", if rng.one_in(2) { "-" } else { "" });
+        let z = ZEROS[rng.random_range(0..ZEROS.len())];
+        return format!("{}{z}", if rng.random_ratio(1, 2) { "-" } else { "" });
     }
     if x.abs() < TWO_POW_53 {
         // Rust's shortest round-trip formats are exact enough below 2^53.
-        match rng.below(8) {
+        match rng.random_range(0..8) {
             0 => return format!("{x:e}"),
             1 => return format!("{x:E}"),
             2 => return format!("{x}"),
@@ -359,10 +360,10 @@ fn respell(x: f64, rng: &mut Rng) -> String {
         }
     }
     let (digits, exp) = decimal(x);
-    let zeros = rng.below(4);
+    let zeros = rng.random_range(0..4);
     let digits = format!("{digits}{}", "0".repeat(zeros));
     let exp = exp - zeros as i32;
-    let frac_digits = rng.below(digits.len() + 4);
+    let frac_digits = rng.random_range(0..digits.len() + 4);
     let mantissa = match frac_digits {
         0 => digits.clone(),
         f if f < digits.len() => {
@@ -375,17 +376,17 @@ fn respell(x: f64, rng: &mut Rng) -> String {
         f => format!("0.{}{digits}", "0".repeat(f - digits.len())),
     };
     let exponent = exp + frac_digits as i32;
-    let exponent_text = if exponent == 0 && rng.one_in(2) {
+    let exponent_text = if exponent == 0 && rng.random_ratio(1, 2) {
         String::new()
     } else {
-        let e = if rng.one_in(2) { "e" } else { "E" };
-        let plus = if exponent >= 0 && rng.one_in(2) {
+        let e = if rng.random_ratio(1, 2) { "e" } else { "E" };
+        let plus = if exponent >= 0 && rng.random_ratio(1, 2) {
             "+"
         } else {
             ""
         };
         let minus = if exponent < 0 { "-" } else { "" };
-        let lead = "0".repeat(rng.below(3));
+        let lead = "0".repeat(rng.random_range(0..3));
         format!("{e}{plus}{minus}{lead}{}", exponent.unsigned_abs())
     };
     format!("{sign}{mantissa}{exponent_text}")
@@ -453,7 +454,7 @@ proptest! {
     ) {
         let plain = format!(r#"{{"n":{}}}"#, plain_number(x));
         let want = key_of(&plain, Canonicalization::Jcs)?;
-        let mut rng = Rng(seed);
+        let mut rng = Rng::seed_from_u64(seed);
         let mut spellings = vec![respell(x, &mut rng), respell(x, &mut rng), respell(x, &mut rng)];
         if x.abs() < TWO_POW_53 {
             spellings.push(format!("{x:e}"));

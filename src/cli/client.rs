@@ -18,8 +18,8 @@ use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint, Identity
 use tonic::{Code, Request};
 
 use crate::defaults::parse_duration;
-use crate::error::code_name;
 use crate::grpc::pb::ledger_service_client::LedgerServiceClient;
+use crate::proto::code_name;
 
 /// Exit status of `entry KEY` when there is no entry with that key.
 pub const EXIT_NOT_FOUND: u8 = 1;
@@ -57,7 +57,7 @@ pub struct Connection {
     pub tls_server_name: Option<String>,
 
     /// Deadline of connecting and of each call.
-    #[arg(long, default_value = "10s", value_parser = parse_duration)]
+    #[arg(long, default_value = crate::defaults::shown::CLIENT_TIMEOUT, value_parser = parse_duration)]
     pub timeout: Duration,
 }
 

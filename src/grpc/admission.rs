@@ -29,8 +29,8 @@ use tokio::time::Instant;
 use tonic::Status;
 use tonic::body::Body;
 
+use super::error::CallError;
 use crate::domain::Tenant;
-use crate::error::LedgerError;
 
 /// When a shed call is worth retrying: long enough for some in-flight calls to finish.
 const OVERLOAD_RETRY_AFTER: Duration = Duration::from_millis(100);
@@ -78,14 +78,14 @@ impl Admission {
     /// # Errors
     /// `ResourceExhausted` (reason `RATE_LIMITED` or `OVERLOADED`) with a retry hint; nothing
     /// was done for the call.
-    pub fn admit(&self, tenant: &Tenant) -> Result<OwnedSemaphorePermit, LedgerError> {
+    pub fn admit(&self, tenant: &Tenant) -> Result<OwnedSemaphorePermit, CallError> {
         if let Some(rate) = &self.rate {
             rate.take(&tenant.0)?;
         }
         self.running
             .clone()
             .try_acquire_owned()
-            .map_err(|_| LedgerError::ResourceExhausted {
+            .map_err(|_| CallError::ResourceExhausted {
                 reason: Reason::Overloaded,
                 message: format!(
                     "the server is running its maximum of {} calls; retry shortly",
@@ -264,7 +264,7 @@ where
 
 /// The answer to a call the byte budget cannot take now.
 fn overloaded(budget: &BytesInFlight) -> http::Response<Body> {
-    Status::from(LedgerError::ResourceExhausted {
+    Status::from(CallError::ResourceExhausted {
         reason: Reason::Overloaded,
         message: format!(
             "the server holds its maximum of {} bytes of requests in flight \
@@ -372,7 +372,7 @@ impl http_body::Body for Holding {
 }
 
 impl TenantRate {
-    fn take(&self, tenant: &str) -> Result<(), LedgerError> {
+    fn take(&self, tenant: &str) -> Result<(), CallError> {
         let mut buckets = self
             .buckets
             .lock()
@@ -390,7 +390,7 @@ impl TenantRate {
         } else {
             *tokens = refilled;
             let wait = Duration::from_secs_f64((1.0 - refilled) / self.per_second);
-            Err(LedgerError::ResourceExhausted {
+            Err(CallError::ResourceExhausted {
                 reason: Reason::RateLimited,
                 message: format!(
                     "this tenant's rate limit of {} calls a second is reached; retry in {} ms",
@@ -418,7 +418,7 @@ mod tests {
         let second = a.admit(&tenant("t"));
         assert!(first.is_ok() && second.is_ok());
         match a.admit(&tenant("t")) {
-            Err(LedgerError::ResourceExhausted {
+            Err(CallError::ResourceExhausted {
                 reason,
                 retry_after,
                 ..
@@ -471,7 +471,7 @@ mod tests {
             assert!(a.admit(&tenant("busy")).is_ok());
         }
         match a.admit(&tenant("busy")) {
-            Err(LedgerError::ResourceExhausted {
+            Err(CallError::ResourceExhausted {
                 reason,
                 retry_after,
                 ..

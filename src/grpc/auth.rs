@@ -17,8 +17,8 @@ use arc_swap::ArcSwap;
 use sha2::{Digest, Sha256};
 use tonic::{Request, Status};
 
+use super::error::CallError;
 use crate::domain::Tenant;
-use crate::error::LedgerError;
 
 /// How the server decides a call's tenant.
 #[derive(Clone, Debug)]
@@ -96,13 +96,13 @@ impl Tenancy {
     pub fn authenticate(
         &self,
         metadata: &tonic::metadata::MetadataMap,
-    ) -> Result<Tenant, LedgerError> {
+    ) -> Result<Tenant, CallError> {
         match self {
             Tenancy::Single => Ok(Tenant::default_tenant()),
             Tenancy::Tokens(map) => {
                 let header = metadata
                     .get("authorization")
-                    .ok_or(LedgerError::Unauthenticated(
+                    .ok_or(CallError::Unauthenticated(
                         "missing credential: send `authorization: Bearer <token>`",
                     ))?;
                 let token = header
@@ -113,12 +113,12 @@ impl Tenancy {
                             .or_else(|| v.strip_prefix("bearer "))
                     })
                     .map(str::trim)
-                    .ok_or(LedgerError::Unauthenticated(
+                    .ok_or(CallError::Unauthenticated(
                         "malformed credential: send `authorization: Bearer <token>`",
                     ))?;
                 map.get(&digest(token))
                     .cloned()
-                    .ok_or(LedgerError::Unauthenticated("unknown credential"))
+                    .ok_or(CallError::Unauthenticated("unknown credential"))
             }
         }
     }
@@ -304,7 +304,7 @@ mod tests {
         ] {
             assert!(matches!(
                 t.authenticate(&md),
-                Err(LedgerError::Unauthenticated(_))
+                Err(CallError::Unauthenticated(_))
             ));
         }
     }

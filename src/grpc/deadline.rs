@@ -9,6 +9,7 @@ use tokio::time::Instant;
 use tracing::Instrument as _;
 
 use super::admission::Admitted;
+use super::error::CallError;
 use crate::error::LedgerError;
 use crate::observe::Metrics;
 
@@ -33,7 +34,7 @@ pub(super) async fn run<T, F>(
     deadline: Instant,
     permit: Admitted,
     work: F,
-) -> Result<T, LedgerError>
+) -> Result<T, CallError>
 where
     T: Send + 'static,
     F: Future<Output = Result<T, LedgerError>> + Send + 'static,
@@ -54,8 +55,8 @@ where
     );
     match tokio::time::timeout_at(deadline - margin(deadline), work).await {
         // A panic's error is counted here; the work's own errors were counted with it.
-        Ok(ran) => ran.inspect_err(|e| metrics.call_failed(e))?,
-        Err(_) => Err(LedgerError::DeadlineExceeded),
+        Ok(ran) => Ok(ran.inspect_err(|e| metrics.call_failed(e))??),
+        Err(_) => Err(CallError::DeadlineExceeded),
     }
 }
 
@@ -187,7 +188,7 @@ mod tests {
             } else {
                 let answer = call.await;
                 assert!(
-                    matches!(answer, Err(LedgerError::DeadlineExceeded)),
+                    matches!(answer, Err(CallError::DeadlineExceeded)),
                     "{answer:?}"
                 );
             }
@@ -234,7 +235,9 @@ mod tests {
         .await;
         assert!(ran.load(Ordering::SeqCst));
         match answer {
-            Err(LedgerError::Internal(message)) => assert!(message.contains("a bug"), "{message}"),
+            Err(CallError::Ledger(LedgerError::Internal(message))) => {
+                assert!(message.contains("a bug"), "{message}")
+            }
             other => panic!("expected INTERNAL, got {other:?}"),
         }
         assert_eq!(

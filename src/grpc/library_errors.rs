@@ -72,7 +72,7 @@ fn rewrite_library_errors(
     let mut details = tonic_types::ErrorDetails::new();
     details.set_error_info(
         crate::reason::Reason::MessageTooLarge.as_str(),
-        crate::error::ERROR_DOMAIN,
+        crate::proto::ERROR_DOMAIN,
         std::collections::HashMap::new(),
     );
     <Status as tonic_types::StatusExt>::with_error_details(

@@ -7,12 +7,13 @@
 //! even when the call does not: a call abandoned before its work ended (the deadline passed,
 //! or the caller went away) hands the rest of the work to a task of its own, so a write is
 //! never dropped halfway ([`deadline`]). The one mapping of errors to gRPC statuses is
-//! [`crate::error`].
+//! [`error`].
 
 pub mod admission;
 pub mod auth;
 mod convert;
 pub mod deadline;
+pub mod error;
 mod library_errors;
 mod service;
 

@@ -14,6 +14,7 @@ use super::convert::{
     replay_rate_response, status_filter,
 };
 use super::deadline::{parse_grpc_timeout, run};
+use super::error::CallError;
 use super::pb;
 use super::pb::ledger_service_server::LedgerService;
 use crate::domain::key::ToolName;
@@ -97,9 +98,11 @@ impl LedgerApi {
     /// turns its error into the status sent. (The work's own errors are counted in its task,
     /// by [`run`]; every call's code around the service, by
     /// [`crate::observe::GrpcMetricsLayer`].)
-    fn observe<T>(&self, result: Result<T, LedgerError>) -> Result<T, Status> {
+    fn observe<T>(&self, result: Result<T, CallError>) -> Result<T, Status> {
         result.map_err(|e| {
-            self.metrics.call_failed(&e);
+            if let CallError::Ledger(e) = &e {
+                self.metrics.call_failed(e);
+            }
             Status::from(e)
         })
     }

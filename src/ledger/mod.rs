@@ -94,25 +94,24 @@ pub struct Limits {
 impl Default for Limits {
     /// The shipped defaults ([`crate::defaults`]), as a server started without flags runs.
     fn default() -> Self {
-        use crate::defaults::{self as d, duration};
+        use crate::defaults as d;
         Limits {
-            default_lease: duration(d::DEFAULT_LEASE),
-            max_lease: duration(d::MAX_LEASE),
-            default_retention: duration(d::DEFAULT_RETENTION),
-            max_retention: duration(d::MAX_RETENTION),
-            max_wait: duration(d::MAX_WAIT),
+            default_lease: d::DEFAULT_LEASE,
+            max_lease: d::MAX_LEASE,
+            default_retention: d::DEFAULT_RETENTION,
+            max_retention: d::MAX_RETENTION,
+            max_wait: d::MAX_WAIT,
             json: JsonLimits {
                 max_bytes: d::MAX_ARGUMENTS_BYTES,
                 max_depth: d::MAX_JSON_DEPTH,
             },
             max_result_bytes: d::MAX_RESULT_BYTES,
             external_ref_prefix: d::EXTERNAL_REF_PREFIX.to_string(),
-            reconcile_lease: duration(d::RECONCILE_LEASE),
+            reconcile_lease: d::RECONCILE_LEASE,
             reconcile_default_limit: d::RECONCILE_DEFAULT_LIMIT,
             reconcile_max_limit: d::RECONCILE_MAX_LIMIT,
             replay_memory_bytes: d::REPLAY_MEMORY_BYTES,
-            wait_poll_interval: duration(d::LISTEN_SAFETY_POLL)
-                .max(duration(d::WAIT_POLL_INTERVAL)),
+            wait_poll_interval: d::LISTEN_SAFETY_POLL.max(d::WAIT_POLL_INTERVAL),
             arguments: ArgumentsPolicy::default(),
             list_default_page_size: d::LIST_DEFAULT_PAGE_SIZE,
             list_max_page_size: d::LIST_MAX_PAGE_SIZE,

@@ -33,8 +33,9 @@ use super::replay::{ClaimEvent, ReplayAlarm, ReplayFigures, ReplayHistory, Windo
 use super::{Rpc, SERVICE};
 use crate::domain::time::Clock;
 use crate::domain::{FinalStatus, Tenant};
-use crate::error::{LedgerError, code_name};
+use crate::error::LedgerError;
 use crate::ledger::{ClaimOutput, CompleteOutput, Outcome};
+use crate::proto::code_name;
 use crate::storage::{PoolStats, Store, StoreError, UnresolvedCount};
 
 /// The `Content-Type` of what [`Metrics::render`] writes: the Prometheus text format 0.0.4.
@@ -797,7 +798,7 @@ mod tests {
         m.call_failed(&LedgerError::Internal("a bug".into()));
         // Refusals are the caller's: no store error.
         m.call_failed(&LedgerError::KeyReused);
-        m.call_failed(&LedgerError::DeadlineExceeded);
+        m.call_failed(&LedgerError::NotFound);
         let text = render(&m);
         for kind in StoreError::KINDS {
             let want = u8::from(kind == "unavailable" || kind == "internal");

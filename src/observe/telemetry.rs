@@ -27,7 +27,6 @@
 use std::cell::RefCell;
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::task::{Context, Poll};
 
 use opentelemetry::propagation::{Extractor, TextMapPropagator as _};
@@ -43,9 +42,8 @@ use tracing_subscriber::EnvFilter;
 use super::traces::{self, TraceExport};
 use super::{Rpc, SERVICE};
 use crate::domain::Tenant;
-use crate::error::code_name;
 use crate::ledger::{ClaimOutput, EntryView};
-use crate::splitmix::SplitMix64;
+use crate::proto::code_name;
 
 /// The target of the `call` span, the access line and this module's other events.
 pub const LOG_TARGET: &str = "idempotency_ledger::telemetry";
@@ -225,20 +223,12 @@ fn ledger_rpc(path: &str) -> Option<&'static str> {
     Some(Rpc::from_path(path).map_or("unknown", Rpc::name))
 }
 
-/// A fresh span id for a call whose span is not exported. SplitMix64's output is a bijection
-/// of its state, so a per-process random seed plus a counter gives ids unique within the
-/// process, at no system call (and no allocation) per call.
+/// A fresh span id for a call whose span is not exported: 64 bits of the thread's generator
+/// (`rand::rng()`, seeded by the operating system, no system call per draw), as
+/// OpenTelemetry's own SDK draws them; an id must not be zero.
 fn new_span_id() -> SpanId {
-    static SEED: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
-    static COUNTER: AtomicU64 = AtomicU64::new(0);
-    let seed = *SEED.get_or_init(|| {
-        let mut bytes = [0u8; 8];
-        // Without randomness the ids are still unique in this process, which is what logs need.
-        let _ = getrandom::fill(&mut bytes);
-        u64::from_le_bytes(bytes)
-    });
-    let id = SplitMix64(seed.wrapping_add(COUNTER.fetch_add(1, Ordering::Relaxed))).next();
-    SpanId::from(id.max(1))
+    use rand::Rng as _;
+    SpanId::from(rand::rng().next_u64().max(1))
 }
 
 /// A request's headers as the propagator reads them. A header sent more than once is absent:

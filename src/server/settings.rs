@@ -48,7 +48,7 @@ pub struct Settings {
     #[arg(
         long,
         env = "LEDGER_LISTEN",
-        default_value = defaults::LISTEN,
+        default_value_t = defaults::LISTEN,
     )]
     pub listen: SocketAddr,
 
@@ -115,13 +115,13 @@ pub struct Settings {
     pub console_hosts: Vec<String>,
 
     /// How long a console session lasts without a request (it lasts 12 hours at most).
-    #[arg(long, env = "LEDGER_CONSOLE_SESSION_IDLE", default_value = defaults::CONSOLE_SESSION_IDLE, value_parser = parse_duration)]
+    #[arg(long, env = "LEDGER_CONSOLE_SESSION_IDLE", default_value = defaults::shown::CONSOLE_SESSION_IDLE, value_parser = parse_duration)]
     pub console_session_idle: Duration,
 
     /// How often the metrics gauges read from the store (unresolved entries of every tenant,
     /// the same figure on every server sharing it) are refreshed, and the replay alarm is
     /// checked. Only with --metrics-listen.
-    #[arg(long, env = "LEDGER_METRICS_REFRESH_INTERVAL", default_value = defaults::METRICS_REFRESH_INTERVAL, value_parser = parse_duration)]
+    #[arg(long, env = "LEDGER_METRICS_REFRESH_INTERVAL", default_value = defaults::shown::METRICS_REFRESH_INTERVAL, value_parser = parse_duration)]
     pub metrics_refresh_interval: Duration,
 
     /// How many distinct tool names get their own `tool` label value in the metrics; later
@@ -135,7 +135,7 @@ pub struct Settings {
 
     /// The sliding window of the replay ratio and the replay alarm (it slides by 1/60 of its
     /// length).
-    #[arg(long, env = "LEDGER_REPLAY_ALARM_WINDOW", default_value = defaults::REPLAY_ALARM_WINDOW, value_parser = parse_duration)]
+    #[arg(long, env = "LEDGER_REPLAY_ALARM_WINDOW", default_value = defaults::shown::REPLAY_ALARM_WINDOW, value_parser = parse_duration)]
     pub replay_alarm_window: Duration,
 
     /// Claims the replay window must hold before "not one replay" raises the alarm (a gauge
@@ -149,23 +149,23 @@ pub struct Settings {
 
     /// Lease of a claim that sets none: how long the claimant may take before its attempt
     /// counts as unknown.
-    #[arg(long, env = "LEDGER_DEFAULT_LEASE", default_value = defaults::DEFAULT_LEASE, value_parser = parse_duration)]
+    #[arg(long, env = "LEDGER_DEFAULT_LEASE", default_value = defaults::shown::DEFAULT_LEASE, value_parser = parse_duration)]
     pub default_lease: Duration,
 
     /// Longest lease a claim may ask for; longer is INVALID_ARGUMENT.
-    #[arg(long, env = "LEDGER_MAX_LEASE", default_value = defaults::MAX_LEASE, value_parser = parse_duration)]
+    #[arg(long, env = "LEDGER_MAX_LEASE", default_value = defaults::shown::MAX_LEASE, value_parser = parse_duration)]
     pub max_lease: Duration,
 
     /// How long a finished entry is kept (and replayed) when the claim sets no retention.
-    #[arg(long, env = "LEDGER_DEFAULT_RETENTION", default_value = defaults::DEFAULT_RETENTION, value_parser = parse_duration)]
+    #[arg(long, env = "LEDGER_DEFAULT_RETENTION", default_value = defaults::shown::DEFAULT_RETENTION, value_parser = parse_duration)]
     pub default_retention: Duration,
 
     /// Longest retention a claim may ask for; longer is INVALID_ARGUMENT.
-    #[arg(long, env = "LEDGER_MAX_RETENTION", default_value = defaults::MAX_RETENTION, value_parser = parse_duration)]
+    #[arg(long, env = "LEDGER_MAX_RETENTION", default_value = defaults::shown::MAX_RETENTION, value_parser = parse_duration)]
     pub max_retention: Duration,
 
     /// Longest a claim may wait for an attempt in flight (a longer wait is shortened to this).
-    #[arg(long, env = "LEDGER_MAX_WAIT", default_value = defaults::MAX_WAIT, value_parser = parse_duration)]
+    #[arg(long, env = "LEDGER_MAX_WAIT", default_value = defaults::shown::MAX_WAIT, value_parser = parse_duration)]
     pub max_wait: Duration,
 
     /// Largest `arguments_json`, in bytes; larger is INVALID_ARGUMENT (ARGUMENTS_TOO_LARGE).
@@ -226,7 +226,7 @@ pub struct Settings {
 
     /// How long a reconciler holds the unresolved entries a Reconcile handed it; other
     /// reconcilers get them again only after it passed.
-    #[arg(long, env = "LEDGER_RECONCILE_LEASE", default_value = defaults::RECONCILE_LEASE, value_parser = parse_duration)]
+    #[arg(long, env = "LEDGER_RECONCILE_LEASE", default_value = defaults::shown::RECONCILE_LEASE, value_parser = parse_duration)]
     pub reconcile_lease: Duration,
 
     /// How many entries Reconcile hands out when the request sets no limit.
@@ -267,11 +267,11 @@ pub struct Settings {
     pub wait_wakeup: Option<Wakeup>,
 
     /// The poll interval of `--wait-wakeup poll`.
-    #[arg(long, env = "LEDGER_WAIT_POLL_INTERVAL", default_value = defaults::WAIT_POLL_INTERVAL, value_parser = parse_duration)]
+    #[arg(long, env = "LEDGER_WAIT_POLL_INTERVAL", default_value = defaults::shown::WAIT_POLL_INTERVAL, value_parser = parse_duration)]
     pub wait_poll_interval: Duration,
 
     /// How often finished entries past their retention are deleted.
-    #[arg(long, env = "LEDGER_PRUNE_INTERVAL", default_value = defaults::PRUNE_INTERVAL, value_parser = parse_duration)]
+    #[arg(long, env = "LEDGER_PRUNE_INTERVAL", default_value = defaults::shown::PRUNE_INTERVAL, value_parser = parse_duration)]
     pub prune_interval: Duration,
 
     /// How many expired entries one delete statement removes; small batches keep pruning from
@@ -295,7 +295,7 @@ pub struct Settings {
 
     /// The longest any call may take, whatever its own deadline (DEADLINE_EXCEEDED after it).
     /// Keep it above --max-wait.
-    #[arg(long, env = "LEDGER_REQUEST_TIMEOUT", default_value = defaults::REQUEST_TIMEOUT, value_parser = parse_duration)]
+    #[arg(long, env = "LEDGER_REQUEST_TIMEOUT", default_value = defaults::shown::REQUEST_TIMEOUT, value_parser = parse_duration)]
     pub request_timeout: Duration,
 
     /// Most ledger calls running at once; more are shed at once with RESOURCE_EXHAUSTED
@@ -351,16 +351,16 @@ pub struct Settings {
     /// that connected and never spoke, or a dead peer). Live HTTP/2 clients answer the
     /// server's keepalive pings, so they never reach it; must exceed
     /// --http2-keepalive-interval plus --http2-keepalive-timeout.
-    #[arg(long, env = "LEDGER_CONNECTION_IDLE_TIMEOUT", default_value = defaults::CONNECTION_IDLE_TIMEOUT, value_parser = parse_duration)]
+    #[arg(long, env = "LEDGER_CONNECTION_IDLE_TIMEOUT", default_value = defaults::shown::CONNECTION_IDLE_TIMEOUT, value_parser = parse_duration)]
     pub connection_idle_timeout: Duration,
 
     /// How often the server pings a client connection from which nothing was read (HTTP/2
     /// PING), so that dead peers are found and live ones keep talking.
-    #[arg(long, env = "LEDGER_HTTP2_KEEPALIVE_INTERVAL", default_value = defaults::HTTP2_KEEPALIVE_INTERVAL, value_parser = parse_duration)]
+    #[arg(long, env = "LEDGER_HTTP2_KEEPALIVE_INTERVAL", default_value = defaults::shown::HTTP2_KEEPALIVE_INTERVAL, value_parser = parse_duration)]
     pub http2_keepalive_interval: Duration,
 
     /// How long the server waits for the answer to its ping before closing the connection.
-    #[arg(long, env = "LEDGER_HTTP2_KEEPALIVE_TIMEOUT", default_value = defaults::HTTP2_KEEPALIVE_TIMEOUT, value_parser = parse_duration)]
+    #[arg(long, env = "LEDGER_HTTP2_KEEPALIVE_TIMEOUT", default_value = defaults::shown::HTTP2_KEEPALIVE_TIMEOUT, value_parser = parse_duration)]
     pub http2_keepalive_timeout: Duration,
 
     /// How the server reaches PostgreSQL: `none` (directly, or through a pooler in session
@@ -389,11 +389,11 @@ pub struct Settings {
     /// PostgreSQL: the longest one statement of the server may run (`statement_timeout`);
     /// a longer one is cancelled and answered UNAVAILABLE. 0 leaves the database's own
     /// setting.
-    #[arg(long, env = "LEDGER_DB_STATEMENT_TIMEOUT", default_value = defaults::DB_STATEMENT_TIMEOUT, value_parser = parse_duration)]
+    #[arg(long, env = "LEDGER_DB_STATEMENT_TIMEOUT", default_value = defaults::shown::DB_STATEMENT_TIMEOUT, value_parser = parse_duration)]
     pub db_statement_timeout: Duration,
 
     /// How long opening one database connection may take before it counts as failed.
-    #[arg(long, env = "LEDGER_DB_CONNECT_TIMEOUT", default_value = defaults::DB_CONNECT_TIMEOUT, value_parser = parse_duration)]
+    #[arg(long, env = "LEDGER_DB_CONNECT_TIMEOUT", default_value = defaults::shown::DB_CONNECT_TIMEOUT, value_parser = parse_duration)]
     pub db_connect_timeout: Duration,
 
     /// Most database connections this server opens.
@@ -418,15 +418,15 @@ pub struct Settings {
     /// How long a call waits for a database connection before answering UNAVAILABLE:
     /// STORE_BUSY when every connection was in use by other calls, STORE_UNAVAILABLE when
     /// none could be opened. On SQLite, also how long a write waits for the database's lock.
-    #[arg(long, env = "LEDGER_DB_ACQUIRE_TIMEOUT", default_value = defaults::DB_ACQUIRE_TIMEOUT, value_parser = parse_duration)]
+    #[arg(long, env = "LEDGER_DB_ACQUIRE_TIMEOUT", default_value = defaults::shown::DB_ACQUIRE_TIMEOUT, value_parser = parse_duration)]
     pub db_acquire_timeout: Duration,
 
     /// How often the health probe checks the database.
-    #[arg(long, env = "LEDGER_HEALTH_PROBE_INTERVAL", default_value = defaults::HEALTH_PROBE_INTERVAL, value_parser = parse_duration)]
+    #[arg(long, env = "LEDGER_HEALTH_PROBE_INTERVAL", default_value = defaults::shown::HEALTH_PROBE_INTERVAL, value_parser = parse_duration)]
     pub health_probe_interval: Duration,
 
     /// How long in-flight calls may finish after SIGTERM or SIGINT before the server exits.
-    #[arg(long, env = "LEDGER_SHUTDOWN_GRACE", default_value = defaults::SHUTDOWN_GRACE, value_parser = parse_duration)]
+    #[arg(long, env = "LEDGER_SHUTDOWN_GRACE", default_value = defaults::shown::SHUTDOWN_GRACE, value_parser = parse_duration)]
     pub shutdown_grace: Duration,
 }
 
@@ -472,9 +472,7 @@ impl Settings {
             reconcile_max_limit: self.reconcile_max_limit,
             replay_memory_bytes: self.replay_memory_bytes,
             wait_poll_interval: match self.wakeup() {
-                Wakeup::Listen => {
-                    defaults::duration(defaults::LISTEN_SAFETY_POLL).max(self.wait_poll_interval)
-                }
+                Wakeup::Listen => defaults::LISTEN_SAFETY_POLL.max(self.wait_poll_interval),
                 Wakeup::Poll => self.wait_poll_interval,
             },
         }
@@ -637,6 +635,47 @@ mod tests {
         assert_eq!(s.console_session_idle, Duration::from_secs(3600));
         assert!(s.auth_tokens_file.is_none() && s.tls_cert.is_none());
         assert!(s.validate().is_ok());
+    }
+
+    #[test]
+    fn every_duration_flag_defaults_to_its_typed_constant() {
+        // `--help` shows `defaults::shown`, clap parses that text: the round trip must land on
+        // the constant the rest of the crate reads.
+        let s = Settings::defaults();
+        for (i, (flag, constant)) in [
+            (s.console_session_idle, defaults::CONSOLE_SESSION_IDLE),
+            (
+                s.metrics_refresh_interval,
+                defaults::METRICS_REFRESH_INTERVAL,
+            ),
+            (s.replay_alarm_window, defaults::REPLAY_ALARM_WINDOW),
+            (s.default_lease, defaults::DEFAULT_LEASE),
+            (s.max_lease, defaults::MAX_LEASE),
+            (s.default_retention, defaults::DEFAULT_RETENTION),
+            (s.max_retention, defaults::MAX_RETENTION),
+            (s.max_wait, defaults::MAX_WAIT),
+            (s.reconcile_lease, defaults::RECONCILE_LEASE),
+            (s.wait_poll_interval, defaults::WAIT_POLL_INTERVAL),
+            (s.prune_interval, defaults::PRUNE_INTERVAL),
+            (s.request_timeout, defaults::REQUEST_TIMEOUT),
+            (s.connection_idle_timeout, defaults::CONNECTION_IDLE_TIMEOUT),
+            (
+                s.http2_keepalive_interval,
+                defaults::HTTP2_KEEPALIVE_INTERVAL,
+            ),
+            (s.http2_keepalive_timeout, defaults::HTTP2_KEEPALIVE_TIMEOUT),
+            (s.db_statement_timeout, defaults::DB_STATEMENT_TIMEOUT),
+            (s.db_connect_timeout, defaults::DB_CONNECT_TIMEOUT),
+            (s.db_acquire_timeout, defaults::DB_ACQUIRE_TIMEOUT),
+            (s.health_probe_interval, defaults::HEALTH_PROBE_INTERVAL),
+            (s.shutdown_grace, defaults::SHUTDOWN_GRACE),
+        ]
+        .into_iter()
+        .enumerate()
+        {
+            assert_eq!(flag, constant, "duration flag #{i}");
+        }
+        assert_eq!(s.listen, defaults::LISTEN);
     }
 
     #[test]

@@ -234,7 +234,7 @@ pub(crate) async fn after_failure<DB: sqlx::Database>(
         StoreError::Contention(detail) if *tries < CONTENTION_RETRIES => {
             *tries += 1;
             tracing::debug!(error = %detail, tries = *tries, "write conflicted; trying again");
-            let jitter = crate::splitmix::jitter(2_000 << *tries);
+            let jitter = rand::RngExt::random_range(&mut rand::rng(), 0..2_000u64 << *tries);
             tokio::time::sleep(std::time::Duration::from_micros(jitter)).await;
             Ok(())
         }

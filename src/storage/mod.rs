@@ -43,10 +43,7 @@ pub use marks::StoreMarks;
 /// write smaller than what it stands for).
 fn probe_filler() -> Vec<u8> {
     let mut filler = vec![0u8; 64 * 1024];
-    let mut rng = crate::splitmix::SplitMix64(crate::splitmix::jitter(u64::MAX));
-    for chunk in filler.chunks_mut(8) {
-        chunk.copy_from_slice(&rng.next().to_le_bytes()[..chunk.len()]);
-    }
+    rand::Rng::fill_bytes(&mut rand::rng(), &mut filler);
     filler
 }
 
@@ -527,15 +524,15 @@ pub struct PoolOptions {
 impl Default for PoolOptions {
     /// The shipped defaults ([`crate::defaults`]).
     fn default() -> Self {
-        use crate::defaults::{self as d, duration};
+        use crate::defaults as d;
         PoolOptions {
             max_connections: d::DB_MAX_CONNECTIONS,
-            acquire_timeout: duration(d::DB_ACQUIRE_TIMEOUT),
+            acquire_timeout: d::DB_ACQUIRE_TIMEOUT,
             write_batches: usize::from(d::DB_WRITE_BATCHES),
             pooler: Pooler::None,
             migrations_url: None,
-            statement_timeout: duration(d::DB_STATEMENT_TIMEOUT),
-            connect_timeout: duration(d::DB_CONNECT_TIMEOUT),
+            statement_timeout: d::DB_STATEMENT_TIMEOUT,
+            connect_timeout: d::DB_CONNECT_TIMEOUT,
         }
     }
 }

@@ -12,8 +12,9 @@ use idempotency_ledger::domain::{
     ClaimToken, Completion, Entry, Key, Micros, Principal, RunId, Status, Tenant, ToolName,
 };
 use idempotency_ledger::grpc::pb;
-use idempotency_ledger::splitmix::SplitMix64;
 use idempotency_ledger::storage::Finish;
+use rand::rngs::Xoshiro256PlusPlus as Rng;
+use rand::{SeedableRng as _, seq::SliceRandom as _};
 use tokio::sync::Barrier;
 use tonic::Code;
 use tonic_types::StatusExt;
@@ -56,14 +57,14 @@ const ROUNDS: usize = 40;
 async fn postgres_batches_sharing_keys_in_any_order_never_deadlock() {
     let db = TestDb::new(Backend::Postgres);
     let store = db.backend(BATCHES as u32 + 2).await;
-    let mut rng = SplitMix64(7);
+    let mut rng = Rng::seed_from_u64(7);
     for round in 0..ROUNDS {
         let keys: Vec<String> = (0..KEYS).map(|k| format!("r{round}-k{k}")).collect();
         let barrier = Arc::new(Barrier::new(BATCHES));
         let mut tasks = Vec::new();
         for b in 0..BATCHES {
             let mut order = keys.clone();
-            rng.shuffle(&mut order);
+            order.shuffle(&mut rng);
             let batch: Vec<(Tenant, Entry)> = order
                 .iter()
                 .map(|k| {
@@ -107,7 +108,7 @@ async fn postgres_batches_sharing_keys_in_any_order_never_deadlock() {
         let mut tasks = Vec::new();
         for b in 0..BATCHES {
             let mut order = keys.clone();
-            rng.shuffle(&mut order);
+            order.shuffle(&mut rng);
             let batch: Vec<(Tenant, Finish)> = order
                 .iter()
                 .map(|k| {
@@ -154,14 +155,14 @@ async fn forty_eight_clients_claiming_twelve_hot_keys_get_one_winner_each_and_no
     const CLIENTS: usize = 48;
     const ROUNDS: usize = 4;
     let app = spawn_app_with(Backend::Postgres, |_| {}).await;
-    let mut rng = SplitMix64(11);
+    let mut rng = Rng::seed_from_u64(11);
     let mut claims = 0;
     for round in 0..ROUNDS {
         let barrier = Arc::new(Barrier::new(CLIENTS));
         let mut tasks = Vec::new();
         for _ in 0..CLIENTS {
             let mut order: Vec<usize> = (0..KEYS).collect();
-            rng.shuffle(&mut order);
+            order.shuffle(&mut rng);
             let (mut client, barrier) = (app.client.clone(), barrier.clone());
             tasks.push(tokio::spawn(async move {
                 barrier.wait().await;

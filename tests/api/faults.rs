@@ -190,8 +190,9 @@ fn seed(name: &str) -> u64 {
     seed
 }
 
-/// SplitMix64: enough randomness for choosing keys and moments.
-use idempotency_ledger::splitmix::SplitMix64 as Rng;
+/// Rng: enough randomness for choosing keys and moments.
+use rand::rngs::Xoshiro256PlusPlus as Rng;
+use rand::{Rng as _, RngExt as _, SeedableRng as _};
 
 // ---------------------------------------------------------------------------------------------
 // Intents and the history of what the ledger answered
@@ -638,11 +639,11 @@ impl Client {
                     fresh_per_mille,
                     shared,
                 } => {
-                    if self.rng.below_u64(1000) < *fresh_per_mille {
+                    if self.rng.random_range(0..1000) < *fresh_per_mille {
                         fresh += 1;
                         fresh_intent(self.id, fresh)
                     } else {
-                        let k = self.rng.below_u64(*shared);
+                        let k = self.rng.random_range(0..*shared);
                         self.maybe_waiting(shared_intent(0, k))
                     }
                 }
@@ -671,7 +672,7 @@ impl Client {
     /// A quarter of shared claims wait up to a second for an attempt in flight, so that
     /// waiters race for the next attempt after a retryable failure (on other servers too).
     fn maybe_waiting(&mut self, mut intent: Intent) -> Intent {
-        if self.rng.below_u64(4) == 0 {
+        if self.rng.random_range(0..4) == 0 {
             intent.req.wait = Some(prost_types::Duration {
                 seconds: 1,
                 nanos: 0,
@@ -708,7 +709,7 @@ impl Client {
 
     async fn backoff(&mut self, tries: &mut u32) {
         let base = 20u64 << (*tries).min(5);
-        let jitter = self.rng.below_u64(base);
+        let jitter = self.rng.random_range(0..base);
         *tries += 1;
         tokio::time::sleep(Duration::from_millis(base.min(400) + jitter.min(100))).await;
     }
@@ -898,7 +899,7 @@ impl Load {
                     log: log.clone(),
                     control: control.clone(),
                     opts,
-                    rng: Rng(seed ^ (id as u64).wrapping_mul(0x2545_F491_4F6C_DD1D)),
+                    rng: Rng::seed_from_u64(seed ^ (id as u64).wrapping_mul(0x2545_F491_4F6C_DD1D)),
                 };
                 tokio::spawn(client.run(plan(id)))
             })
@@ -1488,17 +1489,17 @@ async fn kill9_under_load(
     full_kills: usize,
 ) {
     let profile = profile(bounded_kills, full_kills);
-    let mut rng = Rng(seed(name));
+    let mut rng = Rng::seed_from_u64(seed(name));
     let db = TestDb::new(backend);
     let mut server = ServerProcess::start(&db.url, SERVER_FLAGS).await;
     // Restarts come back on the port the kernel gave the first start.
     let port = server.addr.port();
-    let load = Load::start(12, &[server.addr], opts, rng.next(), plan);
+    let load = Load::start(12, &[server.addr], opts, rng.next_u64(), plan);
     let started = Instant::now();
     let slot = profile.load / u32::try_from(profile.faults + 1).expect("few faults");
     for i in 0..profile.faults {
         // Somewhere in the middle half of the i-th slot.
-        let jitter = Duration::from_millis(rng.below_u64(slot.as_millis() as u64 / 2));
+        let jitter = Duration::from_millis(rng.random_range(0..slot.as_millis() as u64 / 2));
         tokio::time::sleep_until(
             started + slot * u32::try_from(i + 1).expect("few") - slot / 4 + jitter,
         )
@@ -1529,7 +1530,7 @@ async fn faults_three_servers_on_postgres_one_killed() {
     // Most answers here are IN_PROGRESS or REPLAYED: a sweep of all 64 clients over the 200
     // keys completes about 240 of them, and a full run makes one or two sweeps.
     let profile = profile(1, 3).full_acknowledged(200);
-    let mut rng = Rng(seed(name));
+    let mut rng = Rng::seed_from_u64(seed(name));
     let db = TestDb::new(Backend::Postgres);
     let mut servers = Vec::new();
     for _ in 0..3 {
@@ -1543,12 +1544,12 @@ async fn faults_three_servers_on_postgres_one_killed() {
     const KEYS: u64 = 200;
     const BLOCK: u64 = 8;
     let once = !profile.full;
-    let orders = rng.next();
-    let load = Load::start(64, &addrs, ClientOpts::default(), rng.next(), |id| {
+    let orders = rng.next_u64();
+    let load = Load::start(64, &addrs, ClientOpts::default(), rng.next_u64(), |id| {
         let mut order: Vec<u64> = (0..BLOCK).collect();
-        let mut shuffle = Rng(orders ^ id as u64);
+        let mut shuffle = Rng::seed_from_u64(orders ^ id as u64);
         for i in (1..order.len()).rev() {
-            order.swap(i, shuffle.below_u64(i as u64 + 1) as usize);
+            order.swap(i, shuffle.random_range(0..i as u64 + 1) as usize);
         }
         Plan::Sweep {
             keys: KEYS,
@@ -1587,7 +1588,7 @@ async fn faults_three_servers_on_postgres_one_killed() {
 async fn faults_postgres_immediate_stop_under_load() {
     let name = "postgres-immediate-stop";
     let profile = profile(1, 4);
-    let mut rng = Rng(seed(name));
+    let mut rng = Rng::seed_from_u64(seed(name));
     let cluster = Arc::new(
         tokio::task::spawn_blocking(PgCluster::start)
             .await
@@ -1601,7 +1602,13 @@ async fn faults_postgres_immediate_stop_under_load() {
     };
     let server = ServerProcess::start(&url, SERVER_FLAGS).await;
     let channel = lazy_channel(server.addr);
-    let load = Load::start(8, &[server.addr], ClientOpts::default(), rng.next(), mixed);
+    let load = Load::start(
+        8,
+        &[server.addr],
+        ClientOpts::default(),
+        rng.next_u64(),
+        mixed,
+    );
     let started = Instant::now();
     let slot = profile.load / u32::try_from(profile.faults + 1).expect("few faults");
     for i in 0..profile.faults {
@@ -1728,7 +1735,7 @@ async fn faults_link_cut_after_server_bytes() {
 async fn through_proxy(name: &str, fault: LinkFault) {
     // A clean start, the fault for 2.7 s (3 s for the blackhole), a clean end.
     let profile = profile(1, 6).bounded_load(Duration::from_secs(4));
-    let mut rng = Rng(seed(name));
+    let mut rng = Rng::seed_from_u64(seed(name));
     let direct = PgCluster::shared().create_database();
     let upstream: SocketAddr = format!("127.0.0.1:{}", PgCluster::shared().port())
         .parse()
@@ -1747,7 +1754,7 @@ async fn through_proxy(name: &str, fault: LinkFault) {
         defer_ambiguous: true,
         ..ClientOpts::default()
     };
-    let load = Load::start(8, &[server.addr], opts, rng.next(), mixed);
+    let load = Load::start(8, &[server.addr], opts, rng.next_u64(), mixed);
     let started = Instant::now();
     let slot = profile.load / u32::try_from(profile.faults).expect("faults");
     let mut not_serving_seen = false;
@@ -1790,7 +1797,7 @@ async fn through_proxy(name: &str, fault: LinkFault) {
             LinkFault::CutAfterServerBytes => {
                 while Instant::now() < until {
                     if !proxy.byte_cut_armed() {
-                        proxy.cut_after_server_bytes(rng.below_u64(4000));
+                        proxy.cut_after_server_bytes(rng.random_range(0..4000));
                     }
                     tokio::time::sleep(Duration::from_millis(100)).await;
                 }

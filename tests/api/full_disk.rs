@@ -16,7 +16,8 @@ use std::time::Duration;
 
 use idempotency_ledger::grpc::pb;
 use idempotency_ledger::grpc::pb::ledger_service_client::LedgerServiceClient;
-use idempotency_ledger::splitmix::SplitMix64;
+use rand::rngs::Xoshiro256PlusPlus as Rng;
+use rand::{Rng as _, SeedableRng as _};
 use tonic::Code;
 use tonic::transport::Channel;
 use tonic_health::pb::health_check_response::ServingStatus;
@@ -93,9 +94,9 @@ pub struct Acknowledged {
 }
 
 /// 20 KiB of incompressible bytes.
-fn result_bytes(rng: &mut SplitMix64) -> Vec<u8> {
+fn result_bytes(rng: &mut Rng) -> Vec<u8> {
     (0..20 * 1024 / 8)
-        .flat_map(|_| rng.next().to_le_bytes())
+        .flat_map(|_| rng.next_u64().to_le_bytes())
         .collect()
 }
 
@@ -121,7 +122,7 @@ pub async fn fill(
     stop_after: usize,
     ack: Arc<Mutex<Acknowledged>>,
 ) {
-    let mut rng = SplitMix64(worker as u64 + 1);
+    let mut rng = Rng::seed_from_u64(worker as u64 + 1);
     let mut refused = 0;
     for i in 0.. {
         if refused >= stop_after {

@@ -80,7 +80,8 @@ use std::time::Duration;
 
 use idempotency_ledger::grpc::pb;
 use idempotency_ledger::grpc::pb::ledger_service_client::LedgerServiceClient;
-use idempotency_ledger::splitmix::SplitMix64 as Rng;
+use rand::rngs::Xoshiro256PlusPlus as Rng;
+use rand::{Rng as _, RngExt as _, SeedableRng as _, seq::SliceRandom as _};
 use tokio::time::Instant;
 use tonic::transport::{Channel, Endpoint};
 use tonic::{Code, Status};
@@ -368,7 +369,7 @@ impl Ctx {
     /// One of the intents hot now.
     fn hot_intent(&self, rng: &mut Rng) -> u64 {
         let window = self.history.started.elapsed().as_millis() / SLIDE.as_millis();
-        u64::try_from(window).unwrap_or(0) + rng.below_u64(HOT)
+        u64::try_from(window).unwrap_or(0) + rng.random_range(0..HOT)
     }
 
     fn claim_request(&self, n: u64, actor: &str, wait: Option<Duration>) -> pb::ClaimRequest {
@@ -386,7 +387,7 @@ impl Ctx {
 }
 
 async fn pause(rng: &mut Rng, from_ms: u64, to_ms: u64) {
-    let ms = from_ms + rng.below_u64(to_ms.saturating_sub(from_ms).max(1));
+    let ms = from_ms + rng.random_range(0..to_ms.saturating_sub(from_ms).max(1));
     tokio::time::sleep(Duration::from_millis(ms)).await;
 }
 
@@ -395,10 +396,10 @@ async fn worker(ctx: Arc<Ctx>, id: usize, mut rng: Rng) {
     while !ctx.stop.load(Ordering::SeqCst) {
         let n = ctx.hot_intent(&mut rng);
         let key = intent_key(n);
-        let server = rng.below(ctx.clients.len());
+        let server = rng.random_range(0..ctx.clients.len());
         let wait = rng
-            .one_in(2)
-            .then(|| Duration::from_millis(200 + rng.below_u64(800)));
+            .random_ratio(1, 2)
+            .then(|| Duration::from_millis(200 + rng.random_range(0..800)));
         let sent = Instant::now();
         let answer = within(
             ctx.client(server)
@@ -460,7 +461,7 @@ async fn carry_out(
     claim_sent: Instant,
 ) {
     let key = &entry.key;
-    let fate = rng.below(100);
+    let fate = rng.random_range(0..100);
     if fate < 10 {
         bump(&ctx.counts.crashed_before);
         ctx.history
@@ -488,8 +489,8 @@ async fn carry_out(
     }
     // A receipt of its own per attempt, with bytes of every value (NUL included).
     let mut receipt = format!("receipt {key} attempt {} ", entry.attempt).into_bytes();
-    let extra = 1 + rng.below(300);
-    receipt.extend((0..extra).map(|_| (rng.next() & 0xff) as u8));
+    let extra = 1 + rng.random_range(0..300);
+    receipt.extend((0..extra).map(|_| (rng.next_u64() & 0xff) as u8));
     ctx.world.act(Effect {
         key: key.clone(),
         external_ref: entry.external_ref.clone(),
@@ -537,7 +538,7 @@ async fn complete(
                 .did(actor, &key, "gave up completing".to_string());
             return;
         }
-        let server = rng.below(ctx.clients.len());
+        let server = rng.random_range(0..ctx.clients.len());
         let sent = Instant::now();
         let answer = within(
             ctx.client(server)
@@ -617,7 +618,7 @@ async fn reconciler(ctx: Arc<Ctx>, actor: String, mut rng: Rng, until_settled: b
             .min()
             .unwrap_or(CALL_TIMEOUT)
             .min(CALL_TIMEOUT);
-        let server = rng.below(ctx.clients.len());
+        let server = rng.random_range(0..ctx.clients.len());
         let resolutions: Vec<pb::Resolution> = findings.iter().map(|(r, _)| r.clone()).collect();
         let keys = resolutions
             .iter()
@@ -838,10 +839,10 @@ async fn nemesis(
         }
         if cycle.is_empty() {
             cycle = kinds.clone();
-            rng.shuffle(&mut cycle);
+            cycle.shuffle(rng);
         }
         let fault = cycle.pop().expect("a fault");
-        let i = rng.below(fleet.servers.len());
+        let i = rng.random_range(0..fleet.servers.len());
         let proxy = postgres.map(|p| &p.proxies[i]);
         match fault {
             Fault::KillServer => {
@@ -867,10 +868,10 @@ async fn nemesis(
             }
             Fault::CutMidMessage => proxy
                 .expect("a proxy")
-                .cut_after_server_bytes(rng.below_u64(4000)),
+                .cut_after_server_bytes(rng.random_range(0..4000)),
             Fault::CutAtCommit => proxy
                 .expect("a proxy")
-                .cut_writes_at_commit(1 + rng.below_u64(2)),
+                .cut_writes_at_commit(1 + rng.random_range(0..2)),
             Fault::Partition => {
                 let proxy = proxy.expect("a proxy");
                 proxy.blackhole(true);
@@ -931,7 +932,7 @@ fn rerun(store: &str, seed: u64) -> String {
 async fn run(plan: Plan, seed: u64, mut fleet: Fleet, postgres: Option<Postgres>) {
     let began = Instant::now();
     let load = load_duration();
-    let mut rng = Rng(seed);
+    let mut rng = Rng::seed_from_u64(seed);
     let clients = fleet
         .addrs()
         .iter()
@@ -953,14 +954,14 @@ async fn run(plan: Plan, seed: u64, mut fleet: Fleet, postgres: Option<Postgres>
         counts: Counts::default(),
     });
     let workers: Vec<_> = (0..plan.workers)
-        .map(|i| tokio::spawn(worker(ctx.clone(), i, Rng(rng.next()))))
+        .map(|i| tokio::spawn(worker(ctx.clone(), i, Rng::seed_from_u64(rng.next_u64()))))
         .collect();
     let reconcilers: Vec<_> = (0..plan.reconcilers)
         .map(|i| {
             tokio::spawn(reconciler(
                 ctx.clone(),
                 format!("r{i}"),
-                Rng(rng.next()),
+                Rng::seed_from_u64(rng.next_u64()),
                 false,
             ))
         })
@@ -990,7 +991,13 @@ async fn run(plan: Plan, seed: u64, mut fleet: Fleet, postgres: Option<Postgres>
 
     // Every lease and every hold ends; then one reconciler settles what is left.
     tokio::time::sleep(LEASE.max(HOLD) + Duration::from_millis(500)).await;
-    let settled = reconciler(ctx.clone(), "final".into(), Rng(rng.next()), true).await;
+    let settled = reconciler(
+        ctx.clone(),
+        "final".into(),
+        Rng::seed_from_u64(rng.next_u64()),
+        true,
+    )
+    .await;
     let finals = final_state(&ctx).await;
     let report = check(&ctx, &fleet, &faults, &finals, settled);
     let summary = report.summary(&ctx, &faults, loaded, began.elapsed());

@@ -53,15 +53,15 @@ async fn no_request_makes_the_server_fail_internally_drop_the_connection_or_stop
     // A short maximum wait keeps claims that wait on an attempt in flight from eating the
     // time budget; the wait field itself is still sent with arbitrary values.
     let app = spawn_app_with(Backend::Sqlite, |s| s.max_wait = Duration::from_millis(100)).await;
-    let mut rng = Rng(seed);
+    let mut rng = Rng::seed_from_u64(seed);
     let mut pool = Pool::default();
     let mut answers: BTreeMap<String, usize> = BTreeMap::new();
     let mut failures = Vec::new();
     let started = Instant::now();
     let mut sent = 0;
     while sent < max_requests && started.elapsed() < budget {
-        if rng.one_in(25) {
-            let by = *rng.pick(&[1, 61, 3601, 2 * 86_400, 31 * 86_400]);
+        if rng.random_ratio(1, 25) {
+            let by = *pick(&mut rng, &[1, 61, 3601, 2 * 86_400, 31 * 86_400]);
             app.clock.advance(Duration::from_secs(by));
             continue;
         }
@@ -412,11 +412,17 @@ fn describe(call: &Call) -> String {
 // Generating requests: a sensible request, then a few of its fields replaced with odd values,
 // so that odd values also reach the code behind the first validation.
 
-use idempotency_ledger::splitmix::SplitMix64 as Rng;
+use rand::rngs::Xoshiro256PlusPlus as Rng;
+use rand::{Rng as _, RngExt as _, SeedableRng as _, seq::IndexedRandom as _};
 
 /// How many fields of a sensible request to spoil: often none, sometimes several.
+/// One of `items`, uniformly (`items` is never empty here).
+fn pick<'a, T>(rng: &mut Rng, items: &'a [T]) -> &'a T {
+    items.choose(rng).expect("a non-empty list")
+}
+
 fn spoils(rng: &mut Rng) -> usize {
-    *rng.pick(&[0, 0, 0, 1, 1, 1, 2, 3])
+    *pick(rng, &[0, 0, 0, 1, 1, 1, 2, 3])
 }
 
 /// What earlier answers taught: keys that exist and the tokens that hold them.
@@ -489,29 +495,30 @@ const PALETTE: &[char] = &[
 ];
 
 fn palette_string(rng: &mut Rng, len: usize) -> String {
-    (0..len).map(|_| *rng.pick(PALETTE)).collect()
+    (0..len).map(|_| *pick(rng, PALETTE)).collect()
 }
 
 /// An odd string for any text field: empty, printable ASCII, odd characters, at and just past
 /// the 255/256-byte limits (also with a multi-byte character across the boundary), SQL-ish,
 /// 64 hex digits, or huge.
 fn text(rng: &mut Rng) -> String {
-    match rng.below(12) {
+    match rng.random_range(0..12) {
         0 => String::new(),
         1..=3 => {
-            let n = 1 + rng.below(20);
+            let n = 1 + rng.random_range(0..20);
             (0..n)
-                .map(|_| char::from(b'!' + rng.below(94) as u8))
+                .map(|_| char::from(b'!' + rng.random_range(0..94) as u8))
                 .collect()
         }
         4..=6 => {
-            let n = 1 + rng.below(40);
+            let n = 1 + rng.random_range(0..40);
             palette_string(rng, n)
         }
-        7 => "a".repeat(*rng.pick(&[255, 256, 257])),
-        8 => format!("{}é", "a".repeat(*rng.pick(&[254, 255]))),
-        9 => rng
-            .pick(&[
+        7 => "a".repeat(*pick(rng, &[255, 256, 257])),
+        8 => format!("{}é", "a".repeat(*pick(rng, &[254, 255]))),
+        9 => pick(
+            rng,
+            &[
                 "'; DROP TABLE ledger_entries; --",
                 "NULL",
                 "%",
@@ -521,35 +528,37 @@ fn text(rng: &mut Rng) -> String {
                 "\\x00",
                 " k",
                 "k ",
-            ])
-            .to_string(),
+            ],
+        )
+        .to_string(),
         10 => {
-            let n = *rng.pick(&[1_000, 70_000, 300_000]);
+            let n = *pick(rng, &[1_000, 70_000, 300_000]);
             palette_string(rng, n)
         }
         _ => format!(
             "{:016x}{:016x}{:016x}{:016x}",
-            rng.next(),
-            rng.next(),
-            rng.next(),
-            rng.next()
+            rng.next_u64(),
+            rng.next_u64(),
+            rng.next_u64(),
+            rng.next_u64()
         ),
     }
 }
 
 fn sane_arguments(rng: &mut Rng) -> String {
-    if rng.one_in(3) {
+    if rng.random_ratio(1, 3) {
         random_json(rng, 3)
     } else {
-        rng.pick(ARGS).to_string()
+        pick(rng, ARGS).to_string()
     }
 }
 
 /// Odd arguments: refusals of every kind, texts at and over the size and depth limits, garbage.
 fn odd_arguments(rng: &mut Rng) -> String {
-    match rng.below(5) {
-        0 | 1 => rng
-            .pick(&[
+    match rng.random_range(0..5) {
+        0 | 1 => pick(
+            rng,
+            &[
                 "",
                 " ",
                 "[]",
@@ -566,19 +575,20 @@ fn odd_arguments(rng: &mut Rng) -> String {
                 r#"{"n":1152921504606847000}"#,
                 r#"{"a\u0000":"\u0000"}"#,
                 r#"{"s":"\u0000\u001f\u2028 😀 "}"#,
-            ])
-            .to_string(),
+            ],
+        )
+        .to_string(),
         2 => {
-            let depth = *rng.pick(&[63, 64, 65, 1000]);
+            let depth = *pick(rng, &[63, 64, 65, 1000]);
             format!("{{\"a\":{}{}}}", "[".repeat(depth), "]".repeat(depth))
         }
         3 => {
             // At, or one byte over, the 1 MiB limit.
-            let total = MIB + rng.below(2);
+            let total = MIB + rng.random_range(0..2);
             format!("{{\"a\":\"{}\"}}", "x".repeat(total - 8))
         }
         _ => {
-            let n = 1 + rng.below(60);
+            let n = 1 + rng.random_range(0..60);
             palette_string(rng, n)
         }
     }
@@ -586,20 +596,26 @@ fn odd_arguments(rng: &mut Rng) -> String {
 
 /// A small random JSON object (its numbers may be refused as inexact integers).
 fn random_json(rng: &mut Rng, depth: usize) -> String {
-    let n = rng.below(4);
+    let n = rng.random_range(0..4);
     let mut out = String::from("{");
     for i in 0..n {
         if i > 0 {
             out.push(',');
         }
-        let _ = write!(out, "\"k{}\":", rng.below(5));
-        let value = match rng.below(if depth == 0 { 4 } else { 6 }) {
+        let _ = write!(out, "\"k{}\":", rng.random_range(0..5));
+        let value = match rng.random_range(0..if depth == 0 { 4 } else { 6 }) {
             0 => "null".to_owned(),
-            1 => format!("{}", rng.next() as i64 >> (11 + rng.below(53))),
-            2 => format!("{:e}", rng.next() as f64 / (rng.next() as f64 + 1.0)),
+            1 => format!(
+                "{}",
+                rng.next_u64() as i64 >> (11 + rng.random_range(0..53))
+            ),
+            2 => format!(
+                "{:e}",
+                rng.next_u64() as f64 / (rng.next_u64() as f64 + 1.0)
+            ),
             3 => format!(
                 "{:?}",
-                String::from_iter((0..3).map(|_| *rng.pick(&['a', 'é', '😀', ' '])))
+                String::from_iter((0..3).map(|_| *pick(rng, &['a', 'é', '😀', ' '])))
             ),
             4 => format!("[{}]", random_json(rng, depth - 1)),
             _ => random_json(rng, depth - 1),
@@ -611,63 +627,71 @@ fn random_json(rng: &mut Rng, depth: usize) -> String {
 }
 
 fn odd_enum(rng: &mut Rng) -> i32 {
-    let any = rng.next() as i32;
-    *rng.pick(&[0, 3, 4, 5, -1, i32::MAX, i32::MIN, any])
+    let any = rng.next_u64() as i32;
+    *pick(rng, &[0, 3, 4, 5, -1, i32::MAX, i32::MIN, any])
 }
 
 /// A valid duration of up to `max_secs` seconds.
 fn sane_duration(rng: &mut Rng, max_secs: usize) -> Option<ProtoDuration> {
-    if rng.one_in(2) {
+    if rng.random_ratio(1, 2) {
         return None;
     }
     Some(ProtoDuration {
-        seconds: (1 + rng.below(max_secs)) as i64,
-        nanos: rng.below(1_000_000_000) as i32,
+        seconds: (1 + rng.random_range(0..max_secs)) as i64,
+        nanos: rng.random_range(0..1_000_000_000),
     })
 }
 
 /// Negative, huge, zero, sub-microsecond, just over a maximum, or malformed.
 fn odd_duration(rng: &mut Rng) -> Option<ProtoDuration> {
-    let any = rng.next() as i64;
-    let seconds = *rng.pick(&[
-        0,
-        0,
-        1,
-        3_600,
-        3_601,
-        30 * 86_400,
-        30 * 86_400 + 1,
-        -1,
-        i64::MAX,
-        i64::MIN,
-        any,
-    ]);
-    let nanos = *rng.pick(&[
-        0,
-        1,
-        999,
-        1_000,
-        999_999_999,
-        1_000_000_000,
-        -1,
-        i32::MAX,
-        i32::MIN,
-    ]);
+    let any = rng.next_u64() as i64;
+    let seconds = *pick(
+        rng,
+        &[
+            0,
+            0,
+            1,
+            3_600,
+            3_601,
+            30 * 86_400,
+            30 * 86_400 + 1,
+            -1,
+            i64::MAX,
+            i64::MIN,
+            any,
+        ],
+    );
+    let nanos = *pick(
+        rng,
+        &[
+            0,
+            1,
+            999,
+            1_000,
+            999_999_999,
+            1_000_000_000,
+            -1,
+            i32::MAX,
+            i32::MIN,
+        ],
+    );
     Some(ProtoDuration { seconds, nanos })
 }
 
 fn odd_result(rng: &mut Rng) -> Vec<u8> {
-    match rng.below(6) {
+    match rng.random_range(0..6) {
         0 => Vec::new(),
-        1..=3 => (0..rng.below(300)).map(|_| rng.next() as u8).collect(),
+        1..=3 => (0..rng.random_range(0..300))
+            .map(|_| rng.next_u64() as u8)
+            .collect(),
         4 => vec![0u8; 4096],
-        _ => vec![0xffu8; MIB + rng.below(2)],
+        _ => vec![0xffu8; MIB + rng.random_range(0..2)],
     }
 }
 
 fn odd_error(rng: &mut Rng) -> String {
-    if rng.one_in(8) {
-        "e".repeat(MIB + rng.below(2))
+    if rng.random_ratio(1, 8) {
+        "e".repeat(MIB + rng.random_range(0..2))
     } else {
         text(rng)
     }
@@ -675,15 +699,15 @@ fn odd_error(rng: &mut Rng) -> String {
 
 /// A key that exists, an explicit-looking one, or any text.
 fn any_key(rng: &mut Rng, pool: &Pool) -> String {
-    match rng.below(4) {
-        0 | 1 if !pool.keys.is_empty() => rng.pick(&pool.keys).clone(),
-        2 => rng.pick(EXPLICIT_KEYS).to_string(),
+    match rng.random_range(0..4) {
+        0 | 1 if !pool.keys.is_empty() => pick(rng, &pool.keys).clone(),
+        2 => pick(rng, EXPLICIT_KEYS).to_string(),
         _ => text(rng),
     }
 }
 
 fn gen_call(rng: &mut Rng, pool: &Pool) -> Call {
-    match rng.below(11) {
+    match rng.random_range(0..11) {
         0..=3 => Call::Claim(gen_claim(rng, pool)),
         4..=6 => Call::Complete(gen_complete(rng, pool)),
         7 | 8 => Call::Lookup(gen_lookup(rng, pool)),
@@ -696,7 +720,7 @@ fn gen_renew(rng: &mut Rng, pool: &Pool) -> pb::RenewLeaseRequest {
     let (key, claim_token) = if pool.tokens.is_empty() {
         (any_key(rng, pool), text(rng))
     } else {
-        rng.pick(&pool.tokens).clone()
+        pick(rng, &pool.tokens).clone()
     };
     let mut r = pb::RenewLeaseRequest {
         key,
@@ -704,7 +728,7 @@ fn gen_renew(rng: &mut Rng, pool: &Pool) -> pb::RenewLeaseRequest {
         lease: sane_duration(rng, 600),
     };
     for _ in 0..spoils(rng) {
-        match rng.below(3) {
+        match rng.random_range(0..3) {
             0 => r.key = any_key(rng, pool),
             1 => r.claim_token = text(rng),
             _ => r.lease = odd_duration(rng),
@@ -714,35 +738,35 @@ fn gen_renew(rng: &mut Rng, pool: &Pool) -> pb::RenewLeaseRequest {
 }
 
 fn gen_claim(rng: &mut Rng, pool: &Pool) -> pb::ClaimRequest {
-    let explicit = rng.one_in(4);
+    let explicit = rng.random_ratio(1, 4);
     let mut r = pb::ClaimRequest {
-        run_id: rng.pick(RUNS).to_string(),
-        tool: rng.pick(TOOLS).to_string(),
+        run_id: pick(rng, RUNS).to_string(),
+        tool: pick(rng, TOOLS).to_string(),
         arguments_json: sane_arguments(rng),
         key: if explicit {
-            rng.pick(EXPLICIT_KEYS).to_string()
+            pick(rng, EXPLICIT_KEYS).to_string()
         } else {
             String::new()
         },
-        canonicalization: rng.below(3) as i32,
+        canonicalization: rng.random_range(0..3),
         lease: sane_duration(rng, 120),
         retention: sane_duration(rng, 2 * 86_400),
-        wait: if rng.one_in(8) {
+        wait: if rng.random_ratio(1, 8) {
             sane_duration(rng, 1)
         } else {
             None
         },
-        principal: if rng.one_in(2) {
+        principal: if rng.random_ratio(1, 2) {
             String::new()
         } else {
             "alice".to_owned()
         },
     };
-    if explicit && rng.one_in(2) {
+    if explicit && rng.random_ratio(1, 2) {
         r.run_id.clear();
     }
     for _ in 0..spoils(rng) {
-        match rng.below(9) {
+        match rng.random_range(0..9) {
             0 => r.run_id = text(rng),
             1 => r.tool = text(rng),
             2 => r.arguments_json = odd_arguments(rng),
@@ -761,16 +785,16 @@ fn gen_complete(rng: &mut Rng, pool: &Pool) -> pb::CompleteRequest {
     let (key, claim_token) = if pool.tokens.is_empty() {
         (any_key(rng, pool), text(rng))
     } else {
-        rng.pick(&pool.tokens).clone()
+        pick(rng, &pool.tokens).clone()
     };
-    let status = *rng.pick(&[2, 2, 3, 4]);
+    let status = *pick(rng, &[2, 2, 3, 4]);
     let mut r = pb::CompleteRequest {
         key,
         claim_token,
         status,
         result: if status == 2 {
-            (0..rng.below(100))
-                .map(|_| rng.next() as u8)
+            (0..rng.random_range(0..100))
+                .map(|_| rng.next_u64() as u8)
                 .collect::<Vec<u8>>()
                 .into()
         } else {
@@ -781,14 +805,14 @@ fn gen_complete(rng: &mut Rng, pool: &Pool) -> pb::CompleteRequest {
         } else {
             "timed out".to_owned()
         },
-        retryable: status == 3 && rng.one_in(2),
+        retryable: status == 3 && rng.random_ratio(1, 2),
     };
     for _ in 0..spoils(rng) {
-        match rng.below(6) {
+        match rng.random_range(0..6) {
             0 => r.key = any_key(rng, pool),
             1 => {
-                r.claim_token = match rng.below(3) {
-                    0 if !pool.tokens.is_empty() => rng.pick(&pool.tokens).1.clone(),
+                r.claim_token = match rng.random_range(0..3) {
+                    0 if !pool.tokens.is_empty() => pick(rng, &pool.tokens).1.clone(),
                     1 => String::new(),
                     _ => text(rng),
                 }
@@ -804,16 +828,16 @@ fn gen_complete(rng: &mut Rng, pool: &Pool) -> pb::CompleteRequest {
 
 fn gen_lookup(rng: &mut Rng, pool: &Pool) -> pb::LookupRequest {
     let mut r = pb::LookupRequest::default();
-    if rng.one_in(2) {
+    if rng.random_ratio(1, 2) {
         r.key = any_key(rng, pool);
     } else {
-        r.run_id = rng.pick(RUNS).to_string();
-        r.tool = rng.pick(TOOLS).to_string();
+        r.run_id = pick(rng, RUNS).to_string();
+        r.tool = pick(rng, TOOLS).to_string();
         r.arguments_json = sane_arguments(rng);
-        r.canonicalization = rng.below(3) as i32;
+        r.canonicalization = rng.random_range(0..3);
     }
     for _ in 0..spoils(rng) {
-        match rng.below(5) {
+        match rng.random_range(0..5) {
             0 => r.key = any_key(rng, pool),
             1 => r.run_id = text(rng),
             2 => r.tool = text(rng),
@@ -825,7 +849,7 @@ fn gen_lookup(rng: &mut Rng, pool: &Pool) -> pb::LookupRequest {
 }
 
 fn gen_resolution(rng: &mut Rng, pool: &Pool) -> pb::Resolution {
-    let succeeded = rng.one_in(2);
+    let succeeded = rng.random_ratio(1, 2);
     pb::Resolution {
         key: any_key(rng, pool),
         status: if succeeded { 2 } else { 3 },
@@ -839,47 +863,49 @@ fn gen_resolution(rng: &mut Rng, pool: &Pool) -> pb::Resolution {
         } else {
             "not found".to_owned()
         },
-        retryable: !succeeded && rng.one_in(2),
+        retryable: !succeeded && rng.random_ratio(1, 2),
     }
 }
 
 fn gen_reconcile(rng: &mut Rng, pool: &Pool) -> pb::ReconcileRequest {
     let mut r = pb::ReconcileRequest {
         older_than: sane_duration(rng, 120),
-        tool: if rng.one_in(2) {
+        tool: if rng.random_ratio(1, 2) {
             String::new()
         } else {
-            rng.pick(TOOLS).to_string()
+            pick(rng, TOOLS).to_string()
         },
-        limit: rng.below(20) as u32,
-        resolutions: (0..rng.below(4))
+        limit: rng.random_range(0..20) as u32,
+        resolutions: (0..rng.random_range(0..4))
             .map(|_| gen_resolution(rng, pool))
             .collect(),
-        resolve_only: rng.one_in(4),
-        keys: if rng.one_in(3) {
-            (0..rng.below(3)).map(|_| any_key(rng, pool)).collect()
+        resolve_only: rng.random_ratio(1, 4),
+        keys: if rng.random_ratio(1, 3) {
+            (0..rng.random_range(0..3))
+                .map(|_| any_key(rng, pool))
+                .collect()
         } else {
             Vec::new()
         },
-        principal: if rng.one_in(2) {
+        principal: if rng.random_ratio(1, 2) {
             String::new()
         } else {
             "reconciler".to_owned()
         },
     };
     for _ in 0..spoils(rng) {
-        match rng.below(7) {
+        match rng.random_range(0..7) {
             5 => r.keys.push(text(rng)),
             6 => r.principal = text(rng),
             0 => r.older_than = odd_duration(rng),
             1 => r.tool = text(rng),
             2 => {
-                let any = rng.next() as u32;
-                r.limit = *rng.pick(&[1_000, 1_001, u32::MAX, any]);
+                let any = rng.next_u64() as u32;
+                r.limit = *pick(rng, &[1_000, 1_001, u32::MAX, any]);
             }
             3 => {
                 // At and over the most resolutions one call takes.
-                let n = *rng.pick(&[1_000, 1_001]);
+                let n = *pick(rng, &[1_000, 1_001]);
                 r.resolutions = (0..n)
                     .map(|i| pb::Resolution {
                         key: format!("k-{i}"),
@@ -890,7 +916,7 @@ fn gen_reconcile(rng: &mut Rng, pool: &Pool) -> pb::ReconcileRequest {
             }
             _ => {
                 let mut odd = gen_resolution(rng, pool);
-                match rng.below(5) {
+                match rng.random_range(0..5) {
                     0 => odd.key = text(rng),
                     1 => odd.status = odd_enum(rng),
                     2 => odd.result = odd_result(rng).into(),

@@ -12,8 +12,9 @@ use idempotency_ledger::domain::entry::cas;
 use idempotency_ledger::domain::{
     ClaimToken, Completion, Entry, Key, Micros, Principal, RunId, Status, Tenant, ToolName,
 };
-use idempotency_ledger::splitmix::SplitMix64;
 use idempotency_ledger::storage::{Entries, Finish};
+use rand::rngs::Xoshiro256PlusPlus as Rng;
+use rand::{SeedableRng as _, seq::IndexedRandom as _};
 
 use crate::support::{Backend, TestDb};
 
@@ -28,11 +29,11 @@ const CASES: usize = 60;
 /// One second, in the store's unit.
 const S: i64 = 1_000_000;
 
-struct Gen(SplitMix64);
+struct Gen(Rng);
 
 impl Gen {
     fn pick<T: Copy>(&mut self, of: &[T]) -> T {
-        *self.0.pick(of)
+        *of.choose(&mut self.0).expect("a non-empty list")
     }
 
     /// `NOW` moved by one of -1 s, -1 µs, 0, +1 µs, +1 s: the boundaries the statements
@@ -188,7 +189,7 @@ async fn run_case(
 }
 
 async fn agree(store: Arc<dyn Entries>, label: &str, seed: u64) {
-    let mut g = Gen(SplitMix64(seed));
+    let mut g = Gen(Rng::seed_from_u64(seed));
     let mut applied = [0usize; 2];
     for case in 0..CASES {
         for write in [

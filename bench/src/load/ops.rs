@@ -5,10 +5,10 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use idempotency_ledger::error::code_name;
 use idempotency_ledger::grpc::pb::{
     ClaimRequest, ClaimResponse, CompleteRequest, LookupRequest, Outcome, Status as EntryStatus,
 };
+use idempotency_ledger::proto::code_name;
 use prost::Message;
 use prost::bytes::Bytes;
 use sha2::Digest;

@@ -8,12 +8,12 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use idempotency_ledger::error::code_name;
 use idempotency_ledger::grpc::pb::ledger_service_client::LedgerServiceClient;
 use idempotency_ledger::grpc::pb::{
     ClaimRequest, ClaimResponse, CompleteRequest, LookupRequest, Outcome, ReconcileRequest,
     Resolution, Status as EntryStatus,
 };
+use idempotency_ledger::proto::code_name;
 use tonic::transport::{Channel, Endpoint};
 
 use crate::load::{ARGUMENTS, RESULT, TOOL};

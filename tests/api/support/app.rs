@@ -585,18 +585,12 @@ pub const STARTING: &str = "idempotency-ledger starting";
 /// port the kernel hands out for `:0` is also what it hands to outgoing connections (the tests'
 /// PostgreSQL clients), which could take it before the server binds it.
 pub fn free_port() -> u16 {
-    use std::sync::atomic::{AtomicU64, Ordering};
-    static DRAWS: AtomicU64 = AtomicU64::new(0);
-    let seed = u64::from(std::process::id()) << 32
-        ^ std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_nanos() as u64)
-        ^ DRAWS
-            .fetch_add(1, Ordering::Relaxed)
-            .wrapping_mul(0x9E37_79B9);
-    let mut rng = idempotency_ledger::splitmix::SplitMix64(seed);
+    use rand::RngExt as _;
+    // The thread's generator, seeded by the operating system: tests running at once in other
+    // processes draw other ports.
+    let mut rng = rand::rng();
     for _ in 0..1000 {
-        let port = 20_000 + rng.below(12_000) as u16;
+        let port: u16 = 20_000 + rng.random_range(0..12_000);
         if std::net::TcpListener::bind(("127.0.0.1", port)).is_ok() {
             return port;
         }

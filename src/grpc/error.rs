@@ -1,0 +1,219 @@
+//! The one place that turns an error into a gRPC status: a code, a `google.rpc.ErrorInfo`
+//! (domain `idempotency.v1`, the error's [`Reason`]), a `google.rpc.RetryInfo` when waiting
+//! helps and, for a bad field, a `google.rpc.BadRequest` naming it. [`CallError`] adds to the
+//! ledger's own errors ([`LedgerError`], independent of gRPC) the refusals of the transport:
+//! a missing credential ([`super::auth`]), a limit ([`super::admission`]) and a deadline
+//! ([`super::deadline`]). What is not sent is logged here, once, by [`LedgerError::log_detail`].
+
+use std::time::Duration;
+
+use tonic::{Code, Status};
+use tonic_types::{ErrorDetails, StatusExt};
+
+use crate::error::LedgerError;
+use crate::proto::ERROR_DOMAIN;
+use crate::reason::Reason;
+use crate::storage::StoreError;
+
+/// Everything a call can be refused with: the ledger's errors and the transport's own.
+#[derive(Debug, thiserror::Error)]
+pub enum CallError {
+    /// The use case refused or failed.
+    #[error(transparent)]
+    Ledger(#[from] LedgerError),
+    /// A missing or wrong credential.
+    #[error("{0}")]
+    Unauthenticated(&'static str),
+    /// A limit was reached (load shedding, a tenant's rate); retry after `retry_after`.
+    #[error("{message}")]
+    ResourceExhausted {
+        /// [`Reason::Overloaded`] or [`Reason::RateLimited`].
+        reason: Reason,
+        /// What was reached, for a person.
+        message: String,
+        /// When a retry is worthwhile.
+        retry_after: Duration,
+    },
+    /// The call's deadline passed before an answer.
+    #[error("the call's deadline passed before the ledger could answer")]
+    DeadlineExceeded,
+}
+
+impl CallError {
+    /// The reason sent in `ErrorInfo`.
+    pub fn reason(&self) -> Reason {
+        match self {
+            CallError::Ledger(e) => e.reason(),
+            CallError::Unauthenticated(_) => Reason::Unauthenticated,
+            CallError::ResourceExhausted { reason, .. } => *reason,
+            CallError::DeadlineExceeded => Reason::DeadlineExceeded,
+        }
+    }
+
+    /// The gRPC code this error is sent with.
+    pub fn code(&self) -> Code {
+        match self {
+            CallError::Ledger(e) => ledger_code(e),
+            CallError::Unauthenticated(_) => Code::Unauthenticated,
+            CallError::ResourceExhausted { .. } => Code::ResourceExhausted,
+            CallError::DeadlineExceeded => Code::DeadlineExceeded,
+        }
+    }
+
+    /// How long the caller should wait before retrying, when waiting helps.
+    fn retry_after(&self) -> Option<Duration> {
+        match self {
+            CallError::Ledger(e) => e.retry_after(),
+            CallError::ResourceExhausted { retry_after, .. } => Some(*retry_after),
+            CallError::Unauthenticated(_) | CallError::DeadlineExceeded => None,
+        }
+    }
+}
+
+/// The gRPC code of each of the ledger's errors.
+fn ledger_code(e: &LedgerError) -> Code {
+    match e {
+        LedgerError::InvalidArgument { .. } => Code::InvalidArgument,
+        LedgerError::KeyReused
+        | LedgerError::StaleClaimToken
+        | LedgerError::AlreadyResolved(_)
+        | LedgerError::LeaseEnded(_) => Code::FailedPrecondition,
+        LedgerError::NotFound => Code::NotFound,
+        LedgerError::Unavailable(_) => Code::Unavailable,
+        LedgerError::Store(e) => match e {
+            StoreError::Unavailable(_)
+            | StoreError::Unreachable(_)
+            | StoreError::Busy(_)
+            | StoreError::Io(_)
+            | StoreError::Contention(_)
+            | StoreError::ReadOnly(_)
+            | StoreError::Misconfigured(_) => Code::Unavailable,
+            StoreError::Full(_) => Code::ResourceExhausted,
+            StoreError::Corrupt(_) => Code::DataLoss,
+            StoreError::Internal(_) => Code::Internal,
+        },
+        LedgerError::Internal(_) => Code::Internal,
+    }
+}
+
+impl From<CallError> for Status {
+    fn from(err: CallError) -> Status {
+        let mut details = ErrorDetails::new();
+        details.set_error_info(
+            err.reason().as_str(),
+            ERROR_DOMAIN,
+            std::collections::HashMap::new(),
+        );
+        if let CallError::Ledger(e) = &err {
+            e.log_detail();
+            if let LedgerError::InvalidArgument { field, message, .. } = e {
+                details.add_bad_request_violation(*field, message.clone());
+            }
+        }
+        if let Some(delay) = err.retry_after() {
+            details.set_retry_info(Some(delay));
+        }
+        Status::with_error_details(err.code(), err.to_string(), details)
+    }
+}
+
+impl From<LedgerError> for Status {
+    fn from(err: LedgerError) -> Status {
+        Status::from(CallError::Ledger(err))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::error::UNAVAILABLE_MESSAGE;
+
+    #[test]
+    fn internal_details_are_never_sent() {
+        let status = Status::from(LedgerError::Internal(
+            "relation ledger_entries does not exist at /var/lib/x".into(),
+        ));
+        assert_eq!(status.code(), Code::Internal);
+        assert!(!status.message().contains("ledger_entries"));
+        assert!(!status.message().contains("/var/lib"));
+        let unavailable = Status::from(LedgerError::Unavailable(
+            "connection refused 10.0.0.1".into(),
+        ));
+        assert!(!unavailable.message().contains("10.0.0.1"));
+        assert!(unavailable.get_details_retry_info().is_some());
+    }
+
+    /// The server recognises tonic's own size refusal by its code (grpc::library_errors):
+    /// no answer of the ledger's may share it.
+    #[test]
+    fn the_ledger_never_answers_out_of_range() {
+        let store =
+            |e: fn(String) -> StoreError| CallError::from(LedgerError::Store(e(String::new())));
+        let every = [
+            CallError::from(LedgerError::invalid("tool", "x")),
+            CallError::from(LedgerError::KeyReused),
+            CallError::from(LedgerError::StaleClaimToken),
+            CallError::from(LedgerError::AlreadyResolved("SUCCEEDED")),
+            CallError::from(LedgerError::NotFound),
+            CallError::Unauthenticated("x"),
+            CallError::from(LedgerError::Unavailable(String::new())),
+            store(StoreError::Unavailable),
+            store(StoreError::Unreachable),
+            store(StoreError::Busy),
+            store(StoreError::Io),
+            store(StoreError::Full),
+            store(StoreError::Contention),
+            store(StoreError::ReadOnly),
+            store(StoreError::Corrupt),
+            store(StoreError::Misconfigured),
+            store(StoreError::Internal),
+            CallError::from(LedgerError::LeaseEnded("UNKNOWN")),
+            CallError::ResourceExhausted {
+                reason: Reason::Overloaded,
+                message: String::new(),
+                retry_after: Duration::ZERO,
+            },
+            CallError::DeadlineExceeded,
+            CallError::from(LedgerError::Internal(String::new())),
+        ];
+        for e in every {
+            assert_ne!(e.code(), Code::OutOfRange, "{e:?}");
+        }
+    }
+
+    /// One spelling of each reason; busy and unreachable both carry a retry delay.
+    #[test]
+    fn a_busy_store_has_a_reason_of_its_own_and_an_unreachable_one_the_same_as_unavailable() {
+        let busy = Status::from(LedgerError::Store(StoreError::Busy("all 16 in use".into())));
+        assert_eq!(busy.code(), Code::Unavailable);
+        assert_eq!(
+            busy.get_details_error_info().expect("info").reason,
+            Reason::StoreBusy
+        );
+        assert!(busy.get_details_retry_info().is_some());
+        assert!(!busy.message().contains("16"), "{}", busy.message());
+        for unavailable in [
+            LedgerError::Store(StoreError::Unreachable("refused".into())),
+            LedgerError::Store(StoreError::Unavailable("reset".into())),
+            LedgerError::Unavailable("migrations have not run yet".into()),
+        ] {
+            let status = Status::from(unavailable);
+            assert_eq!(status.code(), Code::Unavailable);
+            let info = status.get_details_error_info().expect("info");
+            assert_eq!(info.reason, Reason::StoreUnavailable);
+            assert_eq!(status.message(), UNAVAILABLE_MESSAGE);
+            assert!(status.get_details_retry_info().is_some());
+        }
+    }
+
+    #[test]
+    fn a_bad_field_carries_error_info_and_bad_request() {
+        let status = Status::from(LedgerError::invalid("tool", "must not be empty"));
+        assert_eq!(status.code(), Code::InvalidArgument);
+        let info = status.get_details_error_info().expect("error info");
+        assert_eq!(info.reason, "INVALID_FIELD");
+        assert_eq!(info.domain, ERROR_DOMAIN);
+        let bad = status.get_details_bad_request().expect("bad request");
+        assert_eq!(bad.field_violations[0].field, "tool");
+    }
+}
