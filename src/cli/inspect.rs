@@ -397,68 +397,71 @@ pub fn render_entry(e: &pb::Entry) -> String {
     out
 }
 
-/// One entry in the proto3 JSON mapping, as grpcurl prints it (camelCase names, enum names,
-/// 64-bit integers as strings, bytes in base64, RFC 3339 times), except that every field is
-/// present (unset times are `null`) so that scripts find the same keys in every object; plus
-/// `resultText`, the result as a string when it is valid UTF-8 (else `null`).
-#[derive(Serialize, Debug, PartialEq)]
-#[serde(rename_all = "camelCase")]
-struct EntryJson {
-    key: String,
-    run_id: String,
-    tool: String,
-    fingerprint: String,
-    status: serde_json::Value,
-    attempt: u32,
-    result: String,
-    result_text: Option<String>,
-    error: String,
-    retryable: bool,
-    principal: String,
-    started_at: Option<String>,
-    finished_at: Option<String>,
-    lease_expires_at: Option<String>,
-    expires_at: Option<String>,
-    replay_count: String,
-    external_ref: String,
-    arguments_json: String,
-    resolved_by: String,
+/// One entry in the proto3 JSON mapping, as grpcurl prints it (lowerCamelCase names, enum
+/// names, 64-bit integers as strings, bytes in base64, RFC 3339 times), each field written by
+/// `prost-reflect` from the entry's descriptor (so a field added to the proto appears here as
+/// the mapping writes it), in the proto's order; except that every field is present (unset
+/// times are `null`, defaults written) so that scripts find the same keys in every object;
+/// plus `resultText` after `result`: the result as a string when it is valid UTF-8 (else
+/// `null`).
+struct EntryJson(Vec<(String, serde_json::Value)>);
+
+impl Serialize for EntryJson {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.collect_map(self.0.iter().map(|(k, v)| (k, v)))
+    }
 }
 
 impl EntryJson {
     fn of(e: &pb::Entry) -> EntryJson {
-        let time = |t: Option<&Timestamp>| t.map(ToString::to_string);
-        EntryJson {
-            key: e.key.clone(),
-            run_id: e.run_id.clone(),
-            tool: e.tool.clone(),
-            fingerprint: e.fingerprint.clone(),
-            // proto3 JSON writes a value this build does not know as its number.
-            status: match pb::Status::try_from(e.status) {
-                Ok(s) => serde_json::Value::from(s.as_str_name()),
-                Err(_) => serde_json::Value::from(e.status),
-            },
-            attempt: e.attempt,
-            result: base64::engine::general_purpose::STANDARD.encode(&e.result),
-            result_text: std::str::from_utf8(&e.result).ok().map(str::to_string),
-            error: e.error.clone(),
-            retryable: e.retryable,
-            principal: e.principal.clone(),
-            started_at: time(e.started_at.as_ref()),
-            finished_at: time(e.finished_at.as_ref()),
-            lease_expires_at: time(e.lease_expires_at.as_ref()),
-            expires_at: time(e.expires_at.as_ref()),
-            replay_count: e.replay_count.to_string(),
-            external_ref: e.external_ref.clone(),
-            arguments_json: e.arguments_json.clone(),
-            resolved_by: e.resolved_by.clone(),
+        use prost::Message as _;
+        use prost_reflect::{DescriptorPool, DynamicMessage, Kind, SerializeOptions};
+        static ENTRY: std::sync::LazyLock<Option<prost_reflect::MessageDescriptor>> =
+            std::sync::LazyLock::new(|| {
+                DescriptorPool::decode(crate::proto::FILE_DESCRIPTOR_SET)
+                    .ok()?
+                    .get_message_by_name("idempotency.v1.Entry")
+            });
+        // The descriptors are this build's own (proto.rs embeds them) and the message was
+        // decoded by this build, so none of these can fail; if one did, the object would lack
+        // its fields rather than the command stop.
+        let Some(descriptor) = ENTRY.as_ref() else {
+            return EntryJson(Vec::new());
+        };
+        let Ok(message) = DynamicMessage::decode(descriptor.clone(), e.encode_to_vec().as_slice())
+        else {
+            return EntryJson(Vec::new());
+        };
+        let options = SerializeOptions::new().skip_default_fields(false);
+        let Ok(serde_json::Value::Object(mut written)) =
+            message.serialize_with_options(serde_json::value::Serializer, &options)
+        else {
+            return EntryJson(Vec::new());
+        };
+        let mut fields = Vec::new();
+        for field in descriptor.fields() {
+            let unset_message =
+                matches!(field.kind(), Kind::Message(_)) && !message.has_field(&field);
+            let value = match written.remove(field.json_name()) {
+                Some(value) if !unset_message => value,
+                _ => serde_json::Value::Null,
+            };
+            fields.push((field.json_name().to_string(), value));
+            if field.name() == "result" {
+                let text = std::str::from_utf8(&e.result).ok();
+                fields.push((
+                    "resultText".to_string(),
+                    text.map_or(serde_json::Value::Null, serde_json::Value::from),
+                ));
+            }
         }
+        EntryJson(fields)
     }
 }
 
 /// One entry as a one-line JSON object (see `EntryJson`).
 pub fn entry_json_line(e: &pb::Entry) -> String {
-    // A struct of strings, numbers and options always serializes.
+    // Strings and JSON values always serialize.
     serde_json::to_string(&EntryJson::of(e)).unwrap_or_default()
 }
 

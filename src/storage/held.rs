@@ -23,8 +23,15 @@
 //! add to it or close the connection; `idle_timeout` and `max_lifetime` retire connections
 //! and do not skip checks. So the only way to save the round trip per call is not to give the
 //! connection back, which is what this stack does, and why it gives it back (to those checks)
-//! whenever the connections are not proven. (Not yet measured against a pool with
-//! `test_before_acquire(false)` alone: issue 23 asks for that figure.)
+//! whenever the connections are not proven.
+//!
+//! Measured when this stack came (commit 6efe9ff, against the same sqlx pool with
+//! `test_before_acquire(false)` and no stack; bench/README.md, "The claim path, profiled"):
+//! claim-complete at 32 clients on PostgreSQL went from 0.94 `sendto` and 3.79 `recvfrom` per
+//! operation to 0.47 and 3.10, the server's CPU per operation from 0.377 to 0.319 ms and the
+//! database's from 0.374 to 0.297 ms, 1,741 to 2,075 operations a second (medians of three
+//! alternating rounds), and callgrind's instructions per RPC above the gRPC floor from 81 k to
+//! 69 k.
 //!
 //! It also counts the connections lent to calls, so that a call that waited in the pool
 //! until its timeout can tell a busy pool (every connection in use by other calls: the
