@@ -434,13 +434,7 @@ async fn resolve(console: &Console, call: &Call, who: &Who) -> PageResult {
     };
     let ledger = console.ledger().clone();
     let before = ledger
-        .lookup(
-            &who.tenant,
-            LookupInput {
-                key: key.clone(),
-                ..LookupInput::default()
-            },
-        )
+        .lookup(&who.tenant, LookupInput::by_key(key.clone()))
         .await
         .map_err(|e| failure(&e))?;
     let input = ReconcileInput {

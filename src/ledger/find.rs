@@ -286,11 +286,7 @@ impl Ledger {
         tenant: &Tenant,
         key: &str,
     ) -> Result<Option<EntryView>, LedgerError> {
-        let input = LookupInput {
-            key: key.to_string(),
-            ..LookupInput::default()
-        };
-        match self.lookup(tenant, input).await {
+        match self.lookup(tenant, LookupInput::by_key(key)).await {
             Ok(view) => Ok(Some(view)),
             // Not a key at all (too long, spaces): then it names no entry by key.
             Err(LedgerError::NotFound | LedgerError::InvalidArgument { .. }) => Ok(None),

@@ -21,6 +21,16 @@ pub struct LookupInput {
     pub canonicalization: Canonicalization,
 }
 
+impl LookupInput {
+    /// A Lookup of `key` alone.
+    pub fn by_key(key: impl Into<String>) -> LookupInput {
+        LookupInput {
+            key: key.into(),
+            ..LookupInput::default()
+        }
+    }
+}
+
 impl Ledger {
     /// Reads an entry by key, or by the fields Claim derives it from.
     ///

@@ -8,13 +8,7 @@ pub(super) async fn entry(console: &Console, call: &Call, who: &Who) -> PageResu
     let key = call.query.get("key");
     let view = match console
         .ledger()
-        .lookup(
-            &who.tenant,
-            LookupInput {
-                key: key.to_string(),
-                ..LookupInput::default()
-            },
-        )
+        .lookup(&who.tenant, LookupInput::by_key(key))
         .await
     {
         Ok(view) => view,
