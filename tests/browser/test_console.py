@@ -30,6 +30,7 @@ from typing import Any, Iterator
 
 import pytest
 from selenium import webdriver
+from selenium.common.exceptions import WebDriverException
 from selenium.webdriver.chrome.service import Service
 from selenium.webdriver.common.by import By
 from selenium.webdriver.remote.webdriver import WebDriver
@@ -194,9 +195,14 @@ def sign_in(driver: WebDriver, server: Server, token: str, name: str = "") -> No
 
 
 def submit(driver: WebDriver, button: WebElement) -> None:
-    """Clicks a form's button and waits until the answer's page has replaced this one."""
+    """Clicks a form's button and waits until the answer's page has replaced this one.
+
+    While the old page is being torn down, chromedriver can answer a question about the button
+    with an inspector error ("Node with given id does not belong to the document") instead of
+    a stale reference; that answer is asked again, not taken as a failure.
+    """
     button.click()
-    WebDriverWait(driver, 30).until(expected_conditions.staleness_of(button))
+    WebDriverWait(driver, 30, ignored_exceptions=(WebDriverException,)).until(expected_conditions.staleness_of(button))
     WebDriverWait(driver, 30).until(lambda d: d.execute_script("return document.readyState") == "complete")
 
 
