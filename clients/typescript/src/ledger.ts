@@ -40,7 +40,7 @@ import {
   type CompleteResult,
   type LedgerRpcOptions,
 } from "./rpc.js";
-import { ask, attemptOf, logSettlement, resolutionOf, settle, type Settlement } from "./settle.js";
+import { ask, attemptOf, logSettlement, resolutionOf, settle, type Settlement, type Via } from "./settle.js";
 import type { LedgerEntry } from "./types.js";
 
 /** How to reach the ledger, and how the client behaves. */
@@ -498,7 +498,6 @@ export class Ledger extends LedgerRpc {
           ? { status: "FAILED", retryable: false, error: why }
           : { status: "UNKNOWN", error: why };
     let confirmation: Confirmation<T> | undefined;
-    const principal = this.settler(options);
     if (kind === "unknown" && options.confirm) {
       await sleep(options.confirmDelayMs ?? this.confirmDelayMs);
       const attempt = attemptOf(claimedEntry, JSON.parse(toArgumentsJson(args)) as unknown);
@@ -536,14 +535,14 @@ export class Ledger extends LedgerRpc {
     }
     const error = err instanceof ActionTimedOut ? new ActionTimeoutError(err.timeoutMs, entry) : err;
     if (confirmation?.kind === "found") {
-      logSettlement(this.logger, entry, "found", principal, "runOnce");
+      logSettlement(this.logger, entry, "found", "run_once");
       return { kind: "performed", value: confirmation.result, entry, confirmed: true };
     }
     if (confirmation?.kind === "not_found") {
-      logSettlement(this.logger, entry, "not_found", principal, "runOnce");
+      logSettlement(this.logger, entry, "not_found", "run_once");
       return notFoundOutcome(error, entry);
     }
-    if (options.confirm) logSettlement(this.logger, entry, "cannot_tell", principal, "runOnce");
+    if (options.confirm) logSettlement(this.logger, entry, "cannot_tell", "run_once");
     return { kind: "thrown", error, actionRan: true, recorded: "unknown", entry };
   }
 
@@ -582,7 +581,7 @@ export class Ledger extends LedgerRpc {
     options: RunOnceOptions<T>,
     codec: Codec<T>,
     waitMs: number,
-    via: string,
+    via: Via,
   ): Promise<Settlement<T>> {
     return settle(this, entry, {
       confirm: options.confirm!,

@@ -27,7 +27,10 @@ export interface SettlementRecord {
    * between the hand-out and the answer (a late Complete, another reconciler, a person).
    */
   outcome: "found" | "not_found" | "cannot_tell" | "elsewhere";
-  /** Who settled it: this reconciler's principal, or the entry's resolvedBy for `elsewhere`. */
+  /**
+   * Who settled it, as the entry says (its resolvedBy): this reconciler's principal for found
+   * and not_found, whoever did for `elsewhere`, "" while nobody has (cannot_tell).
+   */
   resolvedBy: string;
   /** The entry as it stands after the answer. */
   entry: LedgerEntry;
@@ -235,13 +238,13 @@ export class Reconciler {
   }
 
   private record(entry: LedgerEntry, outcome: SettlementRecord["outcome"]): SettlementRecord {
-    logSettlement(this.logger, entry, outcome, this.principal, "reconciler");
+    logSettlement(this.logger, entry, outcome, "reconciler");
     const record: SettlementRecord = {
       key: entry.key,
       tool: entry.tool,
       externalRef: entry.externalRef,
       outcome,
-      resolvedBy: outcome === "elsewhere" ? entry.resolvedBy : outcome === "cannot_tell" ? "" : this.principal,
+      resolvedBy: entry.resolvedBy,
       entry,
     };
     this.options.onSettlement?.(record);

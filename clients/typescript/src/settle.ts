@@ -42,8 +42,8 @@ export interface SettleContext<T> {
   logger: LedgerLogger;
   /** How long confirm may take before it counts as "cannot tell". */
   confirmTimeoutMs: number;
-  /** Said in the log line: who asked ("runOnce", "a repeat", "reconciler"). */
-  via: string;
+  /** Said in the log line: who asked. */
+  via: Via;
   /**
    * How long to wait for a settlement someone else is making (the entry is not handed out:
    * another caller or a reconciler holds it): the call's `waitMs`.
@@ -130,20 +130,29 @@ export function resolutionOf<T>(
   }
 }
 
-/** One log line per settlement: key, tool, external_ref, outcome, who. */
+/**
+ * One log line per settlement: key, tool, external_ref, outcome, and the entry as it stands
+ * afterwards: its status and its resolved_by, what the entry says (empty when the entry has
+ * none: a call that completes its own attempt with its claim token records no resolved_by, nor
+ * does "cannot tell"), never a principal the entry does not carry.
+ */
 export function logSettlement(
   logger: LedgerLogger,
   entry: LedgerEntry,
   outcome: "found" | "not_found" | "cannot_tell" | "elsewhere",
-  principal: string,
-  via: string,
+  via: Via,
 ): void {
-  const who = outcome === "elsewhere" ? entry.resolvedBy || "(not yet settled)" : principal;
   logger.info(
     `settled key=${entry.key} tool=${entry.tool} external_ref=${entry.externalRef} outcome=${outcome} ` +
-      `status=${entry.status} resolved_by=${who} via=${via}`,
+      `status=${entry.status} resolved_by=${entry.resolvedBy} via=${via}`,
   );
 }
+
+/**
+ * Who asked, in the settlement's log line (the Python client's words): the call settling its
+ * own unknown outcome (`run_once`), a repeat meeting one, a reconciler.
+ */
+export type Via = "run_once" | "a repeat" | "reconciler";
 
 /**
  * Settles one UNKNOWN entry: takes it (Reconcile of its key alone), asks confirm, records what
@@ -158,7 +167,7 @@ export async function settle<T>(rpc: LedgerRpc, entry: LedgerEntry, ctx: SettleC
     taken = pending.find((e) => e.key === entry.key);
     if (!taken) {
       const now = await awaitSettlement(rpc, entry.key, ctx.waitMs);
-      logSettlement(ctx.logger, now, "elsewhere", ctx.principal, ctx.via);
+      logSettlement(ctx.logger, now, "elsewhere", ctx.via);
       return { kind: "elsewhere", entry: now };
     }
   } catch (err) {
@@ -168,7 +177,7 @@ export async function settle<T>(rpc: LedgerRpc, entry: LedgerEntry, ctx: SettleC
   const confirmation = await ask(ctx.confirm, attemptOf(taken, ctx.args), ctx.logger, ctx.confirmTimeoutMs);
   const resolution = resolutionOf(taken, confirmation, ctx.codec, ctx.logger);
   if (!resolution) {
-    logSettlement(ctx.logger, taken, "cannot_tell", ctx.principal, ctx.via);
+    logSettlement(ctx.logger, taken, "cannot_tell", ctx.via);
     return { kind: "cannot_tell", entry: taken };
   }
   let resolved: LedgerEntry | undefined;
@@ -188,14 +197,14 @@ export async function settle<T>(rpc: LedgerRpc, entry: LedgerEntry, ctx: SettleC
   }
   const mine = resolved.resolvedBy === ctx.principal && resolved.status === resolution.status;
   if (!mine) {
-    logSettlement(ctx.logger, resolved, "elsewhere", ctx.principal, ctx.via);
+    logSettlement(ctx.logger, resolved, "elsewhere", ctx.via);
     return { kind: "elsewhere", entry: resolved };
   }
   if (confirmation.kind === "found") {
-    logSettlement(ctx.logger, resolved, "found", ctx.principal, ctx.via);
+    logSettlement(ctx.logger, resolved, "found", ctx.via);
     return { kind: "found", value: confirmation.result, entry: resolved };
   }
-  logSettlement(ctx.logger, resolved, "not_found", ctx.principal, ctx.via);
+  logSettlement(ctx.logger, resolved, "not_found", ctx.via);
   return { kind: "not_found", entry: resolved };
 }
 

@@ -503,8 +503,21 @@ describe("runOnce", () => {
         // Completed by the attempt itself, with its claim token: no Reconcile, so no resolvedBy.
         assert.equal(out.entry.status, "SUCCEEDED");
         assert.equal(out.entry.resolvedBy, "");
-        const pattern = logLine({ key: out.entry.key, tool: "issue_credit", outcome: "found", status: "SUCCEEDED", via: "runOnce" });
-        assert.ok(log.lines.some((l) => pattern.test(l)), log.lines.join("\n"));
+        assert.equal((await holder.lookup({ key: out.entry.key })).resolvedBy, "", "the stored entry too");
+        // The log says what the entry says: no resolved_by (not the settler's principal), via run_once.
+        const settled = log.lines.filter((l) => l.includes(`settled key=${out.entry.key} `));
+        assert.equal(settled.length, 1, log.lines.join("\n"));
+        const pattern = logLine({
+          key: out.entry.key,
+          tool: "issue_credit",
+          external_ref: out.entry.externalRef,
+          outcome: "found",
+          status: "SUCCEEDED",
+          resolved_by: "",
+          via: "run_once",
+        });
+        assert.match(settled[0], pattern);
+        assert.doesNotMatch(settled[0], /ts-tests|confirm@/);
       });
     }
 
@@ -530,6 +543,33 @@ describe("runOnce", () => {
       assert.equal(again.replayed, true);
       assert.deepEqual(again.value, { credit_id: "cr-4" });
       assert.equal(again.entry.resolvedBy, "ts-tests");
+    });
+
+    test("every settlement's log line says the entry's resolved_by: none for the call's own, the settler's for a repeat's", async () => {
+      const log = captureLog();
+      const client = server.ledger({ principal: "agent-9", confirmDelayMs: 0, logger: log });
+      const run = uniqueRun("confirm-log");
+      let sure = false;
+      const flaky: Confirm<{ credit_id: string }> = (attempt) => (sure ? confirm(attempt) : cannotTell);
+      // The call's own attempt, cannot tell: UNKNOWN, nobody resolved it.
+      await assert.rejects(
+        client.runOnce(run, "issue_credit", { customer: "c-log" }, (ctx) => {
+          credits.set(ctx.externalRef, "cr-log");
+          throw new Error("the answer was lost");
+        }, { confirm: flaky }),
+        /the answer was lost/,
+      );
+      const unknown = await client.lookup({ runId: run, tool: "issue_credit", args: { customer: "c-log" } });
+      assert.equal(unknown.status, "UNKNOWN");
+      assert.equal(unknown.resolvedBy, "");
+      // A repeat settles it through Reconcile: the entry records the settler, and the log says so.
+      sure = true;
+      const again = await client.runOnce(run, "issue_credit", { customer: "c-log" }, () => assert.fail("acted again"), { confirm: flaky });
+      assert.equal(again.entry.resolvedBy, "agent-9");
+      const lines = log.lines.filter((l) => l.includes(`settled key=${unknown.key} `));
+      assert.equal(lines.length, 2, log.lines.join("\n"));
+      assert.match(lines[0], logLine({ key: unknown.key, outcome: "cannot_tell", status: "UNKNOWN", resolved_by: "", via: "run_once" }));
+      assert.match(lines[1], logLine({ key: unknown.key, outcome: "found", status: "SUCCEEDED", resolved_by: "agent-9", via: "a repeat" }));
     });
 
     test("a repeat that meets an entry another caller is settling waits (up to waitMs) for that settlement", async () => {
