@@ -6,7 +6,7 @@
 
 import { AsyncLocalStorage } from "node:async_hooks";
 import { jsonCodec, type Codec } from "./codec.js";
-import type { Confirm, Confirmation } from "./confirm.js";
+import { confirmProblem, type Confirm, type Confirmation } from "./confirm.js";
 import { DEFAULT_CONFIRM_DELAY_MS, DEFAULT_WAIT_MS, RENEW_EVERY_FRACTION_OF_LEASE } from "./defaults.js";
 import {
   ActionTimeoutError,
@@ -199,9 +199,8 @@ export class Ledger extends LedgerRpc {
   }
 
   private checkConfirm(tool: string, confirm: unknown, where: string): void {
-    if (confirm !== undefined && typeof confirm !== "function") {
-      throw new TypeError(`${where} ${tool}: confirm must be a function (attempt) => found(result) | notFound | cannotTell`);
-    }
+    const problem = confirmProblem(confirm);
+    if (problem) throw new TypeError(`${where} ${tool}: ${problem}`);
     if (this.requireConfirm && confirm === undefined) {
       throw new TypeError(
         `${where} ${tool}: this Ledger requires a paired read (requireConfirm: true) and the tool has ` +

@@ -16,6 +16,7 @@ import { ask, attemptOf, logSettlement, resolutionOf } from "./settle.js";
 import { registrationOf } from "./tools.js";
 import type { LedgerEntry } from "./types.js";
 import { NotFoundError } from "./errors.js";
+import { confirmProblem } from "./confirm.js";
 
 /** One settlement the reconciler made (or tried). */
 export interface SettlementRecord {
@@ -304,10 +305,14 @@ function resolveTools(
           `registerLedgerTool or wrapTool, or give { name, confirm })`,
       );
     }
+    const problem = confirmProblem(reg.confirm);
+    if (problem) throw new TypeError(`Reconciler: the tool ${reg.name}: ${problem}`);
     if (!withConfirm(reg)) {
       throw new TypeError(
-        `Reconciler: the tool ${reg.name} has no paired read (confirm); a reconciler settles only the ` +
-          `entries of tools registered with one`,
+        `Reconciler: the tool ${reg.name} has no paired read (confirm), so this reconciler could never settle ` +
+          `its entries. Register the tool with confirm: (attempt) => found(result) | notFound | cannotTell, ` +
+          `looking the effect up by attempt.externalRef (the confirm option of ledgerTool, registerLedgerTool ` +
+          `or wrapTool, or { name, confirm }), or leave it out of the reconciler's tools`,
       );
     }
     out.set(reg.name, reg);
@@ -322,7 +327,8 @@ function registrationFor(item: unknown, registered: Map<string, ToolRegistration
   if (carried) return carried;
   if (item !== null && typeof item === "object" && typeof (item as { name?: unknown }).name === "string") {
     const { name, confirm } = item as { name: string; confirm?: unknown };
-    if (typeof confirm === "function") return item as ToolRegistration;
+    // A registration given here (`{ name, confirm }`): its confirm is checked as the ledger's are.
+    if (confirm !== undefined) return item as ToolRegistration;
     return registered.get(name);
   }
   return undefined;

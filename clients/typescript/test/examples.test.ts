@@ -6,6 +6,7 @@
 // model.
 
 import assert from "node:assert/strict";
+import { writeFileSync } from "node:fs";
 import { join } from "node:path";
 import { after, before, describe, test } from "node:test";
 import * as aiSdkAgent from "../examples/ai-sdk-agent.js";
@@ -192,5 +193,16 @@ describe("examples", () => {
     const none = await runScript(cli, [join(PACKAGE_ROOT, "dist/examples/script.js")], { LEDGER_ADDRESS: server.address });
     assert.equal(none.code, 1);
     assert.match(none.stderr, /no tool registered with this ledger has a paired read/);
+    // A plain JavaScript tool module whose paired read takes the reference and the attempt's number
+    // as two parameters (it is given one object): refused before it could answer "not found".
+    const positional = join(server.dir, "positional-read.mjs");
+    writeFileSync(
+      positional,
+      "export const tools = [{ name: 'issue_credit', confirm: (externalRef, attempt) => ({ kind: 'not_found' }) }];\n",
+    );
+    const refused = await runScript(cli, [positional, "--once"], { LEDGER_ADDRESS: server.address });
+    assert.equal(refused.code, 1);
+    assert.match(refused.stderr, /Reconciler: the tool issue_credit: confirm declares 2 parameters, but it is called with one: the attempt/);
+    assert.doesNotMatch(refused.stderr, /settled/);
   });
 });

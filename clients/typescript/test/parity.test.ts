@@ -47,7 +47,10 @@ const parity = JSON.parse(readFileSync(join(REPO_ROOT, "clients/parity.json"), "
   reconciler: Record<string, number | string>;
   model_reads: Record<"outcome_unknown" | "not_performed" | "missing_run_id", { status: string; note: string }> &
     Record<string, unknown>;
-  confirm: { answers: Record<string, { python: string; typescript: string }> };
+  confirm: {
+    answers: Record<string, { python: string; typescript: string }>;
+    reconciler_without_confirm: { python: string; typescript: string };
+  } & Record<string, unknown>;
   errors: ParityError[];
 };
 
@@ -282,18 +285,46 @@ describe("parity.json: what the model reads, and the paired read", () => {
     const p = parity as unknown as Record<string, Record<string, unknown>>;
     const rows = [
       ...Object.keys(p.defaults).map((k) => `defaults.${k}`),
-      ...["settlement", "reconciler", "model_reads"].flatMap((section) =>
+      ...["settlement", "reconciler", "model_reads", "confirm"].flatMap((section) =>
         Object.keys(p[section]).filter((k) => k !== "about").map((k) => `${section}.${k}`),
       ),
-      "confirm.answers",
       "errors",
     ];
+    assert.ok(rows.includes("confirm.answers") && rows.includes("confirm.reconciler_without_confirm"));
+    // Added on the TypeScript client's branch for issue 27; the Python README's row comes with the
+    // Python client's change of the same item (its suite checks both READMEs too). Drop this once
+    // both are in.
+    const notYetInPythonReadme = new Set(["confirm.reconciler_without_confirm"]);
     for (const readme of ["python", "typescript"]) {
       const lines = readFileSync(join(REPO_ROOT, "clients", readme, "README.md"), "utf8")
         .split("\n")
         .filter((l) => l.startsWith("| `"));
-      const missing = rows.filter((row) => !lines.some((l) => l.includes(`| \`${row}\``)));
+      const missing = rows
+        .filter((row) => readme === "typescript" || !notYetInPythonReadme.has(row))
+        .filter((row) => !lines.some((l) => l.includes(`| \`${row}\``)));
       assert.deepEqual(missing, [], `clients/${readme}/README.md has no parity row for ${missing.join(", ")}`);
+    }
+  });
+
+  test("a tool without a paired read handed to a Reconciler is refused at construction with the list's error, naming the tool", () => {
+    const row = parity.confirm.reconciler_without_confirm;
+    assert.equal(row.typescript, "TypeError");
+    const ledger = new client.Ledger({ address: "127.0.0.1:1" });
+    try {
+      ledger.register({ name: "open_ticket" });
+      for (const tools of [["open_ticket"], [{ name: "open_ticket" }], [{ name: "issue_credit", confirm: () => client.notFound }, "open_ticket"]]) {
+        assert.throws(
+          () => new client.Reconciler(ledger, tools),
+          (err: unknown) =>
+            err instanceof Error &&
+            err.constructor.name === row.typescript &&
+            err.message.includes("the tool open_ticket has no paired read") &&
+            /Register the tool with confirm/.test(err.message),
+          JSON.stringify(tools),
+        );
+      }
+    } finally {
+      ledger.close();
     }
   });
 
