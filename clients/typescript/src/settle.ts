@@ -132,9 +132,8 @@ export function resolutionOf<T>(
 
 /**
  * One log line per settlement: key, tool, external_ref, outcome, and the entry as it stands
- * afterwards: its status and its resolved_by, what the entry says (empty when the entry has
- * none: a call that completes its own attempt with its claim token records no resolved_by, nor
- * does "cannot tell"), never a principal the entry does not carry.
+ * afterwards: its status and who settled it as the entry says (settledBy), never a principal the
+ * entry does not carry.
  */
 export function logSettlement(
   logger: LedgerLogger,
@@ -144,8 +143,20 @@ export function logSettlement(
 ): void {
   logger.info(
     `settled key=${entry.key} tool=${entry.tool} external_ref=${entry.externalRef} outcome=${outcome} ` +
-      `status=${entry.status} resolved_by=${entry.resolvedBy} via=${via}`,
+      `status=${entry.status} ${settledBy(entry)} via=${via}`,
   );
+}
+
+/**
+ * Who settled an entry, as the entry itself says it (the Python client's words):
+ * `resolved_by=<principal>` when it records one (a Reconcile's resolution); else
+ * `settled_by=claimant` once it is resolved (its claimant's own Complete, which records no
+ * resolved_by), `settled_by=nobody` while its outcome is still unknown.
+ */
+export function settledBy(entry: LedgerEntry): string {
+  if (entry.resolvedBy) return `resolved_by=${entry.resolvedBy}`;
+  if (entry.status === "UNKNOWN" || entry.status === "ATTEMPTING") return "settled_by=nobody";
+  return "settled_by=claimant";
 }
 
 /**

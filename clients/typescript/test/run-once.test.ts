@@ -34,10 +34,14 @@ const SETTLEMENT = (
   }
 ).settlement;
 
-/** parity.json's settlement log line with the fields given filled in, the others any word. */
+/**
+ * parity.json's settlement log line with the fields given filled in, the others any word;
+ * `settled_by` (claimant, nobody) stands in place of `resolved_by=` when given.
+ */
 function logLine(fields: Record<string, string>): RegExp {
   const escape = (t: string) => t.replace(/[.*+?^${}()|[\]\\]/g, "\\$&");
   let pattern = escape(SETTLEMENT.log_line);
+  if ("settled_by" in fields) pattern = pattern.replace(escape("resolved_by={resolved_by}"), escape(`settled_by=${fields.settled_by}`));
   for (const name of ["key", "tool", "external_ref", "outcome", "status", "resolved_by", "via"]) {
     pattern = pattern.replace(escape(`{${name}}`), name in fields ? escape(fields[name]) : "\\S+");
   }
@@ -504,7 +508,7 @@ describe("runOnce", () => {
         assert.equal(out.entry.status, "SUCCEEDED");
         assert.equal(out.entry.resolvedBy, "");
         assert.equal((await holder.lookup({ key: out.entry.key })).resolvedBy, "", "the stored entry too");
-        // The log says what the entry says: no resolved_by (not the settler's principal), via run_once.
+        // The log says what the entry says: settled by its claimant, no resolved_by (not the settler's principal), via run_once.
         const settled = log.lines.filter((l) => l.includes(`settled key=${out.entry.key} `));
         assert.equal(settled.length, 1, log.lines.join("\n"));
         const pattern = logLine({
@@ -513,11 +517,11 @@ describe("runOnce", () => {
           external_ref: out.entry.externalRef,
           outcome: "found",
           status: "SUCCEEDED",
-          resolved_by: "",
+          settled_by: "claimant",
           via: "run_once",
         });
         assert.match(settled[0], pattern);
-        assert.doesNotMatch(settled[0], /ts-tests|confirm@/);
+        assert.doesNotMatch(settled[0], /resolved_by|ts-tests|confirm@/);
       });
     }
 
@@ -545,7 +549,7 @@ describe("runOnce", () => {
       assert.equal(again.entry.resolvedBy, "ts-tests");
     });
 
-    test("every settlement's log line says the entry's resolved_by: none for the call's own, the settler's for a repeat's", async () => {
+    test("every settlement's log line says who settled it as the entry does: nobody while unknown, the settler's resolved_by for a repeat's", async () => {
       const log = captureLog();
       const client = server.ledger({ principal: "agent-9", confirmDelayMs: 0, logger: log });
       const run = uniqueRun("confirm-log");
@@ -568,7 +572,7 @@ describe("runOnce", () => {
       assert.equal(again.entry.resolvedBy, "agent-9");
       const lines = log.lines.filter((l) => l.includes(`settled key=${unknown.key} `));
       assert.equal(lines.length, 2, log.lines.join("\n"));
-      assert.match(lines[0], logLine({ key: unknown.key, outcome: "cannot_tell", status: "UNKNOWN", resolved_by: "", via: "run_once" }));
+      assert.match(lines[0], logLine({ key: unknown.key, outcome: "cannot_tell", status: "UNKNOWN", settled_by: "nobody", via: "run_once" }));
       assert.match(lines[1], logLine({ key: unknown.key, outcome: "found", status: "SUCCEEDED", resolved_by: "agent-9", via: "a repeat" }));
     });
 
