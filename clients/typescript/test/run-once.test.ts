@@ -583,13 +583,13 @@ describe("runOnce", () => {
         await quick.complete({ key: claimed.entry.key, claimToken: claimed.claimToken, status: "UNKNOWN", error: "timeout" });
         const { pending } = await quick.reconcile({ keys: [claimed.entry.key], principal: "operator" });
         assert.deepEqual(pending.map((e) => e.key), [claimed.entry.key], "held by the operator");
-        return claimed.entry.key;
+        return pending[0];
       };
       const run = uniqueRun("confirm-elsewhere");
-      const key = await unknownEntry(run);
+      const { key, attempt, holdToken } = await unknownEntry(run);
       const settling = sleep(500).then(() =>
         quick.reconcile({
-          resolutions: [{ key, status: "SUCCEEDED", result: new TextEncoder().encode('{"credit_id":"cr-9"}') }],
+          resolutions: [{ key, attempt, holdToken, status: "SUCCEEDED", result: new TextEncoder().encode('{"credit_id":"cr-9"}') }],
           resolveOnly: true,
           principal: "operator",
         }),

@@ -14,7 +14,7 @@ import { resolve } from "node:path";
 import { pathToFileURL } from "node:url";
 import { parseArgs } from "node:util";
 import { Ledger } from "../ledger.js";
-import { Reconciler, type ReconcilerTools } from "../reconciler.js";
+import { Reconciler, describeFigures, type ReconcilerTools } from "../reconciler.js";
 import { registrationOf } from "../tools.js";
 
 const USAGE = `usage: idempotency-ledger-reconciler TOOLS_MODULE [options]
@@ -140,13 +140,13 @@ export async function main(argv: string[]): Promise<number> {
   });
   try {
     if (values.once) {
-      let settled = 0;
       for (;;) {
-        const { handedOut, settlements } = await reconciler.round();
-        settled += settlements.filter((s) => s.outcome === "found" || s.outcome === "not_found").length;
+        const { handedOut } = await reconciler.round();
         if (handedOut === 0 || reconciler.stopped) break;
       }
-      ledger.logger.info(`reconciler ${reconciler.principal}: settled ${settled}, nothing more handed out`);
+      ledger.logger.info(
+        `reconciler ${reconciler.principal}: ${describeFigures(reconciler.figures)}; nothing more handed out`,
+      );
     } else {
       reconciler.start();
       await reconciler.done;
