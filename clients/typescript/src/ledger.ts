@@ -427,7 +427,7 @@ export class Ledger extends LedgerRpc {
       signal?.removeEventListener("abort", onAbort);
       // The lease is still renewed while confirm is asked; afterFailure stops the renewal
       // before the Complete, so that none lands after it.
-      return this.afterFailure(err, entry, args, options, codec, finish, renewer);
+      return this.afterFailure(err, entry, args, options, codec, finish, renewer, controller.signal);
     }
     await renewer?.stop();
     signal?.removeEventListener("abort", onAbort);
@@ -478,6 +478,10 @@ export class Ledger extends LedgerRpc {
    * when it says it never will, UNKNOWN otherwise. With confirm, an unknown outcome is settled
    * first: the claim still holds the entry (ATTEMPTING, its lease renewed), so nobody else can
    * take it while confirm is asked after the pause, and the Complete records what it found.
+   * An action that was cut off (it outlived timeoutMs, or the call was aborted: `actionSignal`
+   * aborted) may still be running or its request still landing, so a "not found" proves
+   * nothing yet: the entry is recorded UNKNOWN, for a reconciler to ask again once the ledger's
+   * grace has passed; a "found" is proof, and settles it SUCCEEDED at once.
    */
   private async afterFailure<T>(
     err: unknown,
@@ -487,6 +491,7 @@ export class Ledger extends LedgerRpc {
     codec: Codec<T>,
     finish: (p: Omit<CompleteParams, "key" | "claimToken">) => Promise<CompleteResult>,
     renewer: LeaseRenewer | undefined,
+    actionSignal: AbortSignal,
   ): Promise<AttemptOutcome<T>> {
     const kind = err instanceof ActionTimedOut ? "unknown" : classify(err, options.notExecuted);
     const why = err instanceof ActionTimedOut ? err.message : describe(err);
@@ -497,15 +502,20 @@ export class Ledger extends LedgerRpc {
           ? { status: "FAILED", retryable: false, error: why }
           : { status: "UNKNOWN", error: why };
     let confirmation: Confirmation<T> | undefined;
+    const cutOff = err instanceof ActionTimedOut || actionSignal.aborted;
     if (kind === "unknown" && options.confirm) {
       await sleep(options.confirmDelayMs ?? this.confirmDelayMs);
       const attempt = attemptOf(claimedEntry, JSON.parse(toArgumentsJson(args)) as unknown);
       confirmation = await ask(options.confirm, attempt, this.logger, options.deadlineMs ?? this.deadlineMs);
       const resolution = resolutionOf(claimedEntry, confirmation, codec, this.logger);
-      if (resolution) {
-        completion = { ...resolution, error: resolution.status === "FAILED" ? notFoundWhy(why, claimedEntry) : undefined };
-      } else {
+      if (!resolution) {
         confirmation = undefined;
+      } else if (resolution.status === "SUCCEEDED") {
+        completion = { status: "SUCCEEDED", result: resolution.result };
+      } else if (cutOff) {
+        completion = { status: "UNKNOWN", error: notFoundYetWhy(why, claimedEntry) };
+      } else {
+        completion = { status: "FAILED", retryable: true, error: notFoundWhy(why, claimedEntry) };
       }
     }
     await renewer?.stop();
@@ -539,6 +549,8 @@ export class Ledger extends LedgerRpc {
     }
     if (confirmation?.kind === "not_found") {
       logSettlement(this.logger, entry, "not_found", "run_once");
+      // Cut off: nothing found yet, but the action may still land; recorded UNKNOWN.
+      if (entry.status === "UNKNOWN") return { kind: "thrown", error, actionRan: true, recorded: "unknown", entry };
       return notFoundOutcome(error, entry);
     }
     if (options.confirm) logSettlement(this.logger, entry, "cannot_tell", "run_once");
@@ -663,6 +675,14 @@ export function classify(err: unknown, notExecuted: readonly ErrorClass[] = []):
 /** What is recorded, and said, when the paired read found no effect of a failed attempt. */
 function notFoundWhy(why: string, entry: LedgerEntry): string {
   return `the attempt failed (${why}) and the tool's paired read found no effect (external_ref ${entry.externalRef})`;
+}
+
+/** What is recorded when the paired read found no effect of an action that was cut off and may still land. */
+function notFoundYetWhy(why: string, entry: LedgerEntry): string {
+  return (
+    `the attempt was cut off (${why}); the tool's paired read found no effect yet (external_ref ${entry.externalRef}), ` +
+    `but the action may still be running or landing: left unknown, for a reconciler to ask again after the ledger's grace`
+  );
 }
 
 /** An unknown outcome whose paired read found no effect: the intent may be tried again. */

@@ -5,12 +5,14 @@
 // logged with the attempt seen and the attempt and status now, counted, and never taken as
 // settled by its sender. The server holds reconcile hand-outs for 1 s here (--reconcile-lease),
 // so that a hold can end under a slow read. Also: the grace before an unknown outcome is handed
-// out.
+// out, and a call's own "not found" after its action was cut off (timeout, abort).
 
 import assert from "node:assert/strict";
 import { after, before, describe, test } from "node:test";
 import {
+  ActionTimeoutError,
   InvalidArgumentError,
+  NotExecutedError,
   OutcomeUnknownError,
   Reconciler,
   found,
@@ -261,6 +263,46 @@ describe("fenced findings", () => {
     assert.deepEqual(out.value, { credit_id: "cr-op" });
     assert.equal(out.entry.resolvedBy, "operator");
     assert.ok(linesOf(x.key).some((l) => /^WARN finding not applied .* finding=not_found result=(STALE|ALREADY_RESOLVED) attempt_seen=1 attempt_now=1 status_now=SUCCEEDED resolved_by=operator via=a repeat/.test(l)));
+  });
+
+  test("an action cut off (timeoutMs, or an abort) whose paired read finds nothing stays UNKNOWN; found settles it at once; a throw that ended it is FAILED retryable", async () => {
+    const tool = toolName("cut_off");
+    const run = uniqueRun("cut-off");
+    const timedOut = await ledger
+      .runOnce(run, tool, { n: 1 }, (ctx) => sleep(10_000, ctx.signal), { confirm: () => notFound, timeoutMs: 100 })
+      .then(() => assert.fail("expected ActionTimeoutError"), (e: unknown) => e);
+    assert.ok(timedOut instanceof ActionTimeoutError, String(timedOut));
+    assert.equal(timedOut.entry?.status, "UNKNOWN");
+    assert.match(timedOut.entry?.error ?? "", /found no effect yet .* may still be running or landing/);
+    assert.ok(linesOf(timedOut.entry!.key).some((l) => /^INFO settled .* outcome=not_found status=UNKNOWN settled_by=nobody via=run_once$/.test(l)));
+
+    const abort = new AbortController();
+    const aborted = ledger.runOnce(
+      run,
+      tool,
+      { n: 2 },
+      async (ctx) => {
+        setImmediate(() => abort.abort(new Error("the user left")));
+        await sleep(10_000, ctx.signal);
+      },
+      { confirm: () => notFound, signal: abort.signal },
+    );
+    await assert.rejects(aborted, /the user left/);
+    const abortedEntry = await ledger.lookup({ runId: run, tool, args: { n: 2 } });
+    assert.equal(abortedEntry.status, "UNKNOWN");
+
+    const foundAfterTimeout = await ledger.runOnce<unknown>(run, tool, { n: 3 }, (ctx) => sleep(10_000, ctx.signal), {
+      confirm: () => found({ credit_id: "cr-3" }),
+      timeoutMs: 100,
+    });
+    assert.deepEqual([foundAfterTimeout.confirmed, foundAfterTimeout.entry.status], [true, "SUCCEEDED"]);
+
+    // An action that ended by throwing was not cut off: its "not found" is believed.
+    const thrown = await ledger
+      .runOnce(run, tool, { n: 4 }, () => Promise.reject(new Error("socket hang up")), { confirm: () => notFound })
+      .then(() => assert.fail("expected NotExecutedError"), (e: unknown) => e);
+    assert.ok(thrown instanceof NotExecutedError, String(thrown));
+    assert.deepEqual([thrown.entry?.status, thrown.entry?.retryable], ["FAILED", true]);
   });
 });
 
