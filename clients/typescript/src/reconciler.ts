@@ -316,13 +316,17 @@ export class Reconciler {
     return record;
   }
 
-  /** Keeps confirms at most maxConfirmsPerSecond apart. */
+  /**
+   * Keeps confirms at least 1/maxConfirmsPerSecond apart: the next may start that long after
+   * this one actually starts (not after when it was due: a timer that fired late must not bring
+   * the next confirm closer), and a timer that fires early is waited out again.
+   */
   private async pace(): Promise<void> {
     const every = 1_000 / (this.options.maxConfirmsPerSecond ?? RECONCILER_DEFAULTS.maxConfirmsPerSecond);
-    const now = Date.now();
-    const at = Math.max(now, this.nextConfirmAt);
-    this.nextConfirmAt = at + every;
-    if (at > now) await this.sleep(at - now);
+    for (let wait = this.nextConfirmAt - Date.now(); wait > 0 && !this.stopped; wait = this.nextConfirmAt - Date.now()) {
+      await this.sleep(wait);
+    }
+    this.nextConfirmAt = Date.now() + every;
   }
 
   /** A pause that ends early when the reconciler stops. */
