@@ -69,6 +69,12 @@ pub const RECONCILE_LEASE: Duration = Duration::from_secs(60);
 /// `--reconcile-grace`: how long an outcome stays unknown before Reconcile hands it out.
 pub const RECONCILE_GRACE: Duration = Duration::from_secs(10);
 
+/// `--approval-timeout`: how long a person has to decide about a gated call.
+pub const APPROVAL_TIMEOUT: Duration = Duration::from_secs(72 * 3600);
+
+/// `--approval-use-within`: how long an approval may go unused.
+pub const APPROVAL_USE_WITHIN: Duration = Duration::from_secs(24 * 3600);
+
 /// `--reconcile-default-limit`.
 pub const RECONCILE_DEFAULT_LIMIT: u32 = 100;
 
@@ -219,6 +225,10 @@ pub mod shown {
     pub const MAX_WAIT: &str = formatcp!("{}s", secs(super::MAX_WAIT));
     /// `--reconcile-lease`.
     pub const RECONCILE_LEASE: &str = formatcp!("{}s", secs(super::RECONCILE_LEASE));
+    /// `--approval-timeout`.
+    pub const APPROVAL_TIMEOUT: &str = formatcp!("{}h", hours(super::APPROVAL_TIMEOUT));
+    /// `--approval-use-within`.
+    pub const APPROVAL_USE_WITHIN: &str = formatcp!("{}h", hours(super::APPROVAL_USE_WITHIN));
     /// `--reconcile-grace`.
     pub const RECONCILE_GRACE: &str = formatcp!("{}s", secs(super::RECONCILE_GRACE));
     /// `--wait-poll-interval`.
@@ -288,6 +298,8 @@ mod tests {
             (shown::MAX_WAIT, MAX_WAIT),
             (shown::RECONCILE_LEASE, RECONCILE_LEASE),
             (shown::RECONCILE_GRACE, RECONCILE_GRACE),
+            (shown::APPROVAL_TIMEOUT, APPROVAL_TIMEOUT),
+            (shown::APPROVAL_USE_WITHIN, APPROVAL_USE_WITHIN),
             (shown::WAIT_POLL_INTERVAL, WAIT_POLL_INTERVAL),
             (shown::PRUNE_INTERVAL, PRUNE_INTERVAL),
             (shown::REQUEST_TIMEOUT, REQUEST_TIMEOUT),

@@ -79,6 +79,18 @@ pub enum LedgerError {
          already); nothing changed"
     )]
     NotMarked,
+    /// A decision about other arguments than the entry's.
+    #[error(
+        "fingerprint is not this entry's: the decision must name the arguments the person was \
+         shown (other arguments are another request); nothing changed"
+    )]
+    ApprovalMismatch,
+    /// The other decision was taken already.
+    #[error("the call was already decided ({0}); the other decision is refused; nothing changed")]
+    AlreadyDecided(&'static str),
+    /// A decision about an entry that awaits none.
+    #[error("the entry awaits no decision: {0}; nothing changed")]
+    NotAwaitingApproval(String),
     /// A bug or an operator problem; the detail is logged, not sent.
     #[error("internal error")]
     Internal(String),
@@ -116,6 +128,9 @@ impl LedgerError {
             },
             LedgerError::LeaseEnded(_) => Reason::LeaseEnded,
             LedgerError::NotMarked => Reason::NotMarked,
+            LedgerError::ApprovalMismatch => Reason::ApprovalMismatch,
+            LedgerError::AlreadyDecided(_) => Reason::AlreadyDecided,
+            LedgerError::NotAwaitingApproval(_) => Reason::NotAwaitingApproval,
             LedgerError::Internal(_) => Reason::Internal,
         }
     }

@@ -57,6 +57,14 @@ pub enum Reason {
     UnfencedResolution,
     /// An acknowledgement of a possible double effect on an entry that carries no such mark.
     NotMarked,
+    /// A decision about other arguments than the entry's (its fingerprint).
+    ApprovalMismatch,
+    /// The other decision was taken already.
+    AlreadyDecided,
+    /// A decision about an entry that awaits none (or whose request lapsed).
+    NotAwaitingApproval,
+    /// A credential without the approver role tried to decide.
+    ApproverRoleRequired,
     /// No entry with this key for this tenant.
     EntryNotFound,
     /// A missing or wrong credential.
@@ -153,7 +161,7 @@ mod tests {
             assert_eq!(Reason::from_wire(wire), Some(reason));
         }
         assert_eq!(Reason::from_wire("NOT_A_REASON"), None);
-        assert_eq!(seen.len(), 32);
+        assert_eq!(seen.len(), 36);
         assert_eq!(
             Reason::KeyReusedWithDifferentRequest.as_str(),
             "KEY_REUSED_WITH_DIFFERENT_REQUEST"

@@ -100,7 +100,7 @@ pub fn run(options: &Options) -> Result<BTreeMap<u32, (u64, u64)>, String> {
         Some(dir) => ["idempotency-ledger", "ledger-bench", "ledger-floor"]
             .map(|b| dir.join(b))
             .into(),
-        None => release_binaries(options.no_build)?,
+        None => release_binaries(options.no_build, "release")?,
     };
     let out = crate::repository_root().join(&options.out);
     std::fs::create_dir_all(&out).map_err(|e| format!("cannot create {}: {e}", out.display()))?;

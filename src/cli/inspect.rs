@@ -1013,7 +1013,8 @@ STARTED_AT            KEY               TOOL                      STATUS        
         assert_eq!(v["argumentsJson"], "");
         assert_eq!(v["possibleDoubleEffect"], false);
         assert_eq!(v["holdToken"], "");
-        assert_eq!(v.as_object().map(serde_json::Map::len), Some(21));
+        assert_eq!(v["approval"], serde_json::Value::Null);
+        assert_eq!(v.as_object().map(serde_json::Map::len), Some(22));
         // Bytes that are not text have no resultText; a status from a newer server is its number.
         e.result = prost::bytes::Bytes::from_static(&[0xff]);
         e.status = 9;

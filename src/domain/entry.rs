@@ -4,6 +4,7 @@
 //! made here, from the entry the store returned, so the state table (docs/behaviour.md) is tested without
 //! a database.
 
+use super::approval::{Approval, ApprovalState};
 use super::key::{ClaimToken, HoldToken, Key, Principal, RunId, ToolName};
 use super::time::Micros;
 
@@ -19,6 +20,10 @@ pub enum Status {
     Failed,
     /// Nobody knows whether the effect happened; it waits for a Complete or a reconciliation.
     Unknown,
+    /// A person has been asked to decide; nothing was done. Never expires while it waits.
+    AwaitingApproval,
+    /// A person declined the call: terminal, kept for its retention like an outcome.
+    Denied,
 }
 
 impl Status {
@@ -29,6 +34,8 @@ impl Status {
             Status::Succeeded => "SUCCEEDED",
             Status::Failed => "FAILED",
             Status::Unknown => "UNKNOWN",
+            Status::AwaitingApproval => "AWAITING_APPROVAL",
+            Status::Denied => "DENIED",
         }
     }
 
@@ -39,13 +46,16 @@ impl Status {
             "SUCCEEDED" => Status::Succeeded,
             "FAILED" => Status::Failed,
             "UNKNOWN" => Status::Unknown,
+            "AWAITING_APPROVAL" => Status::AwaitingApproval,
+            "DENIED" => Status::Denied,
             _ => return None,
         })
     }
 
-    /// Whether the entry has an outcome (SUCCEEDED or FAILED), so retention applies.
+    /// Whether the entry has an outcome (SUCCEEDED, FAILED, or DENIED by a person), so
+    /// retention applies.
     pub fn is_resolved(self) -> bool {
-        matches!(self, Status::Succeeded | Status::Failed)
+        matches!(self, Status::Succeeded | Status::Failed | Status::Denied)
     }
 }
 
@@ -100,6 +110,8 @@ pub struct Entry {
     /// started (or after the attempt was recorded as not done): the intent may have acted
     /// twice. Set until a person acknowledges it; kept across attempts.
     pub possible_double_effect: bool,
+    /// The person's decision the call needed, if it needed one.
+    pub approval: Approval,
 }
 
 impl Entry {
@@ -348,6 +360,14 @@ pub enum ClaimDecision {
     InProgress,
     /// An explicit key came back with other arguments: a caller bug, refused.
     KeyReused,
+    /// A person has been asked and has not decided: do not act.
+    AwaitingApproval,
+    /// A person approved: take the approval (compare-and-set) and act, once.
+    UseApproval,
+    /// The request (or the approval) lapsed unused: ask the person again.
+    RequestAgain,
+    /// A person declined: do not act.
+    Denied,
 }
 
 /// Decides what a Claim with `fingerprint` does to `existing` at `now`.
@@ -360,9 +380,22 @@ pub fn decide_claim(existing: &Entry, fingerprint: &str, now: Micros) -> ClaimDe
     }
     match existing.status {
         Status::Succeeded => ClaimDecision::Replay,
+        // A request that lapsed is recorded as a retryable failure (nothing was done): the
+        // next attempt must be approved again, as the first had to be.
+        Status::Failed
+            if existing.retryable && existing.approval.state == ApprovalState::Expired =>
+        {
+            ClaimDecision::RequestAgain
+        }
         Status::Failed if existing.retryable => ClaimDecision::Retry,
         Status::Failed => ClaimDecision::PreviouslyFailed,
         Status::Attempting | Status::Unknown => ClaimDecision::InProgress,
+        Status::Denied => ClaimDecision::Denied,
+        Status::AwaitingApproval if existing.approval.lapsed(now) => ClaimDecision::RequestAgain,
+        Status::AwaitingApproval if existing.approval.state == ApprovalState::Approved => {
+            ClaimDecision::UseApproval
+        }
+        Status::AwaitingApproval => ClaimDecision::AwaitingApproval,
     }
 }
 
@@ -504,7 +537,8 @@ pub fn decide_complete(
     if existing.is_expired(now) {
         return CompleteDecision::NotFound;
     }
-    if existing.claim_token != *token {
+    // A call awaiting a decision has no claimant yet: no token is its claim's.
+    if existing.claim_token != *token || existing.status == Status::AwaitingApproval {
         return CompleteDecision::StaleToken;
     }
     if existing.status.is_resolved() {
@@ -552,6 +586,7 @@ mod tests {
             resolved_by: Principal::none(),
             hold_token: HoldToken::none(),
             possible_double_effect: false,
+            approval: Approval::default(),
         }
     }
 

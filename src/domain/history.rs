@@ -1,6 +1,7 @@
 //! An entry's history: what happened to it besides its own columns, kept append-only and
 //! deleted with the entry. Findings (applied or not, with the attempt each observed and who
-//! sent it) and a person's dealings with a possible double effect.
+//! sent it), a person's dealings with a possible double effect, and every transition of an
+//! approval (the events WatchApprovals streams).
 
 use super::key::Principal;
 use super::time::Micros;
@@ -20,6 +21,16 @@ pub enum EventKind {
     PossibleDoubleEffect,
     /// A person acknowledged the mark of a possible double effect.
     DoubleEffectAcknowledged,
+    /// A person was asked to decide (a gated claim).
+    ApprovalRequested,
+    /// A person approved.
+    ApprovalApproved,
+    /// A person declined.
+    ApprovalDenied,
+    /// The request went undecided past `decide_by`, or the approval unused past `execute_by`.
+    ApprovalExpired,
+    /// The approval was used by the claim that acted.
+    ApprovalUsed,
     /// A kind this server does not know (written by a newer one), kept as stored.
     Other(String),
 }
@@ -34,6 +45,11 @@ impl EventKind {
             EventKind::FindingAlreadyResolved => "finding_already_resolved",
             EventKind::PossibleDoubleEffect => "possible_double_effect",
             EventKind::DoubleEffectAcknowledged => "double_effect_acknowledged",
+            EventKind::ApprovalRequested => "approval_requested",
+            EventKind::ApprovalApproved => "approval_approved",
+            EventKind::ApprovalDenied => "approval_denied",
+            EventKind::ApprovalExpired => "approval_expired",
+            EventKind::ApprovalUsed => "approval_used",
             EventKind::Other(name) => name,
         }
     }
@@ -47,6 +63,11 @@ impl EventKind {
             "finding_already_resolved" => EventKind::FindingAlreadyResolved,
             "possible_double_effect" => EventKind::PossibleDoubleEffect,
             "double_effect_acknowledged" => EventKind::DoubleEffectAcknowledged,
+            "approval_requested" => EventKind::ApprovalRequested,
+            "approval_approved" => EventKind::ApprovalApproved,
+            "approval_denied" => EventKind::ApprovalDenied,
+            "approval_expired" => EventKind::ApprovalExpired,
+            "approval_used" => EventKind::ApprovalUsed,
             other => EventKind::Other(other.to_owned()),
         }
     }
@@ -67,6 +88,31 @@ pub struct HistoryEvent {
     pub detail: String,
 }
 
+impl EventKind {
+    /// The approval event's name as WatchApprovals sends it (`requested`, `approved`, …);
+    /// `None` for the other kinds.
+    #[must_use]
+    pub fn approval_event(&self) -> Option<&'static str> {
+        Some(match self {
+            EventKind::ApprovalRequested => "requested",
+            EventKind::ApprovalApproved => "approved",
+            EventKind::ApprovalDenied => "denied",
+            EventKind::ApprovalExpired => "expired",
+            EventKind::ApprovalUsed => "used",
+            _ => return None,
+        })
+    }
+
+    /// The stored names of the approval events.
+    pub const APPROVAL_KINDS: [&'static str; 5] = [
+        "approval_requested",
+        "approval_approved",
+        "approval_denied",
+        "approval_expired",
+        "approval_used",
+    ];
+}
+
 #[cfg(test)]
 mod tests {
     use super::EventKind;
@@ -79,6 +125,11 @@ mod tests {
             EventKind::FindingAlreadyResolved,
             EventKind::PossibleDoubleEffect,
             EventKind::DoubleEffectAcknowledged,
+            EventKind::ApprovalRequested,
+            EventKind::ApprovalApproved,
+            EventKind::ApprovalDenied,
+            EventKind::ApprovalExpired,
+            EventKind::ApprovalUsed,
         ] {
             assert_eq!(EventKind::parse(kind.as_str()), kind);
         }

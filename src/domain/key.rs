@@ -368,6 +368,13 @@ macro_rules! text_newtype {
 
 text_newtype!(RunId, ToolName, Key, ClaimToken, HoldToken, Principal);
 
+impl Default for Principal {
+    /// No principal ([`Principal::none`]).
+    fn default() -> Principal {
+        Principal::none()
+    }
+}
+
 impl Principal {
     /// No principal: the caller named none and its credential names none.
     #[must_use]

@@ -3,6 +3,7 @@
 //! entry state machine ([`entry`]). Nothing here imports tonic
 //! or sqlx, so every rule is unit-tested without a server or a database.
 
+pub mod approval;
 pub mod canonical;
 pub mod entry;
 pub mod history;
@@ -11,6 +12,7 @@ pub mod redact;
 pub mod tenant;
 pub mod time;
 
+pub use approval::{Approval, ApprovalState, Decision, Policy};
 pub use entry::{
     ClaimDecision, CompleteDecision, Completion, Entry, FinalStatus, FindingDecision,
     RenewDecision, StaleReason, Status, decide_claim, decide_complete, decide_finding,

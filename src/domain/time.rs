@@ -38,6 +38,30 @@ impl Micros {
     }
 }
 
+/// `at` as RFC 3339 in UTC, to the second (`2026-12-03T15:30:00Z`): for the sentences written
+/// for the model and for people, where a fraction would only be noise.
+#[must_use]
+pub fn rfc3339(at: Micros) -> String {
+    let secs = at.0.div_euclid(1_000_000);
+    let (days, rem) = (secs.div_euclid(86_400), secs.rem_euclid(86_400));
+    // Howard Hinnant's civil_from_days.
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    format!(
+        "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}Z",
+        rem / 3600,
+        rem % 3600 / 60,
+        rem % 60
+    )
+}
+
 /// Where the ledger reads the time. Production uses the wall clock, aligned to the database's
 /// when several servers share one ([`AlignedClock`]); tests move a manual one to expire leases
 /// and retention without sleeping.
@@ -82,6 +106,22 @@ impl Clock for AlignedClock {
     fn follow(&self, offset: Micros) {
         self.offset
             .store(offset.0, std::sync::atomic::Ordering::Relaxed);
+    }
+}
+
+#[cfg(test)]
+mod rfc3339_tests {
+    use super::{Micros, rfc3339};
+
+    #[test]
+    fn instants_print_as_rfc3339_in_utc() {
+        assert_eq!(rfc3339(Micros(0)), "1970-01-01T00:00:00Z");
+        assert_eq!(
+            rfc3339(Micros(1_796_311_800_999_999)),
+            "2026-12-03T15:30:00Z"
+        );
+        assert_eq!(rfc3339(Micros(951_782_400_000_000)), "2000-02-29T00:00:00Z");
+        assert_eq!(rfc3339(Micros(-1)), "1969-12-31T23:59:59Z");
     }
 }
 

@@ -18,21 +18,53 @@ use sha2::{Digest, Sha256};
 use tonic::{Request, Status};
 
 use super::error::CallError;
-use crate::domain::Tenant;
+use crate::domain::{Principal, Tenant};
+
+/// Who a credential is: its tenant, and whether it may decide about calls awaiting approval.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Identity {
+    /// The tenant its calls act for.
+    pub tenant: Tenant,
+    /// With the approver role: the principal its decisions are recorded as (`decided_by`).
+    pub approver: Option<Principal>,
+}
+
+impl Identity {
+    /// The identity of every call without credentials configured: tenant `default`, and an
+    /// approver (everyone may decide; the start-up log says so).
+    #[must_use]
+    pub fn anonymous() -> Identity {
+        Identity {
+            tenant: Tenant::default_tenant(),
+            approver: Some(Principal::from_stored(ANONYMOUS_APPROVER.to_string())),
+        }
+    }
+}
+
+/// What a decision is recorded as without credentials configured.
+pub const ANONYMOUS_APPROVER: &str = "anonymous (no credentials configured)";
+
+/// The approver role of a call, put in its request extensions beside its tenant: the principal
+/// a decision is recorded as, or `None` for a credential without the role.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Approver(pub Option<Principal>);
 
 /// How the server decides a call's tenant.
 #[derive(Clone, Debug)]
 pub enum Tenancy {
     /// No credentials configured: every call is tenant `default`.
     Single,
-    /// Each token maps to a tenant. Tokens are kept as sha256 digests, so the lookup does not
-    /// compare secrets byte by byte and a heap dump holds no token.
-    Tokens(Arc<HashMap<[u8; 32], Tenant>>),
+    /// Each token maps to a tenant (and maybe the approver role). Tokens are kept as sha256
+    /// digests, so the lookup does not compare secrets byte by byte and a heap dump holds no
+    /// token.
+    Tokens(Arc<HashMap<[u8; 32], Identity>>),
 }
 
 impl Tenancy {
-    /// Reads a tokens file: one `<tenant> <token>` a line, `#` starts a comment, blank lines
-    /// are skipped.
+    /// Reads a tokens file: one `<tenant> <token> [approver[=NAME]]` a line, `#` starts a
+    /// comment, blank lines are skipped. A credential with the third column may decide about
+    /// calls awaiting approval, recorded as NAME, or as `approver:` and the first 8 hex
+    /// characters of its token's digest.
     ///
     /// # Errors
     /// A message naming the file and line of a malformed or duplicate entry, or an empty file.
@@ -54,14 +86,39 @@ impl Tenancy {
                 continue;
             }
             let mut parts = line.split_whitespace();
-            let (Some(tenant), Some(token), None) = (parts.next(), parts.next(), parts.next())
+            let (Some(tenant), Some(token), role, None) =
+                (parts.next(), parts.next(), parts.next(), parts.next())
             else {
-                return Err(format!("line {}: expected `<tenant> <token>`", n + 1));
+                return Err(format!(
+                    "line {}: expected `<tenant> <token> [approver[=NAME]]`",
+                    n + 1
+                ));
             };
-            if tokens
-                .insert(digest(token), Tenant(tenant.to_string()))
-                .is_some()
-            {
+            let key = digest(token);
+            let approver = match role {
+                None => None,
+                Some("approver") => Some(Principal::from_stored(format!(
+                    "approver:{}",
+                    hex::encode(&key[..4])
+                ))),
+                Some(role) => match role.strip_prefix("approver=") {
+                    Some(name) => Some(Principal::parse(name).map_err(|e| {
+                        format!("line {}: the approver's name {}", n + 1, e.message)
+                    })?),
+                    None => {
+                        return Err(format!(
+                            "line {}: the third column is a role: `approver` or \
+                             `approver=NAME`",
+                            n + 1
+                        ));
+                    }
+                },
+            };
+            let identity = Identity {
+                tenant: Tenant(tenant.to_string()),
+                approver,
+            };
+            if tokens.insert(key, identity).is_some() {
                 return Err(format!("line {}: the same token is listed twice", n + 1));
             }
         }
@@ -76,11 +133,12 @@ impl Tenancy {
         match self {
             Tenancy::Single => "single tenant `default` (no credentials required)".to_string(),
             Tenancy::Tokens(map) => {
-                let mut tenants: Vec<&str> = map.values().map(|t| t.0.as_str()).collect();
+                let mut tenants: Vec<&str> = map.values().map(|i| i.tenant.0.as_str()).collect();
                 tenants.sort_unstable();
                 tenants.dedup();
+                let approvers = map.values().filter(|i| i.approver.is_some()).count();
                 format!(
-                    "{} tenants by bearer token ({} credentials)",
+                    "{} tenants by bearer token ({} credentials, {approvers} approvers)",
                     tenants.len(),
                     map.len()
                 )
@@ -88,7 +146,7 @@ impl Tenancy {
         }
     }
 
-    /// The tenant a call's metadata authenticates.
+    /// The identity (tenant, role) a call's metadata authenticates.
     ///
     /// # Errors
     /// `UNAUTHENTICATED` for a missing, malformed or unknown credential. Every failure reads
@@ -96,9 +154,9 @@ impl Tenancy {
     pub fn authenticate(
         &self,
         metadata: &tonic::metadata::MetadataMap,
-    ) -> Result<Tenant, CallError> {
+    ) -> Result<Identity, CallError> {
         match self {
-            Tenancy::Single => Ok(Tenant::default_tenant()),
+            Tenancy::Single => Ok(Identity::anonymous()),
             Tenancy::Tokens(map) => {
                 let header = metadata
                     .get("authorization")
@@ -214,11 +272,12 @@ impl Credentials {
     ) -> impl FnMut(Request<()>) -> Result<Request<()>, Status> + Clone + use<> {
         let current = self.current.clone();
         move |mut request: Request<()>| {
-            let tenant = current
+            let identity = current
                 .load()
                 .authenticate(request.metadata())
                 .map_err(Status::from)?;
-            request.extensions_mut().insert(tenant);
+            request.extensions_mut().insert(identity.tenant);
+            request.extensions_mut().insert(Approver(identity.approver));
             Ok(request)
         }
     }
@@ -256,6 +315,12 @@ impl Tenancy {
     /// The tenant `credential` authenticates; `None` for an unknown one, and without
     /// credentials configured (where there is nothing to present).
     pub fn tenant_of(&self, credential: &Credential) -> Option<Tenant> {
+        self.identity_of(credential).map(|i| i.tenant)
+    }
+
+    /// The identity `credential` authenticates; `None` for an unknown one, and without
+    /// credentials configured.
+    pub fn identity_of(&self, credential: &Credential) -> Option<Identity> {
         match self {
             Tenancy::Single => None,
             Tenancy::Tokens(map) => map.get(&credential.0).cloned(),
@@ -283,13 +348,42 @@ mod tests {
             panic!("tokens file should parse")
         };
         assert_eq!(
-            t.authenticate(&with_auth("Bearer tok-a")).ok(),
+            t.authenticate(&with_auth("Bearer tok-a"))
+                .ok()
+                .map(|i| i.tenant),
             Some(Tenant("acme".into()))
         );
         assert_eq!(
-            t.authenticate(&with_auth("Bearer tok-b")).ok(),
+            t.authenticate(&with_auth("Bearer tok-b"))
+                .ok()
+                .map(|i| i.tenant),
             Some(Tenant("globex".into()))
         );
+    }
+
+    #[test]
+    fn a_third_column_gives_the_approver_role_named_or_by_digest() {
+        let t = Tenancy::parse("acme tok-a\nacme tok-b approver=alice\nacme tok-c approver\n")
+            .expect("parses");
+        let who = |token: &str| {
+            t.authenticate(&with_auth(&format!("Bearer {token}")))
+                .ok()
+                .and_then(|i| i.approver)
+                .map(String::from)
+        };
+        assert_eq!(who("tok-a"), None);
+        assert_eq!(who("tok-b").as_deref(), Some("alice"));
+        let by_digest = who("tok-c").unwrap_or_default();
+        assert!(
+            by_digest.starts_with("approver:") && by_digest.len() == "approver:".len() + 8,
+            "{by_digest}"
+        );
+        assert!(!by_digest.contains("tok-c"));
+        assert!(Tenancy::parse("acme tok approve\n").is_err_and(|e| e.contains("line 1")));
+        assert!(
+            Tenancy::parse("acme tok approver=bad\u{7}\n").is_err_and(|e| e.contains("line 1"))
+        );
+        assert!(Tenancy::parse("acme tok approver x\n").is_err_and(|e| e.contains("line 1")));
     }
 
     #[test]
@@ -327,7 +421,7 @@ mod tests {
         assert_eq!(
             credentials.reload(),
             Ok(Reload::Replaced {
-                tenancy: "1 tenants by bearer token (2 credentials)".into(),
+                tenancy: "1 tenants by bearer token (2 credentials, 0 approvers)".into(),
                 added: 1,
                 removed: 1,
             })
@@ -392,7 +486,7 @@ mod tests {
     fn without_credentials_everyone_is_the_default_tenant() {
         assert_eq!(
             Tenancy::Single.authenticate(&MetadataMap::new()).ok(),
-            Some(Tenant::default_tenant())
+            Some(Identity::anonymous())
         );
     }
 }

@@ -6,7 +6,9 @@ use tonic::Status;
 
 use super::pb;
 use crate::domain::canonical::Canonicalization;
-use crate::domain::{FinalStatus, HistoryEvent, HoldToken, Micros};
+use crate::domain::{
+    Approval, ApprovalState, Decision, FinalStatus, HistoryEvent, HoldToken, Micros,
+};
 use crate::error::LedgerError;
 use crate::ledger::{ClaimOutput, EntryView, Outcome, ResolutionOutcome, ResolutionResult};
 use crate::observe::replay::{ReplayFigures, SeriesFigures};
@@ -75,6 +77,40 @@ pub(super) fn status(s: crate::domain::Status) -> pb::Status {
         crate::domain::Status::Succeeded => pb::Status::Succeeded,
         crate::domain::Status::Failed => pb::Status::Failed,
         crate::domain::Status::Unknown => pb::Status::Unknown,
+        crate::domain::Status::AwaitingApproval => pb::Status::AwaitingApproval,
+        crate::domain::Status::Denied => pb::Status::Denied,
+    }
+}
+
+/// An entry's approval; unset when none was involved.
+fn approval(a: Approval) -> Option<pb::Approval> {
+    let state = match a.state {
+        ApprovalState::None => return None,
+        ApprovalState::Requested => pb::ApprovalState::Requested,
+        ApprovalState::Approved => pb::ApprovalState::Approved,
+        ApprovalState::Denied => pb::ApprovalState::Denied,
+        ApprovalState::Expired => pb::ApprovalState::Expired,
+        ApprovalState::Used => pb::ApprovalState::Used,
+    };
+    Some(pb::Approval {
+        state: state.into(),
+        requested_at: a.requested_at.map(timestamp),
+        decide_by: a.decide_by.map(timestamp),
+        decided_at: a.decided_at.map(timestamp),
+        decided_by: a.decided_by.into(),
+        reason: a.reason,
+        execute_by: a.execute_by.map(timestamp),
+    })
+}
+
+/// A decision as a request states it.
+pub(super) fn decision(value: i32) -> Result<Decision, Status> {
+    match pb::Decision::try_from(value) {
+        Ok(pb::Decision::Approve) => Ok(Decision::Approve),
+        Ok(pb::Decision::Deny) => Ok(Decision::Deny),
+        _ => Err(
+            LedgerError::invalid("decision", "must be DECISION_APPROVE or DECISION_DENY").into(),
+        ),
     }
 }
 
@@ -87,6 +123,8 @@ pub(super) fn status_filter(value: i32) -> Result<Option<crate::domain::Status>,
         Ok(pb::Status::Succeeded) => Ok(Some(S::Succeeded)),
         Ok(pb::Status::Failed) => Ok(Some(S::Failed)),
         Ok(pb::Status::Unknown) => Ok(Some(S::Unknown)),
+        Ok(pb::Status::AwaitingApproval) => Ok(Some(S::AwaitingApproval)),
+        Ok(pb::Status::Denied) => Ok(Some(S::Denied)),
         Err(_) => {
             Err(LedgerError::invalid("status", format!("{value} is not a Status value")).into())
         }
@@ -192,6 +230,7 @@ pub(super) fn entry(view: EntryView) -> pb::Entry {
         resolved_by: e.resolved_by.into(),
         hold_token: String::new(),
         possible_double_effect: e.possible_double_effect,
+        approval: approval(e.approval),
     }
 }
 
@@ -228,6 +267,8 @@ fn outcome(o: Outcome) -> pb::Outcome {
         Outcome::Replayed => pb::Outcome::Replayed,
         Outcome::InProgress => pb::Outcome::InProgress,
         Outcome::PreviouslyFailed => pb::Outcome::PreviouslyFailed,
+        Outcome::AwaitingApproval => pb::Outcome::AwaitingApproval,
+        Outcome::Denied => pb::Outcome::Denied,
     }
 }
 
@@ -261,6 +302,8 @@ mod tests {
             crate::domain::Status::Succeeded,
             crate::domain::Status::Failed,
             crate::domain::Status::Unknown,
+            crate::domain::Status::AwaitingApproval,
+            crate::domain::Status::Denied,
         ] {
             assert_eq!(
                 status(s).as_str_name(),

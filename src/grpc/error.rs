@@ -37,6 +37,9 @@ pub enum CallError {
     /// The call's deadline passed before an answer.
     #[error("the call's deadline passed before the ledger could answer")]
     DeadlineExceeded,
+    /// The credential lacks the role the call needs (Decide needs the approver role).
+    #[error("{0}")]
+    PermissionDenied(&'static str),
 }
 
 impl CallError {
@@ -47,6 +50,7 @@ impl CallError {
             CallError::Unauthenticated(_) => Reason::Unauthenticated,
             CallError::ResourceExhausted { reason, .. } => *reason,
             CallError::DeadlineExceeded => Reason::DeadlineExceeded,
+            CallError::PermissionDenied(_) => Reason::ApproverRoleRequired,
         }
     }
 
@@ -57,6 +61,7 @@ impl CallError {
             CallError::Unauthenticated(_) => Code::Unauthenticated,
             CallError::ResourceExhausted { .. } => Code::ResourceExhausted,
             CallError::DeadlineExceeded => Code::DeadlineExceeded,
+            CallError::PermissionDenied(_) => Code::PermissionDenied,
         }
     }
 
@@ -65,7 +70,9 @@ impl CallError {
         match self {
             CallError::Ledger(e) => e.retry_after(),
             CallError::ResourceExhausted { retry_after, .. } => Some(*retry_after),
-            CallError::Unauthenticated(_) | CallError::DeadlineExceeded => None,
+            CallError::Unauthenticated(_)
+            | CallError::DeadlineExceeded
+            | CallError::PermissionDenied(_) => None,
         }
     }
 }
@@ -78,7 +85,10 @@ fn ledger_code(e: &LedgerError) -> Code {
         | LedgerError::StaleClaimToken
         | LedgerError::AlreadyResolved(_)
         | LedgerError::LeaseEnded(_)
-        | LedgerError::NotMarked => Code::FailedPrecondition,
+        | LedgerError::NotMarked
+        | LedgerError::ApprovalMismatch
+        | LedgerError::AlreadyDecided(_)
+        | LedgerError::NotAwaitingApproval(_) => Code::FailedPrecondition,
         LedgerError::NotFound => Code::NotFound,
         LedgerError::Unavailable(_) => Code::Unavailable,
         LedgerError::Store(e) => match e {

@@ -9,9 +9,11 @@ use tokio::time::Instant;
 use tonic::{Request, Response, Status};
 
 use super::admission::{Admission, Admitted, HeldBytes};
+use super::auth::Approver;
 use super::convert::{
-    audited_entry, canonicalization, claim_response, duration, entry, final_status, history_event,
-    instant, pending_entry, replay_rate_response, resolution_result, status_filter,
+    audited_entry, canonicalization, claim_response, decision, duration, entry, final_status,
+    history_event, instant, pending_entry, replay_rate_response, resolution_result, status_filter,
+    timestamp,
 };
 use super::deadline::{parse_grpc_timeout, run};
 use super::error::CallError;
@@ -21,8 +23,8 @@ use crate::domain::key::ToolName;
 use crate::domain::{FinalStatus, Tenant};
 use crate::error::LedgerError;
 use crate::ledger::{
-    AcknowledgeInput, ClaimInput, CompleteInput, Ledger, ListInput, LookupInput, ReconcileInput,
-    RenewInput, ResolutionInput,
+    AcknowledgeInput, ClaimInput, CompleteInput, DecideInput, Ledger, ListInput, LookupInput,
+    ReconcileInput, RenewInput, ResolutionInput,
 };
 use crate::observe::Metrics;
 use crate::observe::telemetry;
@@ -108,8 +110,147 @@ impl LedgerApi {
     }
 }
 
+/// How often a watcher reads the store for approval events of other servers (events of its
+/// own server wake it at once).
+const WATCH_POLL: Duration = Duration::from_millis(500);
+
+/// The approval events one read of a watcher takes at most.
+const WATCH_BATCH: u32 = 100;
+
+/// The stream WatchApprovals answers with.
+type ApprovalStream = std::pin::Pin<
+    Box<dyn tokio_stream::Stream<Item = Result<pb::WatchApprovalsResponse, Status>> + Send>,
+>;
+
 #[tonic::async_trait]
 impl LedgerService for LedgerApi {
+    type WatchApprovalsStream = ApprovalStream;
+
+    async fn decide(
+        &self,
+        request: Request<pb::DecideRequest>,
+    ) -> Result<Response<pb::DecideResponse>, Status> {
+        let approver = request
+            .extensions()
+            .get::<Approver>()
+            .and_then(|a| a.0.clone());
+        let Call {
+            tenant,
+            deadline,
+            permit,
+        } = self.begin(&request)?;
+        let Some(approver) = approver else {
+            return Err(Status::from(CallError::PermissionDenied(
+                "this credential may not decide: Decide needs a credential with the approver \
+                 role (the tokens file's third column, `approver`)",
+            )));
+        };
+        let r = request.into_inner();
+        let input = DecideInput {
+            key: r.key,
+            fingerprint: r.fingerprint,
+            decision: decision(r.decision)?,
+            reason: r.reason,
+        };
+        telemetry::record_request("", &input.key);
+        let ledger = self.ledger.clone();
+        let metrics = self.metrics.clone();
+        let choice = input.decision;
+        let out = run(&self.metrics, deadline, permit, async move {
+            let out = ledger.decide(&tenant, input, &approver).await;
+            if let Ok(decided) = &out {
+                metrics.decided(choice, decided.changed, decided.took);
+            }
+            out
+        })
+        .await;
+        let out = out.map_err(Status::from)?;
+        telemetry::record_decision(&out.entry, choice, out.changed);
+        Ok(Response::new(pb::DecideResponse {
+            entry: Some(audited_entry(out.entry)),
+        }))
+    }
+
+    async fn extend_run(
+        &self,
+        request: Request<pb::ExtendRunRequest>,
+    ) -> Result<Response<pb::ExtendRunResponse>, Status> {
+        let Call {
+            tenant,
+            deadline,
+            permit,
+        } = self.begin(&request)?;
+        let r = request.into_inner();
+        let retention = duration("retention", r.retention)?;
+        telemetry::record_request("", "");
+        let ledger = self.ledger.clone();
+        let run_id = r.run_id;
+        let (extended, kept_until) = run(&self.metrics, deadline, permit, async move {
+            ledger.extend_run(&tenant, &run_id, retention).await
+        })
+        .await
+        .map_err(Status::from)?;
+        Ok(Response::new(pb::ExtendRunResponse {
+            extended,
+            kept_until: kept_until.map(timestamp),
+        }))
+    }
+
+    async fn watch_approvals(
+        &self,
+        request: Request<pb::WatchApprovalsRequest>,
+    ) -> Result<Response<Self::WatchApprovalsStream>, Status> {
+        // Admitted like any call, then released: a watch may last for hours and must not hold
+        // a place among the calls running now.
+        let Call { tenant, .. } = self.begin(&request)?;
+        let after = request.into_inner().after;
+        let ledger = self.ledger.clone();
+        let (first, mut cursor) = ledger
+            .approval_events(&tenant, Some(after.as_str()), WATCH_BATCH)
+            .await
+            .map_err(Status::from)?;
+        let (sender, receiver) = tokio::sync::mpsc::channel(WATCH_BATCH as usize);
+        tokio::spawn(async move {
+            let mut batch = first;
+            loop {
+                for event in batch.drain(..) {
+                    let answer = pb::WatchApprovalsResponse {
+                        cursor: event.cursor.to_string(),
+                        kind: event.kind.to_string(),
+                        at: Some(timestamp(event.at)),
+                        principal: event.principal.into(),
+                        entry: event.entry.map(audited_entry),
+                    };
+                    if sender.send(Ok(answer)).await.is_err() {
+                        return; // The watcher went away.
+                    }
+                }
+                tokio::select! {
+                    () = ledger.approvals().changed() => {}
+                    () = tokio::time::sleep(WATCH_POLL) => {}
+                    () = sender.closed() => return,
+                }
+                let after = cursor.to_string();
+                match ledger
+                    .approval_events(&tenant, Some(after.as_str()), WATCH_BATCH)
+                    .await
+                {
+                    Ok((events, last)) => {
+                        cursor = last;
+                        batch = events;
+                    }
+                    Err(e) => {
+                        let _ = sender.send(Err(Status::from(e))).await;
+                        return;
+                    }
+                }
+            }
+        });
+        Ok(Response::new(Box::pin(
+            tokio_stream::wrappers::ReceiverStream::new(receiver),
+        )))
+    }
+
     async fn claim(
         &self,
         request: Request<pb::ClaimRequest>,
@@ -131,6 +272,7 @@ impl LedgerService for LedgerApi {
             wait: duration("wait", r.wait)?,
             answer_by: Some(deadline),
             principal: r.principal,
+            require_approval: r.require_approval,
         };
         telemetry::record_request(&input.tool, &input.key);
         let ledger = self.ledger.clone();

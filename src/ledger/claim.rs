@@ -9,14 +9,19 @@ use tokio::time::Instant;
 use tracing::Instrument as _;
 
 use super::memory::Recalled;
-use super::notes::{IN_FLIGHT_NOTE, UNKNOWN_NOTE, failed_note, replay_note};
+use super::notes::{
+    IN_FLIGHT_NOTE, UNKNOWN_NOTE, awaiting_note, denied_note, failed_note, replay_note,
+};
 use super::{EntryView, Ledger, MAX_RACES, UNKNOWN_RETRY_AFTER, bounded, new_claim_token};
 use crate::domain::Tenant;
 use crate::domain::canonical::{self, Canonicalization};
 use crate::domain::key::{
     self, ClaimToken, ExplicitKey, HoldToken, Key, Principal, RunId, ToolName,
 };
-use crate::domain::{ClaimDecision, Entry, Micros, Status, decide_claim};
+use crate::domain::{
+    Approval, ApprovalState, ClaimDecision, Entry, EventKind, HistoryEvent, Micros, Status,
+    decide_claim,
+};
 use crate::error::LedgerError;
 
 /// A Claim as the caller sent it (durations already converted; `None` means unset).
@@ -43,6 +48,8 @@ pub struct ClaimInput {
     pub answer_by: Option<Instant>,
     /// Who asks.
     pub principal: String,
+    /// Ask a person first, whatever the server's approval policy says.
+    pub require_approval: bool,
 }
 
 /// What a Claim found.
@@ -56,15 +63,21 @@ pub enum Outcome {
     InProgress,
     /// The stored permanent error is returned; no action.
     PreviouslyFailed,
+    /// A person has been asked to decide; no action.
+    AwaitingApproval,
+    /// A person declined; no action.
+    Denied,
 }
 
 impl Outcome {
     /// Every outcome, in the proto's order.
-    pub const ALL: [Outcome; 4] = [
+    pub const ALL: [Outcome; 6] = [
         Outcome::Claimed,
         Outcome::Replayed,
         Outcome::InProgress,
         Outcome::PreviouslyFailed,
+        Outcome::AwaitingApproval,
+        Outcome::Denied,
     ];
 
     /// The name the proto gives it, without the `OUTCOME_` prefix (logs, metrics labels).
@@ -74,6 +87,8 @@ impl Outcome {
             Outcome::Replayed => "REPLAYED",
             Outcome::InProgress => "IN_PROGRESS",
             Outcome::PreviouslyFailed => "PREVIOUSLY_FAILED",
+            Outcome::AwaitingApproval => "AWAITING_APPROVAL",
+            Outcome::Denied => "DENIED",
         }
     }
 }
@@ -104,7 +119,7 @@ impl Ledger {
         tenant: &Tenant,
         input: ClaimInput,
     ) -> Result<ClaimOutput, LedgerError> {
-        let request = self.prepare_claim(input)?;
+        let request = self.prepare_claim(tenant, input)?;
         let output = self.claim_once(tenant, &request).await?;
         let until = match request.wait {
             Some(wait) if !wait.is_zero() && in_flight(&output) => Instant::now() + wait,
@@ -155,8 +170,13 @@ impl Ledger {
         }
     }
 
-    /// Validates a claim and derives its key and fingerprint; nothing is written on error.
-    fn prepare_claim(&self, input: ClaimInput) -> Result<PreparedClaim, LedgerError> {
+    /// Validates a claim, derives its key and fingerprint, and says whether a new entry of it
+    /// needs a person's decision; nothing is written on error.
+    fn prepare_claim(
+        &self,
+        tenant: &Tenant,
+        input: ClaimInput,
+    ) -> Result<PreparedClaim, LedgerError> {
         let (fingerprint, canonical, tool, value) =
             self.canonical_request(&input.tool, &input.arguments_json, input.canonicalization)?;
         let arguments = self.limits.arguments.stored(&value, &canonical);
@@ -182,12 +202,27 @@ impl Ledger {
             self.limits.default_retention,
             self.limits.max_retention,
         )?;
+        // The server's policy may gate the call; the claim may ask for a gate itself, never lift
+        // one. Only a tool the policy names has its arguments looked at.
+        let gate = if input.require_approval {
+            Some("the claim asked for approval (require_approval)".to_string())
+        } else {
+            let policy = self.approvals.policy();
+            if policy.mentions(tool.as_str()) {
+                policy
+                    .gate(tenant.as_str(), tool.as_str(), &canonical)
+                    .map(|rule| format!("the approval policy's line {}", rule.line))
+            } else {
+                None
+            }
+        };
         Ok(PreparedClaim {
             key,
             run_id,
             tool,
             fingerprint,
             principal,
+            gate,
             lease: Micros::from_duration(lease),
             retention: Micros::from_duration(retention),
             wait: input
@@ -269,7 +304,13 @@ impl Ledger {
         for _ in 0..MAX_RACES {
             let now = self.clock.now();
             let fresh = request.new_entry(now, 1, new_claim_token()?);
-            if self.store.insert(tenant, &fresh).await? {
+            if let Some(why) = &request.gate {
+                let asked = self.awaiting(request, &fresh, now);
+                let note = self.requested_note(&asked, why);
+                if self.store.insert_request(tenant, &asked, &note).await? {
+                    return Ok(self.requested(tenant, asked, now).await);
+                }
+            } else if self.store.insert(tenant, &fresh).await? {
                 return Ok(self.claimed(fresh, now));
             }
             // The row exists. The most common reason is a repeat of a finished call: replay it
@@ -290,8 +331,86 @@ impl Ledger {
             let Some(existing) = self.store.get(tenant, &request.key).await? else {
                 continue; // pruned in between: insert again
             };
-            match decide_claim(&existing, &request.fingerprint, now) {
+            let mut decision = decide_claim(&existing, &request.fingerprint, now);
+            // An expired entry is gone: starting over creates the entry anew, gated or not.
+            if decision == ClaimDecision::StartOver && request.gate.is_some() {
+                decision = ClaimDecision::RequestAgain;
+            }
+            match decision {
                 ClaimDecision::KeyReused => return Err(LedgerError::KeyReused),
+                ClaimDecision::AwaitingApproval => {
+                    let note = awaiting_note(&existing);
+                    let retry_after = approval_retry_after(&existing, now);
+                    return Ok(self.answer(
+                        Outcome::AwaitingApproval,
+                        existing,
+                        now,
+                        note,
+                        Some(retry_after),
+                    ));
+                }
+                ClaimDecision::Denied => {
+                    let note = denied_note(&existing);
+                    return Ok(self.answer(Outcome::Denied, existing, now, note, None));
+                }
+                ClaimDecision::UseApproval => {
+                    let attempt = Entry {
+                        approval: existing.approval.clone(),
+                        attempt: existing.attempt,
+                        possible_double_effect: existing.possible_double_effect,
+                        ..request.new_entry(now, existing.attempt, fresh.claim_token)
+                    };
+                    let note = HistoryEvent {
+                        at: now,
+                        attempt: attempt.attempt,
+                        kind: EventKind::ApprovalUsed,
+                        principal: attempt.principal.clone(),
+                        detail: "the approved call was claimed: it acts now, once".to_string(),
+                    };
+                    if let Some(used) = self.store.use_approval(tenant, &attempt, &note).await? {
+                        tracing::info!(
+                            key = used.key.log_prefix(),
+                            tool = used.tool.as_str(),
+                            principal = %used.principal,
+                            "an approval was used: the call acts"
+                        );
+                        self.approvals.notify();
+                        return Ok(self.claimed(used, now));
+                    }
+                }
+                ClaimDecision::RequestAgain => {
+                    let why = request.gate.clone().unwrap_or_else(|| {
+                        "the call needed approval before, and it lapsed".to_string()
+                    });
+                    // A new attempt of a call that ended; the same attempt of one that waited.
+                    let attempt = match existing.status {
+                        Status::AwaitingApproval => existing.attempt,
+                        _ if existing.is_expired(now) => 1,
+                        _ => existing.attempt.saturating_add(1),
+                    };
+                    let fresh_attempt = Entry {
+                        possible_double_effect: existing.possible_double_effect
+                            && !existing.is_expired(now),
+                        ..request.new_entry(now, attempt, fresh.claim_token.clone())
+                    };
+                    let asked = self.awaiting(request, &fresh_attempt, now);
+                    let mut notes = Vec::with_capacity(2);
+                    if existing.status == Status::AwaitingApproval {
+                        // Lapsed at claim time, before the sweeper recorded it.
+                        notes.push(lapsed_note(&existing, now));
+                    }
+                    notes.push(self.requested_note(&asked, &why));
+                    if self
+                        .store
+                        .request_again(tenant, &existing.claim_token, &asked, &notes)
+                        .await?
+                    {
+                        if existing.status == Status::AwaitingApproval {
+                            self.approvals.expired(1);
+                        }
+                        return Ok(self.requested(tenant, asked, now).await);
+                    }
+                }
                 decision @ (ClaimDecision::StartOver | ClaimDecision::Retry) => {
                     // A retry continues the entry's attempts; an expired entry starts over.
                     let attempt = if decision == ClaimDecision::Retry {
@@ -346,6 +465,64 @@ impl Ledger {
         )))
     }
 
+    /// `fresh` as a call awaiting a decision: status AWAITING_APPROVAL, its request open until
+    /// the approval timeout from `now` (its lease the same: no attempt runs meanwhile).
+    fn awaiting(&self, _request: &PreparedClaim, fresh: &Entry, now: Micros) -> Entry {
+        let decide_by = now.plus(Micros::from_duration(self.limits.approval_timeout));
+        Entry {
+            status: Status::AwaitingApproval,
+            lease_expires_at: decide_by,
+            approval: Approval::requested(now, decide_by),
+            ..fresh.clone()
+        }
+    }
+
+    /// The history event of a new request.
+    fn requested_note(&self, asked: &Entry, why: &str) -> HistoryEvent {
+        HistoryEvent {
+            at: asked.started_at,
+            attempt: asked.attempt,
+            kind: EventKind::ApprovalRequested,
+            principal: asked.principal.clone(),
+            detail: format!(
+                "a person was asked ({why}); to be decided by {}",
+                asked
+                    .approval
+                    .decide_by
+                    .map(crate::domain::time::rfc3339)
+                    .unwrap_or_default()
+            ),
+        }
+    }
+
+    /// A request was made: the run's finished entries are kept at least until a decision is
+    /// due plus their retention (a paused run keeps its keys), watchers are told, and the
+    /// caller is answered AWAITING_APPROVAL.
+    async fn requested(&self, tenant: &Tenant, asked: Entry, now: Micros) -> ClaimOutput {
+        tracing::info!(
+            key = asked.key.log_prefix(),
+            tool = asked.tool.as_str(),
+            principal = %asked.principal,
+            "a person was asked to approve a call"
+        );
+        if let (Some(run_id), Some(decide_by)) = (&asked.run_id, asked.approval.decide_by)
+            && let Err(e) = self.store.extend_run(tenant, run_id, decide_by, true).await
+        {
+            // The sweeper and the decision extend it again; the request stands.
+            tracing::warn!(error = %e, "could not keep the paused run's entries");
+        }
+        self.approvals.notify();
+        let note = awaiting_note(&asked);
+        let retry_after = approval_retry_after(&asked, now);
+        self.answer(
+            Outcome::AwaitingApproval,
+            asked,
+            now,
+            note,
+            Some(retry_after),
+        )
+    }
+
     fn claimed(&self, entry: Entry, now: Micros) -> ClaimOutput {
         let token = entry.claim_token.clone();
         ClaimOutput {
@@ -395,9 +572,49 @@ fn bounded_wait(asked: Duration, max_wait: Duration, answer_by: Option<Instant>)
     }
 }
 
-/// Whether a claim found an attempt still in flight (what a waiting claim waits out).
+/// When a claim that awaits a decision is worth sending again: in a minute, or at the
+/// deadline if that is sooner (the request then lapses, and a claim asks again).
+fn approval_retry_after(entry: &Entry, now: Micros) -> Duration {
+    let left = entry
+        .approval
+        .decide_by
+        .map_or(Duration::ZERO, |by| by.minus(now).to_duration());
+    left.clamp(Duration::from_secs(1), Duration::from_secs(60))
+}
+
+/// The history event of a request or approval found lapsed at `now`.
+fn lapsed_note(existing: &Entry, now: Micros) -> HistoryEvent {
+    HistoryEvent {
+        at: now,
+        attempt: existing.attempt,
+        kind: EventKind::ApprovalExpired,
+        principal: Principal::none(),
+        detail: lapsed_words(&existing.approval),
+    }
+}
+
+/// Why a request or approval lapsed, in words.
+pub(super) fn lapsed_words(approval: &Approval) -> String {
+    let at = |m: Option<Micros>| m.map(crate::domain::time::rfc3339).unwrap_or_default();
+    if approval.state == ApprovalState::Approved {
+        format!(
+            "approved by {} but not used by {}: nothing was done; the next claim asks again",
+            approval.decided_by,
+            at(approval.execute_by)
+        )
+    } else {
+        format!(
+            "not decided by {}: nothing was done; the next claim asks again",
+            at(approval.decide_by)
+        )
+    }
+}
+
+/// Whether a claim found an attempt still in flight, or a decision still to come (what a
+/// waiting claim waits out).
 fn in_flight(output: &ClaimOutput) -> bool {
-    output.outcome == Outcome::InProgress && output.entry.status == Status::Attempting
+    (output.outcome == Outcome::InProgress && output.entry.status == Status::Attempting)
+        || output.outcome == Outcome::AwaitingApproval
 }
 
 /// A validated claim with its derived key.
@@ -413,6 +630,8 @@ struct PreparedClaim {
     wait: Option<Duration>,
     /// What is stored of the arguments (see [`ArgumentsPolicy`]).
     arguments: Option<String>,
+    /// Why a new entry of this call needs a person's decision; `None` when it does not.
+    gate: Option<String>,
 }
 
 impl PreparedClaim {
@@ -439,6 +658,7 @@ impl PreparedClaim {
             resolved_by: Principal::none(),
             hold_token: HoldToken::none(),
             possible_double_effect: false,
+            approval: Approval::default(),
         }
     }
 }

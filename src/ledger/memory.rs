@@ -181,7 +181,10 @@ impl ReplayMemory {
         let finished = match entry.status {
             Status::Succeeded => true,
             Status::Failed => !entry.retryable,
-            Status::Attempting | Status::Unknown => false,
+            // A denial is answered from the store: it is rare, and its note is the denial's.
+            Status::Attempting | Status::Unknown | Status::AwaitingApproval | Status::Denied => {
+                false
+            }
         };
         if !finished || entry.expires_at.is_none() {
             return;
@@ -234,7 +237,13 @@ impl ReplayMemory {
             }
             ClaimDecision::KeyReused => Some(Recalled::KeyReused),
             // Expired (or, which cannot be, not finished): forget it; the store decides.
-            ClaimDecision::StartOver | ClaimDecision::Retry | ClaimDecision::InProgress => {
+            ClaimDecision::StartOver
+            | ClaimDecision::Retry
+            | ClaimDecision::InProgress
+            | ClaimDecision::AwaitingApproval
+            | ClaimDecision::UseApproval
+            | ClaimDecision::RequestAgain
+            | ClaimDecision::Denied => {
                 entries.remove(&Named::of(tenant, key));
                 None
             }
@@ -336,6 +345,7 @@ mod tests {
             resolved_by: Principal::none(),
             hold_token: crate::domain::HoldToken::none(),
             possible_double_effect: false,
+            approval: crate::domain::Approval::default(),
         }
     }
 

@@ -8,6 +8,7 @@
 //!
 //! Independent of gRPC, so the conformance suite runs the same calls against every backend.
 
+mod approval;
 mod claim;
 mod complete;
 mod double_effect;
@@ -22,6 +23,7 @@ mod renew;
 mod retention;
 pub mod wait;
 
+pub use approval::{ApprovalEvent, Approvals, DecideInput, Decided, MAX_REASON_BYTES};
 pub use claim::{ClaimInput, ClaimOutput, Outcome};
 pub use complete::{CompleteInput, CompleteOutput};
 pub use double_effect::{AcknowledgeInput, MAX_NOTE_BYTES};
@@ -91,6 +93,10 @@ pub struct Limits {
     pub wait_poll_interval: Duration,
     /// What of a claim's arguments is kept for audit (`--store-arguments`, `--redact-field`).
     pub arguments: ArgumentsPolicy,
+    /// How long a person has to decide about a gated call (`--approval-timeout`).
+    pub approval_timeout: Duration,
+    /// How long an approval may go unused before it lapses (`--approval-use-within`).
+    pub approval_use_within: Duration,
     /// How many entries ListEntries returns when the request sets no page size.
     pub list_default_page_size: u32,
     /// The most entries one ListEntries page holds.
@@ -120,6 +126,8 @@ impl Default for Limits {
             replay_memory_bytes: d::REPLAY_MEMORY_BYTES,
             wait_poll_interval: d::LISTEN_SAFETY_POLL.max(d::WAIT_POLL_INTERVAL),
             arguments: ArgumentsPolicy::default(),
+            approval_timeout: d::APPROVAL_TIMEOUT,
+            approval_use_within: d::APPROVAL_USE_WITHIN,
             list_default_page_size: d::LIST_DEFAULT_PAGE_SIZE,
             list_max_page_size: d::LIST_MAX_PAGE_SIZE,
         }
@@ -152,6 +160,8 @@ pub struct Ledger {
     finished: Arc<RecentKeys>,
     /// Finished entries this server remembers, to answer repeats without the store.
     memory: Arc<ReplayMemory>,
+    /// The approval policy in force, and the signal to watchers of approval events.
+    approvals: Arc<Approvals>,
     /// Held for writing while replay counts go from memory to the store, and for reading
     /// while a Lookup or a listing reads the store and adds the counts not yet written: so
     /// that those see each replay this server answered exactly once, never in both places
@@ -169,6 +179,7 @@ impl Ledger {
             waits: Arc::new(WaitHub::new(store.clone(), clock.clone(), poll)),
             finished: Arc::new(RecentKeys::default()),
             memory: Arc::new(ReplayMemory::new(limits.replay_memory_bytes)),
+            approvals: Arc::new(Approvals::new(crate::domain::Policy::none())),
             counts_in_flight: Arc::default(),
             store,
             clock,

@@ -36,3 +36,27 @@ pub(super) fn failed_note(entry: &Entry) -> String {
          do not retry it with the same arguments."
     )
 }
+
+/// A gated call: a person has been asked; nothing was done.
+pub(super) fn awaiting_note(entry: &Entry) -> String {
+    let by = entry
+        .approval
+        .decide_by
+        .map(crate::domain::time::rfc3339)
+        .unwrap_or_default();
+    format!(
+        "This action needs a person's approval, and a person has been asked (a decision is due \
+         by {by}). Nothing was done. Do not try other ways to do it; tell the user it awaits \
+         approval, or call it again with the same arguments once it is decided."
+    )
+}
+
+/// A denied call: a person declined it; it was not done.
+pub(super) fn denied_note(entry: &Entry) -> String {
+    let reason = if entry.approval.reason.is_empty() {
+        "no reason was given".to_string()
+    } else {
+        entry.approval.reason.clone()
+    };
+    format!("A person declined this action: {reason}. It was not done; do not retry it unchanged.")
+}

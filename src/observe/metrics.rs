@@ -34,7 +34,7 @@ use prometheus_client::registry::{Registry, Unit};
 use super::replay::{ClaimEvent, ReplayAlarm, ReplayFigures, ReplayHistory, WindowTotals};
 use super::{Rpc, SERVICE};
 use crate::domain::time::Clock;
-use crate::domain::{FinalStatus, Tenant};
+use crate::domain::{Decision, FinalStatus, Tenant};
 use crate::error::LedgerError;
 use crate::ledger::{ClaimOutput, CompleteOutput, Outcome, ResolutionOutcome, ResolutionResult};
 use crate::proto::code_name;
@@ -61,6 +61,14 @@ const POOL_STATES: [&str; 3] = ["in_use", "idle", "max"];
 
 /// Why a finding was stale: the label values of `ledger_stale_findings_total`
 /// ([`crate::domain::StaleReason::as_str`]).
+/// A decision's outcome: the label values of `ledger_approval_decisions_total`.
+const DECISIONS: [&str; 2] = ["approved", "denied"];
+
+/// The buckets of `ledger_approval_decide_seconds`: from a minute to a week.
+const DECIDE_BUCKETS: [f64; 9] = [
+    60.0, 300.0, 900.0, 3600.0, 14_400.0, 43_200.0, 86_400.0, 259_200.0, 604_800.0,
+];
+
 const STALE_REASONS: [&str; 4] = [
     "later_attempt",
     "other_attempt",
@@ -151,7 +159,7 @@ struct GrpcSeries {
 #[derive(Debug)]
 struct ToolSeries {
     /// `ledger_claims_total`, by [`Outcome::ALL`].
-    claims: [Counter; 4],
+    claims: [Counter; Outcome::ALL.len()],
     /// `ledger_replays_total`.
     replays: Counter,
     /// `ledger_key_reuse_refusals_total`.
@@ -246,6 +254,12 @@ pub struct Metrics {
     stale_findings: [Counter; 4],
     /// Expired entries deleted.
     pruned: Counter,
+    /// Decisions about calls awaiting approval, by [`DECISIONS`].
+    decisions: [Counter; 2],
+    /// How long a person took to decide, from the request to the decision.
+    decide_seconds: Histogram,
+    /// Requests that went undecided, and approvals unused, past their deadline.
+    approvals_expired: Counter,
     /// Store errors, by [`StoreError::KINDS`].
     store_errors: [Counter; StoreError::KINDS.len()],
     /// Whether the last health probe reached the store.
@@ -255,6 +269,9 @@ pub struct Metrics {
     /// The last store-wide count of entries marked as a possible double effect; empty before
     /// the first.
     double_effects: Family<Labels<0>, Gauge>,
+    /// The last store-wide count of calls awaiting a person's decision; empty before the
+    /// first.
+    awaiting_approval: Family<Labels<0>, Gauge>,
     /// The last pool snapshot, by [`POOL_STATES`].
     pool: [Gauge; 3],
     /// The replay-rate window and alarm.
@@ -356,6 +373,27 @@ impl Metrics {
              (its attempt was in its lease)",
             stale_findings.clone(),
         );
+        let decisions = Family::<Labels<1>, Counter>::default();
+        registry.register(
+            "ledger_approval_decisions",
+            "Decisions about calls awaiting a person's approval, by outcome (a repeated decision \
+             that changed nothing is not counted)",
+            decisions.clone(),
+        );
+        let decide_seconds = Histogram::new(DECIDE_BUCKETS);
+        registry.register_with_unit(
+            "ledger_approval_decide",
+            "Time from a call's approval request to the person's decision",
+            Unit::Seconds,
+            decide_seconds.clone(),
+        );
+        let approvals_expired = Counter::default();
+        registry.register(
+            "ledger_approvals_expired",
+            "Approval requests that went undecided past their decide_by, and approvals unused \
+             past their execute_by (nothing was done; the next claim asks again)",
+            approvals_expired.clone(),
+        );
         let pruned = Counter::default();
         registry.register(
             "ledger_pruned_entries",
@@ -394,6 +432,12 @@ impl Metrics {
              has acknowledged yet",
             double_effects.clone(),
         );
+        let awaiting_approval = Family::<Labels<0>, Gauge>::default();
+        registry.register(
+            "ledger_approvals_awaiting",
+            "Calls in the whole store awaiting a person's decision",
+            awaiting_approval.clone(),
+        );
         let pool = Family::<Labels<1>, Gauge>::default();
         registry.register(
             "ledger_store_pool_connections",
@@ -424,10 +468,14 @@ impl Metrics {
             resolutions: per_value(&resolutions, "status", RESOLUTIONS),
             stale_findings: per_value(&stale_findings, "reason", STALE_REASONS),
             pruned,
+            decisions: per_value(&decisions, "outcome", DECISIONS),
+            decide_seconds,
+            approvals_expired,
             store_errors: per_value(&store_errors, "kind", StoreError::KINDS),
             store_up,
             unresolved,
             double_effects,
+            awaiting_approval,
             pool: POOL_STATES.map(|state| pool.get_or_create_owned(&[("state", state)])),
             replay,
             history,
@@ -502,6 +550,22 @@ impl Metrics {
         }
     }
 
+    /// Counts a decision that changed its entry, and how long the person took.
+    pub fn decided(&self, decision: Decision, changed: bool, took: Option<Duration>) {
+        if !changed {
+            return;
+        }
+        self.decisions[usize::from(decision == Decision::Deny)].inc();
+        if let Some(took) = took {
+            self.decide_seconds.observe(took.as_secs_f64());
+        }
+    }
+
+    /// Counts lapsed requests and approvals.
+    pub fn approvals_expired(&self, n: u64) {
+        self.approvals_expired.inc_by(n);
+    }
+
     /// Counts expired entries deleted.
     pub fn pruned(&self, n: u64) {
         self.pruned.inc_by(n);
@@ -542,6 +606,9 @@ impl Metrics {
         self.double_effects
             .get_or_create(&[])
             .set(count.possible_double_effect);
+        self.awaiting_approval
+            .get_or_create(&[])
+            .set(count.awaiting_approval);
     }
 
     /// Records a snapshot of the store's pool.
@@ -680,11 +747,15 @@ mod tests {
                 "ledger_completions_total counter",
                 "ledger_reconcile_resolutions_total counter",
                 "ledger_stale_findings_total counter",
+                "ledger_approval_decisions_total counter",
+                "ledger_approval_decide_seconds histogram",
+                "ledger_approvals_expired_total counter",
                 "ledger_pruned_entries_total counter",
                 "ledger_store_errors_total counter",
                 "ledger_store_up gauge",
                 "ledger_unresolved_entries gauge",
                 "ledger_possible_double_effects gauge",
+                "ledger_approvals_awaiting gauge",
                 "ledger_store_pool_connections gauge",
                 "ledger_replay_window_claims gauge",
                 "ledger_replay_window_replays gauge",
@@ -712,6 +783,7 @@ mod tests {
         m.set_unresolved(UnresolvedCount {
             unknown: 3,
             attempting: 1,
+            awaiting_approval: 4,
             possible_double_effect: 2,
         });
         let text = render(&m);

@@ -75,11 +75,17 @@ pub enum Rpc {
     ReplayRate,
     /// `AcknowledgeDoubleEffect`.
     AcknowledgeDoubleEffect,
+    /// `Decide`.
+    Decide,
+    /// `ExtendRun`.
+    ExtendRun,
+    /// `WatchApprovals` (server streaming: its time is until the stream ends).
+    WatchApprovals,
 }
 
 impl Rpc {
     /// How many RPCs there are.
-    pub const COUNT: usize = 8;
+    pub const COUNT: usize = 11;
 
     /// Every RPC, in the order the families list them.
     pub const ALL: [Rpc; Rpc::COUNT] = [
@@ -91,6 +97,9 @@ impl Rpc {
         Rpc::RenewLease,
         Rpc::ReplayRate,
         Rpc::AcknowledgeDoubleEffect,
+        Rpc::Decide,
+        Rpc::ExtendRun,
+        Rpc::WatchApprovals,
     ];
 
     /// The method's name, as the proto spells it.
@@ -104,6 +113,9 @@ impl Rpc {
             Rpc::RenewLease => "RenewLease",
             Rpc::ReplayRate => "ReplayRate",
             Rpc::AcknowledgeDoubleEffect => "AcknowledgeDoubleEffect",
+            Rpc::Decide => "Decide",
+            Rpc::ExtendRun => "ExtendRun",
+            Rpc::WatchApprovals => "WatchApprovals",
         }
     }
 

@@ -41,8 +41,8 @@ use tracing_subscriber::EnvFilter;
 
 use super::traces::{self, TraceExport};
 use super::{Rpc, SERVICE};
-use crate::domain::Tenant;
-use crate::ledger::{ClaimOutput, EntryView};
+use crate::domain::{ApprovalState, Decision, Tenant};
+use crate::ledger::{ClaimOutput, EntryView, Outcome};
 use crate::proto::code_name;
 
 /// The target of the `call` span, the access line and this module's other events.
@@ -185,10 +185,42 @@ pub fn record_entry(view: &EntryView) {
     });
 }
 
-/// Records a claim's outcome and its entry.
+/// Records a claim's outcome and its entry; a claim that asked a person, or used an approval,
+/// adds an event to its span (an OTLP span event when traces are exported).
 pub fn record_claim(out: &ClaimOutput) {
     record_entry(&out.entry);
     with_record(|c| c.outcome = Some(out.outcome.as_str()));
+    let approval = &out.entry.entry.approval;
+    match (out.outcome, approval.state) {
+        (Outcome::AwaitingApproval, _) => tracing::info!(
+            target: super::traces::TARGET,
+            approval_state = approval.state.as_str(),
+            "ledger.approval.awaiting"
+        ),
+        (Outcome::Claimed, ApprovalState::Used) => tracing::info!(
+            target: super::traces::TARGET,
+            approval_state = approval.state.as_str(),
+            "ledger.approval.used"
+        ),
+        (Outcome::Denied, _) => tracing::info!(
+            target: super::traces::TARGET,
+            approval_state = approval.state.as_str(),
+            "ledger.approval.denied"
+        ),
+        _ => {}
+    }
+}
+
+/// Records a decision and its entry, with an event on the call's span (an OTLP span event when
+/// traces are exported).
+pub fn record_decision(view: &EntryView, decision: Decision, changed: bool) {
+    record_entry(view);
+    tracing::info!(
+        target: super::traces::TARGET,
+        approval_decision = decision.as_str(),
+        approval_changed = changed,
+        "ledger.approval.decided"
+    );
 }
 
 /// The first 12 characters of a key: enough to find it in the store, short enough for logs,

@@ -482,6 +482,9 @@ pub(super) fn span_name(method: &str) -> &'static str {
         "RenewLease" => "idempotency.v1.LedgerService/RenewLease",
         "ReplayRate" => "idempotency.v1.LedgerService/ReplayRate",
         "AcknowledgeDoubleEffect" => "idempotency.v1.LedgerService/AcknowledgeDoubleEffect",
+        "Decide" => "idempotency.v1.LedgerService/Decide",
+        "ExtendRun" => "idempotency.v1.LedgerService/ExtendRun",
+        "WatchApprovals" => "idempotency.v1.LedgerService/WatchApprovals",
         _ => "idempotency.v1.LedgerService/_OTHER",
     }
 }

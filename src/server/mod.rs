@@ -25,6 +25,7 @@ pub use tls::{ServerTls, TlsFiles};
 
 use crate::connections::{self, ConnectionLimits, Listener};
 use crate::console::{self, Console};
+use crate::domain::Policy;
 use crate::domain::time::Clock;
 use crate::error::LedgerError;
 use crate::grpc::admission::{Admission, AdmitBytes, BytesInFlight};
@@ -105,6 +106,16 @@ pub async fn serve_reloading(
     let metrics = Metrics::new(clock.clone(), &settings.metrics_options());
     let probe_clock = clock.clone();
     let ledger = Ledger::new(store.clone(), clock, settings.limits());
+    let policy =
+        approval_policy(settings.approval_policy.as_deref()).map_err(ServeError::Config)?;
+    if let Some(path) = &settings.approval_policy {
+        tracing::info!(
+            file = %path.display(),
+            rules = policy.len(),
+            "approval policy in force"
+        );
+    }
+    ledger.approvals().set_policy(policy);
     // Every task this server starts is owned here and stopped when `serve` returns, also on
     // an early return below.
     let mut tasks = OwnedTasks::default();
@@ -117,6 +128,10 @@ pub async fn serve_reloading(
         reloads,
         credentials.clone(),
         tls.clone(),
+        settings
+            .approval_policy
+            .clone()
+            .map(|file| (file, ledger.clone())),
     )));
     let addr: SocketAddr = listener
         .local_addr()
@@ -242,6 +257,11 @@ pub async fn serve_reloading(
         store = %redact_url(&settings.database_url),
         backend = store.backend(),
         tenancy = %credentials.current().describe(),
+        deciders = if credentials.current().requires_credentials() {
+            "credentials with the approver role"
+        } else {
+            "every caller (no credentials configured)"
+        },
         tls = tls.is_some(),
         mutual_tls = settings.tls_client_ca.is_some(),
         "idempotency-ledger starting"
@@ -476,6 +496,14 @@ async fn prune_loop(
         if !state.migrated.load(Ordering::Acquire) {
             continue;
         }
+        // First the approvals that lapsed (recorded, and counted), then the expired entries.
+        match ledger.expire_lapsed_approvals(batch).await {
+            Ok(_) => metrics.approvals_expired(ledger.approvals().take_expired()),
+            Err(e) => {
+                metrics.call_failed(&e);
+                tracing::warn!(error = %e, "recording lapsed approvals failed; retrying next interval");
+            }
+        }
         match ledger.prune(batch).await {
             Ok(0) => {}
             Ok(n) => {
@@ -505,16 +533,46 @@ fn server_tls(settings: &Settings) -> Result<Option<Arc<ServerTls>>, ServeError>
     Ok(Some(Arc::new(tls)))
 }
 
-/// Re-reads the credentials each time `reloads` yields, until it ends.
+/// The approval policy of `--approval-policy` (none without the flag).
+///
+/// # Errors
+/// The file and line that does not parse.
+fn approval_policy(file: Option<&std::path::Path>) -> Result<Policy, String> {
+    let Some(file) = file else {
+        return Ok(Policy::none());
+    };
+    let text = std::fs::read_to_string(file)
+        .map_err(|e| format!("cannot read the approval policy {}: {e}", file.display()))?;
+    Policy::parse(&text).map_err(|e| format!("{}: {e}", file.display()))
+}
+
+/// Re-reads the credentials (and the approval policy, when there is one) each time `reloads`
+/// yields, until it ends.
 async fn reload_loop(
     reloads: impl Stream<Item = ()> + Send + 'static,
     credentials: Credentials,
     tls: Option<Arc<ServerTls>>,
+    policy: Option<(std::path::PathBuf, Ledger)>,
 ) {
     let mut reloads = std::pin::pin!(reloads);
     while reloads.next().await.is_some() {
         // The files are small and local, read once per signal: not worth a blocking thread.
         reload(&credentials, tls.as_deref());
+        if let Some((file, ledger)) = &policy {
+            match approval_policy(Some(file)) {
+                Ok(policy) => {
+                    tracing::info!(
+                        rules = policy.len(),
+                        "reload: the approval policy is in force"
+                    );
+                    ledger.approvals().set_policy(policy);
+                }
+                Err(e) => tracing::warn!(
+                    error = %e,
+                    "reload: the approval policy was not taken; the rules in force are kept"
+                ),
+            }
+        }
     }
 }
 

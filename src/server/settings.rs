@@ -62,12 +62,32 @@ pub struct Settings {
     )]
     pub database_url: String,
 
-    /// File of credentials, one per line: `<tenant> <token>`; `#` starts a comment. Callers
-    /// send `authorization: Bearer <token>`. Without it the server has one tenant, `default`,
-    /// and needs no credential. Health and reflection never need one. Re-read on SIGHUP: a
-    /// file that does not parse leaves the credentials in force.
+    /// File of credentials, one per line: `<tenant> <token> [approver[=NAME]]`; `#` starts a
+    /// comment. Callers send `authorization: Bearer <token>`. A credential with the third
+    /// column may decide about calls awaiting approval (Decide), recorded as NAME (or
+    /// `approver:` and a digest of its token). Without it the server has one tenant, `default`,
+    /// needs no credential, and lets every caller decide. Health and reflection never need
+    /// one. Re-read on SIGHUP: a file that does not parse leaves the credentials in force.
     #[arg(long, env = "LEDGER_AUTH_TOKENS_FILE")]
     pub auth_tokens_file: Option<PathBuf>,
+
+    /// File of approval rules: which calls wait for a person's decision. One rule a line,
+    /// `<tenant|*> <tool>` (always) or `<tenant|*> <tool> <json-pointer> <>|>=> <number>` (only
+    /// when that argument passes the bound, as `* issue_refund /amount > 100`); `#` starts a
+    /// comment; a tenant's own rules for a tool replace the `*` ones. Re-read on SIGHUP: a file
+    /// that does not parse leaves the rules in force, and the log names its line.
+    #[arg(long, env = "LEDGER_APPROVAL_POLICY")]
+    pub approval_policy: Option<PathBuf>,
+
+    /// How long a person has to decide about a gated call; undecided after it, the request
+    /// lapses and the next claim of the call asks again.
+    #[arg(long, env = "LEDGER_APPROVAL_TIMEOUT", default_value = defaults::shown::APPROVAL_TIMEOUT, value_parser = parse_duration)]
+    pub approval_timeout: Duration,
+
+    /// How long an approval may go unused; unused after it, it lapses and the next claim asks
+    /// again.
+    #[arg(long, env = "LEDGER_APPROVAL_USE_WITHIN", default_value = defaults::shown::APPROVAL_USE_WITHIN, value_parser = parse_duration)]
+    pub approval_use_within: Duration,
 
     /// PEM certificate chain to serve TLS with (needs --tls-key). Plaintext without it.
     /// Re-read on SIGHUP with --tls-key and --tls-client-ca, for new connections; files that
@@ -471,6 +491,8 @@ impl Settings {
                         .chain(self.redact_fields.iter().map(String::as_str)),
                 )),
             },
+            approval_timeout: self.approval_timeout,
+            approval_use_within: self.approval_use_within,
             list_default_page_size: defaults::LIST_DEFAULT_PAGE_SIZE,
             list_max_page_size: defaults::LIST_MAX_PAGE_SIZE,
             external_ref_prefix: self.external_ref_prefix.clone(),
@@ -664,6 +686,8 @@ mod tests {
             (s.max_wait, defaults::MAX_WAIT),
             (s.reconcile_lease, defaults::RECONCILE_LEASE),
             (s.reconcile_grace, defaults::RECONCILE_GRACE),
+            (s.approval_timeout, defaults::APPROVAL_TIMEOUT),
+            (s.approval_use_within, defaults::APPROVAL_USE_WITHIN),
             (s.wait_poll_interval, defaults::WAIT_POLL_INTERVAL),
             (s.prune_interval, defaults::PRUNE_INTERVAL),
             (s.request_timeout, defaults::REQUEST_TIMEOUT),

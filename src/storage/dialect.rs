@@ -13,7 +13,9 @@ use super::{
     ReplayCount, StoreError, StoreMarks, StoreResult, UnresolvedCount, UnresolvedQuery, Upkeep,
     held,
 };
-use crate::domain::{ClaimToken, Entry, HistoryEvent, Key, Micros, Tenant};
+use crate::domain::{
+    Approval, ApprovalState, ClaimToken, Entry, HistoryEvent, Key, Micros, RunId, Tenant,
+};
 
 /// Which of a backend's connections a statement runs on.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -71,15 +73,15 @@ pub(crate) trait Dialect: Calls + 'static {
         on: On,
     ) -> impl Future<Output = StoreResult<Vec<R>>> + Send;
 
-    /// Runs `statement` with `params` and, when it returned a row, appends the history event
-    /// `note` ([`sql::APPEND_HISTORY`]'s parameters) in the same transaction: a write and
-    /// the record of why it was made commit together or not at all. Every row the statement
-    /// returned.
+    /// Runs `statement` with `params` and, when it returned a row, appends the history events
+    /// `notes` (each [`sql::APPEND_HISTORY`]'s parameters) in the same transaction: a write
+    /// and the record of why it was made commit together or not at all. Every row the
+    /// statement returned.
     fn write_noted<R: Row>(
         &self,
         statement: &'static str,
         params: &[Param<'_>],
-        note: &[Param<'_>],
+        notes: &[[Param<'_>; 7]],
     ) -> impl Future<Output = StoreResult<Vec<R>>> + Send;
 
     /// The batcher the backend's claims and completions go through, if it has one.
@@ -364,7 +366,7 @@ impl<D: Dialect> Entries for D {
             Param::Int(i64::from(done.attempt)),
             Param::Text(done.hold_token.as_str()),
         ];
-        let note = sql::history_params(tenant, &done.key, note);
+        let note = [sql::history_params(tenant, &done.key, note)];
         let rows: Vec<(bool,)> = self.write_noted(sql::RESOLVE, &params, &note).await?;
         Ok(at_most_one(rows, "RESOLVE")?.map(|(has_waiters,)| has_waiters))
     }
@@ -397,7 +399,7 @@ impl<D: Dialect> Entries for D {
             Param::Text(key.as_str()),
             Param::Int(i64::from(note.attempt)),
         ];
-        let history = sql::history_params(tenant, key, note);
+        let history = [sql::history_params(tenant, key, note)];
         let rows: Vec<(String,)> = self
             .write_noted(sql::MARK_DOUBLE_EFFECT, &params, &history)
             .await?;
@@ -411,13 +413,206 @@ impl<D: Dialect> Entries for D {
         note: &HistoryEvent,
     ) -> StoreResult<Option<Entry>> {
         let params = [Param::Text(tenant.as_str()), Param::Text(key.as_str())];
-        let history = sql::history_params(tenant, key, note);
+        let history = [sql::history_params(tenant, key, note)];
         let rows: Vec<EntryRow> = self
             .write_noted(sql::ACKNOWLEDGE_DOUBLE_EFFECT, &params, &history)
             .await?;
         at_most_one(rows, "ACKNOWLEDGE_DOUBLE_EFFECT")?
             .map(Entry::try_from)
             .transpose()
+    }
+
+    async fn insert_request(
+        &self,
+        tenant: &Tenant,
+        entry: &Entry,
+        note: &HistoryEvent,
+    ) -> StoreResult<bool> {
+        let mut params = sql::entry_params(tenant, entry).to_vec();
+        params.push(Param::MaybeInt(entry.approval.requested_at.map(|m| m.0)));
+        params.push(Param::MaybeInt(entry.approval.decide_by.map(|m| m.0)));
+        let notes = [sql::history_params(tenant, &entry.key, note)];
+        let rows: Vec<(String,)> = self
+            .write_noted(sql::INSERT_REQUEST, &params, &notes)
+            .await?;
+        Ok(at_most_one(rows, "INSERT_REQUEST")?.is_some())
+    }
+
+    async fn request_again(
+        &self,
+        tenant: &Tenant,
+        expected_token: &ClaimToken,
+        next: &Entry,
+        notes: &[HistoryEvent],
+    ) -> StoreResult<bool> {
+        let mut params = sql::entry_params(tenant, next).to_vec();
+        params.push(Param::Text(expected_token.as_str()));
+        params.push(Param::MaybeInt(next.approval.requested_at.map(|m| m.0)));
+        params.push(Param::MaybeInt(next.approval.decide_by.map(|m| m.0)));
+        let notes: Vec<[Param<'_>; 7]> = notes
+            .iter()
+            .map(|n| sql::history_params(tenant, &next.key, n))
+            .collect();
+        let rows: Vec<(String,)> = self
+            .write_noted(sql::REQUEST_AGAIN, &params, &notes)
+            .await?;
+        Ok(at_most_one(rows, "REQUEST_AGAIN")?.is_some())
+    }
+
+    async fn use_approval(
+        &self,
+        tenant: &Tenant,
+        claimed: &Entry,
+        note: &HistoryEvent,
+    ) -> StoreResult<Option<Entry>> {
+        let params = [
+            Param::Text(tenant.as_str()),
+            Param::Text(claimed.key.as_str()),
+            Param::Text(claimed.claim_token.as_str()),
+            Param::Int(claimed.started_at.0),
+            Param::Int(claimed.lease_expires_at.0),
+            Param::Text(claimed.principal.as_str()),
+        ];
+        let notes = [sql::history_params(tenant, &claimed.key, note)];
+        let rows: Vec<EntryRow> = self.write_noted(sql::USE_APPROVAL, &params, &notes).await?;
+        at_most_one(rows, "USE_APPROVAL")?
+            .map(Entry::try_from)
+            .transpose()
+    }
+
+    async fn decide(
+        &self,
+        tenant: &Tenant,
+        key: &Key,
+        fingerprint: &str,
+        approval: &Approval,
+        note: &HistoryEvent,
+    ) -> StoreResult<Option<Finished>> {
+        let decided_at = approval.decided_at.unwrap_or(note.at);
+        let mut params = vec![
+            Param::Text(tenant.as_str()),
+            Param::Text(key.as_str()),
+            Param::Text(fingerprint),
+            Param::Int(decided_at.0),
+            Param::Text(approval.decided_by.as_str()),
+            Param::Text(&approval.reason),
+        ];
+        let statement = if approval.state == ApprovalState::Approved {
+            params.push(Param::MaybeInt(approval.execute_by.map(|m| m.0)));
+            sql::APPROVE
+        } else {
+            sql::DENY
+        };
+        let notes = [sql::history_params(tenant, key, note)];
+        let rows: Vec<FinishedRow> = self.write_noted(statement, &params, &notes).await?;
+        at_most_one(rows, "DECIDE")?
+            .map(Finished::try_from)
+            .transpose()
+    }
+
+    async fn lapsed_approvals(&self, now: Micros, limit: u32) -> StoreResult<Vec<(Tenant, Key)>> {
+        let params = [Param::Int(now.0), Param::Int(i64::from(limit))];
+        let rows: Vec<(String, String)> = self
+            .fetch_all(sql::LAPSED_APPROVALS, &params, On::Pool)
+            .await?;
+        Ok(rows
+            .into_iter()
+            .map(|(tenant, key)| (Tenant(tenant), Key::from_stored(key)))
+            .collect())
+    }
+
+    async fn expire_approval(
+        &self,
+        tenant: &Tenant,
+        key: &Key,
+        error: &str,
+        now: Micros,
+        note: &HistoryEvent,
+    ) -> StoreResult<Option<Finished>> {
+        let params = [
+            Param::Text(tenant.as_str()),
+            Param::Text(key.as_str()),
+            Param::Text(error),
+            Param::Int(now.0),
+        ];
+        let notes = [sql::history_params(tenant, key, note)];
+        let rows: Vec<FinishedRow> = self
+            .write_noted(sql::EXPIRE_APPROVAL, &params, &notes)
+            .await?;
+        at_most_one(rows, "EXPIRE_APPROVAL")?
+            .map(Finished::try_from)
+            .transpose()
+    }
+
+    async fn extend_run(
+        &self,
+        tenant: &Tenant,
+        run_id: &RunId,
+        from: Micros,
+        own_retention: bool,
+    ) -> StoreResult<u64> {
+        let params = [
+            Param::Text(tenant.as_str()),
+            Param::Text(run_id.as_str()),
+            Param::Int(from.0),
+        ];
+        if own_retention {
+            self.execute(sql::EXTEND_RUN_BY_RETENTION, &params, On::Pool)
+                .await
+        } else {
+            self.execute(sql::EXTEND_RUN_UNTIL, &params, On::Pool).await
+        }
+    }
+
+    async fn run_kept_until(&self, tenant: &Tenant, run_id: &RunId) -> StoreResult<Option<Micros>> {
+        let params = [Param::Text(tenant.as_str()), Param::Text(run_id.as_str())];
+        let rows: Vec<(Option<i64>,)> = self
+            .fetch_all(sql::RUN_KEPT_UNTIL, &params, On::Pool)
+            .await?;
+        Ok(at_most_one(rows, "RUN_KEPT_UNTIL")?.and_then(|(at,)| at.map(Micros)))
+    }
+
+    async fn approval_events(
+        &self,
+        tenant: &Tenant,
+        after: i64,
+        limit: u32,
+    ) -> StoreResult<Vec<(i64, HistoryEvent, Key)>> {
+        let params = [
+            Param::Text(tenant.as_str()),
+            Param::Int(after),
+            Param::Int(i64::from(limit)),
+        ];
+        let rows: Vec<(i64, i64, String, String, String)> = self
+            .fetch_all(sql::APPROVAL_EVENTS, &params, On::Pool)
+            .await?;
+        Ok(rows
+            .into_iter()
+            .map(|(id, at, kind, principal, key)| {
+                (
+                    id,
+                    HistoryEvent {
+                        at: Micros(at),
+                        attempt: 0,
+                        kind: crate::domain::EventKind::parse(&kind),
+                        principal: crate::domain::Principal::from_stored(principal),
+                        detail: String::new(),
+                    },
+                    Key::from_stored(key),
+                )
+            })
+            .collect())
+    }
+
+    async fn last_history_id(&self, tenant: &Tenant) -> StoreResult<i64> {
+        let rows: Vec<(i64,)> = self
+            .fetch_all(
+                sql::LAST_HISTORY_ID,
+                &[Param::Text(tenant.as_str())],
+                On::Pool,
+            )
+            .await?;
+        Ok(at_most_one(rows, "LAST_HISTORY_ID")?.map_or(0, |(id,)| id))
     }
 
     async fn double_effects(&self, tenant: &Tenant, limit: u32) -> StoreResult<Vec<Entry>> {

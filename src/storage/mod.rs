@@ -32,8 +32,8 @@ use std::sync::Arc;
 use async_trait::async_trait;
 
 use crate::domain::{
-    ClaimToken, Completion, Entry, EventKind, HistoryEvent, HoldToken, Key, Micros, Principal,
-    RunId, Tenant, ToolName,
+    Approval, ApprovalState, ClaimToken, Completion, Entry, EventKind, HistoryEvent, HoldToken,
+    Key, Micros, Principal, RunId, Tenant, ToolName,
 };
 
 pub use error::{StoreError, StoreResult};
@@ -181,6 +181,118 @@ pub trait Entries: Send + Sync + 'static {
         key: &Key,
         note: &HistoryEvent,
     ) -> StoreResult<Option<Entry>>;
+
+    /// Creates `entry` (AWAITING_APPROVAL, its approval requested) unless (tenant, key) exists,
+    /// with `note` in its history, in one transaction. `true` when this call created it.
+    ///
+    /// # Errors
+    /// `Unavailable` or `Internal` as the database fails.
+    async fn insert_request(
+        &self,
+        tenant: &Tenant,
+        entry: &Entry,
+        note: &HistoryEvent,
+    ) -> StoreResult<bool>;
+
+    /// Replaces the entry with `next` (AWAITING_APPROVAL, a fresh request), only if it still
+    /// carries `expected_token` and is awaiting, finished or failed, with `notes` in its history,
+    /// in one transaction. `true` when it applied.
+    ///
+    /// # Errors
+    /// `Unavailable` or `Internal` as the database fails.
+    async fn request_again(
+        &self,
+        tenant: &Tenant,
+        expected_token: &ClaimToken,
+        next: &Entry,
+        notes: &[HistoryEvent],
+    ) -> StoreResult<bool>;
+
+    /// Turns an approved entry into the attempt of `claimed` (its token, start, lease and
+    /// principal), only while the approval stands unused at `claimed.started_at`, with `note`.
+    /// The entry as written when it applied.
+    ///
+    /// # Errors
+    /// `Unavailable` or `Internal` as the database fails.
+    async fn use_approval(
+        &self,
+        tenant: &Tenant,
+        claimed: &Entry,
+        note: &HistoryEvent,
+    ) -> StoreResult<Option<Entry>>;
+
+    /// Records a person's decision about the entry `key` with `fingerprint`, only while its
+    /// request is open at `approval.decided_at`: approval (its `execute_by`), or denial (the
+    /// entry DENIED and finished), with `note`. The entry as written and whether a claim waits
+    /// for it.
+    ///
+    /// # Errors
+    /// `Unavailable` or `Internal` as the database fails.
+    async fn decide(
+        &self,
+        tenant: &Tenant,
+        key: &Key,
+        fingerprint: &str,
+        approval: &Approval,
+        note: &HistoryEvent,
+    ) -> StoreResult<Option<Finished>>;
+
+    /// Up to `limit` entries of any tenant whose request or approval lapsed at `now`.
+    ///
+    /// # Errors
+    /// `Unavailable` or `Internal` as the database fails.
+    async fn lapsed_approvals(&self, now: Micros, limit: u32) -> StoreResult<Vec<(Tenant, Key)>>;
+
+    /// Records that the request (or approval) of (tenant, key) lapsed at `now`, only if it
+    /// still has: FAILED retryable with `error`, approval EXPIRED, with `note`.
+    ///
+    /// # Errors
+    /// `Unavailable` or `Internal` as the database fails.
+    async fn expire_approval(
+        &self,
+        tenant: &Tenant,
+        key: &Key,
+        error: &str,
+        now: Micros,
+        note: &HistoryEvent,
+    ) -> StoreResult<Option<Finished>>;
+
+    /// Keeps every finished entry of the run until at least `from` plus its retention (with
+    /// `own_retention`), or until `from` (without); returns how many it extended.
+    ///
+    /// # Errors
+    /// `Unavailable` or `Internal` as the database fails.
+    async fn extend_run(
+        &self,
+        tenant: &Tenant,
+        run_id: &RunId,
+        from: Micros,
+        own_retention: bool,
+    ) -> StoreResult<u64>;
+
+    /// The earliest expiry of the run's finished entries, if it has any.
+    ///
+    /// # Errors
+    /// `Unavailable` or `Internal` as the database fails.
+    async fn run_kept_until(&self, tenant: &Tenant, run_id: &RunId) -> StoreResult<Option<Micros>>;
+
+    /// Up to `limit` of the tenant's approval events after the history id `after`, oldest
+    /// first: (id, event, key).
+    ///
+    /// # Errors
+    /// `Unavailable` or `Internal` as the database fails.
+    async fn approval_events(
+        &self,
+        tenant: &Tenant,
+        after: i64,
+        limit: u32,
+    ) -> StoreResult<Vec<(i64, HistoryEvent, Key)>>;
+
+    /// The tenant's newest history id (0 without any).
+    ///
+    /// # Errors
+    /// `Unavailable` or `Internal` as the database fails.
+    async fn last_history_id(&self, tenant: &Tenant) -> StoreResult<i64>;
 
     /// Up to `limit` of the tenant's entries marked as a possible double effect, oldest
     /// first, with their stored arguments.
@@ -364,6 +476,8 @@ pub struct UnresolvedCount {
     pub unknown: i64,
     /// ATTEMPTING within its lease: a claimant is acting now.
     pub attempting: i64,
+    /// Awaiting a person's decision.
+    pub awaiting_approval: i64,
     /// Marked as a possible double effect and not yet acknowledged, resolved or not.
     pub possible_double_effect: i64,
 }
@@ -660,6 +774,13 @@ pub(crate) struct EntryRow {
     pub resolved_by: String,
     pub hold_token: String,
     pub possible_double_effect: bool,
+    pub approval_state: String,
+    pub approval_requested_at: Option<i64>,
+    pub approval_decide_by: Option<i64>,
+    pub approval_decided_at: Option<i64>,
+    pub approval_decided_by: String,
+    pub approval_reason: String,
+    pub approval_execute_by: Option<i64>,
 }
 
 impl TryFrom<EntryRow> for Entry {
@@ -690,6 +811,20 @@ impl TryFrom<EntryRow> for Entry {
             resolved_by: Principal::from_stored(r.resolved_by),
             hold_token: HoldToken::from_stored(r.hold_token),
             possible_double_effect: r.possible_double_effect,
+            approval: Approval {
+                state: ApprovalState::parse(&r.approval_state).ok_or_else(|| {
+                    StoreError::Internal(format!(
+                        "unknown stored approval state {}",
+                        r.approval_state
+                    ))
+                })?,
+                requested_at: r.approval_requested_at.map(Micros),
+                decide_by: r.approval_decide_by.map(Micros),
+                decided_at: r.approval_decided_at.map(Micros),
+                decided_by: Principal::from_stored(r.approval_decided_by),
+                reason: r.approval_reason,
+                execute_by: r.approval_execute_by.map(Micros),
+            },
         })
     }
 }
@@ -746,6 +881,13 @@ mod tests {
             resolved_by: String::new(),
             hold_token: String::new(),
             possible_double_effect: false,
+            approval_state: String::new(),
+            approval_requested_at: None,
+            approval_decide_by: None,
+            approval_decided_at: None,
+            approval_decided_by: String::new(),
+            approval_reason: String::new(),
+            approval_execute_by: None,
         }
     }
 

@@ -443,11 +443,16 @@ impl PgStore {
 
     /// Deletes up to `$2` finished entries past their expiry at `$1`, picked once in a CTE
     /// (see [`PgStore::TAKE_UNRESOLVED`]); the locked pick is re-checked, so a row a claim
-    /// restarted meanwhile (no expiry any more) is not deleted.
-    pub const PRUNE: &str = "WITH picked AS (SELECT tenant, key FROM ledger_entries \
-        WHERE expires_at <= $1 LIMIT $2 FOR UPDATE SKIP LOCKED) \
+    /// restarted meanwhile (no expiry any more) is not deleted. An entry of a run that awaits
+    /// a person's decision is kept ([`sql::NOT_PAUSED`]).
+    pub const PRUNE: &str = concatcp!(
+        "WITH picked AS (SELECT tenant, key FROM ledger_entries AS e \
+        WHERE expires_at <= $1 AND ",
+        sql::NOT_PAUSED,
+        " LIMIT $2 FOR UPDATE SKIP LOCKED) \
         DELETE FROM ledger_entries AS e USING picked \
-        WHERE e.tenant = picked.tenant AND e.key = picked.key";
+        WHERE e.tenant = picked.tenant AND e.key = picked.key"
+    );
 }
 
 #[async_trait::async_trait]
@@ -645,17 +650,17 @@ impl Dialect for PgStore {
         &self,
         statement: &'static str,
         params: &[Param<'_>],
-        note: &[Param<'_>],
+        notes: &[[Param<'_>; 7]],
     ) -> StoreResult<Vec<R>> {
         let persistent = self.persistent();
         run_on(self, &self.pool, move |mut conn| async move {
             let result: Result<_, sqlx::Error> = async {
                 if self.pooled {
-                    write_then_note(&mut conn, statement, params, note, persistent).await
+                    write_then_note(&mut conn, statement, params, notes, persistent).await
                 } else {
                     let mut tx = sqlx::Connection::begin(&mut *conn).await?;
                     let rows =
-                        write_then_note(&mut tx, statement, params, note, persistent).await?;
+                        write_then_note(&mut tx, statement, params, notes, persistent).await?;
                     tx.commit().await?;
                     Ok(rows)
                 }
@@ -701,7 +706,7 @@ async fn write_then_note<R: Row>(
     conn: &mut sqlx::PgConnection,
     statement: &'static str,
     params: &[Param<'_>],
-    note: &[Param<'_>],
+    notes: &[[Param<'_>; 7]],
     persistent: bool,
 ) -> Result<Vec<R>, sqlx::Error> {
     let args = sql::arguments::<sqlx::Postgres>(params.iter().copied())?;
@@ -710,11 +715,13 @@ async fn write_then_note<R: Row>(
         .fetch_all(&mut *conn)
         .await?;
     if !rows.is_empty() {
-        let args = sql::arguments::<sqlx::Postgres>(note.iter().copied())?;
-        sqlx::query_with(sql::APPEND_HISTORY, args)
-            .persistent(persistent)
-            .execute(&mut *conn)
-            .await?;
+        for note in notes {
+            let args = sql::arguments::<sqlx::Postgres>(note.iter().copied())?;
+            sqlx::query_with(sql::APPEND_HISTORY, args)
+                .persistent(persistent)
+                .execute(&mut *conn)
+                .await?;
+        }
     }
     Ok(rows)
 }

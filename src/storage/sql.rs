@@ -20,8 +20,13 @@ const FIELDS: &str = "run_id, tool, fingerprint, status, attempt, claim_token, r
 pub const ENTRY_COLUMNS: &str = concatcp!(
     "key, ",
     FIELDS,
-    ", resolved_by, hold_token, possible_double_effect"
+    ", resolved_by, hold_token, possible_double_effect, ",
+    APPROVAL_COLUMNS
 );
+
+/// An entry's approval (migration 0008), in [`EntryRow`](super::EntryRow)'s order.
+pub const APPROVAL_COLUMNS: &str = "approval_state, approval_requested_at, approval_decide_by, \
+    approval_decided_at, approval_decided_by, approval_reason, approval_execute_by";
 
 /// [`ENTRY_COLUMNS`] of the table aliased `e` (in a statement whose `FROM` has columns of the
 /// same names).
@@ -161,9 +166,133 @@ pub const DOUBLE_EFFECTS: &str = concatcp!(
      ORDER BY started_at, key LIMIT $2"
 );
 
-/// Notes that a claim waits for this attempt, so its completion is announced to other servers.
+/// Notes that a claim waits for this attempt (or for this call's decision), so its completion
+/// (or the decision) is announced to other servers.
 pub const MARK_WAITING: &str = "UPDATE ledger_entries SET has_waiters = TRUE \
-    WHERE tenant = $1 AND key = $2 AND status = 'ATTEMPTING' AND NOT has_waiters";
+    WHERE tenant = $1 AND key = $2 AND status IN ('ATTEMPTING', 'AWAITING_APPROVAL') \
+    AND NOT has_waiters";
+
+/// Creates a call that awaits a person's decision: the columns of [`INSERT`] (status
+/// AWAITING_APPROVAL) and its request, asked at `$20`, to be decided by `$21`. The primary key
+/// decides among concurrent claimants, as for a claim. Returns the key when it inserted.
+pub const INSERT_REQUEST: &str = concatcp!(
+    "INSERT INTO ledger_entries (",
+    INSERT_COLUMNS,
+    ", approval_state, approval_requested_at, approval_decide_by) VALUES ($1, $2, $3, $4, $5, \
+     $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19, 'REQUESTED', $20, $21) \
+     ON CONFLICT (tenant, key) DO NOTHING RETURNING key"
+);
+
+/// Asks a person again about an entry whose request (or approval) lapsed, or that an expired
+/// request left FAILED retryable, or that expired and starts over gated: the columns of
+/// [`INSERT`] but the key (`$3`..`$19`, the entry as it now awaits), a fresh request asked at
+/// `$21` to be decided by `$22`, only if the entry still carries the token `$20` it was read
+/// with. Returns the key when it applied.
+pub const REQUEST_AGAIN: &str = concatcp!(
+    "UPDATE ledger_entries SET (",
+    FIELDS,
+    ", arguments, has_waiters, resolved_by, hold_token, ",
+    APPROVAL_COLUMNS,
+    ") = ($3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19, FALSE, \
+     '', '', 'REQUESTED', $21, $22, NULL, '', '', NULL) \
+     WHERE tenant = $1 AND key = $2 AND claim_token = $20 \
+     AND status IN ('AWAITING_APPROVAL', 'FAILED', 'SUCCEEDED', 'DENIED') RETURNING key"
+);
+
+/// Takes an approval to act, once: the entry awaiting a decision becomes the attempt of the
+/// claim holding token `$3`, started at `$4` with its lease until `$5`, by principal `$6`,
+/// only while it is APPROVED and the approval's `execute_by` is after `$4`. Returns the entry
+/// as written.
+pub const USE_APPROVAL: &str = concatcp!(
+    "UPDATE ledger_entries SET status = 'ATTEMPTING', claim_token = $3, started_at = $4, \
+     lease_expires_at = $5, principal = $6, approval_state = 'USED' \
+     WHERE tenant = $1 AND key = $2 AND status = 'AWAITING_APPROVAL' \
+     AND approval_state = 'APPROVED' AND approval_execute_by > $4 RETURNING ",
+    ENTRY_COLUMNS
+);
+
+/// Which entry a decision applies to: tenant `$1`, key `$2`, fingerprint `$3` (the arguments
+/// the person was shown), awaiting a decision on a request still open at `$4`.
+const DECIDABLE: &str = " WHERE tenant = $1 AND key = $2 AND fingerprint = $3 \
+    AND status = 'AWAITING_APPROVAL' AND approval_state = 'REQUESTED' \
+    AND approval_decide_by > $4 RETURNING ";
+
+/// Records an approval at `$4` by `$5` with reason `$6`, to be used by `$7`. Returns the entry
+/// as written and whether a claim waits for it.
+pub const APPROVE: &str = concatcp!(
+    "UPDATE ledger_entries SET approval_state = 'APPROVED', approval_decided_at = $4, \
+     approval_decided_by = $5, approval_reason = $6, approval_execute_by = $7",
+    DECIDABLE,
+    ENTRY_COLUMNS,
+    ", has_waiters"
+);
+
+/// Records a denial at `$4` by `$5` with reason `$6`: the entry is DENIED, finished, with the
+/// reason as its error, kept for its retention. Returns the entry as written and whether a
+/// claim waits for it.
+pub const DENY: &str = concatcp!(
+    "UPDATE ledger_entries SET status = 'DENIED', approval_state = 'DENIED', \
+     approval_decided_at = $4, approval_decided_by = $5, approval_reason = $6, error = $6, \
+     finished_at = $4, expires_at = $4 + retention_us, reconcile_until = NULL",
+    DECIDABLE,
+    ENTRY_COLUMNS,
+    ", has_waiters"
+);
+
+/// Up to `$2` entries of any tenant whose request went undecided, or whose approval went
+/// unused, past its deadline at `$1` (the sweeper's pick; the partial index of awaiting
+/// entries).
+pub const LAPSED_APPROVALS: &str = "SELECT tenant, key FROM ledger_entries \
+    WHERE status = 'AWAITING_APPROVAL' AND ((approval_state = 'REQUESTED' \
+    AND approval_decide_by <= $1) OR (approval_state = 'APPROVED' AND approval_execute_by <= $1)) \
+    LIMIT $2";
+
+/// Records that the request (or approval) of tenant `$1`'s key `$2` lapsed at `$4`: nothing was
+/// done, so the entry is FAILED, retryable, with error `$3` and its approval EXPIRED (the next
+/// claim asks again), kept for its retention. Returns the entry as written and whether a claim
+/// waits for it.
+pub const EXPIRE_APPROVAL: &str = concatcp!(
+    "UPDATE ledger_entries SET status = 'FAILED', retryable = TRUE, error = $3, \
+     finished_at = $4, expires_at = $4 + retention_us, approval_state = 'EXPIRED' \
+     WHERE tenant = $1 AND key = $2 AND status = 'AWAITING_APPROVAL' \
+     AND ((approval_state = 'REQUESTED' AND approval_decide_by <= $4) \
+     OR (approval_state = 'APPROVED' AND approval_execute_by <= $4)) RETURNING ",
+    ENTRY_COLUMNS,
+    ", has_waiters"
+);
+
+/// Keeps every finished entry of tenant `$1`'s run `$2` until at least `$3` plus its own
+/// retention (a decision, a request: the run's retries after it resumes still replay).
+/// Returns how many it extended.
+pub const EXTEND_RUN_BY_RETENTION: &str = "UPDATE ledger_entries \
+    SET expires_at = $3 + retention_us \
+    WHERE run_id = $2 AND tenant = $1 AND $2 <> '' AND expires_at IS NOT NULL \
+    AND expires_at < $3 + retention_us";
+
+/// Keeps every finished entry of tenant `$1`'s run `$2` until at least `$3` (ExtendRun).
+pub const EXTEND_RUN_UNTIL: &str = "UPDATE ledger_entries SET expires_at = $3 \
+    WHERE run_id = $2 AND tenant = $1 AND $2 <> '' AND expires_at IS NOT NULL \
+    AND expires_at < $3";
+
+/// The earliest expiry of tenant `$1`'s run `$2`'s finished entries (NULL without any).
+pub const RUN_KEPT_UNTIL: &str = "SELECT MIN(expires_at) FROM ledger_entries \
+    WHERE run_id = $2 AND tenant = $1 AND expires_at IS NOT NULL";
+
+/// An entry (aliased `e`) whose run does not await a person's decision: a paused run keeps
+/// its keys, whatever their expiry, so that its retries after the decision still replay. (The
+/// run index finds the run's other entries.)
+pub const NOT_PAUSED: &str = "NOT EXISTS (SELECT 1 FROM ledger_entries AS p \
+    WHERE p.run_id = e.run_id AND p.tenant = e.tenant AND e.run_id <> '' \
+    AND p.status = 'AWAITING_APPROVAL')";
+
+/// Tenant `$1`'s approval events after id `$2`, oldest first, at most `$3` (WatchApprovals).
+pub const APPROVAL_EVENTS: &str = "SELECT id, at, kind, principal, key FROM ledger_history \
+    WHERE tenant = $1 AND id > $2 AND kind IN ('approval_requested', 'approval_approved', \
+    'approval_denied', 'approval_expired', 'approval_used') ORDER BY id LIMIT $3";
+
+/// The newest history id of tenant `$1` (0 without any): where a watch from now starts.
+pub const LAST_HISTORY_ID: &str =
+    "SELECT COALESCE(MAX(id), 0) FROM ledger_history WHERE tenant = $1";
 
 /// Upserts the write probe's row (see migration 0005).
 pub const PROBE_WRITE: &str = "INSERT INTO ledger_write_probe (id, filler) VALUES (1, $1) \
@@ -173,16 +302,19 @@ pub const PROBE_WRITE: &str = "INSERT INTO ledger_write_probe (id, filler) VALUE
 pub const PROBE_DELETE: &str = "DELETE FROM ledger_write_probe WHERE id = 1";
 
 /// Counts every tenant's unresolved entries at `$1`, split by what callers are told: UNKNOWN
-/// (reported, or an attempt past its lease) and ATTEMPTING (in its lease). `expires_at IS NULL`
+/// (reported, or an attempt past its lease), ATTEMPTING (in its lease) and AWAITING_APPROVAL
+/// (a person has been asked). `expires_at IS NULL`
 /// is exactly "unresolved" (the CHECK constraint resolved_entries_expire) and matches the
 /// partial index `ledger_entries_unresolved_by_start`, so the count reads only the backlog.
 /// SUM over CASE rather than FILTER: the same text runs on both backends. Also the entries
 /// marked as a possible double effect, resolved or not (their own partial index).
 pub const COUNT_UNRESOLVED: &str = "SELECT \
-    COALESCE(SUM(CASE WHEN status = 'ATTEMPTING' AND lease_expires_at > $1 THEN 0 ELSE 1 END), 0) \
-        AS unknown, \
+    COALESCE(SUM(CASE WHEN status = 'UNKNOWN' OR (status = 'ATTEMPTING' AND lease_expires_at <= $1) \
+        THEN 1 ELSE 0 END), 0) AS unknown, \
     COALESCE(SUM(CASE WHEN status = 'ATTEMPTING' AND lease_expires_at > $1 THEN 1 ELSE 0 END), 0) \
         AS attempting, \
+    COALESCE(SUM(CASE WHEN status = 'AWAITING_APPROVAL' THEN 1 ELSE 0 END), 0) \
+        AS awaiting_approval, \
     (SELECT COUNT(*) FROM ledger_entries WHERE possible_double_effect) \
         AS possible_double_effect \
     FROM ledger_entries WHERE expires_at IS NULL";

@@ -161,8 +161,13 @@ impl Dialect for SqliteStore {
         sql::ENTRY_COLUMNS
     );
 
-    const PRUNE: &str = "DELETE FROM ledger_entries WHERE (tenant, key) IN (\
-        SELECT tenant, key FROM ledger_entries WHERE expires_at <= $1 LIMIT $2)";
+    /// Kept: the entries of a run that awaits a person's decision ([`sql::NOT_PAUSED`]).
+    const PRUNE: &str = concatcp!(
+        "DELETE FROM ledger_entries WHERE (tenant, key) IN (\
+        SELECT tenant, key FROM ledger_entries AS e WHERE expires_at <= $1 AND ",
+        sql::NOT_PAUSED,
+        " LIMIT $2)"
+    );
 
     /// Every statement stays prepared: the connections are the server's own.
     async fn execute(
@@ -208,7 +213,7 @@ impl Dialect for SqliteStore {
         &self,
         statement: &'static str,
         params: &[Param<'_>],
-        note: &[Param<'_>],
+        notes: &[[Param<'_>; 7]],
     ) -> StoreResult<Vec<R>> {
         run_on(self, &self.pool, move |mut conn| async move {
             let result: Result<_, sqlx::Error> = async {
@@ -218,10 +223,12 @@ impl Dialect for SqliteStore {
                     .fetch_all(&mut *tx)
                     .await?;
                 if !rows.is_empty() {
-                    let args = sql::arguments::<sqlx::Sqlite>(note.iter().copied())?;
-                    sqlx::query_with(sql::APPEND_HISTORY, args)
-                        .execute(&mut *tx)
-                        .await?;
+                    for note in notes {
+                        let args = sql::arguments::<sqlx::Sqlite>(note.iter().copied())?;
+                        sqlx::query_with(sql::APPEND_HISTORY, args)
+                            .execute(&mut *tx)
+                            .await?;
+                    }
                 }
                 tx.commit().await?;
                 Ok(rows)

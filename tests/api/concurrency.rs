@@ -322,6 +322,7 @@ async fn a_failing_batch_writes_nothing(backend: Backend) {
         resolved_by: Principal::none(),
         hold_token: idempotency_ledger::domain::HoldToken::none(),
         possible_double_effect: false,
+        approval: Default::default(),
     };
     let tenant = Tenant::default_tenant();
     let mut batch: Vec<(Tenant, Entry)> = (0..10).map(|n| (tenant.clone(), entry(n, 1))).collect();

@@ -44,6 +44,7 @@ fn attempt(key: &str, token: &str, now: Micros) -> Entry {
         resolved_by: Principal::none(),
         hold_token: idempotency_ledger::domain::HoldToken::none(),
         possible_double_effect: false,
+        approval: Default::default(),
     }
 }
 

@@ -470,7 +470,8 @@ async fn worker(ctx: Arc<Ctx>, id: usize, mut rng: Rng) {
                 record(Answer::PreviouslyFailed(seen));
                 pause(&mut rng, 50, 250).await;
             }
-            pb::Outcome::Unspecified => {
+            // No claim of the run asks for approval: an answer about one is wrong.
+            pb::Outcome::Unspecified | pb::Outcome::AwaitingApproval | pb::Outcome::Denied => {
                 record(Answer::Error {
                     code: Code::Ok,
                     reason: "OUTCOME_UNSPECIFIED".into(),

@@ -7,6 +7,7 @@
 #[macro_use]
 mod support;
 
+mod approvals;
 mod audit;
 mod clocks;
 mod commit_failures;

@@ -761,6 +761,9 @@ fn gen_claim(rng: &mut Rng, pool: &Pool) -> pb::ClaimRequest {
         } else {
             "alice".to_owned()
         },
+        // Now and then a call that asks a person first (its next claims then wait for a
+        // decision nobody takes here).
+        require_approval: rng.random_ratio(1, 16),
     };
     if explicit && rng.random_ratio(1, 2) {
         r.run_id.clear();

@@ -82,6 +82,7 @@ impl Gen {
             // A claim stores no hold: an entry is first held when Reconcile hands it out.
             hold_token: HoldToken::none(),
             possible_double_effect: false,
+            approval: Default::default(),
         }
     }
 }

@@ -268,19 +268,23 @@ pub(crate) struct Binaries {
     pub(crate) floor: PathBuf,
 }
 
-/// Builds (unless `no_build`) and finds the release binaries of the service and the bench.
+/// Builds (unless `no_build`) and finds the binaries of the service and the bench, with the
+/// cargo `profile` (`release`, or `smoke`: the same without fat LTO, for CI).
 ///
 /// # Errors
 ///
 /// When the build fails or a binary is missing.
-pub fn release_binaries(no_build: bool) -> Result<(PathBuf, PathBuf, PathBuf), String> {
+pub fn release_binaries(
+    no_build: bool,
+    profile: &str,
+) -> Result<(PathBuf, PathBuf, PathBuf), String> {
     let root = crate::repository_root();
     if !no_build {
-        log("building release binaries");
+        log(&format!("building the binaries (profile {profile})"));
         let status = Command::new(std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into()))
             // Just the three binaries every driver runs: each release binary is linked with
             // fat LTO, so the drivers not running (soak, profile) are not linked on the way.
-            .args(["build", "--release", "--quiet"])
+            .args(["build", "--profile", profile, "--quiet"])
             .args(["-p", "idempotency-ledger", "-p", "ledger-bench"])
             .args(["--bin", "idempotency-ledger", "--bin", "ledger-bench"])
             .args(["--bin", "ledger-floor"])
@@ -293,7 +297,7 @@ pub fn release_binaries(no_build: bool) -> Result<(PathBuf, PathBuf, PathBuf), S
     }
     let target = std::env::var_os("CARGO_TARGET_DIR")
         .map_or_else(|| root.join("target"), PathBuf::from)
-        .join("release");
+        .join(profile);
     let [server, bench, floor] =
         ["idempotency-ledger", "ledger-bench", "ledger-floor"].map(|b| target.join(b));
     for b in [&server, &bench, &floor] {
@@ -312,7 +316,8 @@ pub fn release_binaries(no_build: bool) -> Result<(PathBuf, PathBuf, PathBuf), S
 pub fn run(options: Options) -> Result<Vec<String>, String> {
     let plan = plan(options)?;
     let options = &plan.options;
-    let (server, bench, floor) = release_binaries(options.no_build)?;
+    let profile = if options.smoke { "smoke" } else { "release" };
+    let (server, bench, floor) = release_binaries(options.no_build, profile)?;
     let binaries = Binaries {
         server,
         bench,

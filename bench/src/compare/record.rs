@@ -581,10 +581,13 @@ impl Record {
 /// How the cells were measured, as the header and the JSON say it.
 fn mode(options: &Options) -> String {
     let mut mode = if options.smoke {
-        format!("smoke: {SMOKE_OPS} operations per cell, no warm-up")
+        format!(
+            "smoke: {SMOKE_OPS} operations per cell, no warm-up; every binary built with the \
+             smoke profile (release without fat LTO)"
+        )
     } else {
         format!(
-            "{}s per cell after a {}s warm-up",
+            "{}s per cell after a {}s warm-up; every binary built with the release profile",
             options.duration, options.warmup
         )
     };

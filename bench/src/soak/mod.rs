@@ -107,7 +107,7 @@ fn log(line: &str) {
 ///
 /// When a server cannot start or the record cannot be written.
 pub fn run(options: &Options) -> Result<Vec<StoreRun>, String> {
-    let (binary, _, _) = release_binaries(options.no_build)?;
+    let (binary, _, _) = release_binaries(options.no_build, "release")?;
     let work = tempfile::Builder::new()
         .prefix("ledger-soak.")
         .tempdir()

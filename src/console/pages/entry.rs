@@ -239,6 +239,11 @@ fn event_in_words(kind: &EventKind) -> &str {
         EventKind::FindingAlreadyResolved => "finding about a resolved attempt (not applied)",
         EventKind::PossibleDoubleEffect => "marked: possible double effect",
         EventKind::DoubleEffectAcknowledged => "double effect acknowledged",
+        EventKind::ApprovalRequested => "approval requested",
+        EventKind::ApprovalApproved => "approved",
+        EventKind::ApprovalDenied => "denied",
+        EventKind::ApprovalExpired => "approval lapsed",
+        EventKind::ApprovalUsed => "approval used",
         EventKind::Other(name) => name,
     }
 }

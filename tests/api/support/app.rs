@@ -191,6 +191,11 @@ impl TestLedger {
         TestLedger::with_limits(backend, test_limits()).await
     }
 
+    /// The ledger's clock now.
+    pub fn clock_now(&self) -> Micros {
+        self.clock.now()
+    }
+
     pub async fn with_limits(backend: Backend, limits: Limits) -> TestLedger {
         init_tracing();
         let db = TestDb::new(backend);
