@@ -31,6 +31,7 @@ from .client import (
 )
 from .codec import BYTES, JSON, BytesCodec, Codec, JsonCodec, to_jsonable
 from .errors import (
+    ActionStopped,
     ActionTimeout,
     AlreadyResolved,
     BeforeActing,
@@ -101,6 +102,7 @@ __all__ = [
     "DEFAULT_WAIT",
     "JSON",
     "RENEW_EVERY_FRACTION_OF_LEASE",
+    "ActionStopped",
     "ActionTimeout",
     "AlreadyResolved",
     "Answer",

@@ -24,6 +24,7 @@ ERROR_DOMAIN = "idempotency.v1"
 _DETAILS_TRAILER = "grpc-status-details-bin"
 
 __all__ = [
+    "ActionStopped",
     "ActionTimeout",
     "AlreadyResolved",
     "BeforeActing",
@@ -233,6 +234,20 @@ class ActionTimeout(OutcomeUnknownError):
             reason="ACTION_TIMEOUT")
         self.note = UNKNOWN_NOTE
         self.entry = entry  # type: ignore[assignment]
+        self.timeout = timeout
+
+
+class ActionStopped(TimeoutError):
+    """What a tool's action raises when its framework's own timeout ran out while it acted (the
+    OpenAI Agents SDK's ``function_tool(timeout=...)``): the adapter stopped it so that the ledger
+    settles the outcome with the tool's ``confirm`` and the model reads the ledger's answer, not
+    the framework's "timed out". Recorded as an outcome nobody knows, as an action that outlived
+    its ``action_timeout``: the effect may still land."""
+
+    def __init__(self, framework: str, timeout: float) -> None:
+        super().__init__(f"{framework} stopped the tool: its own timeout of {timeout:g} s ran "
+                         "out while the tool acted")
+        self.framework = framework
         self.timeout = timeout
 
 

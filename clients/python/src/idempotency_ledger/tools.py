@@ -47,6 +47,7 @@ import functools
 import inspect
 import logging
 import threading
+import time
 import uuid
 from collections.abc import Awaitable, Callable, Collection, Iterator, Mapping
 from contextlib import contextmanager
@@ -57,7 +58,7 @@ from ._core import NOT_PERFORMED_NOTE, confirm_required
 from ._wire import Seconds
 from .client import DEFAULT_CONFIRM_DELAY, DEFAULT_WAIT, AsyncLedgerClient, LedgerClient
 from .codec import JSON, Codec, to_jsonable
-from .errors import UNKNOWN_NOTE, ResultNotEncodable
+from .errors import UNKNOWN_NOTE, ActionStopped, ResultNotEncodable
 from .model import Attempt, CallOutcome, Canonicalization, Kind, UnknownAttempt
 
 __all__ = [
@@ -148,6 +149,10 @@ class FrameworkContext:
     raises_reach_developer: bool = True
     #: How to give the run an id, for the message of a missing one.
     run_id_hint: str = ""
+    #: The framework's own timeout of the tool call this context belongs to, in seconds, when
+    #: the framework has one and would turn it into text for the model (the OpenAI Agents SDK's
+    #: ``function_tool(timeout=...)``): the wrapper then lets the ledger answer instead.
+    call_timeout: Callable[[Any], float | None] | None = None
 
 
 _CONTEXTS: list[FrameworkContext] = []
@@ -362,23 +367,38 @@ async def run_tool_call(
     not_executed: tuple[type[BaseException], ...] = (),
     confirm: Confirm | None = None,
     present: Callable[[CallOutcome[Any]], Any] = model_view,
+    framework_timeout: tuple[str, float] | None = None,
 ) -> Any:
     """Runs one tool call through the ledger from a coroutine and returns what the model reads:
     `present` of the :class:`~idempotency_ledger.CallOutcome` (default :func:`model_view`).
-    `act` starts the tool; the adapters use this."""
+    `act` starts the tool; the adapters use this.
+
+    `framework_timeout` (the framework's name, seconds): the framework cancels the call when its
+    own timeout of the tool runs out, and would tell the model "timed out" whatever happened.
+    A cancellation that comes once the tool acted and that timeout ran out then stops the
+    action only (it raises :class:`~idempotency_ledger.errors.ActionStopped`, an outcome nobody
+    knows), the ledger settles it with `confirm`, and this returns what the model reads of that
+    (the framework passes on what a cancelled call returns). Any other cancellation cancels the
+    call, as without it."""
     not_executed = (*not_executed, *framework_not_executed())
+    guard = _FrameworkTimeout(framework_timeout) if framework_timeout else None
 
     async def action(attempt: Attempt) -> Any:
         token = _attempt.set(attempt)
         try:
-            return await act()
+            if guard is None:
+                return await act()
+            return await guard.act(act)
         finally:
             _attempt.reset(token)
 
     if isinstance(ledger, AsyncLedgerClient):
-        outcome = await ledger.attempt(run_id, tool, arguments, action,
-                                       not_executed=not_executed, confirm=confirm, **options)
-        return present(outcome)
+        call = ledger.attempt(run_id, tool, arguments, action, not_executed=not_executed,
+                              confirm=confirm, **options)
+        if guard is None:
+            return present(await call)
+        work = asyncio.ensure_future(call)
+        return present(await guard.outlast(work, lambda: work.cancel()))
     loop = asyncio.get_running_loop()
     running: list[Any] = []
 
@@ -394,15 +414,70 @@ async def run_tool_call(
         def blocking_confirm(question: UnknownAttempt) -> Any:
             return asyncio.run_coroutine_threadsafe(confirm(question), loop).result()
 
+    def cancel_running() -> None:
+        for future in running:  # the thread then records the cancellation as UNKNOWN
+            future.cancel()
+
     blocking = asyncio.to_thread(ledger.attempt, run_id, tool, arguments, blocking_action,
                                  not_executed=not_executed, confirm=blocking_confirm, **options)
+    if guard is not None:
+        return present(await guard.outlast(asyncio.ensure_future(blocking), cancel_running))
     try:
         outcome = await blocking
     except asyncio.CancelledError:
-        for future in running:  # the thread then records the cancellation as UNKNOWN
-            future.cancel()
+        cancel_running()
         raise
     return present(outcome)
+
+
+class _FrameworkTimeout:
+    """A framework's own timeout of one tool call (see :func:`run_tool_call`): once it runs out
+    while the tool acts, the action is stopped and the ledger's settlement is awaited."""
+
+    def __init__(self, timeout: tuple[str, float]) -> None:
+        self.framework, self.seconds = timeout
+        self.started = time.monotonic()
+        #: The action, while it runs; its stop, once the framework's timeout stopped it.
+        self.acting: asyncio.Task[Any] | None = None
+        self.began = False
+        self.stopped: ActionStopped | None = None
+
+    async def act(self, act: Callable[[], Awaitable[Any]]) -> Any:
+        self.began = True
+        self.acting = asyncio.ensure_future(act())
+        try:
+            return await self.acting
+        except asyncio.CancelledError:
+            me = asyncio.current_task()
+            if self.stopped is not None and (me is None or not me.cancelling()):
+                raise self.stopped from None
+            raise
+        finally:
+            self.acting = None
+
+    def ran_out(self) -> bool:
+        # This call started after the framework's timer did, so it has run a little less long
+        # when that timer fires: a tenth of the timeout is the margin.
+        return time.monotonic() - self.started >= self.seconds * 0.9
+
+    async def outlast(self, work: asyncio.Future[CallOutcome[Any]],
+                      cancel: Callable[[], None]) -> CallOutcome[Any]:
+        try:
+            return await asyncio.shield(work)
+        except asyncio.CancelledError:
+            if not (self.began and self.ran_out()):
+                cancel()
+                raise
+        # The framework's timeout: stop the action, and answer with the ledger's settlement.
+        me = asyncio.current_task()
+        if me is not None:
+            me.uncancel()
+        self.stopped = ActionStopped(self.framework, self.seconds)
+        if self.acting is not None:
+            self.acting.cancel()
+        log.info("%s's timeout of %g s ran out while a ledger tool acted: the action is "
+                 "stopped and the ledger settles its outcome", self.framework, self.seconds)
+        return await work
 
 
 def run_tool_call_sync(
@@ -435,6 +510,16 @@ def _is_coroutine_function(fn: Any) -> bool:
 # --- the decorator ----------------------------------------------------------------------------
 
 
+@dataclass(frozen=True)
+class _Prepared:
+    """One call of a decorated function, ready for the ledger."""
+
+    run_id: str
+    arguments: dict[str, Any]
+    #: The framework's own timeout of the call (its name, seconds), if it has one.
+    framework_timeout: tuple[str, float] | None
+
+
 class _ToolCall:
     """How one decorated function is called through the ledger: its signature, what it records,
     and where its run id comes from."""
@@ -463,15 +548,15 @@ class _ToolCall:
         self.confirm = confirm
         self.options = options
 
-    def prepare(self, args: tuple[Any, ...],
-                kwargs: dict[str, Any]) -> tuple[str, dict[str, Any]] | dict[str, str]:
-        """(run id, recorded arguments) of one call, or what the model reads of a call refused
-        for want of a run id where the framework would hide the exception from the developer;
-        raises before anything is claimed."""
+    def prepare(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> _Prepared | dict[str, str]:
+        """The run id, recorded arguments and framework timeout of one call, or what the model
+        reads of a call refused for want of a run id where the framework would hide the
+        exception from the developer; raises before anything is claimed."""
         bound = self.signature.bind(*args, **kwargs)  # the framework's TypeError, as without us
         arguments: dict[str, Any] = {}
         context_run_id: str | None = None
         context: FrameworkContext | None = None
+        timeout: tuple[str, float] | None = None
         for pname, value in bound.arguments.items():
             if pname in self.exclude:
                 continue
@@ -479,6 +564,8 @@ class _ToolCall:
             if found is not None:
                 context = context or found
                 context_run_id = context_run_id or found.run_id(value)
+                seconds = found.call_timeout(value) if found.call_timeout else None
+                timeout = timeout or ((found.framework, seconds) if seconds else None)
                 continue
             adapter = _unregistered_framework(value)
             if adapter is not None:
@@ -496,7 +583,7 @@ class _ToolCall:
                                 f"as JSON: {e} (or leave it out with exclude=)") from None
         run_id = self._run_id(context_run_id)
         if run_id is not None:
-            return run_id, arguments
+            return _Prepared(run_id, arguments, timeout)
         hint = context.run_id_hint if context is not None else (
             "give the function the framework's context parameter (see the idempotency_ledger "
             "adapters)")
@@ -605,8 +692,8 @@ def _sync_wrapper(ledger: LedgerClient, call: _ToolCall) -> Callable[..., Any]:
         prepared = call.prepare(args, kwargs)
         if isinstance(prepared, dict):
             return prepared
-        run_id, arguments = prepared
-        return run_tool_call_sync(ledger, run_id=run_id, tool=call.name, arguments=arguments,
+        return run_tool_call_sync(ledger, run_id=prepared.run_id, tool=call.name,
+                                  arguments=prepared.arguments,
                                   act=lambda: call.fn(*args, **kwargs), options=call.options,
                                   not_executed=call.not_executed, confirm=call.confirm)
 
@@ -619,7 +706,6 @@ def _async_wrapper(ledger: LedgerClient | AsyncLedgerClient, call: _ToolCall,
         prepared = call.prepare(args, kwargs)
         if isinstance(prepared, dict):
             return prepared
-        run_id, arguments = prepared
         if is_async:
             def act() -> Awaitable[Any]:
                 return cast(Awaitable[Any], call.fn(*args, **kwargs))
@@ -630,9 +716,10 @@ def _async_wrapper(ledger: LedgerClient | AsyncLedgerClient, call: _ToolCall,
                 # A plain function on the async client: in a thread, with the attempt set.
                 return asyncio.to_thread(context.run, _with_attempt, current_attempt(),
                                          call.fn, *args, **kwargs)
-        return await run_tool_call(ledger, run_id=run_id, tool=call.name, arguments=arguments,
-                                   act=act, options=call.options,
-                                   not_executed=call.not_executed, confirm=call.confirm)
+        return await run_tool_call(ledger, run_id=prepared.run_id, tool=call.name,
+                                   arguments=prepared.arguments, act=act, options=call.options,
+                                   not_executed=call.not_executed, confirm=call.confirm,
+                                   framework_timeout=prepared.framework_timeout)
 
     return wrapper
 
