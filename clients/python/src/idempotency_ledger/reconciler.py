@@ -159,8 +159,9 @@ class Reconciler:
             :class:`~idempotency_ledger.AsyncLedger` (``await arun()``, ``start()`` as a task).
         tools: the tools to settle: ``ledger.tool()`` functions (or the framework tools made
             from them), an adapter's middleware or toolset, ``LedgerTool(name, confirm)``, a
-            mapping of tool names to confirm functions, or a list of these. Tools without a
-            ``confirm`` are left out (logged): their entries are never touched.
+            mapping of tool names to confirm functions, or a list of these. A tool without a
+            ``confirm`` is refused (``ValueError`` naming it): the reconciler could never
+            settle it. Entries of tools not given are never touched.
         principal: recorded as ``resolved_by`` (default ``reconciler@<host>:<pid>``).
         older_than: only entries whose attempt started at least this many seconds ago.
         interval: seconds between two rounds that found nothing.
@@ -182,12 +183,14 @@ class Reconciler:
         self.tools: dict[str, LedgerTool] = {}
         for tool in ledger_tools_of(tools):
             if tool.confirm is None:
-                log.warning("tool %s has no confirm: the reconciler leaves its entries alone",
-                            tool.name)
-            else:
-                self.tools[tool.name] = tool
+                raise ValueError(
+                    f"tool {tool.name} has no confirm: a reconciler cannot ask whether its "
+                    "unknown outcomes happened, so it would never settle them. Give the tool "
+                    "its paired read (ledger.tool(confirm=...), LedgerTool(name, confirm)), or "
+                    "leave it out of the reconciler's tools")
+            self.tools[tool.name] = tool
         if not self.tools:
-            raise ValueError("none of the tools has a confirm: nothing to reconcile")
+            raise ValueError("no tools given: nothing to reconcile")
         self.principal = principal or core.default_principal("reconciler")
         self.older_than = older_than
         self.interval = interval
