@@ -503,8 +503,7 @@ def _unknown(policy: Policy, call: Call, claimed: ClaimResult, renewal: Any,
     entry = done.entry
     _attach(error, entry)
     if question is not None and interrupted is None:
-        log_settlement(entry, _said(answer), entry.status.name, settler(policy, call),
-                       "run_once")
+        log_settlement(entry, _said(answer), "run_once")
     if interrupted is None and resolution is not None and entry.status == Status.SUCCEEDED:
         return CallOutcome(Kind.CONFIRMED, value=call.codec.decode(resolution.result),
                            entry=entry, acted=True)
@@ -645,8 +644,7 @@ def settle(policy: Policy, call: Call, entry: Entry, *, pause: float) -> Steps[E
     if mine is None:
         now = yield from _await_settlement(policy, call, key)
         if now is not None:
-            log_settlement(now, "elsewhere", now.status.name,
-                           now.resolved_by or "(not yet settled)", "a repeat")
+            log_settlement(now, "elsewhere", "a repeat")
         return now
     question = UnknownAttempt(key=key, external_ref=mine.external_ref,
                               arguments=json.loads(arguments_json(call.arguments)),
@@ -654,7 +652,7 @@ def settle(policy: Policy, call: Call, entry: Entry, *, pause: float) -> Steps[E
     answer = yield from ask(call.confirm, question)
     resolution = resolution_of(answer, question, call.codec)
     if resolution is None:
-        log_settlement(mine, "cannot_tell", Status.UNKNOWN.name, who, "a repeat")
+        log_settlement(mine, "cannot_tell", "a repeat")
         return mine
     try:
         done = yield from reconcile(
@@ -667,8 +665,7 @@ def settle(policy: Policy, call: Call, entry: Entry, *, pause: float) -> Steps[E
     if now is None:  # gone (expired) meanwhile
         return None
     ours = now.resolved_by == who and now.status == resolution.status
-    log_settlement(now, _said(answer) if ours else "elsewhere", now.status.name,
-                   who if ours else now.resolved_by or "(not yet settled)", "a repeat")
+    log_settlement(now, _said(answer) if ours else "elsewhere", "a repeat")
     return now
 
 
@@ -725,13 +722,27 @@ def _said(answer: Any) -> str:
     return answer.answer.value if isinstance(answer, Confirmation) else "cannot_tell"
 
 
-def log_settlement(entry: Entry, outcome: str, status: str, who: str, via: str) -> None:
+def settled_by(entry: Entry) -> str:
+    """Who settled `entry`, as the entry itself says it: ``resolved_by=<principal>`` when it
+    records one (a Reconcile's resolution); else ``settled_by=claimant`` once it is resolved
+    (its claimant's own Complete, which records no resolved_by), ``settled_by=nobody`` while
+    its outcome is still unknown. Never a resolved_by the entry does not have."""
+    if entry.resolved_by:
+        return f"resolved_by={entry.resolved_by}"
+    if entry.status in (Status.UNKNOWN, Status.ATTEMPTING):
+        return "settled_by=nobody"
+    return "settled_by=claimant"
+
+
+def log_settlement(entry: Entry, outcome: str, via: str) -> None:
     """One line per settlement (INFO), as the TypeScript client writes it: key, tool,
     external_ref, what the read said (``found``, ``not_found``, ``cannot_tell``, or
-    ``elsewhere`` when someone else settled it), the status now, who settled it, and where
-    (``run_once``, ``a repeat``, ``reconciler``)."""
-    log.info("settled key=%s tool=%s external_ref=%s outcome=%s status=%s resolved_by=%s via=%s",
-             entry.key, entry.tool, entry.external_ref, outcome, status, who, via)
+    ``elsewhere`` when someone else settled it), the entry's status and who settled it as the
+    entry says (:func:`settled_by`), and who asked (``run_once``, ``a repeat``,
+    ``reconciler``)."""
+    log.info("settled key=%s tool=%s external_ref=%s outcome=%s status=%s %s via=%s",
+             entry.key, entry.tool, entry.external_ref, outcome, entry.status.name,
+             settled_by(entry), via)
 
 
 # --- how an action's failure is recorded ------------------------------------------------------

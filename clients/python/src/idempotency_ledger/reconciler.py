@@ -103,8 +103,7 @@ def _round(policy: core.Policy, tools: Mapping[str, LedgerTool], principal: str,
                 answer = yield from core.ask(tool.confirm, question)
                 resolution = core.resolution_of(answer, question, tool.codec)
                 if resolution is None:
-                    core.log_settlement(question.entry, "cannot_tell", Status.UNKNOWN.name,
-                                        principal, "reconciler")
+                    core.log_settlement(question.entry, "cannot_tell", "reconciler")
                     done.append(Settlement(question.key, name, question.external_ref,
                                            "cannot_tell", Status.UNKNOWN, ""))
                 else:
@@ -125,8 +124,7 @@ def _round(policy: core.Policy, tools: Mapping[str, LedgerTool], principal: str,
                             and entry.status == resolution.status)
                     outcome = answer.answer.value if ours else "elsewhere"
                     who = principal if ours else entry.resolved_by
-                    core.log_settlement(entry, outcome, entry.status.name,
-                                        who or "(not yet settled)", "reconciler")
+                    core.log_settlement(entry, outcome, "reconciler")
                     done.append(Settlement(question.key, name, question.external_ref, outcome,
                                            entry.status, who))
             if len(taken.pending) < batch:
