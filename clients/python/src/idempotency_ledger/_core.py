@@ -24,6 +24,8 @@ import random
 import re
 import socket
 import time
+import types
+import typing
 from collections.abc import Callable, Generator, Iterable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -91,6 +93,63 @@ def confirm_required(tool: str) -> ValueError:
         "attempt.external_ref) and returns found(result), not_found() or cannot_tell(), so "
         "that an unknown outcome can be settled. A tool that cannot be reconciled cannot be "
         "safely retried")
+
+
+# Annotations of the one parameter of a confirm that cannot be the attempt: the reference string,
+# the attempt's number, ... (a read written for them answers "not found" about every attempt).
+_NOT_AN_ATTEMPT = frozenset({"str", "int", "float", "bytes", "bool", "dict", "list", "tuple"})
+
+
+def check_confirm(confirm: Any, tool: str) -> None:
+    """Refuses, when a tool's paired read is registered, one that cannot be the read: not
+    callable, or that cannot be called with one argument (the :class:`UnknownAttempt`), or whose
+    parameter taking it is annotated as something an attempt is not (``ref: str``,
+    ``number: int``). "Not found" is the one answer that lets a tool act again, and a read
+    given what it did not expect looks up the wrong thing and finds nothing."""
+    name = getattr(confirm, "__qualname__", None) or repr(confirm)
+    if not callable(confirm):
+        raise TypeError(f"the confirm of tool {tool} must be a function of the attempt, not "
+                        f"{confirm!r}")
+    try:
+        signature = inspect.signature(confirm, eval_str=True)
+    except (NameError, SyntaxError, TypeError, ValueError):
+        try:
+            signature = inspect.signature(confirm)
+        except (TypeError, ValueError):
+            return  # a callable without a signature (a builtin): nothing to check
+    try:
+        bound = signature.bind(None)
+    except TypeError as e:
+        raise TypeError(
+            f"the confirm of tool {tool}, {name}{signature}, cannot be called with one "
+            f"argument ({e}): it is called as confirm(attempt) with the UnknownAttempt "
+            "(.external_ref, .key, .arguments, .number) and must take exactly that") from None
+    (parameter,) = bound.arguments
+    annotation = signature.parameters[parameter].annotation
+    if not _may_be_attempt(annotation):
+        shown = annotation if isinstance(annotation, str) else getattr(
+            annotation, "__name__", repr(annotation))
+        raise TypeError(
+            f"the confirm of tool {tool}, {name}{signature}, takes {parameter!r} as {shown}, but "
+            "it is called with the UnknownAttempt: read attempt.external_ref (the reference "
+            "the action passed on), attempt.arguments or attempt.number from it. A read that "
+            "looks up the wrong thing answers not found, and the tool acts again")
+
+
+def _may_be_attempt(annotation: Any) -> bool:
+    if annotation is inspect.Parameter.empty or annotation is Any:
+        return True
+    if isinstance(annotation, str):
+        return annotation.strip() not in _NOT_AN_ATTEMPT
+    if isinstance(annotation, type):
+        try:
+            return issubclass(UnknownAttempt, annotation)
+        except TypeError:  # a protocol that cannot be checked at run time
+            return True
+    members = typing.get_args(annotation)
+    if members and typing.get_origin(annotation) in (typing.Union, types.UnionType):
+        return any(_may_be_attempt(member) for member in members)
+    return True  # a generic, a TypeVar, ...: not ours to judge
 
 
 def default_principal(role: str) -> str:

@@ -170,6 +170,8 @@ class _Base:
               confirm_delay: float) -> core.Call:
         if self.require_confirm and confirm is None:
             raise core.confirm_required(tool)  # refused before anything is claimed
+        if confirm is not None:
+            core.check_confirm(confirm, tool)
         return core.Call(run_id=run_id, tool=tool, arguments=arguments, action=action,
                          codec=codec, wait=wait, key=key, canonicalization=canonicalization,
                          lease=lease, retention=retention, principal=principal, timeout=timeout,

@@ -50,6 +50,7 @@ from .model import UnknownAttempt
 from .tools import (
     FrameworkContext,
     LedgerTool,
+    checked_confirms,
     missing_run_id,
     register_context,
     require_confirm,
@@ -111,7 +112,7 @@ class LedgerToolset(WrapperToolset[Any]):
         self.wrapped = wrapped
         self.ledger = ledger
         self.tools = None if tools is None else frozenset(tools)
-        self.confirm = dict(confirm or {})
+        self.confirm = checked_confirms(confirm)
         self.run_id = run_id
         self.options = run_options(**{**(options or {}), **run_once_options})
         for name in self.tools or ():

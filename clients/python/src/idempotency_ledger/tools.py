@@ -54,7 +54,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, TypeVar, cast
 
-from ._core import NOT_PERFORMED_NOTE, confirm_required
+from ._core import NOT_PERFORMED_NOTE, check_confirm, confirm_required
 from ._wire import Seconds
 from .client import DEFAULT_CONFIRM_DELAY, DEFAULT_WAIT, AsyncLedgerClient, LedgerClient
 from .codec import JSON, Codec, to_jsonable
@@ -69,6 +69,7 @@ __all__ = [
     "NoRunId",
     "current_attempt",
     "current_run_id",
+    "checked_confirms",
     "ledger_tool",
     "ledger_tools_of",
     "model_view",
@@ -207,6 +208,20 @@ class LedgerTool:
     name: str
     confirm: Confirm | None = None
     codec: Codec = JSON
+
+    def __post_init__(self) -> None:
+        if self.confirm is not None:
+            check_confirm(self.confirm, self.name)
+
+
+def checked_confirms(confirm: Mapping[str, Confirm] | None) -> dict[str, Confirm]:
+    """The paired reads an adapter is given by tool name, each checked (:func:`check_confirm`)
+    when it is registered, as ``ledger.tool(confirm=...)`` checks its own."""
+    checked = dict(confirm or {})
+    for name, read in checked.items():
+        if read is not None:
+            check_confirm(read, name)
+    return checked
 
 
 # Every tool registered in this process by name (the last registration wins): how a framework's
@@ -532,12 +547,12 @@ class _ToolCall:
         if run_id is not None and not (isinstance(run_id, str) and run_id) and not callable(
                 run_id):
             raise TypeError(f"run_id must be a non-empty str or a callable, not {run_id!r}")
-        if confirm is not None and not callable(confirm):
-            raise TypeError(f"confirm must be a function of the attempt, not {confirm!r}")
         self.fn = fn
         self.name = name or getattr(fn, "__name__", None) or ""
         if not self.name:
             raise ValueError(f"{fn!r} has no __name__: give the tool a name")
+        if confirm is not None:
+            check_confirm(confirm, self.name)
         self.signature = _signature(fn)
         unknown = set(exclude) - set(self.signature.parameters)
         if unknown:
