@@ -7,6 +7,8 @@ import ast
 import asyncio
 import json
 import logging
+import subprocess
+import sys
 from dataclasses import dataclass
 from typing import Any
 
@@ -367,3 +369,30 @@ def test_the_sdks_timeout_before_the_tool_acted_is_the_sdks(server: LedgerServer
 
     asyncio.run(main())
     assert len(payments.credits) == 1
+
+
+def test_the_sdks_context_without_the_adapter_imported_names_the_import(
+        server: LedgerServer, run_id: str) -> None:
+    # In a fresh interpreter that never imported idempotency_ledger.openai_agents: the call is
+    # refused before anything is claimed, and the error says which module to import.
+    program = "\n".join([
+        "import sys",
+        "from agents.tool_context import ToolContext",
+        "from idempotency_ledger import Ledger, NoRunId",
+        "ledger = Ledger(sys.argv[1])",
+        "@ledger.tool()",
+        "def issue_credit(ctx: ToolContext, customer: str) -> dict:",
+        "    raise AssertionError('not called')",
+        "ctx = ToolContext(context={'run_id': sys.argv[2]}, tool_name='issue_credit',",
+        "                  tool_call_id='call-1', tool_arguments='{}')",
+        "try:",
+        "    issue_credit(ctx, 'c-42')",
+        "except NoRunId as e:",
+        "    print(e)",
+    ])
+    done = subprocess.run([sys.executable, "-c", program, server.address, run_id],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert "import idempotency_ledger.openai_agents" in done.stdout
+    with Ledger(server.address) as ledger:
+        assert list(ledger.list_entries(run_id=run_id)) == []

@@ -1,6 +1,7 @@
 """pydantic-ai: the run id is ``RunContext.run_id``. ``pip install 'idempotency-ledger[pydantic-ai]'``.
 
-Two ways, one line each (importing this module teaches ``ledger.tool()`` the ``RunContext``):
+Two ways, one line each (``ledger.tool()`` knows the ``RunContext`` without this module; importing
+it registers the same reading):
 
 - a tool that takes the run context, decorated under the agent's own decorator::
 

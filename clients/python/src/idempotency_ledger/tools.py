@@ -17,9 +17,9 @@ calls it:
 1. **The run id** is, in this order: ``run_id=`` given to the decorator (a string, or a callable
    taking no argument); the one set by :func:`run_scope` around the call (the adapters' toolset
    and middlewares set it); the run id of the framework's own context parameter, when the function
-   has one and the framework's adapter is imported (pydantic-ai ``RunContext.run_id``, the OpenAI
-   Agents SDK ``ToolContext``, LangChain's ``ToolRuntime``, FastMCP's ``Context``: see each adapter
-   module). Without any, the call is refused before anything is claimed: :class:`NoRunId` is
+   has one and the framework's adapter is imported (the OpenAI Agents SDK ``ToolContext``,
+   LangChain's ``ToolRuntime``, FastMCP's ``Context``: see each adapter module; pydantic-ai's
+   ``RunContext.run_id`` is read without its adapter). Without any, the call is refused before anything is claimed: :class:`NoRunId` is
    raised and logged (once per tool, at ERROR, naming the fix).
 2. **The arguments** recorded (and keyed) are the ones the framework passes, by parameter name,
    in their JSON form (:func:`~idempotency_ledger.codec.to_jsonable`), without the framework's
@@ -46,6 +46,7 @@ import contextvars
 import functools
 import inspect
 import logging
+import sys
 import threading
 import time
 import uuid
@@ -178,7 +179,29 @@ def _framework_context(value: Any) -> FrameworkContext | None:
     for context in _CONTEXTS:
         if isinstance(value, context.context_type):
             return context
-    return None
+    return _pydantic_ai_run_context(value)
+
+
+def _pydantic_ai_run_context(value: Any) -> FrameworkContext | None:
+    """pydantic-ai's ``RunContext``, known without its adapter imported, so that ``@agent.tool``
+    over ``@ledger.tool()`` works as written (the README's first snippet): recognised by its
+    class (``RunContext`` of the package ``pydantic_ai``) and read as the adapter reads it
+    (``ctx.run_id``), with pydantic-ai's exceptions that ask before a tool acts (already loaded
+    with it) as not executed. Registered at first sight, as the adapter registers itself."""
+    cls = next((c for c in type(value).__mro__ if c.__name__ == "RunContext"
+                and c.__module__.partition(".")[0] == "pydantic_ai"), None)
+    if cls is None:
+        return None
+    exceptions = sys.modules.get("pydantic_ai.exceptions")
+    not_executed = tuple(getattr(exceptions, name) for name in ("CallDeferred", "ApprovalRequired")
+                         if isinstance(getattr(exceptions, name, None), type))
+    context = FrameworkContext(
+        framework="pydantic-ai", context_type=cls,
+        run_id=lambda ctx: getattr(ctx, "run_id", None) or None, not_executed=not_executed,
+        run_id_hint="run the agent with agent.run(..., run_id=...) (pydantic-ai gives every run "
+                    "one)")
+    register_context(context)
+    return context
 
 
 def _unregistered_framework(value: Any) -> str | None:
