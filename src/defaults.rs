@@ -66,6 +66,9 @@ pub const REPLAY_MEMORY_BYTES: u64 = 32 * 1024 * 1024;
 /// `--reconcile-lease`.
 pub const RECONCILE_LEASE: Duration = Duration::from_secs(60);
 
+/// `--reconcile-grace`: how long an outcome stays unknown before Reconcile hands it out.
+pub const RECONCILE_GRACE: Duration = Duration::from_secs(10);
+
 /// `--reconcile-default-limit`.
 pub const RECONCILE_DEFAULT_LIMIT: u32 = 100;
 
@@ -216,6 +219,8 @@ pub mod shown {
     pub const MAX_WAIT: &str = formatcp!("{}s", secs(super::MAX_WAIT));
     /// `--reconcile-lease`.
     pub const RECONCILE_LEASE: &str = formatcp!("{}s", secs(super::RECONCILE_LEASE));
+    /// `--reconcile-grace`.
+    pub const RECONCILE_GRACE: &str = formatcp!("{}s", secs(super::RECONCILE_GRACE));
     /// `--wait-poll-interval`.
     pub const WAIT_POLL_INTERVAL: &str = formatcp!("{}ms", millis(super::WAIT_POLL_INTERVAL));
     /// `--prune-interval`.
@@ -282,6 +287,7 @@ mod tests {
             (shown::MAX_RETENTION, MAX_RETENTION),
             (shown::MAX_WAIT, MAX_WAIT),
             (shown::RECONCILE_LEASE, RECONCILE_LEASE),
+            (shown::RECONCILE_GRACE, RECONCILE_GRACE),
             (shown::WAIT_POLL_INTERVAL, WAIT_POLL_INTERVAL),
             (shown::PRUNE_INTERVAL, PRUNE_INTERVAL),
             (shown::REQUEST_TIMEOUT, REQUEST_TIMEOUT),

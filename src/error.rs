@@ -72,6 +72,13 @@ pub enum LedgerError {
          reconciler may be asking the outside world about it"
     )]
     LeaseEnded(&'static str),
+    /// An acknowledgement of a possible double effect on an entry that carries no such mark
+    /// (never marked, or acknowledged already).
+    #[error(
+        "the entry is not marked as a possible double effect (never marked, or acknowledged \
+         already); nothing changed"
+    )]
+    NotMarked,
     /// A bug or an operator problem; the detail is logged, not sent.
     #[error("internal error")]
     Internal(String),
@@ -108,6 +115,7 @@ impl LedgerError {
                 StoreError::Internal(_) => Reason::Internal,
             },
             LedgerError::LeaseEnded(_) => Reason::LeaseEnded,
+            LedgerError::NotMarked => Reason::NotMarked,
             LedgerError::Internal(_) => Reason::Internal,
         }
     }

@@ -71,6 +71,7 @@ async fn main() -> ExitCode {
         Command::Entry(args) => return inspect::entry(args).await,
         Command::Resolve(args) => return operate::resolve(args).await,
         Command::Renew(args) => return operate::renew(args).await,
+        Command::Acknowledge(args) => return operate::acknowledge(args).await,
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

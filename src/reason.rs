@@ -53,6 +53,10 @@ pub enum Reason {
     AlreadyResolved,
     /// The attempt's lease ended: it cannot be renewed.
     LeaseEnded,
+    /// A Reconcile resolution without the attempt and the hold token it was about.
+    UnfencedResolution,
+    /// An acknowledgement of a possible double effect on an entry that carries no such mark.
+    NotMarked,
     /// No entry with this key for this tenant.
     EntryNotFound,
     /// A missing or wrong credential.
@@ -149,7 +153,7 @@ mod tests {
             assert_eq!(Reason::from_wire(wire), Some(reason));
         }
         assert_eq!(Reason::from_wire("NOT_A_REASON"), None);
-        assert_eq!(seen.len(), 30);
+        assert_eq!(seen.len(), 32);
         assert_eq!(
             Reason::KeyReusedWithDifferentRequest.as_str(),
             "KEY_REUSED_WITH_DIFFERENT_REQUEST"

@@ -18,7 +18,7 @@ use clap::{Args, ValueEnum};
 use prost_types::Timestamp;
 use serde::Serialize;
 
-use super::client::{Connection, Failure, Output, connect, report};
+use super::client::{Connection, Failure, Output, Session, connect, report};
 use super::find::{KeyArgs, find_entry};
 use crate::defaults::parse_duration;
 use crate::grpc::pb;
@@ -70,6 +70,12 @@ pub struct EntriesArgs {
     /// Entries asked for per ListEntries call (at most 1000).
     #[arg(long, default_value_t = 100, value_parser = clap::value_parser!(u32).range(1..=i64::from(MAX_PAGE_SIZE)))]
     pub page_size: u32,
+
+    /// Only entries marked as a possible double effect (a finding said an earlier attempt's
+    /// effect exists while a later attempt was started). Without it, a table of any listing
+    /// starts with those marked entries, if there are any: they need a person first.
+    #[arg(long)]
+    pub possible_double_effect: bool,
 
     /// Show whole keys, tools, runs and errors instead of shortening them.
     #[arg(long)]
@@ -201,8 +207,12 @@ async fn list(args: &EntriesArgs) -> Result<(), Failure> {
         started_before: args.until.map(|b| b.resolve(now)),
         page_size: 0,
         page_token: String::new(),
+        possible_double_effect: args.possible_double_effect,
     };
     let mut out = Output::stdout();
+    if !args.json && !args.possible_double_effect {
+        out.write(&double_effects_first(&session, args.wide).await?)?;
+    }
     let mut rows: Vec<pb::Entry> = Vec::new();
     let mut count: u64 = 0;
     if args.json {
@@ -266,9 +276,116 @@ async fn show(args: &EntryArgs) -> Result<(), Failure> {
         out.write(&entry_json_pretty(&entry))?;
         out.write("\n")?;
     } else {
+        let history = history(&session, &entry.key).await?;
+        if entry.possible_double_effect {
+            out.write(DOUBLE_EFFECT_WARNING)?;
+        }
         out.write(&render_entry(&entry))?;
+        out.write(&render_history(&history))?;
     }
     out.flush()
+}
+
+/// The line that opens what `entry` and `entries` print of an entry marked as a possible
+/// double effect.
+const DOUBLE_EFFECT_WARNING: &str = "POSSIBLE DOUBLE EFFECT: a finding says an earlier \
+    attempt's effect exists while a later attempt was started. Check the outside world by the \
+    external_ref, undo what must be undone, then `idempotency-ledger acknowledge KEY --note \
+    TEXT`.\n";
+
+/// The history of `key` (Lookup with its history).
+async fn history(session: &Session, key: &str) -> Result<Vec<pb::HistoryEvent>, Failure> {
+    let request = pb::LookupRequest {
+        key: key.to_string(),
+        include_history: true,
+        ..Default::default()
+    };
+    Ok(session
+        .client()
+        .lookup(session.request(request))
+        .await?
+        .into_inner()
+        .history)
+}
+
+/// What `entries` prints before its table when any entry of the tenant is marked as a
+/// possible double effect: those entries (up to [`DOUBLE_EFFECTS_SHOWN`]), each with its
+/// evidence; nothing when there is none.
+async fn double_effects_first(session: &Session, wide: bool) -> Result<String, Failure> {
+    let request = pb::ListEntriesRequest {
+        possible_double_effect: true,
+        page_size: DOUBLE_EFFECTS_SHOWN,
+        ..Default::default()
+    };
+    let page = session
+        .client()
+        .list_entries(session.request(request))
+        .await?
+        .into_inner();
+    if page.entries.is_empty() {
+        return Ok(String::new());
+    }
+    let mut text =
+        DOUBLE_EFFECT_WARNING.replace("a finding says", "for each entry below, a finding says");
+    text.push_str(&render_table(
+        &page.entries,
+        TableOptions {
+            wide,
+            show_run: true,
+        },
+    ));
+    for e in &page.entries {
+        for event in history(session, &e.key)
+            .await?
+            .iter()
+            .filter(|ev| ev.kind == "possible_double_effect")
+        {
+            let _ = writeln!(
+                text,
+                "  {}  {}",
+                if wide {
+                    e.key.clone()
+                } else {
+                    shorten(&e.key, KEY_WIDTH)
+                },
+                one_line(&event.detail)
+            );
+        }
+    }
+    if !page.next_page_token.is_empty() {
+        let _ = writeln!(
+            text,
+            "(more: `entries --possible-double-effect` lists them all)"
+        );
+    }
+    text.push('\n');
+    Ok(text)
+}
+
+/// How many marked entries `entries` shows before its table.
+const DOUBLE_EFFECTS_SHOWN: i32 = 20;
+
+/// An entry's history, one event a line, for `entry KEY`; nothing without one.
+pub fn render_history(history: &[pb::HistoryEvent]) -> String {
+    if history.is_empty() {
+        return String::new();
+    }
+    let mut text = String::from("history\n");
+    for event in history {
+        let at = event
+            .at
+            .as_ref()
+            .map_or_else(|| "-".to_string(), ToString::to_string);
+        let _ = writeln!(
+            text,
+            "  {at}  {}  attempt {}  {}  {}",
+            event.kind,
+            event.attempt,
+            or_dash(one_line(&event.principal)),
+            one_line(&event.detail)
+        );
+    }
+    text
 }
 
 // --- rendering -------------------------------------------------------------------------------
@@ -354,7 +471,8 @@ pub fn count_line(count: u64, more: bool) -> String {
     }
 }
 
-/// The fields of one entry, one a line, for `entry KEY`.
+/// The fields of one entry, one a line, for `entry KEY` (a mark of a possible double effect is
+/// said on a line of its own before them: see `show`).
 pub fn render_entry(e: &pb::Entry) -> String {
     let time = |t: Option<&Timestamp>| t.map_or_else(|| "-".to_string(), ToString::to_string);
     let text = |s: &str| or_dash(one_line(s));
@@ -893,7 +1011,9 @@ STARTED_AT            KEY               TOOL                      STATUS        
         assert_eq!(v["startedAt"], "2026-11-30T06:20:50.330042Z");
         assert_eq!(v["finishedAt"], serde_json::Value::Null);
         assert_eq!(v["argumentsJson"], "");
-        assert_eq!(v.as_object().map(serde_json::Map::len), Some(19));
+        assert_eq!(v["possibleDoubleEffect"], false);
+        assert_eq!(v["holdToken"], "");
+        assert_eq!(v.as_object().map(serde_json::Map::len), Some(21));
         // Bytes that are not text have no resultText; a status from a newer server is its number.
         e.result = prost::bytes::Bytes::from_static(&[0xff]);
         e.status = 9;

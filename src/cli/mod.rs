@@ -1,7 +1,8 @@
 //! The command line: `serve` (the default) and `migrate`, each with the server's settings
 //! ([`crate::server::Settings`], also taken without a subcommand), and the commands that are clients of a running server
 //! ([`client`]): the inspection commands ([`inspect`]) print what it holds, and the operator's
-//! writes ([`operate`]) settle an unknown outcome or extend a lease. Those that take a KEY find
+//! writes ([`operate`]) settle an unknown outcome, extend a lease, or acknowledge a possible
+//! double effect. Those that take a KEY find
 //! the entry by its key, a unique key prefix or its external_ref ([`find`]).
 
 pub mod client;
@@ -62,14 +63,21 @@ pub enum Command {
     /// entry.
     Entry(inspect::EntryArgs),
     /// Settle an entry whose outcome nobody knows (UNKNOWN, or ATTEMPTING past its lease) with
-    /// what the outside world says: --succeeded RESULT, or --failed ERROR [--retryable]. One
-    /// Reconcile call that hands out nothing. Prints the resolved entry as `entry` does; exits 1
-    /// when there is no such entry, 2 when it cannot be resolved (another outcome recorded, an
-    /// attempt still in its lease).
+    /// what the outside world says: --succeeded RESULT, or --failed ERROR [--retryable]. Takes
+    /// the entry as a reconciler would (Reconcile with its key) and sends the finding with the
+    /// attempt and hold it was handed, so it settles that attempt only. Prints the resolved
+    /// entry as `entry` does; exits 1 when there is no such entry, 2 when it cannot be resolved
+    /// (another outcome recorded, an attempt still in its lease, a reconciler holds it or it
+    /// has been unknown for less than the server's reconcile grace, or it moved on meanwhile).
     Resolve(operate::ResolveArgs),
     /// Extend the lease of an attempt in flight (RenewLease) with its claim token, so that a
     /// duplicate keeps getting IN_PROGRESS instead of UNKNOWN. Prints the new end of the lease.
     Renew(operate::RenewArgs),
+    /// Acknowledge an entry marked as a possible double effect, once a person has dealt with
+    /// it (AcknowledgeDoubleEffect): the mark is cleared, and the note kept in its history.
+    /// Prints the entry as `entry` does; exits 1 when there is no such entry, 2 when it carries
+    /// no mark.
+    Acknowledge(operate::AcknowledgeArgs),
 }
 
 #[cfg(test)]
@@ -112,7 +120,7 @@ mod tests {
 
     #[test]
     fn the_operator_commands_take_no_server_setting() {
-        for command in ["entries", "entry", "resolve", "renew"] {
+        for command in ["entries", "entry", "resolve", "renew", "acknowledge"] {
             let refused = Cli::try_parse_from(["idempotency-ledger", command, "--listen", "x"])
                 .expect_err("a server flag")
                 .to_string();

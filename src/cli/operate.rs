@@ -3,13 +3,15 @@
 //! of an attempt in flight. Like the inspection commands they are gRPC clients of a running
 //! server ([`super::client`]), and KEY takes the same forms as `entry`'s ([`super::find`]).
 //!
-//! `resolve` is one `Reconcile` call with one resolution and `resolve_only`, so it hands out
-//! and holds nothing: a reconciler worker running beside it is not kept from any entry.
-//! Reconcile applies a resolution only while the outcome is unknown and otherwise answers the
-//! entry as it stands, without an error; `resolve` compares that answer with what it asked for
-//! and tells a refusal as a `Complete` would have been refused: `FAILED_PRECONDITION` with the
-//! reason `ALREADY_RESOLVED` (another outcome is recorded) or `LEASE_NOT_ENDED` (an attempt is
-//! still in its lease; its claimant may yet complete it).
+//! `resolve` settles as a reconciler does, fenced: it takes the entry with `Reconcile(keys =
+//! [KEY])` (which hands it out only if its outcome is unknown, past the server's reconcile
+//! grace, and no reconciler holds it), then sends its finding with the attempt and the hold
+//! token it was handed, with `resolve_only`. The server applies it only if the entry is still
+//! at that attempt under that hold, and says per resolution what became of it; `resolve`
+//! tells a refusal as a `Complete` would have been refused: `FAILED_PRECONDITION` with the
+//! reason `ALREADY_RESOLVED` (another outcome is recorded), `LEASE_NOT_ENDED` (an attempt is
+//! still in its lease; its claimant may yet complete it), `HELD` (a reconciler holds it, or
+//! its outcome has been unknown for less than the grace) or `STALE` (it moved on meanwhile).
 
 use std::process::ExitCode;
 use std::time::Duration;
@@ -109,6 +111,86 @@ pub struct RenewArgs {
     pub json: bool,
 }
 
+/// `idempotency-ledger acknowledge KEY --note TEXT`.
+#[derive(Args, Debug, Clone, PartialEq, Eq)]
+pub struct AcknowledgeArgs {
+    /// Where the server is.
+    #[command(flatten)]
+    pub connection: Connection,
+
+    /// Which entry.
+    #[command(flatten)]
+    pub key: KeyArgs,
+
+    /// What you found or did (the second credit refunded, say), kept in the entry's history.
+    /// At most 1 KiB.
+    #[arg(long, value_name = "TEXT")]
+    pub note: String,
+
+    /// Who acknowledges, recorded with it in the history (default: `cli:` and the
+    /// operating-system user, from `USER`).
+    #[arg(long, env = "LEDGER_PRINCIPAL", value_name = "NAME")]
+    pub principal: Option<String>,
+
+    /// Print the entry as one JSON object, as `entry --json` does.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// Runs `acknowledge KEY`: clears the mark of a possible double effect.
+pub async fn acknowledge(args: AcknowledgeArgs) -> ExitCode {
+    match acknowledged(&args).await {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(f) => report(&f, &args.connection),
+    }
+}
+
+async fn acknowledged(args: &AcknowledgeArgs) -> Result<(), Failure> {
+    let session = connect(&args.connection).await?;
+    let entry = find_entry(&session, &args.key).await?;
+    let request = pb::AcknowledgeDoubleEffectRequest {
+        key: entry.key.clone(),
+        note: args.note.clone(),
+        principal: args.principal.clone().unwrap_or_else(|| {
+            format!(
+                "cli:{}",
+                std::env::var("USER").unwrap_or_else(|_| "unknown".into())
+            )
+        }),
+    };
+    let after = match session
+        .client()
+        .acknowledge_double_effect(session.request(request))
+        .await
+    {
+        Ok(answer) => answer.into_inner().entry.ok_or_else(|| {
+            Failure::Protocol("the server answered AcknowledgeDoubleEffect without an entry".into())
+        })?,
+        Err(s) if s.code() == tonic::Code::NotFound => {
+            return Err(Failure::NoEntry(missing_message(&entry.key, Missing::Key)));
+        }
+        Err(s) if s.code() == tonic::Code::FailedPrecondition => {
+            return Err(Failure::Refused {
+                reason: "NOT_MARKED",
+                message: format!(
+                    "{} is not marked as a possible double effect (never marked, or \
+                     acknowledged already); nothing changed",
+                    entry.key
+                ),
+            });
+        }
+        Err(s) => return Err(s.into()),
+    };
+    let mut out = Output::stdout();
+    if args.json {
+        out.write(&entry_json_pretty(&after))?;
+        out.write("\n")?;
+    } else {
+        out.write(&render_entry(&after))?;
+    }
+    out.flush()
+}
+
 /// Runs `resolve KEY`: records what the outside world says about an unknown outcome.
 pub async fn resolve(args: ResolveArgs) -> ExitCode {
     match settle(&args).await {
@@ -128,13 +210,50 @@ pub async fn renew(args: RenewArgs) -> ExitCode {
 async fn settle(args: &ResolveArgs) -> Result<(), Failure> {
     let session = connect(&args.connection).await?;
     let before = find_entry(&session, &args.key).await?;
-    let asked = args.resolution(&before.key);
+    let mut asked = args.resolution(&before.key);
+    if records(&before, &asked) {
+        // Like a repeated Complete: a success that changes nothing, and says so.
+        eprintln_note(&format!(
+            "{} was already resolved with this outcome: nothing changed",
+            before.key
+        ));
+        return print_entry(args, &before);
+    }
+    // Refused before anything is held, as a Complete would have been.
+    if let Some(refused) = refusal(&before) {
+        return Err(refused);
+    }
     let principal = args.principal.clone().unwrap_or_else(|| {
         format!(
             "cli:{}",
             std::env::var("USER").unwrap_or_else(|_| "unknown".into())
         )
     });
+    // Take the entry, as a reconciler would: the finding is about the attempt it was handed.
+    let take = pb::ReconcileRequest {
+        keys: vec![before.key.clone()],
+        limit: 1,
+        principal: principal.clone(),
+        ..Default::default()
+    };
+    let taken = session
+        .client()
+        .reconcile(session.request(take))
+        .await?
+        .into_inner();
+    let Some(held) = taken.pending.into_iter().find(|e| e.key == before.key) else {
+        return Err(Failure::Refused {
+            reason: "HELD",
+            message: format!(
+                "{} was not handed out: a reconciler holds it, or its outcome has been unknown \
+                 for less than the server's --reconcile-grace (an action may still be landing); \
+                 nothing changed. Try again shortly",
+                before.key
+            ),
+        });
+    };
+    asked.attempt = held.attempt;
+    asked.hold_token = held.hold_token.clone();
     let request = pb::ReconcileRequest {
         resolutions: vec![asked.clone()],
         resolve_only: true,
@@ -146,32 +265,50 @@ async fn settle(args: &ResolveArgs) -> Result<(), Failure> {
         .reconcile(session.request(request))
         .await?
         .into_inner();
-    // A key that no longer exists (it expired since it was found) is left out of `resolved`.
-    let after = answer
-        .resolved
+    let result = answer
+        .results
         .into_iter()
-        .find(|e| e.key == before.key)
-        .ok_or_else(|| Failure::NoEntry(missing_message(&before.key, Missing::Key)))?;
-    let settled = judge(&before, &after, &asked)?;
+        .find(|r| r.key == before.key)
+        .ok_or_else(|| {
+            Failure::Protocol("the server answered the resolution without its result".into())
+        })?;
+    let after = match (pb::ResolutionOutcome::try_from(result.result), result.entry) {
+        (Ok(pb::ResolutionOutcome::ResolutionNotFound), _) | (_, None) => {
+            return Err(Failure::NoEntry(missing_message(&before.key, Missing::Key)));
+        }
+        (Ok(pb::ResolutionOutcome::ResolutionApplied), Some(after)) => after,
+        (Ok(pb::ResolutionOutcome::ResolutionStale), Some(_)) => {
+            return Err(Failure::Refused {
+                reason: "STALE",
+                message: format!(
+                    "{} moved on while this was being resolved ({}); nothing changed, and \
+                     the finding was kept in its history (`entry` shows it)",
+                    before.key, result.note
+                ),
+            });
+        }
+        (_, Some(after)) => {
+            judge(&before, &after, &asked)?;
+            after
+        }
+    };
     // Reconcile answers about outcomes, without the arguments kept for audit; they are those
     // of the same key that Lookup showed, so the entry prints as `entry` prints it.
     let after = pb::Entry {
         arguments_json: before.arguments_json,
         ..after
     };
+    print_entry(args, &after)
+}
+
+/// Prints the entry `resolve` ends with, as `entry` does.
+fn print_entry(args: &ResolveArgs, entry: &pb::Entry) -> Result<(), Failure> {
     let mut out = Output::stdout();
-    if settled == Settled::Already {
-        // Like a repeated Complete: a success that changed nothing, and says so.
-        eprintln_note(&format!(
-            "{} was already resolved with this outcome: nothing changed",
-            after.key
-        ));
-    }
     if args.json {
-        out.write(&entry_json_pretty(&after))?;
+        out.write(&entry_json_pretty(entry))?;
         out.write("\n")?;
     } else {
-        out.write(&render_entry(&after))?;
+        out.write(&render_entry(entry))?;
     }
     out.flush()
 }
@@ -243,10 +380,22 @@ fn judge(
             Settled::Now
         });
     }
+    Err(refusal(after).unwrap_or_else(|| {
+        Failure::Protocol(format!(
+            "the server answered the resolution of {} with the entry still {}",
+            after.key,
+            status_label(after)
+        ))
+    }))
+}
+
+/// Why an entry as it stands cannot be resolved, told as a Complete would be refused: another
+/// outcome recorded, or an attempt still in its lease. `None` for an unknown outcome.
+fn refusal(after: &pb::Entry) -> Option<Failure> {
     let time =
         |t: Option<&prost_types::Timestamp>| t.map_or_else(|| "-".into(), ToString::to_string);
     match pb::Status::try_from(after.status) {
-        Ok(pb::Status::Succeeded | pb::Status::Failed) => Err(Failure::Refused {
+        Ok(pb::Status::Succeeded | pb::Status::Failed) => Some(Failure::Refused {
             reason: "ALREADY_RESOLVED",
             message: format!(
                 "{} is already resolved as {} (at {}) with a different outcome; nothing \
@@ -256,7 +405,7 @@ fn judge(
                 time(after.finished_at.as_ref()),
             ),
         }),
-        Ok(pb::Status::Attempting) => Err(Failure::Refused {
+        Ok(pb::Status::Attempting) => Some(Failure::Refused {
             reason: "LEASE_NOT_ENDED",
             message: format!(
                 "{} is ATTEMPTING: its claimant holds the lease until {} and may still \
@@ -266,11 +415,7 @@ fn judge(
                 time(after.lease_expires_at.as_ref()),
             ),
         }),
-        _ => Err(Failure::Protocol(format!(
-            "the server answered the resolution of {} with the entry still {}",
-            after.key,
-            status_label(after)
-        ))),
+        _ => None,
     }
 }
 

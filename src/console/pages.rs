@@ -14,12 +14,14 @@ use super::html::{
 use super::respond::{self, bad, good};
 use super::session::SignedIn;
 use super::{Answer, Call, Console};
-use crate::domain::key::{Key, Principal};
-use crate::domain::{FinalStatus, Micros, Status, Tenant};
+use crate::domain::key::{ExplicitKey, HoldToken, Key, Principal};
+use crate::domain::{Completion, Entry, FinalStatus, Micros, StaleReason, Status, Tenant};
 use crate::error::LedgerError;
 use crate::grpc::auth::Credential;
 use crate::ledger::find::{KeyQuery, SEARCH_LIMIT, Verdict, missing_message};
-use crate::ledger::{EntryView, ListInput, LookupInput, ReconcileInput, ResolutionInput};
+use crate::ledger::{
+    AcknowledgeInput, EntryView, Finding, ListInput, LookupInput, ResolutionOutcome,
+};
 
 mod entry;
 mod rate;
@@ -73,7 +75,7 @@ pub(super) async fn dispatch(console: &Console, call: &mut Call) -> PageResult {
     }
     let known = matches!(
         call.path.as_str(),
-        "/" | "/entries" | "/find" | "/entry" | "/replay-rate" | "/resolve"
+        "/" | "/entries" | "/find" | "/entry" | "/replay-rate" | "/resolve" | "/acknowledge"
     );
     if !known {
         return Err(Box::new(respond::plain(
@@ -89,6 +91,7 @@ pub(super) async fn dispatch(console: &Console, call: &mut Call) -> PageResult {
         (false, "/entry") => entry::entry(console, call, &who).await,
         (false, "/replay-rate") => Ok(rate::replay_rate(console, call, &who)),
         (true, "/resolve") => resolve(console, call, &who).await,
+        (true, "/acknowledge") => acknowledge(console, call, &who).await,
         _ => Err(Box::new(respond::plain(
             StatusCode::METHOD_NOT_ALLOWED,
             "This page does not take that method.",
@@ -296,6 +299,10 @@ async fn attention(console: &Console, call: &Call, who: &Who) -> PageResult {
         .await
         .map_err(|e| failure(&e))?;
     let mut body = String::from("<h1>Needs a person</h1>");
+    // First what may have happened twice: nothing settles it but a person.
+    if page_token.is_empty() {
+        body.push_str(&double_effects(console, who).await?);
+    }
     body.push_str(
         "<p class=\"lead\">Outcomes nobody knows: reported UNKNOWN by their claimant, or \
          attempts whose lease ended without a Complete. Until someone resolves them, every \
@@ -343,7 +350,7 @@ async fn attention(console: &Console, call: &Call, who: &Who) -> PageResult {
                 href = entry_href(e.key.as_str()),
                 short = esc(&shorten(e.key.as_str(), 17)),
                 why = esc(&why),
-                form = resolve_form(who, &e.key, "/"),
+                form = resolve_form(who, e, "/"),
             );
         }
         body.push_str("</tbody></table>");
@@ -361,13 +368,17 @@ async fn attention(console: &Console, call: &Call, who: &Who) -> PageResult {
     ))
 }
 
-/// The form that resolves `key`, as a reconciler's resolution would; `back` is where to go
-/// after it.
-fn resolve_form(who: &Who, key: &Key, back: &str) -> String {
+/// The form that resolves the entry `e`, as a reconciler's resolution would, fenced by what
+/// the page showed: its attempt and its newest hold, sent back so that a person's finding
+/// settles that attempt only, and only if no reconciler was handed the entry since; `back` is
+/// where to go after it.
+fn resolve_form(who: &Who, e: &Entry, back: &str) -> String {
     format!(
         "<form class=\"resolve\" method=\"post\" action=\"/resolve\">\
          <input type=\"hidden\" name=\"csrf\" value=\"{csrf}\">\
          <input type=\"hidden\" name=\"key\" value=\"{key}\">\
+         <input type=\"hidden\" name=\"attempt\" value=\"{attempt}\">\
+         <input type=\"hidden\" name=\"hold\" value=\"{hold}\">\
          <input type=\"hidden\" name=\"back\" value=\"{back}\">\
          <fieldset><legend>What does the outside world say?</legend>\
          <label><input type=\"radio\" name=\"outcome\" value=\"found\" required> Found: it \
@@ -384,7 +395,9 @@ fn resolve_form(who: &Who, key: &Key, back: &str) -> String {
          name=\"operator\" maxlength=\"{MAX_OPERATOR_CHARS}\" value=\"{operator}\"></label>\
          <button type=\"submit\">Resolve</button></form>",
         csrf = esc(&who.csrf),
-        key = esc(key.as_str()),
+        key = esc(e.key.as_str()),
+        attempt = e.attempt,
+        hold = esc(e.hold_token.as_str()),
         back = esc(back),
         operator = esc(&who.operator),
     )
@@ -416,15 +429,23 @@ async fn resolve(console: &Console, call: &Call, who: &Who) -> PageResult {
             )));
         }
     };
-    let operator = operator_name(call.form.get("operator"))
-        .map_err(|problem| Box::new(respond::plain(StatusCode::BAD_REQUEST, &problem)))?;
+    let bad_request = |text: &str| Box::new(respond::plain(StatusCode::BAD_REQUEST, text));
+    let attempt: u32 = match call.form.get("attempt").parse() {
+        Ok(n) if n > 0 => n,
+        _ => {
+            return Err(bad_request(
+                "The form names no attempt: reload the page and resolve from there. Nothing \
+                 was changed.",
+            ));
+        }
+    };
+    let operator = operator_name(call.form.get("operator")).map_err(|p| bad_request(&p))?;
     let principal = if operator.is_empty() {
         format!("console:{}", who.tenant.as_str())
     } else {
         format!("console:{operator}")
     };
-    Principal::parse(&principal)
-        .map_err(|e| Box::new(respond::plain(StatusCode::BAD_REQUEST, &e.message)))?;
+    let principal = Principal::parse(&principal).map_err(|e| bad_request(&e.message))?;
     let (result, error) = if status == FinalStatus::Succeeded {
         (call.form.get("result").as_bytes().to_vec(), String::new())
     } else {
@@ -432,45 +453,33 @@ async fn resolve(console: &Console, call: &Call, who: &Who) -> PageResult {
         let note = if note.is_empty() { default_error } else { note };
         (Vec::new(), note.to_string())
     };
-    let ledger = console.ledger().clone();
-    let before = ledger
-        .lookup(&who.tenant, LookupInput::by_key(key.clone()))
-        .await
-        .map_err(|e| failure(&e))?;
-    let input = ReconcileInput {
-        resolutions: vec![ResolutionInput {
-            key: key.clone(),
-            status,
-            result,
-            error,
-            retryable,
-        }],
-        resolve_only: true,
-        principal: principal.clone(),
-        ..ReconcileInput::default()
+    let key = Key::from(ExplicitKey::parse(&key).map_err(|e| bad_request(&e.message))?);
+    let completion = Completion::new(status, result, error, retryable)
+        .map_err(|e| bad_request(&format!("{}: {}", e.field, e.message)))?;
+    let finding = Finding {
+        key: key.clone(),
+        attempt,
+        // The hold the page showed: none when no reconciler had been handed the entry.
+        hold: HoldToken::from_stored(call.form.get("hold").to_string()),
+        completion,
     };
+    let ledger = console.ledger().clone();
     // In a task of its own: a browser that goes away does not abandon the write halfway.
     let tenant = who.tenant.clone();
-    let out = tokio::spawn(async move { ledger.reconcile(&tenant, input).await })
+    let by = principal.clone();
+    let out = tokio::spawn(async move { ledger.settle(&tenant, &finding, &by).await })
         .await
         .map_err(|e| failure(&LedgerError::Internal(format!("resolution task: {e}"))))?
         .map_err(|e| failure(&e))?;
     console.metrics().resolutions([status]);
+    console.metrics().findings(std::slice::from_ref(&out));
     console.sessions().set_operator(&who.id, &operator);
-    let short = shorten(&key, 17);
-    let flash = match out.resolved.first() {
-        None => bad(format!(
-            "{}; nothing was changed.",
-            missing_message(&short, crate::ledger::find::Missing::Key)
-        )),
-        Some(after)
-            if before.status == Status::Unknown
-                && after.entry.status.is_resolved()
-                && after.entry.resolved_by == principal =>
-        {
+    let short = shorten(key.as_str(), 17);
+    let flash = match (&out.outcome, &out.entry) {
+        (ResolutionOutcome::Applied, Some(after)) => {
             tracing::info!(
                 tenant = who.tenant.as_str(),
-                key = crate::observe::telemetry::key_prefix(&key),
+                key = crate::observe::telemetry::key_prefix(key.as_str()),
                 status = after.entry.status.as_str(),
                 resolved_by = %principal,
                 "console: resolved an unknown outcome"
@@ -486,18 +495,134 @@ async fn resolve(console: &Console, call: &Call, who: &Who) -> PageResult {
                 next_claim(&after.entry.status, after.entry.retryable)
             ))
         }
-        Some(after) if after.status == Status::Attempting => bad(format!(
+        // As a page of an entry that is not there: never told apart from another tenant's.
+        (ResolutionOutcome::NotFound, _) | (_, None) => {
+            return Err(failure(&LedgerError::NotFound));
+        }
+        (ResolutionOutcome::Stale(StaleReason::NotUnknown), Some(_)) => bad(format!(
             "{short} is still in its lease: its claimant may yet complete it. Nothing was changed."
         )),
-        Some(after) => bad(format!(
-            "{short} was already resolved ({}{}); nothing was changed.",
+        (ResolutionOutcome::Stale(_), Some(after)) => bad(format!(
+            "{short} moved on since this page showed it (attempt {attempt}): {}. Your finding \
+             was kept in its history, and nothing else was changed; look at the entry as it is \
+             now before you resolve it.{}",
+            out.note,
+            if after.entry.possible_double_effect {
+                " It is marked as a possible double effect."
+            } else {
+                ""
+            }
+        )),
+        (ResolutionOutcome::AlreadyResolved, Some(after)) => bad(format!(
+            "{short} was already resolved ({}{}); nothing was changed.{}",
             after.entry.status.as_str(),
             if after.entry.resolved_by.is_empty() {
                 String::new()
             } else {
                 format!(", by {}", after.entry.resolved_by)
+            },
+            if out.marked_double_effect {
+                " Your finding contradicts it: the entry is now marked as a possible double \
+                 effect."
+            } else {
+                ""
             }
         )),
+    };
+    console.sessions().flash(&who.id, flash);
+    Ok(respond::redirect(&back))
+}
+
+/// The entries marked as a possible double effect, each with its evidence and the form that
+/// acknowledges it; nothing when there is none.
+async fn double_effects(console: &Console, who: &Who) -> Result<String, Box<Answer>> {
+    let marked = console
+        .ledger()
+        .double_effects(&who.tenant, PAGE_SIZE)
+        .await
+        .map_err(|e| failure(&e))?;
+    if marked.is_empty() {
+        return Ok(String::new());
+    }
+    let mut html = format!(
+        "<h2 class=\"bad\">Possible double effects ({}{})</h2>",
+        marked.len(),
+        if marked.len() as u32 == PAGE_SIZE {
+            "+"
+        } else {
+            ""
+        }
+    );
+    for view in &marked {
+        let e = &view.entry;
+        let history = console
+            .ledger()
+            .history(&who.tenant, &e.key)
+            .await
+            .map_err(|e| failure(&e))?;
+        let _ = write!(
+            html,
+            "<p class=\"mono\"><a href=\"{href}\">{short}</a> · {tool} · attempt {attempt} \
+             · {status}</p>",
+            href = entry_href(e.key.as_str()),
+            short = esc(&shorten(e.key.as_str(), 17)),
+            tool = esc(e.tool.as_str()),
+            attempt = e.attempt,
+            status = esc(view.status.as_str()),
+        );
+        html.push_str(&entry::double_effect_card(who, view, &history, "/"));
+    }
+    Ok(html)
+}
+
+async fn acknowledge(console: &Console, call: &Call, who: &Who) -> PageResult {
+    let key = call.form.get("key").to_string();
+    let back = match call.form.get("back") {
+        b if b.starts_with('/') && !b.starts_with("//") => b.to_string(),
+        _ => entry_path(&key),
+    };
+    let bad_request = |text: &str| Box::new(respond::plain(StatusCode::BAD_REQUEST, text));
+    let operator = operator_name(call.form.get("operator")).map_err(|p| bad_request(&p))?;
+    let principal = if operator.is_empty() {
+        format!("console:{}", who.tenant.as_str())
+    } else {
+        format!("console:{operator}")
+    };
+    let note = call.form.get("note").trim().to_string();
+    if note.is_empty() {
+        return Err(bad_request(
+            "Say what you found or did: the note is kept in the entry's history. Nothing was \
+             changed.",
+        ));
+    }
+    let input = AcknowledgeInput {
+        key: key.clone(),
+        note,
+        principal: principal.clone(),
+    };
+    let ledger = console.ledger().clone();
+    let tenant = who.tenant.clone();
+    let out = tokio::spawn(async move { ledger.acknowledge_double_effect(&tenant, input).await })
+        .await
+        .map_err(|e| failure(&LedgerError::Internal(format!("acknowledgement task: {e}"))))?;
+    console.sessions().set_operator(&who.id, &operator);
+    let short = shorten(&key, 17);
+    let flash = match out {
+        Ok(_) => good(format!(
+            "Acknowledged the possible double effect of {short}, recorded as by {principal}."
+        )),
+        Err(LedgerError::NotMarked) => bad(format!(
+            "{short} is not marked as a possible double effect (acknowledged already?); \
+             nothing was changed."
+        )),
+        Err(LedgerError::NotFound) => bad(format!(
+            "{}; nothing was changed.",
+            missing_message(&short, crate::ledger::find::Missing::Key)
+        )),
+        Err(LedgerError::InvalidArgument { message, .. }) => {
+            return Err(bad_request(&format!("{message}. Nothing was changed.")));
+        }
+        Err(e) => return Err(failure(&e)),
     };
     console.sessions().flash(&who.id, flash);
     Ok(respond::redirect(&back))
@@ -604,6 +729,8 @@ async fn entries(console: &Console, call: &Call, who: &Who) -> PageResult {
             started_before: time_bound("until", until, call.now)?,
             page_size: PAGE_SIZE,
             page_token: q.get("page_token").to_string(),
+            // The possible double effects have their own section on the first page.
+            possible_double_effect: false,
         })
     })();
     let input = match parsed {

@@ -4,7 +4,7 @@
 //! made here, from the entry the store returned, so the state table (docs/behaviour.md) is tested without
 //! a database.
 
-use super::key::{ClaimToken, Key, Principal, RunId, ToolName};
+use super::key::{ClaimToken, HoldToken, Key, Principal, RunId, ToolName};
 use super::time::Micros;
 
 /// An entry's status as stored. `Attempting` past its lease is *reported* as `Unknown`
@@ -93,6 +93,13 @@ pub struct Entry {
     /// Who settled an unknown outcome (a Reconcile's principal); empty when the claimant's
     /// own Complete resolved it, or while unresolved. A new attempt starts with it empty.
     pub resolved_by: Principal,
+    /// The token of the entry's newest Reconcile hand-out, the fence of a finding about it;
+    /// none until it is first handed out, and none again when an attempt starts over.
+    pub hold_token: HoldToken,
+    /// A finding said that an earlier attempt's effect exists while a later attempt was
+    /// started (or after the attempt was recorded as not done): the intent may have acted
+    /// twice. Set until a person acknowledges it; kept across attempts.
+    pub possible_double_effect: bool,
 }
 
 impl Entry {
@@ -285,7 +292,7 @@ impl Completion {
 /// store applies it. The integration test `predicates` holds both stores to them on random
 /// entries, boundaries included.
 pub mod cas {
-    use super::{ClaimToken, Entry, Micros, Status};
+    use super::{ClaimToken, Entry, HoldToken, Micros, Status};
 
     /// REPLAY: a success that is still there for a request with `fingerprint` at `now`.
     pub fn replays(e: &Entry, fingerprint: &str, now: Micros) -> bool {
@@ -306,9 +313,17 @@ pub mod cas {
         e.claim_token == *token && e.status == Status::Attempting && e.lease_expires_at > now
     }
 
-    /// RESOLVE: an outcome nobody knows at `now`: UNKNOWN, or an attempt past its lease (no
-    /// token: the answer concerns the intent, whichever attempt acted).
-    pub fn resolves(e: &Entry, now: Micros) -> bool {
+    /// RESOLVE: a finding about `attempt`, gathered under the hold `hold`, settles the entry
+    /// only while its outcome is unknown at `now` (UNKNOWN, or an attempt past its lease), it is
+    /// still at that attempt, and that hold is still its newest (an expired hold that nobody
+    /// replaced still counts: the finding is still the newest evidence).
+    pub fn resolves(e: &Entry, attempt: u32, hold: &HoldToken, now: Micros) -> bool {
+        is_unknown(e, now) && e.attempt == attempt && e.hold_token == *hold
+    }
+
+    /// An outcome nobody knows at `now`: UNKNOWN, or an attempt past its lease. What
+    /// Reconcile may hand out, and what a finding may settle.
+    pub fn is_unknown(e: &Entry, now: Micros) -> bool {
         e.status == Status::Unknown || (e.status == Status::Attempting && e.lease_expires_at <= now)
     }
 
@@ -379,6 +394,89 @@ pub fn decide_renew(existing: &Entry, token: &ClaimToken, now: Micros) -> RenewD
     } else {
         RenewDecision::LeaseEnded
     }
+}
+
+/// Why a finding changed nothing although its entry is there.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum StaleReason {
+    /// The entry is at a later attempt than the one the finding observed.
+    LaterAttempt,
+    /// The entry is at another attempt than the finding names, not a later one (a finding
+    /// about an attempt that never was).
+    OtherAttempt,
+    /// The entry was handed out again since (another hold), so the finding's holder no longer
+    /// speaks for it.
+    HoldReplaced,
+    /// The attempt is still in its lease: nobody may say yet that its outcome is unknown.
+    NotUnknown,
+}
+
+impl StaleReason {
+    /// The name counted in the metrics and written in logs.
+    #[must_use]
+    pub fn as_str(self) -> &'static str {
+        match self {
+            StaleReason::LaterAttempt => "later_attempt",
+            StaleReason::OtherAttempt => "other_attempt",
+            StaleReason::HoldReplaced => "hold_replaced",
+            StaleReason::NotUnknown => "not_unknown",
+        }
+    }
+}
+
+/// What a finding (a Reconcile resolution, a person's in the console) does to `existing`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FindingDecision {
+    /// The entry does not exist any more (it expired).
+    NotFound,
+    /// The attempt the finding observed is resolved already: nothing to settle.
+    AlreadyResolved,
+    /// The finding no longer speaks for the entry.
+    Stale(StaleReason),
+    /// Settle the entry (compare-and-set on [`cas::resolves`]).
+    Apply,
+}
+
+/// Decides what a finding about `attempt`, gathered under `hold`, does to `existing` at
+/// `now`: applied exactly when the RESOLVE statement applies ([`cas::resolves`]).
+pub fn decide_finding(
+    existing: &Entry,
+    attempt: u32,
+    hold: &HoldToken,
+    now: Micros,
+) -> FindingDecision {
+    if existing.is_expired(now) {
+        return FindingDecision::NotFound;
+    }
+    if existing.attempt > attempt {
+        return FindingDecision::Stale(StaleReason::LaterAttempt);
+    }
+    if existing.attempt != attempt {
+        return FindingDecision::Stale(StaleReason::OtherAttempt);
+    }
+    if existing.status.is_resolved() {
+        return FindingDecision::AlreadyResolved;
+    }
+    if existing.hold_token != *hold {
+        return FindingDecision::Stale(StaleReason::HoldReplaced);
+    }
+    if cas::resolves(existing, attempt, hold, now) {
+        FindingDecision::Apply
+    } else {
+        FindingDecision::Stale(StaleReason::NotUnknown)
+    }
+}
+
+/// Whether a finding that the effect of `attempt` exists (`found`), arriving when the entry
+/// is `existing` and not applied to it, means the intent may have acted twice: a later
+/// attempt was started (it may have acted too), or the attempt was recorded as a retryable
+/// failure (the next claim acts again). A finding of no effect never does.
+pub fn marks_double_effect(existing: &Entry, attempt: u32, found: bool) -> bool {
+    found
+        && (existing.attempt > attempt
+            || (existing.attempt == attempt
+                && existing.status == Status::Failed
+                && existing.retryable))
 }
 
 /// What a Complete does to `existing`.
@@ -452,6 +550,8 @@ mod tests {
             replay_count: 0,
             arguments: None,
             resolved_by: Principal::none(),
+            hold_token: HoldToken::none(),
+            possible_double_effect: false,
         }
     }
 
@@ -547,6 +647,87 @@ mod tests {
         let after = e.expires_at.map(|at| at.plus(Micros(1))).unwrap_or(NOW);
         assert_eq!(decide_claim(&e, "other", after), ClaimDecision::StartOver);
         assert_eq!(decide_claim(&e, "fp", after), ClaimDecision::StartOver);
+    }
+
+    #[test]
+    fn a_finding_settles_only_the_attempt_and_hold_it_was_about() {
+        let hold = HoldToken::from_stored("h1".into());
+        let other = HoldToken::from_stored("h2".into());
+        let mut held = entry(Status::Unknown);
+        held.hold_token = hold.clone();
+        assert_eq!(decide_finding(&held, 1, &hold, NOW), FindingDecision::Apply);
+        // An expired hold that nobody replaced still settles: the stored token is unchanged.
+        assert_eq!(
+            decide_finding(&held, 1, &hold, Micros(i64::MAX - 1)),
+            FindingDecision::Apply
+        );
+        assert_eq!(
+            decide_finding(&held, 1, &other, NOW),
+            FindingDecision::Stale(StaleReason::HoldReplaced)
+        );
+        let mut later = held.clone();
+        later.attempt = 2;
+        assert_eq!(
+            decide_finding(&later, 1, &hold, NOW),
+            FindingDecision::Stale(StaleReason::LaterAttempt)
+        );
+        assert_eq!(
+            decide_finding(&held, 2, &hold, NOW),
+            FindingDecision::Stale(StaleReason::OtherAttempt)
+        );
+        let mut live = entry(Status::Attempting);
+        live.hold_token = hold.clone();
+        assert_eq!(
+            decide_finding(&live, 1, &hold, NOW),
+            FindingDecision::Stale(StaleReason::NotUnknown)
+        );
+        assert_eq!(
+            decide_finding(&live, 1, &hold, live.lease_expires_at),
+            FindingDecision::Apply
+        );
+        let done = resolved(Status::Succeeded, false);
+        assert_eq!(
+            decide_finding(&done, 1, &HoldToken::none(), NOW),
+            FindingDecision::AlreadyResolved
+        );
+        let gone = done.expires_at.unwrap_or(NOW);
+        assert_eq!(
+            decide_finding(&done, 1, &HoldToken::none(), gone),
+            FindingDecision::NotFound
+        );
+        // Every decision to apply is one the store's write applies, and no other.
+        for (e, attempt, h, at) in [
+            (&held, 1, &hold, NOW),
+            (&held, 1, &other, NOW),
+            (&later, 1, &hold, NOW),
+            (&live, 1, &hold, NOW),
+        ] {
+            assert_eq!(
+                decide_finding(e, attempt, h, at) == FindingDecision::Apply,
+                cas::resolves(e, attempt, h, at)
+            );
+        }
+    }
+
+    #[test]
+    fn only_a_found_effect_of_an_earlier_or_failed_attempt_marks_a_double_effect() {
+        let mut later = entry(Status::Unknown);
+        later.attempt = 2;
+        assert!(marks_double_effect(&later, 1, true));
+        assert!(!marks_double_effect(&later, 1, false));
+        assert!(!marks_double_effect(&later, 2, true));
+        let retryable = resolved(Status::Failed, true);
+        assert!(marks_double_effect(&retryable, 1, true));
+        assert!(!marks_double_effect(
+            &resolved(Status::Failed, false),
+            1,
+            true
+        ));
+        assert!(!marks_double_effect(
+            &resolved(Status::Succeeded, false),
+            1,
+            true
+        ));
     }
 
     #[test]

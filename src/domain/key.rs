@@ -236,6 +236,56 @@ impl ClaimToken {
     }
 }
 
+/// The token of one Reconcile hand-out of an entry: the fence of the finding its holder sends
+/// back. The server mints a fresh one at every hand-out ([`HoldToken::random`]), replacing the
+/// last; an entry never handed out has none ([`HoldToken::none`], stored as the empty text).
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct HoldToken(String);
+
+impl HoldToken {
+    /// A fresh token of 128 random bits, as hex.
+    ///
+    /// # Errors
+    /// When the system has no randomness to give.
+    pub fn random() -> Result<HoldToken, getrandom::Error> {
+        let mut bytes = [0u8; 16];
+        getrandom::fill(&mut bytes)?;
+        Ok(HoldToken(hex::encode(bytes)))
+    }
+
+    /// No hold: the entry was never handed out (or not since its attempt started over).
+    #[must_use]
+    pub fn none() -> HoldToken {
+        HoldToken(String::new())
+    }
+
+    /// A token as a caller sent it back: any text but the empty one, which names no hold.
+    ///
+    /// # Errors
+    /// [`InvalidField`] for field `hold_token` when `s` is empty.
+    pub fn parse(s: &str) -> Result<HoldToken, InvalidField> {
+        if s.is_empty() {
+            return Err(InvalidField {
+                field: "hold_token",
+                message: "is required".to_owned(),
+            });
+        }
+        Ok(HoldToken(s.to_owned()))
+    }
+
+    /// Whether this is no hold ([`HoldToken::none`]).
+    #[must_use]
+    pub fn is_none(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    /// The token as given.
+    #[must_use]
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
 /// What the text newtypes share: `from_stored` (see below), shown as their text, and compared
 /// with plain strings (tests and filters compare them with literals).
 ///
@@ -304,7 +354,7 @@ macro_rules! text_newtype {
     )*};
 }
 
-text_newtype!(RunId, ToolName, Key, ClaimToken, Principal);
+text_newtype!(RunId, ToolName, Key, ClaimToken, HoldToken, Principal);
 
 impl Principal {
     /// No principal: the caller named none and its credential names none.

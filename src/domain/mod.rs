@@ -5,15 +5,18 @@
 
 pub mod canonical;
 pub mod entry;
+pub mod history;
 pub mod key;
 pub mod redact;
 pub mod tenant;
 pub mod time;
 
 pub use entry::{
-    ClaimDecision, CompleteDecision, Completion, Entry, FinalStatus, RenewDecision, Status,
-    decide_claim, decide_complete, decide_renew,
+    ClaimDecision, CompleteDecision, Completion, Entry, FinalStatus, FindingDecision,
+    RenewDecision, StaleReason, Status, decide_claim, decide_complete, decide_finding,
+    decide_renew, marks_double_effect,
 };
-pub use key::{ClaimToken, Key, Principal, RunId, ToolName};
+pub use history::{EventKind, HistoryEvent};
+pub use key::{ClaimToken, HoldToken, Key, Principal, RunId, ToolName};
 pub use tenant::Tenant;
 pub use time::Micros;

@@ -6,9 +6,9 @@ use tonic::Status;
 
 use super::pb;
 use crate::domain::canonical::Canonicalization;
-use crate::domain::{FinalStatus, Micros};
+use crate::domain::{FinalStatus, HistoryEvent, HoldToken, Micros};
 use crate::error::LedgerError;
-use crate::ledger::{ClaimOutput, EntryView, Outcome};
+use crate::ledger::{ClaimOutput, EntryView, Outcome, ResolutionOutcome, ResolutionResult};
 use crate::observe::replay::{ReplayFigures, SeriesFigures};
 
 pub(super) fn canonicalization(value: i32) -> Result<Canonicalization, Status> {
@@ -157,8 +157,18 @@ pub(super) fn audited_entry(mut view: EntryView) -> pb::Entry {
     }
 }
 
+/// An entry Reconcile hands out: with the hold token its finding must send back.
+pub(super) fn pending_entry(mut view: EntryView) -> pb::Entry {
+    let hold_token = std::mem::replace(&mut view.entry.hold_token, HoldToken::none());
+    pb::Entry {
+        hold_token: hold_token.into(),
+        ..entry(view)
+    }
+}
+
 /// An entry as Claim, Complete and Reconcile answer it: about the outcome, without the
-/// stored arguments.
+/// stored arguments, and without a hold token (only a hand-out carries one: see
+/// [`pending_entry`]).
 pub(super) fn entry(view: EntryView) -> pb::Entry {
     let e = view.entry;
     pb::Entry {
@@ -180,6 +190,35 @@ pub(super) fn entry(view: EntryView) -> pb::Entry {
         external_ref: view.external_ref,
         arguments_json: String::new(),
         resolved_by: e.resolved_by.into(),
+        hold_token: String::new(),
+        possible_double_effect: e.possible_double_effect,
+    }
+}
+
+/// What became of one resolution.
+pub(super) fn resolution_result(r: ResolutionResult) -> pb::ResolutionResult {
+    let outcome = match r.outcome {
+        ResolutionOutcome::Applied => pb::ResolutionOutcome::ResolutionApplied,
+        ResolutionOutcome::Stale(_) => pb::ResolutionOutcome::ResolutionStale,
+        ResolutionOutcome::AlreadyResolved => pb::ResolutionOutcome::ResolutionAlreadyResolved,
+        ResolutionOutcome::NotFound => pb::ResolutionOutcome::ResolutionNotFound,
+    };
+    pb::ResolutionResult {
+        key: r.key.into(),
+        result: outcome.into(),
+        entry: r.entry.map(entry),
+        note: r.note,
+    }
+}
+
+/// One event of an entry's history.
+pub(super) fn history_event(e: HistoryEvent) -> pb::HistoryEvent {
+    pb::HistoryEvent {
+        at: Some(timestamp(e.at)),
+        kind: e.kind.as_str().to_owned(),
+        attempt: e.attempt,
+        principal: e.principal.into(),
+        detail: e.detail,
     }
 }
 

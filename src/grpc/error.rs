@@ -77,7 +77,8 @@ fn ledger_code(e: &LedgerError) -> Code {
         LedgerError::KeyReused
         | LedgerError::StaleClaimToken
         | LedgerError::AlreadyResolved(_)
-        | LedgerError::LeaseEnded(_) => Code::FailedPrecondition,
+        | LedgerError::LeaseEnded(_)
+        | LedgerError::NotMarked => Code::FailedPrecondition,
         LedgerError::NotFound => Code::NotFound,
         LedgerError::Unavailable(_) => Code::Unavailable,
         LedgerError::Store(e) => match e {

@@ -10,8 +10,8 @@ use tonic::{Request, Response, Status};
 
 use super::admission::{Admission, Admitted, HeldBytes};
 use super::convert::{
-    audited_entry, canonicalization, claim_response, duration, entry, final_status, instant,
-    replay_rate_response, status_filter,
+    audited_entry, canonicalization, claim_response, duration, entry, final_status, history_event,
+    instant, pending_entry, replay_rate_response, resolution_result, status_filter,
 };
 use super::deadline::{parse_grpc_timeout, run};
 use super::error::CallError;
@@ -21,8 +21,8 @@ use crate::domain::key::ToolName;
 use crate::domain::{FinalStatus, Tenant};
 use crate::error::LedgerError;
 use crate::ledger::{
-    ClaimInput, CompleteInput, Ledger, ListInput, LookupInput, ReconcileInput, RenewInput,
-    ResolutionInput,
+    AcknowledgeInput, ClaimInput, CompleteInput, Ledger, ListInput, LookupInput, ReconcileInput,
+    RenewInput, ResolutionInput,
 };
 use crate::observe::Metrics;
 use crate::observe::telemetry;
@@ -202,14 +202,22 @@ impl LedgerService for LedgerApi {
         };
         telemetry::record_request(&input.tool, &input.key);
         let ledger = self.ledger.clone();
-        let view = run(&self.metrics, deadline, permit, async move {
-            ledger.lookup(&tenant, input).await
+        let with_history = r.include_history;
+        let found = run(&self.metrics, deadline, permit, async move {
+            let view = ledger.lookup(&tenant, input).await?;
+            let history = if with_history {
+                ledger.history(&tenant, &view.entry.key).await?
+            } else {
+                Vec::new()
+            };
+            Ok((view, history))
         })
         .await;
-        let view = view.map_err(Status::from)?;
+        let (view, history) = found.map_err(Status::from)?;
         telemetry::record_entry(&view);
         Ok(Response::new(pb::LookupResponse {
             entry: Some(audited_entry(view)),
+            history: history.into_iter().map(history_event).collect(),
         }))
     }
 
@@ -233,6 +241,8 @@ impl LedgerService for LedgerApi {
                     result: res.result.to_vec(),
                     error: res.error,
                     retryable: res.retryable,
+                    attempt: res.attempt,
+                    hold_token: res.hold_token,
                 })
             })
             .collect::<Result<Vec<_>, Status>>()?;
@@ -251,16 +261,18 @@ impl LedgerService for LedgerApi {
         let statuses: Vec<FinalStatus> = input.resolutions.iter().map(|r| r.status).collect();
         let out = run(&self.metrics, deadline, permit, async move {
             let out = ledger.reconcile(&tenant, input).await;
-            if out.is_ok() {
+            if let Ok(out) = &out {
                 metrics.resolutions(statuses);
+                metrics.findings(&out.results);
             }
             out
         })
         .await;
         let out = out.map_err(Status::from)?;
         Ok(Response::new(pb::ReconcileResponse {
-            pending: out.pending.into_iter().map(entry).collect(),
+            pending: out.pending.into_iter().map(pending_entry).collect(),
             resolved: out.resolved.into_iter().map(entry).collect(),
+            results: out.results.into_iter().map(resolution_result).collect(),
         }))
     }
 
@@ -284,6 +296,7 @@ impl LedgerService for LedgerApi {
                 Status::from(LedgerError::invalid("page_size", "must not be negative"))
             })?,
             page_token: r.page_token,
+            possible_double_effect: r.possible_double_effect,
         };
         telemetry::record_request(&input.tool, "");
         let ledger = self.ledger.clone();
@@ -323,6 +336,34 @@ impl LedgerService for LedgerApi {
         telemetry::record_entry(&out);
         Ok(Response::new(pb::RenewLeaseResponse {
             entry: Some(entry(out)),
+        }))
+    }
+
+    async fn acknowledge_double_effect(
+        &self,
+        request: Request<pb::AcknowledgeDoubleEffectRequest>,
+    ) -> Result<Response<pb::AcknowledgeDoubleEffectResponse>, Status> {
+        let Call {
+            tenant,
+            deadline,
+            permit,
+        } = self.begin(&request)?;
+        let r = request.into_inner();
+        let input = AcknowledgeInput {
+            key: r.key,
+            note: r.note,
+            principal: r.principal,
+        };
+        telemetry::record_request("", &input.key);
+        let ledger = self.ledger.clone();
+        let out = run(&self.metrics, deadline, permit, async move {
+            ledger.acknowledge_double_effect(&tenant, input).await
+        })
+        .await;
+        let out = out.map_err(Status::from)?;
+        telemetry::record_entry(&out);
+        Ok(Response::new(pb::AcknowledgeDoubleEffectResponse {
+            entry: Some(audited_entry(out)),
         }))
     }
 

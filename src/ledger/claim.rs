@@ -13,7 +13,9 @@ use super::notes::{IN_FLIGHT_NOTE, UNKNOWN_NOTE, failed_note, replay_note};
 use super::{EntryView, Ledger, MAX_RACES, UNKNOWN_RETRY_AFTER, bounded, new_claim_token};
 use crate::domain::Tenant;
 use crate::domain::canonical::{self, Canonicalization};
-use crate::domain::key::{self, ClaimToken, ExplicitKey, Key, Principal, RunId, ToolName};
+use crate::domain::key::{
+    self, ClaimToken, ExplicitKey, HoldToken, Key, Principal, RunId, ToolName,
+};
 use crate::domain::{ClaimDecision, Entry, Micros, Status, decide_claim};
 use crate::error::LedgerError;
 
@@ -297,7 +299,11 @@ impl Ledger {
                     } else {
                         1
                     };
-                    let next = request.new_entry(now, attempt, fresh.claim_token);
+                    let next = Entry {
+                        // The mark stays across attempts (RESTART leaves it as stored).
+                        possible_double_effect: existing.possible_double_effect,
+                        ..request.new_entry(now, attempt, fresh.claim_token)
+                    };
                     if self
                         .store
                         .restart(tenant, &existing.claim_token, &next)
@@ -431,6 +437,8 @@ impl PreparedClaim {
             replay_count: 0,
             arguments: self.arguments.clone(),
             resolved_by: Principal::none(),
+            hold_token: HoldToken::none(),
+            possible_double_effect: false,
         }
     }
 }

@@ -26,6 +26,8 @@ pub struct ListInput {
     pub page_size: u32,
     /// Where a previous page ended (its `next_page_token`); empty for the first page.
     pub page_token: String,
+    /// Only entries marked as a possible double effect.
+    pub possible_double_effect: bool,
 }
 
 /// A page of a listing.
@@ -91,6 +93,7 @@ impl Ledger {
             // One more than the page: whether it exists says if a next page does.
             limit: page_size.saturating_add(1),
             now,
+            possible_double_effect: input.possible_double_effect,
         };
         // Held until the counts not yet written are added (see `counts_in_flight`).
         let counting = self.counts_in_flight.read().await;
@@ -123,7 +126,7 @@ fn list_filters_digest(
 ) -> String {
     use sha2::{Digest, Sha256};
     let bound = |m: Option<Micros>| m.map_or_else(String::new, |m| m.0.to_string());
-    let text = [
+    let mut text = [
         run_id.map_or("", RunId::as_str),
         tool.map_or("", ToolName::as_str),
         status.map_or("", Status::as_str),
@@ -131,6 +134,10 @@ fn list_filters_digest(
         &bound(input.started_before),
     ]
     .join("\0");
+    // Only when set, so that the tokens of listings without it read as before.
+    if input.possible_double_effect {
+        text.push_str("\0possible_double_effect");
+    }
     hex::encode(&Sha256::digest(text.as_bytes())[..8])
 }
 

@@ -334,6 +334,8 @@ mod tests {
             replay_count: 3,
             arguments: Some("{}".into()),
             resolved_by: Principal::none(),
+            hold_token: crate::domain::HoldToken::none(),
+            possible_double_effect: false,
         }
     }
 

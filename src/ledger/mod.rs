@@ -10,6 +10,7 @@
 
 mod claim;
 mod complete;
+mod double_effect;
 pub mod find;
 mod list;
 mod lookup;
@@ -23,9 +24,12 @@ pub mod wait;
 
 pub use claim::{ClaimInput, ClaimOutput, Outcome};
 pub use complete::{CompleteInput, CompleteOutput};
+pub use double_effect::{AcknowledgeInput, MAX_NOTE_BYTES};
 pub use list::{ListInput, ListOutput};
 pub use lookup::LookupInput;
-pub use reconcile::{ReconcileInput, ReconcileOutput, ResolutionInput};
+pub use reconcile::{
+    Finding, ReconcileInput, ReconcileOutput, ResolutionInput, ResolutionOutcome, ResolutionResult,
+};
 pub use renew::RenewInput;
 
 use std::sync::Arc;
@@ -73,6 +77,8 @@ pub struct Limits {
     pub external_ref_prefix: String,
     /// How long a reconciler holds the unresolved entries it was handed.
     pub reconcile_lease: Duration,
+    /// How long an outcome stays unknown before Reconcile hands it out.
+    pub reconcile_grace: Duration,
     /// How many entries Reconcile hands out when the request sets no limit.
     pub reconcile_default_limit: u32,
     /// The most entries (and resolutions) one Reconcile call handles.
@@ -108,6 +114,7 @@ impl Default for Limits {
             max_result_bytes: d::MAX_RESULT_BYTES,
             external_ref_prefix: d::EXTERNAL_REF_PREFIX.to_string(),
             reconcile_lease: d::RECONCILE_LEASE,
+            reconcile_grace: d::RECONCILE_GRACE,
             reconcile_default_limit: d::RECONCILE_DEFAULT_LIMIT,
             reconcile_max_limit: d::RECONCILE_MAX_LIMIT,
             replay_memory_bytes: d::REPLAY_MEMORY_BYTES,

@@ -6,16 +6,18 @@
 //!   `grpc_server_handled_total` and the `grpc_server_handling_seconds` histogram (recorded by
 //!   [`crate::observe::GrpcMetricsLayer`]).
 //! - The ledger's own counters: claims by outcome and tool, replays and key-reuse refusals by
-//!   tool, stale claim tokens, completions, reconcile resolutions, pruned entries, store
-//!   errors by kind.
-//! - Gauges: whether the store answers, the store-wide count of unresolved entries (the
-//!   store's figure, so every server sharing it reports the same), this server's pool; and the
-//!   replay-rate window's ([`crate::observe::replay`]).
+//!   tool, stale claim tokens, completions, reconcile resolutions, stale findings by why,
+//!   pruned entries, store errors by kind.
+//! - Gauges: whether the store answers, the store-wide count of unresolved entries and of
+//!   entries marked as a possible double effect (the store's figures, so every server sharing
+//!   it reports the same), this server's pool; and the replay-rate window's
+//!   ([`crate::observe::replay`]).
 //!
 //! Series with a fixed label set exist from the start at zero, so that rates exist before the
 //! first event; a tool's series appear with its first claim; `grpc_server_handled_total` shows
-//! `OK` from the start and other codes once seen; `ledger_unresolved_entries` is absent until
-//! the store was first read, so a scrape never shows a zero nobody measured.
+//! `OK` from the start and other codes once seen; `ledger_unresolved_entries` and
+//! `ledger_possible_double_effects` are absent until the store was first read, so a scrape
+//! never shows a zero nobody measured.
 
 use std::borrow::Cow;
 use std::collections::HashMap;
@@ -34,7 +36,7 @@ use super::{Rpc, SERVICE};
 use crate::domain::time::Clock;
 use crate::domain::{FinalStatus, Tenant};
 use crate::error::LedgerError;
-use crate::ledger::{ClaimOutput, CompleteOutput, Outcome};
+use crate::ledger::{ClaimOutput, CompleteOutput, Outcome, ResolutionOutcome, ResolutionResult};
 use crate::proto::code_name;
 use crate::storage::{PoolStats, Store, StoreError, UnresolvedCount};
 
@@ -56,6 +58,15 @@ const RESOLUTIONS: [&str; 2] = ["succeeded", "failed"];
 
 /// The pool's states as label values, in the order [`Metrics::set_pool`] reads them.
 const POOL_STATES: [&str; 3] = ["in_use", "idle", "max"];
+
+/// Why a finding was stale: the label values of `ledger_stale_findings_total`
+/// ([`crate::domain::StaleReason::as_str`]).
+const STALE_REASONS: [&str; 4] = [
+    "later_attempt",
+    "other_attempt",
+    "hold_replaced",
+    "not_unknown",
+];
 
 /// The label value tool names fold into beyond `--metrics-max-tools`.
 const OTHER_TOOL: &str = "other";
@@ -230,6 +241,9 @@ pub struct Metrics {
     completions: [Counter; 4],
     /// Reconcile resolutions received in calls that succeeded, by [`RESOLUTIONS`].
     resolutions: [Counter; 2],
+    /// Findings that changed nothing because they no longer spoke for their entry, by
+    /// [`STALE_REASONS`].
+    stale_findings: [Counter; 4],
     /// Expired entries deleted.
     pruned: Counter,
     /// Store errors, by [`StoreError::KINDS`].
@@ -238,6 +252,9 @@ pub struct Metrics {
     store_up: Gauge,
     /// The last store-wide count of unresolved entries, by status; empty before the first.
     unresolved: Family<Labels<1>, Gauge>,
+    /// The last store-wide count of entries marked as a possible double effect; empty before
+    /// the first.
+    double_effects: Family<Labels<0>, Gauge>,
     /// The last pool snapshot, by [`POOL_STATES`].
     pool: [Gauge; 3],
     /// The replay-rate window and alarm.
@@ -330,6 +347,15 @@ impl Metrics {
              reconciler found",
             resolutions.clone(),
         );
+        let stale_findings = Family::<Labels<1>, Counter>::default();
+        registry.register(
+            "ledger_stale_findings",
+            "Reconcile findings that changed nothing because they no longer spoke for their \
+             entry (RESOLUTION_STALE), by reason: later_attempt (a later attempt was started), \
+             other_attempt, hold_replaced (the entry was handed out again since), not_unknown \
+             (its attempt was in its lease)",
+            stale_findings.clone(),
+        );
         let pruned = Counter::default();
         registry.register(
             "ledger_pruned_entries",
@@ -360,6 +386,14 @@ impl Metrics {
              unknown (reported, or past its lease: to reconcile) and attempting (in its lease)",
             unresolved.clone(),
         );
+        let double_effects = Family::<Labels<0>, Gauge>::default();
+        registry.register(
+            "ledger_possible_double_effects",
+            "Entries in the whole store marked as a possible double effect (a finding said an \
+             earlier attempt's effect exists while a later attempt was started) that no person \
+             has acknowledged yet",
+            double_effects.clone(),
+        );
         let pool = Family::<Labels<1>, Gauge>::default();
         registry.register(
             "ledger_store_pool_connections",
@@ -388,10 +422,12 @@ impl Metrics {
             stale_tokens,
             completions: per_value(&completions, "status", COMPLETIONS),
             resolutions: per_value(&resolutions, "status", RESOLUTIONS),
+            stale_findings: per_value(&stale_findings, "reason", STALE_REASONS),
             pruned,
             store_errors: per_value(&store_errors, "kind", StoreError::KINDS),
             store_up,
             unresolved,
+            double_effects,
             pool: POOL_STATES.map(|state| pool.get_or_create_owned(&[("state", state)])),
             replay,
             history,
@@ -455,6 +491,17 @@ impl Metrics {
         }
     }
 
+    /// Counts the findings of a Reconcile (or of the console's form) that were stale, by why.
+    pub fn findings(&self, results: &[ResolutionResult]) {
+        for result in results {
+            if let ResolutionOutcome::Stale(reason) = result.outcome
+                && let Some(i) = STALE_REASONS.iter().position(|r| *r == reason.as_str())
+            {
+                self.stale_findings[i].inc();
+            }
+        }
+    }
+
     /// Counts expired entries deleted.
     pub fn pruned(&self, n: u64) {
         self.pruned.inc_by(n);
@@ -492,6 +539,9 @@ impl Metrics {
         for (status, n) in [("unknown", count.unknown), ("attempting", count.attempting)] {
             self.unresolved.get_or_create(&[("status", status)]).set(n);
         }
+        self.double_effects
+            .get_or_create(&[])
+            .set(count.possible_double_effect);
     }
 
     /// Records a snapshot of the store's pool.
@@ -611,10 +661,7 @@ mod tests {
     #[test]
     fn every_family_is_exported_once_under_todays_names() {
         let m = metrics(50);
-        m.set_unresolved(UnresolvedCount {
-            unknown: 0,
-            attempting: 0,
-        });
+        m.set_unresolved(UnresolvedCount::default());
         let text = render(&m);
         let types: Vec<&str> = text
             .lines()
@@ -632,10 +679,12 @@ mod tests {
                 "ledger_stale_claim_tokens_total counter",
                 "ledger_completions_total counter",
                 "ledger_reconcile_resolutions_total counter",
+                "ledger_stale_findings_total counter",
                 "ledger_pruned_entries_total counter",
                 "ledger_store_errors_total counter",
                 "ledger_store_up gauge",
                 "ledger_unresolved_entries gauge",
+                "ledger_possible_double_effects gauge",
                 "ledger_store_pool_connections gauge",
                 "ledger_replay_window_claims gauge",
                 "ledger_replay_window_replays gauge",
@@ -659,9 +708,11 @@ mod tests {
     fn the_unresolved_gauge_is_absent_until_the_store_was_read() {
         let m = metrics(50);
         assert!(!render(&m).contains("ledger_unresolved_entries"));
+        assert!(!render(&m).contains("ledger_possible_double_effects "));
         m.set_unresolved(UnresolvedCount {
             unknown: 3,
             attempting: 1,
+            possible_double_effect: 2,
         });
         let text = render(&m);
         assert!(
@@ -670,6 +721,10 @@ mod tests {
         );
         assert!(
             text.contains("ledger_unresolved_entries{status=\"attempting\"} 1\n"),
+            "{text}"
+        );
+        assert!(
+            text.contains("\nledger_possible_double_effects 2\n"),
             "{text}"
         );
     }

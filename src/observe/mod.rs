@@ -73,11 +73,13 @@ pub enum Rpc {
     RenewLease,
     /// `ReplayRate`.
     ReplayRate,
+    /// `AcknowledgeDoubleEffect`.
+    AcknowledgeDoubleEffect,
 }
 
 impl Rpc {
     /// How many RPCs there are.
-    pub const COUNT: usize = 7;
+    pub const COUNT: usize = 8;
 
     /// Every RPC, in the order the families list them.
     pub const ALL: [Rpc; Rpc::COUNT] = [
@@ -88,6 +90,7 @@ impl Rpc {
         Rpc::ListEntries,
         Rpc::RenewLease,
         Rpc::ReplayRate,
+        Rpc::AcknowledgeDoubleEffect,
     ];
 
     /// The method's name, as the proto spells it.
@@ -100,6 +103,7 @@ impl Rpc {
             Rpc::ListEntries => "ListEntries",
             Rpc::RenewLease => "RenewLease",
             Rpc::ReplayRate => "ReplayRate",
+            Rpc::AcknowledgeDoubleEffect => "AcknowledgeDoubleEffect",
         }
     }
 

@@ -481,6 +481,7 @@ pub(super) fn span_name(method: &str) -> &'static str {
         "ListEntries" => "idempotency.v1.LedgerService/ListEntries",
         "RenewLease" => "idempotency.v1.LedgerService/RenewLease",
         "ReplayRate" => "idempotency.v1.LedgerService/ReplayRate",
+        "AcknowledgeDoubleEffect" => "idempotency.v1.LedgerService/AcknowledgeDoubleEffect",
         _ => "idempotency.v1.LedgerService/_OTHER",
     }
 }

@@ -229,6 +229,13 @@ pub struct Settings {
     #[arg(long, env = "LEDGER_RECONCILE_LEASE", default_value = defaults::shown::RECONCILE_LEASE, value_parser = parse_duration)]
     pub reconcile_lease: Duration,
 
+    /// How long an outcome stays unknown before Reconcile hands it out (counted from the end
+    /// of the attempt's lease, or from its claimant's UNKNOWN report): an action may still be
+    /// landing in the outside world right after, and a reconciler's "not found" read then
+    /// could miss it. 0s hands it out at once.
+    #[arg(long, env = "LEDGER_RECONCILE_GRACE", default_value = defaults::shown::RECONCILE_GRACE, value_parser = parse_duration)]
+    pub reconcile_grace: Duration,
+
     /// How many entries Reconcile hands out when the request sets no limit.
     #[arg(
         long,
@@ -468,6 +475,7 @@ impl Settings {
             list_max_page_size: defaults::LIST_MAX_PAGE_SIZE,
             external_ref_prefix: self.external_ref_prefix.clone(),
             reconcile_lease: self.reconcile_lease,
+            reconcile_grace: self.reconcile_grace,
             reconcile_default_limit: self.reconcile_default_limit,
             reconcile_max_limit: self.reconcile_max_limit,
             replay_memory_bytes: self.replay_memory_bytes,
@@ -655,6 +663,7 @@ mod tests {
             (s.max_retention, defaults::MAX_RETENTION),
             (s.max_wait, defaults::MAX_WAIT),
             (s.reconcile_lease, defaults::RECONCILE_LEASE),
+            (s.reconcile_grace, defaults::RECONCILE_GRACE),
             (s.wait_poll_interval, defaults::WAIT_POLL_INTERVAL),
             (s.prune_interval, defaults::PRUNE_INTERVAL),
             (s.request_timeout, defaults::REQUEST_TIMEOUT),

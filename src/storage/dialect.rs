@@ -9,10 +9,11 @@ use sqlx::pool::PoolConnection;
 use super::batch::GroupCommit;
 use super::sql::{self, Param};
 use super::{
-    Entries, EntryRow, Finish, Finished, FinishedRow, ListQuery, PoolStats, ReplayCount,
-    StoreError, StoreMarks, StoreResult, UnresolvedCount, UnresolvedQuery, Upkeep, held,
+    Entries, EntryRow, Finish, Finished, FinishedRow, HistoryRow, ListQuery, PoolStats,
+    ReplayCount, StoreError, StoreMarks, StoreResult, UnresolvedCount, UnresolvedQuery, Upkeep,
+    held,
 };
-use crate::domain::{ClaimToken, Entry, Key, Micros, Tenant};
+use crate::domain::{ClaimToken, Entry, HistoryEvent, Key, Micros, Tenant};
 
 /// Which of a backend's connections a statement runs on.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -68,6 +69,17 @@ pub(crate) trait Dialect: Calls + 'static {
         statement: &'static str,
         params: &[Param<'_>],
         on: On,
+    ) -> impl Future<Output = StoreResult<Vec<R>>> + Send;
+
+    /// Runs `statement` with `params` and, when it returned a row, appends the history event
+    /// `note` ([`sql::APPEND_HISTORY`]'s parameters) in the same transaction: a write and
+    /// the record of why it was made commit together or not at all. Every row the statement
+    /// returned.
+    fn write_noted<R: Row>(
+        &self,
+        statement: &'static str,
+        params: &[Param<'_>],
+        note: &[Param<'_>],
     ) -> impl Future<Output = StoreResult<Vec<R>>> + Send;
 
     /// The batcher the backend's claims and completions go through, if it has one.
@@ -336,6 +348,7 @@ impl<D: Dialect> Entries for D {
         tenant: &Tenant,
         done: &Entry,
         now: Micros,
+        note: &HistoryEvent,
     ) -> StoreResult<Option<bool>> {
         let params = [
             Param::Text(tenant.as_str()),
@@ -348,9 +361,71 @@ impl<D: Dialect> Entries for D {
             Param::MaybeInt(done.expires_at.map(|m| m.0)),
             Param::Int(now.0),
             Param::Text(done.resolved_by.as_str()),
+            Param::Int(i64::from(done.attempt)),
+            Param::Text(done.hold_token.as_str()),
         ];
-        let rows: Vec<(bool,)> = self.fetch_all(sql::RESOLVE, &params, On::Pool).await?;
+        let note = sql::history_params(tenant, &done.key, note);
+        let rows: Vec<(bool,)> = self.write_noted(sql::RESOLVE, &params, &note).await?;
         Ok(at_most_one(rows, "RESOLVE")?.map(|(has_waiters,)| has_waiters))
+    }
+
+    async fn append_history(
+        &self,
+        tenant: &Tenant,
+        key: &Key,
+        event: &HistoryEvent,
+    ) -> StoreResult<()> {
+        let params = sql::history_params(tenant, key, event);
+        self.execute(sql::APPEND_HISTORY, &params, On::Pool).await?;
+        Ok(())
+    }
+
+    async fn history(&self, tenant: &Tenant, key: &Key) -> StoreResult<Vec<HistoryEvent>> {
+        let params = [Param::Text(tenant.as_str()), Param::Text(key.as_str())];
+        let rows: Vec<HistoryRow> = self.fetch_all(sql::HISTORY, &params, On::Pool).await?;
+        rows.into_iter().map(HistoryEvent::try_from).collect()
+    }
+
+    async fn mark_double_effect(
+        &self,
+        tenant: &Tenant,
+        key: &Key,
+        note: &HistoryEvent,
+    ) -> StoreResult<bool> {
+        let params = [
+            Param::Text(tenant.as_str()),
+            Param::Text(key.as_str()),
+            Param::Int(i64::from(note.attempt)),
+        ];
+        let history = sql::history_params(tenant, key, note);
+        let rows: Vec<(String,)> = self
+            .write_noted(sql::MARK_DOUBLE_EFFECT, &params, &history)
+            .await?;
+        Ok(at_most_one(rows, "MARK_DOUBLE_EFFECT")?.is_some())
+    }
+
+    async fn acknowledge_double_effect(
+        &self,
+        tenant: &Tenant,
+        key: &Key,
+        note: &HistoryEvent,
+    ) -> StoreResult<Option<Entry>> {
+        let params = [Param::Text(tenant.as_str()), Param::Text(key.as_str())];
+        let history = sql::history_params(tenant, key, note);
+        let rows: Vec<EntryRow> = self
+            .write_noted(sql::ACKNOWLEDGE_DOUBLE_EFFECT, &params, &history)
+            .await?;
+        at_most_one(rows, "ACKNOWLEDGE_DOUBLE_EFFECT")?
+            .map(Entry::try_from)
+            .transpose()
+    }
+
+    async fn double_effects(&self, tenant: &Tenant, limit: u32) -> StoreResult<Vec<Entry>> {
+        let params = [Param::Text(tenant.as_str()), Param::Int(i64::from(limit))];
+        let rows: Vec<EntryRow> = self
+            .fetch_all(sql::DOUBLE_EFFECTS, &params, On::Pool)
+            .await?;
+        rows.into_iter().map(Entry::try_from).collect()
     }
 
     async fn take_unresolved(
@@ -368,6 +443,8 @@ impl<D: Dialect> Entries for D {
                 Param::Text(tool),
                 Param::Int(i64::from(query.limit)),
                 Param::Int(query.hold_until.0),
+                Param::Int(query.unknown_before.0),
+                Param::Text(query.hold_token.as_str()),
             ];
             let rows: Vec<EntryRow> = self
                 .fetch_all(Self::TAKE_UNRESOLVED, &params, On::Pool)
@@ -385,6 +462,8 @@ impl<D: Dialect> Entries for D {
                     Param::Text(tool),
                     Param::Text(key.as_str()),
                     Param::Int(query.hold_until.0),
+                    Param::Int(query.unknown_before.0),
+                    Param::Text(query.hold_token.as_str()),
                 ];
                 let rows: Vec<EntryRow> = self.fetch_all(sql::TAKE_KEY, &params, On::Pool).await?;
                 if let Some(row) = at_most_one(rows, "TAKE_KEY")? {
@@ -419,6 +498,7 @@ impl<D: Dialect> Entries for D {
             Param::Text(after_key),
             Param::Int(i64::from(query.limit)),
             Param::Int(query.now.0),
+            Param::Flag(query.possible_double_effect),
         ];
         // The run's own statement when there is a run, so its plan can use the run index.
         let rows: Vec<EntryRow> = if query.run_id.is_none() {

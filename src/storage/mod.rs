@@ -32,7 +32,8 @@ use std::sync::Arc;
 use async_trait::async_trait;
 
 use crate::domain::{
-    ClaimToken, Completion, Entry, Key, Micros, Principal, RunId, Tenant, ToolName,
+    ClaimToken, Completion, Entry, EventKind, HistoryEvent, HoldToken, Key, Micros, Principal,
+    RunId, Tenant, ToolName,
 };
 
 pub use error::{StoreError, StoreResult};
@@ -123,8 +124,11 @@ pub trait Entries: Send + Sync + 'static {
     ) -> StoreResult<Option<Entry>>;
 
     /// Writes a reconciler's finding (the outcome fields of `done`) only if the entry's outcome
-    /// is unknown at `now`: reported UNKNOWN, or ATTEMPTING past its lease. Releases the
-    /// reconcile hold. `Some(has_waiters)` when it wrote them.
+    /// is unknown at `now` (reported UNKNOWN, or ATTEMPTING past its lease), it is still at
+    /// `done.attempt`, and `done.hold_token` is still its newest hold: the fence of the finding
+    /// ([`cas::resolves`](crate::domain::entry::cas::resolves)). Releases the reconcile hold,
+    /// and appends `note` to the entry's history in the same transaction. `Some(has_waiters)`
+    /// when it wrote them.
     ///
     /// # Errors
     /// `Unavailable` or `Internal` as the database fails.
@@ -133,7 +137,57 @@ pub trait Entries: Send + Sync + 'static {
         tenant: &Tenant,
         done: &Entry,
         now: Micros,
+        note: &HistoryEvent,
     ) -> StoreResult<Option<bool>>;
+
+    /// Appends `event` to the history of (tenant, key), committed before it returns.
+    ///
+    /// # Errors
+    /// `Unavailable` or `Internal` as the database fails.
+    async fn append_history(
+        &self,
+        tenant: &Tenant,
+        key: &Key,
+        event: &HistoryEvent,
+    ) -> StoreResult<()>;
+
+    /// The history of (tenant, key), oldest first.
+    ///
+    /// # Errors
+    /// `Unavailable` or `Internal` as the database fails.
+    async fn history(&self, tenant: &Tenant, key: &Key) -> StoreResult<Vec<HistoryEvent>>;
+
+    /// Marks the entry as a possible double effect, unless it started over at an attempt
+    /// before `note.attempt`, and appends `note` to its history, in one transaction. `true`
+    /// when it marked it (or it was marked already).
+    ///
+    /// # Errors
+    /// `Unavailable` or `Internal` as the database fails.
+    async fn mark_double_effect(
+        &self,
+        tenant: &Tenant,
+        key: &Key,
+        note: &HistoryEvent,
+    ) -> StoreResult<bool>;
+
+    /// Clears the entry's mark of a possible double effect, only where it is set, and appends
+    /// `note` to its history, in one transaction. The entry as written when it applied.
+    ///
+    /// # Errors
+    /// `Unavailable` or `Internal` as the database fails.
+    async fn acknowledge_double_effect(
+        &self,
+        tenant: &Tenant,
+        key: &Key,
+        note: &HistoryEvent,
+    ) -> StoreResult<Option<Entry>>;
+
+    /// Up to `limit` of the tenant's entries marked as a possible double effect, oldest
+    /// first, with their stored arguments.
+    ///
+    /// # Errors
+    /// `Unavailable` or `Internal` as the database fails.
+    async fn double_effects(&self, tenant: &Tenant, limit: u32) -> StoreResult<Vec<Entry>>;
 
     /// Hands out up to `query.limit` entries whose outcome is unknown at `query.now`, oldest
     /// first, that no other reconciler holds, and holds them until `query.hold_until`. Two
@@ -302,13 +356,16 @@ pub trait Backend: Store + Batches {}
 
 impl<T: Store + Batches + ?Sized> Backend for T {}
 
-/// The unresolved entries of the whole store, by the status callers would be told.
+/// The unresolved entries of the whole store, by the status callers would be told, and the
+/// entries marked as a possible double effect.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, sqlx::FromRow)]
 pub struct UnresolvedCount {
     /// Reported UNKNOWN, or ATTEMPTING past its lease: waiting for a reconciler.
     pub unknown: i64,
     /// ATTEMPTING within its lease: a claimant is acting now.
     pub attempting: i64,
+    /// Marked as a possible double effect and not yet acknowledged, resolved or not.
+    pub possible_double_effect: i64,
 }
 
 /// A snapshot of a store's connection pool.
@@ -385,6 +442,8 @@ pub struct ListQuery {
     pub limit: u32,
     /// The time an attempt's lease is judged at.
     pub now: Micros,
+    /// Only entries marked as a possible double effect.
+    pub possible_double_effect: bool,
 }
 
 /// Replays of one entry answered from a server's memory, to be added to its count.
@@ -416,6 +475,12 @@ pub struct UnresolvedQuery {
     /// Only these keys (each if unresolved and not held), at most `limit` of them; any
     /// unresolved entry when empty.
     pub keys: Vec<Key>,
+    /// Only entries whose outcome has been unknown since this instant or earlier (their
+    /// lease's end): `now` minus the reconcile grace.
+    pub unknown_before: Micros,
+    /// The hold the entries are handed out under, replacing any earlier one: what their
+    /// findings must name.
+    pub hold_token: HoldToken,
 }
 
 /// Opens the store a database URL names: `postgres://` or `postgresql://` for PostgreSQL,
@@ -593,6 +658,8 @@ pub(crate) struct EntryRow {
     #[sqlx(default)]
     pub arguments: Option<String>,
     pub resolved_by: String,
+    pub hold_token: String,
+    pub possible_double_effect: bool,
 }
 
 impl TryFrom<EntryRow> for Entry {
@@ -621,6 +688,32 @@ impl TryFrom<EntryRow> for Entry {
             replay_count: non_negative(r.replay_count, "replay_count")?,
             arguments: r.arguments,
             resolved_by: Principal::from_stored(r.resolved_by),
+            hold_token: HoldToken::from_stored(r.hold_token),
+            possible_double_effect: r.possible_double_effect,
+        })
+    }
+}
+
+/// A stored history row; converted to [`HistoryEvent`] here.
+#[derive(sqlx::FromRow)]
+pub(crate) struct HistoryRow {
+    pub at: i64,
+    pub attempt: i64,
+    pub kind: String,
+    pub principal: String,
+    pub detail: String,
+}
+
+impl TryFrom<HistoryRow> for HistoryEvent {
+    type Error = StoreError;
+
+    fn try_from(r: HistoryRow) -> StoreResult<HistoryEvent> {
+        Ok(HistoryEvent {
+            at: Micros(r.at),
+            attempt: non_negative(r.attempt, "history attempt")?,
+            kind: EventKind::parse(&r.kind),
+            principal: Principal::from_stored(r.principal),
+            detail: r.detail,
         })
     }
 }
@@ -651,6 +744,8 @@ mod tests {
             replay_count: 0,
             arguments: None,
             resolved_by: String::new(),
+            hold_token: String::new(),
+            possible_double_effect: false,
         }
     }
 

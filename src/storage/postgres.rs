@@ -394,16 +394,17 @@ impl PgStore {
     /// within a transaction, unlike `now()`).
     const DATABASE_NOW: &str = "SELECT (extract(epoch FROM clock_timestamp()) * 1000000)::int8";
 
-    /// Hands out unresolved entries, holding each until `$6`. The rows are picked in a CTE,
-    /// which PostgreSQL runs exactly once: a `LIMIT … FOR UPDATE SKIP LOCKED` subquery under
-    /// `IN` may be re-run by the planner and pick more rows than the limit. SKIP LOCKED lets
+    /// Hands out unresolved entries, holding each until `$6` under the new hold `$8`. The rows
+    /// are picked in a CTE, which PostgreSQL runs exactly once: a `LIMIT … FOR UPDATE SKIP
+    /// LOCKED` subquery under `IN` may be re-run by the planner and pick more rows than the
+    /// limit. SKIP LOCKED lets
     /// concurrent reconcilers on several servers pass each other's rows instead of waiting,
     /// and FOR UPDATE re-checks the condition on rows changed meanwhile.
     pub const TAKE_UNRESOLVED: &str = concatcp!(
         "WITH picked AS (SELECT tenant, key FROM ledger_entries WHERE ",
         sql::UNRESOLVED_WHERE,
         " ORDER BY started_at, key LIMIT $5 FOR UPDATE SKIP LOCKED) ",
-        "UPDATE ledger_entries AS e SET reconcile_until = $6 FROM picked ",
+        "UPDATE ledger_entries AS e SET reconcile_until = $6, hold_token = $8 FROM picked ",
         "WHERE e.tenant = picked.tenant AND e.key = picked.key RETURNING ",
         sql::E_ENTRY_COLUMNS
     );
@@ -427,7 +428,9 @@ impl PgStore {
          error = v.error, retryable = v.retryable, \
          finished_at = CASE WHEN v.status IN ('SUCCEEDED', 'FAILED') THEN v.now END, \
          expires_at = CASE WHEN v.status IN ('SUCCEEDED', 'FAILED') \
-         THEN v.now + e.retention_us END, reconcile_until = NULL \
+         THEN v.now + e.retention_us END, \
+         lease_expires_at = CASE WHEN v.status = 'UNKNOWN' AND e.lease_expires_at > v.now \
+         THEN v.now ELSE e.lease_expires_at END, reconcile_until = NULL \
          FROM UNNEST($1::text[], $2::text[], $3::text[], $4::text[], $5::bytea[], $6::text[], \
          $7::bool[], $8::int8[], $9::bool[]) \
          AS v(tenant, key, claim_token, status, result, error, retryable, now, also_unknown) \
@@ -636,6 +639,33 @@ impl Dialect for PgStore {
         .await
     }
 
+    /// The statement and the history row in one transaction: the call's own behind a
+    /// transaction pooler (see [`Calls::open_call`]), else one begun here.
+    async fn write_noted<R: Row>(
+        &self,
+        statement: &'static str,
+        params: &[Param<'_>],
+        note: &[Param<'_>],
+    ) -> StoreResult<Vec<R>> {
+        let persistent = self.persistent();
+        run_on(self, &self.pool, move |mut conn| async move {
+            let result: Result<_, sqlx::Error> = async {
+                if self.pooled {
+                    write_then_note(&mut conn, statement, params, note, persistent).await
+                } else {
+                    let mut tx = sqlx::Connection::begin(&mut *conn).await?;
+                    let rows =
+                        write_then_note(&mut tx, statement, params, note, persistent).await?;
+                    tx.commit().await?;
+                    Ok(rows)
+                }
+            }
+            .await;
+            (conn, result)
+        })
+        .await
+    }
+
     /// Adds replay counts in one statement ([`PgStore::ADD_REPLAYS_MANY`]).
     async fn write_replay_counts(&self, counts: &[ReplayCount]) -> StoreResult<()> {
         let tenants: Vec<&str> = counts.iter().map(|c| c.tenant.as_str()).collect();
@@ -664,4 +694,27 @@ impl Dialect for PgStore {
         .await?;
         Ok(())
     }
+}
+
+/// [`Dialect::write_noted`]'s two statements, on a connection already in a transaction.
+async fn write_then_note<R: Row>(
+    conn: &mut sqlx::PgConnection,
+    statement: &'static str,
+    params: &[Param<'_>],
+    note: &[Param<'_>],
+    persistent: bool,
+) -> Result<Vec<R>, sqlx::Error> {
+    let args = sql::arguments::<sqlx::Postgres>(params.iter().copied())?;
+    let rows: Vec<R> = sqlx::query_as_with(statement, args)
+        .persistent(persistent)
+        .fetch_all(&mut *conn)
+        .await?;
+    if !rows.is_empty() {
+        let args = sql::arguments::<sqlx::Postgres>(note.iter().copied())?;
+        sqlx::query_with(sql::APPEND_HISTORY, args)
+            .persistent(persistent)
+            .execute(&mut *conn)
+            .await?;
+    }
+    Ok(rows)
 }

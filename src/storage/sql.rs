@@ -7,15 +7,21 @@ use const_format::{concatcp, str_replace};
 
 use crate::domain::{Entry, Tenant};
 
-/// An entry's stored fields besides its key and the two only some statements read or write
-/// (`arguments`, `resolved_by`), in [`EntryRow`](super::EntryRow)'s order: the one list every
-/// statement's columns are built from, so that a column added here reaches them all.
+/// An entry's stored fields besides its key and those only some statements read or write
+/// (`arguments`, and the columns of [`ENTRY_COLUMNS`] after these), in
+/// [`EntryRow`](super::EntryRow)'s order: the one list every statement's columns are built
+/// from, so that a column added here reaches them all.
 const FIELDS: &str = "run_id, tool, fingerprint, status, attempt, claim_token, result, error, \
     retryable, principal, started_at, finished_at, lease_expires_at, retention_us, expires_at, \
     replay_count";
 
-/// The columns of `EntryRow`, for `RETURNING` clauses.
-pub const ENTRY_COLUMNS: &str = concatcp!("key, ", FIELDS, ", resolved_by");
+/// The columns of `EntryRow`, for `RETURNING` clauses: the claim's columns and those that
+/// only reconciliation writes (a claim leaves them at their defaults).
+pub const ENTRY_COLUMNS: &str = concatcp!(
+    "key, ",
+    FIELDS,
+    ", resolved_by, hold_token, possible_double_effect"
+);
 
 /// [`ENTRY_COLUMNS`] of the table aliased `e` (in a statement whose `FROM` has columns of the
 /// same names).
@@ -42,25 +48,31 @@ pub const GET: &str = concatcp!(
 /// Starts a new attempt on a resolved entry that still carries the token the caller saw
 /// ([`cas::restarts`](crate::domain::entry::cas::restarts)): the columns of [`INSERT`] but
 /// the key, bound alike. The new attempt has no waiters yet (those of the last one were
-/// answered by its outcome).
+/// answered by its outcome), and no hold: a finding about an earlier attempt, or about the
+/// same key before it expired and started over, names a hold this attempt never had. A mark
+/// of a possible double effect stays: it is about the intent, whatever attempt comes next.
 pub const RESTART: &str = concatcp!(
     "UPDATE ledger_entries SET (",
     FIELDS,
-    ", arguments, has_waiters, resolved_by) = ($3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, \
-     $14, $15, $16, $17, $18, $19, FALSE, '') \
+    ", arguments, has_waiters, resolved_by, hold_token) = ($3, $4, $5, $6, $7, $8, $9, $10, \
+     $11, $12, $13, $14, $15, $16, $17, $18, $19, FALSE, '', '') \
      WHERE tenant = $1 AND key = $2 AND claim_token = $20 \
      AND status IN ('SUCCEEDED', 'FAILED')"
 );
 
 /// Records a claimant's outcome `$4` at `$8`, fenced by the claim token and the entry being
 /// ATTEMPTING (or also UNKNOWN when `$9`). A resolved outcome sets `finished_at` and
-/// `expires_at` from the entry's own retention, so the statement needs no prior read.
-/// Returns the entry as written and whether a claim waits for it. Applies as
+/// `expires_at` from the entry's own retention, so the statement needs no prior read. An
+/// UNKNOWN report ends the lease at `$8` if it had not ended yet: from then on the outcome is
+/// unknown, and the reconcile grace counts from there ([`TAKABLE`]). Returns the entry as
+/// written and whether a claim waits for it. Applies as
 /// [`cas::finishes`](crate::domain::entry::cas::finishes) says.
 pub const FINISH: &str = concatcp!(
     "UPDATE ledger_entries SET status = $4, result = $5, error = $6, retryable = $7, \
      finished_at = CASE WHEN $4 IN ('SUCCEEDED', 'FAILED') THEN $8 END, \
      expires_at = CASE WHEN $4 IN ('SUCCEEDED', 'FAILED') THEN $8 + retention_us END, \
+     lease_expires_at = CASE WHEN $4 = 'UNKNOWN' AND lease_expires_at > $8 THEN $8 \
+     ELSE lease_expires_at END, \
      reconcile_until = NULL \
      WHERE tenant = $1 AND key = $2 AND claim_token = $3 \
      AND (status = 'ATTEMPTING' OR (status = 'UNKNOWN' AND $9)) \
@@ -103,16 +115,51 @@ pub const RENEW: &str = concatcp!(
     ENTRY_COLUMNS
 );
 
-/// Records what a reconciler found, fenced by the outcome being unknown at `$9` (reported
-/// UNKNOWN, or an attempt past its lease); no token, since the answer concerns the intent,
-/// whichever attempt made it happen ([`cas::resolves`](crate::domain::entry::cas::resolves)).
-/// `$10` is who resolved it (the Reconcile's principal).
+/// Records what a reconciler found about attempt `$11` under the hold `$12`, fenced by the
+/// outcome being unknown at `$9` (reported UNKNOWN, or an attempt past its lease), the entry
+/// still being at that attempt, and that hold still being its newest
+/// ([`cas::resolves`](crate::domain::entry::cas::resolves)): a late finding about an earlier
+/// attempt, or from a holder whose entry was handed out again since, changes nothing. `$10`
+/// is who resolved it (the Reconcile's principal). Returns whether a claim waits for it.
 pub const RESOLVE: &str = "UPDATE ledger_entries SET status = $3, result = $4, \
     error = $5, retryable = $6, finished_at = $7, expires_at = $8, reconcile_until = NULL, \
     resolved_by = $10 \
     WHERE tenant = $1 AND key = $2 \
     AND (status = 'UNKNOWN' OR (status = 'ATTEMPTING' AND lease_expires_at <= $9)) \
+    AND attempt = $11 AND hold_token = $12 \
     RETURNING has_waiters";
+
+/// Appends an event to an entry's history ([`HistoryEvent`](crate::domain::HistoryEvent)):
+/// tenant `$1`, key `$2`, at `$3`, attempt `$4`, kind `$5`, principal `$6`, detail `$7`.
+pub const APPEND_HISTORY: &str = "INSERT INTO ledger_history \
+    (tenant, key, at, attempt, kind, principal, detail) VALUES ($1, $2, $3, $4, $5, $6, $7)";
+
+/// An entry's history, oldest first.
+pub const HISTORY: &str = "SELECT at, attempt, kind, principal, detail FROM ledger_history \
+    WHERE tenant = $1 AND key = $2 ORDER BY id";
+
+/// Marks a possible double effect on the entry, unless it started over since at an earlier
+/// attempt than `$3` (the attempt the finding observed). Returns the entry's key.
+pub const MARK_DOUBLE_EFFECT: &str = "UPDATE ledger_entries SET possible_double_effect = TRUE \
+    WHERE tenant = $1 AND key = $2 AND attempt >= $3 RETURNING key";
+
+/// Clears the mark of a possible double effect, only where it is set. Returns the entry.
+/// (`IS TRUE` rather than the bare column: the bare one lets PostgreSQL's generic plan take
+/// the partial index of marked entries instead of the primary key.)
+pub const ACKNOWLEDGE_DOUBLE_EFFECT: &str = concatcp!(
+    "UPDATE ledger_entries SET possible_double_effect = FALSE \
+     WHERE tenant = $1 AND key = $2 AND possible_double_effect IS TRUE RETURNING ",
+    ENTRY_COLUMNS
+);
+
+/// Up to `$2` of tenant `$1`'s entries marked as a possible double effect, oldest first (the
+/// partial index of migration 0007).
+pub const DOUBLE_EFFECTS: &str = concatcp!(
+    "SELECT ",
+    ENTRY_COLUMNS,
+    ", arguments FROM ledger_entries WHERE tenant = $1 AND possible_double_effect \
+     ORDER BY started_at, key LIMIT $2"
+);
 
 /// Notes that a claim waits for this attempt, so its completion is announced to other servers.
 pub const MARK_WAITING: &str = "UPDATE ledger_entries SET has_waiters = TRUE \
@@ -129,17 +176,24 @@ pub const PROBE_DELETE: &str = "DELETE FROM ledger_write_probe WHERE id = 1";
 /// (reported, or an attempt past its lease) and ATTEMPTING (in its lease). `expires_at IS NULL`
 /// is exactly "unresolved" (the CHECK constraint resolved_entries_expire) and matches the
 /// partial index `ledger_entries_unresolved_by_start`, so the count reads only the backlog.
-/// SUM over CASE rather than FILTER: the same text runs on both backends.
+/// SUM over CASE rather than FILTER: the same text runs on both backends. Also the entries
+/// marked as a possible double effect, resolved or not (their own partial index).
 pub const COUNT_UNRESOLVED: &str = "SELECT \
     COALESCE(SUM(CASE WHEN status = 'ATTEMPTING' AND lease_expires_at > $1 THEN 0 ELSE 1 END), 0) \
         AS unknown, \
     COALESCE(SUM(CASE WHEN status = 'ATTEMPTING' AND lease_expires_at > $1 THEN 1 ELSE 0 END), 0) \
-        AS attempting \
+        AS attempting, \
+    (SELECT COUNT(*) FROM ledger_entries WHERE possible_double_effect) \
+        AS possible_double_effect \
     FROM ledger_entries WHERE expires_at IS NULL";
 
-/// Which entries a reconciler may take at `$2`, after the tenant: outcome unknown, started at
-/// or before `$3`, of tool `$4` (or any when empty), not held by another reconciler.
-const TAKABLE: &str = "(status = 'UNKNOWN' OR (status = 'ATTEMPTING' AND lease_expires_at <= $2)) \
+/// Which entries a reconciler may take at `$2`, after the tenant: outcome unknown since `$7`
+/// at the latest (the end of its lease, which a claimant's UNKNOWN report sets to the time of
+/// the report, at or before `$7` = `$2` minus the reconcile grace: an action may still be
+/// landing in the outside world right after its lease ended, and a read then could miss it),
+/// started at or before `$3`, of tool `$4` (or any when empty), not held by another
+/// reconciler.
+const TAKABLE: &str = "status IN ('UNKNOWN', 'ATTEMPTING') AND lease_expires_at <= $7 \
      AND started_at <= $3 AND ($4 = '' OR tool = $4) \
      AND (reconcile_until IS NULL OR reconcile_until <= $2)";
 
@@ -150,13 +204,14 @@ const TAKABLE: &str = "(status = 'UNKNOWN' OR (status = 'ATTEMPTING' AND lease_e
 pub(crate) const UNRESOLVED_WHERE: &str =
     concatcp!("tenant = $1 AND expires_at IS NULL AND ", TAKABLE);
 
-/// Takes one named unresolved entry (key `$5`) for a reconciler until `$6`, on the conditions
-/// of `TAKABLE` (at `$2`, started by `$3`, of tool `$4`): a Reconcile with `keys` settles
-/// these entries and takes no other. A statement on one entry: it does not say `expires_at IS
+/// Takes one named unresolved entry (key `$5`) for a reconciler until `$6` under the new hold
+/// `$8`, on the conditions of `TAKABLE` (at `$2`, started by `$3`, of tool `$4`, unknown since
+/// `$7`): a Reconcile with `keys` settles these entries and takes no other. A statement on one entry: it does not say `expires_at IS
 /// NULL` (the status test implies it), so that its plan keeps to the primary key rather than
 /// the unresolved index (migration 0003; tests/api/plans.rs).
 pub const TAKE_KEY: &str = concatcp!(
-    "UPDATE ledger_entries SET reconcile_until = $6 WHERE tenant = $1 AND key = $5 AND ",
+    "UPDATE ledger_entries SET reconcile_until = $6, hold_token = $8 \
+     WHERE tenant = $1 AND key = $5 AND ",
     TAKABLE,
     " RETURNING ",
     ENTRY_COLUMNS
@@ -164,9 +219,10 @@ pub const TAKE_KEY: &str = concatcp!(
 
 /// The filters and cursor of a listing (see [`LIST`]): tool `$3` (any when empty), status `$4`
 /// as Lookup reports it at `$10` (any when empty; an attempt past its lease is UNKNOWN),
-/// started in [`$5`, `$6`), and after the cursor (`$7` started_at, `$8` key) in the listing's
-/// order, by started_at and then key.
+/// started in [`$5`, `$6`), marked as a possible double effect when `$11`, and after the
+/// cursor (`$7` started_at, `$8` key) in the listing's order, by started_at and then key.
 const LIST_FILTER: &str = "($3 = '' OR tool = $3) \
+     AND (NOT $11 OR possible_double_effect) \
      AND ($4 = '' \
           OR (status = $4 AND (status <> 'ATTEMPTING' OR lease_expires_at > $10)) \
           OR ($4 = 'UNKNOWN' AND status = 'ATTEMPTING' AND lease_expires_at <= $10)) \
@@ -291,5 +347,23 @@ pub(crate) fn finish_params<'a>(tenant: &'a Tenant, cmd: &'a super::Finish) -> [
         Flag(cmd.completion.retryable()),
         Int(cmd.now.0),
         Flag(cmd.also_unknown),
+    ]
+}
+
+/// A history event of (tenant, key) as [`APPEND_HISTORY`]'s `$1`..`$7`.
+pub(crate) fn history_params<'a>(
+    tenant: &'a Tenant,
+    key: &'a crate::domain::Key,
+    event: &'a crate::domain::HistoryEvent,
+) -> [Param<'a>; 7] {
+    use Param::{Int, Text};
+    [
+        Text(tenant.as_str()),
+        Text(key.as_str()),
+        Int(event.at.0),
+        Int(i64::from(event.attempt)),
+        Text(event.kind.as_str()),
+        Text(event.principal.as_str()),
+        Text(&event.detail),
     ]
 }

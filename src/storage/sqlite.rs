@@ -153,7 +153,8 @@ impl Dialect for SqliteStore {
     /// SQLite runs one writer at a time and evaluates the `IN` subquery once, so the statement
     /// needs no row locks.
     const TAKE_UNRESOLVED: &str = concatcp!(
-        "UPDATE ledger_entries SET reconcile_until = $6 WHERE (tenant, key) IN (",
+        "UPDATE ledger_entries SET reconcile_until = $6, hold_token = $8 \
+         WHERE (tenant, key) IN (",
         "SELECT tenant, key FROM ledger_entries WHERE ",
         sql::UNRESOLVED_WHERE,
         " ORDER BY started_at, key LIMIT $5) RETURNING ",
@@ -194,6 +195,36 @@ impl Dialect for SqliteStore {
                 sqlx::query_as_with(statement, args)
                     .fetch_all(&mut *conn)
                     .await
+            }
+            .await;
+            (conn, result)
+        })
+        .await
+    }
+
+    /// The statement and the history row in one transaction, which takes the write lock up
+    /// front (`IMMEDIATE`), as the batches' do.
+    async fn write_noted<R: Row>(
+        &self,
+        statement: &'static str,
+        params: &[Param<'_>],
+        note: &[Param<'_>],
+    ) -> StoreResult<Vec<R>> {
+        run_on(self, &self.pool, move |mut conn| async move {
+            let result: Result<_, sqlx::Error> = async {
+                let mut tx = conn.begin_with("BEGIN IMMEDIATE").await?;
+                let args = sql::arguments::<sqlx::Sqlite>(params.iter().copied())?;
+                let rows: Vec<R> = sqlx::query_as_with(statement, args)
+                    .fetch_all(&mut *tx)
+                    .await?;
+                if !rows.is_empty() {
+                    let args = sql::arguments::<sqlx::Sqlite>(note.iter().copied())?;
+                    sqlx::query_with(sql::APPEND_HISTORY, args)
+                        .execute(&mut *tx)
+                        .await?;
+                }
+                tx.commit().await?;
+                Ok(rows)
             }
             .await;
             (conn, result)

@@ -69,6 +69,10 @@ impl CommitFailure {
                  AFTER INSERT OR UPDATE OR DELETE ON ledger_write_probe \
                  DEFERRABLE INITIALLY DEFERRED FOR EACH ROW \
                  EXECUTE FUNCTION test_fail_at_commit()",
+                "CREATE CONSTRAINT TRIGGER test_fail_history_at_commit \
+                 AFTER INSERT OR UPDATE OR DELETE ON ledger_history \
+                 DEFERRABLE INITIALLY DEFERRED FOR EACH ROW \
+                 EXECUTE FUNCTION test_fail_at_commit()",
             ],
             Backend::Sqlite => &[
                 "CREATE TABLE test_armed (x INTEGER)",
@@ -85,6 +89,9 @@ impl CommitFailure {
                  WHEN EXISTS (SELECT 1 FROM test_armed) \
                  BEGIN INSERT INTO test_child VALUES (42); END",
                 "CREATE TRIGGER test_doom_probe AFTER INSERT ON ledger_write_probe \
+                 WHEN EXISTS (SELECT 1 FROM test_armed) \
+                 BEGIN INSERT INTO test_child VALUES (42); END",
+                "CREATE TRIGGER test_doom_history AFTER INSERT ON ledger_history \
                  WHEN EXISTS (SELECT 1 FROM test_armed) \
                  BEGIN INSERT INTO test_child VALUES (42); END",
             ],
@@ -155,6 +162,8 @@ fn attempt(key: &str, token: &str, now: Micros) -> Entry {
         replay_count: 0,
         arguments: Some("{}".into()),
         resolved_by: Principal::none(),
+        hold_token: idempotency_ledger::domain::HoldToken::none(),
+        possible_double_effect: false,
     }
 }
 
@@ -183,7 +192,10 @@ async fn fails_cleanly<T: std::fmt::Debug>(
 ) {
     let mut before = Vec::new();
     for key in keys {
-        before.push(store.get(&tenant(), &k(key)).await.expect("get"));
+        before.push((
+            store.get(&tenant(), &k(key)).await.expect("get"),
+            store.history(&tenant(), &k(key)).await.expect("history"),
+        ));
     }
     inject.arm().await;
     let answer = write.await;
@@ -193,9 +205,12 @@ async fn fails_cleanly<T: std::fmt::Debug>(
         other => panic!("{what}: a commit that failed was answered {other:?}"),
     }
     for (key, before) in keys.iter().zip(before) {
-        assert_eq!(
+        let after = (
             store.get(&tenant(), &k(key)).await.expect("get"),
-            before,
+            store.history(&tenant(), &k(key)).await.expect("history"),
+        );
+        assert_eq!(
+            after, before,
             "{what}: the failed commit left a change behind on {key}"
         );
     }
@@ -318,6 +333,8 @@ async fn every_write_reports_a_commit_that_fails_and_leaves_nothing_behind(b: Ba
         limit: 10,
         hold_until: later.plus(hour),
         keys: Vec::new(),
+        unknown_before: later,
+        hold_token: idempotency_ledger::domain::HoldToken::from_stored("hold-1".into()),
     };
     fails_cleanly(
         &store,
@@ -336,12 +353,51 @@ async fn every_write_reports_a_commit_that_fails_and_leaves_nothing_behind(b: Ba
     found.result = b"found".to_vec();
     found.finished_at = Some(later);
     found.expires_at = Some(later.plus(found.retention));
+    let note = idempotency_ledger::domain::HistoryEvent {
+        at: later,
+        attempt: found.attempt,
+        kind: idempotency_ledger::domain::EventKind::FindingApplied,
+        principal: Principal::none(),
+        detail: "found".into(),
+    };
     fails_cleanly(
         &store,
         &inject,
         "RESOLVE",
         &["k-2"],
-        store.resolve(&tenant(), &found, later),
+        store.resolve(&tenant(), &found, later, &note),
+    )
+    .await;
+
+    // The history and the marks of a possible double effect, each alone and with its note.
+    fails_cleanly(
+        &store,
+        &inject,
+        "APPEND_HISTORY",
+        &["k-3"],
+        store.append_history(&tenant(), &k("k-3"), &note),
+    )
+    .await;
+    fails_cleanly(
+        &store,
+        &inject,
+        "MARK_DOUBLE_EFFECT",
+        &["k-3"],
+        store.mark_double_effect(&tenant(), &k("k-3"), &note),
+    )
+    .await;
+    assert!(
+        store
+            .mark_double_effect(&tenant(), &k("k-3"), &note)
+            .await
+            .expect("mark")
+    );
+    fails_cleanly(
+        &store,
+        &inject,
+        "ACKNOWLEDGE_DOUBLE_EFFECT",
+        &["k-3"],
+        store.acknowledge_double_effect(&tenant(), &k("k-3"), &note),
     )
     .await;
 

@@ -320,6 +320,8 @@ async fn a_failing_batch_writes_nothing(backend: Backend) {
         replay_count: 0,
         arguments: None,
         resolved_by: Principal::none(),
+        hold_token: idempotency_ledger::domain::HoldToken::none(),
+        possible_double_effect: false,
     };
     let tenant = Tenant::default_tenant();
     let mut batch: Vec<(Tenant, Entry)> = (0..10).map(|n| (tenant.clone(), entry(n, 1))).collect();

@@ -12,7 +12,7 @@ use idempotency_ledger::ledger::{
     Outcome, ReconcileInput, RenewInput, ResolutionInput,
 };
 
-use crate::support::{Backend, TestLedger};
+use crate::support::{Backend, TestLedger, test_limits};
 
 on_every_store!(
     a_first_claim_is_claimed_with_attempt_one_and_a_token,
@@ -1000,7 +1000,7 @@ async fn nul_bytes_in_arguments_and_results_survive_byte_for_byte(b: Backend) {
 async fn a_result_over_the_limit_is_refused_and_the_entry_unchanged(b: Backend) {
     let limits = Limits {
         max_result_bytes: 16,
-        ..Limits::default()
+        ..test_limits()
     };
     let t = TestLedger::with_limits(b, limits).await;
     let first = claim(&t.ledger, RUN, TOOL, ARGS).await;
@@ -1229,7 +1229,7 @@ async fn a_waiter_wakes_on_the_complete_not_at_the_end_of_its_wait(b: Backend) {
     // No poll of the key wakes it either: only the Complete can, within the bound below.
     let limits = Limits {
         wait_poll_interval: Duration::from_secs(600),
-        ..Limits::default()
+        ..test_limits()
     };
     let t = TestLedger::with_limits(b, limits).await;
     let first = claim(&t.ledger, RUN, TOOL, ARGS).await;
@@ -1484,7 +1484,7 @@ async fn concurrent_reconcilers_get_disjoint_entries_until_the_hold_passes(b: Ba
     let t = TestLedger::new(b).await;
     let keys = unknown_entries(&t, TOOL, 12).await;
     // A second server: its own pool over the same database.
-    let other = Ledger::new(t.db.store(4).await, t.clock.clone(), Limits::default());
+    let other = Ledger::new(t.db.store(4).await, t.clock.clone(), test_limits());
     let ask = |ledger: Ledger| async move {
         reconcile(
             &ledger,
@@ -1618,18 +1618,17 @@ async fn a_resolution_records_its_principal_as_resolved_by_until_a_new_attempt(b
         resolve_only: true,
         ..Default::default()
     };
+    let findings = fenced(
+        &t,
+        vec![
+            finding(&keys[0], FinalStatus::Succeeded, b"found", false),
+            finding(&keys[1], FinalStatus::Failed, b"", true),
+        ],
+    )
+    .await;
     let out = t
         .ledger
-        .reconcile(
-            &tenant(),
-            by(
-                "reconciler@host-1",
-                vec![
-                    finding(&keys[0], FinalStatus::Succeeded, b"found", false),
-                    finding(&keys[1], FinalStatus::Failed, b"", true),
-                ],
-            ),
-        )
+        .reconcile(&tenant(), by("reconciler@host-1", findings))
         .await
         .expect("reconcile");
     let resolved_by: Vec<&str> = out
@@ -1654,14 +1653,9 @@ async fn a_resolution_records_its_principal_as_resolved_by_until_a_new_attempt(b
     assert_eq!(listed.entries[0].entry.resolved_by, "reconciler@host-1");
 
     // A resolution of an entry already resolved changes nothing, its resolver included.
+    let late = fenced(&t, vec![finding(&keys[0], FinalStatus::Failed, b"", true)]).await;
     t.ledger
-        .reconcile(
-            &tenant(),
-            by(
-                "someone-else",
-                vec![finding(&keys[0], FinalStatus::Failed, b"", true)],
-            ),
-        )
+        .reconcile(&tenant(), by("someone-else", late))
         .await
         .expect("reconcile");
     assert_eq!(
@@ -1689,15 +1683,14 @@ async fn a_resolution_records_its_principal_as_resolved_by_until_a_new_attempt(b
 
     // A malformed principal is refused before anything is applied.
     let more = unknown_entries(&t, "open_ticket", 1).await;
+    let findings = fenced(
+        &t,
+        vec![finding(&more[0], FinalStatus::Succeeded, b"x", false)],
+    )
+    .await;
     let refused = t
         .ledger
-        .reconcile(
-            &tenant(),
-            by(
-                "bad\u{7}principal",
-                vec![finding(&more[0], FinalStatus::Succeeded, b"x", false)],
-            ),
-        )
+        .reconcile(&tenant(), by("bad\u{7}principal", findings))
         .await;
     assert!(
         matches!(
@@ -1718,6 +1711,7 @@ async fn a_resolution_records_its_principal_as_resolved_by_until_a_new_attempt(b
     );
 }
 
+/// A finding about `key`, not yet fenced (see [`fenced`]).
 fn finding(
     key: impl AsRef<str>,
     status: FinalStatus,
@@ -1734,10 +1728,56 @@ fn finding(
             String::new()
         },
         retryable,
+        attempt: 0,
+        hold_token: String::new(),
     }
 }
 
+/// `findings` as a reconciler sends them: each key taken first with `Reconcile(keys)`, and its
+/// finding carrying the attempt and hold token it was handed out with. A key that is not
+/// handed out (resolved, in its lease, absent, held by another) gets attempt 1 under a hold
+/// nobody was given.
+async fn fenced(t: &TestLedger, findings: Vec<ResolutionInput>) -> Vec<ResolutionInput> {
+    let keys: Vec<String> = findings
+        .iter()
+        .map(|f| f.key.clone())
+        .filter(|k| idempotency_ledger::domain::key::ExplicitKey::parse(k).is_ok())
+        .collect();
+    let pending = if keys.is_empty() {
+        Vec::new()
+    } else {
+        t.ledger
+            .reconcile(
+                &tenant(),
+                ReconcileInput {
+                    keys,
+                    ..Default::default()
+                },
+            )
+            .await
+            .expect("take the keys")
+            .pending
+    };
+    findings
+        .into_iter()
+        .map(|mut f| {
+            match pending.iter().find(|v| v.entry.key == f.key) {
+                Some(v) => {
+                    f.attempt = v.entry.attempt;
+                    f.hold_token = v.entry.hold_token.to_string();
+                }
+                None => {
+                    f.attempt = 1;
+                    f.hold_token = "a-hold-nobody-was-given".into();
+                }
+            }
+            f
+        })
+        .collect()
+}
+
 async fn resolve(t: &TestLedger, findings: Vec<ResolutionInput>) -> Vec<(String, Status)> {
+    let findings = fenced(t, findings).await;
     t.ledger
         .reconcile(
             &tenant(),
@@ -1889,6 +1929,7 @@ async fn malformed_resolutions_are_refused_and_none_is_applied(b: Backend) {
         ],
     ];
     for findings in bad_sets {
+        let findings = fenced(&t, findings).await;
         let refused = t
             .ledger
             .reconcile(
@@ -2187,12 +2228,17 @@ async fn renewing_with_a_stale_token_or_after_the_lease_ended_changes_nothing(b:
 async fn resolve_only_applies_the_resolutions_and_hands_out_nothing(b: Backend) {
     let t = TestLedger::new(b).await;
     let keys = unknown_entries(&t, TOOL, 3).await;
+    let findings = fenced(
+        &t,
+        vec![finding(&keys[0], FinalStatus::Succeeded, b"found", false)],
+    )
+    .await;
     let out = t
         .ledger
         .reconcile(
             &tenant(),
             ReconcileInput {
-                resolutions: vec![finding(&keys[0], FinalStatus::Succeeded, b"found", false)],
+                resolutions: findings,
                 resolve_only: true,
                 ..Default::default()
             },
@@ -2215,7 +2261,7 @@ async fn resolve_only_applies_the_resolutions_and_hands_out_nothing(b: Backend) 
 
 /// A second server over the same database, with its own memory.
 async fn other_server(t: &TestLedger) -> Ledger {
-    Ledger::new(t.db.store(4).await, t.clock.clone(), Limits::default())
+    Ledger::new(t.db.store(4).await, t.clock.clone(), test_limits())
 }
 
 async fn succeeded_entry(ledger: &Ledger, run: &str, result: &[u8]) -> String {
@@ -2425,7 +2471,7 @@ async fn with_the_memory_off_every_replay_is_counted_in_the_store_at_once(b: Bac
         b,
         Limits {
             replay_memory_bytes: 0,
-            ..Limits::default()
+            ..test_limits()
         },
     )
     .await;

@@ -24,6 +24,8 @@ on_every_backend!(
     resolving_through_the_form_records_resolved_by_and_the_next_claim_answers_accordingly,
     another_tenants_entries_are_not_found_in_the_console,
     entries_are_listed_by_filter_and_found_by_prefix_or_external_ref,
+    a_resolve_form_rendered_before_the_entry_moved_on_changes_nothing,
+    a_possible_double_effect_is_shown_first_with_its_evidence_until_acknowledged,
 );
 
 // ---- a small HTTP/1.1 client -------------------------------------------------------------
@@ -42,6 +44,31 @@ impl Page {
             .iter()
             .find(|(n, _)| n.eq_ignore_ascii_case(name))
             .map(|(_, v)| v.as_str())
+    }
+
+    /// The fields the form posting to `action` for `key` carries (its hidden inputs: what the
+    /// page showed, as a browser sends them back).
+    fn hidden_fields(&self, action: &str, key: &str) -> Vec<(String, String)> {
+        let opening = format!("action=\"{action}\">");
+        let form = self
+            .body
+            .split("<form ")
+            .map(|f| f.split("</form>").next().unwrap_or(""))
+            .find(|f| f.contains(&opening) && f.contains(&format!("name=\"key\" value=\"{key}\"")))
+            .unwrap_or_else(|| panic!("no {action} form for {key} in:\n{}", self.body));
+        form.split("<input type=\"hidden\" ")
+            .skip(1)
+            .map(|input| {
+                let attr = |name: &str| {
+                    let at = input
+                        .find(&format!("{name}=\""))
+                        .unwrap_or_else(|| panic!("no {name} in {input}"));
+                    let rest = &input[at + name.len() + 2..];
+                    rest[..rest.find('"').expect("quote")].to_string()
+                };
+                (attr("name"), attr("value"))
+            })
+            .collect()
     }
 
     /// The first CSRF token of the page's forms.
@@ -347,6 +374,8 @@ async fn resolving_through_the_form_records_resolved_by_and_the_next_claim_answe
         let mut form = vec![
             ("csrf", csrf.as_str()),
             ("key", entry.key.as_str()),
+            ("attempt", "1"),
+            ("hold", ""),
             ("back", "/"),
         ];
         form.extend(fields);
@@ -444,6 +473,8 @@ async fn resolving_through_the_form_records_resolved_by_and_the_next_claim_answe
             &[
                 ("csrf", &csrf),
                 ("key", &found.key),
+                ("attempt", "1"),
+                ("hold", ""),
                 ("outcome", "failed"),
                 ("back", "/"),
             ],
@@ -483,6 +514,8 @@ async fn a_form_without_its_sessions_csrf_token_is_refused_and_changes_nothing()
     ] {
         let mut form = vec![
             ("key", entry.key.as_str()),
+            ("attempt", "1"),
+            ("hold", ""),
             ("outcome", "found"),
             ("result", "{}"),
         ];
@@ -500,7 +533,13 @@ async fn a_form_without_its_sessions_csrf_token_is_refused_and_changes_nothing()
         .send(
             "POST",
             "/resolve",
-            &[("csrf", &csrf), ("key", &entry.key), ("outcome", "found")],
+            &[
+                ("csrf", &csrf),
+                ("key", &entry.key),
+                ("attempt", "1"),
+                ("hold", ""),
+                ("outcome", "found"),
+            ],
             Some("http://evil.example"),
         )
         .await;
@@ -510,7 +549,13 @@ async fn a_form_without_its_sessions_csrf_token_is_refused_and_changes_nothing()
     let answer = stranger
         .post(
             "/resolve",
-            &[("csrf", &csrf), ("key", &entry.key), ("outcome", "found")],
+            &[
+                ("csrf", &csrf),
+                ("key", &entry.key),
+                ("attempt", "1"),
+                ("hold", ""),
+                ("outcome", "found"),
+            ],
         )
         .await;
     assert_eq!(answer.status, 403, "{}", answer.body);
@@ -521,7 +566,13 @@ async fn a_form_without_its_sessions_csrf_token_is_refused_and_changes_nothing()
     let answer = browser
         .post(
             "/resolve",
-            &[("csrf", &csrf), ("key", &entry.key), ("outcome", "found")],
+            &[
+                ("csrf", &csrf),
+                ("key", &entry.key),
+                ("attempt", "1"),
+                ("hold", ""),
+                ("outcome", "found"),
+            ],
         )
         .await;
     assert_eq!(answer.status, 303, "{}", answer.body);
@@ -599,7 +650,13 @@ async fn another_tenants_entries_are_not_found_in_the_console(backend: Backend) 
     let answer = globex
         .post(
             "/resolve",
-            &[("csrf", &csrf), ("key", &acmes.key), ("outcome", "found")],
+            &[
+                ("csrf", &csrf),
+                ("key", &acmes.key),
+                ("attempt", "1"),
+                ("hold", ""),
+                ("outcome", "found"),
+            ],
         )
         .await;
     assert_eq!(answer.status, 404, "{}", answer.body);
@@ -753,6 +810,8 @@ async fn stored_values_reach_every_page_escaped() {
             &[
                 ("csrf", &csrf),
                 ("key", &entry.key),
+                ("attempt", "1"),
+                ("hold", ""),
                 ("outcome", "found"),
                 ("result", "</pre><script>alert('result')</script>"),
                 ("operator", "<svg onload=alert('operator')>"),
@@ -1257,4 +1316,269 @@ async fn a_console_address_asked_for_must_bind_and_the_default_may_be_taken() {
         .claim(claim_req("r", "t", "{}"))
         .await
         .expect("the service runs either way");
+}
+
+// ---- evidence: fenced forms, possible double effects -------------------------------------
+
+/// Posts the page's `action` form for `key` as a browser would: its hidden fields, plus `more`.
+async fn submit(
+    browser: &mut Browser,
+    page: &Page,
+    action: &str,
+    key: &str,
+    more: &[(&str, &str)],
+) -> Page {
+    let hidden = page.hidden_fields(action, key);
+    let mut fields: Vec<(&str, &str)> = hidden
+        .iter()
+        .map(|(n, v)| (n.as_str(), v.as_str()))
+        .collect();
+    fields.extend_from_slice(more);
+    browser.post(action, &fields).await
+}
+
+async fn history(app: &TestApp, key: &str) -> Vec<pb::HistoryEvent> {
+    app.client
+        .clone()
+        .lookup(pb::LookupRequest {
+            key: key.to_string(),
+            include_history: true,
+            ..Default::default()
+        })
+        .await
+        .expect("lookup")
+        .into_inner()
+        .history
+}
+
+async fn a_resolve_form_rendered_before_the_entry_moved_on_changes_nothing(backend: Backend) {
+    let (app, addr) = console_app(backend, |_| {}).await;
+    let entry = unknown(&app, None, "run-1", "issue_credit", r#"{"n":1}"#).await;
+    let mut browser = Browser::new(addr);
+    let shown = browser.get("/").await;
+    let fields = shown.hidden_fields("/resolve", &entry.key);
+    assert!(
+        fields.contains(&("attempt".into(), "1".into())) && fields.iter().any(|(n, _)| n == "hold"),
+        "the form carries what the page showed: {fields:?}"
+    );
+    // Meanwhile a reconciler takes the entry: the page's view of it is out of date.
+    let taken = app
+        .client
+        .clone()
+        .reconcile(pb::ReconcileRequest {
+            keys: vec![entry.key.clone()],
+            ..Default::default()
+        })
+        .await
+        .expect("reconcile")
+        .into_inner();
+    assert_eq!(taken.pending.len(), 1);
+    let answer = submit(
+        &mut browser,
+        &shown,
+        "/resolve",
+        &entry.key,
+        &[("outcome", "not_found"), ("operator", "ada")],
+    )
+    .await;
+    assert_eq!(answer.status, 303, "{}", answer.body);
+    let landing = browser.get("/").await;
+    assert!(
+        landing.body.contains("moved on since this page showed it"),
+        "{}",
+        landing.body
+    );
+    let now = lookup(&app, None, &entry.key).await.expect("lookup");
+    assert_eq!(
+        (now.status(), now.resolved_by.as_str()),
+        (pb::Status::Unknown, "")
+    );
+    let kept = history(&app, &entry.key).await;
+    assert_eq!(kept.len(), 1, "{kept:?}");
+    assert_eq!(
+        (kept[0].kind.as_str(), kept[0].principal.as_str()),
+        ("finding_stale", "console:ada")
+    );
+    // A page rendered now carries the new hold, and its form settles.
+    let fresh = browser.get("/").await;
+    let answer = submit(
+        &mut browser,
+        &fresh,
+        "/resolve",
+        &entry.key,
+        &[("outcome", "not_found"), ("operator", "ada")],
+    )
+    .await;
+    assert_eq!(answer.status, 303, "{}", answer.body);
+    let now = lookup(&app, None, &entry.key).await.expect("lookup");
+    assert_eq!(
+        (now.status(), now.resolved_by.as_str()),
+        (pb::Status::Failed, "console:ada")
+    );
+}
+
+async fn a_possible_double_effect_is_shown_first_with_its_evidence_until_acknowledged(
+    backend: Backend,
+) {
+    let (app, addr) = console_app(backend, |_| {}).await;
+    let entry = unknown(&app, None, "run-1", "issue_credit", r#"{"n":1}"#).await;
+    let other = unknown(&app, None, "run-2", "issue_credit", r#"{"n":2}"#).await;
+    let mut client = app.client.clone();
+    let held = client
+        .reconcile(pb::ReconcileRequest {
+            keys: vec![entry.key.clone()],
+            ..Default::default()
+        })
+        .await
+        .expect("take")
+        .into_inner()
+        .pending
+        .pop()
+        .expect("handed out");
+    // A first read found nothing (FAILED, retryable: the next claim would act again); a later
+    // read of the same attempt finds the effect after all.
+    for (status, result) in [
+        (pb::Status::Failed, &b""[..]),
+        (pb::Status::Succeeded, b"cr-1"),
+    ] {
+        client
+            .reconcile(pb::ReconcileRequest {
+                resolutions: vec![pb::Resolution {
+                    key: entry.key.clone(),
+                    status: status.into(),
+                    result: result.to_vec().into(),
+                    error: if result.is_empty() {
+                        "no credit".into()
+                    } else {
+                        String::new()
+                    },
+                    retryable: result.is_empty(),
+                    attempt: held.attempt,
+                    hold_token: held.hold_token.clone(),
+                }],
+                principal: "reconciler-7".into(),
+                ..Default::default()
+            })
+            .await
+            .expect("resolve");
+    }
+    assert!(
+        lookup(&app, None, &entry.key)
+            .await
+            .expect("lookup")
+            .possible_double_effect
+    );
+    let mut browser = Browser::new(addr);
+    let landing = browser.get("/").await;
+    let marked_at = landing
+        .body
+        .find("Possible double effects (1)")
+        .unwrap_or_else(|| panic!("no section of marked entries:\n{}", landing.body));
+    let unknown_at = landing
+        .body
+        .find(&entry_href_of(&other.key))
+        .expect("the other unknown entry is listed");
+    assert!(marked_at < unknown_at, "the marked entry comes first");
+    for text in [
+        "the effect of attempt 1 exists",
+        "reconciler-7",
+        &other.key[..16],
+    ] {
+        assert!(
+            landing.body.contains(text),
+            "no {text:?} in:\n{}",
+            landing.body
+        );
+    }
+    let page = browser.get(&format!("/entry?key={}", entry.key)).await;
+    for text in [
+        "Possible double effect.",
+        "<h2>History</h2>",
+        "finding applied",
+        "finding about a resolved attempt (not applied)",
+        "marked: possible double effect",
+    ] {
+        assert!(page.body.contains(text), "no {text:?} in:\n{}", page.body);
+    }
+
+    // A note is required, and a refused form changes nothing.
+    let refused = submit(
+        &mut browser,
+        &landing,
+        "/acknowledge",
+        &entry.key,
+        &[("note", " ")],
+    )
+    .await;
+    assert_eq!(refused.status, 400, "{}", refused.body);
+    assert!(
+        lookup(&app, None, &entry.key)
+            .await
+            .expect("lookup")
+            .possible_double_effect
+    );
+    let answer = submit(
+        &mut browser,
+        &landing,
+        "/acknowledge",
+        &entry.key,
+        &[("note", "refunded the second credit"), ("operator", "ada")],
+    )
+    .await;
+    assert_eq!(answer.status, 303, "{}", answer.body);
+    let after = browser.get("/").await;
+    assert!(
+        after
+            .body
+            .contains("Acknowledged the possible double effect"),
+        "{}",
+        after.body
+    );
+    assert!(
+        !after.body.contains("Possible double effects ("),
+        "{}",
+        after.body
+    );
+    assert!(
+        !lookup(&app, None, &entry.key)
+            .await
+            .expect("lookup")
+            .possible_double_effect
+    );
+    let last = history(&app, &entry.key).await.pop().expect("an event");
+    assert_eq!(
+        (
+            last.kind.as_str(),
+            last.principal.as_str(),
+            last.detail.as_str()
+        ),
+        (
+            "double_effect_acknowledged",
+            "console:ada",
+            "refunded the second credit"
+        )
+    );
+    // The same form again: nothing is marked any more, and the page says so.
+    let again = submit(
+        &mut browser,
+        &landing,
+        "/acknowledge",
+        &entry.key,
+        &[("note", "again")],
+    )
+    .await;
+    assert_eq!(again.status, 303, "{}", again.body);
+    assert!(
+        browser
+            .get("/")
+            .await
+            .body
+            .contains("is not marked as a possible double effect"),
+        "the second acknowledgement is refused"
+    );
+}
+
+/// The link to an entry's page, as the console writes it.
+fn entry_href_of(key: &str) -> String {
+    format!("/entry?key={key}")
 }

@@ -42,6 +42,8 @@ fn attempt(key: &str, token: &str, now: Micros) -> Entry {
         replay_count: 0,
         arguments: None,
         resolved_by: Principal::none(),
+        hold_token: idempotency_ledger::domain::HoldToken::none(),
+        possible_double_effect: false,
     }
 }
 

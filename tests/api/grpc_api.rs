@@ -767,6 +767,18 @@ async fn reconcile_hands_out_unknown_entries_and_applies_resolutions_over_grpc()
         .into_inner();
     let handed: Vec<String> = first.pending.iter().map(|e| e.key.clone()).collect();
     assert_eq!(handed.len(), 2, "{handed:?}");
+    // Each hand-out carries its attempt and a hold token to send back with the finding.
+    let fence = |key: &str| {
+        let e = first
+            .pending
+            .iter()
+            .find(|e| e.key == key)
+            .expect("handed out");
+        assert_eq!(e.hold_token.len(), 32, "{e:?}");
+        (e.attempt, e.hold_token.clone())
+    };
+    let (attempt_0, hold_0) = fence(&keys[0]);
+    let (attempt_1, hold_1) = fence(&keys[1]);
     assert!(
         first
             .pending
@@ -794,6 +806,8 @@ async fn reconcile_hands_out_unknown_entries_and_applies_resolutions_over_grpc()
                     key: keys[0].clone(),
                     status: pb::Status::Succeeded.into(),
                     result: b"found".to_vec().into(),
+                    attempt: attempt_0,
+                    hold_token: hold_0.clone(),
                     ..Default::default()
                 },
                 pb::Resolution {
@@ -801,6 +815,8 @@ async fn reconcile_hands_out_unknown_entries_and_applies_resolutions_over_grpc()
                     status: pb::Status::Failed.into(),
                     error: "no such credit".into(),
                     retryable: true,
+                    attempt: attempt_1,
+                    hold_token: hold_1,
                     ..Default::default()
                 },
             ],
@@ -811,6 +827,64 @@ async fn reconcile_hands_out_unknown_entries_and_applies_resolutions_over_grpc()
         .into_inner();
     let statuses: Vec<pb::Status> = answered.resolved.iter().map(|e| e.status()).collect();
     assert_eq!(statuses, vec![pb::Status::Succeeded, pb::Status::Failed]);
+    // One result per resolution, in order; no hold token outside a hand-out.
+    let results: Vec<(String, pb::ResolutionOutcome)> = answered
+        .results
+        .iter()
+        .map(|r| (r.key.clone(), r.result()))
+        .collect();
+    assert_eq!(
+        results,
+        [
+            (keys[0].clone(), pb::ResolutionOutcome::ResolutionApplied),
+            (keys[1].clone(), pb::ResolutionOutcome::ResolutionApplied)
+        ]
+    );
+    assert!(answered.resolved.iter().all(|e| e.hold_token.is_empty()));
+    // Sent again: the attempt is resolved; said so per resolution, with the entry.
+    let again = client
+        .reconcile(pb::ReconcileRequest {
+            resolutions: vec![pb::Resolution {
+                key: keys[0].clone(),
+                status: pb::Status::Failed.into(),
+                error: "late".into(),
+                attempt: attempt_0,
+                hold_token: hold_0,
+                ..Default::default()
+            }],
+            ..Default::default()
+        })
+        .await
+        .expect("resolve again")
+        .into_inner();
+    assert_eq!(
+        again.results[0].result(),
+        pb::ResolutionOutcome::ResolutionAlreadyResolved
+    );
+    assert_eq!(
+        again.results[0].entry.as_ref().map(|e| e.status()),
+        Some(pb::Status::Succeeded)
+    );
+    // A resolution without its fence (an old client's) is refused, with what to send.
+    let unfenced = client
+        .reconcile(pb::ReconcileRequest {
+            resolutions: vec![pb::Resolution {
+                key: keys[1].clone(),
+                status: pb::Status::Succeeded.into(),
+                result: b"x".to_vec().into(),
+                ..Default::default()
+            }],
+            ..Default::default()
+        })
+        .await
+        .expect_err("unfenced");
+    assert_error(
+        &unfenced,
+        Code::InvalidArgument,
+        "UNFENCED_RESOLUTION",
+        Some("resolutions"),
+    );
+    assert!(unfenced.message().contains("hold_token"), "{unfenced:?}");
     let replay = claim_ok(&app, claim_req(RUN, "issue_credit", r#"{"n":0}"#)).await;
     assert_eq!(replay.outcome(), pb::Outcome::Replayed);
     assert_eq!(&replay.entry.as_ref().expect("entry").result[..], b"found");
@@ -870,6 +944,8 @@ async fn reconcile_hands_out_unknown_entries_and_applies_resolutions_over_grpc()
                 key: more[1].clone(),
                 status: pb::Status::Succeeded.into(),
                 result: b"found-7".to_vec().into(),
+                attempt: one.pending[0].attempt,
+                hold_token: one.pending[0].hold_token.clone(),
                 ..Default::default()
             }],
             resolve_only: true,

@@ -29,10 +29,13 @@
 //!
 //! Two *reconcilers* run the Reconcile loop: each entry handed out is looked up in the world,
 //! and the finding (found: `SUCCEEDED` with the receipt; not found: `FAILED` retryable) goes
-//! with the reconciler's next call, retried while the entry is still held for it
-//! ([`RESOLVE_WITHIN`] of the call that handed it out, under `--reconcile-lease`), and dropped
-//! after: a finding sent later could land on a later attempt, which the resolution cannot
-//! name.
+//! with the reconciler's next call, fenced by the attempt and hold token the entry was handed
+//! out with, and is sent again after a failed call however late. A quarter of the time a
+//! reconciler stalls past its hold (`--reconcile-lease`) before sending its findings, so
+//! findings arrive after the entry was handed out again or claimed again: the server's fence
+//! must answer them stale, never apply them to what they did not see. (Without the fence, a
+//! late "not found" about attempt 1 settles an unknown attempt 2 as not done, and attempt 3
+//! acts again: the check finds two effects.)
 //!
 //! # The nemesis
 //!
@@ -98,9 +101,6 @@ const ACT_WITHIN: Duration = Duration::from_secs(2);
 const HOLD: Duration = Duration::from_secs(2);
 /// [`HOLD`] as the flag says it.
 const HOLD_FLAG: &str = "2s";
-/// How long after the Reconcile that handed an entry out its finding may still be sent: well
-/// within the hold, which the server counts from a later instant.
-const RESOLVE_WITHIN: Duration = Duration::from_millis(1500);
 /// The deadline of every call (its `grpc-timeout`); the client gives up a second later.
 const CALL_TIMEOUT: Duration = Duration::from_secs(4);
 /// How many intents are hot at once.
@@ -346,7 +346,10 @@ struct Counts {
     gave_up_completing: AtomicU64,
     found: AtomicU64,
     not_found: AtomicU64,
-    findings_dropped: AtomicU64,
+    /// Stalls of a reconciler past its hold, with findings in hand.
+    stalls: AtomicU64,
+    /// Findings the server answered RESOLUTION_STALE.
+    stale: AtomicU64,
 }
 
 fn bump(counter: &AtomicU64) {
@@ -588,12 +591,19 @@ async fn complete(
     }
 }
 
-/// The Reconcile loop: hand out, ask the world, send the findings with the next call. With
-/// `until_settled`, runs until nothing was handed out for longer than a hold (and returns
-/// `true`), or 30 s pass (`false`); else until the run stops.
+/// The Reconcile loop: hand out, ask the world, send the findings with the next call, each
+/// fenced by the attempt and hold token it was handed out with. With `until_settled`, runs
+/// until nothing was handed out for longer than a hold (and returns `true`), or 30 s pass
+/// (`false`); else until the run stops.
+///
+/// The nemesis of findings: a quarter of the time a reconciler with findings in hand stalls
+/// past its hold before it sends them (a pause, a slow read), and a finding whose call failed
+/// is sent again later, however late. The entry may have been handed out again, or claimed
+/// again, meanwhile: the fence, not the reconciler, must keep such a finding from settling
+/// what it did not see.
 async fn reconciler(ctx: Arc<Ctx>, actor: String, mut rng: Rng, until_settled: bool) -> bool {
     let began = Instant::now();
-    let mut findings: Vec<(pb::Resolution, Instant)> = Vec::new();
+    let mut findings: Vec<pb::Resolution> = Vec::new();
     let mut quiet_since: Option<Instant> = None;
     loop {
         if until_settled {
@@ -606,20 +616,24 @@ async fn reconciler(ctx: Arc<Ctx>, actor: String, mut rng: Rng, until_settled: b
         } else if ctx.stop.load(Ordering::SeqCst) {
             return true;
         }
-        let now = Instant::now();
-        let before = findings.len();
-        findings.retain(|(_, by)| *by > now + Duration::from_millis(100));
-        ctx.counts
-            .findings_dropped
-            .fetch_add((before - findings.len()) as u64, Ordering::Relaxed);
-        let timeout = findings
-            .iter()
-            .map(|(_, by)| by.saturating_duration_since(now))
-            .min()
-            .unwrap_or(CALL_TIMEOUT)
-            .min(CALL_TIMEOUT);
+        if !until_settled && !findings.is_empty() && rng.random_ratio(1, 4) {
+            bump(&ctx.counts.stalls);
+            let stall = HOLD + Duration::from_millis(rng.random_range(100..1500));
+            for f in &findings {
+                ctx.history.did(
+                    &actor,
+                    &f.key,
+                    format!(
+                        "stalled {:.1}s with its finding about attempt {}, past its hold",
+                        stall.as_secs_f64(),
+                        f.attempt
+                    ),
+                );
+            }
+            tokio::time::sleep(stall).await;
+        }
         let server = rng.random_range(0..ctx.clients.len());
-        let resolutions: Vec<pb::Resolution> = findings.iter().map(|(r, _)| r.clone()).collect();
+        let resolutions = findings.clone();
         let keys = resolutions
             .iter()
             .map(|r| r.key.as_str())
@@ -633,11 +647,22 @@ async fn reconciler(ctx: Arc<Ctx>, actor: String, mut rng: Rng, until_settled: b
                 principal: actor.clone(),
                 ..Default::default()
             },
-            timeout,
+            CALL_TIMEOUT,
         )))
         .await;
         match answer {
             Ok(out) => {
+                // Only what a finding settled counts as acknowledged; the rest changed nothing.
+                let mut applied = Vec::new();
+                for result in &out.results {
+                    match result.result() {
+                        pb::ResolutionOutcome::ResolutionApplied => {
+                            applied.extend(result.entry.iter().map(Seen::of));
+                        }
+                        pb::ResolutionOutcome::ResolutionStale => bump(&ctx.counts.stale),
+                        _ => {}
+                    }
+                }
                 ctx.history.record(
                     &actor,
                     Some(server),
@@ -650,7 +675,7 @@ async fn reconciler(ctx: Arc<Ctx>, actor: String, mut rng: Rng, until_settled: b
                             .iter()
                             .map(|e| (e.key.clone(), e.attempt))
                             .collect(),
-                        resolved: out.resolved.iter().map(Seen::of).collect(),
+                        resolved: applied,
                     },
                 );
                 let settled = findings.is_empty() && out.pending.is_empty();
@@ -663,6 +688,8 @@ async fn reconciler(ctx: Arc<Ctx>, actor: String, mut rng: Rng, until_settled: b
                                 key: entry.key.clone(),
                                 status: pb::Status::Succeeded.into(),
                                 result: receipt.into(),
+                                attempt: entry.attempt,
+                                hold_token: entry.hold_token.clone(),
                                 ..Default::default()
                             }
                         }
@@ -673,6 +700,8 @@ async fn reconciler(ctx: Arc<Ctx>, actor: String, mut rng: Rng, until_settled: b
                                 status: pb::Status::Failed.into(),
                                 error: "not found in the world".into(),
                                 retryable: true,
+                                attempt: entry.attempt,
+                                hold_token: entry.hold_token.clone(),
                                 ..Default::default()
                             }
                         }
@@ -691,7 +720,7 @@ async fn reconciler(ctx: Arc<Ctx>, actor: String, mut rng: Rng, until_settled: b
                             }
                         ),
                     );
-                    findings.push((resolution, sent + RESOLVE_WITHIN));
+                    findings.push(resolution);
                 }
                 quiet_since = match (settled, quiet_since) {
                     (true, Some(q)) => Some(q),
@@ -700,6 +729,7 @@ async fn reconciler(ctx: Arc<Ctx>, actor: String, mut rng: Rng, until_settled: b
                 };
             }
             Err(status) => {
+                // The findings are sent again with the next call, however late.
                 ctx.history.record(
                     &actor,
                     Some(server),
@@ -728,8 +758,17 @@ struct Fleet {
     logs: Vec<(String, Arc<Mutex<String>>)>,
 }
 
-fn server_flags() -> [&'static str; 4] {
-    ["--db-acquire-timeout", "2s", "--reconcile-lease", HOLD_FLAG]
+/// A short hold, and no reconcile grace: a worker acts only within [`ACT_WITHIN`] of its
+/// Claim, well before its lease ends, so nothing is still landing when a reconciler asks.
+fn server_flags() -> [&'static str; 6] {
+    [
+        "--db-acquire-timeout",
+        "2s",
+        "--reconcile-lease",
+        HOLD_FLAG,
+        "--reconcile-grace",
+        "0s",
+    ]
 }
 
 impl Fleet {
@@ -1152,7 +1191,7 @@ impl Report {
             "history[{}] seed={} load={:.1}s took={:.1}s calls={:?} outcomes={:?} keys={} \
              effects={} acknowledged={} replays={} crashed_before={} failed_before={} \
              crashed_after={} too_late={} gave_up_completing={} world_found={} \
-             world_not_found={} findings_dropped={} errors={:?} faults={:?} problems={}",
+             world_not_found={} stalls={} stale_findings={} errors={:?} faults={:?} problems={}",
             ctx.store,
             ctx.seed,
             loaded.as_secs_f64(),
@@ -1170,7 +1209,8 @@ impl Report {
             n(&c.gave_up_completing),
             n(&c.found),
             n(&c.not_found),
-            n(&c.findings_dropped),
+            n(&c.stalls),
+            n(&c.stale),
             f.errors,
             faults,
             self.problems.len(),
@@ -1278,6 +1318,9 @@ fn check(
     }
     if faults.values().sum::<u32>() < 3 {
         problems.push(format!("only {faults:?} faults were injected"));
+    }
+    if ctx.counts.stalls.load(Ordering::Relaxed) == 0 {
+        problems.push("no reconciler stalled past its hold: no finding came late".to_string());
     }
 
     let mut evidence = String::new();

@@ -19,6 +19,7 @@ on_every_backend!(
     entry_finds_an_entry_by_a_unique_key_prefix_or_its_external_ref,
     resolve_settles_an_unknown_outcome_once_and_claims_nothing,
     renew_extends_the_lease_of_the_attempt_whose_token_it_has,
+    resolve_is_fenced_and_a_possible_double_effect_is_shown_first_until_acknowledged,
 );
 
 const ACME: &str = "token-acme";
@@ -836,14 +837,29 @@ async fn resolve_settles_an_unknown_outcome_once_and_claims_nothing(backend: Bac
         field(&out, "resolved_by").starts_with("cli:"),
         "the operator is recorded: {out}"
     );
-    assert_eq!(out, acme(&app, &["entry", &sms_key]).await);
+    // `entry` prints the same fields, then the entry's history: the finding just applied.
+    let shown = acme(&app, &["entry", &sms_key]).await;
+    let history = shown
+        .strip_prefix(out.as_str())
+        .unwrap_or_else(|| panic!("entry prints the same fields first:\n{shown}\n---\n{out}"));
+    assert!(
+        history.starts_with("history\n")
+            && history.contains("finding_applied  attempt 1  cli:")
+            && history.contains("found: the effect exists"),
+        "{history}"
+    );
     let again = claim_again(&app, sms.clone()).await;
     assert_eq!(again.outcome(), pb::Outcome::Replayed);
     assert_eq!(&again.entry.expect("entry").result[..], found.as_bytes());
     // The same resolution again changes nothing, and says so.
     let run = acme_run(&app, &["resolve", &sms_key, "--succeeded", found]).await;
     assert_eq!(run.code, Some(0), "{}", run.stderr);
-    assert_eq!(run.stdout, acme(&app, &["entry", &sms_key]).await);
+    let shown = acme(&app, &["entry", &sms_key]).await;
+    assert!(
+        shown.starts_with(&run.stdout),
+        "{shown}\n---\n{}",
+        run.stdout
+    );
     assert!(
         run.stderr
             .contains("already resolved with this outcome: nothing changed"),
@@ -1144,4 +1160,137 @@ async fn the_commands_speak_tls_and_mutual_tls() {
     assert_eq!(run.code, Some(2));
     assert!(run.stderr.contains("needs --ca-cert"), "{}", run.stderr);
     drop(server);
+}
+
+async fn resolve_is_fenced_and_a_possible_double_effect_is_shown_first_until_acknowledged(
+    backend: Backend,
+) {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let tokens = tokens_file(&dir);
+    let app = spawn_app_with(backend, |s| {
+        s.auth_tokens_file = Some(tokens);
+        s.max_lease = Duration::from_secs(4 * 3600);
+    })
+    .await;
+    let key = make(
+        &app,
+        ACME,
+        claim(RUN, "issue_credit", "{\"n\":1}"),
+        unknown("timed out"),
+    )
+    .await;
+    let plain = make(
+        &app,
+        ACME,
+        claim(RUN, "issue_credit", "{\"n\":2}"),
+        succeeded(b"ok"),
+    )
+    .await;
+    // A reconciler holds the entry: the CLI does not settle over it.
+    let mut client = app.client.clone();
+    let held = client
+        .reconcile(bearer(
+            pb::ReconcileRequest {
+                keys: vec![key.clone()],
+                ..Default::default()
+            },
+            ACME,
+        ))
+        .await
+        .expect("take")
+        .into_inner()
+        .pending
+        .pop()
+        .expect("handed out");
+    let run = acme_run(&app, &["resolve", &key, "--failed", "none", "--retryable"]).await;
+    assert_eq!(run.code, Some(2), "{}{}", run.stdout, run.stderr);
+    assert!(
+        run.stderr
+            .starts_with("error: FAILED_PRECONDITION (HELD): "),
+        "{}",
+        run.stderr
+    );
+    assert_eq!(lookup(&app, &key).await.status(), pb::Status::Unknown);
+    // The reconciler found nothing; then its second read of the same attempt finds the effect
+    // (it was still landing): the entry says "not done, retry", so it is marked.
+    for (status, result) in [
+        (pb::Status::Failed, &b""[..]),
+        (pb::Status::Succeeded, b"cr-1"),
+    ] {
+        client
+            .reconcile(bearer(
+                pb::ReconcileRequest {
+                    resolutions: vec![pb::Resolution {
+                        key: key.clone(),
+                        status: status.into(),
+                        result: result.to_vec().into(),
+                        retryable: result.is_empty(),
+                        attempt: held.attempt,
+                        hold_token: held.hold_token.clone(),
+                        ..Default::default()
+                    }],
+                    principal: "reconciler-7".into(),
+                    ..Default::default()
+                },
+                ACME,
+            ))
+            .await
+            .expect("resolve");
+    }
+    // `entries` shows the marked entry first, with its evidence, then the table of all.
+    let listing = acme(&app, &["entries", "--wide"]).await;
+    let warning = listing
+        .find("POSSIBLE DOUBLE EFFECT")
+        .unwrap_or_else(|| panic!("no warning:\n{listing}"));
+    let evidence = listing
+        .find("the effect of attempt 1 exists")
+        .unwrap_or_else(|| panic!("no evidence:\n{listing}"));
+    let table = listing.rfind("STARTED_AT").expect("the table");
+    assert!(warning < evidence && evidence < table, "{listing}");
+    assert!(listing[table..].contains(&plain), "{listing}");
+    let only = acme(&app, &["entries", "--possible-double-effect", "--wide"]).await;
+    assert_eq!(keys(&only), [key.as_str()], "{only}");
+    // `entry` starts with the warning and ends with the history.
+    let shown = acme(&app, &["entry", &key]).await;
+    assert!(shown.starts_with("POSSIBLE DOUBLE EFFECT"), "{shown}");
+    assert!(
+        shown.contains("finding_already_resolved  attempt 1  reconciler-7")
+            && shown.contains("possible_double_effect  attempt 1  reconciler-7"),
+        "{shown}"
+    );
+    // Acknowledged: the mark goes, the note stays in the history.
+    let acked = acme(
+        &app,
+        &[
+            "acknowledge",
+            &key,
+            "--note",
+            "refunded one credit",
+            "--principal",
+            "ops:alice",
+        ],
+    )
+    .await;
+    assert_eq!(field(&acked, "key"), key);
+    assert!(!lookup(&app, &key).await.possible_double_effect);
+    let shown = acme(&app, &["entry", &key]).await;
+    assert!(!shown.contains("POSSIBLE DOUBLE EFFECT"), "{shown}");
+    assert!(
+        shown.contains("double_effect_acknowledged  attempt 1  ops:alice  refunded one credit"),
+        "{shown}"
+    );
+    assert!(
+        !acme(&app, &["entries"])
+            .await
+            .contains("POSSIBLE DOUBLE EFFECT")
+    );
+    // Again: nothing is marked; refused, exit 2.
+    let run = acme_run(&app, &["acknowledge", &key, "--note", "again"]).await;
+    assert_eq!(run.code, Some(2), "{}{}", run.stdout, run.stderr);
+    assert!(
+        run.stderr
+            .starts_with("error: FAILED_PRECONDITION (NOT_MARKED): "),
+        "{}",
+        run.stderr
+    );
 }

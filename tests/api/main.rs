@@ -19,6 +19,7 @@ mod contention;
 mod docs;
 mod failover;
 mod faults;
+mod fencing;
 mod full_disk;
 mod grpc_api;
 mod ha_failover;

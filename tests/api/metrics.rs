@@ -326,15 +326,34 @@ async fn a_scripted_mix_is_counted_exactly(backend: Backend) {
         assert!(!text.contains(secret), "{secret} is in:\n{text}");
     }
 
-    // A reconciler answers the unknown outcome: the backlog shrinks on the next refresh.
-    app.client
+    // A reconciler takes the unknown outcome and answers it, first with a finding about an
+    // attempt that is not the entry's (stale, counted by why), then with the right one: the
+    // backlog shrinks on the next refresh.
+    let held = app
+        .client
+        .clone()
         .reconcile(pb::ReconcileRequest {
-            resolutions: vec![pb::Resolution {
-                key: u_key,
-                status: pb::Status::Succeeded.into(),
-                result: b"found".to_vec().into(),
-                ..Default::default()
-            }],
+            keys: vec![u_key.clone()],
+            ..Default::default()
+        })
+        .await
+        .expect("take")
+        .into_inner()
+        .pending
+        .pop()
+        .expect("handed out");
+    let found = |attempt: u32| pb::Resolution {
+        key: u_key.clone(),
+        status: pb::Status::Succeeded.into(),
+        result: b"found".to_vec().into(),
+        attempt,
+        hold_token: held.hold_token.clone(),
+        ..Default::default()
+    };
+    app.client
+        .clone()
+        .reconcile(pb::ReconcileRequest {
+            resolutions: vec![found(held.attempt + 1), found(held.attempt)],
             ..Default::default()
         })
         .await
@@ -342,8 +361,19 @@ async fn a_scripted_mix_is_counted_exactly(backend: Backend) {
     let text = await_series(addr, "ledger_unresolved_entries{status=\"unknown\"}", 0.0).await;
     assert_series(
         &text,
-        "ledger_reconcile_resolutions_total{status=\"succeeded\"}",
+        "ledger_stale_findings_total{reason=\"other_attempt\"}",
         1.0,
+    );
+    assert_series(
+        &text,
+        "ledger_stale_findings_total{reason=\"later_attempt\"}",
+        0.0,
+    );
+    assert_series(&text, "ledger_possible_double_effects", 0.0);
+    assert_series(
+        &text,
+        "ledger_reconcile_resolutions_total{status=\"succeeded\"}",
+        2.0,
     );
     assert_series(
         &text,
@@ -356,7 +386,8 @@ async fn a_scripted_mix_is_counted_exactly(backend: Backend) {
             "grpc_server_handled_total{{{},grpc_code=\"OK\"}}",
             grpc("Reconcile")
         ),
-        1.0,
+        // The one that took the entry, and the one that answered it.
+        2.0,
     );
     app.shutdown().await.expect("shutdown");
 }

@@ -864,6 +864,10 @@ fn gen_resolution(rng: &mut Rng, pool: &Pool) -> pb::Resolution {
             "not found".to_owned()
         },
         retryable: !succeeded && rng.random_ratio(1, 2),
+        // A fence that is usually there (a small attempt, one of a few tokens), now and then
+        // missing (an old client's resolution, refused).
+        attempt: *pick(rng, &[0, 1, 1, 2, u32::MAX]),
+        hold_token: pick(rng, &["", "h", "0123456789abcdef0123456789abcdef"]).to_string(),
     }
 }
 
@@ -916,12 +920,13 @@ fn gen_reconcile(rng: &mut Rng, pool: &Pool) -> pb::ReconcileRequest {
             }
             _ => {
                 let mut odd = gen_resolution(rng, pool);
-                match rng.random_range(0..5) {
+                match rng.random_range(0..6) {
                     0 => odd.key = text(rng),
                     1 => odd.status = odd_enum(rng),
                     2 => odd.result = odd_result(rng).into(),
                     3 => odd.error = odd_error(rng),
-                    _ => odd.retryable = !odd.retryable,
+                    4 => odd.retryable = !odd.retryable,
+                    _ => odd.hold_token = text(rng),
                 }
                 r.resolutions.push(odd);
             }

@@ -81,13 +81,23 @@ async fn check_plans(conn: &mut sqlx::PgConnection) {
         (
             "RESOLVE",
             sql::RESOLVE,
-            "text, text, text, bytea, text, bool, int8, int8, int8, text".into(),
+            "text, text, text, bytea, text, bool, int8, int8, int8, text, int8, text".into(),
         ),
         ("MARK_WAITING", sql::MARK_WAITING, "text, text".into()),
         (
             "TAKE_KEY",
             sql::TAKE_KEY,
-            "text, int8, int8, text, text, int8".into(),
+            "text, int8, int8, text, text, int8, int8, text".into(),
+        ),
+        (
+            "MARK_DOUBLE_EFFECT",
+            sql::MARK_DOUBLE_EFFECT,
+            "text, text, int8".into(),
+        ),
+        (
+            "ACKNOWLEDGE_DOUBLE_EFFECT",
+            sql::ACKNOWLEDGE_DOUBLE_EFFECT,
+            "text, text".into(),
         ),
         (
             "ADD_REPLAYS_MANY",
@@ -115,7 +125,7 @@ async fn check_plans(conn: &mut sqlx::PgConnection) {
         conn,
         "LIST_RUN",
         sql::LIST_RUN,
-        "text, text, text, text, int8, int8, int8, text, int8, int8",
+        "text, text, text, text, int8, int8, int8, text, int8, int8, bool",
     )
     .await;
     assert!(
@@ -126,12 +136,17 @@ async fn check_plans(conn: &mut sqlx::PgConnection) {
         conn,
         "TAKE_UNRESOLVED",
         PgStore::TAKE_UNRESOLVED,
-        "text, int8, int8, text, int8, int8",
+        "text, int8, int8, text, int8, int8, int8, text",
     )
     .await;
     assert!(
         pick.contains("ledger_entries_unresolved_by_start"),
         "the reconcile pick does not use the unresolved index:\n{pick}"
+    );
+    let history = generic_plan(conn, "HISTORY", sql::HISTORY, "text, text").await;
+    assert!(
+        history.contains("ledger_history_by_entry"),
+        "an entry's history is not read by its index:\n{history}"
     );
 }
 

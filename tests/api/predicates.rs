@@ -10,7 +10,8 @@ use std::sync::Arc;
 
 use idempotency_ledger::domain::entry::cas;
 use idempotency_ledger::domain::{
-    ClaimToken, Completion, Entry, Key, Micros, Principal, RunId, Status, Tenant, ToolName,
+    ClaimToken, Completion, Entry, EventKind, HistoryEvent, HoldToken, Key, Micros, Principal,
+    RunId, Status, Tenant, ToolName,
 };
 use idempotency_ledger::storage::{Entries, Finish};
 use rand::rngs::Xoshiro256PlusPlus as Rng;
@@ -78,6 +79,9 @@ impl Gen {
             replay_count: 0,
             arguments: None,
             resolved_by: Principal::none(),
+            // A claim stores no hold: an entry is first held when Reconcile hands it out.
+            hold_token: HoldToken::none(),
+            possible_double_effect: false,
         }
     }
 }
@@ -150,17 +154,38 @@ async fn run_case(
             )
         }
         Write::Resolve => {
-            let done = Completion::Failed {
-                error: "never sent".into(),
-                retryable: false,
-            }
-            .apply_to(stored, NOW);
+            // The finding's fence: mostly the stored attempt and the stored (empty) hold, now
+            // and then another of either (so that this case still applies often enough for
+            // the whole run to apply more than it refuses half the time).
+            let attempt = g.pick(&[1, 1, 1, 1, 1, 1, 1, 2]);
+            let hold =
+                HoldToken::from_stored(g.pick(&["", "", "", "", "", "", "", "h1"]).to_string());
+            let done = Entry {
+                attempt,
+                hold_token: hold.clone(),
+                ..Completion::Failed {
+                    error: "never sent".into(),
+                    retryable: false,
+                }
+                .apply_to(stored, NOW)
+            };
+            let note = HistoryEvent {
+                at: NOW,
+                attempt,
+                kind: EventKind::FindingApplied,
+                principal: Principal::none(),
+                detail: String::new(),
+            };
             let wrote = store
-                .resolve(&tenant(), &done, NOW)
+                .resolve(&tenant(), &done, NOW, &note)
                 .await
                 .expect("resolve")
                 .is_some();
-            (wrote, cas::resolves(stored, NOW), String::new())
+            (
+                wrote,
+                cas::resolves(stored, attempt, &hold, NOW),
+                format!("attempt {attempt}, hold {hold:?}"),
+            )
         }
         Write::Restart => {
             let next = Entry {

@@ -1,6 +1,7 @@
 //! One entry's page: every field, its arguments and result as stored, its timeline.
 
 use super::*;
+use crate::domain::{EventKind, HistoryEvent};
 
 // ---- one entry ---------------------------------------------------------------------------
 
@@ -31,6 +32,19 @@ pub(super) async fn entry(console: &Console, call: &Call, who: &Who) -> PageResu
         status_badge(view.status),
         esc(e.key.as_str())
     );
+    let history = console
+        .ledger()
+        .history(&who.tenant, &e.key)
+        .await
+        .map_err(|e| failure(&e))?;
+    if e.possible_double_effect {
+        body.push_str(&double_effect_card(
+            who,
+            &view,
+            &history,
+            &entry_path(e.key.as_str()),
+        ));
+    }
     if view.status == Status::Unknown {
         let _ = write!(
             body,
@@ -38,7 +52,7 @@ pub(super) async fn entry(console: &Console, call: &Call, who: &Who) -> PageResu
              the outside world about <code>{}</code>, then say what it found. \
              <details open><summary>Resolve</summary>{}</details></div>",
             esc(&view.external_ref),
-            resolve_form(who, &e.key, &entry_path(e.key.as_str()))
+            resolve_form(who, e, &entry_path(e.key.as_str()))
         );
     }
     let opt_time = |t: Option<Micros>| t.map_or("-".to_string(), precise_time);
@@ -65,6 +79,14 @@ pub(super) async fn entry(console: &Console, call: &Call, who: &Who) -> PageResu
         ("finished_at", opt_time(e.finished_at)),
         ("expires_at", opt_time(e.expires_at)),
         ("replay_count", e.replay_count.to_string()),
+        (
+            "possible_double_effect",
+            if e.possible_double_effect {
+                "true: not yet acknowledged".to_owned()
+            } else {
+                "false".to_owned()
+            },
+        ),
     ] {
         let shown = if value.is_empty() {
             "-"
@@ -81,7 +103,9 @@ pub(super) async fn entry(console: &Console, call: &Call, who: &Who) -> PageResu
     for line in timeline(&view, call.now) {
         let _ = write!(body, "<li>{}</li>", esc(&line));
     }
-    body.push_str("</ol></div><h2>Arguments</h2>");
+    body.push_str("</ol></div><h2>History</h2>");
+    body.push_str(&history_table(&history));
+    body.push_str("<h2>Arguments</h2>");
     match &e.arguments {
         Some(arguments) if !arguments.is_empty() => {
             body.push_str(&shown_html(&shown(arguments.as_bytes())));
@@ -131,7 +155,7 @@ pub(super) fn timeline(view: &EntryView, now: Micros) -> Vec<String> {
             "{lease_end}: its lease ended without a Complete: unknown since"
         )),
         (Status::Unknown, _) => lines.push(format!(
-            "its claimant reported it unknown{} (lease until {lease_end})",
+            "{lease_end}: its claimant reported it unknown{}",
             if e.error.is_empty() {
                 String::new()
             } else {
@@ -174,4 +198,104 @@ pub(super) fn timeline(view: &EntryView, now: Micros) -> Vec<String> {
         None => lines.push("never expires while unresolved".to_string()),
     }
     lines
+}
+
+/// What was found about an entry and what people did, oldest first: every finding (applied or
+/// not, and why not), the marks of a possible double effect and their acknowledgements.
+pub(super) fn history_table(history: &[HistoryEvent]) -> String {
+    if history.is_empty() {
+        return "<p class=\"muted\">Nothing yet: no reconciler or person has reported on this \
+                entry.</p>"
+            .to_owned();
+    }
+    let mut html = String::from(
+        "<table class=\"history\"><thead><tr><th>When</th><th>What</th>\
+         <th class=\"num\">Attempt</th><th>Who</th><th>Detail</th></tr></thead><tbody>",
+    );
+    for event in history {
+        let _ = write!(
+            html,
+            "<tr><td>{}</td><td>{}</td><td class=\"num\">{}</td><td>{}</td><td>{}</td></tr>",
+            esc(&precise_time(event.at)),
+            esc(event_in_words(&event.kind)),
+            event.attempt,
+            esc(if event.principal.is_empty() {
+                "-"
+            } else {
+                event.principal.as_str()
+            }),
+            esc(&event.detail),
+        );
+    }
+    html.push_str("</tbody></table>");
+    html
+}
+
+/// A history event's kind as a person reads it.
+fn event_in_words(kind: &EventKind) -> &str {
+    match kind {
+        EventKind::FindingApplied => "finding applied",
+        EventKind::FindingStale => "stale finding (not applied)",
+        EventKind::FindingAlreadyResolved => "finding about a resolved attempt (not applied)",
+        EventKind::PossibleDoubleEffect => "marked: possible double effect",
+        EventKind::DoubleEffectAcknowledged => "double effect acknowledged",
+        EventKind::Other(name) => name,
+    }
+}
+
+/// The warning on an entry marked as a possible double effect: the evidence, and the form
+/// that acknowledges it once a person has dealt with it; `back` is where to go after it.
+pub(super) fn double_effect_card(
+    who: &Who,
+    view: &EntryView,
+    history: &[HistoryEvent],
+    back: &str,
+) -> String {
+    let e = &view.entry;
+    let mut html = format!(
+        "<div class=\"card double-effect\"><b class=\"bad\">Possible double effect.</b> A \
+         finding says that an earlier attempt's effect exists while a later attempt was \
+         started (or after the attempt had been recorded as not done): this intent may have \
+         acted twice. Check the outside world for <code>{xref}</code> and undo what must be \
+         undone, then acknowledge it here.<ul class=\"evidence\">",
+        xref = esc(&view.external_ref),
+    );
+    for event in history.iter().filter(|ev| {
+        matches!(
+            ev.kind,
+            EventKind::PossibleDoubleEffect | EventKind::FindingStale
+        )
+    }) {
+        let _ = write!(
+            html,
+            "<li>{} · attempt {} · {} · {}</li>",
+            esc(&precise_time(event.at)),
+            event.attempt,
+            esc(if event.principal.is_empty() {
+                "-"
+            } else {
+                event.principal.as_str()
+            }),
+            esc(&event.detail)
+        );
+    }
+    let _ = write!(
+        html,
+        "</ul><details><summary>Acknowledge…</summary>\
+         <form class=\"resolve\" method=\"post\" action=\"/acknowledge\">\
+         <input type=\"hidden\" name=\"csrf\" value=\"{csrf}\">\
+         <input type=\"hidden\" name=\"key\" value=\"{key}\">\
+         <input type=\"hidden\" name=\"back\" value=\"{back}\">\
+         <label>What you found or did (kept in the history)<textarea name=\"note\" rows=\"2\" \
+         maxlength=\"1024\" required></textarea></label>\
+         <label>Your name (recorded with it)<input type=\"text\" name=\"operator\" \
+         maxlength=\"{max}\" value=\"{operator}\"></label>\
+         <button type=\"submit\">Acknowledge</button></form></details></div>",
+        csrf = esc(&who.csrf),
+        key = esc(e.key.as_str()),
+        back = esc(back),
+        max = MAX_OPERATOR_CHARS,
+        operator = esc(&who.operator),
+    );
+    html
 }

@@ -188,7 +188,7 @@ pub struct TestLedger {
 
 impl TestLedger {
     pub async fn new(backend: Backend) -> TestLedger {
-        TestLedger::with_limits(backend, Limits::default()).await
+        TestLedger::with_limits(backend, test_limits()).await
     }
 
     pub async fn with_limits(backend: Backend, limits: Limits) -> TestLedger {
@@ -211,7 +211,17 @@ pub struct TestApp {
     pub handle: Option<JoinHandle<Result<(), ServeError>>>,
 }
 
-/// Settings for a test server: port 0, the given database, a fast health probe.
+/// The shipped limits, but that Reconcile hands out an unknown outcome at once (no grace):
+/// what most tests of reconciliation want; the grace has tests of its own.
+pub fn test_limits() -> Limits {
+    Limits {
+        reconcile_grace: Duration::ZERO,
+        ..Limits::default()
+    }
+}
+
+/// Settings for a test server: port 0, the given database, a fast health probe, no reconcile
+/// grace (see [`test_limits`]).
 pub fn test_settings(url: &str) -> Settings {
     let mut s = Settings::defaults();
     s.listen = "127.0.0.1:0".parse().expect("addr");
@@ -219,6 +229,7 @@ pub fn test_settings(url: &str) -> Settings {
     s.health_probe_interval = Duration::from_millis(200);
     s.db_acquire_timeout = Duration::from_secs(2);
     s.shutdown_grace = Duration::from_secs(5);
+    s.reconcile_grace = Duration::ZERO;
     // Tests that want a console ask for one on a free port; the default one is a developer's.
     s.console_listen = Some(idempotency_ledger::console::Listen::Off);
     s

@@ -1,0 +1,112 @@
+//! What a person does with evidence: reads an entry's history, sees the entries marked as a
+//! possible double effect, and acknowledges a mark once dealt with.
+
+use super::{EntryView, Ledger};
+use crate::domain::Tenant;
+use crate::domain::key::{ExplicitKey, Key, Principal};
+use crate::domain::{EventKind, HistoryEvent};
+use crate::error::LedgerError;
+
+/// The longest note a person may leave with an acknowledgement.
+pub const MAX_NOTE_BYTES: usize = 1024;
+
+/// An acknowledgement of a possible double effect.
+#[derive(Clone, Debug, Default)]
+pub struct AcknowledgeInput {
+    /// The entry's key.
+    pub key: String,
+    /// What the person found or did; kept in the history.
+    pub note: String,
+    /// Who acknowledges.
+    pub principal: String,
+}
+
+impl Ledger {
+    /// The history of the entry `key` (oldest first); empty for an entry without one.
+    ///
+    /// # Errors
+    /// `InvalidArgument` for a malformed key; `Unavailable`/`Internal` from the store.
+    pub async fn history(
+        &self,
+        tenant: &Tenant,
+        key: &Key,
+    ) -> Result<Vec<HistoryEvent>, LedgerError> {
+        Ok(self.store.history(tenant, key).await?)
+    }
+
+    /// Up to `limit` of the tenant's entries marked as a possible double effect, oldest first,
+    /// with the arguments kept for audit.
+    ///
+    /// # Errors
+    /// `Unavailable`/`Internal` from the store.
+    pub async fn double_effects(
+        &self,
+        tenant: &Tenant,
+        limit: u32,
+    ) -> Result<Vec<EntryView>, LedgerError> {
+        let now = self.clock.now();
+        let entries = self.store.double_effects(tenant, limit).await?;
+        Ok(entries
+            .into_iter()
+            .map(|e| self.audit_view(self.with_unwritten_replays(tenant, e), now))
+            .collect())
+    }
+
+    /// Clears the entry's mark of a possible double effect and keeps the acknowledgement (who,
+    /// when, the note) in its history, in one transaction.
+    ///
+    /// # Errors
+    /// `InvalidArgument` for a malformed key, principal or a note over 1 KiB; `NotFound` when
+    /// there is no entry; `NotMarked` when it carries no mark; `Unavailable`/`Internal` from
+    /// the store. None of them changes anything.
+    pub async fn acknowledge_double_effect(
+        &self,
+        tenant: &Tenant,
+        input: AcknowledgeInput,
+    ) -> Result<EntryView, LedgerError> {
+        let key = Key::from(ExplicitKey::parse(&input.key)?);
+        let principal = Principal::parse(&input.principal)?;
+        if input.note.len() > MAX_NOTE_BYTES {
+            return Err(LedgerError::invalid(
+                "note",
+                format!("is {} bytes; at most {MAX_NOTE_BYTES}", input.note.len()),
+            ));
+        }
+        if input.note.chars().any(|c| c.is_control() && c != '\n') {
+            return Err(LedgerError::invalid(
+                "note",
+                "must not hold control characters",
+            ));
+        }
+        let now = self.clock.now();
+        let Some(existing) = self.store.get(tenant, &key).await? else {
+            return Err(LedgerError::NotFound);
+        };
+        if existing.is_expired(now) {
+            return Err(LedgerError::NotFound);
+        }
+        let note = HistoryEvent {
+            at: now,
+            attempt: existing.attempt,
+            kind: EventKind::DoubleEffectAcknowledged,
+            principal: principal.clone(),
+            detail: input.note,
+        };
+        match self
+            .store
+            .acknowledge_double_effect(tenant, &key, &note)
+            .await?
+        {
+            Some(entry) => {
+                tracing::info!(
+                    key = %key,
+                    attempt = entry.attempt,
+                    principal = %principal,
+                    "a possible double effect was acknowledged"
+                );
+                Ok(self.audit_view(self.with_unwritten_replays(tenant, entry), now))
+            }
+            None => Err(LedgerError::NotMarked),
+        }
+    }
+}
