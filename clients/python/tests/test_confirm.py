@@ -391,7 +391,7 @@ def test_a_repeat_waits_for_a_settlement_another_caller_is_making(ledger: Ledger
     # The operator answers a second later; the repeat (no confirm_delay) asks at once, is not
     # handed the entry, and must wait for that answer.
     settler = threading.Timer(1.0, lambda: ledger.reconcile(
-        resolutions=[Resolution.found(claimed.key, b'{"credit_id": "cr-9"}')],
+        resolutions=[Resolution.found(held, b'{"credit_id": "cr-9"}')],
         resolve_only=True, principal="operator"))
     settler.start()
     try:

@@ -329,6 +329,35 @@ def test_the_sdks_timeout_after_acting_reads_what_confirm_found(
     assert len(payments.credits) == 1
 
 
+@pytest.mark.parametrize("client", [Ledger, AsyncLedger])
+def test_the_sdks_timeout_while_nothing_shows_yet_reads_unknown(
+        server: LedgerServer, run_id: str, client: type) -> None:
+    # Stopped before its request reached the payments API, as far as the read can tell: the
+    # request may still land, so "nothing yet" is no proof. The outcome stays unknown, and the
+    # model is told not to repeat the call, not that nothing happened.
+    payments = Payments(delay=0)
+
+    async def main() -> None:
+        ledger = client(server.address)
+        try:
+            tool = credit_then_hang(ledger, payments, timeout=1, act=False)
+            result = await Runner.run(Agent(name="s", model=one_call(), tools=[tool]),
+                                      "credit", context=Session(run_id))
+            (output,) = outputs(result)
+            assert read(output) == UNKNOWN_VIEW
+            entry = ledger.lookup(run_id=run_id, tool="issue_credit", arguments=CREDIT)
+            entry = await entry if asyncio.iscoroutine(entry) else entry
+            assert entry.status == Status.UNKNOWN and "ActionStopped" in entry.error
+            assert len(payments.confirmed) == 1
+        finally:
+            closed = ledger.close()
+            if asyncio.iscoroutine(closed):
+                await closed
+
+    asyncio.run(main())
+    assert payments.credits == []
+
+
 def test_the_sdks_timeout_with_raise_exception_is_left_to_the_sdk(server: LedgerServer,
                                                                   run_id: str) -> None:
     # timeout_behavior="raise_exception" asks for the SDK's ToolTimeoutError: the run fails,

@@ -246,3 +246,19 @@ def test_every_row_of_the_list_is_documented_in_the_readmes_parity_table(readme:
     rows = [line for line in text.splitlines() if line.startswith("| `")]
     missing = [row for row in PARITY_ROWS if not any(f"| `{row}`" in line for line in rows)]
     assert missing == [], f"clients/{readme}/README.md has no parity row for {missing}"
+
+
+def test_the_fences_result_types_are_the_clients() -> None:
+    # Sections the TypeScript README documents on its own side are checked here in this
+    # client's README (fence, reconciler_tools).
+    fence = PARITY["fence"]
+    assert fence["result_types"]["python"] == ["ResolutionOutcome", "ResolutionResult"]
+    for name in fence["result_types"]["python"]:
+        assert name in idempotency_ledger.__all__ and isinstance(
+            getattr(idempotency_ledger, name), type), name
+    outcomes = [o.name.lower() for o in idempotency_ledger.ResolutionOutcome if o.value]
+    assert outcomes == fence["outcomes"]
+    text = (Path(__file__).resolve().parents[1] / "README.md").read_text(encoding="utf-8")
+    rows = [line for line in text.splitlines() if line.startswith("| `")]
+    for row in ("fence.result_types", "fence.outcomes", "reconciler_tools.without_confirm"):
+        assert any(line.startswith(f"| `{row}` |") for line in rows), row

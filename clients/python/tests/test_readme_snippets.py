@@ -231,6 +231,24 @@ def run_keys(server: LedgerServer) -> None:
     assert claimed.key == expected.group(1)
 
 
+def run_fenced_resolutions(server: LedgerServer) -> None:
+    line, code = block("for pending in ledger.reconcile(")
+    code = code.replace("older_than=60", "older_than=0")  # entries made just now
+    payments = Payments()
+    with LedgerServer() as own, Ledger(own.address) as ledger:  # Reconcile sees every entry
+        keys = []
+        for customer in ("c-1", "c-2"):
+            claimed = ledger.claim("run-1", "issue_credit", {"customer": customer})
+            ledger.complete(claimed.key, claimed.claim_token, Status.UNKNOWN, error="lost")
+            keys.append(claimed.key)
+        payments.credit("c-1", 1, "EUR", memo=ledger.lookup(keys[0]).external_ref)
+        _, printed = run(line, code, own.address, ledger=ledger, payments=payments)
+        assert printed == ""  # both findings applied
+        first, second = (ledger.lookup(k) for k in keys)
+    assert (first.status, first.result) == (Status.SUCCEEDED, b'{"credit_id": "cr-981"}')
+    assert (second.status, second.retryable) == (Status.FAILED, True)
+
+
 #: The blocks run, by a line of theirs.
 RUNS: dict[str, Callable[[LedgerServer], None]] = {
     '"run-7f3a", "issue_credit", args,': run_ten_lines,
@@ -241,6 +259,7 @@ RUNS: dict[str, Callable[[LedgerServer], None]] = {
     "for entry in ledger.list_entries(": run_list_entries,
     "except InvalidArgument as e:": run_errors,
     'derive_key("run-7f3a"': run_keys,
+    "for pending in ledger.reconcile(": run_fenced_resolutions,
 }
 
 

@@ -16,6 +16,7 @@ within a budget of time: a failover of the ledger's database changes no outcome.
 
 from __future__ import annotations
 
+import asyncio
 import inspect
 import json
 import logging
@@ -27,6 +28,7 @@ import time
 import types
 import typing
 from collections.abc import Callable, Generator, Iterable
+from concurrent import futures
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, TypeVar
@@ -35,6 +37,7 @@ from . import _wire as wire
 from .codec import Codec
 from .errors import (
     UNKNOWN_NOTE,
+    ActionStopped,
     ActionTimeout,
     AlreadyResolved,
     BeforeActing,
@@ -64,6 +67,8 @@ from .model import (
     Outcome,
     Reconciliation,
     Resolution,
+    ResolutionOutcome,
+    ResolutionResult,
     Result,
     Status,
     UnknownAttempt,
@@ -499,7 +504,8 @@ def _unknown(policy: Policy, call: Call, claimed: ClaimResult, renewal: Any,
     ``UNKNOWN`` at once. With one, the call keeps its claim, its lease still renewed
     (`renewal`), waits ``confirm_delay``, asks ``confirm`` and completes the entry with its own
     claim token as the read found: found → ``SUCCEEDED`` with that result, not found →
-    ``FAILED`` retryable, cannot tell → ``UNKNOWN``.
+    ``FAILED`` retryable (``UNKNOWN`` when the action may still land: :func:`may_still_land`),
+    cannot tell → ``UNKNOWN``.
 
     Keeping the claim, rather than completing ``UNKNOWN`` and taking the entry back with
     ``Reconcile(keys=[key])``, matters twice: a Reconcile hold is anonymous and lasts the
@@ -525,7 +531,7 @@ def _unknown(policy: Policy, call: Call, claimed: ClaimResult, renewal: Any,
         except BaseException as e:  # cancelled meanwhile: recorded UNKNOWN, then raised
             interrupted = e
         else:
-            resolution = resolution_of(answer, question, call.codec)
+            resolution = resolution_of(answer, question, call.codec, claimed.entry)
     try:
         yield from _stop_renewing(renewal)
     except BaseException as e:  # the Complete below is shielded: it still records the outcome
@@ -534,6 +540,16 @@ def _unknown(policy: Policy, call: Call, claimed: ClaimResult, renewal: Any,
         status, result, recorded, retryable = Status.UNKNOWN, b"", text, False
     elif resolution.status == Status.SUCCEEDED:
         status, result, recorded, retryable = Status.SUCCEEDED, resolution.result, "", False
+    elif may_still_land(error):
+        # The action outlived its time or was stopped: it may still be running, or its request
+        # still landing, so "nothing yet" is no proof. Recorded UNKNOWN; a reconciler asks
+        # again once the server's reconcile grace has passed (a "found" still settles at once).
+        reason = answer.reason if isinstance(answer, Confirmation) else ""
+        recorded = (f"{text}; the tool's paired read found no effect yet (external_ref "
+                    f"{claimed.entry.external_ref}" + (f": {reason}" if reason else "") +
+                    "), but the action may still be running or landing: unknown until a read "
+                    "after the ledger's reconcile grace")
+        status, result, retryable = Status.UNKNOWN, b"", False
     else:
         reason = answer.reason if isinstance(answer, Confirmation) else ""
         recorded = (f"the attempt failed ({text}) and the tool's paired read found no effect "
@@ -570,6 +586,15 @@ def _unknown(policy: Policy, call: Call, claimed: ClaimResult, renewal: Any,
         return _not_found(entry, error)
     return CallOutcome(Kind.UNKNOWN, note=UNKNOWN_NOTE, entry=entry, error=interrupted or error,
                        acted=True)
+
+
+def may_still_land(error: BaseException) -> bool:
+    """Whether the action that raised `error` may still be running or its effect still landing:
+    it outlived ``action_timeout`` (:class:`ActionTimeout`), its framework's timeout stopped it
+    (:class:`ActionStopped`), or it was cancelled. A read that finds nothing then is no proof
+    that nothing happened."""
+    return any(isinstance(e, (ActionTimeout, ActionStopped, asyncio.CancelledError,
+                              futures.CancelledError)) for e in causes(error))
 
 
 def _not_found(entry: Entry, error: BaseException) -> CallOutcome[Any]:
@@ -685,8 +710,11 @@ def settle(policy: Policy, call: Call, entry: Entry, *, pause: float) -> Steps[E
     """Settles the UNKNOWN `entry` a repeat met with ``call.confirm``; returns the entry as it
     then stands (None if the ledger could not be asked). One settlement wins across callers and
     servers: the entry is taken with ``Reconcile(keys=[key])``, which hands it out only if it is
-    unresolved and no other reconciler holds it; when it is not handed out, someone else holds
-    or settled it, and this waits (up to the call's `wait`) for what they find."""
+    unresolved, past the server's reconcile grace, and no other reconciler holds it; when it is
+    not handed out, someone else holds or settled it (or the grace is not over), and this waits
+    (up to the call's `wait`) for what they find. The finding is fenced by the attempt and hold
+    token handed out: one the ledger did not apply is logged (:func:`log_unapplied`) and the
+    entry as it stands now is the answer."""
     assert call.confirm is not None
     if pause > 0:
         yield Sleep(pause)
@@ -700,16 +728,13 @@ def settle(policy: Policy, call: Call, entry: Entry, *, pause: float) -> Steps[E
         log.warning("could not take %s (%s) to settle it: %s", key, call.tool, e)
         return None
     mine = next((e for e in taken.pending if e.key == key), None)
-    if mine is None:
-        now = yield from _await_settlement(policy, call, key)
-        if now is not None:
-            log_settlement(now, "elsewhere", "a repeat")
-        return now
+    if mine is None:  # held by someone else, or still inside the server's reconcile grace
+        return (yield from _settled_elsewhere_by(policy, call, key))
     question = UnknownAttempt(key=key, external_ref=mine.external_ref,
                               arguments=json.loads(arguments_json(call.arguments)),
                               number=mine.attempt, tool=mine.tool, run_id=mine.run_id, entry=mine)
     answer = yield from ask(call.confirm, question)
-    resolution = resolution_of(answer, question, call.codec)
+    resolution = resolution_of(answer, question, call.codec, mine)
     if resolution is None:
         log_settlement(mine, "cannot_tell", "a repeat")
         return mine
@@ -720,11 +745,26 @@ def settle(policy: Policy, call: Call, entry: Entry, *, pause: float) -> Steps[E
     except LedgerError as e:
         log.warning("could not settle %s (%s): %s", key, call.tool, e)
         return None
-    now = next((e for e in done.resolved if e.key == key), None)
-    if now is None:  # gone (expired) meanwhile
+    result = next((r for r in done.results if r.key == key), None)
+    if result is None or result.entry is None:  # gone (expired) meanwhile
         return None
-    ours = now.resolved_by == who and now.status == resolution.status
-    log_settlement(now, _said(answer) if ours else "elsewhere", "a repeat")
+    if result.applied:
+        log_settlement(result.entry, _said(answer), "a repeat")
+        return result.entry
+    # Fenced out: the attempt moved on, someone else holds the entry now, or its claimant's
+    # late Complete resolved it. Not ours: what stands now is the answer (or what the other
+    # holder finds).
+    log_unapplied(result, mine, "a repeat")
+    if result.entry.status == Status.UNKNOWN:
+        return (yield from _settled_elsewhere_by(policy, call, key))
+    return result.entry
+
+
+def _settled_elsewhere_by(policy: Policy, call: Call, key: str) -> Steps[Entry | None]:
+    """Waits (up to the call's wait) for someone else's settlement of `key`; logs it."""
+    now = yield from _await_settlement(policy, call, key)
+    if now is not None and now.status != Status.UNKNOWN:
+        log_settlement(now, "elsewhere", "a repeat")
     return now
 
 
@@ -754,8 +794,10 @@ def ask(confirm: Callable[[UnknownAttempt], Any], question: UnknownAttempt) -> S
         return Confirmation(Answer.CANNOT_TELL, reason=f"confirm raised {e!r}")
 
 
-def resolution_of(answer: Any, question: UnknownAttempt, codec: Codec) -> Resolution | None:
-    """The resolution a confirm's answer makes (None: cannot tell, the entry stays UNKNOWN)."""
+def resolution_of(answer: Any, question: UnknownAttempt, codec: Codec,
+                  pending: Entry) -> Resolution | None:
+    """The resolution a confirm's answer makes about `pending` (the entry as it was handed out,
+    whose attempt and hold token fence it; None: cannot tell, the entry stays UNKNOWN)."""
     if not isinstance(answer, Confirmation):
         log.error("confirm of %s returned %r: it must return found(result), not_found() or "
                   "cannot_tell() (idempotency_ledger); read as cannot tell", question.tool,
@@ -768,12 +810,12 @@ def resolution_of(answer: Any, question: UnknownAttempt, codec: Codec) -> Resolu
             log.error("confirm of %s found %s but its result cannot be encoded (%s); read as "
                       "cannot tell", question.tool, question.key, error_text(e))
             return None
-        return Resolution.found(question.key, payload)
+        return Resolution.found(pending, payload)
     if answer.answer == Answer.NOT_FOUND:
         # The TypeScript client's words, and the read's own reason after them.
         reason = (f"the tool's paired read found no effect with reference "
                   f"{question.external_ref}" + (f": {answer.reason}" if answer.reason else ""))
-        return Resolution.not_found(question.key, reason[:MAX_ERROR_CHARS], retryable=True)
+        return Resolution.not_found(pending, reason[:MAX_ERROR_CHARS], retryable=True)
     return None
 
 
@@ -791,6 +833,19 @@ def settled_by(entry: Entry) -> str:
     if entry.status in (Status.UNKNOWN, Status.ATTEMPTING):
         return "settled_by=nobody"
     return "settled_by=claimant"
+
+
+def log_unapplied(result: ResolutionResult, seen: Entry, via: str) -> None:
+    """A finding the ledger did not apply (stale: the attempt moved on or the entry was handed
+    out again; already resolved), never taken as settled by us: logged with the key, the
+    attempt the read was about, the entry's attempt and status now, and the ledger's why."""
+    now = result.entry
+    stale = result.result == ResolutionOutcome.STALE
+    log.log(logging.WARNING if stale else logging.INFO,
+            "finding not applied key=%s tool=%s result=%s attempt_seen=%d attempt_now=%s "
+            "status_now=%s via=%s: %s", seen.key, seen.tool, result.result.name.lower(),
+            seen.attempt, now.attempt if now else "-", now.status.name if now else "-", via,
+            result.note or "(no note)")
 
 
 def log_settlement(entry: Entry, outcome: str, via: str) -> None:

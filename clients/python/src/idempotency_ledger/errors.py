@@ -261,8 +261,9 @@ class ResultNotEncodable(OutcomeUnknownError):
         LedgerError.__init__(
             self, f"the action ran but its result could not be stored ({type(cause).__name__}: "
             f"{cause}); entry {key} is recorded UNKNOWN. Fix the action or the codec, then settle "
-            "the entry with what happened: Reconcile with Resolution.found(key, result) or "
-            "Resolution.not_found(key, error), or the CLI's `idempotency-ledger resolve` command",
+            "the entry with what happened: take it with Reconcile(keys=[key]), then send "
+            "Resolution.found(pending, result) or Resolution.not_found(pending, error) about the "
+            "pending entry handed out, or use the CLI's `idempotency-ledger resolve` command",
             reason="RESULT_NOT_ENCODABLE")
         self.note = UNKNOWN_NOTE
         self.entry = entry  # type: ignore[assignment]
