@@ -25,8 +25,6 @@ import random
 import re
 import socket
 import time
-import types
-import typing
 from collections.abc import Callable, Generator, Iterable
 from concurrent import futures
 from dataclasses import dataclass, field
@@ -34,6 +32,7 @@ from datetime import UTC, datetime
 from typing import Any, TypeVar
 
 from . import _wire as wire
+from ._confirm import log_settlement, log_unapplied, said
 from .codec import Codec
 from .errors import (
     UNKNOWN_NOTE,
@@ -67,8 +66,6 @@ from .model import (
     Outcome,
     Reconciliation,
     Resolution,
-    ResolutionOutcome,
-    ResolutionResult,
     Result,
     Status,
     UnknownAttempt,
@@ -88,73 +85,6 @@ _MAX_BACKOFF = 2.0
 # Lookups of an entry another caller is settling: the first pause, doubled up to the last
 # (``settling_poll_seconds`` of clients/parity.json).
 _SETTLING_POLL = (0.05, 1.0)
-
-
-def confirm_required(tool: str) -> ValueError:
-    """Strict mode's refusal of a tool without its paired read, saying why."""
-    return ValueError(
-        f"tool {tool} has no confirm=, and the ledger requires one (require_confirm=True): "
-        "give it its paired read, a function that looks the effect up (by "
-        "attempt.external_ref) and returns found(result), not_found() or cannot_tell(), so "
-        "that an unknown outcome can be settled. A tool that cannot be reconciled cannot be "
-        "safely retried")
-
-
-# Annotations of the one parameter of a confirm that cannot be the attempt: the reference string,
-# the attempt's number, ... (a read written for them answers "not found" about every attempt).
-_NOT_AN_ATTEMPT = frozenset({"str", "int", "float", "bytes", "bool", "dict", "list", "tuple"})
-
-
-def check_confirm(confirm: Any, tool: str) -> None:
-    """Refuses, when a tool's paired read is registered, one that cannot be the read: not
-    callable, or that cannot be called with one argument (the :class:`UnknownAttempt`), or whose
-    parameter taking it is annotated as something an attempt is not (``ref: str``,
-    ``number: int``). "Not found" is the one answer that lets a tool act again, and a read
-    given what it did not expect looks up the wrong thing and finds nothing."""
-    name = getattr(confirm, "__qualname__", None) or repr(confirm)
-    if not callable(confirm):
-        raise TypeError(f"the confirm of tool {tool} must be a function of the attempt, not "
-                        f"{confirm!r}")
-    try:
-        signature = inspect.signature(confirm, eval_str=True)
-    except (NameError, SyntaxError, TypeError, ValueError):
-        try:
-            signature = inspect.signature(confirm)
-        except (TypeError, ValueError):
-            return  # a callable without a signature (a builtin): nothing to check
-    try:
-        bound = signature.bind(None)
-    except TypeError as e:
-        raise TypeError(
-            f"the confirm of tool {tool}, {name}{signature}, cannot be called with one "
-            f"argument ({e}): it is called as confirm(attempt) with the UnknownAttempt "
-            "(.external_ref, .key, .arguments, .number) and must take exactly that") from None
-    (parameter,) = bound.arguments
-    annotation = signature.parameters[parameter].annotation
-    if not _may_be_attempt(annotation):
-        shown = annotation if isinstance(annotation, str) else getattr(
-            annotation, "__name__", repr(annotation))
-        raise TypeError(
-            f"the confirm of tool {tool}, {name}{signature}, takes {parameter!r} as {shown}, but "
-            "it is called with the UnknownAttempt: read attempt.external_ref (the reference "
-            "the action passed on), attempt.arguments or attempt.number from it. A read that "
-            "looks up the wrong thing answers not found, and the tool acts again")
-
-
-def _may_be_attempt(annotation: Any) -> bool:
-    if annotation is inspect.Parameter.empty or annotation is Any:
-        return True
-    if isinstance(annotation, str):
-        return annotation.strip() not in _NOT_AN_ATTEMPT
-    if isinstance(annotation, type):
-        try:
-            return issubclass(UnknownAttempt, annotation)
-        except TypeError:  # a protocol that cannot be checked at run time
-            return True
-    members = typing.get_args(annotation)
-    if members and typing.get_origin(annotation) in (typing.Union, types.UnionType):
-        return any(_may_be_attempt(member) for member in members)
-    return True  # a generic, a TypeVar, ...: not ours to judge
 
 
 def default_principal(role: str) -> str:
@@ -578,7 +508,7 @@ def _unknown(policy: Policy, call: Call, claimed: ClaimResult, renewal: Any,
     entry = done.entry
     _attach(error, entry)
     if question is not None and interrupted is None:
-        log_settlement(entry, _said(answer), "run_once")
+        log_settlement(entry, said(answer), "run_once")
     if interrupted is None and resolution is not None and entry.status == Status.SUCCEEDED:
         return CallOutcome(Kind.CONFIRMED, value=call.codec.decode(resolution.result),
                            entry=entry, acted=True)
@@ -749,7 +679,7 @@ def settle(policy: Policy, call: Call, entry: Entry, *, pause: float) -> Steps[E
     if result is None or result.entry is None:  # gone (expired) meanwhile
         return None
     if result.applied:
-        log_settlement(result.entry, _said(answer), "a repeat")
+        log_settlement(result.entry, said(answer), "a repeat")
         return result.entry
     # Fenced out: the attempt moved on, someone else holds the entry now, or its claimant's
     # late Complete resolved it. Not ours: what stands now is the answer (or what the other
@@ -817,46 +747,6 @@ def resolution_of(answer: Any, question: UnknownAttempt, codec: Codec,
                   f"{question.external_ref}" + (f": {answer.reason}" if answer.reason else ""))
         return Resolution.not_found(pending, reason[:MAX_ERROR_CHARS], retryable=True)
     return None
-
-
-def _said(answer: Any) -> str:
-    return answer.answer.value if isinstance(answer, Confirmation) else "cannot_tell"
-
-
-def settled_by(entry: Entry) -> str:
-    """Who settled `entry`, as the entry itself says it: ``resolved_by=<principal>`` when it
-    records one (a Reconcile's resolution); else ``settled_by=claimant`` once it is resolved
-    (its claimant's own Complete, which records no resolved_by), ``settled_by=nobody`` while
-    its outcome is still unknown. Never a resolved_by the entry does not have."""
-    if entry.resolved_by:
-        return f"resolved_by={entry.resolved_by}"
-    if entry.status in (Status.UNKNOWN, Status.ATTEMPTING):
-        return "settled_by=nobody"
-    return "settled_by=claimant"
-
-
-def log_unapplied(result: ResolutionResult, seen: Entry, via: str) -> None:
-    """A finding the ledger did not apply (stale: the attempt moved on or the entry was handed
-    out again; already resolved), never taken as settled by us: logged with the key, the
-    attempt the read was about, the entry's attempt and status now, and the ledger's why."""
-    now = result.entry
-    stale = result.result == ResolutionOutcome.STALE
-    log.log(logging.WARNING if stale else logging.INFO,
-            "finding not applied key=%s tool=%s result=%s attempt_seen=%d attempt_now=%s "
-            "status_now=%s via=%s: %s", seen.key, seen.tool, result.result.name.lower(),
-            seen.attempt, now.attempt if now else "-", now.status.name if now else "-", via,
-            result.note or "(no note)")
-
-
-def log_settlement(entry: Entry, outcome: str, via: str) -> None:
-    """One line per settlement (INFO), as the TypeScript client writes it: key, tool,
-    external_ref, what the read said (``found``, ``not_found``, ``cannot_tell``, or
-    ``elsewhere`` when someone else settled it), the entry's status and who settled it as the
-    entry says (:func:`settled_by`), and who asked (``run_once``, ``a repeat``,
-    ``reconciler``)."""
-    log.info("settled key=%s tool=%s external_ref=%s outcome=%s status=%s %s via=%s",
-             entry.key, entry.tool, entry.external_ref, outcome, entry.status.name,
-             settled_by(entry), via)
 
 
 # --- how an action's failure is recorded ------------------------------------------------------

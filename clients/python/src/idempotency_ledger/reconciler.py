@@ -43,6 +43,7 @@ from typing import Any
 
 from . import _core as core
 from . import _wire as wire
+from ._confirm import log_settlement, log_unapplied
 from .client import AsyncLedgerClient, LedgerClient
 from .errors import LedgerError, NotFound
 from .model import Confirmation, Entry, Resolution, Status, UnknownAttempt
@@ -113,7 +114,7 @@ def _round(policy: core.Policy, tools: Mapping[str, LedgerTool], principal: str,
                 answer = yield from core.ask(tool.confirm, question)
                 resolution = core.resolution_of(answer, question, tool.codec, pending)
                 if resolution is None:
-                    core.log_settlement(pending, "cannot_tell", "reconciler")
+                    log_settlement(pending, "cannot_tell", "reconciler")
                     done.append(Settlement(question.key, name, question.external_ref,
                                            "cannot_tell", Status.UNKNOWN, "", pending.attempt,
                                            pending.attempt))
@@ -134,10 +135,10 @@ def _round(policy: core.Policy, tools: Mapping[str, LedgerTool], principal: str,
                     entry = result.entry
                     if result.applied:
                         outcome = answer.answer.value
-                        core.log_settlement(entry, outcome, "reconciler")
+                        log_settlement(entry, outcome, "reconciler")
                     else:  # fenced out: logged, counted, never taken as settled by us
                         outcome = result.result.name.lower()
-                        core.log_unapplied(result, pending, "reconciler")
+                        log_unapplied(result, pending, "reconciler")
                     done.append(Settlement(question.key, name, question.external_ref, outcome,
                                            entry.status, entry.resolved_by, pending.attempt,
                                            entry.attempt))
