@@ -440,7 +440,7 @@ def _unknown(policy: Policy, call: Call, claimed: ClaimResult, renewal: Any,
     Keeping the claim, rather than completing ``UNKNOWN`` and taking the entry back with
     ``Reconcile(keys=[key])``, matters twice: a Reconcile hold is anonymous and lasts the
     server's whole reconcile lease (60 s), so a "cannot tell" would lock every repeat's own
-    settlement out for that long; and a duplicate waiting on the claim (the server's wait)
+    settlement out for that long rather than for the server's reconcile grace; and a duplicate waiting on the claim (the server's wait)
     reads the settled result instead of an unknown outcome. If the process dies meanwhile, the
     renewals stop with it and the entry reads ``UNKNOWN`` when the lease ends, as without a
     confirm."""
