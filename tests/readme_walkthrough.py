@@ -47,7 +47,7 @@ GUIDE = REPO / "docs" / "agents.md"
 # The address the pages call the server at.
 README_ADDRESS = "127.0.0.1:50051"
 # Fields whose values differ from run to run.
-VARYING = {"claimToken", "startedAt", "finishedAt", "leaseExpiresAt", "expiresAt"}
+VARYING = {"claimToken", "holdToken", "startedAt", "finishedAt", "leaseExpiresAt", "expiresAt"}
 TIMESTAMP = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d+)?Z$")
 TOKEN = re.compile(r"^[0-9a-f]{32}$")
 FENCE = re.compile(r"^```([\w-]*)[ \t]*\n(.*?)^```[ \t]*$", re.M | re.S)
@@ -187,7 +187,7 @@ class Walkthrough:
         elif isinstance(shown, str) and shown in self.bindings:
             assert actual == self.bindings[shown], f"{path}: {actual!r} != {self.bindings[shown]!r}"
         elif path.rsplit(".", 1)[-1] in VARYING:
-            pattern = TOKEN if path.endswith("claimToken") else TIMESTAMP
+            pattern = TOKEN if path.endswith(("claimToken", "holdToken")) else TIMESTAMP
             assert isinstance(actual, str) and pattern.match(actual), f"{path}: {actual!r}"
             assert isinstance(shown, str) and pattern.match(shown), f"shown {path}: {shown!r}"
             self.bindings[shown] = actual
@@ -200,7 +200,8 @@ class Walkthrough:
 @pytest.fixture
 def walkthrough(tmp_path: Path) -> Any:
     binary = os.environ.get("LEDGER_BIN") or REPO / "target" / "debug" / "idempotency-ledger"
-    with LedgerServer(binary, directory=tmp_path) as server:
+    # No reconcile grace: the page's reconciler asks as soon as the claim's lease has ended.
+    with LedgerServer(binary, directory=tmp_path, args=["--reconcile-grace", "0s"]) as server:
         yield Walkthrough(server)
 
 

@@ -58,6 +58,8 @@ ol.timeline{margin:0;padding-left:20px}
 ol.timeline li{margin:2px 0}
 .muted{color:var(--mute)}
 .warn{color:var(--warn);font-weight:600}
+h2.bad,b.bad{color:var(--warn)}
+.double-effect{border-left:4px solid var(--warn)}
 .signin{max-width:420px;margin:40px auto}
 .signin form{display:flex;flex-direction:column;gap:10px}
 .signin label{display:flex;flex-direction:column;gap:3px;font-size:13px;color:var(--mute)}

@@ -178,6 +178,18 @@ impl Principal {
 pub struct Key(String);
 
 impl Key {
+    /// The key's first 12 characters: what logs show of it (the whole key is an entry's
+    /// address, and an explicit key may say more than a log should).
+    #[must_use]
+    pub fn log_prefix(&self) -> &str {
+        let end = self
+            .0
+            .char_indices()
+            .nth(12)
+            .map_or(self.0.len(), |(at, _)| at);
+        &self.0[..end]
+    }
+
     /// The key derived for a tool call ([`derive_key`]).
     #[must_use]
     pub fn derive(run_id: &RunId, tool: &ToolName, canonical: &str, mode: Canonicalization) -> Key {

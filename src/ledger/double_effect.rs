@@ -99,7 +99,7 @@ impl Ledger {
         {
             Some(entry) => {
                 tracing::info!(
-                    key = %key,
+                    key = key.log_prefix(),
                     attempt = entry.attempt,
                     principal = %principal,
                     "a possible double effect was acknowledged"

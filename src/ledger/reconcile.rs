@@ -373,7 +373,7 @@ impl Ledger {
             .await?;
         let found = finding.completion.final_status() == FinalStatus::Succeeded;
         tracing::warn!(
-            key = %finding.key,
+            key = finding.key.log_prefix(),
             attempt_seen = finding.attempt,
             attempt_now = existing.attempt,
             status_now = existing.effective_status(now).as_str(),
@@ -408,7 +408,7 @@ impl Ledger {
         if marked {
             existing.possible_double_effect = true;
             tracing::error!(
-                key = %finding.key,
+                key = finding.key.log_prefix(),
                 attempt_seen = finding.attempt,
                 attempt_now = existing.attempt,
                 principal = %principal,

@@ -84,7 +84,9 @@ use std::time::Duration;
 use idempotency_ledger::grpc::pb;
 use idempotency_ledger::grpc::pb::ledger_service_client::LedgerServiceClient;
 use rand::rngs::Xoshiro256PlusPlus as Rng;
-use rand::{Rng as _, RngExt as _, SeedableRng as _, seq::SliceRandom as _};
+use rand::{
+    Rng as _, RngExt as _, SeedableRng as _, seq::IndexedRandom as _, seq::SliceRandom as _,
+};
 use tokio::time::Instant;
 use tonic::transport::{Channel, Endpoint};
 use tonic::{Code, Status};
@@ -166,6 +168,7 @@ struct Seen {
     attempt: u32,
     result: Vec<u8>,
     retryable: bool,
+    possible_double_effect: bool,
 }
 
 impl Seen {
@@ -176,6 +179,7 @@ impl Seen {
             attempt: entry.attempt,
             result: entry.result.to_vec(),
             retryable: entry.retryable,
+            possible_double_effect: entry.possible_double_effect,
         }
     }
 }
@@ -335,6 +339,9 @@ struct Ctx {
     history: History,
     stop: AtomicBool,
     counts: Counts,
+    odds: Odds,
+    /// Every finding a reconciler sent, by key: the late mail the nemesis delivers again.
+    mailbag: Mutex<BTreeMap<String, Vec<pb::Resolution>>>,
 }
 
 #[derive(Default)]
@@ -350,6 +357,8 @@ struct Counts {
     stalls: AtomicU64,
     /// Findings the server answered RESOLUTION_STALE.
     stale: AtomicU64,
+    /// Old findings about an earlier attempt delivered again while a later one was unknown.
+    redelivered: AtomicU64,
 }
 
 fn bump(counter: &AtomicU64) {
@@ -369,10 +378,28 @@ impl Ctx {
         self.clients[server].clone()
     }
 
-    /// One of the intents hot now.
+    /// One of the intents hot now, or one time in `odds.straggler` a straggler's: an intent a
+    /// reconciler found not done, asked again (the agent told it may try again; a run resumed),
+    /// so that it is claimed again while old findings about it are still about; an intent of
+    /// 2 to 10 s ago when there is none.
     fn hot_intent(&self, rng: &mut Rng) -> u64 {
         let window = self.history.started.elapsed().as_millis() / SLIDE.as_millis();
-        u64::try_from(window).unwrap_or(0) + rng.random_range(0..HOT)
+        let window = u64::try_from(window).unwrap_or(0);
+        if !rng.random_ratio(1, self.odds.straggler) {
+            return window + rng.random_range(0..HOT);
+        }
+        let not_done: Vec<u64> = lock(&self.mailbag)
+            .iter()
+            .filter(|(_, sent)| {
+                sent.last()
+                    .is_some_and(|f| f.status() == pb::Status::Failed)
+            })
+            .filter_map(|(key, _)| key.trim_start_matches("intent-").parse().ok())
+            .collect();
+        match not_done.choose(rng) {
+            Some(n) => *n,
+            None => window.saturating_sub(rng.random_range(8..40)) + rng.random_range(0..HOT),
+        }
     }
 
     fn claim_request(&self, n: u64, actor: &str, wait: Option<Duration>) -> pb::ClaimRequest {
@@ -465,13 +492,14 @@ async fn carry_out(
 ) {
     let key = &entry.key;
     let fate = rng.random_range(0..100);
-    if fate < 10 {
+    let odds = ctx.odds;
+    if fate < odds.crash_before {
         bump(&ctx.counts.crashed_before);
         ctx.history
             .did(actor, key, "crashed before acting".to_string());
         return;
     }
-    if fate < 20 {
+    if fate < odds.crash_before + odds.fail_before {
         bump(&ctx.counts.failed_before);
         let failure = pb::CompleteRequest {
             key: key.clone(),
@@ -507,7 +535,7 @@ async fn carry_out(
         key,
         format!("acted on attempt {}: {}", entry.attempt, short(&receipt)),
     );
-    if fate < 32 {
+    if fate < odds.crash_before + odds.fail_before + odds.crash_after {
         bump(&ctx.counts.crashed_after);
         ctx.history
             .did(actor, key, "crashed after acting".to_string());
@@ -556,6 +584,7 @@ async fn complete(
                     attempt: 0,
                     result: Vec::new(),
                     retryable: false,
+                    possible_double_effect: false,
                 });
                 ctx.history.record(
                     actor,
@@ -604,6 +633,8 @@ async fn complete(
 async fn reconciler(ctx: Arc<Ctx>, actor: String, mut rng: Rng, until_settled: bool) -> bool {
     let began = Instant::now();
     let mut findings: Vec<pb::Resolution> = Vec::new();
+    // Old findings about earlier attempts of entries this reconciler holds now.
+    let mut late_mail: Vec<pb::Resolution> = Vec::new();
     let mut quiet_since: Option<Instant> = None;
     loop {
         if until_settled {
@@ -616,9 +647,11 @@ async fn reconciler(ctx: Arc<Ctx>, actor: String, mut rng: Rng, until_settled: b
         } else if ctx.stop.load(Ordering::SeqCst) {
             return true;
         }
-        if !until_settled && !findings.is_empty() && rng.random_ratio(1, 4) {
+        if !until_settled && !findings.is_empty() && rng.random_ratio(1, ctx.odds.stall) {
             bump(&ctx.counts.stalls);
-            let stall = HOLD + Duration::from_millis(rng.random_range(100..1500));
+            // Past the hold, and up to past the lease of an attempt claimed meanwhile.
+            let stall = HOLD
+                + Duration::from_millis(rng.random_range(100..LEASE.as_millis() as u64 + 2000));
             for f in &findings {
                 ctx.history.did(
                     &actor,
@@ -633,7 +666,18 @@ async fn reconciler(ctx: Arc<Ctx>, actor: String, mut rng: Rng, until_settled: b
             tokio::time::sleep(stall).await;
         }
         let server = rng.random_range(0..ctx.clients.len());
-        let resolutions = findings.clone();
+        // The late mail goes first: a finding about an earlier attempt, delivered again while
+        // a later attempt of its entry is unknown (a retried call whose first delivery went
+        // through, a queue that redelivers). Without the fence it would settle that later
+        // attempt as the earlier one was found.
+        let mut resolutions: Vec<pb::Resolution> = std::mem::take(&mut late_mail);
+        resolutions.extend(findings.iter().cloned());
+        {
+            let mut mailbag = lock(&ctx.mailbag);
+            for f in &findings {
+                mailbag.entry(f.key.clone()).or_default().push(f.clone());
+            }
+        }
         let keys = resolutions
             .iter()
             .map(|r| r.key.as_str())
@@ -681,6 +725,31 @@ async fn reconciler(ctx: Arc<Ctx>, actor: String, mut rng: Rng, until_settled: b
                 let settled = findings.is_empty() && out.pending.is_empty();
                 findings.clear();
                 for entry in &out.pending {
+                    if !until_settled
+                        && entry.attempt > 1
+                        && rng.random_ratio(1, ctx.odds.late_mail)
+                    {
+                        let earlier: Vec<pb::Resolution> = lock(&ctx.mailbag)
+                            .get(&entry.key)
+                            .into_iter()
+                            .flatten()
+                            .filter(|f| f.attempt < entry.attempt)
+                            .cloned()
+                            .collect();
+                        if let Some(old) = earlier.choose(&mut rng) {
+                            bump(&ctx.counts.redelivered);
+                            ctx.history.did(
+                                &actor,
+                                &entry.key,
+                                format!(
+                                    "delivers again its finding about attempt {} while attempt \
+                                     {} is unknown",
+                                    old.attempt, entry.attempt
+                                ),
+                            );
+                            late_mail.push(old.clone());
+                        }
+                    }
                     let resolution = match ctx.world.did_it_happen(&entry.external_ref) {
                         Some(receipt) => {
                             bump(&ctx.counts.found);
@@ -856,6 +925,7 @@ async fn nemesis(
     rng: &mut Rng,
     started: Instant,
     load: Duration,
+    every: (u64, u64),
 ) -> BTreeMap<Fault, u32> {
     let kinds: Vec<Fault> = if postgres.is_some() {
         vec![
@@ -872,7 +942,7 @@ async fn nemesis(
     let mut done: BTreeMap<Fault, u32> = BTreeMap::new();
     let mut cycle = Vec::new();
     loop {
-        pause(rng, 600, 1800).await;
+        pause(rng, every.0, every.1).await;
         if started.elapsed() >= load {
             break;
         }
@@ -936,6 +1006,53 @@ struct Plan {
     store: &'static str,
     workers: usize,
     reconcilers: usize,
+    /// How often clients fail, and how often findings come late.
+    odds: Odds,
+}
+
+/// The clients' odds, in percent (fates) and one-in-N (the rest).
+#[derive(Clone, Copy, Debug)]
+struct Odds {
+    /// Of the attempts a worker claims: crash before acting, fail before acting (FAILED
+    /// retryable), crash after acting; the rest complete SUCCEEDED.
+    crash_before: u32,
+    fail_before: u32,
+    crash_after: u32,
+    /// One claim in N is a straggler's (an intent of 2 to 10 s ago).
+    straggler: u32,
+    /// A reconciler with findings in hand stalls past its hold one time in N.
+    stall: u32,
+    /// Handed a later attempt of an entry it has an older finding about, a reconciler sends
+    /// that old finding along one time in N.
+    late_mail: u32,
+    /// The pause between two faults, from and to, in milliseconds.
+    fault_every: (u64, u64),
+}
+
+impl Odds {
+    /// The mix of the faults runs: most attempts complete; findings come late now and then.
+    const MIXED: Odds = Odds {
+        crash_before: 10,
+        fail_before: 10,
+        crash_after: 12,
+        straggler: 5,
+        stall: 4,
+        late_mail: 2,
+        fault_every: (600, 1800),
+    };
+
+    /// The late-findings run: most attempts end unknown, a straggler claims them again once
+    /// settled, and every old finding that can come late does.
+    const LATE: Odds = Odds {
+        crash_before: 30,
+        fail_before: 5,
+        crash_after: 35,
+        straggler: 2,
+        stall: 2,
+        late_mail: 1,
+        // Fewer outages, so that attempts get claimed, settled and claimed again.
+        fault_every: (2000, 3500),
+    };
 }
 
 /// `HISTORY_SEED`, or the clock.
@@ -991,6 +1108,8 @@ async fn run(plan: Plan, seed: u64, mut fleet: Fleet, postgres: Option<Postgres>
         history: History::new(),
         stop: AtomicBool::new(false),
         counts: Counts::default(),
+        odds: plan.odds,
+        mailbag: Mutex::default(),
     });
     let workers: Vec<_> = (0..plan.workers)
         .map(|i| tokio::spawn(worker(ctx.clone(), i, Rng::seed_from_u64(rng.next_u64()))))
@@ -1012,6 +1131,7 @@ async fn run(plan: Plan, seed: u64, mut fleet: Fleet, postgres: Option<Postgres>
         &mut rng,
         ctx.history.started,
         load,
+        plan.odds.fault_every,
     )
     .await;
     ctx.stop.store(true, Ordering::SeqCst);
@@ -1191,7 +1311,7 @@ impl Report {
             "history[{}] seed={} load={:.1}s took={:.1}s calls={:?} outcomes={:?} keys={} \
              effects={} acknowledged={} replays={} crashed_before={} failed_before={} \
              crashed_after={} too_late={} gave_up_completing={} world_found={} \
-             world_not_found={} stalls={} stale_findings={} errors={:?} faults={:?} problems={}",
+             world_not_found={} stalls={} redelivered={} stale_findings={} errors={:?} faults={:?} problems={}",
             ctx.store,
             ctx.seed,
             loaded.as_secs_f64(),
@@ -1210,6 +1330,7 @@ impl Report {
             n(&c.found),
             n(&c.not_found),
             n(&c.stalls),
+            n(&c.redelivered),
             n(&c.stale),
             f.errors,
             faults,
@@ -1316,11 +1437,21 @@ fn check(
     if failed_calls == 0 {
         problems.push("no call failed: the faults hit nothing".to_string());
     }
-    if faults.values().sum::<u32>() < 3 {
+    if faults.values().sum::<u32>() < if ctx.odds.late_mail == 1 { 2 } else { 3 } {
         problems.push(format!("only {faults:?} faults were injected"));
     }
-    if ctx.counts.stalls.load(Ordering::Relaxed) == 0 {
-        problems.push("no reconciler stalled past its hold: no finding came late".to_string());
+    if ctx.odds.late_mail == 1 {
+        // The late-findings run must have sent late findings, and seen them refused.
+        let (redelivered, stale) = (
+            ctx.counts.redelivered.load(Ordering::Relaxed),
+            ctx.counts.stale.load(Ordering::Relaxed),
+        );
+        if stale < 2 {
+            problems.push(format!(
+                "too few late findings to judge: {redelivered} delivered again, {stale} \
+                 answered stale"
+            ));
+        }
     }
 
     let mut evidence = String::new();
@@ -1388,6 +1519,13 @@ fn check_key(
                 .collect::<Vec<_>>()
                 .join("; ")
         ));
+    }
+    // No finding in this workload can say an earlier attempt acted while a later one was
+    // started (an attempt is only retried after a failure before acting, or a read that found
+    // nothing after its lease ended): a mark means the ledger applied or judged a finding
+    // about what it did not see.
+    if fin.is_some_and(|f| f.possible_double_effect) {
+        trouble.push("marked as a possible double effect".into());
     }
     match fin {
         None => {
@@ -1588,6 +1726,7 @@ async fn three_servers_on_postgres_keep_each_intent_to_one_effect_under_faults()
                 store: "postgres",
                 workers: 12,
                 reconcilers: 2,
+                odds: Odds::MIXED,
             },
             seed,
             fleet,
@@ -1616,6 +1755,7 @@ async fn one_server_on_sqlite_keeps_each_intent_to_one_effect_under_kills() {
                 store: "sqlite",
                 workers: 12,
                 reconcilers: 2,
+                odds: Odds::MIXED,
             },
             seed,
             fleet,
@@ -1628,5 +1768,38 @@ async fn one_server_on_sqlite_keeps_each_intent_to_one_effect_under_kills() {
         bounded.is_ok(),
         "{}: the run took longer than {BUDGET:?}",
         rerun("sqlite", seed)
+    );
+}
+
+/// The late-findings run, on SQLite: most attempts end unknown, stragglers claim them again
+/// once settled, reconcilers stall past their holds and send old findings again whenever they
+/// are handed a later attempt of the same entry. Without the fence a late "not found" about
+/// attempt 1 settles an unknown attempt 2 (which acted) as not done, and attempt 3 acts again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn late_findings_never_settle_an_attempt_they_did_not_see() {
+    let seed = seed();
+    eprintln!("{}", rerun("sqlite-late", seed));
+    let dir = tempfile::tempdir().expect("temp dir");
+    let url = format!("sqlite://{}", dir.path().join("ledger.db").display());
+    let bounded = tokio::time::timeout(BUDGET, async move {
+        let fleet = Fleet::start(vec![url]).await;
+        run(
+            Plan {
+                store: "sqlite-late",
+                workers: 12,
+                reconcilers: 3,
+                odds: Odds::LATE,
+            },
+            seed,
+            fleet,
+            None,
+        )
+        .await;
+    })
+    .await;
+    assert!(
+        bounded.is_ok(),
+        "{}: the run took longer than {BUDGET:?}",
+        rerun("sqlite-late", seed)
     );
 }

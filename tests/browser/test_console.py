@@ -6,7 +6,9 @@ arguments carry a <script>); the operator signs in with acme's token, sees it on
 page, opens it (the script shows as text and never runs), and resolves it as found with the
 result; the next Claim over gRPC is REPLAYED with that result. Tenant globex's token sees
 nothing of it. A form sent without its CSRF token is refused and changes nothing. The replay
-rate is drawn. A screenshot of each page is written to docs/images/ (or $CONSOLE_SCREENSHOTS).
+rate is drawn. A resolve form rendered before a reconciler took its entry changes nothing and
+says so; an entry marked as a possible double effect is shown first and acknowledged with a
+note. A screenshot of each page is written to docs/images/ (or $CONSOLE_SCREENSHOTS).
 
 Run by run.sh beside this file (which installs the pinned requirements and finds the server):
 
@@ -74,6 +76,8 @@ def server() -> Iterator[Server]:
             "--auth-tokens-file", str(tokens),
             "--console-listen", "127.0.0.1:0",
             "--replay-alarm-min-claims", "5",
+            # A reconciler (grpcurl here) may take an unknown outcome at once.
+            "--reconcile-grace", "0s",
         ],
         stdin=subprocess.DEVNULL,
         stdout=subprocess.DEVNULL,
@@ -327,3 +331,62 @@ def test_a_form_sent_without_its_csrf_token_changes_nothing(server: Server, brow
     looked = grpcurl(server, "Lookup", {"key": entry["key"]}, ACME)["entry"]
     assert looked["status"] == "STATUS_UNKNOWN", looked
     assert "resolvedBy" not in looked, looked
+
+
+def take(server: Server, key: str, token: str) -> dict[str, Any]:
+    """Takes the entry as a reconciler does (Reconcile with its key): the pending entry."""
+    pending = grpcurl(server, "Reconcile", {"keys": [key], "principal": "reconciler-7"}, token).get("pending", [])
+    assert [e["key"] for e in pending] == [key], pending
+    return pending[0]
+
+
+def test_a_resolve_form_rendered_before_a_reconciler_took_the_entry_changes_nothing(server: Server, browser: WebDriver) -> None:
+    entry = unknown_outcome(server, ACME, "issue_credit", {"amount": 12, "for": "moved on"})
+    driver = browser
+    sign_in(driver, server, ACME, "ada")
+    driver.get(f"{server.console}/entry?key={entry['key']}")
+    form = driver.find_element(By.CSS_SELECTOR, "form.resolve")
+    assert form.find_element(By.NAME, "attempt").get_attribute("value") == "1"
+    # While the operator reads the page, a reconciler takes the entry.
+    take(server, entry["key"], ACME)
+    form.find_element(By.CSS_SELECTOR, "input[value='not_found']").click()
+    submit(driver, form.find_element(By.TAG_NAME, "button"))
+    page = text(driver)
+    assert "moved on since this page showed it" in page, page
+    assert "nothing else was changed" in page, page
+    screenshot(driver, "console-moved-on")
+    looked = grpcurl(server, "Lookup", {"key": entry["key"], "includeHistory": True}, ACME)
+    assert looked["entry"]["status"] == "STATUS_UNKNOWN", looked
+    assert [e["kind"] for e in looked["history"]] == ["finding_stale"], looked
+    assert looked["history"][0]["principal"] == "console:ada", looked
+
+
+def test_a_possible_double_effect_is_shown_first_and_acknowledged(server: Server, browser: WebDriver) -> None:
+    marked = unknown_outcome(server, ACME, "issue_credit", {"amount": 70, "for": "twice?"})
+    other = unknown_outcome(server, ACME, "issue_credit", {"amount": 71, "for": "still unknown"})
+    held = take(server, marked["key"], ACME)
+    fence = {"key": marked["key"], "attempt": held["attempt"], "holdToken": held["holdToken"]}
+    # A first read found nothing; a second read of the same attempt found the credit after all.
+    grpcurl(server, "Reconcile", {"resolutions": [{**fence, "status": "STATUS_FAILED", "error": "no credit", "retryable": True}], "principal": "reconciler-7"}, ACME)
+    grpcurl(server, "Reconcile", {"resolutions": [{**fence, "status": "STATUS_SUCCEEDED", "result": base64.b64encode(b'{"credit_id":"cr-70"}').decode()}], "principal": "reconciler-7"}, ACME)
+    assert grpcurl(server, "Lookup", {"key": marked["key"]}, ACME)["entry"]["possibleDoubleEffect"] is True
+
+    driver = browser
+    sign_in(driver, server, ACME, "ada")
+    page = text(driver)
+    assert "Possible double effects (1)" in page, page
+    assert page.index("Possible double effects") < page.index(other["externalRef"]), page
+    assert "the effect of attempt 1 exists" in page, page
+    screenshot(driver, "console-possible-double-effect")
+    card = driver.find_element(By.CSS_SELECTOR, ".double-effect")
+    card.find_element(By.TAG_NAME, "summary").click()
+    card.find_element(By.NAME, "note").send_keys("refunded the duplicate credit cr-70b")
+    submit(driver, card.find_element(By.TAG_NAME, "button"))
+    page = text(driver)
+    assert "Acknowledged the possible double effect" in page, page
+    assert "Possible double effects (" not in page, page
+    looked = grpcurl(server, "Lookup", {"key": marked["key"], "includeHistory": True}, ACME)
+    assert "possibleDoubleEffect" not in looked["entry"], looked
+    last = looked["history"][-1]
+    assert (last["kind"], last["principal"], last["detail"]) == (
+        "double_effect_acknowledged", "console:ada", "refunded the duplicate credit cr-70b"), last

@@ -178,9 +178,6 @@ def test_a_tool_without_a_confirm_is_refused_when_the_reconciler_is_made(
             Reconciler(ledger, [])
         with pytest.raises(TypeError, match="is not a ledger tool"):
             Reconciler(ledger, [object()])
-    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text(encoding="utf-8")
-    assert any(line.startswith("| `reconciler_tools.without_confirm` |") and "ValueError" in line
-               for line in readme.splitlines())
 
 
 def test_failing_rounds_back_off_and_the_loop_goes_on(tmp_path: Path,

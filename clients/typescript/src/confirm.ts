@@ -64,6 +64,31 @@ export const notFound: NotFound = Object.freeze({ kind: "not_found" });
 /** Nobody can tell yet: the entry stays UNKNOWN for the next round or for a person. */
 export const cannotTell: CannotTell = Object.freeze({ kind: "cannot_tell" });
 
+/**
+ * Why `confirm` cannot be registered as a tool's paired read, or undefined when it can
+ * (undefined itself is "no paired read", which is the caller's to allow). A paired read is
+ * called with one argument, the attempt: a read declaring more required parameters
+ * (`(externalRef, attempt) => …`, as if called with them one by one) would take the attempt
+ * object for its reference, find nothing and answer "not found", the one answer that lets the
+ * tool act again. TypeScript refuses that at compile time; this refuses it in plain JavaScript.
+ */
+export function confirmProblem(confirm: unknown): string | undefined {
+  if (confirm === undefined) return undefined;
+  const shape = "(attempt) => found(result) | notFound | cannotTell, looking the effect up by attempt.externalRef";
+  if (typeof confirm !== "function") {
+    return `confirm must be a function ${shape}; got ${confirm === null ? "null" : typeof confirm}`;
+  }
+  if (confirm.length > 1) {
+    return (
+      `confirm declares ${confirm.length} parameters, but it is called with one: the attempt ` +
+      `({ key, externalRef, arguments, attempt, runId, tool, entry }). Write it as ${shape} ` +
+      `(for example ({ externalRef }) => …): a read that takes something else for the reference ` +
+      `finds nothing, and its "not found" lets the tool act again`
+    );
+  }
+  return undefined;
+}
+
 /** The answer, checked: anything that is not a Confirmation is "cannot tell", with why. */
 export function checkConfirmation<T>(answer: unknown): { confirmation: Confirmation<T>; problem?: string } {
   if (answer !== null && typeof answer === "object") {

@@ -41,6 +41,8 @@ export { defaultPrincipal, stderrLogger, type LedgerLogger } from "./log.js";
 export {
   RECONCILER_DEFAULTS,
   Reconciler,
+  describeFigures,
+  type ReconcilerFigures,
   type ReconcilerOptions,
   type ReconcilerTools,
   type SettlementRecord,
@@ -120,4 +122,4 @@ export {
   type Canonicalization,
 } from "./keys.js";
 export { bytesCodec, jsonCodec, textCodec, type Codec } from "./codec.js";
-export type { EntryStatus, LedgerEntry, Outcome } from "./types.js";
+export type { EntryStatus, LedgerEntry, Outcome, ResolutionOutcome, ResolutionResult } from "./types.js";

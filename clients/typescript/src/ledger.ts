@@ -6,7 +6,7 @@
 
 import { AsyncLocalStorage } from "node:async_hooks";
 import { jsonCodec, type Codec } from "./codec.js";
-import type { Confirm, Confirmation } from "./confirm.js";
+import { confirmProblem, type Confirm, type Confirmation } from "./confirm.js";
 import { DEFAULT_CONFIRM_DELAY_MS, DEFAULT_WAIT_MS, RENEW_EVERY_FRACTION_OF_LEASE } from "./defaults.js";
 import {
   ActionTimeoutError,
@@ -40,7 +40,7 @@ import {
   type CompleteResult,
   type LedgerRpcOptions,
 } from "./rpc.js";
-import { ask, attemptOf, logSettlement, resolutionOf, settle, type Settlement } from "./settle.js";
+import { ask, attemptOf, logSettlement, resolutionOf, settle, type Settlement, type Via } from "./settle.js";
 import type { LedgerEntry } from "./types.js";
 
 /** How to reach the ledger, and how the client behaves. */
@@ -199,9 +199,8 @@ export class Ledger extends LedgerRpc {
   }
 
   private checkConfirm(tool: string, confirm: unknown, where: string): void {
-    if (confirm !== undefined && typeof confirm !== "function") {
-      throw new TypeError(`${where} ${tool}: confirm must be a function (attempt) => found(result) | notFound | cannotTell`);
-    }
+    const problem = confirmProblem(confirm);
+    if (problem) throw new TypeError(`${where} ${tool}: ${problem}`);
     if (this.requireConfirm && confirm === undefined) {
       throw new TypeError(
         `${where} ${tool}: this Ledger requires a paired read (requireConfirm: true) and the tool has ` +
@@ -428,7 +427,7 @@ export class Ledger extends LedgerRpc {
       signal?.removeEventListener("abort", onAbort);
       // The lease is still renewed while confirm is asked; afterFailure stops the renewal
       // before the Complete, so that none lands after it.
-      return this.afterFailure(err, entry, args, options, codec, finish, renewer);
+      return this.afterFailure(err, entry, args, options, codec, finish, renewer, controller.signal);
     }
     await renewer?.stop();
     signal?.removeEventListener("abort", onAbort);
@@ -479,6 +478,10 @@ export class Ledger extends LedgerRpc {
    * when it says it never will, UNKNOWN otherwise. With confirm, an unknown outcome is settled
    * first: the claim still holds the entry (ATTEMPTING, its lease renewed), so nobody else can
    * take it while confirm is asked after the pause, and the Complete records what it found.
+   * An action that was cut off (it outlived timeoutMs, or the call was aborted: `actionSignal`
+   * aborted) may still be running or its request still landing, so a "not found" proves
+   * nothing yet: the entry is recorded UNKNOWN, for a reconciler to ask again once the ledger's
+   * grace has passed; a "found" is proof, and settles it SUCCEEDED at once.
    */
   private async afterFailure<T>(
     err: unknown,
@@ -488,6 +491,7 @@ export class Ledger extends LedgerRpc {
     codec: Codec<T>,
     finish: (p: Omit<CompleteParams, "key" | "claimToken">) => Promise<CompleteResult>,
     renewer: LeaseRenewer | undefined,
+    actionSignal: AbortSignal,
   ): Promise<AttemptOutcome<T>> {
     const kind = err instanceof ActionTimedOut ? "unknown" : classify(err, options.notExecuted);
     const why = err instanceof ActionTimedOut ? err.message : describe(err);
@@ -498,16 +502,20 @@ export class Ledger extends LedgerRpc {
           ? { status: "FAILED", retryable: false, error: why }
           : { status: "UNKNOWN", error: why };
     let confirmation: Confirmation<T> | undefined;
-    const principal = this.settler(options);
+    const cutOff = err instanceof ActionTimedOut || actionSignal.aborted;
     if (kind === "unknown" && options.confirm) {
       await sleep(options.confirmDelayMs ?? this.confirmDelayMs);
       const attempt = attemptOf(claimedEntry, JSON.parse(toArgumentsJson(args)) as unknown);
       confirmation = await ask(options.confirm, attempt, this.logger, options.deadlineMs ?? this.deadlineMs);
       const resolution = resolutionOf(claimedEntry, confirmation, codec, this.logger);
-      if (resolution) {
-        completion = { ...resolution, error: resolution.status === "FAILED" ? notFoundWhy(why, claimedEntry) : undefined };
-      } else {
+      if (!resolution) {
         confirmation = undefined;
+      } else if (resolution.status === "SUCCEEDED") {
+        completion = { status: "SUCCEEDED", result: resolution.result };
+      } else if (cutOff) {
+        completion = { status: "UNKNOWN", error: notFoundYetWhy(why, claimedEntry) };
+      } else {
+        completion = { status: "FAILED", retryable: true, error: notFoundWhy(why, claimedEntry) };
       }
     }
     await renewer?.stop();
@@ -536,14 +544,16 @@ export class Ledger extends LedgerRpc {
     }
     const error = err instanceof ActionTimedOut ? new ActionTimeoutError(err.timeoutMs, entry) : err;
     if (confirmation?.kind === "found") {
-      logSettlement(this.logger, entry, "found", principal, "runOnce");
+      logSettlement(this.logger, entry, "found", "run_once");
       return { kind: "performed", value: confirmation.result, entry, confirmed: true };
     }
     if (confirmation?.kind === "not_found") {
-      logSettlement(this.logger, entry, "not_found", principal, "runOnce");
+      logSettlement(this.logger, entry, "not_found", "run_once");
+      // Cut off: nothing found yet, but the action may still land; recorded UNKNOWN.
+      if (entry.status === "UNKNOWN") return { kind: "thrown", error, actionRan: true, recorded: "unknown", entry };
       return notFoundOutcome(error, entry);
     }
-    if (options.confirm) logSettlement(this.logger, entry, "cannot_tell", principal, "runOnce");
+    if (options.confirm) logSettlement(this.logger, entry, "cannot_tell", "run_once");
     return { kind: "thrown", error, actionRan: true, recorded: "unknown", entry };
   }
 
@@ -582,7 +592,7 @@ export class Ledger extends LedgerRpc {
     options: RunOnceOptions<T>,
     codec: Codec<T>,
     waitMs: number,
-    via: string,
+    via: Via,
   ): Promise<Settlement<T>> {
     return settle(this, entry, {
       confirm: options.confirm!,
@@ -665,6 +675,14 @@ export function classify(err: unknown, notExecuted: readonly ErrorClass[] = []):
 /** What is recorded, and said, when the paired read found no effect of a failed attempt. */
 function notFoundWhy(why: string, entry: LedgerEntry): string {
   return `the attempt failed (${why}) and the tool's paired read found no effect (external_ref ${entry.externalRef})`;
+}
+
+/** What is recorded when the paired read found no effect of an action that was cut off and may still land. */
+function notFoundYetWhy(why: string, entry: LedgerEntry): string {
+  return (
+    `the attempt was cut off (${why}); the tool's paired read found no effect yet (external_ref ${entry.externalRef}), ` +
+    `but the action may still be running or landing: left unknown, for a reconciler to ask again after the ledger's grace`
+  );
 }
 
 /** An unknown outcome whose paired read found no effect: the intent may be tried again. */

@@ -6,16 +6,20 @@
 // after the hold, or settled by a person with `idempotency-ledger resolve`). Confirms are paced
 // (at most `maxConfirmsPerSecond`), failures back off (doubling, jittered, capped), and it stops
 // cleanly on stop(), an AbortSignal or (if asked) SIGTERM/SIGINT. Every settlement is logged
-// with its key, tool, external_ref, outcome and who settled it.
+// with its key, tool, external_ref, outcome and who settled it. Findings are fenced (the attempt
+// and hold token of the entry handed out): one the ledger did not apply (STALE, ALREADY_RESOLVED)
+// is logged with the attempt seen and the attempt and status now, and counted in `figures`,
+// never as settled here.
 
 import type { Ledger, ToolRegistration } from "./ledger.js";
 import type { LedgerLogger } from "./log.js";
 import { defaultPrincipal } from "./log.js";
 import { toolResultCodec } from "./outcome.js";
-import { ask, attemptOf, logSettlement, resolutionOf } from "./settle.js";
+import { answerOf, ask, attemptOf, logNotApplied, logSettlement, resolutionOf } from "./settle.js";
 import { registrationOf } from "./tools.js";
-import type { LedgerEntry } from "./types.js";
+import type { LedgerEntry, ResolutionOutcome } from "./types.js";
 import { NotFoundError } from "./errors.js";
+import { confirmProblem } from "./confirm.js";
 
 /** One settlement the reconciler made (or tried). */
 export interface SettlementRecord {
@@ -23,14 +27,41 @@ export interface SettlementRecord {
   tool: string;
   externalRef: string;
   /**
-   * What the paired read said, or `elsewhere` when the entry was settled by someone else
-   * between the hand-out and the answer (a late Complete, another reconciler, a person).
+   * What the paired read said, or `elsewhere` when the ledger did not apply the finding (its
+   * `result`): the entry moved on between the hand-out and the answer (a later attempt, another
+   * hand-out, a late Complete, another reconciler, a person).
    */
   outcome: "found" | "not_found" | "cannot_tell" | "elsewhere";
-  /** Who settled it: this reconciler's principal, or the entry's resolvedBy for `elsewhere`. */
+  /** The attempt the paired read was asked about (the entry's, as handed out). */
+  attemptSeen: number;
+  /**
+   * What the ledger answered to the finding sent (APPLIED, or why not: STALE, ALREADY_RESOLVED,
+   * NOT_FOUND); undefined when none was sent (cannot tell).
+   */
+  result: ResolutionOutcome | undefined;
+  /**
+   * Who settled it, as the entry says (its resolvedBy): this reconciler's principal for found
+   * and not_found, whoever did for `elsewhere`, "" while nobody has (cannot_tell).
+   */
   resolvedBy: string;
   /** The entry as it stands after the answer. */
   entry: LedgerEntry;
+}
+
+/**
+ * What a Reconciler has done since it was made: entries handed out to it, and what became of
+ * them. `found` and `notFound` count findings the ledger applied (settled by this reconciler);
+ * `stale` and `alreadyResolved` findings it did not apply (the entry had moved on: never counted
+ * as settled here); `gone` entries that no longer existed.
+ */
+export interface ReconcilerFigures {
+  handedOut: number;
+  found: number;
+  notFound: number;
+  cannotTell: number;
+  stale: number;
+  alreadyResolved: number;
+  gone: number;
 }
 
 /**
@@ -93,6 +124,16 @@ export class Reconciler {
   readonly tools: ReadonlyArray<Required<Pick<ToolRegistration, "name" | "confirm">> & ToolRegistration>;
   /** Who reconciles (recorded as resolvedBy). */
   readonly principal: string;
+  /** What it has done so far (updated as it goes). */
+  readonly figures: ReconcilerFigures = {
+    handedOut: 0,
+    found: 0,
+    notFound: 0,
+    cannotTell: 0,
+    stale: 0,
+    alreadyResolved: 0,
+    gone: 0,
+  };
   private readonly logger: LedgerLogger;
   private readonly stopper = new AbortController();
   private loop: Promise<void> | undefined;
@@ -177,6 +218,7 @@ export class Reconciler {
       }
     } finally {
       for (const undo of this.cleanup.splice(0)) undo();
+      this.logger.info(`reconciler ${this.principal}: stopped; ${describeFigures(this.figures)}`);
     }
   }
 
@@ -197,6 +239,7 @@ export class Reconciler {
         principal: this.principal,
       });
       handedOut += pending.length;
+      this.figures.handedOut += pending.length;
       for (const entry of pending) {
         // Stopped mid-round: the rest are handed out again once their hold ends.
         if (this.stopped) break;
@@ -216,7 +259,10 @@ export class Reconciler {
       const full = await this.ledger.lookup({ key: entry.key });
       args = full.argumentsJson ? (JSON.parse(full.argumentsJson) as unknown) : undefined;
     } catch (err) {
-      if (err instanceof NotFoundError) return undefined; // expired meanwhile
+      if (err instanceof NotFoundError) {
+        this.figures.gone++; // expired meanwhile
+        return undefined;
+      }
       throw err;
     }
     const timeout = this.options.confirmTimeoutMs ?? RECONCILER_DEFAULTS.confirmTimeoutMs;
@@ -224,37 +270,63 @@ export class Reconciler {
     await this.pace();
     const confirmation = await ask(tool.confirm, attemptOf(entry, args), this.logger, timeout);
     const codec = tool.codec ?? toolResultCodec;
+    // Fenced: the attempt and the hold token of the entry as it was handed out.
     const resolution = resolutionOf(entry, confirmation, codec, this.logger);
-    if (!resolution) return this.record(entry, "cannot_tell");
-    const {
-      resolved: [after],
-    } = await this.ledger.reconcile({ resolutions: [resolution], resolveOnly: true, principal: this.principal });
-    if (!after) return undefined;
-    const mine = after.resolvedBy === this.principal && after.status === resolution.status;
-    return this.record(after, mine ? confirmation.kind : "elsewhere");
+    if (!resolution) {
+      this.figures.cannotTell++;
+      return this.record(entry, entry, "cannot_tell", undefined);
+    }
+    const answer = answerOf(
+      resolution,
+      await this.ledger.reconcile({ resolutions: [resolution], resolveOnly: true, principal: this.principal }),
+      this.principal,
+    );
+    const said = confirmation.kind === "found" ? "found" : "not_found";
+    if (answer.result === "APPLIED" && answer.entry) {
+      this.figures[said === "found" ? "found" : "notFound"]++;
+      return this.record(entry, answer.entry, said, answer.result);
+    }
+    // Not applied: the entry moved on since it was handed out; logged, counted, never ours.
+    logNotApplied(this.logger, entry, said, answer, "reconciler");
+    if (answer.result === "STALE") this.figures.stale++;
+    else if (answer.result === "ALREADY_RESOLVED") this.figures.alreadyResolved++;
+    else this.figures.gone++;
+    if (!answer.entry) return undefined;
+    return this.record(entry, answer.entry, "elsewhere", answer.result);
   }
 
-  private record(entry: LedgerEntry, outcome: SettlementRecord["outcome"]): SettlementRecord {
-    logSettlement(this.logger, entry, outcome, this.principal, "reconciler");
+  private record(
+    seen: LedgerEntry,
+    entry: LedgerEntry,
+    outcome: SettlementRecord["outcome"],
+    result: ResolutionOutcome | undefined,
+  ): SettlementRecord {
+    logSettlement(this.logger, entry, outcome, "reconciler");
     const record: SettlementRecord = {
       key: entry.key,
       tool: entry.tool,
       externalRef: entry.externalRef,
       outcome,
-      resolvedBy: outcome === "elsewhere" ? entry.resolvedBy : outcome === "cannot_tell" ? "" : this.principal,
+      attemptSeen: seen.attempt,
+      result,
+      resolvedBy: entry.resolvedBy,
       entry,
     };
     this.options.onSettlement?.(record);
     return record;
   }
 
-  /** Keeps confirms at most maxConfirmsPerSecond apart. */
+  /**
+   * Keeps confirms at least 1/maxConfirmsPerSecond apart: the next may start that long after
+   * this one actually starts (not after when it was due: a timer that fired late must not bring
+   * the next confirm closer), and a timer that fires early is waited out again.
+   */
   private async pace(): Promise<void> {
     const every = 1_000 / (this.options.maxConfirmsPerSecond ?? RECONCILER_DEFAULTS.maxConfirmsPerSecond);
-    const now = Date.now();
-    const at = Math.max(now, this.nextConfirmAt);
-    this.nextConfirmAt = at + every;
-    if (at > now) await this.sleep(at - now);
+    for (let wait = this.nextConfirmAt - Date.now(); wait > 0 && !this.stopped; wait = this.nextConfirmAt - Date.now()) {
+      await this.sleep(wait);
+    }
+    this.nextConfirmAt = Date.now() + every;
   }
 
   /** A pause that ends early when the reconciler stops. */
@@ -301,10 +373,14 @@ function resolveTools(
           `registerLedgerTool or wrapTool, or give { name, confirm })`,
       );
     }
+    const problem = confirmProblem(reg.confirm);
+    if (problem) throw new TypeError(`Reconciler: the tool ${reg.name}: ${problem}`);
     if (!withConfirm(reg)) {
       throw new TypeError(
-        `Reconciler: the tool ${reg.name} has no paired read (confirm); a reconciler settles only the ` +
-          `entries of tools registered with one`,
+        `Reconciler: the tool ${reg.name} has no paired read (confirm), so this reconciler could never settle ` +
+          `its entries. Register the tool with confirm: (attempt) => found(result) | notFound | cannotTell, ` +
+          `looking the effect up by attempt.externalRef (the confirm option of ledgerTool, registerLedgerTool ` +
+          `or wrapTool, or { name, confirm }), or leave it out of the reconciler's tools`,
       );
     }
     out.set(reg.name, reg);
@@ -319,7 +395,8 @@ function registrationFor(item: unknown, registered: Map<string, ToolRegistration
   if (carried) return carried;
   if (item !== null && typeof item === "object" && typeof (item as { name?: unknown }).name === "string") {
     const { name, confirm } = item as { name: string; confirm?: unknown };
-    if (typeof confirm === "function") return item as ToolRegistration;
+    // A registration given here (`{ name, confirm }`): its confirm is checked as the ledger's are.
+    if (confirm !== undefined) return item as ToolRegistration;
     return registered.get(name);
   }
   return undefined;
@@ -329,6 +406,15 @@ function describeTool(item: unknown): string {
   if (typeof item === "string") return `the name ${JSON.stringify(item)}`;
   const name = (item as { name?: unknown } | null)?.name;
   return typeof name === "string" ? `the tool ${name}` : `a ${typeof item}`;
+}
+
+/** The figures in words, for the log. */
+export function describeFigures(f: ReconcilerFigures): string {
+  return (
+    `handed out ${f.handedOut}, settled ${f.found + f.notFound} (found ${f.found}, not found ${f.notFound}), ` +
+    `cannot tell ${f.cannotTell}, findings not applied ${f.stale + f.alreadyResolved} (stale ${f.stale}, ` +
+    `already resolved ${f.alreadyResolved}), gone ${f.gone}`
+  );
 }
 
 function describe(err: unknown): string {

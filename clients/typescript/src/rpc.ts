@@ -30,10 +30,12 @@ import {
   entryFrom,
   msFromDuration,
   outcomeName,
+  resolutionResultFrom,
   statusValue,
   type EntryStatus,
   type LedgerEntry,
   type Outcome,
+  type ResolutionResult,
 } from "./types.js";
 
 /** TLS settings of the connection to the ledger. */
@@ -132,9 +134,19 @@ export type LookupParams =
   | { key: string }
   | { runId: string; tool: string; args: ArgumentsInput; canonicalization?: Canonicalization };
 
-/** What a tool's own read found for one unresolved entry. */
+/**
+ * What a tool's own read found for one unresolved entry, fenced: it names the attempt the read
+ * was about and the hold it was handed, both copied from the pending entry (`attempt`,
+ * `holdToken`). The ledger applies it only if the entry is still unresolved at that attempt and
+ * nobody was handed it since; otherwise nothing changes and the call's `results` say why. A
+ * resolution without them is refused (InvalidArgumentError, reason UNFENCED_RESOLUTION).
+ */
 export interface Resolution {
   key: string;
+  /** The attempt the read was about: the pending entry's `attempt`. */
+  attempt: number;
+  /** The hold the entry was handed out with: the pending entry's `holdToken`. */
+  holdToken: string;
   /** SUCCEEDED when the tool's read found the effect (with its result), FAILED when not. */
   status: "SUCCEEDED" | "FAILED";
   result?: Uint8Array;
@@ -187,6 +199,8 @@ export interface ReconcileResult {
   pending: LedgerEntry[];
   /** The entries the resolutions named, as they stand afterwards. */
   resolved: LedgerEntry[];
+  /** What became of each resolution, in the request's order: applied, or why not. */
+  results: ResolutionResult[];
 }
 
 /** The RPCs of one ledger. The Ledger (ledger.ts) is this with runOnce and the tool calls. */
@@ -415,6 +429,8 @@ export class LedgerRpc {
           result: r.result ?? new Uint8Array(0),
           error: r.error ?? "",
           retryable: r.retryable ?? false,
+          attempt: r.attempt ?? 0,
+          holdToken: r.holdToken ?? "",
         }),
       ),
       resolveOnly: params.resolveOnly ?? false,
@@ -423,7 +439,11 @@ export class LedgerRpc {
     });
     try {
       const res = await this.client.reconcile(req, this.callOptions(opts));
-      return { pending: res.pending.map(entryFrom), resolved: res.resolved.map(entryFrom) };
+      return {
+        pending: res.pending.map(entryFrom),
+        resolved: res.resolved.map(entryFrom),
+        results: res.results.map(resolutionResultFrom),
+      };
     } catch (err) {
       throw toLedgerError(err);
     }

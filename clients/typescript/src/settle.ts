@@ -1,8 +1,12 @@
 // Settling an unknown outcome with the tool's paired read (confirm): take the entry with a
 // Reconcile of its key alone (so that one settlement wins across callers, reconcilers and
 // servers: the ledger hands a key to one caller at a time), ask confirm, send what it found.
-// runOnce settles this way right after an unknown outcome and when a repeat meets one; the
-// Reconciler asks and answers the same way for the entries the ledger hands out in rounds.
+// runOnce settles this way when a repeat meets an unknown outcome (right after its own, the call
+// completes with its claim token instead); the Reconciler asks and answers the same way for the
+// entries the ledger hands out in rounds. Every finding is fenced: it names the attempt and the
+// hold token of the entry as it was handed out, and the ledger applies it only while that hold
+// is the newest and the attempt the current one; its answer (`results`) says what became of it,
+// and a finding it did not apply is logged and never counted as settled by its sender.
 
 import type { Codec } from "./codec.js";
 import {
@@ -13,8 +17,8 @@ import {
 } from "./confirm.js";
 import { SETTLING_POLL_MS } from "./defaults.js";
 import type { LedgerLogger } from "./log.js";
-import type { LedgerRpc, Resolution } from "./rpc.js";
-import type { LedgerEntry } from "./types.js";
+import type { LedgerRpc, ReconcileResult, Resolution } from "./rpc.js";
+import type { LedgerEntry, ResolutionResult } from "./types.js";
 
 /** How one entry was settled (or not). */
 export type Settlement<T> =
@@ -28,7 +32,7 @@ export type Settlement<T> =
    * Someone else holds the entry or settled it first (a reconciler, another caller, the
    * claimant's late Complete, a person): `entry` is as it stands now.
    */
-  | { kind: "elsewhere"; entry: LedgerEntry };
+  | { kind: "elsewhere"; entry: LedgerEntry; result?: ResolutionResult };
 
 /** What a settlement needs besides the entry. */
 export interface SettleContext<T> {
@@ -42,8 +46,8 @@ export interface SettleContext<T> {
   logger: LedgerLogger;
   /** How long confirm may take before it counts as "cannot tell". */
   confirmTimeoutMs: number;
-  /** Said in the log line: who asked ("runOnce", "a repeat", "reconciler"). */
-  via: string;
+  /** Said in the log line: who asked. */
+  via: Via;
   /**
    * How long to wait for a settlement someone else is making (the entry is not handed out:
    * another caller or a reconciler holds it): the call's `waitMs`.
@@ -95,7 +99,9 @@ export async function ask<T>(
 
 /**
  * The resolution that records a confirmation, or undefined for "cannot tell" (and for a
- * found result the codec cannot store, logged: the entry is left for a person).
+ * found result the codec cannot store, logged: the entry is left for a person). It is fenced
+ * by the entry it was asked about: that entry's attempt and hold token (the pending entry's,
+ * as Reconcile handed it out).
  */
 export function resolutionOf<T>(
   entry: LedgerEntry,
@@ -115,11 +121,13 @@ export function resolutionOf<T>(
         );
         return undefined;
       }
-      return { key: entry.key, status: "SUCCEEDED", result };
+      return { key: entry.key, attempt: entry.attempt, holdToken: entry.holdToken, status: "SUCCEEDED", result };
     }
     case "not_found":
       return {
         key: entry.key,
+        attempt: entry.attempt,
+        holdToken: entry.holdToken,
         status: "FAILED",
         // The effect did not happen: the intent may be tried again.
         retryable: true,
@@ -130,20 +138,70 @@ export function resolutionOf<T>(
   }
 }
 
-/** One log line per settlement: key, tool, external_ref, outcome, who. */
+/**
+ * One log line per settlement: key, tool, external_ref, outcome, and the entry as it stands
+ * afterwards: its status and who settled it as the entry says (settledBy), never a principal the
+ * entry does not carry.
+ */
 export function logSettlement(
   logger: LedgerLogger,
   entry: LedgerEntry,
   outcome: "found" | "not_found" | "cannot_tell" | "elsewhere",
-  principal: string,
-  via: string,
+  via: Via,
 ): void {
-  const who = outcome === "elsewhere" ? entry.resolvedBy || "(not yet settled)" : principal;
   logger.info(
     `settled key=${entry.key} tool=${entry.tool} external_ref=${entry.externalRef} outcome=${outcome} ` +
-      `status=${entry.status} resolved_by=${who} via=${via}`,
+      `status=${entry.status} ${settledBy(entry)} via=${via}`,
   );
 }
+
+/**
+ * Who settled an entry, as the entry itself says it (the Python client's words):
+ * `resolved_by=<principal>` when it records one (a Reconcile's resolution); else
+ * `settled_by=claimant` once it is resolved (its claimant's own Complete, which records no
+ * resolved_by), `settled_by=nobody` while its outcome is still unknown.
+ */
+export function settledBy(entry: LedgerEntry): string {
+  if (entry.resolvedBy) return `resolved_by=${entry.resolvedBy}`;
+  if (entry.status === "UNKNOWN" || entry.status === "ATTEMPTING") return "settled_by=nobody";
+  return "settled_by=claimant";
+}
+
+/**
+ * What the ledger answered to a finding that it did not apply (STALE, ALREADY_RESOLVED,
+ * NOT_FOUND): one WARN line with the key, the attempt the finding was about and the attempt,
+ * status the entry has now, and who settled it as it says (settledBy), and the ledger's note; and an ERROR line when the
+ * ledger marked the entry as a possible double effect (a stale "found": an earlier attempt's
+ * effect exists while a later one was started). Never counted as settled by the sender.
+ */
+export function logNotApplied(
+  logger: LedgerLogger,
+  seen: LedgerEntry,
+  said: "found" | "not_found",
+  answer: ResolutionResult,
+  via: Via,
+): void {
+  const now = answer.entry;
+  logger.warn(
+    `finding not applied key=${seen.key} tool=${seen.tool} external_ref=${seen.externalRef} finding=${said} ` +
+      `result=${answer.result} attempt_seen=${seen.attempt} attempt_now=${now ? now.attempt : "-"} ` +
+      `status_now=${now ? now.status : "-"} ${now ? settledBy(now) : "settled_by=nobody"} via=${via}` +
+      (answer.note ? `: ${answer.note}` : ""),
+  );
+  if (now?.possibleDoubleEffect) {
+    logger.error(
+      `possible double effect key=${seen.key} tool=${seen.tool} external_ref=${seen.externalRef}: the entry is ` +
+        `marked, the intent may have acted twice (attempt ${seen.attempt}'s effect was found while the entry is at ` +
+        `attempt ${now.attempt}, ${now.status}); a person must check the outside world and acknowledge it`,
+    );
+  }
+}
+
+/**
+ * Who asked, in the settlement's log line (the Python client's words): the call settling its
+ * own unknown outcome (`run_once`), a repeat meeting one, a reconciler.
+ */
+export type Via = "run_once" | "a repeat" | "reconciler";
 
 /**
  * Settles one UNKNOWN entry: takes it (Reconcile of its key alone), asks confirm, records what
@@ -158,7 +216,7 @@ export async function settle<T>(rpc: LedgerRpc, entry: LedgerEntry, ctx: SettleC
     taken = pending.find((e) => e.key === entry.key);
     if (!taken) {
       const now = await awaitSettlement(rpc, entry.key, ctx.waitMs);
-      logSettlement(ctx.logger, now, "elsewhere", ctx.principal, ctx.via);
+      logSettlement(ctx.logger, now, "elsewhere", ctx.via);
       return { kind: "elsewhere", entry: now };
     }
   } catch (err) {
@@ -168,35 +226,48 @@ export async function settle<T>(rpc: LedgerRpc, entry: LedgerEntry, ctx: SettleC
   const confirmation = await ask(ctx.confirm, attemptOf(taken, ctx.args), ctx.logger, ctx.confirmTimeoutMs);
   const resolution = resolutionOf(taken, confirmation, ctx.codec, ctx.logger);
   if (!resolution) {
-    logSettlement(ctx.logger, taken, "cannot_tell", ctx.principal, ctx.via);
+    logSettlement(ctx.logger, taken, "cannot_tell", ctx.via);
     return { kind: "cannot_tell", entry: taken };
   }
-  let resolved: LedgerEntry | undefined;
+  let answer: ResolutionResult;
   try {
-    ({ resolved: [resolved] } = await rpc.reconcile({
-      resolutions: [resolution],
-      resolveOnly: true,
-      principal: ctx.principal,
-    }));
+    answer = answerOf(
+      resolution,
+      await rpc.reconcile({ resolutions: [resolution], resolveOnly: true, principal: ctx.principal }),
+      ctx.principal,
+    );
   } catch (err) {
     ctx.logger.warn(`${where(taken)}: could not record what confirm found (${describe(err)}); left UNKNOWN`);
     return { kind: "cannot_tell", entry: taken };
   }
-  if (!resolved) {
-    // Gone (expired, or never this tenant's): nothing to settle.
-    return { kind: "cannot_tell", entry: taken };
-  }
-  const mine = resolved.resolvedBy === ctx.principal && resolved.status === resolution.status;
-  if (!mine) {
-    logSettlement(ctx.logger, resolved, "elsewhere", ctx.principal, ctx.via);
-    return { kind: "elsewhere", entry: resolved };
+  const resolved = answer.entry;
+  if (answer.result !== "APPLIED" || !resolved) {
+    // Not ours: the entry moved on (another hand-out, a later attempt, a late Complete) or is gone.
+    logNotApplied(ctx.logger, taken, confirmation.kind === "found" ? "found" : "not_found", answer, ctx.via);
+    if (!resolved) return { kind: "cannot_tell", entry: taken };
+    logSettlement(ctx.logger, resolved, "elsewhere", ctx.via);
+    return { kind: "elsewhere", entry: resolved, result: answer };
   }
   if (confirmation.kind === "found") {
-    logSettlement(ctx.logger, resolved, "found", ctx.principal, ctx.via);
+    logSettlement(ctx.logger, resolved, "found", ctx.via);
     return { kind: "found", value: confirmation.result, entry: resolved };
   }
-  logSettlement(ctx.logger, resolved, "not_found", ctx.principal, ctx.via);
+  logSettlement(ctx.logger, resolved, "not_found", ctx.via);
   return { kind: "not_found", entry: resolved };
+}
+
+/**
+ * The ledger's answer to the one resolution a call sent. A server without the fence answers no
+ * `results`: then the resolved entry tells, as before (applied when it records this principal
+ * and the status sent).
+ */
+export function answerOf(resolution: Resolution, reply: ReconcileResult, principal: string): ResolutionResult {
+  const [answer] = reply.results;
+  if (answer) return answer;
+  const [entry] = reply.resolved;
+  if (!entry) return { key: resolution.key, result: "NOT_FOUND", entry: undefined, note: "" };
+  const applied = entry.resolvedBy === principal && entry.status === resolution.status;
+  return { key: resolution.key, result: applied ? "APPLIED" : "ALREADY_RESOLVED", entry, note: "" };
 }
 
 /**

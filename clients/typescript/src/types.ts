@@ -11,8 +11,10 @@ import {
 import {
   Canonicalization as PbCanonicalization,
   Outcome as PbOutcome,
+  ResolutionOutcome as PbResolutionOutcome,
   Status as PbStatus,
   type Entry,
+  type ResolutionResult as PbResolutionResult,
 } from "./gen/idempotency/v1/ledger_pb.js";
 import type { Canonicalization } from "./keys.js";
 
@@ -50,6 +52,36 @@ export interface LedgerEntry {
   argumentsJson: string;
   /** Who resolved the entry by Reconcile (a reconciler's or an operator's principal); "" otherwise. */
   resolvedBy: string;
+  /**
+   * Set on the entries Reconcile hands out (`pending`): the token of this hand-out, sent back
+   * with the finding about it (a Resolution's `holdToken`, with its `attempt`). A later hand-out
+   * of the entry replaces it. "" in every other answer.
+   */
+  holdToken: string;
+  /**
+   * A finding said an earlier attempt's effect exists while a later attempt was started (or after
+   * that attempt was recorded as not done): the intent may have acted twice. Set until a person
+   * acknowledges it.
+   */
+  possibleDoubleEffect: boolean;
+}
+
+/**
+ * What became of one finding sent to Reconcile (the proto's RESOLUTION_* without the prefix):
+ * APPLIED, it settled the entry; STALE, nothing changed because a later attempt was started,
+ * the entry was handed out again since, or it is not unknown; ALREADY_RESOLVED, the attempt it
+ * was about had been resolved meanwhile; NOT_FOUND, there is no such entry.
+ */
+export type ResolutionOutcome = "UNSPECIFIED" | "APPLIED" | "STALE" | "ALREADY_RESOLVED" | "NOT_FOUND";
+
+/** The ledger's answer to one finding (one per Resolution sent, in the same order). */
+export interface ResolutionResult {
+  key: string;
+  result: ResolutionOutcome;
+  /** The entry as it stands now (its current attempt and status); undefined with NOT_FOUND. */
+  entry: LedgerEntry | undefined;
+  /** Why the finding was not applied, in words ("attempt 2 was started since"). */
+  note: string;
 }
 
 export function statusName(s: PbStatus): EntryStatus {
@@ -58,6 +90,16 @@ export function statusName(s: PbStatus): EntryStatus {
 
 export function outcomeName(o: PbOutcome): Outcome {
   return (PbOutcome[o] as Outcome | undefined) ?? "UNSPECIFIED";
+}
+
+export function resolutionOutcomeName(o: PbResolutionOutcome): ResolutionOutcome {
+  const name = PbResolutionOutcome[o] as string | undefined;
+  const short = name?.replace(/^RESOLUTION_/, "");
+  return short === "APPLIED" || short === "STALE" || short === "ALREADY_RESOLVED" || short === "NOT_FOUND" ? short : "UNSPECIFIED";
+}
+
+export function resolutionResultFrom(r: PbResolutionResult): ResolutionResult {
+  return { key: r.key, result: resolutionOutcomeName(r.result), entry: r.entry ? entryFrom(r.entry) : undefined, note: r.note };
 }
 
 export function statusValue(s: Exclude<EntryStatus, "UNSPECIFIED">): PbStatus {
@@ -98,6 +140,8 @@ export function entryFrom(e: Entry | undefined): LedgerEntry {
     externalRef: e.externalRef,
     argumentsJson: e.argumentsJson,
     resolvedBy: e.resolvedBy,
+    holdToken: e.holdToken,
+    possibleDoubleEffect: e.possibleDoubleEffect,
   };
 }
 

@@ -123,6 +123,8 @@ describe("Vercel AI SDK", () => {
         confirm?: boolean;
         /** Thrown after the credit is issued, as a payments client that lost the answer would. */
         failAfter?: () => Error;
+        /** Thrown before the credit is issued (not declared as not acting: an unknown outcome). */
+        failBefore?: () => Error;
         /** The ledger's time limit of the action; execute then waits, acting only if not stopped. */
         timeoutMs?: number;
         on?: Ledger;
@@ -139,6 +141,7 @@ describe("Vercel AI SDK", () => {
             if (down) throw new NotExecutedError("the payments API refused the connection");
             const attempt = currentAttempt()!;
             if (options.timeoutMs !== undefined) await sleep(options.timeoutMs * 20, attempt.signal);
+            if (options.failBefore) throw options.failBefore();
             const out = world.issue(input, attempt.externalRef);
             if (options.failAfter) throw options.failAfter();
             return out;
@@ -276,15 +279,28 @@ describe("Vercel AI SDK", () => {
         assert.equal(credits.length, 1);
       });
 
-      test("a timeout before acting, with confirm: FAILED retryable, and the next call acts once", async () => {
+      test("an error thrown before acting (no timeout), with confirm: it found nothing, so the model reads that nothing happened; FAILED retryable, and the next call acts once", async () => {
+        const { credits, issueCredit } = payments({ failBefore: () => new Error("socket hang up"), confirm: true });
+        const run = uniqueRun("ai-sdk-not-performed");
+        const first = await turn({ issue_credit: issueCredit }, run, [{ calls: [["issue_credit", CALL]] }]);
+        assert.deepEqual(toolResultsRead(first.model), [NOT_PERFORMED_NOTE]);
+        const entry = await ledger.lookup({ runId: run, tool: "issue_credit", args: CALL });
+        assert.deepEqual([entry.status, entry.retryable], ["FAILED", true]);
+        assert.equal(credits.length, 0);
+        const { issueCredit: quick } = payments({ confirm: true });
+        const retried = await turn({ issue_credit: quick }, run, [{ calls: [["issue_credit", CALL]] }]);
+        assert.deepEqual(toolResultsRead(retried.model), ['{"credit_id":"cr-1"}']);
+        assert.equal((await ledger.lookup({ key: entry.key })).attempt, 2);
+      });
+
+      test("a timeout before acting, with confirm: UNKNOWN (the action may still land), and the next call (the test server's grace is 0 s) finds nothing and acts once", async () => {
         const { credits, issueCredit } = payments({ timeoutMs: 150, confirm: true });
         const run = uniqueRun("ai-sdk-timeout");
         const first = await turn({ issue_credit: issueCredit }, run, [{ calls: [["issue_credit", CALL]] }]);
         const [note] = toolResultsRead(first.model);
-        assert.equal(note, NOT_PERFORMED_NOTE);
+        assert.equal(note, UNKNOWN_NOTE);
         const entry = await ledger.lookup({ runId: run, tool: "issue_credit", args: CALL });
-        assert.equal(entry.status, "FAILED");
-        assert.equal(entry.retryable, true);
+        assert.equal(entry.status, "UNKNOWN");
         assert.equal(credits.length, 0);
 
         const { issueCredit: quick } = payments({ confirm: true });

@@ -6,6 +6,7 @@
 // model.
 
 import assert from "node:assert/strict";
+import { writeFileSync } from "node:fs";
 import { join } from "node:path";
 import { after, before, describe, test } from "node:test";
 import * as aiSdkAgent from "../examples/ai-sdk-agent.js";
@@ -148,7 +149,7 @@ describe("examples", () => {
     );
     assert.match(out.stderr, /tool=issue_credit external_ref=idem-[0-9a-f]{16} outcome=not_found status=FAILED resolved_by=night-shift/);
     assert.doesNotMatch(out.stderr, /open_ticket/);
-    assert.match(out.stderr, /settled 2, nothing more handed out/);
+    assert.match(out.stderr, /handed out 2, settled 2 \(found 1, not found 1\), cannot tell 0, findings not applied 0 \(stale 0, already resolved 0\), gone 0; nothing more handed out/);
 
     const found = await ledger.lookup({ key: before.key });
     assert.equal(found.status, "SUCCEEDED");
@@ -176,7 +177,7 @@ describe("examples", () => {
     // Nothing of its tools is left; it says so and exits.
     const idle = await runScript(cli, [tools, "--once", "--older-than", "0s"], env);
     assert.equal(idle.code, 0, idle.stderr);
-    assert.match(idle.stderr, /settled 0, nothing more handed out/);
+    assert.match(idle.stderr, /handed out 0, settled 0 .*; nothing more handed out/);
   });
 
   test("the reconciler process refuses a module without tools, and a bad flag, with why", async () => {
@@ -192,5 +193,16 @@ describe("examples", () => {
     const none = await runScript(cli, [join(PACKAGE_ROOT, "dist/examples/script.js")], { LEDGER_ADDRESS: server.address });
     assert.equal(none.code, 1);
     assert.match(none.stderr, /no tool registered with this ledger has a paired read/);
+    // A plain JavaScript tool module whose paired read takes the reference and the attempt's number
+    // as two parameters (it is given one object): refused before it could answer "not found".
+    const positional = join(server.dir, "positional-read.mjs");
+    writeFileSync(
+      positional,
+      "export const tools = [{ name: 'issue_credit', confirm: (externalRef, attempt) => ({ kind: 'not_found' }) }];\n",
+    );
+    const refused = await runScript(cli, [positional, "--once"], { LEDGER_ADDRESS: server.address });
+    assert.equal(refused.code, 1);
+    assert.match(refused.stderr, /Reconciler: the tool issue_credit: confirm declares 2 parameters, but it is called with one: the attempt/);
+    assert.doesNotMatch(refused.stderr, /settled/);
   });
 });

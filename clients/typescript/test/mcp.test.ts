@@ -46,6 +46,8 @@ describe("MCP TypeScript SDK (McpServer, Client, in-memory transport)", () => {
       confirm?: boolean;
       /** Thrown after the credit is issued, as a payments client that lost the answer would. */
       failAfter?: () => Error;
+      /** Thrown before the credit is issued (not declared as not acting: an unknown outcome). */
+      failBefore?: () => Error;
       /** The ledger's time limit of the callback; it then waits, acting only if not stopped. */
       timeoutMs?: number;
     } = {},
@@ -67,6 +69,7 @@ describe("MCP TypeScript SDK (McpServer, Client, in-memory transport)", () => {
         if (state.down) throw new NotExecutedError("the payments API refused the connection");
         const attempt = currentAttempt()!;
         if (options.timeoutMs !== undefined) await sleep(options.timeoutMs * 20, attempt.signal);
+        if (options.failBefore) throw options.failBefore();
         if (state.reportError) {
           world.issue(input, attempt.externalRef);
           return { content: [{ type: "text", text: "payments API: 502 Bad Gateway" }], isError: true };
@@ -241,16 +244,37 @@ describe("MCP TypeScript SDK (McpServer, Client, in-memory transport)", () => {
     }
   });
 
-  test("a timeout before acting, with confirm: FAILED retryable, and the next call acts once", async () => {
+  test("an error thrown before acting (no timeout), with confirm: it found nothing, so the client reads that nothing happened; FAILED retryable, and the next call acts once", async () => {
+    const failing = await connect({ confirm: true, failBefore: () => new Error("socket hang up") });
+    const run = uniqueRun("mcp-not-performed");
+    try {
+      const out = await failing.callTool(run, "issue_credit", CALL);
+      assert.notEqual(out.isError, true, "a normal result");
+      assert.deepEqual(texts(out), [NOT_PERFORMED_NOTE]);
+      const entry = await ledger.lookup({ runId: run, tool: "issue_credit", args: CALL });
+      assert.deepEqual([entry.status, entry.retryable], ["FAILED", true]);
+      assert.equal(failing.credits.length, 0);
+    } finally {
+      await failing.close();
+    }
+    const quick = await connect({ confirm: true });
+    try {
+      assert.deepEqual(texts(await quick.callTool(run, "issue_credit", CALL)), ['{"credit_id":"cr-1"}']);
+      assert.equal((await ledger.lookup({ runId: run, tool: "issue_credit", args: CALL })).attempt, 2);
+    } finally {
+      await quick.close();
+    }
+  });
+
+  test("a timeout before acting, with confirm: UNKNOWN (the action may still land), and the next call (the test server's grace is 0 s) finds nothing and acts once", async () => {
     const slow = await connect({ confirm: true, timeoutMs: 150 });
     const run = uniqueRun("mcp-timeout");
     try {
       const out = await slow.callTool(run, "issue_credit", CALL);
       assert.notEqual(out.isError, true, "a normal result, like the unknown outcome it was");
-      assert.deepEqual(texts(out), [NOT_PERFORMED_NOTE]);
+      assert.deepEqual(texts(out), [UNKNOWN_NOTE]);
       const entry = await ledger.lookup({ runId: run, tool: "issue_credit", args: CALL });
-      assert.equal(entry.status, "FAILED");
-      assert.equal(entry.retryable, true);
+      assert.equal(entry.status, "UNKNOWN");
       assert.equal(slow.credits.length, 0);
     } finally {
       await slow.close();

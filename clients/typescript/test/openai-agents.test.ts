@@ -91,6 +91,8 @@ describe("OpenAI Agents JS SDK (@openai/agents, a scripted Model)", () => {
       confirm?: boolean;
       /** Thrown after the credit is issued, as a payments client that lost the answer would. */
       failAfter?: () => Error;
+      /** Thrown before the credit is issued (not declared as not acting: an unknown outcome). */
+      failBefore?: () => Error;
       /** The tool's own timeoutMs (the SDK's option): ledgerTool makes it the ledger's. */
       timeoutMs?: number;
       on?: Ledger;
@@ -110,6 +112,7 @@ describe("OpenAI Agents JS SDK (@openai/agents, a scripted Model)", () => {
             if (down) throw new NotExecutedError("the payments API refused the connection");
             const attempt = currentAttempt()!;
             if (options.timeoutMs !== undefined) await sleep(options.timeoutMs * 20, attempt.signal);
+            if (options.failBefore) throw options.failBefore();
             const out = world.issue(input, attempt.externalRef);
             if (options.failAfter) throw options.failAfter();
             return out;
@@ -218,16 +221,29 @@ describe("OpenAI Agents JS SDK (@openai/agents, a scripted Model)", () => {
     assert.equal(credits.length, 1);
   });
 
-  test("a timeout before acting (the tool's timeoutMs), with confirm: FAILED retryable, and the next call acts once", async () => {
+  test("an error thrown before acting (no timeout), with confirm: it found nothing, so the model reads that nothing happened; FAILED retryable, and the next call acts once", async () => {
+    const { credits, issueCredit } = payments({ failBefore: () => new Error("socket hang up"), confirm: true });
+    const runId = uniqueRun("agents-not-performed");
+    const first = await turn(issueCredit, runId, [calls(["issue_credit", CALL])]);
+    assert.deepEqual(first.model.resultsRead(), [NOT_PERFORMED_NOTE]);
+    const entry = await ledger.lookup({ runId, tool: "issue_credit", args: CALL });
+    assert.deepEqual([entry.status, entry.retryable], ["FAILED", true]);
+    assert.equal(credits.length, 0);
+    const { issueCredit: quick } = payments({ confirm: true });
+    const retried = await turn(quick, runId, [calls(["issue_credit", CALL])]);
+    assert.deepEqual(retried.model.resultsRead(), ['{"credit_id":"cr-1"}']);
+    assert.equal((await ledger.lookup({ key: entry.key })).attempt, 2);
+  });
+
+  test("a timeout before acting (the tool's timeoutMs), with confirm: UNKNOWN (the action may still land), and the next call (the test server's grace is 0 s) finds nothing and acts once", async () => {
     const { credits, issueCredit } = payments({ timeoutMs: 150, confirm: true });
     const runId = uniqueRun("agents-timeout");
     const first = await turn(issueCredit, runId, [calls(["issue_credit", CALL])]);
     const [note] = first.model.resultsRead();
-    assert.equal(note, NOT_PERFORMED_NOTE);
+    assert.equal(note, UNKNOWN_NOTE);
     assert.doesNotMatch(note, /timed out after/, "not the SDK's own timeout text");
     const entry = await ledger.lookup({ runId, tool: "issue_credit", args: CALL });
-    assert.equal(entry.status, "FAILED");
-    assert.equal(entry.retryable, true);
+    assert.equal(entry.status, "UNKNOWN");
     assert.equal(credits.length, 0);
 
     const { issueCredit: quick } = payments({ confirm: true });

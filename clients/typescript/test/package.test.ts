@@ -3,13 +3,14 @@
 // adapters import only its types), so `import "idempotency-ledger"` stays small.
 
 import assert from "node:assert/strict";
-import { execFile } from "node:child_process";
-import { mkdirSync, mkdtempSync, readdirSync, readFileSync, rmSync, symlinkSync, writeFileSync } from "node:fs";
+import { execFile, spawn } from "node:child_process";
+import { existsSync, mkdirSync, mkdtempSync, readdirSync, readFileSync, rmSync, symlinkSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { describe, test } from "node:test";
 import { promisify } from "node:util";
-import { PACKAGE_ROOT, runScript, startServer } from "./support/server.js";
+import { sleep } from "./support/payments.js";
+import { PACKAGE_ROOT, runScript, startServer, uniqueRun } from "./support/server.js";
 
 const exec = promisify(execFile);
 
@@ -32,6 +33,24 @@ function runtimeImports(file: string): string[] {
   return [...js.matchAll(/^\s*(?:import|export)\b[^'"]*?from\s*["']([^"']+)["']|^\s*import\s*["']([^"']+)["']/gm)].map(
     (m) => m[1] ?? m[2],
   );
+}
+
+/** The processes of a process group that have not exited (zombies left unreaped count as gone), from /proc. */
+function liveInGroup(pgid: number): Array<{ pid: number; comm: string }> {
+  const live: Array<{ pid: number; comm: string }> = [];
+  for (const name of readdirSync("/proc")) {
+    if (!/^\d+$/.test(name)) continue;
+    let stat: string;
+    try {
+      stat = readFileSync(`/proc/${name}/stat`, "utf8");
+    } catch {
+      continue; // exited meanwhile
+    }
+    // pid (comm) state ppid pgrp …: comm may hold spaces and parentheses, so split after the last ")".
+    const [state, , pgrp] = stat.slice(stat.lastIndexOf(")") + 2).split(" ");
+    if (Number(pgrp) === pgid && state !== "Z") live.push({ pid: Number(name), comm: stat.slice(stat.indexOf("(") + 1, stat.lastIndexOf(")")) });
+  }
+  return live;
 }
 
 describe("package", () => {
@@ -146,4 +165,90 @@ describe("package", () => {
       rmSync(dir, { recursive: true, force: true });
     }
   });
+
+  test(
+    "npx idempotency-ledger-reconciler, installed from the tarball: SIGTERM to npx, or SIGINT to its process group (Ctrl-C), stops the reconciler cleanly and leaves no process behind",
+    { skip: existsSync("/proc/self/stat") ? false : "reads /proc" },
+    async () => {
+      const dir = mkdtempSync(join(tmpdir(), "ledger-ts-npx-"));
+      const server = await startServer();
+      const ledger = server.ledger();
+      const started: number[] = [];
+      try {
+        const { stdout } = await exec("npm", ["pack", "--ignore-scripts", "--pack-destination", dir, "--json"], {
+          cwd: PACKAGE_ROOT,
+          timeout: 120_000,
+        });
+        const [packed] = JSON.parse(stdout) as Array<{ filename: string }>;
+        // A project of the user's: the tarball installed by npm (its bin linked in node_modules/.bin),
+        // its three runtime dependencies from this checkout's node_modules, so that nothing is fetched.
+        const project = join(dir, "agent");
+        mkdirSync(project);
+        writeFileSync(join(project, "package.json"), JSON.stringify({ name: "agent", version: "1.0.0", private: true, type: "module" }));
+        const deps = ["@bufbuild/protobuf", "@connectrpc/connect", "@connectrpc/connect-node"].map((d) => join(PACKAGE_ROOT, "node_modules", d));
+        await exec("npm", ["install", "--offline", "--no-audit", "--no-fund", ...deps, join(dir, packed.filename)], { cwd: project, timeout: 120_000 });
+        assert.ok(existsSync(join(project, "node_modules/.bin/idempotency-ledger-reconciler")));
+        // The tools, in plain JavaScript: a paired read that takes a second to answer, and says when it was asked.
+        writeFileSync(
+          join(project, "tools.js"),
+          [
+            'import { writeFileSync } from "node:fs";',
+            'import { found } from "idempotency-ledger";',
+            "export const tools = [{",
+            '  name: "issue_credit",',
+            "  confirm: async ({ externalRef }) => {",
+            "    writeFileSync(process.env.ASKED_FILE, externalRef);",
+            "    await new Promise((done) => setTimeout(done, 1_000));",
+            "    return found({ credit_id: `cr-${externalRef.slice(-6)}` });",
+            "  },",
+            "}];",
+          ].join("\n"),
+        );
+
+        for (const [signal, to] of [["SIGTERM", "npx"], ["SIGINT", "group"]] as const) {
+          const claim = await ledger.claim({ runId: uniqueRun("npx"), tool: "issue_credit", args: { n: 1 } });
+          await ledger.complete({ key: claim.entry.key, claimToken: claim.claimToken, status: "UNKNOWN", error: "timeout" });
+          const asked = join(dir, `asked-${signal}`);
+          const principal = `npx-${signal}`;
+          // npx as a user starts it: the leader of a process group of its own (npm, its shell, the command).
+          const npx = spawn("npx", ["idempotency-ledger-reconciler", "./tools.js", "--older-than", "0s", "--principal", principal], {
+            cwd: project,
+            detached: true,
+            stdio: ["ignore", "pipe", "pipe"],
+            env: { ...process.env, LEDGER_ADDRESS: server.address, ASKED_FILE: asked, npm_config_update_notifier: "false" },
+          });
+          started.push(npx.pid!);
+          let log = "";
+          npx.stdout!.setEncoding("utf8").on("data", (c: string) => (log += c));
+          npx.stderr!.setEncoding("utf8").on("data", (c: string) => (log += c));
+          const exited = new Promise<number | string | null>((done) => npx.once("exit", (code, sig) => done(code ?? sig)));
+          for (let i = 0; i < 400 && !existsSync(asked); i++) await sleep(50);
+          assert.ok(existsSync(asked), `the reconciler never asked confirm:\n${log}`);
+          // Its confirm is in flight: npm, the shell npm runs the command with, and the command itself.
+          const group = liveInGroup(npx.pid!);
+          assert.ok(group.length >= 2 && group.some((p) => p.comm === "node"), JSON.stringify(group));
+
+          process.kill(to === "npx" ? npx.pid! : -npx.pid!, signal);
+          const signalled = Date.now();
+          let left = liveInGroup(npx.pid!);
+          while (left.length > 0 && Date.now() - signalled < 8_000) {
+            await sleep(100);
+            left = liveInGroup(npx.pid!);
+          }
+          assert.deepEqual(left, [], `${signal} to ${to}: still running ${Date.now() - signalled} ms later:\n${log}`);
+          await exited;
+          // Cleanly: the confirm in flight was answered and its finding sent before it stopped.
+          const entry = await ledger.lookup({ key: claim.entry.key });
+          assert.equal(entry.status, "SUCCEEDED", log);
+          assert.equal(entry.resolvedBy, principal);
+          assert.match(log, new RegExp(`settled key=${claim.entry.key} tool=issue_credit .* outcome=found status=SUCCEEDED resolved_by=${principal} via=reconciler`));
+          assert.match(log, /stopping/);
+        }
+      } finally {
+        for (const pgid of started) for (const p of liveInGroup(pgid)) process.kill(p.pid, "SIGKILL");
+        await server.stop();
+        rmSync(dir, { recursive: true, force: true });
+      }
+    },
+  );
 });

@@ -12,10 +12,13 @@ import { tool as aiTool } from "ai";
 import { z } from "zod";
 import { ledgerTool } from "../src/adapters/ai-sdk.js";
 import { registerLedgerTool } from "../src/adapters/mcp.js";
+import { ledgerTool as agentsLedgerTool } from "../src/adapters/openai-agents.js";
 import {
   Ledger,
+  NotFoundError,
   Reconciler,
   cannotTell,
+  wrapTool,
   found,
   notFound,
   type Confirm,
@@ -128,7 +131,19 @@ describe("Reconciler", () => {
   test("a tool without a paired read is refused; by default it takes every registered tool with one", async () => {
     const name = `no_confirm_${uniqueRun("t").replace(/[^a-z0-9]/gi, "_")}`;
     const bare = ledgerTool(ledger, aiTool({ inputSchema: z.object({}), execute: async () => 1 }), { name });
-    assert.throws(() => new Reconciler(ledger, [bare]), new RegExp(`the tool ${name} has no paired read \\(confirm\\)`));
+    // Refused at construction, as a TypeError that names the tool and says what to register.
+    for (const given of [[bare], { [name]: bare }, [name], [{ name, execute: () => 1 }]]) {
+      assert.throws(
+        () => new Reconciler(ledger, given as never),
+        (err: unknown) =>
+          err instanceof TypeError &&
+          err.message.includes(`the tool ${name} has no paired read (confirm)`) &&
+          err.message.includes("Register the tool with confirm: (attempt) => found(result) | notFound | cannotTell"),
+        JSON.stringify(given),
+      );
+    }
+    // Never skipped: one tool without a paired read refuses the whole reconciler, whatever else it is given.
+    assert.throws(() => new Reconciler(ledger, [{ name: "fine", confirm: () => notFound }, bare]), TypeError);
     assert.throws(() => new Reconciler(ledger, [{ execute: () => 1 }]), /is not a tool registered with the ledger/);
     const own = server.ledger({ logger: log });
     assert.throws(() => new Reconciler(own), /no tool registered with this ledger has a paired read/);
@@ -137,6 +152,52 @@ describe("Reconciler", () => {
     assert.deepEqual(new Reconciler(own).tools.map((t) => t.name), ["a"]);
     // By name, as an Agents SDK FunctionTool is found.
     assert.deepEqual(new Reconciler(own, [{ name: "a", type: "function" }]).tools.map((t) => t.name), ["a"]);
+  });
+
+  test("a paired read that is not a function, or declares more than one parameter, is refused at registration, naming the tool", async () => {
+    const name = `bad_read_${uniqueRun("t").replace(/[^a-z0-9]/gi, "_")}`;
+    // What plain JavaScript lets through (TypeScript's compiler refuses both): a read written as
+    // if called with the reference and the attempt's number, and a read that is not a function.
+    const positional = ((externalRef: string, attempt: number) => (externalRef === `${attempt}` ? found(1) : notFound)) as unknown as Confirm;
+    const notAFunction = "yes" as unknown as Confirm;
+    const cases: Array<[Confirm, RegExp]> = [
+      [positional, /confirm declares 2 parameters, but it is called with one: the attempt .*attempt\.externalRef.*"not found" lets the tool act again/],
+      [notAFunction, /confirm must be a function \(attempt\) => found\(result\) \| notFound \| cannotTell.*; got string/],
+    ];
+    for (const [confirm, why] of cases) {
+      const refused = (where: string) => (err: unknown) =>
+        err instanceof TypeError && err.message.startsWith(`${where}`) && err.message.includes(name) && why.test(err.message);
+      const own = server.ledger({ logger: log });
+      assert.throws(() => own.register({ name, confirm }), refused("registering"));
+      assert.throws(() => wrapTool(own, { name, execute: () => 1 }, { runId: "r", confirm }), refused("wrapTool:"));
+      assert.throws(
+        () => ledgerTool(own, aiTool({ inputSchema: z.object({}), execute: async () => 1 }), { name, confirm: confirm as never }),
+        refused("wrapTool:"),
+      );
+      assert.throws(
+        () => agentsLedgerTool(own, { name, execute: () => "1" }, { confirm }),
+        refused("wrapTool:"),
+      );
+      const mcp = new McpServer({ name: "t", version: "1" });
+      assert.throws(
+        () => registerLedgerTool(mcp, own, name, {}, async () => ({ content: [] }), { confirm }),
+        refused("registerLedgerTool:"),
+      );
+      assert.throws(() => new Reconciler(own, [{ name, confirm }]), refused("Reconciler:"));
+      // Nothing registered, and runOnce claims nothing before refusing it.
+      assert.deepEqual(own.registeredTools(), []);
+      const run = uniqueRun("bad-read");
+      let ran = false;
+      await assert.rejects(own.runOnce(run, name, { n: 1 }, () => (ran = true), { confirm }), refused("runOnce:"));
+      await assert.rejects(own.runTool(run, name, { n: 1 }, () => (ran = true), { confirm }), refused("runOnce:"));
+      assert.equal(ran, false);
+      await assert.rejects(own.lookup({ runId: run, tool: name, args: { n: 1 } }), NotFoundError);
+    }
+    // One parameter (destructured or not), none, or a rest parameter: accepted.
+    const own = server.ledger({ logger: log });
+    for (const confirm of [({ externalRef }: { externalRef: string }) => (externalRef ? notFound : cannotTell), () => cannotTell, (...a: unknown[]) => (a.length ? cannotTell : notFound)]) {
+      assert.doesNotThrow(() => new Reconciler(own, [{ name, confirm: confirm as Confirm }]));
+    }
   });
 
   test("cannot tell (or a confirm that throws) leaves the entry UNKNOWN, logged", async () => {
@@ -222,18 +283,28 @@ describe("Reconciler", () => {
     }
   });
 
-  test("confirms are paced: at most maxConfirmsPerSecond", async () => {
+  test("confirms are paced: at most maxConfirmsPerSecond, even when a timer fires late", async () => {
     const name = `paced_${uniqueRun("t").replace(/[^a-z0-9]/gi, "_")}`;
     for (let n = 0; n < 5; n++) await unknownEntry(name, { n });
     const at: number[] = [];
-    const reconciler = new Reconciler(ledger, [{ name, confirm: () => (at.push(Date.now()), notFound) }], {
-      olderThanMs: 0,
-      maxConfirmsPerSecond: 20,
-    });
+    const confirm: Confirm = () => {
+      at.push(Date.now());
+      if (at.length === 1) {
+        // The process is busy (70 ms of work 20 ms after the first confirm): the timer of the
+        // second fires late, and the third must still come a full interval after the second.
+        setTimeout(() => {
+          const end = Date.now() + 70;
+          while (Date.now() < end);
+        }, 20);
+      }
+      return notFound;
+    };
+    const reconciler = new Reconciler(ledger, [{ name, confirm }], { olderThanMs: 0, maxConfirmsPerSecond: 20 });
     await reconciler.round();
     assert.equal(at.length, 5);
-    // 20 a second: 50 ms apart at least (a timer may fire a millisecond early).
-    for (let i = 1; i < at.length; i++) assert.ok(at[i] - at[i - 1] >= 45, `${at[i] - at[i - 1]} ms apart`);
+    assert.ok(at[1] - at[0] >= 80, `the second was held up: ${at[1] - at[0]} ms`);
+    // 20 a second: 50 ms apart at least, however late the timers fired.
+    for (let i = 1; i < at.length; i++) assert.ok(at[i] - at[i - 1] >= 49, `${at.map((t, j) => (j ? t - at[j - 1] : 0)).join(", ")} ms apart`);
   });
 
   test("two callers meeting the same unknown outcome: one settles it (confirm asked once), both replay the result", async () => {

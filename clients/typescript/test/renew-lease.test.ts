@@ -196,13 +196,17 @@ describe("Reconcile resolve_only", () => {
   test("applies the resolutions and hands out nothing, holding nothing", async () => {
     const resolvedOne = await unknownEntry("resolve-only");
     const leftOver = await unknownEntry("resolve-only");
+    // The finding is about the entry as it was handed out: its attempt and hold token.
+    const { pending: [held] } = await ledger.reconcile({ keys: [resolvedOne.key] });
+    assert.equal(held.key, resolvedOne.key);
     const out = await ledger.reconcile({
       resolveOnly: true,
       olderThanMs: 0,
-      resolutions: [{ key: resolvedOne.key, status: "FAILED", retryable: true, error: "not found" }],
+      resolutions: [{ key: held.key, attempt: held.attempt, holdToken: held.holdToken, status: "FAILED", retryable: true, error: "not found" }],
     });
     assert.deepEqual(out.pending, []);
     assert.deepEqual(out.resolved.map((e) => [e.key, e.status, e.retryable]), [[resolvedOne.key, "FAILED", true]]);
+    assert.deepEqual(out.results.map((r) => [r.key, r.result]), [[resolvedOne.key, "APPLIED"]]);
     assert.equal((await ledger.lookup({ key: leftOver.key })).status, "UNKNOWN");
     // Nothing was held for this caller: a plain Reconcile hands the other entry out at once.
     const next = await ledger.reconcile({ olderThanMs: 0, tool: "issue_credit", limit: 1000 });

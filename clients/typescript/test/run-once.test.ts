@@ -34,10 +34,14 @@ const SETTLEMENT = (
   }
 ).settlement;
 
-/** parity.json's settlement log line with the fields given filled in, the others any word. */
+/**
+ * parity.json's settlement log line with the fields given filled in, the others any word;
+ * `settled_by` (claimant, nobody) stands in place of `resolved_by=` when given.
+ */
 function logLine(fields: Record<string, string>): RegExp {
   const escape = (t: string) => t.replace(/[.*+?^${}()|[\]\\]/g, "\\$&");
   let pattern = escape(SETTLEMENT.log_line);
+  if ("settled_by" in fields) pattern = pattern.replace(escape("resolved_by={resolved_by}"), escape(`settled_by=${fields.settled_by}`));
   for (const name of ["key", "tool", "external_ref", "outcome", "status", "resolved_by", "via"]) {
     pattern = pattern.replace(escape(`{${name}}`), name in fields ? escape(fields[name]) : "\\S+");
   }
@@ -410,19 +414,18 @@ describe("runOnce", () => {
       assert.deepEqual(again.value, { credit_id: "cr-77" });
     });
 
-    test("a timeout whose paired read finds nothing: NotExecutedError, FAILED retryable; the next call runs attempt 2", async () => {
+    test("a timeout whose paired read finds nothing: ActionTimeoutError, UNKNOWN (it may still land); a repeat after the ledger's grace asks again, and runs attempt 2", async () => {
       const run = uniqueRun("confirm-timeout");
       const err = await quick
         .runOnce(run, "issue_credit", { customer: "c-2" }, (ctx) => sleep(5_000, ctx.signal).then(() => ({ credit_id: "late" })), {
           confirm,
           timeoutMs: 100,
         })
-        .then(() => assert.fail("expected NotExecutedError"), (e: unknown) => e);
-      assert.ok(err instanceof NotExecutedError, String(err));
-      assert.ok(err.cause instanceof ActionTimeoutError, "the cause is the timeout");
-      assert.equal(err.entry?.status, "FAILED");
-      assert.equal(err.entry?.retryable, true);
-      assert.match(err.message, /the attempt failed \(the action did not finish within 100 ms\) and the tool's paired read found no effect/);
+        .then(() => assert.fail("expected ActionTimeoutError"), (e: unknown) => e);
+      assert.ok(err instanceof ActionTimeoutError, String(err));
+      assert.equal(err.entry?.status, "UNKNOWN");
+      assert.match(err.entry?.error ?? "", /the attempt was cut off \(the action did not finish within 100 ms\); the tool's paired read found no effect yet/);
+      // The test server's grace is 0 s: the repeat is handed the entry at once, still finds nothing, runs again.
       const retried = await quick.runOnce(run, "issue_credit", { customer: "c-2" }, (ctx) => ({ credit_id: `attempt-${ctx.attempt}` }), { confirm });
       assert.deepEqual(retried.value, { credit_id: "attempt-2" });
     });
@@ -503,8 +506,21 @@ describe("runOnce", () => {
         // Completed by the attempt itself, with its claim token: no Reconcile, so no resolvedBy.
         assert.equal(out.entry.status, "SUCCEEDED");
         assert.equal(out.entry.resolvedBy, "");
-        const pattern = logLine({ key: out.entry.key, tool: "issue_credit", outcome: "found", status: "SUCCEEDED", via: "runOnce" });
-        assert.ok(log.lines.some((l) => pattern.test(l)), log.lines.join("\n"));
+        assert.equal((await holder.lookup({ key: out.entry.key })).resolvedBy, "", "the stored entry too");
+        // The log says what the entry says: settled by its claimant, no resolved_by (not the settler's principal), via run_once.
+        const settled = log.lines.filter((l) => l.includes(`settled key=${out.entry.key} `));
+        assert.equal(settled.length, 1, log.lines.join("\n"));
+        const pattern = logLine({
+          key: out.entry.key,
+          tool: "issue_credit",
+          external_ref: out.entry.externalRef,
+          outcome: "found",
+          status: "SUCCEEDED",
+          settled_by: "claimant",
+          via: "run_once",
+        });
+        assert.match(settled[0], pattern);
+        assert.doesNotMatch(settled[0], /resolved_by|ts-tests|confirm@/);
       });
     }
 
@@ -532,6 +548,33 @@ describe("runOnce", () => {
       assert.equal(again.entry.resolvedBy, "ts-tests");
     });
 
+    test("every settlement's log line says who settled it as the entry does: nobody while unknown, the settler's resolved_by for a repeat's", async () => {
+      const log = captureLog();
+      const client = server.ledger({ principal: "agent-9", confirmDelayMs: 0, logger: log });
+      const run = uniqueRun("confirm-log");
+      let sure = false;
+      const flaky: Confirm<{ credit_id: string }> = (attempt) => (sure ? confirm(attempt) : cannotTell);
+      // The call's own attempt, cannot tell: UNKNOWN, nobody resolved it.
+      await assert.rejects(
+        client.runOnce(run, "issue_credit", { customer: "c-log" }, (ctx) => {
+          credits.set(ctx.externalRef, "cr-log");
+          throw new Error("the answer was lost");
+        }, { confirm: flaky }),
+        /the answer was lost/,
+      );
+      const unknown = await client.lookup({ runId: run, tool: "issue_credit", args: { customer: "c-log" } });
+      assert.equal(unknown.status, "UNKNOWN");
+      assert.equal(unknown.resolvedBy, "");
+      // A repeat settles it through Reconcile: the entry records the settler, and the log says so.
+      sure = true;
+      const again = await client.runOnce(run, "issue_credit", { customer: "c-log" }, () => assert.fail("acted again"), { confirm: flaky });
+      assert.equal(again.entry.resolvedBy, "agent-9");
+      const lines = log.lines.filter((l) => l.includes(`settled key=${unknown.key} `));
+      assert.equal(lines.length, 2, log.lines.join("\n"));
+      assert.match(lines[0], logLine({ key: unknown.key, outcome: "cannot_tell", status: "UNKNOWN", settled_by: "nobody", via: "run_once" }));
+      assert.match(lines[1], logLine({ key: unknown.key, outcome: "found", status: "SUCCEEDED", resolved_by: "agent-9", via: "a repeat" }));
+    });
+
     test("a repeat that meets an entry another caller is settling waits (up to waitMs) for that settlement", async () => {
       const never: Confirm = () => assert.fail("the entry is someone else's to settle");
       const unknownEntry = async (run: string) => {
@@ -539,13 +582,13 @@ describe("runOnce", () => {
         await quick.complete({ key: claimed.entry.key, claimToken: claimed.claimToken, status: "UNKNOWN", error: "timeout" });
         const { pending } = await quick.reconcile({ keys: [claimed.entry.key], principal: "operator" });
         assert.deepEqual(pending.map((e) => e.key), [claimed.entry.key], "held by the operator");
-        return claimed.entry.key;
+        return pending[0];
       };
       const run = uniqueRun("confirm-elsewhere");
-      const key = await unknownEntry(run);
+      const { key, attempt, holdToken } = await unknownEntry(run);
       const settling = sleep(500).then(() =>
         quick.reconcile({
-          resolutions: [{ key, status: "SUCCEEDED", result: new TextEncoder().encode('{"credit_id":"cr-9"}') }],
+          resolutions: [{ key, attempt, holdToken, status: "SUCCEEDED", result: new TextEncoder().encode('{"credit_id":"cr-9"}') }],
           resolveOnly: true,
           principal: "operator",
         }),

@@ -83,9 +83,11 @@ describe("tenant credentials", () => {
     assert.ok(!seenByB.pending.some((e) => e.key === entry.key));
     const resolvedByB = await tenantB.reconcile({
       olderThanMs: 3_600_000,
-      resolutions: [{ key: entry.key, status: "SUCCEEDED", result: new Uint8Array([49]) }],
+      resolutions: [{ key: entry.key, attempt: entry.attempt, holdToken: "a-token-of-tenant-b", status: "SUCCEEDED", result: new Uint8Array([49]) }],
     });
     assert.deepEqual(resolvedByB.resolved, []);
+    // Another tenant's key is no entry at all, to tenant B.
+    assert.deepEqual(resolvedByB.results.map((r) => [r.key, r.result, r.entry]), [[entry.key, "NOT_FOUND", undefined]]);
     assert.equal((await tenantA.lookup({ key: entry.key })).status, "UNKNOWN");
 
     const seenByA = await tenantA.reconcile({ olderThanMs: 0, tool: "issue_credit", limit: 1000 });

@@ -3,7 +3,9 @@
 // of yours. The module exports its tools (wrapped tools, or registrations { name, confirm }) as
 // `tools` (an array or a record), as its default export, or as named exports; and optionally
 // the `ledger` they were registered with (used when no --address is given). It stops cleanly on
-// SIGTERM and SIGINT; with --once it reconciles until nothing is handed out, then exits.
+// SIGTERM and SIGINT (the confirm in flight is answered first); started by npm (npx, npm exec,
+// npm run), also when the shell npm started it with exits (see stopWithParent); with --once it
+// reconciles until nothing is handed out, then exits.
 //
 //   idempotency-ledger-reconciler ./dist/my-tools.js --address 127.0.0.1:50051 [--token-env LEDGER_TOKEN]
 //     [--older-than 10s] [--interval 5s] [--limit 50] [--rate 10] [--principal NAME] [--once]
@@ -12,13 +14,14 @@ import { resolve } from "node:path";
 import { pathToFileURL } from "node:url";
 import { parseArgs } from "node:util";
 import { Ledger } from "../ledger.js";
-import { Reconciler, type ReconcilerTools } from "../reconciler.js";
+import { Reconciler, describeFigures, type ReconcilerTools } from "../reconciler.js";
 import { registrationOf } from "../tools.js";
 
 const USAGE = `usage: idempotency-ledger-reconciler TOOLS_MODULE [options]
 
 Settles the unknown outcomes of the tools TOOLS_MODULE exports (those with a paired read,
-confirm), and of those only, until SIGTERM or SIGINT.
+confirm), and of those only, until SIGTERM or SIGINT (started by npm, as with npx, also when the
+process that started it exits: npm passes a signal to its shell only).
 
   --address HOST:PORT   the ledger (default $LEDGER_ADDRESS, else the module's exported ledger)
   --token-env NAME      the environment variable holding the bearer token (default LEDGER_TOKEN)
@@ -53,6 +56,27 @@ function toolsOf(mod: Record<string, unknown>): ReconcilerTools | undefined {
   }
   const found = Object.values(mod).filter((v) => registrationOf(v) !== undefined);
   return found.length > 0 ? found : undefined;
+}
+
+/**
+ * npm runs a package's command (npx, npm exec, npm run) through a shell, `sh -c`, and forwards
+ * SIGTERM and SIGINT to that shell alone. A shell that does not exec the command (dash, the `sh`
+ * of Debian and Ubuntu, does not) dies of the signal and leaves this process running, orphaned:
+ * nobody would ever stop it. So, started by npm (it sets `npm_lifecycle_event`), the command
+ * watches the process that started it and, once that has exited (this process's parent is
+ * another), stops as it does on SIGTERM. Returns what cancels the watch.
+ */
+export function stopWithParent(stop: (parent: number) => void, env = process.env, everyMs = 200): () => void {
+  if (env.npm_lifecycle_event === undefined) return () => {};
+  const parent = process.ppid;
+  const timer = setInterval(() => {
+    if (process.ppid === parent) return;
+    clearInterval(timer);
+    stop(parent);
+  }, everyMs);
+  // The watch is no reason to keep the process alive: the reconciler's loop is.
+  timer.unref();
+  return () => clearInterval(timer);
 }
 
 export async function main(argv: string[]): Promise<number> {
@@ -107,20 +131,28 @@ export async function main(argv: string[]): Promise<number> {
     principal: values.principal,
     stopOnSignals: ["SIGTERM", "SIGINT"],
   });
+  const unwatch = stopWithParent((parent) => {
+    ledger.logger.info(
+      `reconciler ${reconciler.principal}: the process that started it (pid ${parent}, npm's shell) exited, ` +
+        `so a signal sent to npm did not reach this one; stopping`,
+    );
+    void reconciler.stop();
+  });
   try {
     if (values.once) {
-      let settled = 0;
       for (;;) {
-        const { handedOut, settlements } = await reconciler.round();
-        settled += settlements.filter((s) => s.outcome === "found" || s.outcome === "not_found").length;
+        const { handedOut } = await reconciler.round();
         if (handedOut === 0 || reconciler.stopped) break;
       }
-      ledger.logger.info(`reconciler ${reconciler.principal}: settled ${settled}, nothing more handed out`);
+      ledger.logger.info(
+        `reconciler ${reconciler.principal}: ${describeFigures(reconciler.figures)}; nothing more handed out`,
+      );
     } else {
       reconciler.start();
       await reconciler.done;
     }
   } finally {
+    unwatch();
     await reconciler.stop();
     ledger.close();
   }

@@ -1,5 +1,6 @@
 // Starts the real server binary for the tests: a free port (the server picks it: --listen
-// 127.0.0.1:0, and its start-up log names it), a temp SQLite file, optional tokens file.
+// 127.0.0.1:0, and its start-up log names it), a temp SQLite file, optional tokens file, and
+// --reconcile-grace 0s unless the test sets its own.
 
 import { spawn, type ChildProcess } from "node:child_process";
 import { existsSync, mkdtempSync, rmSync, writeFileSync } from "node:fs";
@@ -23,6 +24,11 @@ export function serverBinary(): string {
 export interface ServerOptions {
   /** Tenants and their tokens: writes a tokens file and passes --auth-tokens-file. */
   tokens?: Array<[tenant: string, token: string]>;
+  /**
+   * More flags. Without a `--reconcile-grace` among them the server gets `--reconcile-grace 0s`,
+   * so that Reconcile hands an unknown outcome out at once (the server's default waits 10 s
+   * after the outcome became unknown); a test that shows the grace sets its own.
+   */
   args?: string[];
   /** The store (default a temp SQLite file). */
   databaseUrl?: string;
@@ -52,6 +58,9 @@ export async function startServer(options: ServerOptions = {}): Promise<TestServ
     options.databaseUrl ?? `sqlite://${join(dir, "ledger.db")}`,
     ...(options.args ?? []),
   ];
+  if (!args.some((a) => a === "--reconcile-grace" || a.startsWith("--reconcile-grace="))) {
+    args.push("--reconcile-grace", "0s");
+  }
   if (options.tokens) {
     const file = join(dir, "tokens.txt");
     writeFileSync(file, options.tokens.map(([tenant, token]) => `${tenant} ${token}\n`).join(""));
