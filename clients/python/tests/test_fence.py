@@ -137,9 +137,11 @@ def test_a_reconcilers_finding_after_its_hold_went_to_another_is_stale_and_chang
         now = ledger.lookup(entry.key)
         assert (now.status, now.resolved_by) == (Status.UNKNOWN, "")
         (line,) = unapplied(caplog, entry.key)
-        assert line.startswith(f"finding not applied key={entry.key} tool=issue_credit "
-                               "result=stale attempt_seen=1 attempt_now=1 status_now=UNKNOWN "
-                               "via=reconciler: ")
+        # The TypeScript client's words (clients/typescript/src/settle.ts, logNotApplied).
+        assert line.startswith(
+            f"finding not applied key={entry.key} tool=issue_credit "
+            f"external_ref={entry.external_ref} finding=found result=STALE attempt_seen=1 "
+            "attempt_now=1 status_now=UNKNOWN settled_by=nobody via=reconciler: ")
         assert not any(r.getMessage().startswith(f"settled key={entry.key}")
                        for r in caplog.records)
         # The other holder's finding is current: it settles.
@@ -171,7 +173,8 @@ def test_a_hold_that_ended_and_nobody_replaced_still_settles(short_holds: Ledger
 
 @pytest.mark.parametrize("late_read", ["not_found", "found"])
 def test_a_late_finding_about_an_earlier_attempt_never_settles_the_next(
-        short_holds: LedgerServer, run_id: str, late_read: str) -> None:
+        short_holds: LedgerServer, run_id: str, late_read: str,
+        caplog: pytest.LogCaptureFixture) -> None:
     """Issue 27's story: reconciler A takes attempt 1 and stalls; B takes it after A's hold,
     finds nothing, resolves it FAILED retryable; the agent acts again (attempt 2), and attempt 2
     ends unknown too; A's late finding about attempt 1 is stale, and the entry stays unknown at
@@ -193,12 +196,19 @@ def test_a_late_finding_about_an_earlier_attempt_never_settles_the_next(
 
         reconciler = Reconciler(ledger, {"issue_credit": stalled_read}, older_than=0,
                                 principal="reconciler-a")
-        (settled,) = reconciler.run_round()
+        with caplog.at_level(logging.INFO, logger="idempotency_ledger"):
+            (settled,) = reconciler.run_round()
         assert (settled.outcome, settled.attempt, settled.attempt_now, settled.status) == (
             "stale", 1, 2, Status.UNKNOWN)
         now = ledger.lookup(entry.key)
         assert (now.status, now.attempt, now.resolved_by) == (Status.UNKNOWN, 2, "")
         assert now.possible_double_effect is (late_read == "found")
+        (line,) = unapplied(caplog, entry.key)
+        assert (f"finding={late_read} result=STALE attempt_seen=1 attempt_now=2 "
+                "status_now=UNKNOWN settled_by=nobody via=reconciler") in line
+        alarms = [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR
+                  and r.getMessage().startswith(f"possible double effect key={entry.key} ")]
+        assert len(alarms) == (late_read == "found")
 
 
 # --- a repeat's settlement --------------------------------------------------------------------
@@ -229,7 +239,8 @@ def test_a_repeats_finding_after_its_hold_went_to_another_is_stale_and_it_waits_
     assert result.replayed and result.value == {"credit_id": "cr-9"}
     assert result.entry.resolved_by == "operator"
     (line,) = unapplied(caplog, entry.key)
-    assert "result=stale attempt_seen=1 attempt_now=1 status_now=UNKNOWN via=a repeat: " in line
+    assert ("finding=found result=STALE attempt_seen=1 attempt_now=1 status_now=UNKNOWN "
+            "settled_by=nobody via=a repeat: ") in line
 
 
 def test_a_repeat_inside_the_reconcile_grace_is_not_handed_the_entry_and_waits(

@@ -13,7 +13,6 @@ from typing import Any
 from .model import (
     Confirmation,
     Entry,
-    ResolutionOutcome,
     ResolutionResult,
     Status,
     UnknownAttempt,
@@ -115,17 +114,28 @@ def settled_by(entry: Entry) -> str:
     return "settled_by=claimant"
 
 
-def log_unapplied(result: ResolutionResult, seen: Entry, via: str) -> None:
-    """A finding the ledger did not apply (stale: the attempt moved on or the entry was handed
-    out again; already resolved), never taken as settled by us: logged with the key, the
-    attempt the read was about, the entry's attempt and status now, and the ledger's why."""
+def log_unapplied(result: ResolutionResult, seen: Entry, finding: str, via: str) -> None:
+    """A finding (`finding`: ``found`` or ``not_found``) the ledger did not apply (stale: the
+    attempt moved on or the entry was handed out again; already resolved; not found), never
+    taken as settled by us: one WARNING line with the key, the attempt the read was about, the
+    entry's attempt and status now, who settled it as the entry says, and the ledger's why, in
+    the TypeScript client's words; and an ERROR line when the ledger marked the entry as a
+    possible double effect (a stale "found": an earlier attempt's effect exists while a later
+    one was started)."""
     now = result.entry
-    stale = result.result == ResolutionOutcome.STALE
-    log.log(logging.WARNING if stale else logging.INFO,
-            "finding not applied key=%s tool=%s result=%s attempt_seen=%d attempt_now=%s "
-            "status_now=%s via=%s: %s", seen.key, seen.tool, result.result.name.lower(),
-            seen.attempt, now.attempt if now else "-", now.status.name if now else "-", via,
-            result.note or "(no note)")
+    log.warning(
+        "finding not applied key=%s tool=%s external_ref=%s finding=%s result=%s "
+        "attempt_seen=%d attempt_now=%s status_now=%s %s via=%s%s", seen.key, seen.tool,
+        seen.external_ref, finding, result.result.name, seen.attempt,
+        now.attempt if now else "-", now.status.name if now else "-",
+        settled_by(now) if now else "settled_by=nobody", via,
+        f": {result.note}" if result.note else "")
+    if now is not None and now.possible_double_effect:
+        log.error(
+            "possible double effect key=%s tool=%s external_ref=%s: the entry is marked, the "
+            "intent may have acted twice (attempt %d's effect was found while the entry is at "
+            "attempt %d, %s); a person must check the outside world and acknowledge it",
+            seen.key, seen.tool, seen.external_ref, seen.attempt, now.attempt, now.status.name)
 
 
 def log_settlement(entry: Entry, outcome: str, via: str) -> None:

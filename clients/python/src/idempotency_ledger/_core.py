@@ -684,7 +684,7 @@ def settle(policy: Policy, call: Call, entry: Entry, *, pause: float) -> Steps[E
     # Fenced out: the attempt moved on, someone else holds the entry now, or its claimant's
     # late Complete resolved it. Not ours: what stands now is the answer (or what the other
     # holder finds).
-    log_unapplied(result, mine, "a repeat")
+    log_unapplied(result, mine, said(answer), "a repeat")
     if result.entry.status == Status.UNKNOWN:
         return (yield from _settled_elsewhere_by(policy, call, key))
     return result.entry

@@ -138,7 +138,7 @@ def _round(policy: core.Policy, tools: Mapping[str, LedgerTool], principal: str,
                         log_settlement(entry, outcome, "reconciler")
                     else:  # fenced out: logged, counted, never taken as settled by us
                         outcome = result.result.name.lower()
-                        log_unapplied(result, pending, "reconciler")
+                        log_unapplied(result, pending, answer.answer.value, "reconciler")
                     done.append(Settlement(question.key, name, question.external_ref, outcome,
                                            entry.status, entry.resolved_by, pending.attempt,
                                            entry.attempt))
