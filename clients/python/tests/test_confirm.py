@@ -8,7 +8,6 @@ import asyncio
 import json
 import logging
 import os
-import re
 import socket
 import threading
 import time
@@ -17,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from pydantic_ai.toolsets import FunctionToolset
 from scenario import CREDIT, Payments
 
 from idempotency_ledger import (
@@ -25,9 +25,11 @@ from idempotency_ledger import (
     Confirmation,
     Entry,
     Ledger,
+    LedgerTool,
     NotExecuted,
     NotFound,
     OutcomeUnknownError,
+    Reconciler,
     Resolution,
     Status,
     UnknownAttempt,
@@ -35,6 +37,7 @@ from idempotency_ledger import (
     found,
     not_found,
 )
+from idempotency_ledger.pydantic_ai import LedgerToolset
 from idempotency_ledger.testing import LedgerServer
 
 PARITY = json.loads(
@@ -265,15 +268,6 @@ def test_not_executed_classes_and_causes_are_retryable(ledger: Ledger, run_id: s
 # --- what clients/parity.json says of settlements, shown against the real server ---------------
 
 
-def _log_line_pattern(**fields: str) -> re.Pattern[str]:
-    """parity.json's settlement log line with the fields given filled in, the others any word."""
-    template = re.escape(PARITY["settlement"]["log_line"])
-    for name in ("key", "tool", "external_ref", "outcome", "status", "resolved_by", "via"):
-        value = re.escape(fields[name]) if name in fields else r"\S+"
-        template = template.replace(re.escape("{" + name + "}"), value)
-    return re.compile(template)
-
-
 @pytest.mark.parametrize("how", ["raises", "outlives action_timeout"])
 def test_while_confirm_is_asked_the_call_keeps_its_claim(server: LedgerServer, run_id: str,
                                                          how: str,
@@ -323,9 +317,12 @@ def test_while_confirm_is_asked_the_call_keeps_its_claim(server: LedgerServer, r
     (dup,) = duplicate
     assert dup.replayed and dup.value == result.value and len(payments.credits) == 1
     settled = [r.getMessage() for r in caplog.records if r.getMessage().startswith("settled ")]
-    assert any(_log_line_pattern(key=result.entry.key, tool="issue_credit", outcome="found",
-                                 status="SUCCEEDED", via="run_once").fullmatch(line)
-               for line in settled), settled
+    # Completed with the call's own claim token: the entry records no resolved_by, and the log
+    # says who settled it as the entry does (settled_by=claimant), never a resolved_by.
+    assert result.entry.resolved_by == ""
+    assert (f"settled key={result.entry.key} tool=issue_credit "
+            f"external_ref={result.entry.external_ref} outcome=found status=SUCCEEDED "
+            "settled_by=claimant via=run_once") in settled, settled
 
 
 def test_the_async_client_keeps_its_claim_while_confirm_is_asked(server: LedgerServer,
@@ -394,7 +391,7 @@ def test_a_repeat_waits_for_a_settlement_another_caller_is_making(ledger: Ledger
     # The operator answers a second later; the repeat (no confirm_delay) asks at once, is not
     # handed the entry, and must wait for that answer.
     settler = threading.Timer(1.0, lambda: ledger.reconcile(
-        resolutions=[Resolution.found(claimed.key, b'{"credit_id": "cr-9"}')],
+        resolutions=[Resolution.found(held, b'{"credit_id": "cr-9"}')],
         resolve_only=True, principal="operator"))
     settler.start()
     try:
@@ -416,6 +413,63 @@ def test_a_repeat_waits_for_a_settlement_another_caller_is_making(ledger: Ledger
                         lambda a: pytest.fail("acted again"), confirm=never,
                         confirm_delay=0, wait=0.6)
     assert time.monotonic() - started >= 0.5
+
+
+def _settled_lines(caplog: pytest.LogCaptureFixture, key: str) -> list[dict[str, str]]:
+    """The settlement lines logged about `key`, as their fields (`via` last, the rest of the
+    line: "a repeat" is two words)."""
+    lines = []
+    for record in caplog.records:
+        message = record.getMessage()
+        if message.startswith(f"settled key={key} "):
+            head, _, via = message.partition(" via=")
+            lines.append({**dict(f.split("=", 1) for f in head.split()[1:]), "via": via})
+    return lines
+
+
+def test_the_settlement_log_says_who_settled_as_the_entry_does(
+        ledger: Ledger, run_id: str, caplog: pytest.LogCaptureFixture) -> None:
+    """Each settlement line names a resolved_by only when the entry records one (a Reconcile's
+    resolution); a call that settled its own attempt with its claim token says
+    settled_by=claimant, and a read that could not tell settled_by=nobody. `via` is one word
+    in both clients: run_once."""
+    payments = Payments(delay=0)
+    down = True
+
+    def confirm(attempt: UnknownAttempt) -> Confirmation:
+        return cannot_tell("down") if down else payments.confirm(attempt)
+
+    with caplog.at_level(logging.INFO, logger="idempotency_ledger"):
+        found = ledger.run_once(run_id, "issue_credit", CREDIT, credit_then_time_out(payments),
+                                confirm=payments.confirm, confirm_delay=0)
+        with pytest.raises(NotExecuted):
+            ledger.run_once(f"{run_id}-2", "issue_credit", CREDIT, time_out_before_acting,
+                            confirm=payments.confirm, confirm_delay=0)
+        with pytest.raises(TimeoutError):
+            ledger.run_once(f"{run_id}-3", "issue_credit", CREDIT,
+                            credit_then_time_out(payments), confirm=confirm, confirm_delay=0)
+        down = False
+        repeat = ledger.run_once(f"{run_id}-3", "issue_credit", CREDIT,
+                                 lambda a: pytest.fail("acted again"), confirm=confirm,
+                                 confirm_delay=0, wait=2)
+    not_found = ledger.lookup(run_id=f"{run_id}-2", tool="issue_credit", arguments=CREDIT)
+    cases = [(found.entry.key, "found", "SUCCEEDED", "run_once"),
+             (not_found.key, "not_found", "FAILED", "run_once")]
+    for key, outcome, status, via in cases:
+        assert ledger.lookup(key).resolved_by == ""
+        assert _settled_lines(caplog, key) == [
+            {"key": key, "tool": "issue_credit", "external_ref": ledger.lookup(key).external_ref,
+             "outcome": outcome, "status": status, "settled_by": "claimant", "via": via}]
+    unsure, settled = _settled_lines(caplog, repeat.entry.key)
+    assert (unsure["outcome"], unsure["status"], unsure["settled_by"], unsure["via"]) == (
+        "cannot_tell", "UNKNOWN", "nobody", "run_once")
+    assert "resolved_by" not in unsure
+    # The repeat settled it with Reconcile: the entry records who, and the line says the same.
+    assert repeat.entry.resolved_by == ledger._policy.settler
+    assert (settled["outcome"], settled["status"], settled["resolved_by"], settled["via"]) == (
+        "found", "SUCCEEDED", repeat.entry.resolved_by, "a repeat")
+    assert "settled_by" not in settled
+    assert not any("runOnce" in r.getMessage() for r in caplog.records)
 
 
 def test_a_repeat_settles_as_the_call_then_the_client_then_confirm_at_host_pid(
@@ -454,3 +508,88 @@ def test_strict_mode_refuses_run_once_without_a_confirm_before_claiming(server: 
             strict.lookup(run_id=run_id, tool="t", arguments={})
         done = strict.run_once(run_id, "t", {}, lambda a: 1, confirm=lambda a: not_found())
         assert done.value == 1
+
+
+# --- the read's signature, checked when it is registered ----------------------------------------
+
+
+def find_by_reference(reference: str) -> Confirmation:
+    """The mistake of issue 27: a read written to take the reference, called with the attempt,
+    would look up the attempt object, find nothing, and let the tool act again."""
+    return not_found()
+
+
+def find_by_number(attempt: UnknownAttempt, number: int) -> Confirmation:
+    return not_found()
+
+
+def find_nothing() -> Confirmation:
+    return not_found()
+
+
+def find_by_keyword(*, attempt: UnknownAttempt) -> Confirmation:
+    return not_found()
+
+
+def find_by_attempt_number(number: "int") -> Confirmation:  # noqa: UP037 (a string annotation)
+    return not_found()
+
+
+WRONG_READS = [(find_by_reference, "takes 'reference' as str"),
+               (find_by_number, "cannot be called with one argument"),
+               (find_nothing, "cannot be called with one argument"),
+               (find_by_keyword, "cannot be called with one argument"),
+               (find_by_attempt_number, "takes 'number' as int"),
+               (lambda: not_found(), "cannot be called with one argument"),
+               ("not a function", "must be a function of the attempt")]
+
+
+class CallableRead:
+    def __call__(self, attempt: UnknownAttempt) -> Confirmation:
+        return not_found()
+
+
+async def async_read(attempt: UnknownAttempt | None) -> Confirmation:
+    return not_found()
+
+
+def read_with_default(attempt: "UnknownAttempt", *, verbose: bool = False) -> Confirmation:
+    return not_found()
+
+
+RIGHT_READS = [lambda a: not_found(), CallableRead(), async_read, read_with_default,
+               lambda *args: not_found(), lambda attempt, extra=None: not_found()]
+
+
+@pytest.mark.parametrize(("read", "why"), WRONG_READS,
+                         ids=[str(i) for i in range(len(WRONG_READS))])
+def test_a_read_that_cannot_take_the_attempt_is_refused_when_registered(
+        server: LedgerServer, run_id: str, read: Any, why: str) -> None:
+    with Ledger(server.address) as ledger:
+        with pytest.raises(TypeError, match=f"the confirm of tool issue_credit.*{why}"):
+            @ledger.tool(run_id=run_id, confirm=read)
+            def issue_credit(customer: str) -> dict:
+                raise AssertionError("never called")
+        with pytest.raises(TypeError, match=why):
+            ledger.run_once(run_id, "issue_credit", CREDIT, lambda a: pytest.fail("acted"),
+                            confirm=read)
+        with pytest.raises(NotFound):  # refused before anything was claimed
+            ledger.lookup(run_id=run_id, tool="issue_credit", arguments=CREDIT)
+        with pytest.raises(TypeError, match=why):
+            LedgerTool("issue_credit", read)
+        with pytest.raises(TypeError, match=why):
+            Reconciler(ledger, {"issue_credit": read})
+        with pytest.raises(TypeError, match=why):
+            LedgerToolset(FunctionToolset(), ledger, confirm={"issue_credit": read})
+
+
+@pytest.mark.parametrize("read", RIGHT_READS, ids=[str(i) for i in range(len(RIGHT_READS))])
+def test_a_read_that_takes_the_attempt_is_accepted(server: LedgerServer, run_id: str,
+                                                   read: Any) -> None:
+    with Ledger(server.address) as ledger:
+        @ledger.tool(run_id=run_id, confirm=read)
+        def issue_credit(customer: str) -> dict:
+            return {"credit_id": "cr-1"}
+
+        assert issue_credit("c-42") == {"credit_id": "cr-1"}
+        assert ledger.run_once(f"{run_id}-2", "t", {}, lambda a: 1, confirm=read).value == 1

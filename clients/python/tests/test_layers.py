@@ -21,8 +21,8 @@ LAYERS: list[tuple[str, set[str]]] = [
     ("model and errors", {"model", "errors"}),
     ("codec and keys", {"codec", "keys"}),
     ("the ledger", {"_proto", "_proto.ledger_pb2", "_proto.ledger_pb2_grpc", "_wire", "_trace",
-                    "_core", "client"}),
-    ("tools", {"tools", "reconciler"}),
+                    "_confirm", "_core", "client"}),
+    ("tools", {"_frameworks", "tools", "reconciler"}),
     ("adapters", {"pydantic_ai", "openai_agents", "langchain", "mcp"}),
 ]
 #: The package's face imports the layers it exports (never an adapter); the test server

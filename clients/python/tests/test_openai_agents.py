@@ -7,11 +7,14 @@ import ast
 import asyncio
 import json
 import logging
+import subprocess
+import sys
 from dataclasses import dataclass
 from typing import Any
 
 import pytest
 from agents import Agent, RunConfig, Runner, function_tool, set_trace_processors
+from agents.exceptions import ToolTimeoutError
 from agents.testing import ScriptedModel, assistant_message, function_call
 from agents.tool_context import ToolContext
 from scenario import (
@@ -269,3 +272,156 @@ def test_a_missing_run_id_is_logged_and_the_model_is_not_told_to_try_again(
               and r.name == "idempotency_ledger"]
     assert len(errors) == 1 and "refund" in errors[0].getMessage()  # once per tool
     assert "Runner.run(..., context=...)" in errors[0].getMessage()  # names the fix
+
+
+# --- the SDK's own timeout: the ledger's answer wins --------------------------------------------
+
+
+def credit_then_hang(ledger: Ledger | AsyncLedger, payments: Payments, *, timeout: float,
+                     act: bool = True, **sdk: Any) -> Any:
+    """issue_credit under ``function_tool(timeout=...)``: it credits (unless `act` is False),
+    then its answer never comes back."""
+    @function_tool(timeout=timeout, **sdk)
+    @ledger.tool(confirm=payments.confirm, confirm_delay=0)
+    async def issue_credit(ctx: ToolContext[Session], customer: str, amount: int,
+                           currency: str) -> dict:
+        """Issue a credit to a customer."""
+        if act:
+            payments.issue_credit(customer, amount, currency, current_attempt().external_ref)
+        await asyncio.sleep(60)
+        return {}
+
+    return issue_credit
+
+
+def one_call() -> ScriptedModel:
+    return ScriptedModel([[function_call("issue_credit", CREDIT, call_id="call-1")],
+                          [assistant_message("done")]])
+
+
+@pytest.mark.parametrize("client", [Ledger, AsyncLedger])
+def test_the_sdks_timeout_after_acting_reads_what_confirm_found(
+        server: LedgerServer, run_id: str, client: type) -> None:
+    # The SDK alone would tell the model "Tool 'issue_credit' timed out after 1 seconds." while
+    # the credit exists: the adapter stops the action, confirm finds the credit, and the model
+    # reads it, as the ledger records it.
+    payments = Payments(delay=0)
+
+    async def main() -> None:
+        ledger = client(server.address)
+        try:
+            tool = credit_then_hang(ledger, payments, timeout=1)
+            result = await Runner.run(Agent(name="s", model=one_call(), tools=[tool]),
+                                      "credit", context=Session(run_id))
+            (output,) = outputs(result)
+            assert "timed out" not in output
+            assert read(output) == {"credit_id": "cr-001", "amount": 200, "currency": "EUR"}
+            entry = ledger.lookup(run_id=run_id, tool="issue_credit", arguments=CREDIT)
+            entry = await entry if asyncio.iscoroutine(entry) else entry
+            assert entry.status == Status.SUCCEEDED
+            assert [a.external_ref for a in payments.confirmed] == [entry.external_ref]
+        finally:
+            closed = ledger.close()
+            if asyncio.iscoroutine(closed):
+                await closed
+
+    asyncio.run(main())
+    assert len(payments.credits) == 1
+
+
+@pytest.mark.parametrize("client", [Ledger, AsyncLedger])
+def test_the_sdks_timeout_while_nothing_shows_yet_reads_unknown(
+        server: LedgerServer, run_id: str, client: type) -> None:
+    # Stopped before its request reached the payments API, as far as the read can tell: the
+    # request may still land, so "nothing yet" is no proof. The outcome stays unknown, and the
+    # model is told not to repeat the call, not that nothing happened.
+    payments = Payments(delay=0)
+
+    async def main() -> None:
+        ledger = client(server.address)
+        try:
+            tool = credit_then_hang(ledger, payments, timeout=1, act=False)
+            result = await Runner.run(Agent(name="s", model=one_call(), tools=[tool]),
+                                      "credit", context=Session(run_id))
+            (output,) = outputs(result)
+            assert read(output) == UNKNOWN_VIEW
+            entry = ledger.lookup(run_id=run_id, tool="issue_credit", arguments=CREDIT)
+            entry = await entry if asyncio.iscoroutine(entry) else entry
+            assert entry.status == Status.UNKNOWN and "ActionStopped" in entry.error
+            assert len(payments.confirmed) == 1
+        finally:
+            closed = ledger.close()
+            if asyncio.iscoroutine(closed):
+                await closed
+
+    asyncio.run(main())
+    assert payments.credits == []
+
+
+def test_the_sdks_timeout_with_raise_exception_is_left_to_the_sdk(server: LedgerServer,
+                                                                  run_id: str) -> None:
+    # timeout_behavior="raise_exception" asks for the SDK's ToolTimeoutError: the run fails,
+    # and the call's outcome is recorded UNKNOWN (the cancellation), for a repeat or the
+    # reconciler to settle.
+    payments = Payments(delay=0)
+
+    async def main() -> None:
+        async with AsyncLedger(server.address) as ledger:
+            tool = credit_then_hang(ledger, payments, timeout=1,
+                                    timeout_behavior="raise_exception")
+            with pytest.raises(ToolTimeoutError):
+                await Runner.run(Agent(name="s", model=one_call(), tools=[tool]), "credit",
+                                 context=Session(run_id))
+            entry = await ledger.lookup(run_id=run_id, tool="issue_credit", arguments=CREDIT)
+            assert entry.status == Status.UNKNOWN and payments.confirmed == []
+
+    asyncio.run(main())
+
+
+def test_the_sdks_timeout_before_the_tool_acted_is_the_sdks(server: LedgerServer,
+                                                            run_id: str) -> None:
+    # Still waiting on a duplicate in flight when the SDK's timeout runs out: nothing acted, so
+    # the call is cancelled as without the ledger and the model reads the SDK's words.
+    payments = Payments(delay=3)
+
+    async def main() -> None:
+        async with AsyncLedger(server.address) as ledger:
+            first = asyncio.ensure_future(ledger.run_once(
+                run_id, "issue_credit", CREDIT, lambda a: asyncio.to_thread(
+                    payments.issue_credit, **CREDIT, reference=a.external_ref)))
+            await asyncio.sleep(0.5)  # the first call holds the claim, crediting slowly
+            tool = credit_then_hang(ledger, payments, timeout=1)
+            result = await Runner.run(Agent(name="s", model=one_call(), tools=[tool]),
+                                      "credit", context=Session(run_id))
+            assert outputs(result) == ["Tool 'issue_credit' timed out after 1 seconds."]
+            assert not (await first).replayed
+
+    asyncio.run(main())
+    assert len(payments.credits) == 1
+
+
+def test_the_sdks_context_without_the_adapter_imported_names_the_import(
+        server: LedgerServer, run_id: str) -> None:
+    # In a fresh interpreter that never imported idempotency_ledger.openai_agents: the call is
+    # refused before anything is claimed, and the error says which module to import.
+    program = "\n".join([
+        "import sys",
+        "from agents.tool_context import ToolContext",
+        "from idempotency_ledger import Ledger, NoRunId",
+        "ledger = Ledger(sys.argv[1])",
+        "@ledger.tool()",
+        "def issue_credit(ctx: ToolContext, customer: str) -> dict:",
+        "    raise AssertionError('not called')",
+        "ctx = ToolContext(context={'run_id': sys.argv[2]}, tool_name='issue_credit',",
+        "                  tool_call_id='call-1', tool_arguments='{}')",
+        "try:",
+        "    issue_credit(ctx, 'c-42')",
+        "except NoRunId as e:",
+        "    print(e)",
+    ])
+    done = subprocess.run([sys.executable, "-c", program, server.address, run_id],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert "import idempotency_ledger.openai_agents" in done.stdout
+    with Ledger(server.address) as ledger:
+        assert list(ledger.list_entries(run_id=run_id)) == []

@@ -19,7 +19,7 @@ import os
 import socket
 from collections.abc import Iterator
 from concurrent import futures
-from dataclasses import replace
+from dataclasses import fields, replace
 from pathlib import Path
 
 import grpc
@@ -233,10 +233,10 @@ def test_a_missing_run_id_reads_the_lists_note() -> None:
 
 PARITY_ROWS = (
     [f"defaults.{k}" for k in PARITY["defaults"]]
-    + [f"settlement.{k}" for k in PARITY["settlement"] if k != "about"]
-    + [f"reconciler.{k}" for k in PARITY["reconciler"] if k != "about"]
-    + [f"model_reads.{k}" for k in PARITY["model_reads"] if k != "about"]
-    + ["confirm.answers", "errors"])
+    + [f"{section}.{k}" for section in ("settlement", "reconciler", "reconciler_tools",
+                                        "model_reads", "model_types", "confirm")
+       for k in PARITY[section] if k != "about"]
+    + ["errors"])
 
 
 @pytest.mark.parametrize("readme", ["python", "typescript"])
@@ -246,3 +246,26 @@ def test_every_row_of_the_list_is_documented_in_the_readmes_parity_table(readme:
     rows = [line for line in text.splitlines() if line.startswith("| `")]
     missing = [row for row in PARITY_ROWS if not any(f"| `{row}`" in line for line in rows)]
     assert missing == [], f"clients/{readme}/README.md has no parity row for {missing}"
+
+
+
+def test_a_tool_without_confirm_is_refused_as_the_list_says() -> None:
+    row = PARITY["reconciler_tools"]["without_confirm"]
+    assert (row["behaviour"], row["python"]) == ("refused_at_construction", "ValueError")
+    ledger = Ledger("127.0.0.1:1")
+    try:
+        with pytest.raises(ValueError, match="tool open_ticket has no confirm"):
+            Reconciler(ledger, {"issue_credit": lambda a: None, "open_ticket": None})
+    finally:
+        ledger.close()
+
+
+def test_the_model_types_of_reconciles_answers_are_the_clients() -> None:
+    types = PARITY["model_types"]
+    outcome, result = types["resolution_outcome"], types["resolution_result"]
+    assert outcome["python"] == "ResolutionOutcome" and result["python"] == "ResolutionResult"
+    exported = {name: getattr(idempotency_ledger, name) for name in idempotency_ledger.__all__}
+    # Every value of the generated enum, by the list's name, and no other.
+    generated = pb.ResolutionOutcome.values()
+    assert [exported["ResolutionOutcome"](n).name for n in generated] == outcome["values"]
+    assert [f.name for f in fields(exported["ResolutionResult"])] == result["fields"]

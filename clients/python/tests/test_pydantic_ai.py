@@ -5,7 +5,11 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import json
 import logging
+import subprocess
+import sys
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -315,3 +319,40 @@ def test_a_missing_run_id_reaches_the_developer(server: LedgerServer,
                 Agent(twice(), toolsets=[wrapped]).run_sync("credit")
     errors = [r for r in caplog.records if r.levelno == logging.ERROR]
     assert len(errors) == 1 and "issue_credit" in errors[0].getMessage()  # once per tool
+
+
+# --- the top-level README's first snippet, as written -------------------------------------------
+
+TOP_README = Path(__file__).resolve().parents[3] / "README.md"
+
+
+def test_the_top_level_readmes_snippet_works_without_importing_the_adapter(
+        server: LedgerServer, run_id: str) -> None:
+    """``@agent.tool`` over ``@ledger.tool()`` on a ``RunContext`` tool, and no other import
+    (the repository's README, "Inside your agent framework"): the wrapper knows pydantic-ai's
+    RunContext by itself and keys the call by ``ctx.run_id``. Run in a fresh interpreter that
+    never imports idempotency_ledger.pydantic_ai, with pydantic-ai's own TestModel."""
+    section = TOP_README.read_text(encoding="utf-8").split("## Inside your agent framework")[1]
+    snippet = section.split("```python\n", 1)[1].split("```", 1)[0]
+    assert "@ledger.tool()" in snippet and "import" not in snippet
+    program = "\n".join([
+        "import json, sys",
+        "from pydantic_ai import Agent, RunContext",
+        "from pydantic_ai.models.test import TestModel",
+        "from idempotency_ledger import Ledger",
+        "ledger = Ledger(sys.argv[1])",
+        "agent = Agent(TestModel())",
+        snippet,
+        "for _ in range(2):",
+        "    agent.run_sync('credit c-42', run_id=sys.argv[2])",
+        "print(json.dumps(sorted(m for m in sys.modules if m.startswith('idempotency_ledger'))))",
+    ])
+    done = subprocess.run([sys.executable, "-c", program, server.address, run_id],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert "idempotency_ledger.pydantic_ai" not in json.loads(done.stdout)
+    with Ledger(server.address) as ledger:
+        (entry,) = ledger.list_entries(run_id=run_id)
+    # One effect for the run, keyed by ctx.run_id; the second run of the same id replayed it.
+    assert (entry.tool, entry.status, entry.replay_count) == ("issue_credit", Status.SUCCEEDED, 1)
+    assert set(json.loads(entry.arguments_json)) == {"customer", "amount", "currency"}

@@ -71,11 +71,7 @@ def test_a_round_settles_only_its_tools_entries(fresh_server: LedgerServer,
         def issue_credit(customer: str, amount: int, currency: str) -> dict:
             raise AssertionError("the reconciler never calls the tool")
 
-        @ledger.tool(run_id="r")  # no paired read: its entries are left alone
-        def send_reply(ticket: str, text: str) -> dict:
-            raise AssertionError("never called")
-
-        reconciler = Reconciler(ledger, [issue_credit, send_reply], older_than=0,
+        reconciler = Reconciler(ledger, [issue_credit], older_than=0,
                                 principal="reconciler-test")
         assert list(reconciler.tools) == ["issue_credit"]
         with caplog.at_level(logging.INFO, logger="idempotency_ledger"):
@@ -99,12 +95,17 @@ def test_a_round_settles_only_its_tools_entries(fresh_server: LedgerServer,
             assert (entry.status, entry.resolved_by) == (Status.UNKNOWN, ""), name
         # Every settlement is logged with its key, tool, external_ref, outcome and who, as
         # clients/parity.json's settlement.log_line says (the TypeScript client's line).
+        # The line names a resolved_by only when the entry records one: the one it could not
+        # tell about stays unresolved (settled_by=nobody).
         for key, (outcome, status) in outcomes.items():
             line = next(r.getMessage() for r in caplog.records if f"key={key}" in r.getMessage())
             entry = ledger.lookup(key)
-            assert line == PARITY["settlement"]["log_line"].format(
+            expected = PARITY["settlement"]["log_line"].format(
                 key=key, tool="issue_credit", external_ref=entry.external_ref, outcome=outcome,
-                status=status.name, resolved_by="reconciler-test", via="reconciler")
+                status=status.name, resolved_by=entry.resolved_by, via="reconciler")
+            if not entry.resolved_by:
+                expected = expected.replace("resolved_by=", "settled_by=nobody")
+            assert line == expected
         # The confirm was asked with the arguments as the ledger keeps them.
         assert {a.arguments["customer"] for a in payments.confirmed} == {"found", "absent"}
         assert reconciler.run_round() == []  # the unsure one is held for a while; nothing else
@@ -151,10 +152,30 @@ def test_the_asyncio_reconciler_runs_as_a_task(fresh_server: LedgerServer) -> No
     asyncio.run(main())
 
 
-def test_a_reconciler_without_a_confirm_to_run_is_refused(server: LedgerServer) -> None:
+def test_a_tool_without_a_confirm_is_refused_when_the_reconciler_is_made(
+        server: LedgerServer) -> None:
+    # A reconciler given a tool it cannot ask would silently never settle it: refused, naming
+    # the tool, however the tool is given (clients/parity.json, reconciler_tools; the
+    # TypeScript Reconciler throws a TypeError).
+    refusal = PARITY["reconciler_tools"]["without_confirm"]
+    assert refusal["python"] == "ValueError"
     with Ledger(server.address) as ledger:
-        with pytest.raises(ValueError, match="none of the tools has a confirm"):
-            Reconciler(ledger, [LedgerTool("send_reply")])
+        @ledger.tool(run_id="r", confirm=lambda attempt: cannot_tell())
+        def issue_credit(customer: str) -> dict:
+            raise AssertionError("never called")
+
+        @ledger.tool(run_id="r")  # no paired read
+        def send_reply(ticket: str, text: str) -> dict:
+            raise AssertionError("never called")
+
+        for tools in ([issue_credit, send_reply], [LedgerTool("send_reply")],
+                      {"issue_credit": issue_credit.ledger_tool.confirm, "send_reply": None}):
+            with pytest.raises(ValueError, match="tool send_reply has no confirm: a reconciler "
+                                                 "cannot ask") as refused:
+                Reconciler(ledger, tools)
+            assert "issue_credit" not in str(refused.value)
+        with pytest.raises(ValueError, match="no tools given"):
+            Reconciler(ledger, [])
         with pytest.raises(TypeError, match="is not a ledger tool"):
             Reconciler(ledger, [object()])
 

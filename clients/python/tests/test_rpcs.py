@@ -29,6 +29,7 @@ from idempotency_ledger import (
     NotFound,
     Outcome,
     Resolution,
+    ResolutionOutcome,
     StaleClaimToken,
     Status,
     Unauthenticated,
@@ -195,13 +196,21 @@ def test_reconcile_resolves_unknown_entries(fresh_server: LedgerServer) -> None:
         batch = ledger.reconcile(tool="issue_credit", older_than=0.1)
         assert [e.key for e in batch.pending] == [found.key, missing.key]  # oldest first
         assert all(e.status == Status.UNKNOWN for e in batch.pending)
+        # Each hand-out carries the attempt and a hold token, which the resolutions send back.
+        assert all(e.attempt == 1 and e.hold_token for e in batch.pending)
         assert ledger.reconcile(tool="issue_credit").pending == []  # held for this caller
+        first, second = batch.pending
         done = ledger.reconcile(resolutions=[
-            Resolution.found(found.key, b'{"credit_id":"cr-1"}'),
-            Resolution.not_found(missing.key, "no such credit"),
+            Resolution.found(first, b'{"credit_id":"cr-1"}'),
+            Resolution.not_found(second, "no such credit"),
         ])
         assert [(e.key, e.status) for e in done.resolved] == [(found.key, Status.SUCCEEDED),
                                                                (missing.key, Status.FAILED)]
+        # Each resolution is answered, in the request's order, with the entry as it stands.
+        assert [(r.key, r.result, r.applied, r.entry.status) for r in done.results] == [
+            (found.key, ResolutionOutcome.APPLIED, True, Status.SUCCEEDED),
+            (missing.key, ResolutionOutcome.APPLIED, True, Status.FAILED)]
+        assert not any(e.hold_token for e in done.resolved)  # set on hand-outs only
         assert [e.tool for e in done.pending] == ["send_reply"]
         assert ledger.claim("run-1", "issue_credit", {"n": 1}).outcome == Outcome.REPLAYED
         retry = ledger.claim("run-1", "issue_credit", {"n": 2})
@@ -270,7 +279,8 @@ def test_reconcile_resolve_only_hands_out_nothing(fresh_server: LedgerServer) ->
         ledger.complete(first.key, first.claim_token, Status.UNKNOWN, error="timed out")
         second = ledger.claim("run-1", "issue_credit", {"n": 2})
         ledger.complete(second.key, second.claim_token, Status.UNKNOWN, error="timed out")
-        done = ledger.reconcile(resolutions=[Resolution.found(first.key, b'"found"')],
+        (held,) = ledger.reconcile(keys=[first.key]).pending
+        done = ledger.reconcile(resolutions=[Resolution.found(held, b'"found"')],
                                 resolve_only=True)
         assert done.pending == []
         assert [(e.key, e.status) for e in done.resolved] == [(first.key, Status.SUCCEEDED)]

@@ -31,6 +31,7 @@ from .client import (
 )
 from .codec import BYTES, JSON, BytesCodec, Codec, JsonCodec, to_jsonable
 from .errors import (
+    ActionStopped,
     ActionTimeout,
     AlreadyResolved,
     BeforeActing,
@@ -76,6 +77,8 @@ from .model import (
     Outcome,
     Reconciliation,
     Resolution,
+    ResolutionOutcome,
+    ResolutionResult,
     Result,
     Status,
     UnknownAttempt,
@@ -101,6 +104,7 @@ __all__ = [
     "DEFAULT_WAIT",
     "JSON",
     "RENEW_EVERY_FRACTION_OF_LEASE",
+    "ActionStopped",
     "ActionTimeout",
     "AlreadyResolved",
     "Answer",
@@ -141,6 +145,8 @@ __all__ = [
     "Reconciler",
     "Reconciliation",
     "Resolution",
+    "ResolutionOutcome",
+    "ResolutionResult",
     "ResourceExhausted",
     "Result",
     "ResultNotEncodable",

@@ -16,6 +16,7 @@ within a budget of time: a failover of the ledger's database changes no outcome.
 
 from __future__ import annotations
 
+import asyncio
 import inspect
 import json
 import logging
@@ -25,14 +26,17 @@ import re
 import socket
 import time
 from collections.abc import Callable, Generator, Iterable
+from concurrent import futures
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, TypeVar
 
 from . import _wire as wire
+from ._confirm import log_settlement, log_unapplied, said
 from .codec import Codec
 from .errors import (
     UNKNOWN_NOTE,
+    ActionStopped,
     ActionTimeout,
     AlreadyResolved,
     BeforeActing,
@@ -81,16 +85,6 @@ _MAX_BACKOFF = 2.0
 # Lookups of an entry another caller is settling: the first pause, doubled up to the last
 # (``settling_poll_seconds`` of clients/parity.json).
 _SETTLING_POLL = (0.05, 1.0)
-
-
-def confirm_required(tool: str) -> ValueError:
-    """Strict mode's refusal of a tool without its paired read, saying why."""
-    return ValueError(
-        f"tool {tool} has no confirm=, and the ledger requires one (require_confirm=True): "
-        "give it its paired read, a function that looks the effect up (by "
-        "attempt.external_ref) and returns found(result), not_found() or cannot_tell(), so "
-        "that an unknown outcome can be settled. A tool that cannot be reconciled cannot be "
-        "safely retried")
 
 
 def default_principal(role: str) -> str:
@@ -440,12 +434,13 @@ def _unknown(policy: Policy, call: Call, claimed: ClaimResult, renewal: Any,
     ``UNKNOWN`` at once. With one, the call keeps its claim, its lease still renewed
     (`renewal`), waits ``confirm_delay``, asks ``confirm`` and completes the entry with its own
     claim token as the read found: found → ``SUCCEEDED`` with that result, not found →
-    ``FAILED`` retryable, cannot tell → ``UNKNOWN``.
+    ``FAILED`` retryable (``UNKNOWN`` when the action may still land: :func:`may_still_land`),
+    cannot tell → ``UNKNOWN``.
 
     Keeping the claim, rather than completing ``UNKNOWN`` and taking the entry back with
     ``Reconcile(keys=[key])``, matters twice: a Reconcile hold is anonymous and lasts the
     server's whole reconcile lease (60 s), so a "cannot tell" would lock every repeat's own
-    settlement out for that long; and a duplicate waiting on the claim (the server's wait)
+    settlement out for that long rather than for the server's reconcile grace; and a duplicate waiting on the claim (the server's wait)
     reads the settled result instead of an unknown outcome. If the process dies meanwhile, the
     renewals stop with it and the entry reads ``UNKNOWN`` when the lease ends, as without a
     confirm."""
@@ -466,7 +461,7 @@ def _unknown(policy: Policy, call: Call, claimed: ClaimResult, renewal: Any,
         except BaseException as e:  # cancelled meanwhile: recorded UNKNOWN, then raised
             interrupted = e
         else:
-            resolution = resolution_of(answer, question, call.codec)
+            resolution = resolution_of(answer, question, call.codec, claimed.entry)
     try:
         yield from _stop_renewing(renewal)
     except BaseException as e:  # the Complete below is shielded: it still records the outcome
@@ -475,6 +470,16 @@ def _unknown(policy: Policy, call: Call, claimed: ClaimResult, renewal: Any,
         status, result, recorded, retryable = Status.UNKNOWN, b"", text, False
     elif resolution.status == Status.SUCCEEDED:
         status, result, recorded, retryable = Status.SUCCEEDED, resolution.result, "", False
+    elif may_still_land(error):
+        # The action outlived its time or was stopped: it may still be running, or its request
+        # still landing, so "nothing yet" is no proof. Recorded UNKNOWN; a reconciler asks
+        # again once the server's reconcile grace has passed (a "found" still settles at once).
+        reason = answer.reason if isinstance(answer, Confirmation) else ""
+        recorded = (f"{text}; the tool's paired read found no effect yet (external_ref "
+                    f"{claimed.entry.external_ref}" + (f": {reason}" if reason else "") +
+                    "), but the action may still be running or landing: unknown until a read "
+                    "after the ledger's reconcile grace")
+        status, result, retryable = Status.UNKNOWN, b"", False
     else:
         reason = answer.reason if isinstance(answer, Confirmation) else ""
         recorded = (f"the attempt failed ({text}) and the tool's paired read found no effect "
@@ -503,8 +508,7 @@ def _unknown(policy: Policy, call: Call, claimed: ClaimResult, renewal: Any,
     entry = done.entry
     _attach(error, entry)
     if question is not None and interrupted is None:
-        log_settlement(entry, _said(answer), entry.status.name, settler(policy, call),
-                       "run_once")
+        log_settlement(entry, said(answer), "run_once")
     if interrupted is None and resolution is not None and entry.status == Status.SUCCEEDED:
         return CallOutcome(Kind.CONFIRMED, value=call.codec.decode(resolution.result),
                            entry=entry, acted=True)
@@ -512,6 +516,15 @@ def _unknown(policy: Policy, call: Call, claimed: ClaimResult, renewal: Any,
         return _not_found(entry, error)
     return CallOutcome(Kind.UNKNOWN, note=UNKNOWN_NOTE, entry=entry, error=interrupted or error,
                        acted=True)
+
+
+def may_still_land(error: BaseException) -> bool:
+    """Whether the action that raised `error` may still be running or its effect still landing:
+    it outlived ``action_timeout`` (:class:`ActionTimeout`), its framework's timeout stopped it
+    (:class:`ActionStopped`), or it was cancelled. A read that finds nothing then is no proof
+    that nothing happened."""
+    return any(isinstance(e, (ActionTimeout, ActionStopped, asyncio.CancelledError,
+                              futures.CancelledError)) for e in causes(error))
 
 
 def _not_found(entry: Entry, error: BaseException) -> CallOutcome[Any]:
@@ -627,8 +640,11 @@ def settle(policy: Policy, call: Call, entry: Entry, *, pause: float) -> Steps[E
     """Settles the UNKNOWN `entry` a repeat met with ``call.confirm``; returns the entry as it
     then stands (None if the ledger could not be asked). One settlement wins across callers and
     servers: the entry is taken with ``Reconcile(keys=[key])``, which hands it out only if it is
-    unresolved and no other reconciler holds it; when it is not handed out, someone else holds
-    or settled it, and this waits (up to the call's `wait`) for what they find."""
+    unresolved, past the server's reconcile grace, and no other reconciler holds it; when it is
+    not handed out, someone else holds or settled it (or the grace is not over), and this waits
+    (up to the call's `wait`) for what they find. The finding is fenced by the attempt and hold
+    token handed out: one the ledger did not apply is logged (:func:`log_unapplied`) and the
+    entry as it stands now is the answer."""
     assert call.confirm is not None
     if pause > 0:
         yield Sleep(pause)
@@ -642,19 +658,15 @@ def settle(policy: Policy, call: Call, entry: Entry, *, pause: float) -> Steps[E
         log.warning("could not take %s (%s) to settle it: %s", key, call.tool, e)
         return None
     mine = next((e for e in taken.pending if e.key == key), None)
-    if mine is None:
-        now = yield from _await_settlement(policy, call, key)
-        if now is not None:
-            log_settlement(now, "elsewhere", now.status.name,
-                           now.resolved_by or "(not yet settled)", "a repeat")
-        return now
+    if mine is None:  # held by someone else, or still inside the server's reconcile grace
+        return (yield from _settled_elsewhere_by(policy, call, key))
     question = UnknownAttempt(key=key, external_ref=mine.external_ref,
                               arguments=json.loads(arguments_json(call.arguments)),
                               number=mine.attempt, tool=mine.tool, run_id=mine.run_id, entry=mine)
     answer = yield from ask(call.confirm, question)
-    resolution = resolution_of(answer, question, call.codec)
+    resolution = resolution_of(answer, question, call.codec, mine)
     if resolution is None:
-        log_settlement(mine, "cannot_tell", Status.UNKNOWN.name, who, "a repeat")
+        log_settlement(mine, "cannot_tell", "a repeat")
         return mine
     try:
         done = yield from reconcile(
@@ -663,12 +675,26 @@ def settle(policy: Policy, call: Call, entry: Entry, *, pause: float) -> Steps[E
     except LedgerError as e:
         log.warning("could not settle %s (%s): %s", key, call.tool, e)
         return None
-    now = next((e for e in done.resolved if e.key == key), None)
-    if now is None:  # gone (expired) meanwhile
+    result = next((r for r in done.results if r.key == key), None)
+    if result is None or result.entry is None:  # gone (expired) meanwhile
         return None
-    ours = now.resolved_by == who and now.status == resolution.status
-    log_settlement(now, _said(answer) if ours else "elsewhere", now.status.name,
-                   who if ours else now.resolved_by or "(not yet settled)", "a repeat")
+    if result.applied:
+        log_settlement(result.entry, said(answer), "a repeat")
+        return result.entry
+    # Fenced out: the attempt moved on, someone else holds the entry now, or its claimant's
+    # late Complete resolved it. Not ours: what stands now is the answer (or what the other
+    # holder finds).
+    log_unapplied(result, mine, said(answer), "a repeat")
+    if result.entry.status == Status.UNKNOWN:
+        return (yield from _settled_elsewhere_by(policy, call, key))
+    return result.entry
+
+
+def _settled_elsewhere_by(policy: Policy, call: Call, key: str) -> Steps[Entry | None]:
+    """Waits (up to the call's wait) for someone else's settlement of `key`; logs it."""
+    now = yield from _await_settlement(policy, call, key)
+    if now is not None and now.status != Status.UNKNOWN:
+        log_settlement(now, "elsewhere", "a repeat")
     return now
 
 
@@ -698,8 +724,10 @@ def ask(confirm: Callable[[UnknownAttempt], Any], question: UnknownAttempt) -> S
         return Confirmation(Answer.CANNOT_TELL, reason=f"confirm raised {e!r}")
 
 
-def resolution_of(answer: Any, question: UnknownAttempt, codec: Codec) -> Resolution | None:
-    """The resolution a confirm's answer makes (None: cannot tell, the entry stays UNKNOWN)."""
+def resolution_of(answer: Any, question: UnknownAttempt, codec: Codec,
+                  pending: Entry) -> Resolution | None:
+    """The resolution a confirm's answer makes about `pending` (the entry as it was handed out,
+    whose attempt and hold token fence it; None: cannot tell, the entry stays UNKNOWN)."""
     if not isinstance(answer, Confirmation):
         log.error("confirm of %s returned %r: it must return found(result), not_found() or "
                   "cannot_tell() (idempotency_ledger); read as cannot tell", question.tool,
@@ -712,26 +740,13 @@ def resolution_of(answer: Any, question: UnknownAttempt, codec: Codec) -> Resolu
             log.error("confirm of %s found %s but its result cannot be encoded (%s); read as "
                       "cannot tell", question.tool, question.key, error_text(e))
             return None
-        return Resolution.found(question.key, payload)
+        return Resolution.found(pending, payload)
     if answer.answer == Answer.NOT_FOUND:
         # The TypeScript client's words, and the read's own reason after them.
         reason = (f"the tool's paired read found no effect with reference "
                   f"{question.external_ref}" + (f": {answer.reason}" if answer.reason else ""))
-        return Resolution.not_found(question.key, reason[:MAX_ERROR_CHARS], retryable=True)
+        return Resolution.not_found(pending, reason[:MAX_ERROR_CHARS], retryable=True)
     return None
-
-
-def _said(answer: Any) -> str:
-    return answer.answer.value if isinstance(answer, Confirmation) else "cannot_tell"
-
-
-def log_settlement(entry: Entry, outcome: str, status: str, who: str, via: str) -> None:
-    """One line per settlement (INFO), as the TypeScript client writes it: key, tool,
-    external_ref, what the read said (``found``, ``not_found``, ``cannot_tell``, or
-    ``elsewhere`` when someone else settled it), the status now, who settled it, and where
-    (``run_once``, ``a repeat``, ``reconciler``)."""
-    log.info("settled key=%s tool=%s external_ref=%s outcome=%s status=%s resolved_by=%s via=%s",
-             entry.key, entry.tool, entry.external_ref, outcome, status, who, via)
 
 
 # --- how an action's failure is recorded ------------------------------------------------------

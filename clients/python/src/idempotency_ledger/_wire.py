@@ -15,6 +15,7 @@ from urllib.parse import urlsplit
 from google.protobuf import duration_pb2, timestamp_pb2
 
 from ._proto import ledger_pb2 as pb
+from .errors import InvalidArgument
 from .keys import arguments_json
 from .model import (
     Canonicalization,
@@ -24,6 +25,8 @@ from .model import (
     Outcome,
     Reconciliation,
     Resolution,
+    ResolutionOutcome,
+    ResolutionResult,
     Status,
 )
 
@@ -142,6 +145,19 @@ def renew_request(key: str, claim_token: str, lease: Seconds | None) -> Any:
     return pb.RenewLeaseRequest(key=key, claim_token=claim_token, lease=duration(lease))
 
 
+def fenced(resolution: Resolution) -> Resolution:
+    """`resolution`, refused here as the server would refuse it when it names no attempt or
+    hold token (``UNFENCED_RESOLUTION``): before anything is sent, the call changes nothing."""
+    if resolution.attempt <= 0 or not resolution.hold_token:
+        raise InvalidArgument(
+            f"the resolution of {resolution.key} names no attempt or no hold_token: copy both "
+            "from the pending entry Reconcile handed out (Resolution.found(pending, result), "
+            "Resolution.not_found(pending, error)), so that the ledger can tell a finding "
+            "about this attempt from a late one about an earlier attempt",
+            reason="UNFENCED_RESOLUTION", field="resolutions")
+    return resolution
+
+
 def reconcile_request(older_than: Seconds | None, tool: str, limit: int,
                       resolutions: Iterable[Resolution], resolve_only: bool,
                       keys: Iterable[str] = (), principal: str = "") -> Any:
@@ -152,8 +168,9 @@ def reconcile_request(older_than: Seconds | None, tool: str, limit: int,
         resolve_only=resolve_only,
         resolutions=[
             pb.Resolution(key=r.key, status=status_name(r.status), result=r.result,
-                          error=r.error, retryable=r.retryable)
-            for r in resolutions
+                          error=r.error, retryable=r.retryable, attempt=r.attempt,
+                          hold_token=r.hold_token)
+            for r in map(fenced, resolutions)
         ],
         keys=list(keys),
         principal=principal,
@@ -199,8 +216,11 @@ def completion(r: Any) -> Completion:
 
 
 def reconciliation(r: Any) -> Reconciliation:
-    return Reconciliation([Entry.from_pb(e) for e in r.pending],
-                          [Entry.from_pb(e) for e in r.resolved])
+    return Reconciliation(
+        [Entry.from_pb(e) for e in r.pending], [Entry.from_pb(e) for e in r.resolved],
+        [ResolutionResult(x.key, ResolutionOutcome(x.result),
+                          Entry.from_pb(x.entry) if x.HasField("entry") else None, x.note)
+         for x in r.results])
 
 
 def entry(r: Any) -> Entry:

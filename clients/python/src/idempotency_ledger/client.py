@@ -58,6 +58,7 @@ import grpc.aio
 
 from . import _core as core
 from . import _wire as wire
+from ._confirm import check_confirm, confirm_required
 from ._proto import ledger_pb2_grpc as pb_grpc
 from ._trace import trace_metadata
 from ._wire import Arguments, Seconds
@@ -169,7 +170,9 @@ class _Base:
               not_executed: Iterable[type[BaseException]], confirm: Confirm | None,
               confirm_delay: float) -> core.Call:
         if self.require_confirm and confirm is None:
-            raise core.confirm_required(tool)  # refused before anything is claimed
+            raise confirm_required(tool)  # refused before anything is claimed
+        if confirm is not None:
+            check_confirm(confirm, tool)
         return core.Call(run_id=run_id, tool=tool, arguments=arguments, action=action,
                          codec=codec, wait=wait, key=key, canonicalization=canonicalization,
                          lease=lease, retention=retention, principal=principal, timeout=timeout,

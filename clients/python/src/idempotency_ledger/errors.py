@@ -24,6 +24,7 @@ ERROR_DOMAIN = "idempotency.v1"
 _DETAILS_TRAILER = "grpc-status-details-bin"
 
 __all__ = [
+    "ActionStopped",
     "ActionTimeout",
     "AlreadyResolved",
     "BeforeActing",
@@ -236,6 +237,20 @@ class ActionTimeout(OutcomeUnknownError):
         self.timeout = timeout
 
 
+class ActionStopped(TimeoutError):
+    """What a tool's action raises when its framework's own timeout ran out while it acted (the
+    OpenAI Agents SDK's ``function_tool(timeout=...)``): the adapter stopped it so that the ledger
+    settles the outcome with the tool's ``confirm`` and the model reads the ledger's answer, not
+    the framework's "timed out". Recorded as an outcome nobody knows, as an action that outlived
+    its ``action_timeout``: the effect may still land."""
+
+    def __init__(self, framework: str, timeout: float) -> None:
+        super().__init__(f"{framework} stopped the tool: its own timeout of {timeout:g} s ran "
+                         "out while the tool acted")
+        self.framework = framework
+        self.timeout = timeout
+
+
 class ResultNotEncodable(OutcomeUnknownError):
     """The action ran but what it returned cannot be stored (the codec could not encode it, or
     the ledger refused it: ``RESULT_TOO_LARGE``): the entry is completed ``UNKNOWN`` (the action
@@ -246,8 +261,9 @@ class ResultNotEncodable(OutcomeUnknownError):
         LedgerError.__init__(
             self, f"the action ran but its result could not be stored ({type(cause).__name__}: "
             f"{cause}); entry {key} is recorded UNKNOWN. Fix the action or the codec, then settle "
-            "the entry with what happened: Reconcile with Resolution.found(key, result) or "
-            "Resolution.not_found(key, error), or the CLI's `idempotency-ledger resolve` command",
+            "the entry with what happened: take it with Reconcile(keys=[key]), then send "
+            "Resolution.found(pending, result) or Resolution.not_found(pending, error) about the "
+            "pending entry handed out, or use the CLI's `idempotency-ledger resolve` command",
             reason="RESULT_NOT_ENCODABLE")
         self.note = UNKNOWN_NOTE
         self.entry = entry  # type: ignore[assignment]

@@ -66,6 +66,7 @@ from .model import CallOutcome, Kind, UnknownAttempt
 from .tools import (
     FrameworkContext,
     LedgerTool,
+    checked_confirms,
     missing_run_id,
     model_view,
     register_context,
@@ -162,7 +163,7 @@ class LedgerMiddleware(AgentMiddleware[Any, Any]):
         self.ledger = ledger
         # Not `self.tools`: that is AgentMiddleware's list of tools a middleware adds.
         self.tool_names = None if tools is None else frozenset(tools)
-        self.confirm = dict(confirm or {})
+        self.confirm = checked_confirms(confirm)
         self.run_id = run_id
         self.options = run_options(**options)
         for name in self.tool_names or ():

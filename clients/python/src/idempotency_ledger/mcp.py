@@ -63,6 +63,7 @@ from .model import Answer, CallOutcome, Confirmation, Kind, UnknownAttempt, foun
 from .tools import (
     FrameworkContext,
     LedgerTool,
+    checked_confirms,
     missing_run_id,
     missing_run_id_view,
     model_view,
@@ -165,7 +166,7 @@ class LedgerMiddleware(Middleware):
             raise TypeError(f"run_id must be a callable of the request's context, not {run_id!r}")
         self.ledger = ledger
         self.tool_names = None if tools is None else frozenset(tools)
-        self.confirm = dict(confirm or {})
+        self.confirm = checked_confirms(confirm)
         self.run_id = run_id
         self.meta_key = meta_key
         self.options = run_options(**options)

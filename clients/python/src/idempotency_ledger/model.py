@@ -17,6 +17,8 @@ __all__ = [
     "Outcome",
     "Reconciliation",
     "Resolution",
+    "ResolutionOutcome",
+    "ResolutionResult",
     "Result",
     "Status",
 ]
@@ -94,6 +96,13 @@ class Entry:
     #: entry (a reconciler, a tool's ``confirm``, an operator). Empty when the claimant's own
     #: Complete resolved it, or while it is unresolved.
     resolved_by: str = ""
+    #: Set on the entries Reconcile hands out (``pending``): this hand-out's token, to send
+    #: back in the :class:`Resolution` (a later hand-out replaces it). Empty elsewhere.
+    hold_token: str = ""
+    #: A finding said an earlier attempt's effect exists while a later attempt was started (or
+    #: after the attempt was recorded as not done): the intent may have acted twice. Set until
+    #: a person acknowledges it.
+    possible_double_effect: bool = False
 
     @classmethod
     def from_pb(cls, pb: Any) -> Entry:
@@ -122,6 +131,8 @@ class Entry:
             external_ref=pb.external_ref,
             arguments_json=pb.arguments_json,
             resolved_by=pb.resolved_by,
+            hold_token=pb.hold_token,
+            possible_double_effect=pb.possible_double_effect,
         )
 
 
@@ -154,34 +165,97 @@ class Completion:
 
 @dataclass(frozen=True)
 class Resolution:
-    """What a tool's own read found for an unresolved entry, sent with Reconcile."""
+    """What a read found about one unresolved entry handed out by Reconcile, sent back with
+    Reconcile. Fenced: it names the `attempt` it observed and the `hold_token` the entry was
+    handed out with (both from the pending :class:`Entry`), and the server applies it only while
+    the entry is still unresolved at that attempt under that hold; a resolution without them is
+    refused (``InvalidArgument`` ``UNFENCED_RESOLUTION``)."""
 
     key: str
     status: Status
     result: bytes = b""
     error: str = ""
     retryable: bool = False
+    #: The attempt the read was about: the pending entry's ``attempt``.
+    attempt: int = 0
+    #: The pending entry's ``hold_token``.
+    hold_token: str = ""
 
     @classmethod
-    def found(cls, key: str, result: bytes) -> Resolution:
-        """The effect exists: the entry becomes ``SUCCEEDED`` with `result`."""
-        return cls(key, Status.SUCCEEDED, result=result)
+    def found(cls, pending: Entry, result: bytes) -> Resolution:
+        """The effect of `pending` (an entry Reconcile handed out) exists: the entry becomes
+        ``SUCCEEDED`` with `result`."""
+        _check_pending(pending)
+        return cls(pending.key, Status.SUCCEEDED, result=result, attempt=pending.attempt,
+                   hold_token=pending.hold_token)
 
     @classmethod
-    def not_found(cls, key: str, error: str, *, retryable: bool = True) -> Resolution:
-        """The effect does not exist: the entry becomes ``FAILED``; `retryable` (the usual case)
-        lets the next claim of the intent run it again."""
-        return cls(key, Status.FAILED, error=error, retryable=retryable)
+    def not_found(cls, pending: Entry, error: str, *, retryable: bool = True) -> Resolution:
+        """The effect of `pending` does not exist: the entry becomes ``FAILED``; `retryable`
+        (the usual case) lets the next claim of the intent run it again."""
+        _check_pending(pending)
+        return cls(pending.key, Status.FAILED, error=error, retryable=retryable,
+                   attempt=pending.attempt, hold_token=pending.hold_token)
+
+
+def _check_pending(pending: object) -> None:
+    if not isinstance(pending, Entry):
+        raise TypeError(
+            f"a Resolution is made from the pending Entry Reconcile handed out (it carries the "
+            f"attempt and hold_token the ledger fences the finding with), not {pending!r}; with "
+            "a key alone, give them yourself: Resolution(key, status, attempt=..., "
+            "hold_token=...)")
+
+
+class ResolutionOutcome(enum.IntEnum):
+    """What became of one :class:`Resolution` (``idempotency.v1.ResolutionOutcome``, same
+    numbers)."""
+
+    UNSPECIFIED = 0
+    #: The finding settled the entry.
+    APPLIED = 1
+    #: Nothing changed: a later attempt was started, or the entry was handed out again since
+    #: (another hold), or it is not unknown. The server logged, counted and kept it.
+    STALE = 2
+    #: Nothing changed: the attempt was already resolved (its claimant's late Complete, another
+    #: finding).
+    ALREADY_RESOLVED = 3
+    #: No such entry (it expired).
+    NOT_FOUND = 4
+
+    @classmethod
+    def _missing_(cls, value: object) -> ResolutionOutcome:
+        return cls.UNSPECIFIED
+
+
+@dataclass(frozen=True)
+class ResolutionResult:
+    """What became of one resolution of a Reconcile (``idempotency.v1.ResolutionResult``)."""
+
+    key: str
+    #: Applied, stale, already resolved or not found.
+    result: ResolutionOutcome
+    #: The entry as it stands now: its current attempt and status (None with ``NOT_FOUND``).
+    entry: Entry | None
+    #: Why it was not applied, in words.
+    note: str = ""
+
+    @property
+    def applied(self) -> bool:
+        return self.result == ResolutionOutcome.APPLIED
 
 
 @dataclass(frozen=True)
 class Reconciliation:
     """What a Reconcile answered."""
 
-    #: Unresolved entries, oldest first, held for this caller for the server's reconcile lease.
+    #: Unresolved entries, oldest first, held for this caller for the server's reconcile lease;
+    #: each carries its ``attempt`` and ``hold_token``, for its :class:`Resolution`.
     pending: list[Entry] = field(default_factory=list)
     #: The entries the request's resolutions named, as they stand afterwards.
     resolved: list[Entry] = field(default_factory=list)
+    #: What became of each resolution, in the request's order.
+    results: list[ResolutionResult] = field(default_factory=list)
 
 
 @dataclass(frozen=True)

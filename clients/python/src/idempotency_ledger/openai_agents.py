@@ -32,6 +32,13 @@ reads the ledger's unknown note as the tool's output, on that call and on every 
 ``confirm``: the result found, or "nothing happened"). To say the tool did not act, raise
 ``NotExecuted`` (or anything ``from NotExecuted()``): recorded FAILED and retryable, and the SDK's
 "try again" is then true.
+
+**The SDK's own timeout.** ``function_tool(timeout=...)`` would tell the model "Tool ... timed
+out after 3 seconds." whatever the tool did. When it runs out once the tool has started acting,
+the wrapper stops the action (``ActionStopped``, an outcome nobody knows), the ledger settles it
+with the tool's ``confirm``, and the model reads the ledger's answer, which the SDK passes on
+(see :func:`sdk_timeout_of`). Before the tool acted, and with ``timeout_behavior=
+"raise_exception"``, the timeout is the SDK's.
 """
 
 from __future__ import annotations
@@ -39,13 +46,13 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from agents import RunContextWrapper
+from agents import FunctionTool, RunContextWrapper
 from agents.tool_context import ToolContext
 from agents.tracing import get_current_trace
 
 from .tools import FrameworkContext, register_context
 
-__all__ = ["run_id_of_context"]
+__all__ = ["run_id_of_context", "sdk_timeout_of"]
 
 
 def run_id_of_context(value: RunContextWrapper[Any]) -> str | None:
@@ -65,8 +72,22 @@ def run_id_of_context(value: RunContextWrapper[Any]) -> str | None:
     return None
 
 
+def sdk_timeout_of(value: RunContextWrapper[Any]) -> float | None:
+    """The ``function_tool(timeout=...)`` of the tool call `value` is the context of, when the
+    SDK would answer its running out with text for the model (``timeout_behavior``
+    ``"error_as_result"``, the default): the tool found by name among the running agent's."""
+    if not isinstance(value, ToolContext) or value.agent is None:
+        return None
+    for tool in getattr(value.agent, "tools", None) or ():
+        if isinstance(tool, FunctionTool) and tool.name == value.tool_name:
+            if tool.timeout_seconds and tool.timeout_behavior == "error_as_result":
+                return float(tool.timeout_seconds)
+            return None
+    return None
+
+
 register_context(FrameworkContext(
     framework="openai-agents", context_type=RunContextWrapper, run_id=run_id_of_context,
-    raises_reach_developer=False,
+    raises_reach_developer=False, call_timeout=sdk_timeout_of,
     run_id_hint=("give the context you pass to Runner.run(..., context=...) a run_id, or set "
                  "RunConfig(trace_id=...), or leave tracing on")))

@@ -1,6 +1,7 @@
 """pydantic-ai: the run id is ``RunContext.run_id``. ``pip install 'idempotency-ledger[pydantic-ai]'``.
 
-Two ways, one line each (importing this module teaches ``ledger.tool()`` the ``RunContext``):
+Two ways, one line each (``ledger.tool()`` knows the ``RunContext`` without this module; importing
+it registers the same reading):
 
 - a tool that takes the run context, decorated under the agent's own decorator::
 
@@ -50,6 +51,7 @@ from .model import UnknownAttempt
 from .tools import (
     FrameworkContext,
     LedgerTool,
+    checked_confirms,
     missing_run_id,
     register_context,
     require_confirm,
@@ -111,7 +113,7 @@ class LedgerToolset(WrapperToolset[Any]):
         self.wrapped = wrapped
         self.ledger = ledger
         self.tools = None if tools is None else frozenset(tools)
-        self.confirm = dict(confirm or {})
+        self.confirm = checked_confirms(confirm)
         self.run_id = run_id
         self.options = run_options(**{**(options or {}), **run_once_options})
         for name in self.tools or ():

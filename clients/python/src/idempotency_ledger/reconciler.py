@@ -15,8 +15,11 @@ settles its own at once; this is for the crashes, the tools without a chance, an
 could not tell), looks each one's arguments up, asks the tool's ``confirm``, and sends what it
 found: found → ``SUCCEEDED`` with the result (repeats replay it); not found → ``FAILED``,
 retryable (the next call acts); cannot tell → left ``UNKNOWN`` for the next round or a person
-(``idempotency-ledger resolve``). Every settlement is logged (key, tool, external_ref, outcome,
-who) and recorded as ``resolved_by``. The confirms are paced (``rate`` per second at most); a
+(``idempotency-ledger resolve``). Every finding is fenced by the attempt and the hold token its
+entry was handed out with: one the ledger did not apply (``stale``: the read outlived its hold
+and the entry was handed to someone else, or a later attempt started; ``already_resolved``) is
+logged and counted (:attr:`Reconciler.counts`), never reported as settled. Every settlement is
+logged (key, tool, external_ref, outcome, who) and recorded as ``resolved_by``. The confirms are paced (``rate`` per second at most); a
 round that fails backs off, doubling up to ``max_backoff``; ``stop()``, SIGINT and SIGTERM end the
 loop between two steps.
 """
@@ -33,15 +36,17 @@ import random
 import signal
 import sys
 import threading
+from collections import Counter
 from collections.abc import Generator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from . import _core as core
 from . import _wire as wire
+from ._confirm import log_settlement, log_unapplied
 from .client import AsyncLedgerClient, LedgerClient
 from .errors import LedgerError, NotFound
-from .model import Confirmation, Entry, Status, UnknownAttempt
+from .model import Confirmation, Entry, Resolution, Status, UnknownAttempt
 from .tools import Ledger, LedgerTool, ledger_tools_of
 
 __all__ = ["Reconciler", "Settlement", "main"]
@@ -69,23 +74,29 @@ class Settlement:
     key: str
     tool: str
     external_ref: str
-    #: ``found``, ``not_found`` or ``cannot_tell``; ``elsewhere`` when someone else settled
-    #: the entry between the hand-out and the answer (a late Complete, another reconciler, a
-    #: person).
+    #: What the read said, when the ledger applied it: ``found``, ``not_found``; else
+    #: ``cannot_tell`` (nothing sent), or what the ledger answered a finding it did not apply:
+    #: ``stale`` (a later attempt was started, or the entry was handed out again since) or
+    #: ``already_resolved`` (the attempt was resolved meanwhile: a late Complete, a person).
     outcome: str
     #: The entry's status afterwards (``UNKNOWN`` when the read could not tell).
     status: Status
-    #: Who settled it: this reconciler's principal, the entry's ``resolved_by`` for
-    #: ``elsewhere``, ``""`` for ``cannot_tell``.
+    #: Who settled it, as the entry records it (``resolved_by``): this reconciler's principal
+    #: when its finding was applied; ``""`` when nobody did or the claimant's Complete did.
     who: str
+    #: The attempt the read was about (the pending entry's), and the entry's attempt afterwards:
+    #: they differ when a later attempt was started meanwhile.
+    attempt: int = 0
+    attempt_now: int = 0
 
 
 def _round(policy: core.Policy, tools: Mapping[str, LedgerTool], principal: str,
            older_than: float, batch: int, gap: float) -> Generator[core.Step, Any,
                                                                     list[Settlement]]:
     """One pass over every tool: take its unknown entries, ask its confirm, send what it
-    found; until the ledger hands out no more (taken entries are held for this caller a while,
-    so one it could not tell about is not handed back in the same pass)."""
+    found, fenced by each entry's attempt and hold token; until the ledger hands out no more
+    (taken entries are held for this caller a while, so one it could not tell about is not
+    handed back in the same pass)."""
     done: list[Settlement] = []
     for name, tool in tools.items():
         assert tool.confirm is not None
@@ -95,40 +106,42 @@ def _round(policy: core.Policy, tools: Mapping[str, LedgerTool], principal: str,
                 None, budget=policy.retry_budget)
             if not taken.pending:
                 break
-            answers: list[tuple[UnknownAttempt, Confirmation, Any]] = []
-            for entry in taken.pending:
-                question = yield from _question(policy, entry)
+            answers: list[tuple[Entry, UnknownAttempt, Confirmation, Resolution]] = []
+            for pending in taken.pending:
+                question = yield from _question(policy, pending)
                 if question is None:
                     continue  # gone meanwhile (expired)
                 answer = yield from core.ask(tool.confirm, question)
-                resolution = core.resolution_of(answer, question, tool.codec)
+                resolution = core.resolution_of(answer, question, tool.codec, pending)
                 if resolution is None:
-                    core.log_settlement(question.entry, "cannot_tell", Status.UNKNOWN.name,
-                                        principal, "reconciler")
+                    log_settlement(pending, "cannot_tell", "reconciler")
                     done.append(Settlement(question.key, name, question.external_ref,
-                                           "cannot_tell", Status.UNKNOWN, ""))
+                                           "cannot_tell", Status.UNKNOWN, "", pending.attempt,
+                                           pending.attempt))
                 else:
-                    answers.append((question, answer, resolution))
+                    answers.append((pending, question, answer, resolution))
                 if gap > 0:
                     yield core.Sleep(gap)
             if answers:
                 sent = yield from core.reconcile(
-                    policy, wire.reconcile_request(None, "", 0, [r for _, _, r in answers], True,
+                    policy, wire.reconcile_request(None, "", 0, [r for *_, r in answers], True,
                                                    (), principal),
                     None, budget=policy.retry_budget)
-                now = {e.key: e for e in sent.resolved}
-                for question, answer, resolution in answers:
-                    entry = now.get(question.key)
-                    if entry is None:
+                results = {r.key: r for r in sent.results}
+                for pending, question, answer, _ in answers:
+                    result = results.get(question.key)
+                    if result is None or result.entry is None:
                         continue  # gone meanwhile (expired)
-                    ours = (entry.resolved_by == principal
-                            and entry.status == resolution.status)
-                    outcome = answer.answer.value if ours else "elsewhere"
-                    who = principal if ours else entry.resolved_by
-                    core.log_settlement(entry, outcome, entry.status.name,
-                                        who or "(not yet settled)", "reconciler")
+                    entry = result.entry
+                    if result.applied:
+                        outcome = answer.answer.value
+                        log_settlement(entry, outcome, "reconciler")
+                    else:  # fenced out: logged, counted, never taken as settled by us
+                        outcome = result.result.name.lower()
+                        log_unapplied(result, pending, answer.answer.value, "reconciler")
                     done.append(Settlement(question.key, name, question.external_ref, outcome,
-                                           entry.status, who))
+                                           entry.status, entry.resolved_by, pending.attempt,
+                                           entry.attempt))
             if len(taken.pending) < batch:
                 break
     return done
@@ -137,7 +150,7 @@ def _round(policy: core.Policy, tools: Mapping[str, LedgerTool], principal: str,
 def _question(policy: core.Policy, entry: Entry) -> Generator[core.Step, Any,
                                                               UnknownAttempt | None]:
     """What the confirm is asked: the entry with its arguments (Reconcile hands entries out
-    without them; Lookup has them, as the server keeps them)."""
+    without them; Lookup has them, as the server keeps them), about the attempt handed out."""
     try:
         full = yield from core.lookup(policy, wire.lookup_request(entry.key, None, None, None,
                                                                   "JCS"), None)
@@ -148,7 +161,7 @@ def _question(policy: core.Policy, entry: Entry) -> Generator[core.Step, Any,
     except ValueError:
         arguments = {}
     return UnknownAttempt(key=full.key, external_ref=full.external_ref, arguments=arguments,
-                          number=full.attempt, tool=full.tool, run_id=full.run_id, entry=full)
+                          number=entry.attempt, tool=full.tool, run_id=full.run_id, entry=full)
 
 
 class Reconciler:
@@ -159,8 +172,9 @@ class Reconciler:
             :class:`~idempotency_ledger.AsyncLedger` (``await arun()``, ``start()`` as a task).
         tools: the tools to settle: ``ledger.tool()`` functions (or the framework tools made
             from them), an adapter's middleware or toolset, ``LedgerTool(name, confirm)``, a
-            mapping of tool names to confirm functions, or a list of these. Tools without a
-            ``confirm`` are left out (logged): their entries are never touched.
+            mapping of tool names to confirm functions, or a list of these. A tool without a
+            ``confirm`` is refused (``ValueError`` naming it): the reconciler could never
+            settle it. Entries of tools not given are never touched.
         principal: recorded as ``resolved_by`` (default ``reconciler@<host>:<pid>``).
         older_than: only entries whose attempt started at least this many seconds ago.
         interval: seconds between two rounds that found nothing.
@@ -182,12 +196,14 @@ class Reconciler:
         self.tools: dict[str, LedgerTool] = {}
         for tool in ledger_tools_of(tools):
             if tool.confirm is None:
-                log.warning("tool %s has no confirm: the reconciler leaves its entries alone",
-                            tool.name)
-            else:
-                self.tools[tool.name] = tool
+                raise ValueError(
+                    f"tool {tool.name} has no confirm: a reconciler cannot ask whether its "
+                    "unknown outcomes happened, so it would never settle them. Give the tool "
+                    "its paired read (ledger.tool(confirm=...), LedgerTool(name, confirm)), or "
+                    "leave it out of the reconciler's tools")
+            self.tools[tool.name] = tool
         if not self.tools:
-            raise ValueError("none of the tools has a confirm: nothing to reconcile")
+            raise ValueError("no tools given: nothing to reconcile")
         self.principal = principal or core.default_principal("reconciler")
         self.older_than = older_than
         self.interval = interval
@@ -199,8 +215,15 @@ class Reconciler:
         self._astop: asyncio.Event | None = None
         self._thread: threading.Thread | None = None
         self._task: asyncio.Task[None] | None = None
-        #: Every settlement so far, in order (the log says the same).
+        #: Every settlement so far, in order (the log says the same), findings the ledger did
+        #: not apply included (``stale``, ``already_resolved``).
         self.settlements: list[Settlement] = []
+
+    @property
+    def counts(self) -> Counter[str]:
+        """The reconciler's figures: its settlements so far by outcome (``found``,
+        ``not_found``, ``cannot_tell``, ``stale``, ``already_resolved``)."""
+        return Counter(s.outcome for s in self.settlements)
 
     def _steps(self) -> Generator[core.Step, Any, list[Settlement]]:
         return _round(self.ledger._policy, self.tools, self.principal, self.older_than,

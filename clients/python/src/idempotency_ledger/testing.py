@@ -9,6 +9,10 @@ The binary is ``binary=``, else ``$LEDGER_BIN``, else ``idempotency-ledger`` on 
 ``target/debug/idempotency-ledger`` or ``target/release/idempotency-ledger`` in the current
 directory or the nearest one above it that has either (the more recently built of the two when
 both are there).
+
+A test server hands unknown outcomes to ``Reconcile`` at once: it is started with
+``--reconcile-grace 0s`` (the server's own default is 10 s, so that an action still landing is
+seen by the read) unless ``reconcile_grace=`` or the `args` say otherwise.
 """
 
 from __future__ import annotations
@@ -62,6 +66,10 @@ class LedgerServer:
             SQLite file in `directory`).
         env: more environment variables for the server, such as ``{"RUST_LOG": "debug"}``
             (default ``RUST_LOG=info``).
+        reconcile_grace: ``--reconcile-grace``, how long an outcome stays unknown before
+            Reconcile hands it out: ``"0s"`` by default, so that tests reconcile at once;
+            ``None`` leaves the server's default (10 s). A ``--reconcile-grace`` in `args`
+            wins.
         startup_timeout: seconds to wait for the server to serve.
     """
 
@@ -75,10 +83,12 @@ class LedgerServer:
         database_url: str | None = None,
         env: Mapping[str, str] | None = None,
         startup_timeout: float = 30.0,
+        reconcile_grace: str | None = "0s",
     ) -> None:
         self.binary = Path(binary) if binary else find_binary()
         self.tokens = dict(tokens or {})
         self.args = list(args)
+        self.reconcile_grace = reconcile_grace
         self.startup_timeout = startup_timeout
         self._own_dir = directory is None
         self.directory = Path(directory or tempfile.mkdtemp(prefix="ledger-"))
@@ -116,6 +126,10 @@ class LedgerServer:
             tokens_file = self.directory / "tokens"
             tokens_file.write_text("".join(f"{t} {k}\n" for t, k in self.tokens.items()))
             command += ["--auth-tokens-file", str(tokens_file)]
+        grace_given = any(a == "--reconcile-grace" or a.startswith("--reconcile-grace=")
+                          for a in self.args)
+        if self.reconcile_grace is not None and not grace_given:
+            command += ["--reconcile-grace", self.reconcile_grace]
         command += self.args
         env = {**os.environ, "RUST_LOG": "info", "NO_COLOR": "1", **self.env}
         with open(self.log_path, "wb") as log:

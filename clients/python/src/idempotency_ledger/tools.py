@@ -17,9 +17,9 @@ calls it:
 1. **The run id** is, in this order: ``run_id=`` given to the decorator (a string, or a callable
    taking no argument); the one set by :func:`run_scope` around the call (the adapters' toolset
    and middlewares set it); the run id of the framework's own context parameter, when the function
-   has one and the framework's adapter is imported (pydantic-ai ``RunContext.run_id``, the OpenAI
-   Agents SDK ``ToolContext``, LangChain's ``ToolRuntime``, FastMCP's ``Context``: see each adapter
-   module). Without any, the call is refused before anything is claimed: :class:`NoRunId` is
+   has one and the framework's adapter is imported (the OpenAI Agents SDK ``ToolContext``,
+   LangChain's ``ToolRuntime``, FastMCP's ``Context``: see each adapter module; pydantic-ai's
+   ``RunContext.run_id`` is read without its adapter). Without any, the call is refused before anything is claimed: :class:`NoRunId` is
    raised and logged (once per tool, at ERROR, naming the fix).
 2. **The arguments** recorded (and keyed) are the ones the framework passes, by parameter name,
    in their JSON form (:func:`~idempotency_ledger.codec.to_jsonable`), without the framework's
@@ -53,7 +53,16 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, TypeVar, cast
 
-from ._core import NOT_PERFORMED_NOTE, confirm_required
+from ._confirm import check_confirm, confirm_required
+from ._core import NOT_PERFORMED_NOTE
+from ._frameworks import (
+    FrameworkContext,
+    FrameworkTimeout,
+    framework_context,
+    framework_not_executed,
+    register_context,
+    unregistered_framework,
+)
 from ._wire import Seconds
 from .client import DEFAULT_CONFIRM_DELAY, DEFAULT_WAIT, AsyncLedgerClient, LedgerClient
 from .codec import JSON, Codec, to_jsonable
@@ -68,6 +77,7 @@ __all__ = [
     "NoRunId",
     "current_attempt",
     "current_run_id",
+    "checked_confirms",
     "ledger_tool",
     "ledger_tools_of",
     "model_view",
@@ -126,70 +136,6 @@ def run_scope(run_id: str) -> Iterator[str]:
         _run_id.reset(token)
 
 
-# --- the frameworks' context parameters, as their adapters describe them ----------------------
-
-
-@dataclass(frozen=True)
-class FrameworkContext:
-    """How a framework's context parameter names the run; each adapter module registers its
-    own (:func:`register_context`) when it is imported, so this layer never imports one."""
-
-    #: The framework's name, for messages ("pydantic-ai").
-    framework: str
-    #: The context's class: a parameter holding an instance is the framework's context, left
-    #: out of the recorded arguments.
-    context_type: type
-    #: The run id the context carries, or None.
-    run_id: Callable[[Any], str | None]
-    #: The framework's exceptions that mean the tool did not act (an approval asked first).
-    not_executed: tuple[type[BaseException], ...] = ()
-    #: False for a framework that turns every exception of a tool into "try again" text for
-    #: the model: a missing run id is then logged and told to the model as what it is.
-    raises_reach_developer: bool = True
-    #: How to give the run an id, for the message of a missing one.
-    run_id_hint: str = ""
-
-
-_CONTEXTS: list[FrameworkContext] = []
-# The frameworks with an adapter, by the top-level module of their classes, and the adapter to
-# import for them: names only, for the message when a context turns up unregistered.
-_ADAPTERS = {
-    "pydantic_ai": "idempotency_ledger.pydantic_ai",
-    "agents": "idempotency_ledger.openai_agents",
-    "langchain": "idempotency_ledger.langchain",
-    "langgraph": "idempotency_ledger.langchain",
-    "fastmcp": "idempotency_ledger.mcp",
-}
-
-
-def register_context(context: FrameworkContext) -> None:
-    """Teaches ``ledger.tool()`` a framework's context parameter (the adapters call it)."""
-    if context not in _CONTEXTS:
-        _CONTEXTS.append(context)
-
-
-def _framework_context(value: Any) -> FrameworkContext | None:
-    for context in _CONTEXTS:
-        if isinstance(value, context.context_type):
-            return context
-    return None
-
-
-def _unregistered_framework(value: Any) -> str | None:
-    """The adapter module to import for a framework context nobody registered, if it is one."""
-    for cls in type(value).__mro__:
-        adapter = _ADAPTERS.get(cls.__module__.partition(".")[0])
-        if adapter is not None and (cls.__name__.endswith(("Context", "ContextWrapper"))
-                                    or cls.__name__ == "ToolRuntime"):
-            return adapter
-    return None
-
-
-def framework_not_executed() -> tuple[type[BaseException], ...]:
-    """Every registered framework's exceptions that mean a tool did not act."""
-    return tuple(cls for context in _CONTEXTS for cls in context.not_executed)
-
-
 # --- the paired read, registered with the tool ------------------------------------------------
 
 
@@ -202,6 +148,20 @@ class LedgerTool:
     name: str
     confirm: Confirm | None = None
     codec: Codec = JSON
+
+    def __post_init__(self) -> None:
+        if self.confirm is not None:
+            check_confirm(self.confirm, self.name)
+
+
+def checked_confirms(confirm: Mapping[str, Confirm] | None) -> dict[str, Confirm]:
+    """The paired reads an adapter is given by tool name, each checked (:func:`check_confirm`)
+    when it is registered, as ``ledger.tool(confirm=...)`` checks its own."""
+    checked = dict(confirm or {})
+    for name, read in checked.items():
+        if read is not None:
+            check_confirm(read, name)
+    return checked
 
 
 # Every tool registered in this process by name (the last registration wins): how a framework's
@@ -362,23 +322,38 @@ async def run_tool_call(
     not_executed: tuple[type[BaseException], ...] = (),
     confirm: Confirm | None = None,
     present: Callable[[CallOutcome[Any]], Any] = model_view,
+    framework_timeout: tuple[str, float] | None = None,
 ) -> Any:
     """Runs one tool call through the ledger from a coroutine and returns what the model reads:
     `present` of the :class:`~idempotency_ledger.CallOutcome` (default :func:`model_view`).
-    `act` starts the tool; the adapters use this."""
+    `act` starts the tool; the adapters use this.
+
+    `framework_timeout` (the framework's name, seconds): the framework cancels the call when its
+    own timeout of the tool runs out, and would tell the model "timed out" whatever happened.
+    A cancellation that comes once the tool acted and that timeout ran out then stops the
+    action only (it raises :class:`~idempotency_ledger.errors.ActionStopped`, an outcome nobody
+    knows), the ledger settles it with `confirm`, and this returns what the model reads of that
+    (the framework passes on what a cancelled call returns). Any other cancellation cancels the
+    call, as without it."""
     not_executed = (*not_executed, *framework_not_executed())
+    guard = FrameworkTimeout(framework_timeout) if framework_timeout else None
 
     async def action(attempt: Attempt) -> Any:
         token = _attempt.set(attempt)
         try:
-            return await act()
+            if guard is None:
+                return await act()
+            return await guard.act(act)
         finally:
             _attempt.reset(token)
 
     if isinstance(ledger, AsyncLedgerClient):
-        outcome = await ledger.attempt(run_id, tool, arguments, action,
-                                       not_executed=not_executed, confirm=confirm, **options)
-        return present(outcome)
+        call = ledger.attempt(run_id, tool, arguments, action, not_executed=not_executed,
+                              confirm=confirm, **options)
+        if guard is None:
+            return present(await call)
+        work = asyncio.ensure_future(call)
+        return present(await guard.outlast(work, lambda: work.cancel()))
     loop = asyncio.get_running_loop()
     running: list[Any] = []
 
@@ -394,13 +369,18 @@ async def run_tool_call(
         def blocking_confirm(question: UnknownAttempt) -> Any:
             return asyncio.run_coroutine_threadsafe(confirm(question), loop).result()
 
+    def cancel_running() -> None:
+        for future in running:  # the thread then records the cancellation as UNKNOWN
+            future.cancel()
+
     blocking = asyncio.to_thread(ledger.attempt, run_id, tool, arguments, blocking_action,
                                  not_executed=not_executed, confirm=blocking_confirm, **options)
+    if guard is not None:
+        return present(await guard.outlast(asyncio.ensure_future(blocking), cancel_running))
     try:
         outcome = await blocking
     except asyncio.CancelledError:
-        for future in running:  # the thread then records the cancellation as UNKNOWN
-            future.cancel()
+        cancel_running()
         raise
     return present(outcome)
 
@@ -435,6 +415,16 @@ def _is_coroutine_function(fn: Any) -> bool:
 # --- the decorator ----------------------------------------------------------------------------
 
 
+@dataclass(frozen=True)
+class _Prepared:
+    """One call of a decorated function, ready for the ledger."""
+
+    run_id: str
+    arguments: dict[str, Any]
+    #: The framework's own timeout of the call (its name, seconds), if it has one.
+    framework_timeout: tuple[str, float] | None
+
+
 class _ToolCall:
     """How one decorated function is called through the ledger: its signature, what it records,
     and where its run id comes from."""
@@ -447,12 +437,12 @@ class _ToolCall:
         if run_id is not None and not (isinstance(run_id, str) and run_id) and not callable(
                 run_id):
             raise TypeError(f"run_id must be a non-empty str or a callable, not {run_id!r}")
-        if confirm is not None and not callable(confirm):
-            raise TypeError(f"confirm must be a function of the attempt, not {confirm!r}")
         self.fn = fn
         self.name = name or getattr(fn, "__name__", None) or ""
         if not self.name:
             raise ValueError(f"{fn!r} has no __name__: give the tool a name")
+        if confirm is not None:
+            check_confirm(confirm, self.name)
         self.signature = _signature(fn)
         unknown = set(exclude) - set(self.signature.parameters)
         if unknown:
@@ -463,24 +453,26 @@ class _ToolCall:
         self.confirm = confirm
         self.options = options
 
-    def prepare(self, args: tuple[Any, ...],
-                kwargs: dict[str, Any]) -> tuple[str, dict[str, Any]] | dict[str, str]:
-        """(run id, recorded arguments) of one call, or what the model reads of a call refused
-        for want of a run id where the framework would hide the exception from the developer;
-        raises before anything is claimed."""
+    def prepare(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> _Prepared | dict[str, str]:
+        """The run id, recorded arguments and framework timeout of one call, or what the model
+        reads of a call refused for want of a run id where the framework would hide the
+        exception from the developer; raises before anything is claimed."""
         bound = self.signature.bind(*args, **kwargs)  # the framework's TypeError, as without us
         arguments: dict[str, Any] = {}
         context_run_id: str | None = None
         context: FrameworkContext | None = None
+        timeout: tuple[str, float] | None = None
         for pname, value in bound.arguments.items():
             if pname in self.exclude:
                 continue
-            found = _framework_context(value)
+            found = framework_context(value)
             if found is not None:
                 context = context or found
                 context_run_id = context_run_id or found.run_id(value)
+                seconds = found.call_timeout(value) if found.call_timeout else None
+                timeout = timeout or ((found.framework, seconds) if seconds else None)
                 continue
-            adapter = _unregistered_framework(value)
+            adapter = unregistered_framework(value)
             if adapter is not None:
                 raise missing_run_id(
                     self.name, f"Its parameter {pname!r} is a framework's context, whose run id "
@@ -496,7 +488,7 @@ class _ToolCall:
                                 f"as JSON: {e} (or leave it out with exclude=)") from None
         run_id = self._run_id(context_run_id)
         if run_id is not None:
-            return run_id, arguments
+            return _Prepared(run_id, arguments, timeout)
         hint = context.run_id_hint if context is not None else (
             "give the function the framework's context parameter (see the idempotency_ledger "
             "adapters)")
@@ -605,8 +597,8 @@ def _sync_wrapper(ledger: LedgerClient, call: _ToolCall) -> Callable[..., Any]:
         prepared = call.prepare(args, kwargs)
         if isinstance(prepared, dict):
             return prepared
-        run_id, arguments = prepared
-        return run_tool_call_sync(ledger, run_id=run_id, tool=call.name, arguments=arguments,
+        return run_tool_call_sync(ledger, run_id=prepared.run_id, tool=call.name,
+                                  arguments=prepared.arguments,
                                   act=lambda: call.fn(*args, **kwargs), options=call.options,
                                   not_executed=call.not_executed, confirm=call.confirm)
 
@@ -619,7 +611,6 @@ def _async_wrapper(ledger: LedgerClient | AsyncLedgerClient, call: _ToolCall,
         prepared = call.prepare(args, kwargs)
         if isinstance(prepared, dict):
             return prepared
-        run_id, arguments = prepared
         if is_async:
             def act() -> Awaitable[Any]:
                 return cast(Awaitable[Any], call.fn(*args, **kwargs))
@@ -630,9 +621,10 @@ def _async_wrapper(ledger: LedgerClient | AsyncLedgerClient, call: _ToolCall,
                 # A plain function on the async client: in a thread, with the attempt set.
                 return asyncio.to_thread(context.run, _with_attempt, current_attempt(),
                                          call.fn, *args, **kwargs)
-        return await run_tool_call(ledger, run_id=run_id, tool=call.name, arguments=arguments,
-                                   act=act, options=call.options,
-                                   not_executed=call.not_executed, confirm=call.confirm)
+        return await run_tool_call(ledger, run_id=prepared.run_id, tool=call.name,
+                                   arguments=prepared.arguments, act=act, options=call.options,
+                                   not_executed=call.not_executed, confirm=call.confirm,
+                                   framework_timeout=prepared.framework_timeout)
 
     return wrapper
 
