@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use clap::Parser;
 use idempotency_ledger::cli::{Cli, Command};
-use idempotency_ledger::cli::{inspect, operate};
+use idempotency_ledger::cli::{approve, inspect, operate};
 use idempotency_ledger::domain::time::AlignedClock;
 use idempotency_ledger::observe::telemetry;
 use idempotency_ledger::observe::traces::TraceExport;
@@ -72,6 +72,9 @@ async fn main() -> ExitCode {
         Command::Resolve(args) => return operate::resolve(args).await,
         Command::Renew(args) => return operate::renew(args).await,
         Command::Acknowledge(args) => return operate::acknowledge(args).await,
+        Command::Approvals(args) => return approve::approvals(args).await,
+        Command::Approve(args) => return approve::decide(args, true).await,
+        Command::Deny(args) => return approve::decide(args, false).await,
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -5,6 +5,7 @@
 //! double effect. Those that take a KEY find
 //! the entry by its key, a unique key prefix or its external_ref ([`find`]).
 
+pub mod approve;
 pub mod client;
 pub mod find;
 pub mod inspect;
@@ -78,6 +79,15 @@ pub enum Command {
     /// Prints the entry as `entry` does; exits 1 when there is no such entry, 2 when it carries
     /// no mark.
     Acknowledge(operate::AcknowledgeArgs),
+    /// List the calls awaiting a person's decision, oldest first, with their arguments as
+    /// stored and the fingerprint a decision must name.
+    Approvals(approve::ApprovalsArgs),
+    /// Approve a call awaiting a decision (Decide), with a token of the approver role: its
+    /// next claim acts, once. --fingerprint binds the approval to the arguments you saw.
+    Approve(approve::DecideArgs),
+    /// Deny a call awaiting a decision (Decide), with a token of the approver role: every
+    /// repeat is told the --reason. --fingerprint binds it to the arguments you saw.
+    Deny(approve::DecideArgs),
 }
 
 #[cfg(test)]
@@ -120,7 +130,16 @@ mod tests {
 
     #[test]
     fn the_operator_commands_take_no_server_setting() {
-        for command in ["entries", "entry", "resolve", "renew", "acknowledge"] {
+        for command in [
+            "entries",
+            "entry",
+            "resolve",
+            "renew",
+            "acknowledge",
+            "approvals",
+            "approve",
+            "deny",
+        ] {
             let refused = Cli::try_parse_from(["idempotency-ledger", command, "--listen", "x"])
                 .expect_err("a server flag")
                 .to_string();

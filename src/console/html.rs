@@ -59,6 +59,8 @@ ol.timeline li{margin:2px 0}
 .muted{color:var(--mute)}
 .warn{color:var(--warn);font-weight:600}
 h2.bad,b.bad{color:var(--warn)}
+form.decide .buttons{display:flex;gap:8px}
+form.decide button.deny{background:var(--warn);border-color:var(--warn)}
 .double-effect{border-left:4px solid var(--warn)}
 .signin{max-width:420px;margin:40px auto}
 .signin form{display:flex;flex-direction:column;gap:10px}
@@ -155,6 +157,8 @@ pub fn entry_href(key: &str) -> String {
 pub enum Nav {
     /// The landing page: what needs a person.
     Attention,
+    /// The calls awaiting a person's decision.
+    Approvals,
     /// The entries, by filter or search.
     Entries,
     /// The replay rate.
@@ -194,6 +198,7 @@ pub fn page(
         out.push_str("<nav>");
         for (tab, href, label) in [
             (Nav::Attention, "/", "Needs a person"),
+            (Nav::Approvals, "/approvals", "Awaiting approval"),
             (Nav::Entries, "/entries", "Entries"),
             (Nav::Replays, "/replay-rate", "Replay rate"),
         ] {

@@ -17,12 +17,13 @@ use super::{Answer, Call, Console};
 use crate::domain::key::{ExplicitKey, HoldToken, Key, Principal};
 use crate::domain::{Completion, Entry, FinalStatus, Micros, StaleReason, Status, Tenant};
 use crate::error::LedgerError;
-use crate::grpc::auth::Credential;
+use crate::grpc::auth::{Credential, Identity};
 use crate::ledger::find::{KeyQuery, SEARCH_LIMIT, Verdict, missing_message};
 use crate::ledger::{
     AcknowledgeInput, EntryView, Finding, ListInput, LookupInput, ResolutionOutcome,
 };
 
+mod approvals;
 mod entry;
 mod rate;
 
@@ -46,6 +47,9 @@ struct Who {
     flash: Option<Flash>,
     /// Whether it signed in with a token (so it can sign out).
     signed_in_with_token: bool,
+    /// With the approver role (its credential's, or everyone's without credentials
+    /// configured): the principal its decisions are recorded as.
+    approver: Option<Principal>,
 }
 
 impl Who {
@@ -75,7 +79,14 @@ pub(super) async fn dispatch(console: &Console, call: &mut Call) -> PageResult {
     }
     let known = matches!(
         call.path.as_str(),
-        "/" | "/entries" | "/find" | "/entry" | "/replay-rate" | "/resolve" | "/acknowledge"
+        "/" | "/entries"
+            | "/find"
+            | "/entry"
+            | "/replay-rate"
+            | "/resolve"
+            | "/acknowledge"
+            | "/approvals"
+            | "/decide"
     );
     if !known {
         return Err(Box::new(respond::plain(
@@ -92,6 +103,8 @@ pub(super) async fn dispatch(console: &Console, call: &mut Call) -> PageResult {
         (false, "/replay-rate") => Ok(rate::replay_rate(console, call, &who)),
         (true, "/resolve") => resolve(console, call, &who).await,
         (true, "/acknowledge") => acknowledge(console, call, &who).await,
+        (false, "/approvals") => approvals::approvals(console, call, &who).await,
+        (true, "/decide") => approvals::decide(console, call, &who).await,
         _ => Err(Box::new(respond::plain(
             StatusCode::METHOD_NOT_ALLOWED,
             "This page does not take that method.",
@@ -105,6 +118,13 @@ fn who(console: &Console, call: &mut Call) -> Result<Who, Box<Answer>> {
     if let Some((id, session)) = &call.session
         && let Some(signed_in) = &session.signed_in
     {
+        let approver = match &signed_in.credential {
+            Some(credential) => console
+                .tenancy()
+                .identity_of(credential)
+                .and_then(|identity| identity.approver),
+            None => Identity::anonymous().approver,
+        };
         return Ok(Who {
             tenant: signed_in.tenant.clone(),
             id: id.clone(),
@@ -112,6 +132,7 @@ fn who(console: &Console, call: &mut Call) -> Result<Who, Box<Answer>> {
             operator: signed_in.operator.clone(),
             flash: session.flash.clone(),
             signed_in_with_token: signed_in.credential.is_some(),
+            approver,
         });
     }
     if console.tenancy().requires_credentials() {
@@ -138,6 +159,7 @@ fn who(console: &Console, call: &mut Call) -> Result<Who, Box<Answer>> {
         operator: String::new(),
         flash: None,
         signed_in_with_token: false,
+        approver: Identity::anonymous().approver,
     })
 }
 

@@ -26,6 +26,8 @@ on_every_backend!(
     entries_are_listed_by_filter_and_found_by_prefix_or_external_ref,
     a_resolve_form_rendered_before_the_entry_moved_on_changes_nothing,
     a_possible_double_effect_is_shown_first_with_its_evidence_until_acknowledged,
+    an_approver_approves_and_denies_through_the_console_and_the_agent_hears_of_it,
+    a_member_without_the_approver_role_sees_requests_but_cannot_decide,
 );
 
 // ---- a small HTTP/1.1 client -------------------------------------------------------------
@@ -1581,4 +1583,228 @@ async fn a_possible_double_effect_is_shown_first_with_its_evidence_until_acknowl
 /// The link to an entry's page, as the console writes it.
 fn entry_href_of(key: &str) -> String {
     format!("/entry?key={key}")
+}
+
+// ---- approvals: a person decides ---------------------------------------------------------
+
+/// A server whose tenant acme has an approver (`token-boss`, recorded as `dana`) and
+/// a member who is not one (`token-acme`); a console.
+async fn approvers_console(backend: Backend) -> (TestApp, SocketAddr, tempfile::TempDir) {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let path = dir.path().join("tokens");
+    std::fs::write(
+        &path,
+        "acme token-acme\nacme token-boss approver=dana\nglobex token-globex approver\n",
+    )
+    .expect("write tokens");
+    let (app, addr) = console_app(backend, |s| s.auth_tokens_file = Some(path)).await;
+    (app, addr, dir)
+}
+
+/// Claims (run, tool, args) as acme asking for a person's approval; the entry it waits in.
+async fn awaiting(app: &TestApp, run: &str, tool: &str, args: &str) -> pb::Entry {
+    let mut request = claim_req(run, tool, args);
+    request.require_approval = true;
+    let asked = app
+        .client
+        .clone()
+        .claim(as_tenant(request, Some("token-acme")))
+        .await
+        .expect("claim")
+        .into_inner();
+    assert_eq!(asked.outcome(), pb::Outcome::AwaitingApproval);
+    asked.entry.expect("entry")
+}
+
+async fn an_approver_approves_and_denies_through_the_console_and_the_agent_hears_of_it(
+    backend: Backend,
+) {
+    let (app, addr, _dir) = approvers_console(backend).await;
+    let refund = awaiting(&app, "run-1", "issue_refund", r#"{"amount":125}"#).await;
+    app.clock.advance(Duration::from_secs(5));
+    let delete = awaiting(&app, "run-2", "delete_account", r#"{"user":"u-9"}"#).await;
+    let mut browser = Browser::new(addr);
+    sign_in(&mut browser, "token-boss", "").await;
+    let page = browser.get("/approvals").await;
+    assert_eq!(page.status, 200, "{}", page.body);
+    let refund_at = page
+        .body
+        .find("issue_refund")
+        .expect("the refund is listed");
+    let delete_at = page
+        .body
+        .find("delete_account")
+        .expect("the deletion is listed");
+    assert!(refund_at < delete_at, "oldest first:\n{}", page.body);
+    assert!(
+        page.body.contains("&quot;amount&quot;: 125") || page.body.contains("125"),
+        "the arguments are shown:\n{}",
+        page.body
+    );
+    let fields = page.hidden_fields("/decide", &refund.key);
+    assert!(
+        fields.contains(&("fingerprint".into(), refund.fingerprint.clone())),
+        "the form binds to the arguments it showed: {fields:?}"
+    );
+
+    let approved = submit(
+        &mut browser,
+        &page,
+        "/decide",
+        &refund.key,
+        &[("decision", "approve"), ("reason", "within policy")],
+    )
+    .await;
+    assert_eq!(approved.status, 303, "{}", approved.body);
+    let denied = submit(
+        &mut browser,
+        &page,
+        "/decide",
+        &delete.key,
+        &[("decision", "deny"), ("reason", "ask the customer first")],
+    )
+    .await;
+    assert_eq!(denied.status, 303, "{}", denied.body);
+    let after = browser.get("/approvals").await;
+    assert!(
+        after.body.contains("Denied delete_account")
+            && after.body.contains("recorded as decided by dana"),
+        "{}",
+        after.body
+    );
+    assert!(
+        after.body.contains("No call awaits a decision.")
+            && after.body.contains("Approved, not yet used (1)")
+            && after.body.contains("approved by dana (within policy)"),
+        "{}",
+        after.body
+    );
+
+    // The agent's next claims: the approved call acts once, the denied one is told why.
+    let mut client = app.client.clone();
+    let acting = client
+        .claim(as_tenant(
+            {
+                let mut r = claim_req("run-1", "issue_refund", r#"{"amount":125}"#);
+                r.require_approval = true;
+                r
+            },
+            Some("token-acme"),
+        ))
+        .await
+        .expect("claim")
+        .into_inner();
+    assert_eq!(acting.outcome(), pb::Outcome::Claimed);
+    let told = client
+        .claim(as_tenant(
+            claim_req("run-2", "delete_account", r#"{"user":"u-9"}"#),
+            Some("token-acme"),
+        ))
+        .await
+        .expect("claim")
+        .into_inner();
+    assert_eq!(told.outcome(), pb::Outcome::Denied);
+    let entry = told.entry.expect("entry");
+    let approval = entry.approval.expect("approval");
+    assert_eq!(
+        (approval.decided_by.as_str(), approval.reason.as_str()),
+        ("dana", "ask the customer first")
+    );
+    // The same form again: already decided that way, nothing changes; the other way is refused.
+    let again = submit(
+        &mut browser,
+        &page,
+        "/decide",
+        &delete.key,
+        &[("decision", "approve"), ("reason", "")],
+    )
+    .await;
+    assert_eq!(again.status, 303, "{}", again.body);
+    let refused = browser.get("/approvals").await;
+    assert!(
+        refused.body.contains("was already decided"),
+        "{}",
+        refused.body
+    );
+    let still = client
+        .claim(as_tenant(
+            claim_req("run-2", "delete_account", r#"{"user":"u-9"}"#),
+            Some("token-acme"),
+        ))
+        .await
+        .expect("claim")
+        .into_inner();
+    assert_eq!(still.outcome(), pb::Outcome::Denied);
+}
+
+async fn a_member_without_the_approver_role_sees_requests_but_cannot_decide(backend: Backend) {
+    let (app, addr, _dir) = approvers_console(backend).await;
+    let refund = awaiting(&app, "run-1", "issue_refund", r#"{"amount":125}"#).await;
+    let mut member = Browser::new(addr);
+    sign_in(&mut member, "token-acme", "ada").await;
+    let page = member.get("/approvals").await;
+    assert_eq!(page.status, 200, "{}", page.body);
+    assert!(page.body.contains("issue_refund"), "{}", page.body);
+    assert!(
+        page.body.contains("without the approver role")
+            && !page.body.contains("action=\"/decide\""),
+        "no decision forms for a member:\n{}",
+        page.body
+    );
+    // A hand-made form is refused, and changes nothing.
+    let csrf = page.csrf();
+    let forged = member
+        .post(
+            "/decide",
+            &[
+                ("csrf", &csrf),
+                ("key", &refund.key),
+                ("fingerprint", &refund.fingerprint),
+                ("decision", "approve"),
+            ],
+        )
+        .await;
+    assert_eq!(forged.status, 403, "{}", forged.body);
+    let now = lookup(&app, Some("token-acme"), &refund.key)
+        .await
+        .expect("lookup");
+    assert_eq!(now.status(), pb::Status::AwaitingApproval);
+
+    // Another tenant's approver sees none of acme's requests.
+    let mut other = Browser::new(addr);
+    sign_in(&mut other, "token-globex", "").await;
+    let theirs = other.get("/approvals").await;
+    assert!(
+        theirs.body.contains("No call awaits a decision.") && !theirs.body.contains("issue_refund"),
+        "{}",
+        theirs.body
+    );
+    // A form whose fingerprint is not the entry's is refused: the decision binds to it.
+    let mut boss = Browser::new(addr);
+    sign_in(&mut boss, "token-boss", "").await;
+    let shown = boss.get("/approvals").await;
+    let csrf = shown.csrf();
+    let mismatched = boss
+        .post(
+            "/decide",
+            &[
+                ("csrf", &csrf),
+                ("key", &refund.key),
+                ("fingerprint", &"0".repeat(64)),
+                ("decision", "approve"),
+            ],
+        )
+        .await;
+    assert_eq!(mismatched.status, 303, "{}", mismatched.body);
+    assert!(
+        boss.get("/approvals")
+            .await
+            .body
+            .contains("are not the ones this page showed"),
+        "the mismatch is said"
+    );
+    let now = lookup(&app, Some("token-acme"), &refund.key)
+        .await
+        .expect("lookup");
+    assert_eq!(now.status(), pb::Status::AwaitingApproval);
 }

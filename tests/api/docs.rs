@@ -304,7 +304,16 @@ fn the_settings_page_lists_every_flag_with_its_variable_and_default() {
         &connection,
     ));
     // Each operator command takes them all.
-    for name in ["entries", "entry", "resolve", "renew", "acknowledge"] {
+    for name in [
+        "entries",
+        "entry",
+        "resolve",
+        "renew",
+        "acknowledge",
+        "approvals",
+        "approve",
+        "deny",
+    ] {
         let own = expected(cli.find_subcommand(name).expect(name));
         for flag in connection.keys().filter(|f| !own.contains_key(*f)) {
             wrong.push(format!("{name} lacks {flag}"));

@@ -8,6 +8,7 @@
 mod support;
 
 mod approvals;
+mod approvals_grpc;
 mod audit;
 mod clocks;
 mod commit_failures;

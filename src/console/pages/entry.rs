@@ -162,6 +162,8 @@ pub(super) fn timeline(view: &EntryView, now: Micros) -> Vec<String> {
                 format!(": {}", e.error)
             }
         )),
+        // A denial is said with the approval's lines below.
+        (Status::Denied, _) => {}
         (_, Some(finished)) => {
             let by = if e.resolved_by.is_empty() {
                 "by its claimant's Complete".to_string()
@@ -180,6 +182,44 @@ pub(super) fn timeline(view: &EntryView, now: Micros) -> Vec<String> {
             ));
         }
         (_, None) => {}
+    }
+    let a = &e.approval;
+    if let Some(requested) = a.requested_at {
+        lines.push(format!(
+            "{}: a person was asked to approve it (decide by {})",
+            time(requested),
+            a.decide_by.map_or_else(|| "-".to_string(), time)
+        ));
+    }
+    if let Some(decided) = a.decided_at {
+        lines.push(format!(
+            "{}: {} by {}{}",
+            time(decided),
+            if a.state == crate::domain::ApprovalState::Denied {
+                "denied"
+            } else {
+                "approved"
+            },
+            a.decided_by,
+            if a.reason.is_empty() {
+                String::new()
+            } else {
+                format!(": {}", a.reason)
+            }
+        ));
+    }
+    match a.state {
+        crate::domain::ApprovalState::Approved => lines.push(format!(
+            "the approval may be used until {}",
+            a.execute_by.map_or_else(|| "-".to_string(), time)
+        )),
+        crate::domain::ApprovalState::Used => {
+            lines.push("the approval was used: the call acted".to_string());
+        }
+        crate::domain::ApprovalState::Expired => {
+            lines.push("the request (or the approval) lapsed: nothing was done".to_string());
+        }
+        _ => {}
     }
     if e.replay_count > 0 {
         lines.push(format!(
