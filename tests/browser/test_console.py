@@ -8,7 +8,9 @@ result; the next Claim over gRPC is REPLAYED with that result. Tenant globex's t
 nothing of it. A form sent without its CSRF token is refused and changes nothing. The replay
 rate is drawn. A resolve form rendered before a reconciler took its entry changes nothing and
 says so; an entry marked as a possible double effect is shown first and acknowledged with a
-note. A screenshot of each page is written to docs/images/ (or $CONSOLE_SCREENSHOTS).
+note. An approver approves one gated call and denies another (the agent's next claims act
+once and are told why); a member without the role sees the requests and no forms. A
+screenshot of each page is written to docs/images/ (or $CONSOLE_SCREENSHOTS).
 
 Run by run.sh beside this file (which installs the pinned requirements and finds the server):
 
@@ -45,6 +47,7 @@ SHOTS = Path(os.environ.get("CONSOLE_SCREENSHOTS", REPO / "docs" / "images"))
 CHROMIUM = "/usr/bin/chromium"
 CHROMEDRIVER = "/usr/bin/chromedriver"
 ACME, GLOBEX = "token-acme-7f3k", "token-globex-q9x2"
+BOSS = "token-acme-boss-2m8w"
 HOSTILE = {"amount": 200, "currency": "EUR", "memo": "<script>window.pwned = 1</script>"}
 RESULT = {"credit_id": "cr-4411", "amount": 200, "currency": "EUR"}
 ANSI = re.compile(r"\x1b\[[0-9;]*m")
@@ -65,7 +68,7 @@ def server() -> Iterator[Server]:
     binary = os.environ.get("LEDGER_BIN", str(REPO / "target" / "debug" / "idempotency-ledger"))
     workdir = Path(tempfile.mkdtemp(prefix="console-browser-"))
     tokens = workdir / "tokens"
-    tokens.write_text(f"acme {ACME}\nglobex {GLOBEX}\n", encoding="utf-8")
+    tokens.write_text(f"acme {ACME}\nacme {BOSS} approver=dana\nglobex {GLOBEX}\n", encoding="utf-8")
     env = {k: v for k, v in os.environ.items() if not (k.startswith("LEDGER_") or k == "DATABASE_URL")}
     env["RUST_LOG"] = "info"
     process = subprocess.Popen(
@@ -390,3 +393,59 @@ def test_a_possible_double_effect_is_shown_first_and_acknowledged(server: Server
     last = looked["history"][-1]
     assert (last["kind"], last["principal"], last["detail"]) == (
         "double_effect_acknowledged", "console:ada", "refunded the duplicate credit cr-70b"), last
+
+
+def test_an_approver_approves_one_call_and_denies_another(server: Server, browser: WebDriver) -> None:
+    refund_args = {"order": "o-5512", "amount": 480, "currency": "EUR"}
+    delete_args = {"user": "u-77", "reason": "customer asked"}
+    refund = claim(server, ACME, "issue_refund", refund_args, run="run-approvals", requireApproval=True)
+    delete = claim(server, ACME, "delete_account", delete_args, run="run-approvals", requireApproval=True)
+    for asked in (refund, delete):
+        assert asked["outcome"] == "OUTCOME_AWAITING_APPROVAL", asked
+        assert "claimToken" not in asked, "nothing may act before a decision"
+
+    # A member without the approver role sees the requests, not the forms.
+    driver = browser
+    sign_in(driver, server, ACME, "ada")
+    driver.get(server.console + "/approvals")
+    page = text(driver)
+    assert "issue_refund" in page and "delete_account" in page, page
+    assert "without the approver role" in page, page
+    assert not driver.find_elements(By.CSS_SELECTOR, "form[action='/decide']")
+    driver.delete_all_cookies()
+
+    sign_in(driver, server, BOSS)
+    driver.get(server.console + "/approvals")
+    page = text(driver)
+    assert '"amount": 480' in page, page
+    screenshot(driver, "console-approvals")
+    cards = driver.find_elements(By.CSS_SELECTOR, ".request")
+    refund_card = next(c for c in cards if refund["entry"]["key"][:16] in c.text)
+    form = refund_card.find_element(By.CSS_SELECTOR, "form[action='/decide']")
+    assert form.find_element(By.NAME, "fingerprint").get_attribute("value") == refund["entry"]["fingerprint"]
+    form.find_element(By.NAME, "reason").send_keys("within the refund policy")
+    submit(driver, form.find_element(By.CSS_SELECTOR, "button[value='approve']"))
+    assert "Approved issue_refund" in text(driver), text(driver)
+    cards = driver.find_elements(By.CSS_SELECTOR, ".request")
+    delete_card = next(c for c in cards if delete["entry"]["key"][:16] in c.text)
+    form = delete_card.find_element(By.CSS_SELECTOR, "form[action='/decide']")
+    form.find_element(By.NAME, "reason").send_keys("ask the customer to confirm first")
+    submit(driver, form.find_element(By.CSS_SELECTOR, "button[value='deny']"))
+    page = text(driver)
+    assert "Denied delete_account" in page and "recorded as decided by dana" in page, page
+    assert "No call awaits a decision." in page and "Approved, not yet used (1)" in page, page
+    screenshot(driver, "console-approvals-decided")
+
+    # The agent's next claims: the approved call acts, once; the denied one is told why.
+    acting = claim(server, ACME, "issue_refund", refund_args, run="run-approvals", requireApproval=True)
+    assert acting["outcome"] == "OUTCOME_CLAIMED" and acting["claimToken"], acting
+    told = claim(server, ACME, "delete_account", delete_args, run="run-approvals")
+    assert told["outcome"] == "OUTCOME_DENIED", told
+    approval = told["entry"]["approval"]
+    assert (approval["decidedBy"], approval["reason"]) == ("dana", "ask the customer to confirm first"), approval
+    again = claim(server, ACME, "issue_refund", refund_args, run="run-approvals", requireApproval=True)
+    assert again["outcome"] != "OUTCOME_CLAIMED", again
+    driver.get(f"{server.console}/entry?key={refund['entry']['key']}")
+    page = text(driver)
+    assert "approved by dana: within the refund policy" in page, page
+    assert "the approval was used: the call acted" in page, page
