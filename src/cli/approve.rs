@@ -85,6 +85,7 @@ async fn list(args: &ApprovalsArgs) -> Result<(), Failure> {
     };
     let mut out = Output::stdout();
     let mut count = 0;
+    let mut approved = 0;
     loop {
         let page = session
             .client()
@@ -93,7 +94,11 @@ async fn list(args: &ApprovalsArgs) -> Result<(), Failure> {
             .into_inner();
         for e in &page.entries {
             out.write(&render_request(e))?;
-            count += 1;
+            if e.approval.as_ref().map(pb::Approval::state) == Some(pb::ApprovalState::Approved) {
+                approved += 1;
+            } else {
+                count += 1;
+            }
         }
         if page.next_page_token.is_empty() {
             break;
@@ -101,9 +106,13 @@ async fn list(args: &ApprovalsArgs) -> Result<(), Failure> {
         request.page_token = page.next_page_token;
     }
     out.write(&match count {
-        0 => "no call awaits a decision\n".to_string(),
-        1 => "1 call awaits a decision\n".to_string(),
-        n => format!("{n} calls await a decision\n"),
+        0 => "no call awaits a decision".to_string(),
+        1 => "1 call awaits a decision".to_string(),
+        n => format!("{n} calls await a decision"),
+    })?;
+    out.write(&match approved {
+        0 => "\n".to_string(),
+        n => format!("; {n} approved, not yet used by the agent\n"),
     })?;
     out.flush()
 }
@@ -115,15 +124,28 @@ pub fn render_request(e: &pb::Entry) -> String {
         |t: Option<&prost_types::Timestamp>| t.map_or_else(|| "-".into(), ToString::to_string);
     let approval = e.approval.clone().unwrap_or_default();
     let mut text = String::new();
-    let _ = writeln!(
-        text,
-        "{}  {}  run {}  asked {}  decide by {}",
-        e.key,
-        e.tool,
-        if e.run_id.is_empty() { "-" } else { &e.run_id },
-        time(approval.requested_at.as_ref()),
-        time(approval.decide_by.as_ref()),
-    );
+    let run = if e.run_id.is_empty() { "-" } else { &e.run_id };
+    if approval.state() == pb::ApprovalState::Approved {
+        // Decided already: the agent's next claim acts, until the approval's use-by time.
+        let _ = writeln!(
+            text,
+            "{}  {}  run {run}  APPROVED by {} {}  use by {}",
+            e.key,
+            e.tool,
+            approval.decided_by,
+            time(approval.decided_at.as_ref()),
+            time(approval.execute_by.as_ref()),
+        );
+    } else {
+        let _ = writeln!(
+            text,
+            "{}  {}  run {run}  asked {}  decide by {}",
+            e.key,
+            e.tool,
+            time(approval.requested_at.as_ref()),
+            time(approval.decide_by.as_ref()),
+        );
+    }
     let _ = writeln!(
         text,
         "  arguments    {}",

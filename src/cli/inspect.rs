@@ -512,7 +512,44 @@ pub fn render_entry(e: &pb::Entry) -> String {
     for (name, value) in fields {
         let _ = writeln!(out, "{name:width$}  {value}");
     }
+    if let Some(line) = e.approval.as_ref().and_then(approval_line) {
+        let _ = writeln!(out, "{:width$}  {line}", "approval");
+    }
     out
+}
+
+/// The approval of an entry in one line (`None` when no approval is involved): its state, when
+/// a person was asked and by when they had to decide, who decided and why, and until when an
+/// approval may be used.
+fn approval_line(a: &pb::Approval) -> Option<String> {
+    let state = pb::ApprovalState::try_from(a.state).unwrap_or_default();
+    if state == pb::ApprovalState::Unspecified {
+        return None;
+    }
+    let time = |t: Option<&Timestamp>| t.map_or_else(|| "-".to_string(), ToString::to_string);
+    let name = state.as_str_name().trim_start_matches("APPROVAL_STATE_");
+    let mut line = name.to_string();
+    if let Some(asked) = &a.requested_at {
+        let _ = write!(
+            line,
+            "; asked {asked}, decide by {}",
+            time(a.decide_by.as_ref())
+        );
+    }
+    if let Some(decided) = &a.decided_at {
+        let _ = write!(
+            line,
+            "; decided {decided} by {}",
+            or_dash(one_line(&a.decided_by))
+        );
+        if !a.reason.is_empty() {
+            let _ = write!(line, ": {}", one_line(&a.reason));
+        }
+    }
+    if let Some(by) = &a.execute_by {
+        let _ = write!(line, "; use by {by}");
+    }
+    Some(line)
 }
 
 /// One entry in the proto3 JSON mapping, as grpcurl prints it (lowerCamelCase names, enum

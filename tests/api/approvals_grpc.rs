@@ -393,6 +393,10 @@ async fn the_cli_lists_approves_and_denies_with_the_fingerprint_shown() {
     .await;
     assert_eq!(code, Some(0), "{err}");
     assert!(out.contains("status            AWAITING_APPROVAL"), "{out}");
+    assert!(
+        out.contains("approval          APPROVED; asked ") && out.contains(": ok; use by "),
+        "{out}"
+    );
     let (code, _, err) = cli(
         &[
             "deny",
@@ -418,7 +422,11 @@ async fn the_cli_lists_approves_and_denies_with_the_fingerprint_shown() {
         denied.note
     );
     let (_, listed, _) = cli(&["approvals"], AGENT).await;
-    assert!(listed.contains("1 call awaits a decision"), "{listed}");
+    assert!(
+        listed.contains("no call awaits a decision; 1 approved, not yet used by the agent")
+            && listed.contains("APPROVED by alice "),
+        "{listed}"
+    );
 }
 
 async fn next(
