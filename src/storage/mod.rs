@@ -23,6 +23,7 @@ mod error;
 pub(crate) mod held;
 mod marks;
 pub mod postgres;
+mod released;
 #[doc(hidden)]
 pub mod sql;
 pub mod sqlite;

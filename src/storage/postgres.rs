@@ -67,6 +67,40 @@ pub const SESSION_SETTINGS: &str = "SELECT set_config('enable_seqscan', 'off', f
 /// This build's migrations.
 static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("migrations/postgres");
 
+/// Brings a database that applied a migration as first released to its current form
+/// ([`super::released`]), before the migrator compares checksums; in one transaction, so that
+/// of two servers starting together the second finds nothing to do.
+async fn upgrade_edited_migrations(conn: &mut sqlx::PgConnection) -> Result<(), sqlx::Error> {
+    let mut tx = sqlx::Connection::begin(&mut *conn).await?;
+    let (migrated,): (bool,) = sqlx::query_as("SELECT to_regclass('_sqlx_migrations') IS NOT NULL")
+        .fetch_one(&mut *tx)
+        .await?;
+    if !migrated {
+        return Ok(());
+    }
+    for edited in super::released::EDITED {
+        let Some(current) = MIGRATOR.iter().find(|m| m.version == edited.version) else {
+            continue;
+        };
+        if super::released::upgrade::<sqlx::Postgres>(
+            &mut tx,
+            edited,
+            &current.checksum,
+            "UPDATE _sqlx_migrations SET checksum = $1 WHERE version = $2 AND checksum = $3",
+            sqlx::postgres::PgQueryResult::rows_affected,
+        )
+        .await?
+        {
+            tracing::info!(
+                version = edited.version,
+                "migration {} was applied as first released: brought to its current form",
+                edited.version
+            );
+        }
+    }
+    tx.commit().await
+}
+
 /// [`SESSION_SETTINGS`] without the statement timeout (`--db-statement-timeout 0`).
 pub const PLAN_SETTING: &str = "SELECT set_config('enable_seqscan', 'off', false)";
 
@@ -201,6 +235,9 @@ impl PgStore {
         sqlx::query(self::MIGRATION_SETTINGS)
             .bind(MIGRATION_LOCK_TIMEOUT)
             .execute(&mut *conn)
+            .await
+            .map_err(StoreError::from_postgres)?;
+        upgrade_edited_migrations(conn)
             .await
             .map_err(StoreError::from_postgres)?;
         MIGRATOR

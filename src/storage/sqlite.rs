@@ -345,6 +345,46 @@ impl super::Announcements for SqliteStore {
     }
 }
 
+/// This build's migrations.
+static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("migrations/sqlite");
+
+impl SqliteStore {
+    /// Brings a database that applied a migration as first released to its current form
+    /// ([`super::released`]), before the migrator compares checksums.
+    async fn upgrade_edited_migrations(&self) -> Result<(), sqlx::Error> {
+        let mut tx = self.pool.pool().begin().await?;
+        let (migrated,): (i64,) = sqlx::query_as(
+            "SELECT count(*) FROM sqlite_master WHERE type = 'table' AND name = '_sqlx_migrations'",
+        )
+        .fetch_one(&mut *tx)
+        .await?;
+        if migrated == 0 {
+            return Ok(());
+        }
+        for edited in super::released::EDITED {
+            let Some(current) = MIGRATOR.iter().find(|m| m.version == edited.version) else {
+                continue;
+            };
+            if super::released::upgrade::<sqlx::Sqlite>(
+                &mut tx,
+                edited,
+                &current.checksum,
+                "UPDATE _sqlx_migrations SET checksum = $1 WHERE version = $2 AND checksum = $3",
+                sqlx::sqlite::SqliteQueryResult::rows_affected,
+            )
+            .await?
+            {
+                tracing::info!(
+                    version = edited.version,
+                    "migration {} was applied as first released: brought to its current form",
+                    edited.version
+                );
+            }
+        }
+        tx.commit().await
+    }
+}
+
 #[async_trait::async_trait]
 impl super::Operations for SqliteStore {
     fn backend(&self) -> &'static str {
@@ -352,13 +392,13 @@ impl super::Operations for SqliteStore {
     }
 
     async fn migrate(&self) -> StoreResult<()> {
-        sqlx::migrate!("migrations/sqlite")
-            .run(self.pool.pool())
+        self.upgrade_edited_migrations()
             .await
-            .map_err(|e| match e {
-                sqlx::migrate::MigrateError::Execute(inner) => StoreError::from_sqlite(inner),
-                other => StoreError::Internal(other.to_string()),
-            })
+            .map_err(StoreError::from_sqlite)?;
+        MIGRATOR.run(self.pool.pool()).await.map_err(|e| match e {
+            sqlx::migrate::MigrateError::Execute(inner) => StoreError::from_sqlite(inner),
+            other => StoreError::Internal(other.to_string()),
+        })
     }
 
     async fn ping(&self) -> StoreResult<()> {

@@ -32,6 +32,7 @@ mod inspect;
 mod logs;
 mod memory_budget;
 mod metrics;
+mod migrations;
 mod no_panic;
 mod operations;
 mod pg_tls;
