@@ -36,6 +36,10 @@ class Outcome(enum.IntEnum):
     IN_PROGRESS = 3
     #: The action failed permanently in this intent: the entry holds the stored error.
     PREVIOUSLY_FAILED = 4
+    #: The tool is gated: a person has been asked to decide and nothing was done.
+    AWAITING_APPROVAL = 5
+    #: A person declined this call: it was not done; do not retry it unchanged.
+    DENIED = 6
 
     @classmethod
     def _missing_(cls, value: object) -> Outcome:
@@ -50,6 +54,8 @@ class Status(enum.IntEnum):
     SUCCEEDED = 2
     FAILED = 3
     UNKNOWN = 4
+    #: A gated call waits for a person's decision.
+    AWAITING_APPROVAL = 5
 
     @classmethod
     def _missing_(cls, value: object) -> Status:
