@@ -78,25 +78,19 @@ async fn upgrade_edited_migrations(conn: &mut sqlx::PgConnection) -> Result<(), 
     if !migrated {
         return Ok(());
     }
-    for edited in super::released::EDITED {
-        let Some(current) = MIGRATOR.iter().find(|m| m.version == edited.version) else {
-            continue;
-        };
-        if super::released::upgrade::<sqlx::Postgres>(
+    let version = super::released::EDITED_VERSION;
+    if let Some(current) = MIGRATOR.iter().find(|m| m.version == version)
+        && super::released::upgrade::<sqlx::Postgres>(
             &mut tx,
-            edited,
             &current.checksum,
-            "UPDATE _sqlx_migrations SET checksum = $1 WHERE version = $2 AND checksum = $3",
             sqlx::postgres::PgQueryResult::rows_affected,
         )
         .await?
-        {
-            tracing::info!(
-                version = edited.version,
-                "migration {} was applied as first released: brought to its current form",
-                edited.version
-            );
-        }
+    {
+        tracing::info!(
+            version,
+            "migration {version} was applied as first released: brought to its current form"
+        );
     }
     tx.commit().await
 }

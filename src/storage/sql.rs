@@ -24,7 +24,7 @@ pub const ENTRY_COLUMNS: &str = concatcp!(
     APPROVAL_COLUMNS
 );
 
-/// An entry's approval (migration 0008), in [`EntryRow`](super::EntryRow)'s order.
+/// An entry's approval (migration 0008), in the order the store's row reader takes it.
 pub const APPROVAL_COLUMNS: &str = "approval_state, approval_requested_at, approval_decide_by, \
     approval_decided_at, approval_decided_by, approval_reason, approval_execute_by";
 
@@ -69,7 +69,7 @@ pub const RESTART: &str = concatcp!(
 /// ATTEMPTING (or also UNKNOWN when `$9`). A resolved outcome sets `finished_at` and
 /// `expires_at` from the entry's own retention, so the statement needs no prior read. An
 /// UNKNOWN report ends the lease at `$8` if it had not ended yet: from then on the outcome is
-/// unknown, and the reconcile grace counts from there ([`TAKABLE`]). Returns the entry as
+/// unknown, and the reconcile grace counts from there (see `TAKABLE`). Returns the entry as
 /// written and whether a claim waits for it. Applies as
 /// [`cas::finishes`](crate::domain::entry::cas::finishes) says.
 pub const FINISH: &str = concatcp!(

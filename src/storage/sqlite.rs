@@ -361,25 +361,19 @@ impl SqliteStore {
         if migrated == 0 {
             return Ok(());
         }
-        for edited in super::released::EDITED {
-            let Some(current) = MIGRATOR.iter().find(|m| m.version == edited.version) else {
-                continue;
-            };
-            if super::released::upgrade::<sqlx::Sqlite>(
+        let version = super::released::EDITED_VERSION;
+        if let Some(current) = MIGRATOR.iter().find(|m| m.version == version)
+            && super::released::upgrade::<sqlx::Sqlite>(
                 &mut tx,
-                edited,
                 &current.checksum,
-                "UPDATE _sqlx_migrations SET checksum = $1 WHERE version = $2 AND checksum = $3",
                 sqlx::sqlite::SqliteQueryResult::rows_affected,
             )
             .await?
-            {
-                tracing::info!(
-                    version = edited.version,
-                    "migration {} was applied as first released: brought to its current form",
-                    edited.version
-                );
-            }
+        {
+            tracing::info!(
+                version,
+                "migration {version} was applied as first released: brought to its current form"
+            );
         }
         tx.commit().await
     }
