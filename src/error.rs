@@ -11,17 +11,8 @@ use crate::domain::key::InvalidField;
 use crate::reason::Reason;
 use crate::storage::StoreError;
 
-/// How long a client should wait before retrying when the store is unavailable.
-const UNAVAILABLE_RETRY_DELAY: Duration = Duration::from_secs(1);
-
 /// What the caller is told when the store cannot be reached (or the server is not ready).
 pub(crate) const UNAVAILABLE_MESSAGE: &str = "the ledger's database is unavailable; retry later";
-
-/// The retry hint after contention: the conflicting writers are done within milliseconds.
-const CONTENTION_RETRY_DELAY: Duration = Duration::from_millis(100);
-
-/// The retry hint while the disk is full: space comes back when an operator acts.
-const FULL_RETRY_DELAY: Duration = Duration::from_secs(5);
 
 /// At most one log line per kind of store failure this often.
 const STORE_LOG_EVERY: Duration = Duration::from_secs(10);
@@ -137,11 +128,7 @@ impl LedgerError {
 
     /// How long the caller should wait before retrying, when waiting helps.
     pub fn retry_after(&self) -> Option<Duration> {
-        match self {
-            LedgerError::Unavailable(_) => Some(UNAVAILABLE_RETRY_DELAY),
-            LedgerError::Store(e) => store_retry_delay(e),
-            _ => None,
-        }
+        self.reason().face().retry_after
     }
 
     /// Logs what the caller is not sent (the database's words, a bug's detail): called once
@@ -197,19 +184,6 @@ fn store_message(e: &StoreError) -> &'static str {
 }
 
 /// How long a client should wait before retrying after a store failure, when waiting helps.
-fn store_retry_delay(e: &StoreError) -> Option<Duration> {
-    match e {
-        StoreError::Unavailable(_)
-        | StoreError::Unreachable(_)
-        | StoreError::Busy(_)
-        | StoreError::Io(_)
-        | StoreError::ReadOnly(_) => Some(UNAVAILABLE_RETRY_DELAY),
-        StoreError::Contention(_) => Some(CONTENTION_RETRY_DELAY),
-        StoreError::Full(_) => Some(FULL_RETRY_DELAY),
-        StoreError::Corrupt(_) | StoreError::Misconfigured(_) | StoreError::Internal(_) => None,
-    }
-}
-
 /// Logs a store failure with the database's own words: the first of each kind at once, then at
 /// most one line per kind every [`STORE_LOG_EVERY`] with the number left out meanwhile, so a
 /// full disk under load does not flood the log.
@@ -286,4 +260,55 @@ impl LedgerError {
             message: e.to_string(),
         }
     }
+}
+
+/// An error of each reason the ledger's use cases can refuse with, carrying words of the
+/// database's where a store error would (for the tests of both faces); `None` for the
+/// reasons only the transport sends (a credential, a role, a limit, a deadline, the codec).
+#[cfg(test)]
+pub(crate) fn sample(reason: Reason) -> Option<LedgerError> {
+    use Reason as R;
+    let words = || "relation ledger_entries: could not write block 7 of /var/lib/pg".to_string();
+    Some(match reason {
+        R::InvalidField
+        | R::InvalidJson
+        | R::DuplicateMember
+        | R::LoneSurrogate
+        | R::UnsafeInteger
+        | R::JsonTooDeep
+        | R::ArgumentsTooLarge
+        | R::ArgumentsNotObject
+        | R::ResultTooLarge
+        | R::InvalidPageToken
+        | R::UnfencedResolution => LedgerError::InvalidArgument {
+            field: "field",
+            reason,
+            message: "is wrong".into(),
+        },
+        R::KeyReusedWithDifferentRequest => LedgerError::KeyReused,
+        R::StaleClaimToken => LedgerError::StaleClaimToken,
+        R::AlreadyResolved => LedgerError::AlreadyResolved("SUCCEEDED"),
+        R::LeaseEnded => LedgerError::LeaseEnded("UNKNOWN"),
+        R::NotMarked => LedgerError::NotMarked,
+        R::ApprovalMismatch => LedgerError::ApprovalMismatch,
+        R::AlreadyDecided => LedgerError::AlreadyDecided("APPROVED"),
+        R::NotAwaitingApproval => LedgerError::NotAwaitingApproval("it was never gated".into()),
+        R::EntryNotFound => LedgerError::NotFound,
+        R::StoreUnavailable => LedgerError::Store(StoreError::Unreachable(words())),
+        R::StoreBusy => LedgerError::Store(StoreError::Busy(words())),
+        R::StoreIoError => LedgerError::Store(StoreError::Io(words())),
+        R::StoreFull => LedgerError::Store(StoreError::Full(words())),
+        R::StoreContention => LedgerError::Store(StoreError::Contention(words())),
+        R::StoreReadOnly => LedgerError::Store(StoreError::ReadOnly(words())),
+        R::StoreCorrupt => LedgerError::Store(StoreError::Corrupt(words())),
+        R::StoreMisconfigured => LedgerError::Store(StoreError::Misconfigured(words())),
+        R::Internal => LedgerError::Internal(words()),
+        R::MalformedMessage
+        | R::MessageTooLarge
+        | R::ApproverRoleRequired
+        | R::Unauthenticated
+        | R::Overloaded
+        | R::RateLimited
+        | R::DeadlineExceeded => return None,
+    })
 }

@@ -113,7 +113,7 @@ pub mod codec {
             std::collections::HashMap::new(),
         );
         <Status as tonic_types::StatusExt>::with_error_details(
-            tonic::Code::InvalidArgument,
+            tonic::Code::from(crate::reason::Reason::MalformedMessage.face().grpc as i32),
             "the request is not a valid protobuf message of this method (a string field that \
              is not UTF-8, or a field of the wrong type)",
             details,

@@ -2,8 +2,15 @@
 //! spelled here and nowhere else. `docs/errors.md` lists exactly these and both clients' typed
 //! errors catch only these (`tests/api/docs.rs` holds both). The lowest layer, so that the
 //! domain's refusals, the codec and the error mapping all name the same values.
+//!
+//! [`Reason::face`] is the one error table: how an error of each reason is answered on each of
+//! the server's faces, its gRPC code, the console's HTTP status and the retry hint. The gRPC
+//! status ([`crate::grpc::error`]) and the console's error page both read it; the message a
+//! person is shown is the error's own (`Display`), and what is not sent (the database's words)
+//! is logged once, by `LedgerError::log_detail`.
 
 use std::fmt;
+use std::time::Duration;
 
 /// A reason of the ledger's `ErrorInfo` (domain `idempotency.v1`).
 #[derive(
@@ -95,7 +102,118 @@ pub enum Reason {
     Internal,
 }
 
+/// The gRPC status codes the ledger answers with, by their numbers in the gRPC specification
+/// (this layer does not depend on tonic; the gRPC layer converts).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(i32)]
+pub enum GrpcCode {
+    /// 3.
+    InvalidArgument = 3,
+    /// 4.
+    DeadlineExceeded = 4,
+    /// 5.
+    NotFound = 5,
+    /// 7.
+    PermissionDenied = 7,
+    /// 8.
+    ResourceExhausted = 8,
+    /// 9.
+    FailedPrecondition = 9,
+    /// 13.
+    Internal = 13,
+    /// 14.
+    Unavailable = 14,
+    /// 15.
+    DataLoss = 15,
+    /// 16.
+    Unauthenticated = 16,
+}
+
+impl GrpcCode {
+    /// The code's name, as gRPC spells it (`FAILED_PRECONDITION`).
+    #[must_use]
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            GrpcCode::InvalidArgument => "INVALID_ARGUMENT",
+            GrpcCode::DeadlineExceeded => "DEADLINE_EXCEEDED",
+            GrpcCode::NotFound => "NOT_FOUND",
+            GrpcCode::PermissionDenied => "PERMISSION_DENIED",
+            GrpcCode::ResourceExhausted => "RESOURCE_EXHAUSTED",
+            GrpcCode::FailedPrecondition => "FAILED_PRECONDITION",
+            GrpcCode::Internal => "INTERNAL",
+            GrpcCode::Unavailable => "UNAVAILABLE",
+            GrpcCode::DataLoss => "DATA_LOSS",
+            GrpcCode::Unauthenticated => "UNAUTHENTICATED",
+        }
+    }
+}
+
+/// How an error of one reason is answered on each face of the server.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Face {
+    /// The gRPC status code.
+    pub grpc: GrpcCode,
+    /// The console's HTTP status.
+    pub http: u16,
+    /// How long a caller should wait before retrying, when waiting helps (sent as
+    /// `google.rpc.RetryInfo` and as `Retry-After`). A limit's refusal computes its own.
+    pub retry_after: Option<Duration>,
+}
+
+/// A store that cannot answer now: retry after a second (a connection, a failover, a lock).
+const STORE_RETRY: Option<Duration> = Some(Duration::from_secs(1));
+
 impl Reason {
+    /// The error table: how an error of this reason is answered on gRPC and in the console.
+    #[must_use]
+    pub const fn face(self) -> Face {
+        use GrpcCode as G;
+        use Reason as R;
+        let (grpc, http, retry_after) = match self {
+            R::InvalidField
+            | R::InvalidJson
+            | R::DuplicateMember
+            | R::LoneSurrogate
+            | R::UnsafeInteger
+            | R::JsonTooDeep
+            | R::ArgumentsTooLarge
+            | R::ArgumentsNotObject
+            | R::ResultTooLarge
+            | R::InvalidPageToken
+            | R::MalformedMessage
+            | R::UnfencedResolution => (G::InvalidArgument, 400, None),
+            R::MessageTooLarge => (G::ResourceExhausted, 413, None),
+            R::KeyReusedWithDifferentRequest
+            | R::StaleClaimToken
+            | R::AlreadyResolved
+            | R::LeaseEnded
+            | R::NotMarked
+            | R::ApprovalMismatch
+            | R::AlreadyDecided
+            | R::NotAwaitingApproval => (G::FailedPrecondition, 409, None),
+            R::ApproverRoleRequired => (G::PermissionDenied, 403, None),
+            R::EntryNotFound => (G::NotFound, 404, None),
+            R::Unauthenticated => (G::Unauthenticated, 401, None),
+            R::StoreUnavailable | R::StoreBusy | R::StoreIoError | R::StoreReadOnly => {
+                (G::Unavailable, 503, STORE_RETRY)
+            }
+            // The conflicting writers are done within milliseconds.
+            R::StoreContention => (G::Unavailable, 503, Some(Duration::from_millis(100))),
+            R::StoreMisconfigured => (G::Unavailable, 503, None),
+            // Space comes back when an operator acts; reads still answer meanwhile.
+            R::StoreFull => (G::ResourceExhausted, 507, Some(Duration::from_secs(5))),
+            R::StoreCorrupt => (G::DataLoss, 500, None),
+            R::Overloaded | R::RateLimited => (G::ResourceExhausted, 429, None),
+            R::DeadlineExceeded => (G::DeadlineExceeded, 504, None),
+            R::Internal => (G::Internal, 500, None),
+        };
+        Face {
+            grpc,
+            http,
+            retry_after,
+        }
+    }
+
     /// The name on the wire (`SCREAMING_SNAKE`, derived from the variant's name).
     #[must_use]
     pub fn as_str(self) -> &'static str {

@@ -4,7 +4,7 @@
 use std::fmt::Write as _;
 use std::str::FromStr as _;
 
-use http::{Method, StatusCode};
+use http::{HeaderValue, Method, StatusCode, header};
 
 use super::chart::series_svg;
 use super::html::{
@@ -164,24 +164,28 @@ fn who(console: &Console, call: &mut Call) -> Result<Who, Box<Answer>> {
 }
 
 /// The page of a ledger error: what a person can act on, never the store's own words.
+/// The page of a call that failed: the error table's HTTP status ([`Reason::face`], as gRPC
+/// reads its code from the same row), the error's own message (never the database's words:
+/// those are logged, once, here) and `Retry-After` where waiting helps.
+///
+/// [`Reason::face`]: crate::reason::Reason::face
 fn failure(error: &LedgerError) -> Box<Answer> {
-    Box::new(match error {
-        LedgerError::NotFound => respond::plain(StatusCode::NOT_FOUND, &error.to_string()),
-        LedgerError::InvalidArgument { .. } => {
-            respond::plain(StatusCode::BAD_REQUEST, &error.to_string())
-        }
-        LedgerError::Unavailable(_) | LedgerError::Store(_) => {
-            tracing::warn!(error = %error, "console: the store failed");
-            respond::plain(StatusCode::SERVICE_UNAVAILABLE, &error.to_string())
-        }
-        other => {
-            tracing::error!(error = ?other, "console: request failed");
-            respond::plain(
-                StatusCode::INTERNAL_SERVER_ERROR,
-                "Internal error; the server's log has the details.",
-            )
-        }
-    })
+    error.log_detail();
+    let face = error.reason().face();
+    let status = StatusCode::from_u16(face.http).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+    let message = if status == StatusCode::INTERNAL_SERVER_ERROR {
+        format!("{error}; the server's log has the details.")
+    } else {
+        format!("{error}.")
+    };
+    let mut answer = respond::plain(status, &message);
+    if let Some(delay) = face.retry_after {
+        answer.headers_mut().insert(
+            header::RETRY_AFTER,
+            HeaderValue::from(delay.as_secs().max(1)),
+        );
+    }
+    Box::new(answer)
 }
 
 // ---- signing in -------------------------------------------------------------------------
@@ -938,5 +942,46 @@ mod tests {
         assert_eq!(operator_name(""), Ok(String::new()));
         assert!(operator_name(&"x".repeat(65)).is_err());
         assert!(operator_name("a\u{7}b").is_err());
+    }
+
+    /// Every error a use case can refuse with reaches the console's page with the error
+    /// table's HTTP status (the row gRPC reads its code from), its own message, Retry-After
+    /// where waiting helps, and never the database's words.
+    #[test]
+    fn every_reason_is_answered_with_the_tables_status() {
+        let mut answered = 0;
+        for reason in crate::reason::Reason::all() {
+            let Some(error) = crate::error::sample(reason) else {
+                continue;
+            };
+            answered += 1;
+            let page = failure(&error);
+            let face = reason.face();
+            assert_eq!(page.status().as_u16(), face.http, "{reason}");
+            let message = error.to_string();
+            assert!(
+                page.body().contains(&esc(&message).to_string()),
+                "{reason}: {}",
+                page.body()
+            );
+            assert!(
+                !page.body().contains("/var/lib") && !page.body().contains("block 7"),
+                "{reason}: {}",
+                page.body()
+            );
+            let retry = page
+                .headers()
+                .get(header::RETRY_AFTER)
+                .and_then(|v| v.to_str().ok())
+                .and_then(|v| v.parse::<u64>().ok());
+            assert_eq!(
+                retry,
+                face.retry_after.map(|d| d.as_secs().max(1)),
+                "{reason}"
+            );
+        }
+        // The transport's reasons (a credential, a role, a limit, a deadline, the codec) are
+        // the seven the console never meets as a use case's error.
+        assert_eq!(answered, crate::reason::Reason::all().count() - 7);
     }
 }

@@ -13,7 +13,6 @@ use tonic_types::{ErrorDetails, StatusExt};
 use crate::error::LedgerError;
 use crate::proto::ERROR_DOMAIN;
 use crate::reason::Reason;
-use crate::storage::StoreError;
 
 /// Everything a call can be refused with: the ledger's errors and the transport's own.
 #[derive(Debug, thiserror::Error)]
@@ -54,56 +53,18 @@ impl CallError {
         }
     }
 
-    /// The gRPC code this error is sent with.
+    /// The gRPC code this error is sent with: the error table's ([`Reason::face`]).
     pub fn code(&self) -> Code {
-        match self {
-            CallError::Ledger(e) => ledger_code(e),
-            CallError::Unauthenticated(_) => Code::Unauthenticated,
-            CallError::ResourceExhausted { .. } => Code::ResourceExhausted,
-            CallError::DeadlineExceeded => Code::DeadlineExceeded,
-            CallError::PermissionDenied(_) => Code::PermissionDenied,
-        }
+        Code::from(self.reason().face().grpc as i32)
     }
 
-    /// How long the caller should wait before retrying, when waiting helps.
+    /// How long the caller should wait before retrying, when waiting helps: what a limit
+    /// computed, else the error table's.
     fn retry_after(&self) -> Option<Duration> {
         match self {
-            CallError::Ledger(e) => e.retry_after(),
             CallError::ResourceExhausted { retry_after, .. } => Some(*retry_after),
-            CallError::Unauthenticated(_)
-            | CallError::DeadlineExceeded
-            | CallError::PermissionDenied(_) => None,
+            other => other.reason().face().retry_after,
         }
-    }
-}
-
-/// The gRPC code of each of the ledger's errors.
-fn ledger_code(e: &LedgerError) -> Code {
-    match e {
-        LedgerError::InvalidArgument { .. } => Code::InvalidArgument,
-        LedgerError::KeyReused
-        | LedgerError::StaleClaimToken
-        | LedgerError::AlreadyResolved(_)
-        | LedgerError::LeaseEnded(_)
-        | LedgerError::NotMarked
-        | LedgerError::ApprovalMismatch
-        | LedgerError::AlreadyDecided(_)
-        | LedgerError::NotAwaitingApproval(_) => Code::FailedPrecondition,
-        LedgerError::NotFound => Code::NotFound,
-        LedgerError::Unavailable(_) => Code::Unavailable,
-        LedgerError::Store(e) => match e {
-            StoreError::Unavailable(_)
-            | StoreError::Unreachable(_)
-            | StoreError::Busy(_)
-            | StoreError::Io(_)
-            | StoreError::Contention(_)
-            | StoreError::ReadOnly(_)
-            | StoreError::Misconfigured(_) => Code::Unavailable,
-            StoreError::Full(_) => Code::ResourceExhausted,
-            StoreError::Corrupt(_) => Code::DataLoss,
-            StoreError::Internal(_) => Code::Internal,
-        },
-        LedgerError::Internal(_) => Code::Internal,
     }
 }
 
@@ -138,6 +99,65 @@ impl From<LedgerError> for Status {
 mod tests {
     use super::*;
     use crate::error::UNAVAILABLE_MESSAGE;
+    use crate::storage::StoreError;
+
+    /// An error of every reason, as the gRPC face sends it.
+    fn every_error() -> Vec<(Reason, Status)> {
+        Reason::all()
+            .filter_map(|reason| {
+                let error = match crate::error::sample(reason) {
+                    Some(e) => CallError::Ledger(e),
+                    None => match reason {
+                        Reason::Unauthenticated => CallError::Unauthenticated("no credential"),
+                        Reason::ApproverRoleRequired => CallError::PermissionDenied("no role"),
+                        Reason::DeadlineExceeded => CallError::DeadlineExceeded,
+                        Reason::Overloaded | Reason::RateLimited => CallError::ResourceExhausted {
+                            reason,
+                            message: "too much".into(),
+                            retry_after: Duration::from_millis(250),
+                        },
+                        Reason::MalformedMessage => {
+                            return Some((reason, crate::proto::codec::malformed()));
+                        }
+                        // Rewritten from tonic's own answer (library_errors, tested there).
+                        _ => return None,
+                    },
+                };
+                Some((reason, Status::from(error)))
+            })
+            .collect()
+    }
+
+    #[test]
+    fn every_reason_is_sent_with_the_tables_code_and_retry_hint_and_no_database_words() {
+        let sent = every_error();
+        assert_eq!(
+            sent.len(),
+            Reason::all().count() - 1,
+            "all but MESSAGE_TOO_LARGE"
+        );
+        for (reason, status) in sent {
+            let face = reason.face();
+            assert_eq!(status.code(), Code::from(face.grpc as i32), "{reason}");
+            let info = status.get_details_error_info().expect("ErrorInfo");
+            assert_eq!(
+                (info.reason.as_str(), info.domain.as_str()),
+                (reason.as_str(), ERROR_DOMAIN)
+            );
+            let retry = status.get_details_retry_info().and_then(|r| r.retry_delay);
+            match reason {
+                Reason::Overloaded | Reason::RateLimited => {
+                    assert_eq!(retry, Some(Duration::from_millis(250)), "{reason}");
+                }
+                _ => assert_eq!(retry, face.retry_after, "{reason}"),
+            }
+            assert!(
+                !status.message().contains("/var/lib") && !status.message().contains("block 7"),
+                "{reason}: {}",
+                status.message()
+            );
+        }
+    }
 
     #[test]
     fn internal_details_are_never_sent() {

@@ -76,7 +76,7 @@ fn rewrite_library_errors(
         std::collections::HashMap::new(),
     );
     <Status as tonic_types::StatusExt>::with_error_details(
-        tonic::Code::ResourceExhausted,
+        tonic::Code::from(crate::reason::Reason::MessageTooLarge.face().grpc as i32),
         "the request is larger than the server's --max-message-bytes",
         details,
     )

@@ -455,4 +455,54 @@ fn the_errors_page_lists_exactly_the_reasons_the_server_sends() {
         undocumented.is_empty() && stale.is_empty(),
         "docs/errors.md: not documented {undocumented:?}; documented but never sent {stale:?}"
     );
+    // Each reason sits in the row of the gRPC code and the console status the server's one
+    // error table gives it.
+    for line in page.lines().filter(|l| l.starts_with("| `")) {
+        let cells: Vec<&str> = line.trim_matches('|').split(" | ").collect();
+        let code = cells[0].trim().trim_matches('`');
+        let http: u16 = cells[2]
+            .trim()
+            .parse()
+            .expect("the console column is a status");
+        for reason in cells[1].split('`').skip(1).step_by(2) {
+            let face = idempotency_ledger::reason::Reason::from_wire(reason)
+                .unwrap_or_else(|| panic!("{reason} is not a reason"))
+                .face();
+            assert_eq!(
+                (code, http),
+                (face.grpc.as_str(), face.http),
+                "docs/errors.md's row of {reason}"
+            );
+        }
+    }
+}
+
+/// behaviour.md's table of what a caller does with each code puts each reason it names under
+/// the code the server's error table sends it with.
+#[test]
+fn the_behaviour_pages_error_table_puts_each_reason_under_its_code() {
+    let page = read(&Path::new(REPO).join("docs/behaviour.md"));
+    let table = page
+        .split("| code | reasons | what to do |")
+        .nth(1)
+        .expect("behaviour.md has its table of codes");
+    let mut checked = 0;
+    for line in table.lines().skip(2).take_while(|l| l.starts_with('|')) {
+        let cells: Vec<&str> = line.trim_matches('|').split(" | ").collect();
+        let code = cells[0].trim().trim_matches('`');
+        for word in cells[1].split('`').skip(1).step_by(2) {
+            if let Some(reason) = idempotency_ledger::reason::Reason::from_wire(word) {
+                assert_eq!(
+                    code,
+                    reason.face().grpc.as_str(),
+                    "behaviour.md lists {word} under {code}"
+                );
+                checked += 1;
+            }
+        }
+    }
+    assert!(
+        checked >= 25,
+        "only {checked} reasons in behaviour.md's table"
+    );
 }
