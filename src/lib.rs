@@ -22,10 +22,11 @@
 //! - [`defaults`]: every default setting, for the command line and the `Default` impls alike.
 //! - [`connections`]: the client connections, bounded: the descriptor limit raised, a cap,
 //!   idle connections closed, an accept loop that backs off when descriptors run out.
-//! - [`storage`]: the store traits (split by who needs them: the use cases' entries, the
-//!   batcher's writes, announcements to other servers, operations, upkeep), implemented once
-//!   over a SQL dialect for the PostgreSQL and SQLite backends, whose claims and completions
-//!   go through group commit; `sqlx::Error` never leaves it.
+//! - [`storage`]: the store traits (the use cases' entries, the batcher's writes,
+//!   announcements to other servers, operations, upkeep; every consumer holds one
+//!   `Arc<dyn Store>` over them all), implemented once over a SQL dialect for the PostgreSQL
+//!   and SQLite backends, whose claims and completions go through group commit; `sqlx::Error`
+//!   never leaves it.
 //! - [`error`]: the ledger's one error type, its reasons, messages and retry hints, without
 //!   tonic (the transport's refusals and the mapping to gRPC statuses are [`grpc::error`]'s).
 //! - [`ledger`]: the use cases, one file each (claim, complete, renew, lookup, list,
@@ -49,7 +50,8 @@
 //! - [`cli`]: the command line: `serve`, `migrate`, and the operator's commands, gRPC clients
 //!   of a running server (`entries`, `entry` by key, prefix or external reference, `resolve`,
 //!   `renew`).
-//! - `main.rs` and `src/bin/` (the benchmark's client and its gRPC floor) use any of them.
+//! - `main.rs` uses any of them (the benchmark's client and its gRPC floor are the `bench`
+//!   crate's, outside the service).
 
 pub mod cli;
 pub mod connections;

@@ -14,8 +14,8 @@ use idempotency_ledger::observe::traces::TraceExport;
 use idempotency_ledger::server;
 
 /// mimalloc instead of the C library's allocator: a request allocates and frees a few hundred
-/// small blocks on two or more worker threads, and glibc's arenas spent about a tenth of the
-/// server's CPU on it (bench/README.md, "The claim path, profiled").
+/// small blocks on two or more worker threads, and glibc's arenas spent a noticeable share of
+/// the server's CPU on it (measured in bench/HISTORY.md, "The claim path, profiled").
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 

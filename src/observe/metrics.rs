@@ -31,7 +31,7 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::{Registry, Unit};
 
-use super::replay::{ClaimEvent, ReplayAlarm, ReplayFigures, ReplayHistory, WindowTotals};
+use super::replay::{ClaimEvent, ReplayAlarm, ReplayFigures, ReplayHistory};
 use super::{Rpc, SERVICE};
 use crate::domain::time::Clock;
 use crate::domain::{Decision, FinalStatus, Tenant};
@@ -638,11 +638,6 @@ impl Metrics {
                 .get_or_create(&handled_labels(rpc, code))
                 .inc();
         }
-    }
-
-    /// The replay window's totals now, and whether the alarm is on.
-    pub fn replay_alarm(&self) -> (WindowTotals, bool) {
-        self.replay.read()
     }
 
     /// Logs the replay alarm's warning, once per window while it stays on; returns whether it

@@ -25,13 +25,10 @@
 //! connection back, which is what this stack does, and why it gives it back (to those checks)
 //! whenever the connections are not proven.
 //!
-//! Measured when this stack came (commit 6efe9ff, against the same sqlx pool with
-//! `test_before_acquire(false)` and no stack; bench/README.md, "The claim path, profiled"):
-//! claim-complete at 32 clients on PostgreSQL went from 0.94 `sendto` and 3.79 `recvfrom` per
-//! operation to 0.47 and 3.10, the server's CPU per operation from 0.377 to 0.319 ms and the
-//! database's from 0.374 to 0.297 ms, 1,741 to 2,075 operations a second (medians of three
-//! alternating rounds), and callgrind's instructions per RPC above the gRPC floor from 81 k to
-//! 69 k.
+//! Measured when this stack came (commit 6efe9ff), against the same sqlx pool with
+//! `test_before_acquire(false)` and no stack: fewer system calls, less CPU per operation in the
+//! server and in the database, more operations a second (the figures: bench/HISTORY.md, "The
+//! claim path, profiled").
 //!
 //! It also counts the connections lent to calls, so that a call that waited in the pool
 //! until its timeout can tell a busy pool (every connection in use by other calls: the

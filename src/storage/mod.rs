@@ -1,4 +1,4 @@
-//! Durable entries behind one [`Store`] trait, implemented by [`postgres::PgStore`] (production;
+//! Durable entries behind the [`Store`] trait (and the narrower traits it gathers), implemented by [`postgres::PgStore`] (production;
 //! several servers may share one database) and [`sqlite::SqliteStore`] (the embedded default).
 //!
 //! A store makes no decisions: it applies the writes the domain chose, each one a single atomic
