@@ -2,9 +2,9 @@
 //! ([`crate::server::Settings`], whose `--help` shows them) and the `Default` of the types
 //! built from them (the ledger's limits, the pool's and the metrics' options) read them
 //! here, so that tests run on the shipped configuration. Durations are [`Duration`]s, so a
-//! typo is a compile error, not a zero; `--help` shows each as [`shown`] writes it (derived
-//! from the constant), and every duration setting is read by [`parse_duration`] (the
-//! `humantime` crate's syntax). Nothing here imports the rest of the crate.
+//! typo is a compile error, not a zero; `--help` shows each as [`shown`] writes the
+//! constant, and every duration setting is read by [`parse_duration`] (the `humantime`
+//! crate's syntax). Nothing here imports the rest of the crate.
 
 use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
 use std::time::Duration;
@@ -182,82 +182,29 @@ pub fn parse_duration(text: &str) -> Result<Duration, String> {
         .map_err(|e| format!("`{text}` is not a duration such as 500ms, 60s, 15m, 24h or 30d: {e}"))
 }
 
-/// The defaults as `--help` and docs/settings.md write them, each derived from its typed
-/// constant in the unit chosen here; a unit test holds that each reads back as its constant
-/// (a unit too coarse for the value would not).
-pub mod shown {
-    use std::time::Duration;
-
-    use const_format::formatcp;
-
-    const fn millis(d: Duration) -> u128 {
-        d.as_millis()
+/// A duration as `--help` and docs/settings.md write a default: in the largest unit that holds
+/// it whole, except that seconds go up to a minute and hours up to three days (`60s`, `15m`,
+/// `72h`, `30d`, `100ms`), so each duration flag's default is written once, as its typed
+/// constant. [`parse_duration`] reads the text back as the same duration (to the millisecond:
+/// no setting is finer).
+#[must_use]
+pub fn shown(d: Duration) -> String {
+    const MINUTE: u64 = 60;
+    const HOUR: u64 = 3600;
+    const DAY: u64 = 86_400;
+    let secs = d.as_secs();
+    if d.subsec_nanos() != 0 {
+        return format!("{}ms", d.as_millis());
     }
-    const fn secs(d: Duration) -> u64 {
-        d.as_secs()
+    if secs <= MINUTE || !secs.is_multiple_of(MINUTE) {
+        format!("{secs}s")
+    } else if !secs.is_multiple_of(HOUR) {
+        format!("{}m", secs / MINUTE)
+    } else if secs <= 3 * DAY || !secs.is_multiple_of(DAY) {
+        format!("{}h", secs / HOUR)
+    } else {
+        format!("{}d", secs / DAY)
     }
-    const fn mins(d: Duration) -> u64 {
-        d.as_secs() / 60
-    }
-    const fn hours(d: Duration) -> u64 {
-        d.as_secs() / 3600
-    }
-    const fn days(d: Duration) -> u64 {
-        d.as_secs() / 86_400
-    }
-
-    /// `--console-session-idle`.
-    pub const CONSOLE_SESSION_IDLE: &str = formatcp!("{}h", hours(super::CONSOLE_SESSION_IDLE));
-    /// `--metrics-refresh-interval`.
-    pub const METRICS_REFRESH_INTERVAL: &str =
-        formatcp!("{}s", secs(super::METRICS_REFRESH_INTERVAL));
-    /// `--replay-alarm-window`.
-    pub const REPLAY_ALARM_WINDOW: &str = formatcp!("{}m", mins(super::REPLAY_ALARM_WINDOW));
-    /// `--default-lease`.
-    pub const DEFAULT_LEASE: &str = formatcp!("{}s", secs(super::DEFAULT_LEASE));
-    /// `--max-lease`.
-    pub const MAX_LEASE: &str = formatcp!("{}h", hours(super::MAX_LEASE));
-    /// `--default-retention`.
-    pub const DEFAULT_RETENTION: &str = formatcp!("{}h", hours(super::DEFAULT_RETENTION));
-    /// `--max-retention`.
-    pub const MAX_RETENTION: &str = formatcp!("{}d", days(super::MAX_RETENTION));
-    /// `--max-wait`.
-    pub const MAX_WAIT: &str = formatcp!("{}s", secs(super::MAX_WAIT));
-    /// `--reconcile-lease`.
-    pub const RECONCILE_LEASE: &str = formatcp!("{}s", secs(super::RECONCILE_LEASE));
-    /// `--approval-timeout`.
-    pub const APPROVAL_TIMEOUT: &str = formatcp!("{}h", hours(super::APPROVAL_TIMEOUT));
-    /// `--approval-use-within`.
-    pub const APPROVAL_USE_WITHIN: &str = formatcp!("{}h", hours(super::APPROVAL_USE_WITHIN));
-    /// `--reconcile-grace`.
-    pub const RECONCILE_GRACE: &str = formatcp!("{}s", secs(super::RECONCILE_GRACE));
-    /// `--wait-poll-interval`.
-    pub const WAIT_POLL_INTERVAL: &str = formatcp!("{}ms", millis(super::WAIT_POLL_INTERVAL));
-    /// `--prune-interval`.
-    pub const PRUNE_INTERVAL: &str = formatcp!("{}s", secs(super::PRUNE_INTERVAL));
-    /// `--request-timeout`.
-    pub const REQUEST_TIMEOUT: &str = formatcp!("{}s", secs(super::REQUEST_TIMEOUT));
-    /// `--connection-idle-timeout`.
-    pub const CONNECTION_IDLE_TIMEOUT: &str =
-        formatcp!("{}s", secs(super::CONNECTION_IDLE_TIMEOUT));
-    /// `--http2-keepalive-interval`.
-    pub const HTTP2_KEEPALIVE_INTERVAL: &str =
-        formatcp!("{}s", secs(super::HTTP2_KEEPALIVE_INTERVAL));
-    /// `--http2-keepalive-timeout`.
-    pub const HTTP2_KEEPALIVE_TIMEOUT: &str =
-        formatcp!("{}s", secs(super::HTTP2_KEEPALIVE_TIMEOUT));
-    /// `--db-statement-timeout`.
-    pub const DB_STATEMENT_TIMEOUT: &str = formatcp!("{}s", secs(super::DB_STATEMENT_TIMEOUT));
-    /// `--db-connect-timeout`.
-    pub const DB_CONNECT_TIMEOUT: &str = formatcp!("{}s", secs(super::DB_CONNECT_TIMEOUT));
-    /// `--db-acquire-timeout`.
-    pub const DB_ACQUIRE_TIMEOUT: &str = formatcp!("{}s", secs(super::DB_ACQUIRE_TIMEOUT));
-    /// `--health-probe-interval`.
-    pub const HEALTH_PROBE_INTERVAL: &str = formatcp!("{}s", secs(super::HEALTH_PROBE_INTERVAL));
-    /// The operator commands' `--timeout`.
-    pub const CLIENT_TIMEOUT: &str = formatcp!("{}s", secs(super::CLIENT_TIMEOUT));
-    /// `--shutdown-grace`.
-    pub const SHUTDOWN_GRACE: &str = formatcp!("{}s", secs(super::SHUTDOWN_GRACE));
 }
 
 #[cfg(test)]
@@ -286,37 +233,34 @@ mod tests {
     }
 
     #[test]
-    fn every_shown_default_reads_back_as_its_constant() {
-        for (text, value) in [
-            (shown::CONSOLE_SESSION_IDLE, CONSOLE_SESSION_IDLE),
-            (shown::METRICS_REFRESH_INTERVAL, METRICS_REFRESH_INTERVAL),
-            (shown::REPLAY_ALARM_WINDOW, REPLAY_ALARM_WINDOW),
-            (shown::DEFAULT_LEASE, DEFAULT_LEASE),
-            (shown::MAX_LEASE, MAX_LEASE),
-            (shown::DEFAULT_RETENTION, DEFAULT_RETENTION),
-            (shown::MAX_RETENTION, MAX_RETENTION),
-            (shown::MAX_WAIT, MAX_WAIT),
-            (shown::RECONCILE_LEASE, RECONCILE_LEASE),
-            (shown::RECONCILE_GRACE, RECONCILE_GRACE),
-            (shown::APPROVAL_TIMEOUT, APPROVAL_TIMEOUT),
-            (shown::APPROVAL_USE_WITHIN, APPROVAL_USE_WITHIN),
-            (shown::WAIT_POLL_INTERVAL, WAIT_POLL_INTERVAL),
-            (shown::PRUNE_INTERVAL, PRUNE_INTERVAL),
-            (shown::REQUEST_TIMEOUT, REQUEST_TIMEOUT),
-            (shown::CONNECTION_IDLE_TIMEOUT, CONNECTION_IDLE_TIMEOUT),
-            (shown::HTTP2_KEEPALIVE_INTERVAL, HTTP2_KEEPALIVE_INTERVAL),
-            (shown::HTTP2_KEEPALIVE_TIMEOUT, HTTP2_KEEPALIVE_TIMEOUT),
-            (shown::DB_STATEMENT_TIMEOUT, DB_STATEMENT_TIMEOUT),
-            (shown::DB_CONNECT_TIMEOUT, DB_CONNECT_TIMEOUT),
-            (shown::DB_ACQUIRE_TIMEOUT, DB_ACQUIRE_TIMEOUT),
-            (shown::HEALTH_PROBE_INTERVAL, HEALTH_PROBE_INTERVAL),
-            (shown::CLIENT_TIMEOUT, CLIENT_TIMEOUT),
-            (shown::SHUTDOWN_GRACE, SHUTDOWN_GRACE),
-        ] {
-            assert_eq!(parse_duration(text), Ok(value), "{text}");
+    fn a_default_is_shown_in_its_natural_unit() {
+        assert_eq!(shown(DEFAULT_LEASE), "60s");
+        assert_eq!(shown(REPLAY_ALARM_WINDOW), "15m");
+        assert_eq!(shown(MAX_LEASE), "1h");
+        assert_eq!(shown(APPROVAL_TIMEOUT), "72h");
+        assert_eq!(shown(MAX_RETENTION), "30d");
+        assert_eq!(shown(WAIT_POLL_INTERVAL), "100ms");
+        assert_eq!(shown(Duration::from_secs(90)), "90s");
+        assert_eq!(shown(Duration::from_secs(4 * 86_400 + 3600)), "97h");
+        assert_eq!(shown(Duration::from_micros(1500)), "1ms");
+    }
+
+    #[test]
+    fn every_whole_millisecond_duration_is_shown_as_text_that_reads_back_as_itself() {
+        // Up to about 30 years: humantime counts in nanoseconds, in a u64.
+        let mut ms: u64 = 1;
+        while ms < 12_000 {
+            for d in [
+                ms,
+                ms * 1000,
+                ms * 60_000 + 1,
+                ms * 3_600_000,
+                ms * 86_400_000,
+            ] {
+                let d = Duration::from_millis(d);
+                assert_eq!(parse_duration(&shown(d)), Ok(d), "{}", shown(d));
+            }
+            ms = ms * 3 + 1;
         }
-        assert_eq!(shown::DEFAULT_LEASE, "60s");
-        assert_eq!(shown::MAX_RETENTION, "30d");
-        assert_eq!(shown::WAIT_POLL_INTERVAL, "100ms");
     }
 }

@@ -57,7 +57,7 @@ pub struct Connection {
     pub tls_server_name: Option<String>,
 
     /// Deadline of connecting and of each call.
-    #[arg(long, default_value = crate::defaults::shown::CLIENT_TIMEOUT, value_parser = parse_duration)]
+    #[arg(long, default_value = crate::defaults::shown(crate::defaults::CLIENT_TIMEOUT), value_parser = parse_duration)]
     pub timeout: Duration,
 }
 
