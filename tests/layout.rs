@@ -387,6 +387,31 @@ fn no_shell_script_in_the_repository_is_over_three_hundred_lines() {
 }
 
 #[test]
+fn the_benchmark_readme_is_the_method_and_the_record_in_at_most_three_hundred_lines() {
+    // The history of runs and measurements lives in bench/HISTORY.md, which the code's
+    // comments cite for figures.
+    let bench = Path::new(env!("CARGO_MANIFEST_DIR")).join("bench");
+    let lines = std::fs::read_to_string(bench.join("README.md"))
+        .expect("bench/README.md")
+        .lines()
+        .count();
+    assert!(lines <= 300, "bench/README.md has {lines} lines");
+    let history = std::fs::read_to_string(bench.join("HISTORY.md")).expect("bench/HISTORY.md");
+    for heading in [
+        "The claim path, profiled",
+        "Optimized across crates",
+        "Memory: no transparent huge pages",
+    ] {
+        assert!(
+            history
+                .lines()
+                .any(|l| l.starts_with('#') && l.ends_with(heading)),
+            "bench/HISTORY.md has no heading {heading:?}, which the code cites"
+        );
+    }
+}
+
+#[test]
 fn every_test_starts_the_binary_through_the_one_helper() {
     // `tests/api/support/app.rs`'s `ledger_command` clears the caller's DATABASE_URL and
     // LEDGER_* variables: a test naming the binary itself would let them through.
