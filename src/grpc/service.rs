@@ -20,7 +20,7 @@ use super::error::CallError;
 use super::pb;
 use super::pb::ledger_service_server::LedgerService;
 use crate::domain::key::ToolName;
-use crate::domain::{FinalStatus, Tenant};
+use crate::domain::{FinalStatus, Principal, Tenant};
 use crate::error::LedgerError;
 use crate::ledger::{
     AcknowledgeInput, ClaimInput, CompleteInput, DecideInput, Ledger, ListInput, LookupInput,
@@ -108,6 +108,38 @@ impl LedgerApi {
             Status::from(e)
         })
     }
+
+    /// One unary RPC, the same way for each: admitted (its tenant from the credential, its
+    /// deadline), its request turned into the use case's input by `input` (given the deadline;
+    /// a bad field is refused before any work), named in the call's span by [`Labels`], `work`
+    /// run on the call's own task to its end within the deadline, and its output turned into
+    /// the answer by `answer`.
+    async fn unary<Req, In, Out, Resp, Fut>(
+        &self,
+        request: Request<Req>,
+        input: impl FnOnce(Req, Instant) -> Result<In, Status>,
+        work: impl FnOnce(Ledger, Tenant, In) -> Fut,
+        answer: impl FnOnce(Out) -> Resp,
+    ) -> Result<Response<Resp>, Status>
+    where
+        In: Labels,
+        Out: Send + 'static,
+        Fut: Future<Output = Result<Out, LedgerError>> + Send + 'static,
+    {
+        let Call {
+            tenant,
+            deadline,
+            permit,
+        } = self.begin(&request)?;
+        let input = input(request.into_inner(), deadline)?;
+        let (tool, key) = input.labels();
+        telemetry::record_request(tool, key);
+        let work = work(self.ledger.clone(), tenant, input);
+        let out = run(&self.metrics, deadline, permit, work)
+            .await
+            .map_err(Status::from)?;
+        Ok(Response::new(answer(out)))
+    }
 }
 
 /// How often a watcher reads the store for approval events of other servers (events of its
@@ -134,66 +166,58 @@ impl LedgerService for LedgerApi {
             .extensions()
             .get::<Approver>()
             .and_then(|a| a.0.clone());
-        let Call {
-            tenant,
-            deadline,
-            permit,
-        } = self.begin(&request)?;
-        let Some(approver) = approver else {
-            return Err(Status::from(CallError::PermissionDenied(
-                "this credential may not decide: Decide needs a credential with the approver \
-                 role (the tokens file's third column, `approver`)",
-            )));
-        };
-        let r = request.into_inner();
-        let input = DecideInput {
-            key: r.key,
-            fingerprint: r.fingerprint,
-            decision: decision(r.decision)?,
-            reason: r.reason,
-        };
-        telemetry::record_request("", &input.key);
-        let ledger = self.ledger.clone();
         let metrics = self.metrics.clone();
-        let choice = input.decision;
-        let out = run(&self.metrics, deadline, permit, async move {
-            let out = ledger.decide(&tenant, input, &approver).await;
-            if let Ok(decided) = &out {
-                metrics.decided(choice, decided.changed, decided.took);
-            }
-            out
-        })
-        .await;
-        let out = out.map_err(Status::from)?;
-        telemetry::record_decision(&out.entry, choice, out.changed);
-        Ok(Response::new(pb::DecideResponse {
-            entry: Some(audited_entry(out.entry)),
-        }))
+        self.unary(
+            request,
+            |r, _| {
+                let Some(approver) = approver else {
+                    return Err(Status::from(CallError::PermissionDenied(
+                        "this credential may not decide: Decide needs a credential with the \
+                         approver role (the tokens file's third column, `approver`)",
+                    )));
+                };
+                let input = DecideInput {
+                    key: r.key,
+                    fingerprint: r.fingerprint,
+                    decision: decision(r.decision)?,
+                    reason: r.reason,
+                };
+                Ok((input, approver))
+            },
+            |ledger, tenant, (input, approver)| async move {
+                let choice = input.decision;
+                let out = ledger.decide(&tenant, input, &approver).await;
+                if let Ok(decided) = &out {
+                    metrics.decided(choice, decided.changed, decided.took);
+                }
+                out.map(|out| (out, choice))
+            },
+            |(out, choice)| {
+                telemetry::record_decision(&out.entry, choice, out.changed);
+                pb::DecideResponse {
+                    entry: Some(audited_entry(out.entry)),
+                }
+            },
+        )
+        .await
     }
 
     async fn extend_run(
         &self,
         request: Request<pb::ExtendRunRequest>,
     ) -> Result<Response<pb::ExtendRunResponse>, Status> {
-        let Call {
-            tenant,
-            deadline,
-            permit,
-        } = self.begin(&request)?;
-        let r = request.into_inner();
-        let retention = duration("retention", r.retention)?;
-        telemetry::record_request("", "");
-        let ledger = self.ledger.clone();
-        let run_id = r.run_id;
-        let (extended, kept_until) = run(&self.metrics, deadline, permit, async move {
-            ledger.extend_run(&tenant, &run_id, retention).await
-        })
+        self.unary(
+            request,
+            |r, _| Ok(ExtendInput(r.run_id, duration("retention", r.retention)?)),
+            |ledger, tenant, ExtendInput(run_id, retention)| async move {
+                ledger.extend_run(&tenant, &run_id, retention).await
+            },
+            |(extended, kept_until)| pb::ExtendRunResponse {
+                extended,
+                kept_until: kept_until.map(timestamp),
+            },
+        )
         .await
-        .map_err(Status::from)?;
-        Ok(Response::new(pb::ExtendRunResponse {
-            extended,
-            kept_until: kept_until.map(timestamp),
-        }))
     }
 
     async fn watch_approvals(
@@ -255,258 +279,239 @@ impl LedgerService for LedgerApi {
         &self,
         request: Request<pb::ClaimRequest>,
     ) -> Result<Response<pb::ClaimResponse>, Status> {
-        let Call {
-            tenant,
-            deadline,
-            permit,
-        } = self.begin(&request)?;
-        let r = request.into_inner();
-        let input = ClaimInput {
-            run_id: r.run_id,
-            tool: r.tool,
-            arguments_json: r.arguments_json,
-            key: r.key,
-            canonicalization: canonicalization(r.canonicalization)?,
-            lease: duration("lease", r.lease)?,
-            retention: duration("retention", r.retention)?,
-            wait: duration("wait", r.wait)?,
-            answer_by: Some(deadline),
-            principal: r.principal,
-            require_approval: r.require_approval,
-        };
-        telemetry::record_request(&input.tool, &input.key);
-        let ledger = self.ledger.clone();
         // Counted in the task, with the store's change: a replay counts even if the caller's
         // deadline passed before it got the answer.
-        let (metrics, tool) = (self.metrics.clone(), input.tool.clone());
-        let out = run(&self.metrics, deadline, permit, async move {
-            let out = ledger.claim(&tenant, input).await;
-            metrics.claim(&tenant, &tool, &out);
-            out
-        })
-        .await;
-        let out = out.map_err(Status::from)?;
-        telemetry::record_claim(&out);
-        Ok(Response::new(claim_response(out)))
+        let metrics = self.metrics.clone();
+        self.unary(
+            request,
+            |r, deadline| {
+                Ok(ClaimInput {
+                    run_id: r.run_id,
+                    tool: r.tool,
+                    arguments_json: r.arguments_json,
+                    key: r.key,
+                    canonicalization: canonicalization(r.canonicalization)?,
+                    lease: duration("lease", r.lease)?,
+                    retention: duration("retention", r.retention)?,
+                    wait: duration("wait", r.wait)?,
+                    answer_by: Some(deadline),
+                    principal: r.principal,
+                    require_approval: r.require_approval,
+                })
+            },
+            |ledger, tenant, input| async move {
+                let tool = input.tool.clone();
+                let out = ledger.claim(&tenant, input).await;
+                metrics.claim(&tenant, &tool, &out);
+                out
+            },
+            |out| {
+                telemetry::record_claim(&out);
+                claim_response(out)
+            },
+        )
+        .await
     }
 
     async fn complete(
         &self,
         request: Request<pb::CompleteRequest>,
     ) -> Result<Response<pb::CompleteResponse>, Status> {
-        let Call {
-            tenant,
-            deadline,
-            permit,
-        } = self.begin(&request)?;
-        let r = request.into_inner();
-        let input = CompleteInput {
-            key: r.key,
-            claim_token: r.claim_token,
-            status: final_status("status", r.status)?,
-            result: r.result.to_vec(),
-            error: r.error,
-            retryable: r.retryable,
-        };
-        telemetry::record_request("", &input.key);
-        let ledger = self.ledger.clone();
-        let (metrics, status) = (self.metrics.clone(), input.status);
-        let out = run(&self.metrics, deadline, permit, async move {
-            let out = ledger.complete(&tenant, input).await;
-            metrics.complete(status, &out);
-            out
-        })
-        .await;
-        let out = out.map_err(Status::from)?;
-        telemetry::record_entry(&out.entry);
-        Ok(Response::new(pb::CompleteResponse {
-            entry: Some(entry(out.entry)),
-            already_completed: out.already_completed,
-        }))
+        let metrics = self.metrics.clone();
+        self.unary(
+            request,
+            |r, _| {
+                Ok(CompleteInput {
+                    key: r.key,
+                    claim_token: r.claim_token,
+                    status: final_status("status", r.status)?,
+                    result: r.result.to_vec(),
+                    error: r.error,
+                    retryable: r.retryable,
+                })
+            },
+            |ledger, tenant, input| async move {
+                let status = input.status;
+                let out = ledger.complete(&tenant, input).await;
+                metrics.complete(status, &out);
+                out
+            },
+            |out| {
+                telemetry::record_entry(&out.entry);
+                pb::CompleteResponse {
+                    entry: Some(entry(out.entry)),
+                    already_completed: out.already_completed,
+                }
+            },
+        )
+        .await
     }
 
     async fn lookup(
         &self,
         request: Request<pb::LookupRequest>,
     ) -> Result<Response<pb::LookupResponse>, Status> {
-        let Call {
-            tenant,
-            deadline,
-            permit,
-        } = self.begin(&request)?;
-        let r = request.into_inner();
-        let input = LookupInput {
-            key: r.key,
-            run_id: r.run_id,
-            tool: r.tool,
-            arguments_json: r.arguments_json,
-            canonicalization: canonicalization(r.canonicalization)?,
-        };
-        telemetry::record_request(&input.tool, &input.key);
-        let ledger = self.ledger.clone();
-        let with_history = r.include_history;
-        let found = run(&self.metrics, deadline, permit, async move {
-            let view = ledger.lookup(&tenant, input).await?;
-            let history = if with_history {
-                ledger.history(&tenant, &view.entry.key).await?
-            } else {
-                Vec::new()
-            };
-            Ok((view, history))
-        })
-        .await;
-        let (view, history) = found.map_err(Status::from)?;
-        telemetry::record_entry(&view);
-        Ok(Response::new(pb::LookupResponse {
-            entry: Some(audited_entry(view)),
-            history: history.into_iter().map(history_event).collect(),
-        }))
+        self.unary(
+            request,
+            |r, _| {
+                let input = LookupInput {
+                    key: r.key,
+                    run_id: r.run_id,
+                    tool: r.tool,
+                    arguments_json: r.arguments_json,
+                    canonicalization: canonicalization(r.canonicalization)?,
+                };
+                Ok((input, r.include_history))
+            },
+            |ledger, tenant, (input, with_history)| async move {
+                let view = ledger.lookup(&tenant, input).await?;
+                let history = if with_history {
+                    ledger.history(&tenant, &view.entry.key).await?
+                } else {
+                    Vec::new()
+                };
+                Ok((view, history))
+            },
+            |(view, history)| {
+                telemetry::record_entry(&view);
+                pb::LookupResponse {
+                    entry: Some(audited_entry(view)),
+                    history: history.into_iter().map(history_event).collect(),
+                }
+            },
+        )
+        .await
     }
 
     async fn reconcile(
         &self,
         request: Request<pb::ReconcileRequest>,
     ) -> Result<Response<pb::ReconcileResponse>, Status> {
-        let Call {
-            tenant,
-            deadline,
-            permit,
-        } = self.begin(&request)?;
-        let r = request.into_inner();
-        let resolutions = r
-            .resolutions
-            .into_iter()
-            .map(|res| {
-                Ok(ResolutionInput {
-                    key: res.key,
-                    status: final_status("resolutions", res.status)?,
-                    result: res.result.to_vec(),
-                    error: res.error,
-                    retryable: res.retryable,
-                    attempt: res.attempt,
-                    hold_token: res.hold_token,
-                })
-            })
-            .collect::<Result<Vec<_>, Status>>()?;
-        let input = ReconcileInput {
-            older_than: duration("older_than", r.older_than)?,
-            tool: r.tool,
-            limit: r.limit,
-            resolutions,
-            resolve_only: r.resolve_only,
-            keys: r.keys,
-            principal: r.principal,
-        };
-        telemetry::record_request(&input.tool, "");
-        let ledger = self.ledger.clone();
         let metrics = self.metrics.clone();
-        let statuses: Vec<FinalStatus> = input.resolutions.iter().map(|r| r.status).collect();
-        let out = run(&self.metrics, deadline, permit, async move {
-            let out = ledger.reconcile(&tenant, input).await;
-            if let Ok(out) = &out {
-                metrics.resolutions(statuses);
-                metrics.findings(&out.results);
-            }
-            out
-        })
-        .await;
-        let out = out.map_err(Status::from)?;
-        Ok(Response::new(pb::ReconcileResponse {
-            pending: out.pending.into_iter().map(pending_entry).collect(),
-            resolved: out.resolved.into_iter().map(entry).collect(),
-            results: out.results.into_iter().map(resolution_result).collect(),
-        }))
+        self.unary(
+            request,
+            |r, _| {
+                let resolutions = r
+                    .resolutions
+                    .into_iter()
+                    .map(|res| {
+                        Ok(ResolutionInput {
+                            key: res.key,
+                            status: final_status("resolutions", res.status)?,
+                            result: res.result.to_vec(),
+                            error: res.error,
+                            retryable: res.retryable,
+                            attempt: res.attempt,
+                            hold_token: res.hold_token,
+                        })
+                    })
+                    .collect::<Result<Vec<_>, Status>>()?;
+                Ok(ReconcileInput {
+                    older_than: duration("older_than", r.older_than)?,
+                    tool: r.tool,
+                    limit: r.limit,
+                    resolutions,
+                    resolve_only: r.resolve_only,
+                    keys: r.keys,
+                    principal: r.principal,
+                })
+            },
+            |ledger, tenant, input| async move {
+                let statuses: Vec<FinalStatus> =
+                    input.resolutions.iter().map(|r| r.status).collect();
+                let out = ledger.reconcile(&tenant, input).await;
+                if let Ok(out) = &out {
+                    metrics.resolutions(statuses);
+                    metrics.findings(&out.results);
+                }
+                out
+            },
+            |out| pb::ReconcileResponse {
+                pending: out.pending.into_iter().map(pending_entry).collect(),
+                resolved: out.resolved.into_iter().map(entry).collect(),
+                results: out.results.into_iter().map(resolution_result).collect(),
+            },
+        )
+        .await
     }
 
     async fn list_entries(
         &self,
         request: Request<pb::ListEntriesRequest>,
     ) -> Result<Response<pb::ListEntriesResponse>, Status> {
-        let Call {
-            tenant,
-            deadline,
-            permit,
-        } = self.begin(&request)?;
-        let r = request.into_inner();
-        let input = ListInput {
-            run_id: r.run_id,
-            tool: r.tool,
-            status: status_filter(r.status)?,
-            started_after: instant("started_after", r.started_after)?,
-            started_before: instant("started_before", r.started_before)?,
-            page_size: u32::try_from(r.page_size).map_err(|_| {
-                Status::from(LedgerError::invalid("page_size", "must not be negative"))
-            })?,
-            page_token: r.page_token,
-            possible_double_effect: r.possible_double_effect,
-        };
-        telemetry::record_request(&input.tool, "");
-        let ledger = self.ledger.clone();
-        let out = run(&self.metrics, deadline, permit, async move {
-            ledger.list_entries(&tenant, input).await
-        })
-        .await;
-        let out = out.map_err(Status::from)?;
-        Ok(Response::new(pb::ListEntriesResponse {
-            entries: out.entries.into_iter().map(audited_entry).collect(),
-            next_page_token: out.next_page_token,
-        }))
+        self.unary(
+            request,
+            |r, _| {
+                Ok(ListInput {
+                    run_id: r.run_id,
+                    tool: r.tool,
+                    status: status_filter(r.status)?,
+                    started_after: instant("started_after", r.started_after)?,
+                    started_before: instant("started_before", r.started_before)?,
+                    page_size: u32::try_from(r.page_size).map_err(|_| {
+                        Status::from(LedgerError::invalid("page_size", "must not be negative"))
+                    })?,
+                    page_token: r.page_token,
+                    possible_double_effect: r.possible_double_effect,
+                })
+            },
+            |ledger, tenant, input| async move { ledger.list_entries(&tenant, input).await },
+            |out| pb::ListEntriesResponse {
+                entries: out.entries.into_iter().map(audited_entry).collect(),
+                next_page_token: out.next_page_token,
+            },
+        )
+        .await
     }
 
     async fn renew_lease(
         &self,
         request: Request<pb::RenewLeaseRequest>,
     ) -> Result<Response<pb::RenewLeaseResponse>, Status> {
-        let Call {
-            tenant,
-            deadline,
-            permit,
-        } = self.begin(&request)?;
-        let r = request.into_inner();
-        let input = RenewInput {
-            key: r.key,
-            claim_token: r.claim_token,
-            lease: duration("lease", r.lease)?,
-        };
-        telemetry::record_request("", &input.key);
-        let ledger = self.ledger.clone();
-        let out = run(&self.metrics, deadline, permit, async move {
-            ledger.renew_lease(&tenant, input).await
-        })
-        .await;
-        let out = out.map_err(Status::from)?;
-        telemetry::record_entry(&out);
-        Ok(Response::new(pb::RenewLeaseResponse {
-            entry: Some(entry(out)),
-        }))
+        self.unary(
+            request,
+            |r, _| {
+                Ok(RenewInput {
+                    key: r.key,
+                    claim_token: r.claim_token,
+                    lease: duration("lease", r.lease)?,
+                })
+            },
+            |ledger, tenant, input| async move { ledger.renew_lease(&tenant, input).await },
+            |out| {
+                telemetry::record_entry(&out);
+                pb::RenewLeaseResponse {
+                    entry: Some(entry(out)),
+                }
+            },
+        )
+        .await
     }
 
     async fn acknowledge_double_effect(
         &self,
         request: Request<pb::AcknowledgeDoubleEffectRequest>,
     ) -> Result<Response<pb::AcknowledgeDoubleEffectResponse>, Status> {
-        let Call {
-            tenant,
-            deadline,
-            permit,
-        } = self.begin(&request)?;
-        let r = request.into_inner();
-        let input = AcknowledgeInput {
-            key: r.key,
-            note: r.note,
-            principal: r.principal,
-        };
-        telemetry::record_request("", &input.key);
-        let ledger = self.ledger.clone();
-        let out = run(&self.metrics, deadline, permit, async move {
-            ledger.acknowledge_double_effect(&tenant, input).await
-        })
-        .await;
-        let out = out.map_err(Status::from)?;
-        telemetry::record_entry(&out);
-        Ok(Response::new(pb::AcknowledgeDoubleEffectResponse {
-            entry: Some(audited_entry(out)),
-        }))
+        self.unary(
+            request,
+            |r, _| {
+                Ok(AcknowledgeInput {
+                    key: r.key,
+                    note: r.note,
+                    principal: r.principal,
+                })
+            },
+            |ledger, tenant, input| async move {
+                ledger.acknowledge_double_effect(&tenant, input).await
+            },
+            |out| {
+                telemetry::record_entry(&out);
+                pb::AcknowledgeDoubleEffectResponse {
+                    entry: Some(audited_entry(out)),
+                }
+            },
+        )
+        .await
     }
 
     async fn replay_rate(
@@ -527,5 +532,69 @@ impl LedgerService for LedgerApi {
             .metrics
             .replay_figures(&tenant, tool.as_ref().map(ToolName::as_str));
         Ok(Response::new(replay_rate_response(figures)))
+    }
+}
+
+/// What a call's span is labelled with: its tool and key, where its request names them.
+trait Labels {
+    /// The tool, or "", and the key, or "".
+    fn labels(&self) -> (&str, &str);
+}
+
+/// ExtendRun's input: the run and the retention its entries keep at least (the default when
+/// none).
+struct ExtendInput(String, Option<Duration>);
+
+impl Labels for ExtendInput {
+    fn labels(&self) -> (&str, &str) {
+        ("", "")
+    }
+}
+
+impl Labels for (DecideInput, Principal) {
+    fn labels(&self) -> (&str, &str) {
+        ("", &self.0.key)
+    }
+}
+
+impl Labels for ClaimInput {
+    fn labels(&self) -> (&str, &str) {
+        (&self.tool, &self.key)
+    }
+}
+
+impl Labels for CompleteInput {
+    fn labels(&self) -> (&str, &str) {
+        ("", &self.key)
+    }
+}
+
+impl Labels for (LookupInput, bool) {
+    fn labels(&self) -> (&str, &str) {
+        (&self.0.tool, &self.0.key)
+    }
+}
+
+impl Labels for ReconcileInput {
+    fn labels(&self) -> (&str, &str) {
+        (&self.tool, "")
+    }
+}
+
+impl Labels for ListInput {
+    fn labels(&self) -> (&str, &str) {
+        (&self.tool, "")
+    }
+}
+
+impl Labels for RenewInput {
+    fn labels(&self) -> (&str, &str) {
+        ("", &self.key)
+    }
+}
+
+impl Labels for AcknowledgeInput {
+    fn labels(&self) -> (&str, &str) {
+        ("", &self.key)
     }
 }
