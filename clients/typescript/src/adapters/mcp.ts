@@ -167,10 +167,14 @@ function toCallToolResult(result: ToolCallResult<CallToolResult>, hasOutput: boo
       return { content: [text(result.toModelText())], isError: result.confirmed ? hasOutput : true };
     case "outcome_unknown":
     case "in_progress":
+    case "awaiting_approval":
       // Not a failure to retry: a normal result the model reads (the SDK insists on isError
-      // for a result without the structured content an outputSchema asks for).
+      // for a result without the structured content an outputSchema asks for). A gated call
+      // reads the ledger's awaiting note: a person has been asked, nothing was done.
       return { content: [text(result.toModelText())], isError: hasOutput };
     default:
+      // Not performed, failed for good, previously failed, and denied (the ledger's note with
+      // the person's reason): a tool error.
       return { content: [text(result.toModelText())], isError: true };
   }
 }
