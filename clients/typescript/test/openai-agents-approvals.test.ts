@@ -98,8 +98,9 @@ describe("OpenAI Agents JS SDK approvals (needsApproval, interruptions, RunState
           parameters: z.object({ customer: z.string(), amount: z.number(), currency: z.string() }),
           execute: async (input) => world.issue(input, currentAttempt()!.externalRef),
         },
-        // A resumed call whose approval the ledger never gave waits this long for a decision.
-        { waitMs: 200 },
+        // A resumed call whose approval the ledger never gave waits this long for a decision;
+        // a run interrupted for a person keeps its entries at least 40 hours (ExtendRun).
+        { waitMs: 200, pauseRetentionMs: 40 * 3_600_000 },
       ),
     );
     const sendWire = tool(
@@ -132,7 +133,7 @@ describe("OpenAI Agents JS SDK approvals (needsApproval, interruptions, RunState
     const waiting = await ledger.lookup({ runId, tool: "issue_credit", args: CREDIT });
     assert.equal(waiting.status, "AWAITING_APPROVAL");
     const kept = await ledger.lookup({ runId, tool: "lookup_order", args: { order: "o-1" } });
-    assert.ok(kept.expiresAt!.getTime() > Date.now() + 23 * 3_600_000, "the interrupted run's entries are kept (ExtendRun)");
+    assert.ok(kept.expiresAt!.getTime() > Date.now() + 39 * 3_600_000, "the interrupted run's entries are kept (ExtendRun)");
 
     // The app's approve button, with the person's credential.
     const [interruption] = result.interruptions;
