@@ -99,8 +99,9 @@ describe("OpenAI Agents JS SDK approvals (needsApproval, interruptions, RunState
           execute: async (input) => world.issue(input, currentAttempt()!.externalRef),
         },
         // A resumed call whose approval the ledger never gave waits this long for a decision;
-        // a run interrupted for a person keeps its entries at least 40 hours (ExtendRun).
-        { waitMs: 200, pauseRetentionMs: 40 * 3_600_000 },
+        // a run interrupted for a person keeps its entries at least 10 days (ExtendRun; the server
+        // itself keeps them until the request's decide_by, 72 h).
+        { waitMs: 200, pauseRetentionMs: 10 * 86_400_000 },
       ),
     );
     const sendWire = tool(
@@ -133,7 +134,7 @@ describe("OpenAI Agents JS SDK approvals (needsApproval, interruptions, RunState
     const waiting = await ledger.lookup({ runId, tool: "issue_credit", args: CREDIT });
     assert.equal(waiting.status, "AWAITING_APPROVAL");
     const kept = await ledger.lookup({ runId, tool: "lookup_order", args: { order: "o-1" } });
-    assert.ok(kept.expiresAt!.getTime() > Date.now() + 39 * 3_600_000, "the interrupted run's entries are kept (ExtendRun)");
+    assert.ok(kept.expiresAt!.getTime() > Date.now() + 9 * 86_400_000, "the interrupted run's entries are kept (ExtendRun)");
 
     // The app's approve button, with the person's credential.
     const [interruption] = result.interruptions;
