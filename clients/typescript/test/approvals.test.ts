@@ -139,6 +139,30 @@ describe("approvals", () => {
     await assert.rejects(approver.decide(key, fingerprint, "MAYBE" as never, ""), TypeError);
   });
 
+  test("needsApproval (the adapters' check): a gated call answers true; another is claimed once, its claim taken up by the call with the same callId, or released FAILED retryable when no call comes", async () => {
+    const runId = uniqueRun("check");
+    assert.equal(await agent.needsApproval(runId, "issue_refund", { order: "o-8", amount: 800 }, { callId: "c-1" }), true);
+    assert.equal(await agent.needsApproval(runId, "issue_refund", { order: "o-8", amount: 800 }, { callId: "c-1" }), true, "asked again: still waiting");
+    assert.equal(await agent.needsApproval(runId, "send_wire", { to: "y" }, { callId: "c-2", requireApproval: true }), true);
+
+    // Not gated: claimed by the check, and the call with the same callId acts on that claim.
+    const small = { order: "o-9", amount: 5 };
+    assert.equal(await agent.needsApproval(runId, "issue_refund", small, { callId: "c-3" }), false);
+    assert.equal((await agent.lookup({ runId, tool: "issue_refund", args: small })).status, "ATTEMPTING");
+    let effects = 0;
+    const done = await agent.runOnce(runId, "issue_refund", small, () => ++effects, { callId: "c-3", waitMs: 0 });
+    assert.deepEqual([done.value, done.replayed, done.entry.attempt, effects], [1, false, 1, 1]);
+
+    // A check whose call never comes (the framework did not run the tool): released, retryable.
+    const orphan = { order: "o-10", amount: 6 };
+    assert.equal(await agent.needsApproval(runId, "issue_refund", orphan, { callId: "c-4", leaseMs: 2_000 }), false);
+    await new Promise((r) => setTimeout(r, 1_500));
+    const released = await agent.lookup({ runId, tool: "issue_refund", args: orphan });
+    assert.deepEqual([released.status, released.retryable], ["FAILED", true]);
+    const later = await agent.runOnce(runId, "issue_refund", orphan, () => ++effects);
+    assert.deepEqual([later.entry.attempt, effects], [2, 2]);
+  });
+
   test("extendRun keeps a run's finished entries at least that long", async () => {
     const runId = uniqueRun("extend");
     await agent.runOnce(runId, "send_reply", { text: "hi" }, () => "ok", { retentionMs: 60_000 });

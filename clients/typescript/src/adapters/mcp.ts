@@ -4,8 +4,9 @@
 // The run is read from the request's `_meta` (RUN_ID_META_KEY, "idempotency-ledger/run_id"):
 // an MCP client calls `callTool({ name, arguments, _meta: { "idempotency-ledger/run_id": runId } })`.
 // A call without one gets a tool error (isError), nothing runs, and the server logs it (once per
-// tool): the SDK lets no exception from a tool reach the host. Only types are imported from
-// "@modelcontextprotocol/sdk" (an optional peer dependency).
+// tool): the SDK lets no exception from a tool reach the host. MCP has no approval step: a gated
+// call answers the ledger's awaiting note, a denied one its denial note. Only types are imported
+// from "@modelcontextprotocol/sdk" (an optional peer dependency).
 
 import type { McpServer, RegisteredTool, ToolCallback } from "@modelcontextprotocol/sdk/server/mcp.js";
 import type { AnySchema, ZodRawShapeCompat } from "@modelcontextprotocol/sdk/server/zod-compat.js";

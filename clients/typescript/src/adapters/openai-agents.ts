@@ -6,7 +6,10 @@
 // error after acting would be recorded as a success. The run is read from the run context: the
 // `context` given to `run(agent, input, { context: { runId } })` (it is kept in a RunState, so a
 // run resumed after an interruption keeps its run id). Only types are imported from
-// "@openai/agents" (an optional peer dependency).
+// "@openai/agents" (an optional peer dependency). Approvals: the definition's needsApproval asks
+// the ledger, so a gated call interrupts the run (result.interruptions); decideInterruption is the
+// app's button (Decide with an approver's credential, then state.approve); the tool acts only on
+// the ledger's CLAIMED, whatever the RunState says was approved.
 
 import type { RunContext, RunState, RunToolApprovalItem } from "@openai/agents";
 import type { Confirm } from "../confirm.js";
