@@ -295,7 +295,10 @@ export class Ledger extends LedgerRpc {
     }
     const state = entry?.approval?.state;
     if (entry && state !== "EXPIRED") {
-      if (state === "REQUESTED") return true;
+      if (state === "REQUESTED") {
+        await this.keepPausedRun(runId, tool, options);
+        return true;
+      }
       if (options.askedAgainOnResume && state !== undefined) return true;
       return false;
     }
@@ -320,13 +323,20 @@ export class Ledger extends LedgerRpc {
       return false;
     }
     if (claimed.outcome === "AWAITING_APPROVAL") {
-      await this.extendRun(runId, options.pauseRetentionMs, callOpts).catch((err: unknown) =>
-        this.logger.warn(`needsApproval ${tool}: could not extend run ${runId} while it waits (${describe(err)})`),
-      );
+      await this.keepPausedRun(runId, tool, options);
       return true;
     }
     if (claimed.outcome !== "IN_PROGRESS" && options.callId !== undefined) this.keepPrechecked(runId, tool, options.callId, claimed);
     return false;
+  }
+
+  /** The run pauses for a person: its finished entries are kept (ExtendRun); a failure is only logged. */
+  private async keepPausedRun(runId: string, tool: string, options: NeedsApprovalOptions): Promise<void> {
+    const callOpts = options.deadlineMs === undefined ? undefined : { deadlineMs: options.deadlineMs };
+    await this.extendRun(runId, options.pauseRetentionMs, callOpts).then(
+      () => {},
+      (err: unknown) => this.logger.warn(`needsApproval ${tool}: could not extend run ${runId} while it waits (${describe(err)})`),
+    );
   }
 
   private precheckKey(runId: string, tool: string, callId: string): string {
