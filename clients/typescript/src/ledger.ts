@@ -326,7 +326,12 @@ export class Ledger extends LedgerRpc {
       await this.keepPausedRun(runId, tool, options);
       return true;
     }
-    if (claimed.outcome !== "IN_PROGRESS" && options.callId !== undefined) this.keepPrechecked(runId, tool, options.callId, claimed);
+    if (options.callId !== undefined) {
+      if (claimed.outcome !== "IN_PROGRESS") this.keepPrechecked(runId, tool, options.callId, claimed);
+    } else if (claimed.outcome === "CLAIMED") {
+      // No call id to hand the claim to its call: released at once, the call claims anew.
+      await this.releaseUnstarted(claimed, "an approval check without a call id does not keep its claim", options.deadlineMs);
+    }
     return false;
   }
 

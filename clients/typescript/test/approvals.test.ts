@@ -161,6 +161,12 @@ describe("approvals", () => {
     assert.deepEqual([released.status, released.retryable], ["FAILED", true]);
     const later = await agent.runOnce(runId, "issue_refund", orphan, () => ++effects);
     assert.deepEqual([later.entry.attempt, effects], [2, 2]);
+
+    // Without a call id the check keeps no claim: released at once.
+    const unkept = { order: "o-11", amount: 7 };
+    assert.equal(await agent.needsApproval(runId, "issue_refund", unkept), false);
+    const entry = await agent.lookup({ runId, tool: "issue_refund", args: unkept });
+    assert.deepEqual([entry.status, entry.retryable], ["FAILED", true]);
   });
 
   test("extendRun keeps a run's finished entries at least that long", async () => {
