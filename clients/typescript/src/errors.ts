@@ -6,7 +6,8 @@
 //   google.rpc.RetryInfo suggests. Connect decodes the grpc-status-details-bin trailer (a
 //   google.rpc.Status); the details are read with the schemas generated from
 //   third_party/proto/google/rpc/error_details.proto;
-// - the outcomes of runOnce that are not a result (in progress, unknown, previously failed);
+// - the outcomes of runOnce that are not a result (in progress, unknown, previously failed,
+//   awaiting approval, denied);
 // - what an action throws to say how it failed (NotExecutedError, PermanentFailureError).
 
 import { durationMs } from "@bufbuild/protobuf/wkt";
@@ -17,7 +18,7 @@ import {
   RetryInfoSchema,
 } from "./gen/google/rpc/error_details_pb.js";
 import { InvalidArgumentError, LedgerError, type GrpcCode, type LedgerErrorInit } from "./error-base.js";
-import type { LedgerEntry } from "./types.js";
+import type { Approval, LedgerEntry } from "./types.js";
 
 export {
   ERROR_DOMAIN,
@@ -65,11 +66,35 @@ export class AlreadyResolvedError extends FailedPreconditionError {}
  */
 export class LeaseEndedError extends FailedPreconditionError {}
 
+/**
+ * APPROVAL_MISMATCH: a Decide whose fingerprint is not the entry's: the person was shown other
+ * arguments than the call's. Nothing changed.
+ */
+export class ApprovalMismatchError extends FailedPreconditionError {}
+
+/** ALREADY_DECIDED: a Decide opposite to the decision already taken. Nothing changed. */
+export class AlreadyDecidedError extends FailedPreconditionError {}
+
+/**
+ * NOT_AWAITING_APPROVAL: a Decide of an entry that awaits no decision (never gated, its request
+ * lapsed at decideBy, or already used). Nothing changed.
+ */
+export class NotAwaitingApprovalError extends FailedPreconditionError {}
+
 /** NOT_FOUND (ENTRY_NOT_FOUND): no such entry, it expired, or it is another tenant's. */
 export class NotFoundError extends LedgerError {}
 
 /** UNAUTHENTICATED: a missing, malformed or unknown bearer token. */
 export class UnauthenticatedError extends LedgerError {}
+
+/** PERMISSION_DENIED: the credential lacks the role the call needs. */
+export class PermissionDeniedError extends LedgerError {}
+
+/**
+ * APPROVER_ROLE_REQUIRED: a Decide with a credential that has not the approver role (the tokens
+ * file's third column): an agent's token cannot decide. Nothing changed.
+ */
+export class ApproverRoleRequiredError extends PermissionDeniedError {}
 
 /** RESOURCE_EXHAUSTED: a limit or load shedding (OVERLOADED, RATE_LIMITED, MESSAGE_TOO_LARGE). */
 export class ResourceExhaustedError extends LedgerError {}
@@ -102,6 +127,10 @@ const BY_REASON: Record<string, { code: GrpcCode; cls: ErrorClass }> = {
   STALE_CLAIM_TOKEN: { code: "FAILED_PRECONDITION", cls: StaleClaimTokenError },
   ALREADY_RESOLVED: { code: "FAILED_PRECONDITION", cls: AlreadyResolvedError },
   LEASE_ENDED: { code: "FAILED_PRECONDITION", cls: LeaseEndedError },
+  APPROVAL_MISMATCH: { code: "FAILED_PRECONDITION", cls: ApprovalMismatchError },
+  ALREADY_DECIDED: { code: "FAILED_PRECONDITION", cls: AlreadyDecidedError },
+  NOT_AWAITING_APPROVAL: { code: "FAILED_PRECONDITION", cls: NotAwaitingApprovalError },
+  APPROVER_ROLE_REQUIRED: { code: "PERMISSION_DENIED", cls: ApproverRoleRequiredError },
   STORE_FULL: { code: "RESOURCE_EXHAUSTED", cls: StoreFullError },
 };
 
@@ -110,6 +139,7 @@ const BY_CODE: Partial<Record<GrpcCode, ErrorClass>> = {
   FAILED_PRECONDITION: FailedPreconditionError,
   NOT_FOUND: NotFoundError,
   UNAUTHENTICATED: UnauthenticatedError,
+  PERMISSION_DENIED: PermissionDeniedError,
   RESOURCE_EXHAUSTED: ResourceExhaustedError,
   UNAVAILABLE: UnavailableError,
   DEADLINE_EXCEEDED: DeadlineExceededError,
@@ -277,6 +307,67 @@ export class PreviouslyFailedError extends LedgerError {
     readonly entry: LedgerEntry,
   ) {
     super(note || `the tool call failed permanently earlier: ${storedError}`);
+  }
+}
+
+/**
+ * runOnce: the call waits for a person's decision (a gated tool, or `requireApproval`): nothing
+ * was done. The entry is AWAITING_APPROVAL; `approval.decideBy` says until when a person may
+ * decide. An approver's `ledger.decide(key, fingerprint, "APPROVE", reason)` lets the next call
+ * act, once; a denial makes it DeniedError.
+ */
+export class AwaitingApprovalError extends LedgerError {
+  constructor(
+    /** The server's note, written for the model (a person has been asked; nothing was done). */
+    readonly note: string,
+    /** The entry as the claim found it (its key, fingerprint and approval). */
+    readonly entry: LedgerEntry,
+  ) {
+    super(note || `the call ${entry.key} awaits a person's decision; nothing was done`);
+  }
+
+  /** The entry's key: what an approver's decide names. */
+  get key(): string {
+    return this.entry.key;
+  }
+
+  /** The fingerprint of the arguments the person must be shown: what decide echoes. */
+  get fingerprint(): string {
+    return this.entry.fingerprint;
+  }
+
+  /** The approval: state REQUESTED (or APPROVED, not yet used), decideBy, executeBy. */
+  get approval(): Approval | undefined {
+    return this.entry.approval;
+  }
+}
+
+/**
+ * runOnce: a person declined this call: it was not done and will not be (the entry is DENIED,
+ * for every repeat). `approval.reason` is theirs, `approval.decidedBy` who they are; changed
+ * arguments are another request.
+ */
+export class DeniedError extends LedgerError {
+  constructor(
+    /** The server's note, written for the model (declined, with the reason; do not retry unchanged). */
+    readonly note: string,
+    /** The entry as the claim found it. */
+    readonly entry: LedgerEntry,
+  ) {
+    super(note || `a person declined the call ${entry.key}`);
+  }
+
+  get key(): string {
+    return this.entry.key;
+  }
+
+  get fingerprint(): string {
+    return this.entry.fingerprint;
+  }
+
+  /** The approval: state DENIED, decidedBy, reason. */
+  get approval(): Approval | undefined {
+    return this.entry.approval;
   }
 }
 

@@ -6,6 +6,7 @@ export {
   type ActionContext,
   type ErrorClass,
   type LedgerOptions,
+  type NeedsApprovalOptions,
   type RunOnceOptions,
   type RunOnceResult,
   type RunToolOptions,
@@ -13,11 +14,14 @@ export {
 } from "./ledger.js";
 export {
   LedgerRpc,
+  type ApprovalEvent,
+  type ApprovalEventKind,
   type CallOptions,
   type ClaimParams,
   type ClaimResult,
   type CompleteParams,
   type CompleteResult,
+  type ExtendRunResult,
   type LedgerRpcOptions,
   type ListEntriesParams,
   type LookupParams,
@@ -25,6 +29,7 @@ export {
   type ReconcileResult,
   type Resolution,
   type TlsOptions,
+  type WatchApprovalsParams,
 } from "./rpc.js";
 export {
   cannotTell,
@@ -80,9 +85,14 @@ export {
 } from "./tools.js";
 export {
   ActionTimeoutError,
+  AlreadyDecidedError,
   AlreadyResolvedError,
+  ApprovalMismatchError,
+  ApproverRoleRequiredError,
+  AwaitingApprovalError,
   DataLossError,
   DeadlineExceededError,
+  DeniedError,
   ERROR_DOMAIN,
   FailedPreconditionError,
   InProgressError,
@@ -93,10 +103,12 @@ export {
   UNKNOWN_NOTE,
   LeaseEndedError,
   LedgerError,
+  NotAwaitingApprovalError,
   NotExecutedError,
   NotFoundError,
   OutcomeUnknownError,
   PermanentFailureError,
+  PermissionDeniedError,
   PreviouslyFailedError,
   ResourceExhaustedError,
   ResultNotEncodableError,
@@ -122,4 +134,13 @@ export {
   type Canonicalization,
 } from "./keys.js";
 export { bytesCodec, jsonCodec, textCodec, type Codec } from "./codec.js";
-export type { EntryStatus, LedgerEntry, Outcome, ResolutionOutcome, ResolutionResult } from "./types.js";
+export type {
+  Approval,
+  ApprovalState,
+  Decision,
+  EntryStatus,
+  LedgerEntry,
+  Outcome,
+  ResolutionOutcome,
+  ResolutionResult,
+} from "./types.js";

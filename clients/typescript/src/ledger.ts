@@ -11,12 +11,15 @@ import { DEFAULT_CONFIRM_DELAY_MS, DEFAULT_WAIT_MS, RENEW_EVERY_FRACTION_OF_LEAS
 import {
   ActionTimeoutError,
   AlreadyResolvedError,
+  AwaitingApprovalError,
+  DeniedError,
   FailedPreconditionError,
   InProgressError,
   InvalidArgumentError,
   LedgerError,
   MissingRunIdError,
   NotExecutedError,
+  NotFoundError,
   OutcomeUnknownError,
   PermanentFailureError,
   PreviouslyFailedError,
@@ -129,6 +132,44 @@ export interface RunOnceOptions<T> {
    * recorded FAILED retryable, like NotExecutedError. Every other throw is UNKNOWN.
    */
   notExecuted?: readonly ErrorClass[];
+  /**
+   * Ask a person first (the Claim's `require_approval`), whatever the server's approval policy
+   * says: a new intent waits for a decision (AwaitingApprovalError; runTool's
+   * `awaiting_approval`) instead of acting. The policy may gate a call without it.
+   */
+  requireApproval?: boolean;
+  /**
+   * The framework's id of this tool call: what the ledger already answered this call's
+   * approval check (Ledger.needsApproval with the same callId, in this process) is used
+   * instead of claiming again.
+   */
+  callId?: string;
+}
+
+/** The options of Ledger.needsApproval: the call's, as runOnce would claim it. */
+export interface NeedsApprovalOptions {
+  /** The framework's id of the tool call, passed again to runOnce/runTool as `callId`. */
+  callId?: string;
+  /** Ask a person whatever the server's policy says (the Claim's `require_approval`). */
+  requireApproval?: boolean;
+  key?: string;
+  canonicalization?: Canonicalization;
+  principal?: string;
+  leaseMs?: number;
+  retentionMs?: number;
+  /**
+   * Whether the framework asks again when the run resumes with an approval (the AI SDK does,
+   * and turns a call that no longer "needs approval" into a denial): then a call whose approval
+   * was decided (approved, used, denied) still needs one, so that the framework hands it to
+   * the tool, which asks the ledger. Default false (OpenAI Agents: only an undecided request).
+   */
+  askedAgainOnResume?: boolean;
+  /**
+   * How long the run's finished entries are kept at least (ExtendRun) when the call pauses the
+   * run for a person: unset, the server's default retention.
+   */
+  pauseRetentionMs?: number;
+  deadlineMs?: number;
 }
 
 /** What runOnce returns: the action's result, or the stored one on a repeat. */
@@ -175,6 +216,7 @@ export class Ledger extends LedgerRpc {
   readonly logger: LedgerLogger;
   private readonly registrations = new Map<string, ToolRegistration>();
   private readonly runIdReported = new Set<string>();
+  private readonly prechecked = new Map<string, { claimed: ClaimResult; timer: NodeJS.Timeout }>();
 
   constructor(options: LedgerOptions) {
     super(options);
@@ -228,6 +270,113 @@ export class Ledger extends LedgerRpc {
   }
 
   /**
+   * Asks the ledger whether a tool call must wait for a person (a framework's `needsApproval`:
+   * the adapters call it). True when the call's entry awaits a decision, or when this call
+   * creates one (the server's policy gates it, or `requireApproval`); the run then pauses for
+   * the person, and its entries are kept meanwhile (ExtendRun). Otherwise false, and the
+   * ledger's answer is kept for the tool's own call (runOnce/runTool with the same `callId`),
+   * so that the call is claimed once. It never lets anything act: after an approval the tool's
+   * runOnce claims, and only the ledger's CLAIMED runs the action. A ledger that cannot be
+   * asked answers false (the tool's own claim then says why nothing was done).
+   */
+  async needsApproval(runId: string, tool: string, args: ArgumentsInput, options: NeedsApprovalOptions = {}): Promise<boolean> {
+    const callOpts = options.deadlineMs === undefined ? undefined : { deadlineMs: options.deadlineMs };
+    let entry: LedgerEntry | undefined;
+    try {
+      entry = await this.lookup(
+        options.key ? { key: options.key } : { runId, tool, args, canonicalization: options.canonicalization },
+        callOpts,
+      );
+    } catch (err) {
+      if (!(err instanceof NotFoundError)) {
+        this.logger.warn(`needsApproval ${tool}: the ledger could not be asked (${describe(err)}); the call's own claim will say`);
+        return false;
+      }
+    }
+    const state = entry?.approval?.state;
+    if (entry && state !== "EXPIRED") {
+      if (state === "REQUESTED") {
+        await this.keepPausedRun(runId, tool, options);
+        return true;
+      }
+      if (options.askedAgainOnResume && state !== undefined) return true;
+      return false;
+    }
+    let claimed: ClaimResult;
+    try {
+      claimed = await this.claim(
+        {
+          runId,
+          tool,
+          args,
+          key: options.key,
+          canonicalization: options.canonicalization,
+          leaseMs: options.leaseMs,
+          retentionMs: options.retentionMs,
+          principal: options.principal,
+          requireApproval: options.requireApproval,
+        },
+        callOpts,
+      );
+    } catch (err) {
+      this.logger.warn(`needsApproval ${tool}: the ledger could not be asked (${describe(err)}); the call's own claim will say`);
+      return false;
+    }
+    if (claimed.outcome === "AWAITING_APPROVAL") {
+      await this.keepPausedRun(runId, tool, options);
+      return true;
+    }
+    if (options.callId !== undefined) {
+      if (claimed.outcome !== "IN_PROGRESS") this.keepPrechecked(runId, tool, options.callId, claimed);
+    } else if (claimed.outcome === "CLAIMED") {
+      // No call id to hand the claim to its call: released at once, the call claims anew.
+      await this.releaseUnstarted(claimed, "an approval check without a call id does not keep its claim", options.deadlineMs);
+    }
+    return false;
+  }
+
+  /** The run pauses for a person: its finished entries are kept (ExtendRun); a failure is only logged. */
+  private async keepPausedRun(runId: string, tool: string, options: NeedsApprovalOptions): Promise<void> {
+    const callOpts = options.deadlineMs === undefined ? undefined : { deadlineMs: options.deadlineMs };
+    await this.extendRun(runId, options.pauseRetentionMs, callOpts).then(
+      () => {},
+      (err: unknown) => this.logger.warn(`needsApproval ${tool}: could not extend run ${runId} while it waits (${describe(err)})`),
+    );
+  }
+
+  private precheckKey(runId: string, tool: string, callId: string): string {
+    return `${runId}\u0000${tool}\u0000${callId}`;
+  }
+
+  /**
+   * Keeps the answer of a call's approval check for its own call. A claim nobody takes up in
+   * time (the framework did not call the tool after all) is released: FAILED retryable, never
+   * left to read UNKNOWN.
+   */
+  private keepPrechecked(runId: string, tool: string, callId: string, claimed: ClaimResult): void {
+    const id = this.precheckKey(runId, tool, callId);
+    const holdMs = Math.min(10_000, Math.max(1_000, leaseOf(claimed.entry) / 2));
+    const timer = setTimeout(() => {
+      if (this.prechecked.get(id)?.claimed !== claimed) return;
+      this.prechecked.delete(id);
+      void this.releaseUnstarted(claimed, "the framework did not run the tool after its approval check", undefined);
+    }, holdMs);
+    timer.unref();
+    this.prechecked.set(id, { claimed, timer });
+  }
+
+  /** The answer an approval check kept for this call, taken (once). */
+  private takePrechecked(runId: string, tool: string, callId: string | undefined): ClaimResult | undefined {
+    if (callId === undefined) return undefined;
+    const id = this.precheckKey(runId, tool, callId);
+    const kept = this.prechecked.get(id);
+    if (!kept) return undefined;
+    this.prechecked.delete(id);
+    clearTimeout(kept.timer);
+    return kept.claimed;
+  }
+
+  /**
    * Runs `action` at most once per intent (run, tool, canonical arguments):
    *
    * - CLAIMED: runs the action (renewing the lease while it runs) and completes the entry with
@@ -244,6 +393,9 @@ export class Ledger extends LedgerRpc {
    *   flight, throws InProgressError; if its outcome is unknown, settles it with `confirm` and
    *   claims again, or (without one, or if it cannot tell) throws OutcomeUnknownError.
    * - PREVIOUSLY_FAILED: throws PreviouslyFailedError with the stored error.
+   * - AWAITING_APPROVAL (a gated call, or `requireApproval`): throws AwaitingApprovalError;
+   *   nothing runs until an approver's decide approves it, then the next call acts, once.
+   * - DENIED: throws DeniedError with the person's reason; nothing runs, ever.
    */
   async runOnce<T = unknown>(
     runId: string,
@@ -323,20 +475,24 @@ export class Ledger extends LedgerRpc {
       // The claim is not given the signal: aborting it in flight could leave a claim the server
       // made but whose token nobody received (UNKNOWN after its lease, for an action that never
       // ran). An abort during the claim answers at once and settles the claim when it arrives.
-      const claiming = this.claim(
-        {
-          runId,
-          tool,
-          args,
-          key: options.key,
-          canonicalization: options.canonicalization,
-          leaseMs: options.leaseMs,
-          retentionMs: options.retentionMs,
-          waitMs,
-          principal: options.principal,
-        },
-        options.deadlineMs === undefined ? undefined : { deadlineMs: options.deadlineMs + waitMs },
-      );
+      const prechecked = settledOnce ? undefined : this.takePrechecked(runId, tool, options.callId);
+      const claiming = prechecked
+        ? Promise.resolve(prechecked)
+        : this.claim(
+            {
+              runId,
+              tool,
+              args,
+              key: options.key,
+              canonicalization: options.canonicalization,
+              leaseMs: options.leaseMs,
+              retentionMs: options.retentionMs,
+              waitMs,
+              principal: options.principal,
+              requireApproval: options.requireApproval,
+            },
+            options.deadlineMs === undefined ? undefined : { deadlineMs: options.deadlineMs + waitMs },
+          );
       try {
         const raced = await raceAbort(claiming, signal);
         if (raced === ABORTED) {
@@ -377,6 +533,11 @@ export class Ledger extends LedgerRpc {
             error: new PreviouslyFailedError(claimed.note, entry.error, entry),
             actionRan: false,
           };
+        case "AWAITING_APPROVAL":
+          // Nothing acts on an approval the ledger has not given: only CLAIMED runs the action.
+          return { kind: "thrown", error: new AwaitingApprovalError(claimed.note, entry), actionRan: false };
+        case "DENIED":
+          return { kind: "thrown", error: new DeniedError(claimed.note, entry), actionRan: false };
         case "CLAIMED":
           break;
         default:

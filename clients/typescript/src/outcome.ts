@@ -7,6 +7,8 @@
 
 import type { Codec } from "./codec.js";
 import {
+  AwaitingApprovalError,
+  DeniedError,
   InProgressError,
   InvalidArgumentError,
   LedgerError,
@@ -34,7 +36,11 @@ export type ToolOutcome =
   /** The action did not run or had no effect (it said so, its paired read found nothing, its arguments were refused, no run id, the ledger was unreachable, an abort). */
   | "not_executed"
   /** The action ran now and failed for good (PermanentFailureError): it will not succeed with these arguments. */
-  | "failed";
+  | "failed"
+  /** The call waits for a person's decision (a gated tool): nothing was done; the note says until when. */
+  | "awaiting_approval"
+  /** A person declined the call: nothing was done, and the note gives their reason. */
+  | "denied";
 
 /**
  * What one attempt came to, before runOnce throws or runTool renders it. `actionRan` says
@@ -263,6 +269,14 @@ export function render<T>(out: AttemptOutcome<T>): ToolCallResult<T> {
       error: err,
       retryAfter: err.retryAfter,
     });
+  }
+  // A gated call and a declined one: the server's note, as every client and framework says it
+  // (clients/parity.json, model_reads.awaiting_approval and .denied). Nothing ran.
+  if (err instanceof AwaitingApprovalError) {
+    return new ToolCallResult({ outcome: "awaiting_approval", note: err.note || err.message, entry: err.entry, error: err });
+  }
+  if (err instanceof DeniedError) {
+    return new ToolCallResult({ outcome: "denied", note: err.note || err.message, entry: err.entry, error: err });
   }
   if (err instanceof PreviouslyFailedError) {
     return new ToolCallResult({ outcome: "previously_failed", note: err.message, entry: err.entry, error: err });

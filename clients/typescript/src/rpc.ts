@@ -6,12 +6,15 @@
 // top; this layer knows nothing of actions or tools.
 
 import { create } from "@bufbuild/protobuf";
-import { timestampFromDate } from "@bufbuild/protobuf/wkt";
+import { timestampDate, timestampFromDate } from "@bufbuild/protobuf/wkt";
 import { createClient, type Client, type Interceptor, type Transport } from "@connectrpc/connect";
 import { createGrpcTransport, Http2SessionManager } from "@connectrpc/connect-node";
 import {
   ClaimRequestSchema,
   CompleteRequestSchema,
+  DecideRequestSchema,
+  Decision as PbDecision,
+  ExtendRunRequestSchema,
   LedgerService,
   ListEntriesRequestSchema,
   LookupRequestSchema,
@@ -19,6 +22,7 @@ import {
   RenewLeaseRequestSchema,
   ResolutionSchema,
   Status as PbStatus,
+  WatchApprovalsRequestSchema,
 } from "./gen/idempotency/v1/ledger_pb.js";
 import { DEFAULT_DEADLINE_MS, DEFAULT_RETRY_BUDGET_MS, ledgerUrl } from "./defaults.js";
 import { DeadlineExceededError, UnavailableError, toLedgerError, type LedgerError } from "./errors.js";
@@ -32,6 +36,7 @@ import {
   outcomeName,
   resolutionResultFrom,
   statusValue,
+  type Decision,
   type EntryStatus,
   type LedgerEntry,
   type Outcome,
@@ -96,6 +101,41 @@ export interface ClaimParams {
   /** Hold the call up to this long while another attempt is in flight (server-side wait). */
   waitMs?: number;
   principal?: string;
+  /**
+   * Ask a person first, whatever the server's approval policy says: a new entry awaits a
+   * decision (AWAITING_APPROVAL) instead of being claimed. The policy may gate a call without
+   * it; it cannot ungate one. Ignored when the entry exists already.
+   */
+  requireApproval?: boolean;
+}
+
+/** What ExtendRun did. */
+export interface ExtendRunResult {
+  /** How many finished entries of the run now expire later than they did. */
+  extended: number;
+  /** The earliest a finished entry of the run may now expire (undefined when it has none). */
+  keptUntil: Date | undefined;
+}
+
+/** The options of watchApprovals. */
+export interface WatchApprovalsParams {
+  /** The cursor of the last event seen: the events after it. Unset or empty: from now. */
+  cursor?: string;
+}
+
+/** What happened to an approval: a request, a decision, its use or its expiry. */
+export type ApprovalEventKind = "requested" | "approved" | "denied" | "expired" | "used";
+
+/** One event of watchApprovals. */
+export interface ApprovalEvent {
+  /** Pass it as `cursor` to resume after this event (after a reconnect, a restart). */
+  cursor: string;
+  kind: ApprovalEventKind;
+  at: Date | undefined;
+  /** Who: the approver of a decision, the claimant of a request or a use. */
+  principal: string;
+  /** The entry as it stood just after (its tool, arguments as stored, run, fingerprint, approval). */
+  entry: LedgerEntry;
 }
 
 /** What a Claim found. */
@@ -326,6 +366,7 @@ export class LedgerRpc {
       retention: durationOf(params.retentionMs, "retentionMs"),
       wait: params.waitMs ? durationOf(params.waitMs, "waitMs") : undefined,
       principal: params.principal ?? this.principal ?? "",
+      requireApproval: params.requireApproval ?? false,
     });
     try {
       // A waiting claim gets the wait on top of the default deadline.
@@ -450,6 +491,98 @@ export class LedgerRpc {
   }
 
   /**
+   * A person's decision about a call awaiting approval, with an approver's credential (the
+   * tokens file's third column; the Ledger's `token`): `decision` "APPROVE" lets the next Claim
+   * of the key act, once, before `approval.executeBy`; "DENY" makes the entry DENIED for good,
+   * and every repeat reads `reason`. `fingerprint` is the one of the arguments the person was
+   * shown: another is ApprovalMismatchError and changes nothing. The ledger records who decided
+   * (`approval.decidedBy`) from the credential, never from the request. The same decision again
+   * changes nothing; the opposite is AlreadyDecidedError; an entry that awaits no decision is
+   * NotAwaitingApprovalError; a credential without the role is ApproverRoleRequiredError.
+   * Returns the entry, decided.
+   */
+  async decide(
+    key: string,
+    fingerprint: string,
+    decision: Decision | Lowercase<Decision>,
+    reason = "",
+    opts?: CallOptions,
+  ): Promise<LedgerEntry> {
+    const value = decisionValue(decision);
+    const req = create(DecideRequestSchema, { key, fingerprint, decision: value, reason });
+    try {
+      const res = await this.retrying(opts, () => this.send(this.client.decide(req, this.callOptions(opts)), opts?.signal));
+      return entryFrom(res.entry);
+    } catch (err) {
+      throw toLedgerError(err);
+    }
+  }
+
+  /**
+   * Keeps every finished entry of a run at least `atLeastMs` from now (unset: the server's
+   * default retention; above its --max-retention is InvalidArgumentError), never shortening
+   * one: for a run paused for a reason outside the ledger, whose retries after it resumes must
+   * still replay. The adapters call it where the framework says a run was interrupted.
+   */
+  async extendRun(runId: string, atLeastMs?: number, opts?: CallOptions): Promise<ExtendRunResult> {
+    const req = create(ExtendRunRequestSchema, { runId, retention: durationOf(atLeastMs, "atLeastMs") });
+    try {
+      const res = await this.retrying(opts, () => this.send(this.client.extendRun(req, this.callOptions(opts)), opts?.signal));
+      return { extended: Number(res.extended), keptUntil: res.keptUntil ? timestampDate(res.keptUntil) : undefined };
+    } catch (err) {
+      throw toLedgerError(err);
+    }
+  }
+
+  /**
+   * The tenant's approval events as they happen (`for await (const event of
+   * ledger.watchApprovals({ cursor }))`): each new request, decision, use and expiry, with the
+   * entry and a cursor. Without a cursor it starts from now; with the last event's cursor it
+   * resumes after it, missing nothing kept since. A stream the ledger cuts (UNAVAILABLE: a
+   * restart, a failover) is opened again from the last cursor within the retry budget; other
+   * errors are thrown by the iteration. It ends when `opts.signal` aborts (or the loop breaks).
+   * No deadline applies unless `opts.deadlineMs` sets one.
+   */
+  async *watchApprovals(
+    params: WatchApprovalsParams = {},
+    opts?: CallOptions,
+  ): AsyncGenerator<ApprovalEvent, void, undefined> {
+    let cursor = params.cursor ?? "";
+    let failedSince: number | undefined;
+    let failures = 0;
+    for (;;) {
+      const req = create(WatchApprovalsRequestSchema, { after: cursor });
+      try {
+        const stream = this.client.watchApprovals(req, { timeoutMs: opts?.deadlineMs, signal: opts?.signal });
+        for await (const res of stream) {
+          failedSince = undefined;
+          failures = 0;
+          cursor = res.cursor;
+          yield {
+            cursor: res.cursor,
+            kind: res.kind as ApprovalEventKind,
+            at: res.at ? timestampDate(res.at) : undefined,
+            principal: res.principal,
+            entry: entryFrom(res.entry),
+          };
+        }
+        return;
+      } catch (err) {
+        if (opts?.signal?.aborted) return;
+        const e = toLedgerError(err);
+        const cut = e instanceof UnavailableError || (e.code === "CANCELLED" && !opts?.signal?.aborted);
+        if (!cut) throw e;
+        failedSince ??= Date.now();
+        const budget = opts?.retryBudgetMs ?? this.retryBudgetMs;
+        const delay = (e.retryAfter ?? Math.min(2_000, 100 * 2 ** failures++)) * (1 + Math.random() / 2);
+        if (Date.now() - failedSince + delay > budget) throw e;
+        await pause(delay, opts?.signal);
+        if (opts?.signal?.aborted) return;
+      }
+    }
+  }
+
+  /**
    * Yields the tenant's entries that match, oldest attempt first (by startedAt, then key),
    * fetching a page at a time as the iteration goes (`for await (const e of
    * ledger.listEntries({ runId }))`). Unset filters match everything. The deadline applies to
@@ -483,6 +616,13 @@ export class LedgerRpc {
       req.pageToken = res.nextPageToken;
     }
   }
+}
+
+function decisionValue(decision: string): PbDecision {
+  const upper = typeof decision === "string" ? decision.toUpperCase() : "";
+  if (upper === "APPROVE") return PbDecision.APPROVE;
+  if (upper === "DENY") return PbDecision.DENY;
+  throw new TypeError(`decide: the decision must be "APPROVE" or "DENY", got ${String(decision)}`);
 }
 
 /** Resolves after `ms`, or at once when `signal` aborts. */

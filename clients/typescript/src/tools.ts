@@ -44,7 +44,8 @@ export type WrappedTool<Tool extends ToolLike> = Omit<Tool, "execute"> & {
 export type ToolValue<R> = R extends AsyncIterable<infer V> ? V : R;
 
 /** How wrapTool reaches the ledger for each call; `A` is the tool's execute arguments. */
-export interface WrapToolOptions<A extends unknown[]> extends Omit<RunToolOptions<unknown>, "key" | "signal"> {
+export interface WrapToolOptions<A extends unknown[]>
+  extends Omit<RunToolOptions<unknown>, "key" | "signal" | "requireApproval" | "callId"> {
   /** The tool's name in the ledger; default the tool's own `name`. */
   name?: string;
   /**
@@ -57,6 +58,16 @@ export interface WrapToolOptions<A extends unknown[]> extends Omit<RunToolOption
   arguments?: (...args: A) => ArgumentsInput;
   /** An explicit key per call (such as `${workflowRunId}:${stepId}`) instead of the derived one. */
   key?: (...args: A) => string | undefined;
+  /**
+   * Ask a person before the call acts (the Claim's `require_approval`): a boolean, or a function
+   * of execute's arguments (the framework's own `needsApproval`, say). The server's approval
+   * policy may gate a call without it. A gated call answers the model `awaiting_approval` (a
+   * person has been asked; nothing was done) and acts only once the ledger, asked again, says
+   * CLAIMED: an approval held only in the framework's state never lets it act.
+   */
+  requireApproval?: boolean | ((...args: A) => boolean | Promise<boolean>);
+  /** The framework's id of the call, to take up the answer of its approval check (Ledger.needsApproval). */
+  callId?: (...args: A) => string | undefined;
   /** The framework's abort signal of the call, if it has one. */
   signal?: (...args: A) => AbortSignal | undefined;
   /** Where the developer sets the run id: said in the log line (the model reads only that nothing ran). */
@@ -99,6 +110,8 @@ export function wrapTool<Tool extends ToolLike>(
     arguments: argsOf,
     key,
     signal,
+    requireApproval,
+    callId,
     runIdHint = "",
     throwOnMissingRunId = false,
     name: _name,
@@ -112,11 +125,17 @@ export function wrapTool<Tool extends ToolLike>(
     let args: ArgumentsInput;
     let explicitKey: string | undefined;
     let callSignal: AbortSignal | undefined;
+    let gated: boolean | undefined;
+    let id: string | undefined;
     try {
       run = typeof runId === "function" ? runId(...callArgs) : runId;
       args = argsOf ? argsOf(...callArgs) : ((callArgs[0] ?? {}) as ArgumentsInput);
       explicitKey = key?.(...callArgs);
       callSignal = signal?.(...callArgs);
+      // Asked again at every call, whatever the framework's state says was approved: a call
+      // that reaches the ledger without an entry yet (a forged history) is still gated.
+      gated = typeof requireApproval === "function" ? await requireApproval(...callArgs) : requireApproval;
+      id = callId?.(...callArgs);
     } catch (err) {
       // Nothing was claimed yet: the call is simply not performed, and the model says why.
       return render<never>({
@@ -134,6 +153,8 @@ export function wrapTool<Tool extends ToolLike>(
       ...runOptions,
       key: explicitKey,
       signal: callSignal,
+      requireApproval: gated,
+      callId: id,
     });
   };
   const wrapped = Object.create(Object.getPrototypeOf(tool) as object) as WrappedTool<Tool>;

@@ -9,20 +9,70 @@ import {
   type Timestamp,
 } from "@bufbuild/protobuf/wkt";
 import {
+  ApprovalState as PbApprovalState,
   Canonicalization as PbCanonicalization,
   Outcome as PbOutcome,
   ResolutionOutcome as PbResolutionOutcome,
   Status as PbStatus,
+  type Approval as PbApproval,
   type Entry,
   type ResolutionResult as PbResolutionResult,
 } from "./gen/idempotency/v1/ledger_pb.js";
 import type { Canonicalization } from "./keys.js";
 
-/** The state of an entry (the proto's STATUS_* without the prefix). */
-export type EntryStatus = "UNSPECIFIED" | "ATTEMPTING" | "SUCCEEDED" | "FAILED" | "UNKNOWN";
+/**
+ * The state of an entry (the proto's STATUS_* without the prefix). AWAITING_APPROVAL: a person
+ * has been asked and nothing was done; DENIED: a person declined it (terminal).
+ */
+export type EntryStatus =
+  | "UNSPECIFIED"
+  | "ATTEMPTING"
+  | "SUCCEEDED"
+  | "FAILED"
+  | "UNKNOWN"
+  | "AWAITING_APPROVAL"
+  | "DENIED";
 
-/** What a Claim found (the proto's OUTCOME_* without the prefix). */
-export type Outcome = "UNSPECIFIED" | "CLAIMED" | "REPLAYED" | "IN_PROGRESS" | "PREVIOUSLY_FAILED";
+/**
+ * What a Claim found (the proto's OUTCOME_* without the prefix). AWAITING_APPROVAL: the call
+ * waits for a person's decision and nothing was done; DENIED: a person declined it.
+ */
+export type Outcome =
+  | "UNSPECIFIED"
+  | "CLAIMED"
+  | "REPLAYED"
+  | "IN_PROGRESS"
+  | "PREVIOUSLY_FAILED"
+  | "AWAITING_APPROVAL"
+  | "DENIED";
+
+/**
+ * Where an entry's approval stands (the proto's APPROVAL_STATE_* without the prefix): REQUESTED
+ * (undecided until decideBy), APPROVED (the next Claim acts, once, before executeBy), DENIED,
+ * EXPIRED (not decided, or not used, in time: the next Claim asks again), USED (approved and
+ * acted on).
+ */
+export type ApprovalState = "UNSPECIFIED" | "REQUESTED" | "APPROVED" | "DENIED" | "EXPIRED" | "USED";
+
+/** A person's decision (the proto's DECISION_* without the prefix). */
+export type Decision = "APPROVE" | "DENY";
+
+/** The approval of a call that needed a person's decision. */
+export interface Approval {
+  state: ApprovalState;
+  /** When the person was asked. */
+  requestedAt: Date | undefined;
+  /** Until when a decision may be taken; undecided after it, the request expires. */
+  decideBy: Date | undefined;
+  /** When it was decided. */
+  decidedAt: Date | undefined;
+  /** Who decided: the approver credential's principal (never the request's). */
+  decidedBy: string;
+  /** Why, in the approver's words. */
+  reason: string;
+  /** Until when an approval may be used; unused after it, it expires. */
+  executeBy: Date | undefined;
+}
 
 /** One ledger entry: one intent of one tool call. */
 export interface LedgerEntry {
@@ -64,6 +114,8 @@ export interface LedgerEntry {
    * acknowledges it.
    */
   possibleDoubleEffect: boolean;
+  /** The person's decision the call needed, if it needed one; undefined otherwise. */
+  approval: Approval | undefined;
 }
 
 /**
@@ -142,6 +194,26 @@ export function entryFrom(e: Entry | undefined): LedgerEntry {
     resolvedBy: e.resolvedBy,
     holdToken: e.holdToken,
     possibleDoubleEffect: e.possibleDoubleEffect,
+    approval: e.approval && e.approval.state !== PbApprovalState.UNSPECIFIED ? approvalFrom(e.approval) : undefined,
+  };
+}
+
+export function approvalStateName(s: PbApprovalState): ApprovalState {
+  const name = (PbApprovalState[s] as string | undefined)?.replace(/^APPROVAL_STATE_/, "");
+  return name === "REQUESTED" || name === "APPROVED" || name === "DENIED" || name === "EXPIRED" || name === "USED"
+    ? name
+    : "UNSPECIFIED";
+}
+
+export function approvalFrom(a: PbApproval): Approval {
+  return {
+    state: approvalStateName(a.state),
+    requestedAt: date(a.requestedAt),
+    decideBy: date(a.decideBy),
+    decidedAt: date(a.decidedAt),
+    decidedBy: a.decidedBy,
+    reason: a.reason,
+    executeBy: date(a.executeBy),
   };
 }
 

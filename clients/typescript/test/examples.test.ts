@@ -10,6 +10,7 @@ import { writeFileSync } from "node:fs";
 import { join } from "node:path";
 import { after, before, describe, test } from "node:test";
 import * as aiSdkAgent from "../examples/ai-sdk-agent.js";
+import { aiSdkApproval, mcpApproval, openAiAgentsApproval } from "../examples/approvals.js";
 import * as mcpAgent from "../examples/mcp-agent.js";
 import * as openAiAgentsAgent from "../examples/openai-agents-agent.js";
 import { World } from "../examples/world.js";
@@ -204,5 +205,53 @@ describe("examples", () => {
     assert.equal(refused.code, 1);
     assert.match(refused.stderr, /Reconciler: the tool issue_credit: confirm declares 2 parameters, but it is called with one: the attempt/);
     assert.doesNotMatch(refused.stderr, /settled/);
+  });
+});
+
+// examples/approvals.ts: a refund over 100 waits for a person in each framework's own approval
+// step (the server's approval policy), against a server with an agent's and an approver's token.
+describe("examples/approvals.ts (a person in the loop)", () => {
+  let server: TestServer;
+  let ledger: Ledger;
+  let approver: Ledger;
+  before(async () => {
+    server = await startServer({
+      tokens: [
+        ["acme", "tok-agent"],
+        ["acme", "tok-dana", "approver=dana"],
+      ],
+      approvalPolicy: "*  issue_refund  /amount  >  100\n",
+    });
+    ledger = server.ledger({ token: "tok-agent" });
+    approver = server.ledger({ token: "tok-dana" });
+  });
+  after(async () => {
+    await server.stop();
+  });
+
+  const plays = { "openai-agents": openAiAgentsApproval, "ai-sdk": aiSdkApproval, mcp: mcpApproval };
+  for (const [name, play] of Object.entries(plays)) {
+    test(`${name}: approved, the refund happens once; denied, the model reads the person's reason and nothing happens`, async () => {
+      const approved = await play(ledger, approver, uniqueRun(`${name}-yes`), "approve", "checked the order");
+      assert.deepEqual(approved.refunds, ["o-1:250"]);
+      assert.equal(approved.read, '{"refund_id":"rf-o-1"}');
+      const denied = await play(ledger, approver, uniqueRun(`${name}-no`), "deny", "the order was not returned");
+      assert.deepEqual(denied.refunds, []);
+      assert.match(denied.read, /the order was not returned/);
+    });
+  }
+
+  test("the program: each framework, approved, then denied", async () => {
+    const env = { LEDGER_ADDRESS: server.address, LEDGER_TOKEN: "tok-agent", APPROVER_TOKEN: "tok-dana" };
+    const yes = await runExample("approvals", env);
+    assert.equal(yes.code, 0, yes.stderr);
+    for (const name of ["openai-agents", "ai-sdk", "mcp"]) {
+      assert.match(yes.stdout, new RegExp(`^${name}: approve -> 1 refund\\(s\\); the model read: \\{"refund_id":"rf-o-1"\\}$`, "m"));
+    }
+    const no = await runExample("approvals", { ...env, DECISION: "deny", REASON: "not returned yet" });
+    assert.equal(no.code, 0, no.stderr);
+    for (const name of ["openai-agents", "ai-sdk", "mcp"]) {
+      assert.match(no.stdout, new RegExp(`^${name}: deny -> 0 refund\\(s\\); the model read: .*not returned yet`, "m"));
+    }
   });
 });

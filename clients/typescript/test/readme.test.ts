@@ -53,6 +53,16 @@ declare const runId: string;
 declare const description: string;
 declare const execute: (input: { customer: string; amount: number; currency: string }) => Promise<{ credit_id: string }>;`;
 
+/** What the approval snippets use: the agent's ledger, the person's, the run, the refund tool's parts. */
+const APPROVALS = `import type * as __ledger from "idempotency-ledger";
+declare const ledger: __ledger.Ledger;
+declare const approver: __ledger.Ledger;
+declare const runId: string;
+declare const description: string;
+declare const execute: (input: { order: string; amount: number }) => Promise<{ refund_id: string }>;`;
+
+const REFUND_SHAPE = `{ order: import("zod").ZodString; amount: import("zod").ZodNumber }`;
+
 const CREDIT_SHAPE = `{ customer: import("zod").ZodString; amount: import("zod").ZodNumber; currency: import("zod").ZodString }`;
 
 interface Run {
@@ -85,25 +95,51 @@ globalThis.payments = { issueCredit: async ({ idempotencyKey }) => ({ credit_id:
   },
   { find: "const findCredit: Confirm<{ credit_id: string }> = async ({ externalRef })", declare: PAYMENTS },
   {
-    find: 'from "idempotency-ledger/ai-sdk"',
+    find: 'import { ledgerTool } from "idempotency-ledger/ai-sdk";',
     declare: `${LEDGER_AND_READ}
 declare const inputSchema: import("zod").ZodType<{ customer: string; amount: number; currency: string }>;
 declare const model: import("ai").LanguageModel;
 declare const prompt: string;`,
   },
   {
-    find: 'from "idempotency-ledger/openai-agents"',
+    find: 'import { ledgerTool } from "idempotency-ledger/openai-agents";',
     declare: `${LEDGER_AND_READ}
 declare const parameters: import("zod").ZodObject<${CREDIT_SHAPE}>;
 declare const instructions: string;
 declare const input: string;`,
   },
   {
-    find: 'from "idempotency-ledger/mcp"',
+    find: 'import { registerLedgerTool } from "idempotency-ledger/mcp";',
     declare: `${LEDGER_AND_READ}
 declare const server: import("@modelcontextprotocol/sdk/server/mcp.js").McpServer;
 declare const inputSchema: ${CREDIT_SHAPE};
 declare const callback: import("@modelcontextprotocol/sdk/server/mcp.js").ToolCallback<typeof inputSchema>;`,
+  },
+  {
+    find: "decideInterruption(approver, state, interruption",
+    declare: `${APPROVALS}
+declare const parameters: import("zod").ZodObject<${REFUND_SHAPE}>;
+declare const instructions: string;
+declare const input: string;`,
+  },
+  {
+    find: "decideApproval(approver, part",
+    declare: `${APPROVALS}
+declare const inputSchema: import("zod").ZodType<{ order: string; amount: number }>;
+declare const model: import("ai").LanguageModel;
+declare const prompt: string;`,
+  },
+  {
+    find: "approver.watchApprovals({ cursor })",
+    declare: `import type * as __ledger from "idempotency-ledger";
+declare const ledger: __ledger.Ledger;
+declare const runId: string;
+declare const key: string;
+declare const fingerprint: string;
+declare const args: Record<string, unknown>;
+declare const act: () => Promise<{ refund_id: string }>;
+declare const loadCursor: () => string;
+declare const postToChat: (entry: __ledger.LedgerEntry) => Promise<void>;`,
   },
   { find: "const confirm: Confirm<{ credit_id: string }> = async ({ externalRef })", declare: PAYMENTS },
   {

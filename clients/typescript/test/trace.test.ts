@@ -54,6 +54,8 @@ describe("OpenTelemetry: the caller's span as traceparent", () => {
     // A call outside any span: no trace of its own in the log.
     await ledger.lookup({ runId: run, tool: "issue_credit", args: { customer: "c-1" } });
     assert.equal(exporter.getFinishedSpans().at(-1)?.name, "issue_credit tool call");
+    // The server writes a call's line after it answers: give the Lookup's a moment to arrive.
+    for (let i = 0; i < 40 && !/rpc="?Lookup/.test(server.log()); i++) await new Promise((r) => setTimeout(r, 50));
     const finished = server
       .log()
       .split("\n")

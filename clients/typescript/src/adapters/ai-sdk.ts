@@ -3,13 +3,20 @@
 // so that each call of it goes through the ledger. The run is read from the
 // `experimental_context` given to generateText/streamText (`{ runId }`), or from the `runId`
 // option. Only types are imported from "ai" (an optional peer dependency, 5 or 6): the wrapped
-// tool is the same object, with its execute, onInputAvailable and toModelOutput replaced.
+// tool is the same object, with its execute, onInputAvailable, toModelOutput and needsApproval
+// replaced. Approvals (AI SDK 6): needsApproval asks the ledger, so a gated call ends the step
+// with a tool-approval-request; decideApproval is the app's button (Decide with an approver's
+// credential, and the tool-approval-response to send back); the tool acts only on the ledger's
+// CLAIMED, whatever the history says was approved.
 
 import type { Tool, ToolCallOptions } from "ai";
 import type { Confirm } from "../confirm.js";
+import { deriveKey, fingerprint, type ArgumentsInput, type Canonicalization } from "../keys.js";
 import type { Ledger } from "../ledger.js";
 import { ToolCallResult, modelTextOf } from "../outcome.js";
+import type { LedgerRpc } from "../rpc.js";
 import { wrapTool, type WrapToolOptions } from "../tools.js";
+import type { Decision, LedgerEntry } from "../types.js";
 
 // ToolCallOptions is the name both majors export (6 also calls it ToolExecutionOptions).
 type ToolExecutionOptions = ToolCallOptions;
@@ -22,7 +29,7 @@ const RUN_ID_FIX =
 export interface AiSdkToolOptions<INPUT, OUTPUT = unknown>
   extends Omit<
     WrapToolOptions<[INPUT, ToolExecutionOptions]>,
-    "name" | "runId" | "signal" | "throwOnMissingRunId" | "confirm"
+    "name" | "runId" | "signal" | "throwOnMissingRunId" | "confirm" | "requireApproval" | "callId"
   > {
   /**
    * The tool's name in the ledger: its key in the tools object you give generateText (AI SDK
@@ -39,6 +46,11 @@ export interface AiSdkToolOptions<INPUT, OUTPUT = unknown>
    * found(result) with what execute would have returned, notFound, or cannotTell.
    */
   confirm?: Confirm<OUTPUT, INPUT>;
+  /**
+   * How long the run's finished entries are kept at least (ExtendRun) when a call pauses the
+   * run for a person's decision (a tool-approval-request): unset, the server's default retention.
+   */
+  pauseRetentionMs?: number;
 }
 
 /** The AI SDK tool a wrapped one becomes: its output is the ToolCallResult. */
@@ -86,9 +98,14 @@ export function ledgerTool<INPUT, OUTPUT>(
   if (typeof tool?.execute !== "function") {
     throw new TypeError(`ledgerTool(${name}): the tool has no execute function to wrap`);
   }
-  const { runId = runIdFromContext, confirm, ...rest } = options;
+  const { runId = runIdFromContext, confirm, pauseRetentionMs, ...rest } = options;
   const runIdOf = (input: INPUT, callOptions: ToolExecutionOptions) =>
     typeof runId === "function" ? runId(input, callOptions) : runId;
+  // The tool's own approval gate (AI SDK 6's needsApproval): it becomes the Claim's
+  // requireApproval, and the ledger answers the SDK's question.
+  const ownGate = (tool as { needsApproval?: boolean | ApprovalGate<INPUT> }).needsApproval;
+  const gated = async (input: INPUT, gateOptions: GateOptions) =>
+    typeof ownGate === "function" ? await ownGate(input, gateOptions) : (ownGate ?? false);
   const wrapped = wrapTool(
     ledger,
     tool as Tool<INPUT, OUTPUT> & { execute: (input: INPUT, options: ToolExecutionOptions) => unknown },
@@ -98,9 +115,41 @@ export function ledgerTool<INPUT, OUTPUT>(
       name,
       runId: runIdOf as WrapToolOptions<[INPUT, ToolExecutionOptions]>["runId"],
       signal: (_input: INPUT, callOptions: ToolExecutionOptions) => callOptions?.abortSignal,
+      // Asked again at the call itself: a call resumed with an approval the ledger never gave
+      // (a client that sent both the request and the response) still asks for one, and only
+      // the ledger's CLAIMED acts.
+      requireApproval: (input: INPUT, callOptions: ToolExecutionOptions) =>
+        gated(input, {
+          toolCallId: callOptions?.toolCallId,
+          messages: callOptions?.messages ?? [],
+          experimental_context: callOptions?.experimental_context,
+        }),
+      callId: (_input: INPUT, callOptions: ToolExecutionOptions) => callOptions?.toolCallId,
       runIdHint: RUN_ID_FIX,
     },
   );
+  // The SDK's approval step, with the ledger as its authority (AI SDK 6): true while the call's
+  // entry awaits a person (the server's policy gated it, or the tool's own needsApproval asked),
+  // so that generateText answers a tool-approval-request; and true again when the SDK asks on
+  // the resume for a call the ledger has an approval for (approved, used or denied), so that it
+  // hands the call to the tool, which asks the ledger: it acts only on CLAIMED.
+  const needsApproval = async (input: INPUT, gateOptions: GateOptions): Promise<boolean> => {
+    const run = runIdOf(input, gateOptions as unknown as ToolExecutionOptions);
+    if (typeof run !== "string" || run === "") return false;
+    const callOptions = gateOptions as unknown as ToolExecutionOptions;
+    return ledger.needsApproval(run, name, (rest.arguments ? rest.arguments(input, callOptions) : input) as ArgumentsInput, {
+      callId: gateOptions?.toolCallId,
+      requireApproval: await gated(input, gateOptions),
+      key: rest.key?.(input, callOptions),
+      canonicalization: rest.canonicalization,
+      principal: rest.principal,
+      leaseMs: rest.leaseMs,
+      retentionMs: rest.retentionMs,
+      askedAgainOnResume: true,
+      pauseRetentionMs,
+      deadlineMs: rest.deadlineMs,
+    });
+  };
   // The SDK calls onInputAvailable before execute, and lets what it throws reach the caller of
   // generateText/streamText: the one place a missing run id can reach the developer.
   const own = tool.onInputAvailable;
@@ -109,7 +158,71 @@ export function ledgerTool<INPUT, OUTPUT>(
     if (typeof run !== "string" || run === "") throw ledger.missingRunId(name, RUN_ID_FIX);
     await own?.call(tool, event);
   };
-  return Object.assign(wrapped, { toModelOutput, onInputAvailable }) as unknown as LedgerAiSdkTool<INPUT, OUTPUT>;
+  return Object.assign(wrapped, { toModelOutput, onInputAvailable, needsApproval }) as unknown as LedgerAiSdkTool<INPUT, OUTPUT>;
+}
+
+/** What the SDK gives needsApproval besides the input. */
+interface GateOptions {
+  toolCallId: string;
+  messages: unknown[];
+  experimental_context?: unknown;
+}
+
+/** The SDK's needsApproval: a boolean, or a function of the input and the call. */
+type ApprovalGate<INPUT> = (input: INPUT, options: GateOptions) => boolean | PromiseLike<boolean>;
+
+/** A tool-approval-request as generateText's `content` (and streamText's parts) carry it. */
+export interface AiSdkApprovalRequest {
+  type?: "tool-approval-request";
+  approvalId: string;
+  toolCall: { toolName: string; input: unknown; toolCallId?: string };
+}
+
+/** The tool-approval-response part to send back in a `tool` message. */
+export interface AiSdkApprovalResponse {
+  type: "tool-approval-response";
+  approvalId: string;
+  approved: boolean;
+  reason?: string;
+}
+
+/** The options of decideApproval. */
+export interface DecideApprovalOptions {
+  /** The run, as the tool reads it (`experimental_context.runId`). Required. */
+  runId: string;
+  /** The tool's name in the ledger (default the request's toolName: its key in the tools object). */
+  name?: string;
+  /** As the tool's ledgerTool was given it. */
+  canonicalization?: Canonicalization;
+}
+
+/**
+ * The app's approve (or deny) button for a tool-approval-request of a ledger tool: records the
+ * person's decision in the ledger with the approver's credential (`approver`: a Ledger made with
+ * a token of the approver role), bound to the arguments the request shows (their fingerprint),
+ * and returns the tool-approval-response to send back (`{ role: "tool", content: [response] }`)
+ * with the next generateText. The response hands the call back to the tool (`approved: true`
+ * whatever the decision, `reason` the person's), and the tool asks the ledger: after an approval
+ * it acts, once; after a denial the model reads the ledger's note with the person's reason, and
+ * nothing acts. A response the ledger never saw (a client that sends both the request and the
+ * response) lets nothing act: the tool answers that a person has been asked.
+ */
+export async function decideApproval(
+  approver: LedgerRpc,
+  request: AiSdkApprovalRequest,
+  decision: Decision | Lowercase<Decision>,
+  reason: string,
+  options: DecideApprovalOptions,
+): Promise<{ response: AiSdkApprovalResponse; entry: LedgerEntry }> {
+  const tool = options.name ?? request.toolCall.toolName;
+  const args = request.toolCall.input as ArgumentsInput;
+  const entry = await approver.decide(
+    deriveKey(options.runId, tool, args, options.canonicalization),
+    fingerprint(tool, args, options.canonicalization),
+    decision,
+    reason,
+  );
+  return { response: { type: "tool-approval-response", approvalId: request.approvalId, approved: true, reason }, entry };
 }
 
 /**

@@ -4,8 +4,9 @@
 // The run is read from the request's `_meta` (RUN_ID_META_KEY, "idempotency-ledger/run_id"):
 // an MCP client calls `callTool({ name, arguments, _meta: { "idempotency-ledger/run_id": runId } })`.
 // A call without one gets a tool error (isError), nothing runs, and the server logs it (once per
-// tool): the SDK lets no exception from a tool reach the host. Only types are imported from
-// "@modelcontextprotocol/sdk" (an optional peer dependency).
+// tool): the SDK lets no exception from a tool reach the host. MCP has no approval step: a gated
+// call answers the ledger's awaiting note, a denied one its denial note. Only types are imported
+// from "@modelcontextprotocol/sdk" (an optional peer dependency).
 
 import type { McpServer, RegisteredTool, ToolCallback } from "@modelcontextprotocol/sdk/server/mcp.js";
 import type { AnySchema, ZodRawShapeCompat } from "@modelcontextprotocol/sdk/server/zod-compat.js";
@@ -167,10 +168,14 @@ function toCallToolResult(result: ToolCallResult<CallToolResult>, hasOutput: boo
       return { content: [text(result.toModelText())], isError: result.confirmed ? hasOutput : true };
     case "outcome_unknown":
     case "in_progress":
+    case "awaiting_approval":
       // Not a failure to retry: a normal result the model reads (the SDK insists on isError
-      // for a result without the structured content an outputSchema asks for).
+      // for a result without the structured content an outputSchema asks for). A gated call
+      // reads the ledger's awaiting note: a person has been asked, nothing was done.
       return { content: [text(result.toModelText())], isError: hasOutput };
     default:
+      // Not performed, failed for good, previously failed, and denied (the ledger's note with
+      // the person's reason): a tool error.
       return { content: [text(result.toModelText())], isError: true };
   }
 }

@@ -6,19 +6,30 @@
 // error after acting would be recorded as a success. The run is read from the run context: the
 // `context` given to `run(agent, input, { context: { runId } })` (it is kept in a RunState, so a
 // run resumed after an interruption keeps its run id). Only types are imported from
-// "@openai/agents" (an optional peer dependency).
+// "@openai/agents" (an optional peer dependency). Approvals: the definition's needsApproval asks
+// the ledger, so a gated call interrupts the run (result.interruptions); decideInterruption is the
+// app's button (Decide with an approver's credential, then state.approve); the tool acts only on
+// the ledger's CLAIMED, whatever the RunState says was approved.
 
-import type { RunContext } from "@openai/agents";
+import type { RunContext, RunState, RunToolApprovalItem } from "@openai/agents";
 import type { Confirm } from "../confirm.js";
 import { MissingRunIdError } from "../errors.js";
+import { deriveKey, fingerprint, type ArgumentsInput, type Canonicalization } from "../keys.js";
 import type { Ledger } from "../ledger.js";
 import { notExecutedNote } from "../outcome.js";
+import type { LedgerRpc } from "../rpc.js";
 import { wrapTool, type WrapToolOptions } from "../tools.js";
+import type { Decision, LedgerEntry } from "../types.js";
 
-/** What the SDK passes as execute's third argument (its ToolCallDetails): the call's signal. */
+/** What the SDK passes as execute's third argument (its ToolCallDetails): the call's signal and item. */
 interface CallDetails {
   signal?: AbortSignal;
+  toolCall?: { callId?: string };
 }
+
+/** The SDK's needsApproval: a boolean, or a function of the run context, the input and the call id. */
+// eslint-disable-next-line @typescript-eslint/no-explicit-any
+export type AgentsApprovalGate = boolean | ((runContext: RunContext<any>, input: any, callId?: string) => boolean | Promise<boolean>);
 
 /** Where the developer sets the run id, said in the log line and the exception. */
 const RUN_ID_FIX = "pass context: { runId } to run(agent, input, options), or the runId option of ledgerTool";
@@ -35,6 +46,11 @@ export interface AgentsToolOptions {
   timeoutMs?: number;
   timeoutBehavior?: unknown;
   timeoutErrorFunction?: unknown;
+  /**
+   * The SDK's own approval gate: ledgerTool makes it the Claim's `requireApproval` and replaces
+   * it with one that asks the ledger (the server's approval policy may gate the tool too).
+   */
+  needsApproval?: AgentsApprovalGate;
 }
 
 /** The same definition, whose execute returns the text the model reads. */
@@ -45,6 +61,9 @@ export type LedgerAgentsToolOptions<T extends AgentsToolOptions> = Omit<
   execute: (...args: Parameters<T["execute"]>) => Promise<string>;
   // eslint-disable-next-line @typescript-eslint/no-explicit-any
   errorFunction: (context: RunContext<any>, error: unknown, details?: any) => Promise<string>;
+  /** Asks the ledger: true while the call awaits a person's decision (the run is interrupted). */
+  // eslint-disable-next-line @typescript-eslint/no-explicit-any
+  needsApproval: (runContext: RunContext<any>, input: any, callId?: string) => Promise<boolean>;
 };
 
 /** The options of ledgerTool: wrapTool's, with the run id read from the run context. */
@@ -52,7 +71,7 @@ export interface AgentsLedgerOptions
   extends Omit<
     // eslint-disable-next-line @typescript-eslint/no-explicit-any
     WrapToolOptions<[any, RunContext<any> | undefined, CallDetails | undefined]>,
-    "name" | "runId" | "signal" | "throwOnMissingRunId" | "confirm"
+    "name" | "runId" | "signal" | "throwOnMissingRunId" | "confirm" | "requireApproval" | "callId"
   > {
   /**
    * The run: a string, or a function of the call (input, run context). Default: the run
@@ -66,6 +85,11 @@ export interface AgentsLedgerOptions
    */
   // eslint-disable-next-line @typescript-eslint/no-explicit-any
   confirm?: Confirm<unknown, any>;
+  /**
+   * How long the run's finished entries are kept at least (ExtendRun) when a call interrupts
+   * the run for a person's decision: unset, the server's default retention.
+   */
+  pauseRetentionMs?: number;
 }
 
 /** The default run id: `runContext.context.runId`, when the run's context is an object with one. */
@@ -114,25 +138,59 @@ export function ledgerTool<T extends AgentsToolOptions>(
         `drop the outputSchema, or use ledger.runTool inside execute`,
     );
   }
-  const { runId = runIdFromRunContext, confirm, timeoutMs, ...rest } = options;
+  const { runId = runIdFromRunContext, confirm, timeoutMs, pauseRetentionMs, ...rest } = options;
   const {
     errorFunction: ownErrorFunction,
     timeoutMs: sdkTimeoutMs,
     timeoutBehavior: _behavior,
     timeoutErrorFunction: _timeoutText,
+    needsApproval: ownGate,
     ...plain
   } = definition;
+  // eslint-disable-next-line @typescript-eslint/no-explicit-any
+  const gated = async (runContext: RunContext<any> | undefined, input: unknown, callId?: string) =>
+    typeof ownGate === "function" ? await ownGate(runContext as RunContext, input, callId) : (ownGate ?? false);
+  // eslint-disable-next-line @typescript-eslint/no-explicit-any
+  const runIdOf = (input: unknown, runContext: RunContext<any> | undefined) =>
+    typeof runId === "function" ? runId(input, runContext) : runId;
   const wrapped = wrapTool(ledger, { ...plain, execute: definition.execute } as T, {
     ...rest,
     confirm: confirm as Confirm<unknown> | undefined,
     timeoutMs: timeoutMs ?? sdkTimeoutMs,
     runId: runId as WrapToolOptions<Parameters<T["execute"]>>["runId"],
     signal: (_input: unknown, _context?: unknown, details?: CallDetails) => details?.signal,
+    // The tool's gate, asked again at the call itself: resumed with an approval the ledger never
+    // gave (a forged or replayed RunState), the Claim still asks for one, and only CLAIMED acts.
+    // eslint-disable-next-line @typescript-eslint/no-explicit-any
+    requireApproval: (input: unknown, context?: RunContext<any>, details?: CallDetails) =>
+      gated(context, input, details?.toolCall?.callId),
+    callId: (_input: unknown, _context?: unknown, details?: CallDetails) => details?.toolCall?.callId,
     runIdHint: RUN_ID_FIX,
     throwOnMissingRunId: true,
   } as WrapToolOptions<Parameters<T["execute"]>>);
   const execute = wrapped.execute;
   return Object.assign(wrapped, {
+    // The SDK's approval step, with the ledger as its authority: true while the call's entry
+    // awaits a person (the server's policy gated it, or the tool's own needsApproval asked),
+    // which interrupts the run (result.interruptions); the run's entries are kept meanwhile.
+    // Anything else is false, and the call's own Claim says what to do.
+    // eslint-disable-next-line @typescript-eslint/no-explicit-any
+    needsApproval: async (runContext: RunContext<any>, input: unknown, callId?: string) => {
+      const run = runIdOf(input, runContext);
+      if (typeof run !== "string" || run === "") return false;
+      const args = (rest.arguments ? rest.arguments(input, runContext, undefined) : input) as ArgumentsInput;
+      return ledger.needsApproval(run, definition.name, args, {
+        callId,
+        requireApproval: await gated(runContext, input, callId),
+        key: rest.key?.(input, runContext, undefined),
+        canonicalization: rest.canonicalization,
+        principal: rest.principal,
+        leaseMs: rest.leaseMs,
+        retentionMs: rest.retentionMs,
+        pauseRetentionMs,
+        deadlineMs: rest.deadlineMs,
+      });
+    },
     execute: async (...args: Parameters<T["execute"]>) => (await execute(...args)).toModelText(),
     // Only two things reach here: the input the SDK could not parse (nothing ran) and a missing
     // run id, which must reach the developer: the SDK lets what this throws out of run().
@@ -143,4 +201,63 @@ export function ledgerTool<T extends AgentsToolOptions>(
       return notExecutedNote(error);
     },
   }) as unknown as LedgerAgentsToolOptions<T>;
+}
+
+/** The options of decideInterruption. */
+export interface DecideInterruptionOptions {
+  /** The run: default the run state's `context.runId`, as the tool reads it. */
+  runId?: string;
+  /** As the tool's ledgerTool was given it. */
+  canonicalization?: Canonicalization;
+}
+
+/**
+ * The app's approve (or deny) button for an interruption of a ledger tool: records the person's
+ * decision in the ledger with the approver's credential (`approver`: a Ledger made with a token
+ * of the approver role), bound to the arguments the interruption shows (their fingerprint), and
+ * marks the interruption approved in the run state, so that resuming the run
+ * (`run(agent, state)`) hands the call to the tool, which asks the ledger: after an approval it
+ * acts, once (any number of resumes of the state act once); after a denial the model reads the
+ * ledger's note with the person's reason, and nothing acts. The run state's approval alone lets
+ * nothing act: without this decision the tool answers that a person has been asked.
+ * Returns the entry, decided.
+ */
+export async function decideInterruption(
+  approver: LedgerRpc,
+  // eslint-disable-next-line @typescript-eslint/no-explicit-any
+  state: RunState<any, any>,
+  interruption: RunToolApprovalItem,
+  decision: Decision | Lowercase<Decision>,
+  reason: string,
+  options: DecideInterruptionOptions = {},
+): Promise<LedgerEntry> {
+  const { key, fingerprint: shown } = interruptionKey(state, interruption, options);
+  const entry = await approver.decide(key, shown, decision, reason);
+  state.approve(interruption);
+  return entry;
+}
+
+/**
+ * The ledger's key of an interrupted call and the fingerprint of the arguments it shows (what a
+ * person approves), derived as the tool's Claim derives them: from the run (the run state's
+ * `context.runId`), the tool's name and the interruption's arguments.
+ */
+export function interruptionKey(
+  // eslint-disable-next-line @typescript-eslint/no-explicit-any
+  state: RunState<any, any>,
+  interruption: RunToolApprovalItem,
+  options: DecideInterruptionOptions = {},
+): { runId: string; tool: string; key: string; fingerprint: string; arguments: string } {
+  const runId = options.runId ?? runIdFromRunContext(undefined, state._context);
+  if (!runId) throw new MissingRunIdError(interruption.name ?? "?", RUN_ID_FIX);
+  const tool = interruption.name;
+  const args = interruption.arguments;
+  if (!tool || args === undefined) throw new TypeError("decideInterruption: the interruption is not a function tool's call");
+  return {
+    runId,
+    tool,
+    key: deriveKey(runId, tool, args, options.canonicalization),
+    fingerprint: fingerprint(tool, args, options.canonicalization),
+    arguments: args,
+  };
 }

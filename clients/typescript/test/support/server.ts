@@ -22,8 +22,13 @@ export function serverBinary(): string {
 }
 
 export interface ServerOptions {
-  /** Tenants and their tokens: writes a tokens file and passes --auth-tokens-file. */
-  tokens?: Array<[tenant: string, token: string]>;
+  /**
+   * Tenants and their tokens, with an optional role (`approver` or `approver=NAME`): writes a
+   * tokens file and passes --auth-tokens-file.
+   */
+  tokens?: Array<[tenant: string, token: string, role?: string]>;
+  /** The approval policy's text: written to a file passed as --approval-policy. */
+  approvalPolicy?: string;
   /**
    * More flags. Without a `--reconcile-grace` among them the server gets `--reconcile-grace 0s`,
    * so that Reconcile hands an unknown outcome out at once (the server's default waits 10 s
@@ -63,8 +68,13 @@ export async function startServer(options: ServerOptions = {}): Promise<TestServ
   }
   if (options.tokens) {
     const file = join(dir, "tokens.txt");
-    writeFileSync(file, options.tokens.map(([tenant, token]) => `${tenant} ${token}\n`).join(""));
+    writeFileSync(file, options.tokens.map(([tenant, token, role]) => `${tenant} ${token}${role ? ` ${role}` : ""}\n`).join(""));
     args.push("--auth-tokens-file", file);
+  }
+  if (options.approvalPolicy !== undefined) {
+    const file = join(dir, "approval-policy.txt");
+    writeFileSync(file, options.approvalPolicy);
+    args.push("--approval-policy", file);
   }
   const child = spawn(serverBinary(), args, {
     stdio: ["ignore", "ignore", "pipe"],
