@@ -32,30 +32,11 @@ fn code_lines(text: &str) -> Vec<String> {
     lines
 }
 
-/// Words of a command line: blanks separate them, quotes group them, `#` after a blank starts
-/// a comment.
+/// Words of a command line, as the shell splits them (`#` after a blank starts a comment).
 fn words(line: &str) -> Vec<String> {
-    let mut words = Vec::new();
-    let mut word: Option<String> = None;
-    let mut chars = line.chars();
-    while let Some(c) = chars.next() {
-        match c {
-            '\'' | '"' => {
-                let w = word.get_or_insert_with(String::new);
-                for q in chars.by_ref() {
-                    if q == c {
-                        break;
-                    }
-                    w.push(q);
-                }
-            }
-            '#' if word.is_none() => break,
-            c if c.is_whitespace() => words.extend(word.take()),
-            c => word.get_or_insert_with(String::new).push(c),
-        }
-    }
-    words.extend(word);
-    words
+    // A line inside a quoted argument that goes on over several lines (a grpcurl `-d '{…`)
+    // does not split: its words are blanks apart.
+    shlex::split(line).unwrap_or_else(|| line.split_whitespace().map(String::from).collect())
 }
 
 /// The page's commands of the benchmark's binaries, as (binary, arguments after its name).
