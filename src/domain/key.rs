@@ -29,7 +29,7 @@ const MAX_KEY_BYTES: usize = 255;
 
 /// Checks a UTF-8 field for length in bytes and for control characters (Unicode Cc:
 /// U+0000..U+001F and U+007F..U+009F), which would corrupt logs and hash input boundaries.
-fn check_text(
+pub(super) fn check_text(
     field: &'static str,
     s: &str,
     min_bytes: usize,

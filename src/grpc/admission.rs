@@ -80,7 +80,7 @@ impl Admission {
     /// was done for the call.
     pub fn admit(&self, tenant: &Tenant) -> Result<OwnedSemaphorePermit, CallError> {
         if let Some(rate) = &self.rate {
-            rate.take(&tenant.0)?;
+            rate.take(tenant.as_str())?;
         }
         self.running
             .clone()
@@ -408,7 +408,7 @@ mod tests {
     use super::*;
 
     fn tenant(name: &str) -> Tenant {
-        Tenant(name.to_string())
+        Tenant::from_stored(name.to_string())
     }
 
     #[test]

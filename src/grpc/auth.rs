@@ -115,7 +115,8 @@ impl Tenancy {
                 },
             };
             let identity = Identity {
-                tenant: Tenant(tenant.to_string()),
+                tenant: Tenant::parse(tenant)
+                    .map_err(|e| format!("line {}: the tenant {}", n + 1, e.message))?,
                 approver,
             };
             if tokens.insert(key, identity).is_some() {
@@ -133,7 +134,7 @@ impl Tenancy {
         match self {
             Tenancy::Single => "single tenant `default` (no credentials required)".to_string(),
             Tenancy::Tokens(map) => {
-                let mut tenants: Vec<&str> = map.values().map(|i| i.tenant.0.as_str()).collect();
+                let mut tenants: Vec<&str> = map.values().map(|i| i.tenant.as_str()).collect();
                 tenants.sort_unstable();
                 tenants.dedup();
                 let approvers = map.values().filter(|i| i.approver.is_some()).count();
@@ -351,13 +352,13 @@ mod tests {
             t.authenticate(&with_auth("Bearer tok-a"))
                 .ok()
                 .map(|i| i.tenant),
-            Some(Tenant("acme".into()))
+            Some(Tenant::from_stored("acme".into()))
         );
         assert_eq!(
             t.authenticate(&with_auth("Bearer tok-b"))
                 .ok()
                 .map(|i| i.tenant),
-            Some(Tenant("globex".into()))
+            Some(Tenant::from_stored("globex".into()))
         );
     }
 
@@ -408,6 +409,11 @@ mod tests {
         assert!(Tenancy::parse("acme\n").is_err_and(|e| e.contains("line 1")));
         assert!(Tenancy::parse("a t\nb t\n").is_err_and(|e| e.contains("line 2")));
         assert!(Tenancy::parse("# nothing\n").is_err());
+        let long = format!("ok tok-1\n{} tok-2\n", "t".repeat(300));
+        assert!(
+            Tenancy::parse(&long).is_err_and(|e| e.contains("line 2") && e.contains("tenant")),
+            "a tenant's name over 256 bytes is refused with its line"
+        );
     }
 
     #[test]
@@ -471,11 +477,11 @@ mod tests {
         assert!(t.requires_credentials());
         assert_eq!(
             t.tenant_of(&Credential::of("tok-b")),
-            Some(Tenant("globex".into()))
+            Some(Tenant::from_stored("globex".into()))
         );
         assert_eq!(
             t.tenant_of(&Credential::of(" tok-a ")),
-            Some(Tenant("acme".into()))
+            Some(Tenant::from_stored("acme".into()))
         );
         assert_eq!(t.tenant_of(&Credential::of("tok-c")), None);
         assert!(!Tenancy::Single.requires_credentials());

@@ -315,7 +315,7 @@ mod tests {
     const NOW: Micros = Micros(1_000_000_000);
 
     fn t(name: &str) -> Tenant {
-        Tenant(name.to_string())
+        Tenant::from_stored(name.to_string())
     }
 
     fn k(key: &str) -> Key {

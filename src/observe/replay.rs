@@ -735,7 +735,7 @@ mod tests {
     const REPLAYED: ClaimEvent = ClaimEvent::Answered { replayed: true };
 
     fn tenant(name: &str) -> Tenant {
-        Tenant(name.to_string())
+        Tenant::from_stored(name.to_string())
     }
 
     #[test]

@@ -151,8 +151,8 @@ fn with_record(f: impl FnOnce(&mut CallRecord)) {
 
 /// Records the call's tenant (its name: the credential is never logged).
 pub fn record_tenant(tenant: &Tenant) {
-    tracing::Span::current().record("tenant", tenant.0.as_str());
-    with_record(|c| c.tenant = Some(tenant.0.clone()));
+    tracing::Span::current().record("tenant", tenant.as_str());
+    with_record(|c| c.tenant = Some(tenant.as_str().to_owned()));
 }
 
 /// Records what a request names before it runs, so a refused call is logged with it: its tool

@@ -517,7 +517,7 @@ impl<D: Dialect> Entries for D {
             .await?;
         Ok(rows
             .into_iter()
-            .map(|(tenant, key)| (Tenant(tenant), Key::from_stored(key)))
+            .map(|(tenant, key)| (Tenant::from_stored(tenant), Key::from_stored(key)))
             .collect())
     }
 

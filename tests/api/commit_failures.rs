@@ -24,7 +24,7 @@ on_every_store!(every_write_reports_a_commit_that_fails_and_leaves_nothing_behin
 const TENANT: &str = "doomed";
 
 fn tenant() -> Tenant {
-    Tenant(TENANT.to_string())
+    Tenant::parse(TENANT).expect("tenant")
 }
 
 /// A key as the store holds it.

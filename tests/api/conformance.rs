@@ -934,7 +934,7 @@ async fn completing_an_absent_or_other_tenants_key_is_not_found(b: Backend) {
         )
         .await;
     assert!(matches!(absent, Err(LedgerError::NotFound)), "{absent:?}");
-    let other = Tenant("globex".into());
+    let other = Tenant::parse("globex").expect("tenant");
     let theirs = t
         .ledger
         .complete(
@@ -2216,7 +2216,7 @@ async fn renewing_with_a_stale_token_or_after_the_lease_ended_changes_nothing(b:
         renew(&"a".repeat(64), "token").await,
         Err(LedgerError::NotFound)
     ));
-    let other = Tenant("other".into());
+    let other = Tenant::parse("other").expect("tenant");
     assert!(matches!(
         t.ledger
             .renew_lease(&other, renewal(&retried_key, &token(&second), None))

@@ -22,7 +22,7 @@ use crate::support::{Backend, TestDb};
 const TENANT: &str = "acme";
 
 fn tenant() -> Tenant {
-    Tenant(TENANT.to_string())
+    Tenant::parse(TENANT).expect("tenant")
 }
 const NOW: Micros = Micros(1_800_000_000_000_000);
 const CASES: usize = 60;

@@ -69,7 +69,7 @@ async fn relay_announcements(pool: sqlx::PgPool, tx: tokio::sync::mpsc::Sender<(
                     };
                     // Another server's announcement of a stored key: trusted as stored values.
                     let announced = (
-                        Tenant(tenant.to_string()),
+                        Tenant::from_stored(tenant.to_string()),
                         Key::from_stored(key.to_string()),
                     );
                     if tx.send(announced).await.is_err() {
