@@ -3,7 +3,7 @@
 
 use super::{EntryView, Ledger};
 use crate::domain::Tenant;
-use crate::domain::key::{Key, RunId, ToolName};
+use crate::domain::key::{ExplicitKey, Key, RunId, ToolName};
 use crate::domain::{Micros, Status};
 use crate::error::LedgerError;
 use crate::reason::Reason;
@@ -76,7 +76,8 @@ impl Ledger {
         let after = if input.page_token.is_empty() {
             None
         } else {
-            Some(parse_page_token(&input.page_token, &filters)?)
+            Some(PageToken::parse(&input.page_token, &filters)?)
+                .map(|token| (token.started_at, token.key))
         };
         let page_size = match input.page_size {
             0 => self.limits.list_default_page_size,
@@ -101,7 +102,11 @@ impl Ledger {
         let more = entries.len() > page_size as usize;
         entries.truncate(page_size as usize);
         let next_page_token = match entries.last() {
-            Some(last) if more => page_token(last.started_at, &last.key, &filters),
+            Some(last) if more => PageToken {
+                started_at: last.started_at,
+                key: last.key.clone(),
+            }
+            .encode(&filters),
             _ => String::new(),
         };
         let entries = entries
@@ -141,49 +146,100 @@ fn list_filters_digest(
     hex::encode(&Sha256::digest(text.as_bytes())[..8])
 }
 
-/// Version of the page token's layout.
-const PAGE_TOKEN_VERSION: &str = "p1";
-
-/// An opaque page token: hex of `p1 NUL started_at NUL filters NUL key`.
-fn page_token(started_at: Micros, key: &Key, filters: &str) -> String {
-    hex::encode(format!(
-        "{PAGE_TOKEN_VERSION}\0{}\0{filters}\0{}",
-        started_at.0,
-        key.as_str()
-    ))
+/// Where a listing's page ended: the last entry's start and key, bound to the listing's
+/// filters. Sent to the caller as opaque text ([`PageToken::encode`]); what the caller sends
+/// back is checked as any caller's input ([`PageToken::parse`]), the key as a key.
+#[derive(Clone, Debug, PartialEq, Eq)]
+struct PageToken {
+    /// The last entry's start.
+    started_at: Micros,
+    /// The last entry's key.
+    key: Key,
 }
 
-/// The cursor in a page token made for a listing with these `filters`.
-/// The key in it is one the server wrote there from a stored entry, taken as stored: it is
-/// only a cursor to compare with, never looked up.
-fn parse_page_token(token: &str, filters: &str) -> Result<(Micros, Key), LedgerError> {
-    let invalid = |message: &str| LedgerError::InvalidArgument {
-        field: "page_token",
-        reason: Reason::InvalidPageToken,
-        message: message.to_string(),
-    };
-    let text = hex::decode(token)
-        .ok()
-        .and_then(|bytes| String::from_utf8(bytes).ok())
-        .ok_or_else(|| {
-            invalid("is not a page token from this server; pass next_page_token as is")
-        })?;
-    let mut parts = text.splitn(4, '\0');
-    let (Some(PAGE_TOKEN_VERSION), Some(started), Some(bound), Some(key)) =
-        (parts.next(), parts.next(), parts.next(), parts.next())
-    else {
-        return Err(invalid(
-            "is not a page token from this server; pass next_page_token as is",
-        ));
-    };
-    let started = started
-        .parse::<i64>()
-        .map_err(|_| invalid("is not a page token from this server; pass next_page_token as is"))?;
-    if bound != filters {
-        return Err(invalid(
-            "belongs to a listing with other filters; repeat the filters of the call that \
-             returned it, or start over without a page_token",
-        ));
+impl PageToken {
+    /// Version of the layout.
+    const VERSION: &str = "p1";
+
+    /// The opaque text: hex of `p1 NUL started_at NUL filters NUL key`.
+    fn encode(&self, filters: &str) -> String {
+        hex::encode(format!(
+            "{}\0{}\0{filters}\0{}",
+            Self::VERSION,
+            self.started_at.0,
+            self.key.as_str()
+        ))
     }
-    Ok((Micros(started), Key::from_stored(key.to_string())))
+
+    /// The cursor in `token`, made for a listing with these `filters`.
+    fn parse(token: &str, filters: &str) -> Result<PageToken, LedgerError> {
+        let invalid = |message: &str| LedgerError::InvalidArgument {
+            field: "page_token",
+            reason: Reason::InvalidPageToken,
+            message: message.to_string(),
+        };
+        let foreign =
+            || invalid("is not a page token from this server; pass next_page_token as is");
+        let text = hex::decode(token)
+            .ok()
+            .and_then(|bytes| String::from_utf8(bytes).ok())
+            .ok_or_else(foreign)?;
+        let mut parts = text.splitn(4, '\0');
+        let (Some(Self::VERSION), Some(started), Some(bound), Some(key)) =
+            (parts.next(), parts.next(), parts.next(), parts.next())
+        else {
+            return Err(foreign());
+        };
+        let started_at = Micros(started.parse::<i64>().map_err(|_| foreign())?);
+        if bound != filters {
+            return Err(invalid(
+                "belongs to a listing with other filters; repeat the filters of the call that \
+                 returned it, or start over without a page_token",
+            ));
+        }
+        let key = Key::from(ExplicitKey::parse(key).map_err(|_| foreign())?);
+        Ok(PageToken { started_at, key })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn token_with_key(key: &str) -> String {
+        hex::encode(format!("p1\0{}\0f1\0{key}", 42))
+    }
+
+    #[test]
+    fn a_page_token_reads_back_only_for_its_listing_and_only_with_a_well_formed_key() {
+        let token = PageToken {
+            started_at: Micros(42),
+            key: Key::from(ExplicitKey::parse("wf-7:step-3").expect("key")),
+        };
+        assert_eq!(
+            PageToken::parse(&token.encode("f1"), "f1").expect("its own token"),
+            token
+        );
+        let other = PageToken::parse(&token.encode("f1"), "f2").unwrap_err();
+        assert!(other.to_string().contains("other filters"), "{other}");
+        for forged in [
+            "not hex".to_string(),
+            hex::encode("p0\u{0}42\u{0}f1\u{0}k"),
+            token_with_key("a key with blanks"),
+            token_with_key("bell\u{7}"),
+            token_with_key(""),
+        ] {
+            let refused = PageToken::parse(&forged, "f1").unwrap_err();
+            assert!(
+                matches!(
+                    refused,
+                    LedgerError::InvalidArgument {
+                        reason: Reason::InvalidPageToken,
+                        ..
+                    }
+                ),
+                "{forged}: {refused:?}"
+            );
+        }
+    }
 }
