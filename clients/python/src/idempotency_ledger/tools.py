@@ -67,7 +67,8 @@ from ._wire import Seconds
 from .client import DEFAULT_CONFIRM_DELAY, DEFAULT_WAIT, AsyncLedgerClient, LedgerClient
 from .codec import JSON, Codec, to_jsonable
 from .errors import UNKNOWN_NOTE, ResultNotEncodable
-from .model import Attempt, CallOutcome, Canonicalization, Kind, UnknownAttempt
+from .keys import derive_key
+from .model import Attempt, CallOutcome, Canonicalization, ClaimResult, Kind, UnknownAttempt
 
 __all__ = [
     "AsyncLedger",
@@ -243,8 +244,8 @@ def missing_run_id_view(tool: str) -> dict[str, str]:
 def model_view(outcome: CallOutcome[Any]) -> Any:
     """What the model reads of an outcome: the result itself (performed, or found by
     ``confirm``); on a repeat ``{"status": "already_done", "note", "result"}``; otherwise
-    ``{"status": "in_progress" | "outcome_unknown" | "previously_failed" | "not_executed",
-    "note", ...}``. What the tool says did not act, or failed for good now, is re-raised for the
+    ``{"status": "in_progress" | "outcome_unknown" | "previously_failed" | "not_executed" |
+    "awaiting_approval" | "denied", "note", ...}``. What the tool says did not act, or failed for good now, is re-raised for the
     framework (see :func:`raise_for_framework`)."""
     kind = outcome.kind
     if kind in (Kind.PERFORMED, Kind.CONFIRMED):
@@ -256,6 +257,12 @@ def model_view(outcome: CallOutcome[Any]) -> Any:
                 "retry_after_seconds": outcome.retry_after}
     if kind == Kind.PREVIOUSLY_FAILED:
         return {"status": "previously_failed", "note": outcome.note}
+    if kind == Kind.AWAITING_APPROVAL:
+        # A person has been asked; nothing was done (the server's note, with decide_by).
+        return {"status": "awaiting_approval", "note": outcome.note}
+    if kind == Kind.DENIED:
+        # A person declined it; it was not done (the server's note, with the reason).
+        return {"status": "denied", "note": outcome.note}
     if kind == Kind.NOT_FOUND:
         return {"status": "not_executed", "note": NOT_PERFORMED_NOTE}
     if kind == Kind.UNKNOWN:
@@ -296,11 +303,41 @@ def run_options(
     principal: str | None = None,
     timeout: float | None = None,
     confirm_delay: float = DEFAULT_CONFIRM_DELAY,
+    require_approval: bool = False,
 ) -> dict[str, Any]:
     """The ``run_once`` options the wrapper and the adapters take, checked by name."""
     return {"codec": codec, "wait": wait, "lease": lease, "retention": retention,
             "action_timeout": action_timeout, "canonicalization": canonicalization,
-            "principal": principal, "timeout": timeout, "confirm_delay": confirm_delay}
+            "principal": principal, "timeout": timeout, "confirm_delay": confirm_delay,
+            "require_approval": require_approval}
+
+
+# --- claims won by an adapter's approval check, handed to the tool call that follows --------
+
+_HANDED_OFF: dict[str, ClaimResult] = {}
+_HANDED_OFF_LOCK = threading.Lock()
+
+
+def hand_off(claimed: ClaimResult) -> None:
+    """Keeps a claim an adapter's approval check won (the OpenAI Agents SDK's ``needs_approval``
+    claims to learn whether a person must decide): the tool call of the same key that follows
+    acts on it instead of claiming again."""
+    with _HANDED_OFF_LOCK:
+        _HANDED_OFF[claimed.key] = claimed
+
+
+def take_handed_off(run_id: str, tool: str, arguments: Any,
+                    options: Mapping[str, Any]) -> ClaimResult | None:
+    """The claim handed off for this call's key, if any (taken: used once)."""
+    if not _HANDED_OFF:
+        return None
+    try:
+        key = derive_key(run_id, tool, to_jsonable(arguments),
+                         str(options.get("canonicalization") or Canonicalization.JCS))
+    except Exception:
+        return None
+    with _HANDED_OFF_LOCK:
+        return _HANDED_OFF.pop(key, None)
 
 
 def _with_attempt(attempt: Attempt, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
@@ -347,9 +384,10 @@ async def run_tool_call(
         finally:
             _attempt.reset(token)
 
+    claimed = take_handed_off(run_id, tool, arguments, options)
     if isinstance(ledger, AsyncLedgerClient):
         call = ledger.attempt(run_id, tool, arguments, action, not_executed=not_executed,
-                              confirm=confirm, **options)
+                              confirm=confirm, claimed=claimed, **options)
         if guard is None:
             return present(await call)
         work = asyncio.ensure_future(call)
@@ -374,7 +412,8 @@ async def run_tool_call(
             future.cancel()
 
     blocking = asyncio.to_thread(ledger.attempt, run_id, tool, arguments, blocking_action,
-                                 not_executed=not_executed, confirm=blocking_confirm, **options)
+                                 not_executed=not_executed, confirm=blocking_confirm,
+                                 claimed=claimed, **options)
     if guard is not None:
         return present(await guard.outlast(asyncio.ensure_future(blocking), cancel_running))
     try:
@@ -403,7 +442,8 @@ def run_tool_call_sync(
     outcome = ledger.attempt(run_id, tool, arguments,
                              lambda attempt: _with_attempt(attempt, act),
                              not_executed=(*not_executed, *framework_not_executed()),
-                             confirm=confirm, **options)
+                             confirm=confirm, claimed=take_handed_off(run_id, tool, arguments,
+                                                                      options), **options)
     return present(outcome)
 
 
