@@ -69,7 +69,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import logging
 from collections.abc import Mapping
 from typing import Any
 
@@ -79,13 +78,10 @@ from agents.tool_context import ToolContext
 from agents.tracing import get_current_trace
 
 from .client import AsyncLedgerClient, LedgerClient
-from .errors import LedgerError
 from .model import Decision, Entry, Outcome
-from .tools import FrameworkContext, hand_off, register_context, run_options
+from .tools import FrameworkContext, hand_off, keep_paused_run, register_context, run_options
 
 __all__ = ["awaiting_entry", "decide", "gated", "run_id_of_context", "sdk_timeout_of"]
-
-log = logging.getLogger("idempotency_ledger")
 
 
 def run_id_of_context(value: RunContextWrapper[Any]) -> str | None:
@@ -179,16 +175,6 @@ def gated(tool: FunctionTool, ledger: LedgerClient | AsyncLedgerClient, *,
 
     tool.needs_approval = needs_approval
     return tool
-
-
-async def keep_paused_run(ledger: LedgerClient | AsyncLedgerClient, run_id: str,
-                          retention: float | None) -> None:
-    """Extends the run's entries while it is paused (a failure is logged, never raised: the
-    ledger keeps a run with an entry awaiting a decision anyway)."""
-    try:
-        await _call(ledger, "extend_run", run_id, retention)
-    except LedgerError as e:
-        log.warning("could not extend the paused run %s: %s", run_id, e)
 
 
 def _run_id_of_state(state: RunState[Any, Any], run_id: str | None) -> str:

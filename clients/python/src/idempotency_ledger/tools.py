@@ -66,7 +66,7 @@ from ._frameworks import (
 from ._wire import Seconds
 from .client import DEFAULT_CONFIRM_DELAY, DEFAULT_WAIT, AsyncLedgerClient, LedgerClient
 from .codec import JSON, Codec, to_jsonable
-from .errors import UNKNOWN_NOTE, ResultNotEncodable
+from .errors import UNKNOWN_NOTE, LedgerError, ResultNotEncodable
 from .keys import derive_key
 from .model import Attempt, CallOutcome, Canonicalization, ClaimResult, Kind, UnknownAttempt
 
@@ -463,6 +463,9 @@ class _Prepared:
     arguments: dict[str, Any]
     #: The framework's own timeout of the call (its name, seconds), if it has one.
     framework_timeout: tuple[str, float] | None
+    #: The framework's context among the arguments (and how it is read), if any.
+    context: FrameworkContext | None = None
+    context_value: Any = None
 
 
 class _ToolCall:
@@ -501,13 +504,15 @@ class _ToolCall:
         arguments: dict[str, Any] = {}
         context_run_id: str | None = None
         context: FrameworkContext | None = None
+        context_value: Any = None
         timeout: tuple[str, float] | None = None
         for pname, value in bound.arguments.items():
             if pname in self.exclude:
                 continue
             found = framework_context(value)
             if found is not None:
-                context = context or found
+                if context is None:
+                    context, context_value = found, value
                 context_run_id = context_run_id or found.run_id(value)
                 seconds = found.call_timeout(value) if found.call_timeout else None
                 timeout = timeout or ((found.framework, seconds) if seconds else None)
@@ -528,7 +533,7 @@ class _ToolCall:
                                 f"as JSON: {e} (or leave it out with exclude=)") from None
         run_id = self._run_id(context_run_id)
         if run_id is not None:
-            return _Prepared(run_id, arguments, timeout)
+            return _Prepared(run_id, arguments, timeout, context, context_value)
         hint = context.run_id_hint if context is not None else (
             "give the function the framework's context parameter (see the idempotency_ledger "
             "adapters)")
@@ -637,12 +642,53 @@ def _sync_wrapper(ledger: LedgerClient, call: _ToolCall) -> Callable[..., Any]:
         prepared = call.prepare(args, kwargs)
         if isinstance(prepared, dict):
             return prepared
-        return run_tool_call_sync(ledger, run_id=prepared.run_id, tool=call.name,
-                                  arguments=prepared.arguments,
-                                  act=lambda: call.fn(*args, **kwargs), options=call.options,
-                                  not_executed=call.not_executed, confirm=call.confirm)
+        outcome = run_tool_call_sync(ledger, run_id=prepared.run_id, tool=call.name,
+                                     arguments=prepared.arguments,
+                                     act=lambda: call.fn(*args, **kwargs), options=call.options,
+                                     not_executed=call.not_executed, confirm=call.confirm,
+                                     present=_outcome)
+        if outcome.kind == Kind.AWAITING_APPROVAL and _pauses(prepared):
+            keep_paused_run_sync(ledger, prepared.run_id)
+            _pause(prepared, outcome)
+        return model_view(outcome)
 
     return wrapper
+
+
+def _outcome(outcome: CallOutcome[Any]) -> CallOutcome[Any]:
+    return outcome
+
+
+def _pauses(prepared: _Prepared) -> bool:
+    return prepared.context is not None and prepared.context.on_awaiting is not None
+
+
+def _pause(prepared: _Prepared, outcome: CallOutcome[Any]) -> None:
+    """The framework's approval step (it may raise to pause the run)."""
+    assert prepared.context is not None and prepared.context.on_awaiting is not None
+    prepared.context.on_awaiting(prepared.context_value, outcome)
+
+
+def keep_paused_run_sync(ledger: LedgerClient, run_id: str,
+                         retention: Seconds | None = None) -> None:
+    """Extends a run's entries where the framework pauses it (a failure is logged: the ledger
+    keeps a run with an entry awaiting a decision anyway)."""
+    try:
+        ledger.extend_run(run_id, retention)
+    except LedgerError as e:
+        log.warning("could not extend the paused run %s: %s", run_id, e)
+
+
+async def keep_paused_run(ledger: LedgerClient | AsyncLedgerClient, run_id: str,
+                          retention: Seconds | None = None) -> None:
+    """:func:`keep_paused_run_sync` from a coroutine, with either client."""
+    if isinstance(ledger, AsyncLedgerClient):
+        try:
+            await ledger.extend_run(run_id, retention)
+        except LedgerError as e:
+            log.warning("could not extend the paused run %s: %s", run_id, e)
+        return
+    await asyncio.to_thread(keep_paused_run_sync, ledger, run_id, retention)
 
 
 def _async_wrapper(ledger: LedgerClient | AsyncLedgerClient, call: _ToolCall,
@@ -661,10 +707,16 @@ def _async_wrapper(ledger: LedgerClient | AsyncLedgerClient, call: _ToolCall,
                 # A plain function on the async client: in a thread, with the attempt set.
                 return asyncio.to_thread(context.run, _with_attempt, current_attempt(),
                                          call.fn, *args, **kwargs)
-        return await run_tool_call(ledger, run_id=prepared.run_id, tool=call.name,
-                                   arguments=prepared.arguments, act=act, options=call.options,
-                                   not_executed=call.not_executed, confirm=call.confirm,
-                                   framework_timeout=prepared.framework_timeout)
+        outcome = await run_tool_call(ledger, run_id=prepared.run_id, tool=call.name,
+                                      arguments=prepared.arguments, act=act,
+                                      options=call.options, not_executed=call.not_executed,
+                                      confirm=call.confirm,
+                                      framework_timeout=prepared.framework_timeout,
+                                      present=_outcome)
+        if outcome.kind == Kind.AWAITING_APPROVAL and _pauses(prepared):
+            await keep_paused_run(ledger, prepared.run_id)
+            _pause(prepared, outcome)
+        return model_view(outcome)
 
     return wrapper
 
