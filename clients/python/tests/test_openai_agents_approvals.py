@@ -11,12 +11,20 @@ import json
 from typing import Any
 
 import pytest
-from agents import Agent, RunState, Runner, function_tool, set_trace_processors
+from agents import (
+    Agent,
+    RunContextWrapper,
+    RunState,
+    Runner,
+    function_tool,
+    set_trace_processors,
+)
 from agents.testing import ScriptedModel, assistant_message, function_call
 from agents.tool_context import ToolContext
 from conftest import AGENT_TOKEN, APPROVER_NAME, APPROVER_TOKEN
 
 from idempotency_ledger import ApprovalState, AsyncLedger, Status, current_attempt
+from idempotency_ledger import openai_agents
 from idempotency_ledger.openai_agents import awaiting_entry, decide, gated
 from idempotency_ledger.testing import LedgerServer
 
@@ -168,5 +176,27 @@ def test_an_ungated_call_of_a_gated_tool_acts_on_the_claim_needs_approval_won(
                                         arguments={"order": "o-8", "amount": 40})
             assert entry.status == Status.SUCCEEDED and entry.attempt == 1
             assert entry.replay_count == 0
+
+    asyncio.run(main())
+
+
+def test_a_claim_needs_approval_won_that_no_tool_call_takes_is_given_back(
+        approval_server: LedgerServer, run_id: str) -> None:
+    refunds: list[dict] = []
+
+    async def main() -> None:
+        async with AsyncLedger(approval_server.address, token=AGENT_TOKEN) as ledger:
+            tool = refund_agent(ledger, refunds).tools[0]
+            small = {"order": "o-8", "amount": 40}
+            # The SDK asks, the ledger claims (not gated), and the run ends before the tool
+            # is called: the claim is given back as not executed, not left to read UNKNOWN.
+            context = RunContextWrapper(context={"run_id": run_id})
+            with pytest.MonkeyPatch.context() as patch:
+                patch.setattr(openai_agents, "RELEASE_UNTAKEN_AFTER_FRACTION_OF_LEASE", 0.01)
+                assert await tool.needs_approval(context, small, "c-1") is False
+                await asyncio.sleep(1.5)
+            entry = await ledger.lookup(run_id=run_id, tool="issue_refund", arguments=small)
+            assert (entry.status, entry.retryable) == (Status.FAILED, True)
+            assert refunds == []
 
     asyncio.run(main())

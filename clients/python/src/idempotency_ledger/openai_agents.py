@@ -69,6 +69,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 from collections.abc import Mapping
 from typing import Any
 
@@ -78,8 +79,19 @@ from agents.tool_context import ToolContext
 from agents.tracing import get_current_trace
 
 from .client import AsyncLedgerClient, LedgerClient
-from .model import Decision, Entry, Outcome
-from .tools import FrameworkContext, hand_off, keep_paused_run, register_context, run_options
+from ._core import granted_lease
+from .errors import LedgerError
+from .model import ClaimResult, Decision, Entry, Outcome, Status
+from .tools import (
+    FrameworkContext,
+    hand_off,
+    keep_paused_run,
+    register_context,
+    run_options,
+    withdraw_handed_off,
+)
+
+log = logging.getLogger("idempotency_ledger")
 
 __all__ = ["awaiting_entry", "decide", "gated", "run_id_of_context", "sdk_timeout_of"]
 
@@ -167,6 +179,7 @@ def gated(tool: FunctionTool, ledger: LedgerClient | AsyncLedgerClient, *,
             lease=checked["lease"], retention=checked["retention"])
         if claimed.outcome == Outcome.CLAIMED:
             hand_off(claimed)
+            _release_if_not_taken(ledger, claimed)
             return False
         if claimed.outcome == Outcome.AWAITING_APPROVAL:
             await keep_paused_run(ledger, run_id, pause_retention)
@@ -175,6 +188,39 @@ def gated(tool: FunctionTool, ledger: LedgerClient | AsyncLedgerClient, *,
 
     tool.needs_approval = needs_approval
     return tool
+
+
+#: The tool call the SDK makes right after ``needs_approval`` answered False takes the claim
+#: handed off to it; one not taken within this fraction of the claim's lease (the SDK never
+#: called the tool: the run was cancelled) is given back as not executed, so that the entry
+#: does not read UNKNOWN when its lease ends.
+RELEASE_UNTAKEN_AFTER_FRACTION_OF_LEASE = 0.5
+
+
+def _release_if_not_taken(ledger: LedgerClient | AsyncLedgerClient,
+                          claimed: ClaimResult) -> None:
+    lease = granted_lease(claimed) or 60.0
+    loop = asyncio.get_running_loop()
+
+    async def release() -> None:
+        if not withdraw_handed_off(claimed):
+            return  # the tool call took it
+        try:
+            await _call(ledger, "complete", claimed.key, claimed.claim_token, Status.FAILED,
+                        error="claimed by needs_approval; the SDK never called the tool",
+                        retryable=True)
+        except LedgerError as e:
+            log.warning("could not give back the untaken claim of %s: %s", claimed.key, e)
+
+    def start() -> None:
+        task = loop.create_task(release())
+        _RELEASES.add(task)
+        task.add_done_callback(_RELEASES.discard)
+
+    loop.call_later(lease * RELEASE_UNTAKEN_AFTER_FRACTION_OF_LEASE, start)
+
+
+_RELEASES: set[asyncio.Task[None]] = set()
 
 
 def _run_id_of_state(state: RunState[Any, Any], run_id: str | None) -> str:

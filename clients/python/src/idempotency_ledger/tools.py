@@ -37,6 +37,13 @@ calls it:
    raised from them) and ``PermanentFailure`` are re-raised after they are recorded, so the
    framework treats them as it always does; so is
    :class:`~idempotency_ledger.ResultNotEncodable`, a bug to fix.
+5. **A call that needs a person's approval** (the server's approval policy, or
+   ``require_approval=True``) acts only when the ledger's claim says ``CLAIMED``: while it
+   awaits a decision the model reads ``{"status": "awaiting_approval", "note"}`` (or, where the
+   framework has an approval step and its adapter registered it, that step pauses the run:
+   pydantic-ai's ``ApprovalRequired``, LangGraph's ``interrupt()``; the run's entries are
+   extended first), and once declined ``{"status": "denied", "note"}``. An approval held only
+   in the framework's state never lets the function run.
 """
 
 from __future__ import annotations
@@ -324,6 +331,15 @@ def hand_off(claimed: ClaimResult) -> None:
     acts on it instead of claiming again."""
     with _HANDED_OFF_LOCK:
         _HANDED_OFF[claimed.key] = claimed
+
+
+def withdraw_handed_off(claimed: ClaimResult) -> bool:
+    """Takes back a claim handed off that no tool call took (True: it was still there)."""
+    with _HANDED_OFF_LOCK:
+        if _HANDED_OFF.get(claimed.key) is claimed:
+            del _HANDED_OFF[claimed.key]
+            return True
+    return False
 
 
 def take_handed_off(run_id: str, tool: str, arguments: Any,
