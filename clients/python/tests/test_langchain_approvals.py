@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import json
 import uuid
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from conftest import AGENT_TOKEN, APPROVER_TOKEN
@@ -50,7 +51,8 @@ def agent(ledger: Ledger | AsyncLedger, refunds: list[dict], model: Any,
           checkpointer: InMemorySaver) -> Any:
     # What a user writes: the middleware keyed by the thread, and a checkpointer.
     return create_agent(model, tools=[refund_tool(refunds)], checkpointer=checkpointer,
-                        middleware=[LedgerMiddleware(ledger, run_id="thread")])
+                        middleware=[LedgerMiddleware(ledger, run_id="thread",
+                                                     pause_retention=5 * 24 * 3600)])
 
 
 def tool_reads(state: dict) -> list[Any]:
@@ -59,12 +61,19 @@ def tool_reads(state: dict) -> list[Any]:
 
 def _paused(ledger: Ledger, refunds: list[dict], saver: InMemorySaver,
             config: dict) -> dict:
+    # An earlier call of the thread, kept a minute only: the pause keeps the run's entries
+    # (pause_retention: five days).
+    thread = config["configurable"]["thread_id"]
+    ledger.run_once(thread, "send_reply", {"text": "looking"}, lambda a: "sent", retention=60)
     state = agent(ledger, refunds, asking(), saver).invoke(
         {"messages": [{"role": "user", "content": "refund o-5"}]}, config)
     (paused,) = state["__interrupt__"]
     meta = paused.value["idempotency_ledger"]
     assert paused.value["tool_call"]["args"] == REFUND and refunds == []
     assert meta["decide_by"] and "person" in meta["note"]
+    earlier = ledger.lookup(run_id=thread, tool="send_reply", arguments={"text": "looking"})
+    assert earlier.expires_at is not None
+    assert earlier.expires_at - datetime.now(UTC) > timedelta(days=4)  # extend_run
     return meta
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 import ast
 import asyncio
 import json
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
@@ -50,7 +51,8 @@ def refund_agent(ledger: AsyncLedger, refunds: list[dict]) -> Agent[Any]:
         refunds.append({"order": order, "amount": amount, "ref": current_attempt().external_ref})
         return {"refund_id": f"rf-{len(refunds)}"}
 
-    return Agent(name="support", model=refund_model(), tools=[gated(issue_refund, ledger)])
+    return Agent(name="support", model=refund_model(),
+                 tools=[gated(issue_refund, ledger, pause_retention=5 * 24 * 3600)])
 
 
 def outputs(result: Any) -> list[Any]:
@@ -60,10 +62,16 @@ def outputs(result: Any) -> list[Any]:
 
 
 async def _interrupted(ledger: AsyncLedger, refunds: list[dict], run_id: str) -> tuple[Any, Any]:
+    # An earlier call of the run, kept a minute only: the interruption extends the run.
+    await ledger.run_once(run_id, "send_reply", {"text": "looking"}, lambda a: "sent",
+                          retention=60)
     agent = refund_agent(ledger, refunds)
     result = await Runner.run(agent, "refund o-7", context={"run_id": run_id})
     (interruption,) = result.interruptions
     assert interruption.tool_name == "issue_refund" and refunds == []
+    earlier = await ledger.lookup(run_id=run_id, tool="send_reply", arguments={"text": "looking"})
+    assert earlier.expires_at is not None
+    assert earlier.expires_at - datetime.now(UTC) > timedelta(days=4)  # extend_run
     return agent, result
 
 

@@ -5,6 +5,7 @@ call (``ApprovalRequired``); the app decides with the person's token and resumes
 
 from __future__ import annotations
 
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from conftest import AGENT_TOKEN, APPROVER_TOKEN
@@ -51,12 +52,20 @@ def tool_outputs(messages: list[ModelMessage]) -> list[Any]:
             if isinstance(part, ToolReturnPart)]
 
 
-def _deferred(agent: Agent[None, Any], run_id: str) -> tuple[Any, Any, dict]:
+def _deferred(agent: Agent[None, Any], run_id: str,
+              ledger: Ledger | None = None) -> tuple[Any, Any, dict]:
+    if ledger is not None:  # an earlier call of the run, kept a minute only
+        ledger.run_once(run_id, "send_reply", {"text": "looking"}, lambda a: "sent",
+                        retention=60)
     result = agent.run_sync("refund o-9", run_id=run_id)
     requests = result.output
     assert isinstance(requests, DeferredToolRequests)
     (call,) = requests.approvals
     meta = requests.metadata[call.tool_call_id]["idempotency_ledger"]
+    if ledger is not None:  # the run's entries are kept while it is paused
+        earlier = ledger.lookup(run_id=run_id, tool="send_reply", arguments={"text": "looking"})
+        assert earlier.expires_at is not None
+        assert earlier.expires_at - datetime.now(UTC) > timedelta(hours=1)
     return result, call, meta
 
 
@@ -66,7 +75,7 @@ def test_approve_then_resume_acts_once_and_again_replays(approval_server: Ledger
     with Ledger(approval_server.address, token=AGENT_TOKEN) as ledger, \
             Ledger(approval_server.address, token=APPROVER_TOKEN) as approver:
         agent = refund_agent(ledger, refunds)
-        result, call, meta = _deferred(agent, run_id)
+        result, call, meta = _deferred(agent, run_id, ledger)
         assert refunds == [] and meta["decide_by"] and "person" in meta["note"]
         approver.decide(meta["key"], meta["fingerprint"], "approve", "checked")
         approved = DeferredToolResults(approvals={call.tool_call_id: True})

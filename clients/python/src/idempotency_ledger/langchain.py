@@ -188,6 +188,9 @@ class LedgerMiddleware(AgentMiddleware[Any, Any]):
         interrupt: a call the ledger holds for a person pauses the thread with LangGraph's
             ``interrupt()`` (the default; the agent needs a checkpointer); False: the model
             reads the awaiting note instead.
+        pause_retention: when it pauses a thread, every finished entry of the run is kept at
+            least this many seconds from then (``extend_run``; default: the server's
+            retention), so that the retries after a late resume still replay.
         options: the ``run_once`` options (``wait``, ``lease``, ``action_timeout``,
             ``confirm_delay``, ...).
     """
@@ -196,7 +199,8 @@ class LedgerMiddleware(AgentMiddleware[Any, Any]):
                  tools: Collection[str] | None = None,
                  confirm: Mapping[str, Callable[[UnknownAttempt], Any]] | None = None,
                  run_id: str | Callable[[ToolCallRequest], Any] = "run",
-                 interrupt: bool = True, **options: Any) -> None:
+                 interrupt: bool = True, pause_retention: float | None = None,
+                 **options: Any) -> None:
         super().__init__()
         if run_id not in ("run", "thread") and not callable(run_id):
             raise ValueError(f"run_id must be 'run', 'thread' or a callable, not {run_id!r}")
@@ -206,6 +210,7 @@ class LedgerMiddleware(AgentMiddleware[Any, Any]):
         self.confirm = checked_confirms(confirm)
         self.run_id = run_id
         self.interrupt = interrupt
+        self.pause_retention = pause_retention
         self.options = run_options(**options)
         for name in self.tool_names or ():
             require_confirm(ledger, name, self.confirm.get(name))
@@ -315,7 +320,8 @@ class LedgerMiddleware(AgentMiddleware[Any, Any]):
                 options=self.options, not_executed=NOT_EXECUTED,
                 confirm=self.confirm.get(name), present=_as_is)
             if outcome.kind == Kind.AWAITING_APPROVAL and self.interrupt:
-                keep_paused_run_sync(self.ledger, run_id)  # type: ignore[arg-type]
+                keep_paused_run_sync(self.ledger, run_id,  # type: ignore[arg-type]
+                                     self.pause_retention)
                 ask_a_person(request, outcome)  # pauses the thread; resumed: the note
             return self._present(request, produced)(outcome)
         except _ErrorMessage as refused:
@@ -346,7 +352,7 @@ class LedgerMiddleware(AgentMiddleware[Any, Any]):
                 options=self.options, not_executed=NOT_EXECUTED,
                 confirm=self.confirm.get(name), present=_as_is)
             if outcome.kind == Kind.AWAITING_APPROVAL and self.interrupt:
-                await keep_paused_run(self.ledger, run_id)
+                await keep_paused_run(self.ledger, run_id, self.pause_retention)
                 ask_a_person(request, outcome)
             result: ToolMessage = self._present(request, produced)(outcome)
         except _ErrorMessage as refused:
