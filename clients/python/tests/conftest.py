@@ -20,6 +20,12 @@ from idempotency_ledger.testing import LedgerServer
 
 REPO = Path(__file__).resolve().parents[3]
 TOKENS = {"tenant-a": "token-a", "tenant-b": "token-b"}
+#: The approvals server's credentials: the agent's token, and a person's with the approver role.
+AGENT_TOKEN = "tok-agent-acme"
+APPROVER_TOKEN = "tok-dana-approves"
+APPROVER_NAME = "dana@acme.example"
+#: Its approval policy: refunds over 100 and every account deletion wait for a person.
+APPROVAL_POLICY = "# tenant tool [pointer op bound]\n* issue_refund /amount > 100\n* delete_account\n"
 
 
 @pytest.fixture(scope="session")
@@ -49,6 +55,31 @@ def auth_server(ledger_bin: Path,
                 tmp_path_factory: pytest.TempPathFactory) -> Iterator[LedgerServer]:
     """A server with credentials: tenant-a (token-a) and tenant-b (token-b)."""
     yield from _serve(ledger_bin, tmp_path_factory.mktemp("ledger-auth"), tokens=TOKENS)
+
+
+@pytest.fixture(scope="session")
+def approval_server(ledger_bin: Path,
+                    tmp_path_factory: pytest.TempPathFactory) -> Iterator[LedgerServer]:
+    """A server with an approval policy (APPROVAL_POLICY), an agent's token and an approver's
+    (tenant acme)."""
+    yield from _serve(ledger_bin, tmp_path_factory.mktemp("ledger-approvals"),
+                      tokens={"acme": AGENT_TOKEN},
+                      approvers={APPROVER_TOKEN: ("acme", APPROVER_NAME)},
+                      approval_policy=APPROVAL_POLICY)
+
+
+@pytest.fixture
+def agent_ledger(approval_server: LedgerServer) -> Iterator[Ledger]:
+    """The agent's client of the approvals server (no approver role)."""
+    with Ledger(approval_server.address, token=AGENT_TOKEN, timeout=10) as client:
+        yield client
+
+
+@pytest.fixture
+def approver(approval_server: LedgerServer) -> Iterator[Ledger]:
+    """The app's approve button: a client with the person's approver token."""
+    with Ledger(approval_server.address, token=APPROVER_TOKEN, timeout=10) as client:
+        yield client
 
 
 @pytest.fixture
@@ -81,7 +112,7 @@ def _server_log_on_failure(request: pytest.FixtureRequest) -> Iterator[None]:
     yield
     report = getattr(request.node, "rep_call", None)
     if report is not None and report.failed:
-        for name in ("server", "auth_server", "fresh_server"):
+        for name in ("server", "auth_server", "fresh_server", "approval_server"):
             if name in request.fixturenames:
                 try:
                     log = request.getfixturevalue(name).log()[-4000:]

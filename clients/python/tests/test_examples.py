@@ -7,6 +7,7 @@ import importlib.util
 import json
 import subprocess
 import sys
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -177,6 +178,23 @@ def test_each_framework_agent_acts_once_per_run(fresh_server: LedgerServer, tmp_
     # Another run is a new intent: the credit is issued again.
     run_agent(fresh_server, world, script, "run-2", capsys)
     assert len(json.loads(world.read_text())["credits"]) == 2
+
+
+def test_the_approvals_example_acts_once_after_the_persons_decision_in_each_framework(
+        approval_server: LedgerServer, capsys: pytest.CaptureFixture[str]) -> None:
+    from conftest import AGENT_TOKEN, APPROVER_TOKEN
+
+    module = load_example("approvals.py")
+    capsys.readouterr()
+    assert module.main(["--target", approval_server.address, "--agent-token", AGENT_TOKEN,
+                        "--approver-token", APPROVER_TOKEN,
+                        "--run-id", f"run-{uuid.uuid4().hex[:8]}"]) == 0
+    lines = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert [line["framework"] for line in lines] == ["openai_agents", "pydantic_ai",
+                                                     "langchain", "mcp"]
+    for line in lines:
+        assert line["refunds"] == 1, line
+        assert "rf-001" in json.dumps(line["model_read"]), line
 
 
 # --- the programs' own help --------------------------------------------------------------------

@@ -34,7 +34,7 @@ from idempotency_ledger._core import NOT_PERFORMED_NOTE
 from idempotency_ledger._proto import ledger_pb2 as pb
 from idempotency_ledger._wire import canonicalization_name as _canonicalization
 from idempotency_ledger.errors import UNKNOWN_NOTE
-from idempotency_ledger.tools import missing_run_id_view
+from idempotency_ledger.tools import missing_run_id_view, model_view
 
 PARITY = json.loads(
     (Path(__file__).resolve().parents[2] / "parity.json").read_text(encoding="utf-8"))
@@ -225,6 +225,39 @@ def test_the_reconcilers_defaults_are_the_clients() -> None:
         assert _default(Reconciler.__init__, parameter) == defaults[key], key
 
 
+def test_a_gated_and_a_declined_call_read_the_lists_status_and_the_servers_note() -> None:
+    reads = PARITY["model_reads"]
+    entry = idempotency_ledger.Entry(
+        key="k", run_id="r", tool="t", fingerprint="f", status=idempotency_ledger.Status.DENIED,
+        attempt=1, result=b"", error="", retryable=False, principal="", started_at=None,
+        finished_at=None, lease_expires_at=None, expires_at=None, replay_count=0,
+        external_ref="")
+    for kind, row in ((idempotency_ledger.Kind.AWAITING_APPROVAL, "awaiting_approval"),
+                      (idempotency_ledger.Kind.DENIED, "denied")):
+        note = f"the server's note for {row}"
+        outcome = idempotency_ledger.CallOutcome(kind, note=note, entry=entry)
+        assert model_view(outcome) == {"status": reads[row]["status"], "note": note}
+    assert idempotency_ledger.AwaitingApprovalError("n", entry).for_model() == {
+        "status": reads["awaiting_approval"]["status"], "note": "n"}
+    assert idempotency_ledger.DeniedError("n", entry).for_model() == {
+        "status": reads["denied"]["status"], "note": "n"}
+
+
+def test_the_approval_methods_are_the_clients() -> None:
+    methods = PARITY["approvals"]["methods"]["python"]
+    assert methods == ["decide", "extend_run", "watch_approvals"]
+    for client in (Ledger, AsyncLedger):
+        for name in methods:
+            assert callable(getattr(client, name, None)), f"{client.__name__}.{name}"
+    assert list(inspect.signature(Ledger.decide).parameters)[1:5] == [
+        "key", "fingerprint", "decision", "reason"]
+    assert list(inspect.signature(Ledger.extend_run).parameters)[1:3] == ["run_id", "at_least"]
+    assert list(inspect.signature(Ledger.watch_approvals).parameters)[1:2] == ["cursor"]
+    assert inspect.isasyncgenfunction(AsyncLedger.watch_approvals)
+    for function in (Ledger.claim, AsyncLedger.claim, Ledger.run_once, AsyncLedger.run_once):
+        assert _default(function, "require_approval") is False, function
+
+
 def test_a_missing_run_id_reads_the_lists_note() -> None:
     expected = PARITY["model_reads"]["missing_run_id"]
     assert missing_run_id_view("issue_credit") == {
@@ -234,7 +267,7 @@ def test_a_missing_run_id_reads_the_lists_note() -> None:
 PARITY_ROWS = (
     [f"defaults.{k}" for k in PARITY["defaults"]]
     + [f"{section}.{k}" for section in ("settlement", "reconciler", "reconciler_tools",
-                                        "model_reads", "model_types", "confirm")
+                                        "model_reads", "model_types", "confirm", "approvals")
        for k in PARITY[section] if k != "about"]
     + ["errors"])
 

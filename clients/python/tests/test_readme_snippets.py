@@ -86,6 +86,10 @@ def run(line: int, code: str, address: str, **names: Any) -> tuple[dict[str, Any
 
 #: Blocks compiled but not run, by a line of theirs, and why.
 COMPILED_ONLY = {
+    "# OpenAI Agents SDK: needs_approval asks the ledger":
+        "the four frameworks' approval lines side by side, each naming its framework's objects "
+        "(model, agent, tools, config) without defining them; examples/approvals.py runs each "
+        "whole against a server with an approval policy (test_examples.py)",
     "# pydantic-ai                                  examples/pydantic_ai_agent.py":
         "the four adapters' lines side by side, each naming its framework's objects (agent, "
         "model, toolset, client) without defining them; examples/ runs each adapter's agent "
@@ -249,6 +253,19 @@ def run_fenced_resolutions(server: LedgerServer) -> None:
     assert (second.status, second.retryable) == (Status.FAILED, True)
 
 
+def run_approvals(server: LedgerServer) -> None:
+    line, code = block('asked = ledger.claim(run_id, "issue_refund"')
+    with LedgerServer(server.binary, tokens={"acme": "tok-agent"},
+                      approvers={"tok-dana": ("acme", "dana")},
+                      approval_policy="* issue_refund /amount > 100\n") as own, \
+            Ledger(own.address, token="tok-agent") as ledger, \
+            Ledger(own.address, token="tok-dana") as approver:
+        run_id = f"run-{uuid.uuid4().hex[:8]}"
+        names, _ = run(line, code, own.address, ledger=ledger, approver=approver, run_id=run_id)
+        assert names["entry"].approval.decided_by == "dana"
+        assert names["result"].value == {"refund_id": "rf-1"} and not names["result"].replayed
+
+
 #: The blocks run, by a line of theirs.
 RUNS: dict[str, Callable[[LedgerServer], None]] = {
     '"run-7f3a", "issue_credit", args,': run_ten_lines,
@@ -260,6 +277,7 @@ RUNS: dict[str, Callable[[LedgerServer], None]] = {
     "except InvalidArgument as e:": run_errors,
     'derive_key("run-7f3a"': run_keys,
     "for pending in ledger.reconcile(": run_fenced_resolutions,
+    'asked = ledger.claim(run_id, "issue_refund"': run_approvals,
 }
 
 

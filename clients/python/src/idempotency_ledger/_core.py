@@ -39,8 +39,10 @@ from .errors import (
     ActionStopped,
     ActionTimeout,
     AlreadyResolved,
+    AwaitingApprovalError,
     BeforeActing,
     DeadlineExceeded,
+    DeniedError,
     InProgressError,
     InvalidArgument,
     LedgerError,
@@ -223,6 +225,11 @@ class Call:
     not_executed: tuple[type[BaseException], ...] = ()
     confirm: Callable[[UnknownAttempt], Any] | None = None
     confirm_delay: float = 1.0
+    #: Ask a person first, whatever the server's policy says (``ClaimRequest.require_approval``).
+    require_approval: bool = False
+    #: A claim already won for this call (an adapter's approval check claimed it): acted on
+    #: instead of claiming again.
+    claimed: ClaimResult | None = None
 
 
 # --- the RPCs, sent again where that is safe --------------------------------------------------
@@ -290,6 +297,20 @@ def reconcile(policy: Policy, request: Any, timeout: float | None, *,
     return wire.reconciliation(r)
 
 
+def decide(policy: Policy, request: Any, timeout: float | None) -> Steps[Entry]:
+    # Sent again after UNAVAILABLE: the same decision again is a success that changes nothing.
+    r = yield from rpc(policy, "Decide", request, policy.deadline(timeout),
+                       budget=policy.retry_budget)
+    return wire.entry(r)
+
+
+def extend_run(policy: Policy, request: Any, timeout: float | None) -> Steps[Any]:
+    # Never shortens a retention: sending it again changes nothing more.
+    r = yield from rpc(policy, "ExtendRun", request, policy.deadline(timeout),
+                       budget=policy.retry_budget)
+    return wire.run_extension(r)
+
+
 # --- run_once ---------------------------------------------------------------------------------
 
 
@@ -300,8 +321,12 @@ def attempt(policy: Policy, call: Call) -> Steps[CallOutcome[Any]]:
     request = wire.claim_request(
         call.run_id, call.tool, call.arguments, key=call.key,
         canonicalization=call.canonicalization, lease=call.lease, retention=call.retention,
-        wait=call.wait, principal=policy.principal if call.principal is None else call.principal)
-    claimed = yield from claim(policy, request, call.timeout, call.wait)
+        wait=call.wait, principal=policy.principal if call.principal is None else call.principal,
+        require_approval=call.require_approval)
+    if call.claimed is not None and call.claimed.outcome == Outcome.CLAIMED:
+        claimed = call.claimed
+    else:
+        claimed = yield from claim_waiting_for_attempts(policy, request, call)
     if claimed.outcome == Outcome.CLAIMED:
         return (yield from _act(policy, call, claimed))
     if (call.confirm is not None and claimed.outcome == Outcome.IN_PROGRESS
@@ -313,10 +338,25 @@ def attempt(policy: Policy, call: Call) -> Steps[CallOutcome[Any]]:
             policy, call, claimed.entry,
             pause=pause_since_unknown(claimed.entry, call.confirm_delay))
         if settled is not None and settled.status != Status.UNKNOWN:
-            claimed = yield from claim(policy, request, call.timeout, call.wait)
+            claimed = yield from claim_waiting_for_attempts(policy, request, call)
             if claimed.outcome == Outcome.CLAIMED:
                 return (yield from _act(policy, call, claimed))
     return answered(claimed, call.codec)
+
+
+def claim_waiting_for_attempts(policy: Policy, request: Any, call: Call) -> Steps[ClaimResult]:
+    """Claims without waiting first, then, only when an attempt is in flight (``ATTEMPTING``),
+    again with the call's `wait`: a call awaiting a person's decision answers at once (a
+    waiting claim would wait for the decision, which may take days), while a duplicate of an
+    attempt in flight still waits for its result."""
+    if not wire.seconds(call.wait):
+        return (yield from claim(policy, request, call.timeout, None))
+    request.ClearField("wait")
+    claimed = yield from claim(policy, request, call.timeout, None)
+    if claimed.outcome != Outcome.IN_PROGRESS or claimed.entry.status != Status.ATTEMPTING:
+        return claimed
+    request.wait.CopyFrom(wire.duration(call.wait))
+    return (yield from claim(policy, request, call.timeout, call.wait))
 
 
 def answered(claimed: ClaimResult, codec: Codec) -> CallOutcome[Any]:
@@ -328,6 +368,12 @@ def answered(claimed: ClaimResult, codec: Codec) -> CallOutcome[Any]:
     if claimed.outcome == Outcome.PREVIOUSLY_FAILED:
         return CallOutcome(Kind.PREVIOUSLY_FAILED, note=claimed.note, entry=entry,
                            error=PreviouslyFailedError(claimed.note, entry))
+    if claimed.outcome == Outcome.AWAITING_APPROVAL:
+        return CallOutcome(Kind.AWAITING_APPROVAL, note=claimed.note, entry=entry,
+                           error=AwaitingApprovalError(claimed.note, entry))
+    if claimed.outcome == Outcome.DENIED:
+        return CallOutcome(Kind.DENIED, note=claimed.note, entry=entry,
+                           error=DeniedError(claimed.note, entry))
     if claimed.outcome == Outcome.IN_PROGRESS and entry.status == Status.UNKNOWN:
         return CallOutcome(Kind.UNKNOWN, note=claimed.note, entry=entry,
                            error=OutcomeUnknownError(claimed.note, entry, claimed.retry_after),

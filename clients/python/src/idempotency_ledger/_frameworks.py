@@ -51,6 +51,11 @@ class FrameworkContext:
     #: the framework has one and would turn it into text for the model (the OpenAI Agents SDK's
     #: ``function_tool(timeout=...)``): the wrapper then lets the ledger answer instead.
     call_timeout: Callable[[Any], float | None] | None = None
+    #: The framework's approval step, for a call the ledger answers ``AWAITING_APPROVAL``:
+    #: called with the context and the outcome, it raises the framework's "a person must
+    #: approve this" (pydantic-ai's ``ApprovalRequired``, LangGraph's ``interrupt()``) or
+    #: returns, and the model reads the awaiting note. The run's entries are extended first.
+    on_awaiting: Callable[[Any, CallOutcome[Any]], None] | None = None
 
 
 _CONTEXTS: list[FrameworkContext] = []
@@ -93,11 +98,56 @@ def _pydantic_ai_run_context(value: Any) -> FrameworkContext | None:
                          if isinstance(getattr(exceptions, name, None), type))
     context = FrameworkContext(
         framework="pydantic-ai", context_type=cls,
-        run_id=lambda ctx: getattr(ctx, "run_id", None) or None, not_executed=not_executed,
+        run_id=pydantic_ai_run_id, not_executed=not_executed,
+        on_awaiting=pydantic_ai_approval_required,
         run_id_hint="run the agent with agent.run(..., run_id=...) (pydantic-ai gives every run "
                     "one)")
     register_context(context)
     return context
+
+
+def pydantic_ai_run_id(ctx: Any) -> str | None:
+    """The run id a pydantic-ai tool call is keyed by: ``ctx.run_id``; for a deferred call
+    resumed after its approval (``ctx.tool_call_approved``), which pydantic-ai runs in a new
+    run with a new id, the id of the run whose model asked for the call (the message history's
+    response holding the call's ``tool_call_id``), so that the resumed call is the same intent
+    as the one a person was asked about."""
+    if getattr(ctx, "tool_call_approved", False) and getattr(ctx, "tool_call_id", None):
+        for message in reversed(getattr(ctx, "messages", None) or ()):
+            if getattr(message, "kind", None) != "response":
+                continue
+            for part in getattr(message, "parts", ()):
+                if (getattr(part, "part_kind", None) == "tool-call"
+                        and part.tool_call_id == ctx.tool_call_id):
+                    asked_in = getattr(message, "run_id", None)
+                    if asked_in:
+                        return str(asked_in)
+    return getattr(ctx, "run_id", None) or None
+
+
+def approval_metadata(outcome: CallOutcome[Any]) -> dict[str, Any]:
+    """What an app needs to decide about a call the ledger holds for a person: the entry's key
+    and fingerprint (to echo to ``decide``), its ``decide_by`` and the ledger's note."""
+    entry = outcome.entry
+    approval = entry.approval if entry is not None else None
+    decide_by = approval.decide_by if approval is not None else None
+    return {"idempotency_ledger": {
+        "key": entry.key if entry is not None else "",
+        "fingerprint": entry.fingerprint if entry is not None else "",
+        "decide_by": decide_by.isoformat() if decide_by is not None else None,
+        "note": outcome.note}}
+
+
+def pydantic_ai_approval_required(ctx: Any, outcome: CallOutcome[Any]) -> None:
+    """pydantic-ai's approval step: ``ApprovalRequired`` (the run ends with the call among its
+    ``DeferredToolRequests.approvals``), with the entry's key and fingerprint as its metadata;
+    unless the call was already approved in the run's state (``ctx.tool_call_approved``)
+    without the ledger's approval: the model then reads the awaiting note."""
+    exceptions = sys.modules.get("pydantic_ai.exceptions")
+    approval_required = getattr(exceptions, "ApprovalRequired", None)
+    if approval_required is None or getattr(ctx, "tool_call_approved", False):
+        return
+    raise approval_required(metadata=approval_metadata(outcome))
 
 
 def unregistered_framework(value: Any) -> str | None:

@@ -7,7 +7,7 @@ the generated service stub). Pure functions, no I/O.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -18,15 +18,18 @@ from ._proto import ledger_pb2 as pb
 from .errors import InvalidArgument
 from .keys import arguments_json
 from .model import (
+    ApprovalEvent,
     Canonicalization,
     ClaimResult,
     Completion,
     Entry,
     Outcome,
     Reconciliation,
+    Decision,
     Resolution,
     ResolutionOutcome,
     ResolutionResult,
+    RunExtension,
     Status,
 )
 
@@ -111,6 +114,7 @@ def claim_request(
     retention: Seconds | None,
     wait: Seconds | None,
     principal: str,
+    require_approval: bool = False,
 ) -> Any:
     return pb.ClaimRequest(
         run_id=run_id or "",
@@ -122,7 +126,41 @@ def claim_request(
         retention=duration(retention),
         wait=duration(wait) if seconds(wait) else None,
         principal=principal,
+        require_approval=require_approval,
     )
+
+
+def decision_name(value: Decision | str) -> str:
+    """The proto's ``DECISION_*`` name of ``"approve"`` / ``"deny"`` (any case) or a
+    :class:`Decision`."""
+    text = value.value if isinstance(value, Decision) else str(value)
+    try:
+        return "DECISION_" + Decision(text.upper().removeprefix("DECISION_")).value
+    except ValueError:
+        raise ValueError(f"decision must be 'approve' or 'deny', not {value!r}") from None
+
+
+def decide_request(key: str, fingerprint: str, decision: Decision | str, reason: str) -> Any:
+    return pb.DecideRequest(key=key, fingerprint=fingerprint, decision=decision_name(decision),
+                            reason=reason)
+
+
+def extend_run_request(run_id: str, at_least: Seconds | None) -> Any:
+    return pb.ExtendRunRequest(run_id=run_id, retention=duration(at_least))
+
+
+def watch_request(cursor: str | None) -> Any:
+    return pb.WatchApprovalsRequest(after=cursor or "")
+
+
+def run_extension(r: Any) -> RunExtension:
+    kept = r.kept_until.ToDatetime(tzinfo=UTC) if r.HasField("kept_until") else None
+    return RunExtension(int(r.extended), kept)
+
+
+def approval_event(r: Any) -> ApprovalEvent:
+    at = r.at.ToDatetime(tzinfo=UTC) if r.HasField("at") else None
+    return ApprovalEvent(r.cursor, r.kind, at, r.principal, Entry.from_pb(r.entry))
 
 
 def complete_request(key: str, claim_token: str, status: Status | str, result: bytes, error: str,

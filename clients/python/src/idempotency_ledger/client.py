@@ -65,16 +65,19 @@ from ._wire import Arguments, Seconds
 from .codec import JSON, Codec
 from .errors import FailedPrecondition, LedgerError, error_from_rpc
 from .model import (
+    ApprovalEvent,
     Attempt,
     CallOutcome,
     Canonicalization,
     ClaimResult,
     Completion,
+    Decision,
     Entry,
     Outcome,
     Reconciliation,
     Resolution,
     Result,
+    RunExtension,
     Status,
     UnknownAttempt,
 )
@@ -168,7 +171,8 @@ class _Base:
               retention: Seconds | None, principal: str | None, timeout: float | None,
               action_timeout: Seconds | None, renew: bool,
               not_executed: Iterable[type[BaseException]], confirm: Confirm | None,
-              confirm_delay: float) -> core.Call:
+              confirm_delay: float, require_approval: bool = False,
+              claimed: ClaimResult | None = None) -> core.Call:
         if self.require_confirm and confirm is None:
             raise confirm_required(tool)  # refused before anything is claimed
         if confirm is not None:
@@ -178,7 +182,8 @@ class _Base:
                          lease=lease, retention=retention, principal=principal, timeout=timeout,
                          action_timeout=action_timeout, renew=renew,
                          not_executed=tuple(not_executed), confirm=confirm,
-                         confirm_delay=confirm_delay)
+                         confirm_delay=confirm_delay, require_approval=require_approval,
+                         claimed=claimed)
 
     @staticmethod
     def _renew_interval(lease: float) -> float:
@@ -364,14 +369,18 @@ class LedgerClient(_Base):
         wait: Seconds | None = None,
         principal: str | None = None,
         timeout: float | None = None,
+        require_approval: bool = False,
     ) -> ClaimResult:
         """Claims the key of a tool call before acting. `arguments` is JSON text or a Python
         object (see :mod:`idempotency_ledger.keys`); `key` replaces the derived key with yours.
-        Durations are seconds or ``timedelta``; unset means the server's default."""
+        Durations are seconds or ``timedelta``; unset means the server's default.
+        `require_approval` asks a person first whatever the server's policy says: a new entry
+        answers ``Outcome.AWAITING_APPROVAL`` instead of ``CLAIMED``."""
         request = wire.claim_request(
             run_id, tool, arguments, key=key, canonicalization=canonicalization, lease=lease,
             retention=retention, wait=wait,
-            principal=self.principal if principal is None else principal)
+            principal=self.principal if principal is None else principal,
+            require_approval=require_approval)
         return self._drive(core.claim(self._policy, request, timeout, wait))
 
     def complete(
@@ -467,6 +476,50 @@ class LedgerClient(_Base):
             if not wire.next_page(request, r):
                 return
 
+    def decide(
+        self,
+        key: str,
+        fingerprint: str,
+        decision: Decision | str,
+        reason: str = "",
+        *,
+        timeout: float | None = None,
+    ) -> Entry:
+        """A person's decision about a call awaiting approval: ``"approve"`` or ``"deny"``,
+        with `reason` (the model reads it with a denial). `fingerprint` is the entry's as the
+        person was shown it with the arguments: another raises :class:`ApprovalMismatch` and
+        changes nothing. Only a credential with the approver role decides (the client's
+        `token`): another raises :class:`ApproverRoleRequired`; the server records who decided
+        from the credential (``entry.approval.decided_by``). The same decision again returns
+        the entry unchanged; the opposite one raises :class:`AlreadyDecided`, and an entry
+        that awaits no decision :class:`NotAwaitingApproval`. Returns the entry decided."""
+        request = wire.decide_request(key, fingerprint, decision, reason)
+        return self._drive(core.decide(self._policy, request, timeout))
+
+    def extend_run(self, run_id: str, at_least: Seconds | None = None, *,
+                   timeout: float | None = None) -> RunExtension:
+        """Keeps every finished entry of `run_id` at least `at_least` (seconds or
+        ``timedelta``; unset: the server's default retention) from now, so that the retries
+        after a run paused outside the ledger still replay; never shortens a retention. Above
+        the server's ``--max-retention`` raises :class:`InvalidArgument`."""
+        request = wire.extend_run_request(run_id, at_least)
+        return self._drive(core.extend_run(self._policy, request, timeout))
+
+    def watch_approvals(self, cursor: str | None = None) -> Iterator[ApprovalEvent]:
+        """Yields the tenant's approval events as they happen (a request, a decision, a use, an
+        expiry), from now, or after `cursor` (the ``cursor`` of the last event seen, to resume
+        after a reconnect without missing one). The stream has no deadline; break out of the
+        loop (or close the generator) to end it. Errors are raised by the iteration."""
+        request = wire.watch_request(cursor)
+        stream = self._stub.WatchApprovals(request, metadata=self._call_metadata())
+        try:
+            for r in stream:
+                yield wire.approval_event(r)
+        except grpc.RpcError as e:
+            raise error_from_rpc(e) from e
+        finally:
+            stream.cancel()
+
     # --- run_once -----------------------------------------------------------------------------
 
     def run_once(
@@ -489,6 +542,7 @@ class LedgerClient(_Base):
         not_executed: Iterable[type[BaseException]] = (),
         confirm: Confirm | None = None,
         confirm_delay: float = DEFAULT_CONFIRM_DELAY,
+        require_approval: bool = False,
     ) -> Result[T]:
         """Runs ``action(attempt)`` at most once for this intent; see the module's documentation.
 
@@ -505,7 +559,8 @@ class LedgerClient(_Base):
             run_id, tool, arguments, action, codec=codec, wait=wait, key=key,
             canonicalization=canonicalization, lease=lease, retention=retention,
             principal=principal, timeout=timeout, action_timeout=action_timeout, renew=renew,
-            not_executed=not_executed, confirm=confirm, confirm_delay=confirm_delay))
+            not_executed=not_executed, confirm=confirm, confirm_delay=confirm_delay,
+            require_approval=require_approval))
 
     def attempt(
         self,
@@ -527,15 +582,19 @@ class LedgerClient(_Base):
         not_executed: Iterable[type[BaseException]] = (),
         confirm: Confirm | None = None,
         confirm_delay: float = DEFAULT_CONFIRM_DELAY,
+        require_approval: bool = False,
+        claimed: ClaimResult | None = None,
     ) -> CallOutcome[T]:
         """:meth:`run_once` without raising for an outcome: what became of the call
         (:class:`~idempotency_ledger.CallOutcome`). A call the ledger refuses or cannot be reached
-        for still raises its :class:`LedgerError`."""
+        for still raises its :class:`LedgerError`. `claimed`: a claim of this call's key already
+        won (``CLAIMED``), acted on instead of claiming again."""
         call = self._call(run_id, tool, arguments, action, codec=codec, wait=wait, key=key,
                           canonicalization=canonicalization, lease=lease, retention=retention,
                           principal=principal, timeout=timeout, action_timeout=action_timeout,
                           renew=renew, not_executed=not_executed, confirm=confirm,
-                          confirm_delay=confirm_delay)
+                          confirm_delay=confirm_delay, require_approval=require_approval,
+                          claimed=claimed)
         return self._drive(core.attempt(self._policy, call))
 
 
@@ -766,12 +825,14 @@ class AsyncLedgerClient(_Base):
         wait: Seconds | None = None,
         principal: str | None = None,
         timeout: float | None = None,
+        require_approval: bool = False,
     ) -> ClaimResult:
         """See :meth:`LedgerClient.claim`."""
         request = wire.claim_request(
             run_id, tool, arguments, key=key, canonicalization=canonicalization, lease=lease,
             retention=retention, wait=wait,
-            principal=self.principal if principal is None else principal)
+            principal=self.principal if principal is None else principal,
+            require_approval=require_approval)
         return await self._drive(core.claim(self._policy, request, timeout, wait))
 
     async def complete(
@@ -854,6 +915,38 @@ class AsyncLedgerClient(_Base):
             if not wire.next_page(request, r):
                 return
 
+    async def decide(
+        self,
+        key: str,
+        fingerprint: str,
+        decision: Decision | str,
+        reason: str = "",
+        *,
+        timeout: float | None = None,
+    ) -> Entry:
+        """See :meth:`LedgerClient.decide`."""
+        request = wire.decide_request(key, fingerprint, decision, reason)
+        return await self._drive(core.decide(self._policy, request, timeout))
+
+    async def extend_run(self, run_id: str, at_least: Seconds | None = None, *,
+                         timeout: float | None = None) -> RunExtension:
+        """See :meth:`LedgerClient.extend_run`."""
+        request = wire.extend_run_request(run_id, at_least)
+        return await self._drive(core.extend_run(self._policy, request, timeout))
+
+    async def watch_approvals(self, cursor: str | None = None) -> AsyncIterator[ApprovalEvent]:
+        """See :meth:`LedgerClient.watch_approvals`: an async iterator (``async for event in
+        ...``)."""
+        request = wire.watch_request(cursor)
+        stream = self._stub.WatchApprovals(request, metadata=self._call_metadata())
+        try:
+            async for r in stream:
+                yield wire.approval_event(r)
+        except grpc.aio.AioRpcError as e:
+            raise error_from_rpc(e) from e
+        finally:
+            stream.cancel()
+
     # --- run_once -----------------------------------------------------------------------------
 
     async def run_once(
@@ -876,6 +969,7 @@ class AsyncLedgerClient(_Base):
         not_executed: Iterable[type[BaseException]] = (),
         confirm: Confirm | None = None,
         confirm_delay: float = DEFAULT_CONFIRM_DELAY,
+        require_approval: bool = False,
     ) -> Result[T]:
         """See :meth:`LedgerClient.run_once`. A cancellation of the action is recorded as
         ``UNKNOWN`` and re-raised. `action_timeout` cancels the awaitable the action returned
@@ -885,7 +979,8 @@ class AsyncLedgerClient(_Base):
             run_id, tool, arguments, action, codec=codec, wait=wait, key=key,
             canonicalization=canonicalization, lease=lease, retention=retention,
             principal=principal, timeout=timeout, action_timeout=action_timeout, renew=renew,
-            not_executed=not_executed, confirm=confirm, confirm_delay=confirm_delay))
+            not_executed=not_executed, confirm=confirm, confirm_delay=confirm_delay,
+            require_approval=require_approval))
 
     async def attempt(
         self,
@@ -907,13 +1002,16 @@ class AsyncLedgerClient(_Base):
         not_executed: Iterable[type[BaseException]] = (),
         confirm: Confirm | None = None,
         confirm_delay: float = DEFAULT_CONFIRM_DELAY,
+        require_approval: bool = False,
+        claimed: ClaimResult | None = None,
     ) -> CallOutcome[T]:
         """See :meth:`LedgerClient.attempt`."""
         call = self._call(run_id, tool, arguments, action, codec=codec, wait=wait, key=key,
                           canonicalization=canonicalization, lease=lease, retention=retention,
                           principal=principal, timeout=timeout, action_timeout=action_timeout,
                           renew=renew, not_executed=not_executed, confirm=confirm,
-                          confirm_delay=confirm_delay)
+                          confirm_delay=confirm_delay, require_approval=require_approval,
+                          claimed=claimed)
         return await self._drive(core.attempt(self._policy, call))
 
 

@@ -26,10 +26,15 @@ _DETAILS_TRAILER = "grpc-status-details-bin"
 __all__ = [
     "ActionStopped",
     "ActionTimeout",
+    "AlreadyDecided",
     "AlreadyResolved",
+    "ApprovalMismatch",
+    "ApproverRoleRequired",
+    "AwaitingApprovalError",
     "BeforeActing",
     "DataLoss",
     "DeadlineExceeded",
+    "DeniedError",
     "FailedPrecondition",
     "InProgressError",
     "InternalError",
@@ -37,10 +42,12 @@ __all__ = [
     "KeyReused",
     "LeaseEnded",
     "LedgerError",
+    "NotAwaitingApproval",
     "NotExecuted",
     "NotFound",
     "OutcomeUnknownError",
     "PermanentFailure",
+    "PermissionDenied",
     "PreviouslyFailedError",
     "ResourceExhausted",
     "ResultNotEncodable",
@@ -128,6 +135,20 @@ class LeaseEnded(FailedPrecondition):
     it) or has its outcome, and nothing changed. Stop renewing; complete with what happened."""
 
 
+class ApprovalMismatch(FailedPrecondition):
+    """A Decide whose fingerprint is not the entry's (``APPROVAL_MISMATCH``): the person was shown
+    other arguments than the entry holds. Nothing changed."""
+
+
+class AlreadyDecided(FailedPrecondition):
+    """A Decide opposite to the decision already taken (``ALREADY_DECIDED``). Nothing changed."""
+
+
+class NotAwaitingApproval(FailedPrecondition):
+    """A Decide about an entry that awaits no decision: never gated, lapsed, or already used
+    (``NOT_AWAITING_APPROVAL``). Nothing changed."""
+
+
 class NotFound(LedgerError):
     """No such entry for this tenant (``ENTRY_NOT_FOUND``): absent, expired or another
     tenant's, indistinguishably."""
@@ -139,6 +160,17 @@ class Unauthenticated(LedgerError):
     """A missing, malformed or unknown bearer token (``UNAUTHENTICATED``)."""
 
     default_code = grpc.StatusCode.UNAUTHENTICATED
+
+
+class PermissionDenied(LedgerError):
+    """The credential may not make this call (``PERMISSION_DENIED``)."""
+
+    default_code = grpc.StatusCode.PERMISSION_DENIED
+
+
+class ApproverRoleRequired(PermissionDenied):
+    """A Decide with a credential that has no approver role (``APPROVER_ROLE_REQUIRED``): only a
+    person's token decides, never the agent's. Nothing changed."""
 
 
 class ResourceExhausted(LedgerError):
@@ -287,6 +319,40 @@ class PreviouslyFailedError(LedgerError):
         return {"status": "previously_failed", "note": self.note or self.error}
 
 
+class AwaitingApprovalError(LedgerError):
+    """``OUTCOME_AWAITING_APPROVAL``: the call waits for a person's decision; nothing was done.
+    ``entry.approval`` says until when (``decide_by``); ``note`` is the server's sentence for the
+    model. Claim again after the decision: an approval lets the next claim act, once."""
+
+    def __init__(self, note: str, entry: Entry) -> None:
+        super().__init__(note or "this call waits for a person's approval; nothing was done",
+                         reason="AWAITING_APPROVAL")
+        self.note = note
+        self.entry = entry
+        self.approval = entry.approval
+
+    def for_model(self) -> dict[str, Any]:
+        """What the model reads: a person has been asked, nothing was done."""
+        return {"status": "awaiting_approval", "note": self.note}
+
+
+class DeniedError(LedgerError):
+    """``OUTCOME_DENIED``: a person declined this call; it was not done and will not be.
+    ``reason`` of ``entry.approval`` is the person's; ``note`` the server's sentence for the
+    model."""
+
+    def __init__(self, note: str, entry: Entry) -> None:
+        super().__init__(note or "a person declined this call; it was not done",
+                         reason="DENIED")
+        self.note = note
+        self.entry = entry
+        self.approval = entry.approval
+
+    def for_model(self) -> dict[str, Any]:
+        """What the model reads: declined, not done, do not retry it unchanged."""
+        return {"status": "denied", "note": self.note}
+
+
 # --- what an action raises --------------------------------------------------------------------
 
 
@@ -329,6 +395,7 @@ _BY_CODE: dict[grpc.StatusCode, type[LedgerError]] = {
     grpc.StatusCode.FAILED_PRECONDITION: FailedPrecondition,
     grpc.StatusCode.NOT_FOUND: NotFound,
     grpc.StatusCode.UNAUTHENTICATED: Unauthenticated,
+    grpc.StatusCode.PERMISSION_DENIED: PermissionDenied,
     grpc.StatusCode.RESOURCE_EXHAUSTED: ResourceExhausted,
     grpc.StatusCode.UNAVAILABLE: Unavailable,
     grpc.StatusCode.DEADLINE_EXCEEDED: DeadlineExceeded,
@@ -341,6 +408,10 @@ _BY_REASON: dict[tuple[grpc.StatusCode, str], type[LedgerError]] = {
     (grpc.StatusCode.FAILED_PRECONDITION, "STALE_CLAIM_TOKEN"): StaleClaimToken,
     (grpc.StatusCode.FAILED_PRECONDITION, "ALREADY_RESOLVED"): AlreadyResolved,
     (grpc.StatusCode.FAILED_PRECONDITION, "LEASE_ENDED"): LeaseEnded,
+    (grpc.StatusCode.FAILED_PRECONDITION, "APPROVAL_MISMATCH"): ApprovalMismatch,
+    (grpc.StatusCode.FAILED_PRECONDITION, "ALREADY_DECIDED"): AlreadyDecided,
+    (grpc.StatusCode.FAILED_PRECONDITION, "NOT_AWAITING_APPROVAL"): NotAwaitingApproval,
+    (grpc.StatusCode.PERMISSION_DENIED, "APPROVER_ROLE_REQUIRED"): ApproverRoleRequired,
     (grpc.StatusCode.RESOURCE_EXHAUSTED, "STORE_FULL"): StoreFull,
 }
 

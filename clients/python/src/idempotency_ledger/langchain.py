@@ -42,6 +42,22 @@ message, as without the ledger). So are arguments the tool's schema refuses (the
 error message) and a LangGraph ``interrupt()`` (a human approval asked before acting: the resumed
 tool runs from its start). Tools that return a ``Command`` cannot be replayed: leave them out with
 ``tools=``.
+
+**Approvals.** A call the ledger holds for a person (the server's approval policy, or
+``require_approval=True``) pauses the thread with LangGraph's ``interrupt()`` (the agent needs a
+checkpointer), its value the entry's ``key``, ``fingerprint``, ``decide_by`` and note under
+``"idempotency_ledger"``, and the tool call; the run's entries are extended meanwhile. Key the
+calls by the thread (``run_id="thread"``), so that the resumed invocation is the same intent. The
+app's approve button decides with the person's token, then resumes the thread::
+
+    meta = state["__interrupt__"][0].value["idempotency_ledger"]
+    approver.decide(meta["key"], meta["fingerprint"], "approve", "checked")
+    agent.invoke(Command(resume=True), config)
+
+The resumed tool node claims again, and only the ledger's answer counts: approved, the tool acts
+once (a thread resumed twice replays the one result); denied, the model reads ``{"status":
+"denied", "note": ...}`` with the person's reason; a resume without a Decide (whatever its
+value) reads ``{"status": "awaiting_approval", "note": ...}`` and nothing acts.
 """
 
 from __future__ import annotations
@@ -55,10 +71,11 @@ from langchain_core.messages import ToolMessage
 from langchain_core.tools import BaseTool, ToolException
 from langgraph.errors import GraphInterrupt
 from langgraph.prebuilt.tool_node import ToolCallRequest, ToolRuntime
-from langgraph.types import Command
+from langgraph.types import Command, interrupt
 from pydantic import BaseModel
 
 from ._core import causes
+from ._frameworks import approval_metadata
 from .client import AsyncLedgerClient, LedgerClient
 from .codec import to_jsonable
 from .errors import BeforeActing, NotExecuted
@@ -67,6 +84,8 @@ from .tools import (
     FrameworkContext,
     LedgerTool,
     checked_confirms,
+    keep_paused_run,
+    keep_paused_run_sync,
     missing_run_id,
     model_view,
     register_context,
@@ -94,9 +113,23 @@ def run_id_of_context(value: ToolRuntime) -> str | None:
     return str(run_id) if run_id else _config_run_id(value.config)
 
 
+def ask_a_person(request: Any, outcome: CallOutcome[Any]) -> Any:
+    """LangGraph's approval step for a call the ledger holds for a person: ``interrupt()`` with
+    the entry's key, fingerprint, ``decide_by`` and note (and the tool call), which pauses the
+    thread; the thread resumed (``Command(resume=...)``) runs the tool node again, whose claim
+    alone decides: approved, it acts; whatever the resume value says, an entry still awaiting a
+    decision only reads the awaiting note."""
+    payload = approval_metadata(outcome)
+    call = getattr(request, "tool_call", None)
+    if isinstance(call, Mapping):
+        payload["tool_call"] = {"name": call.get("name"), "args": call.get("args"),
+                                "id": call.get("id")}
+    return interrupt(payload)
+
+
 register_context(FrameworkContext(
     framework="langchain", context_type=ToolRuntime, run_id=run_id_of_context,
-    not_executed=NOT_EXECUTED,
+    not_executed=NOT_EXECUTED, on_awaiting=ask_a_person,
     run_id_hint='invoke the agent with config={"run_id": uuid.uuid4()}'))
 
 
@@ -137,6 +170,10 @@ def _refuses_arguments(tool: BaseTool | None, arguments: Mapping[str, Any]) -> b
     return False
 
 
+def _as_is(outcome: CallOutcome[Any]) -> CallOutcome[Any]:
+    return outcome
+
+
 class LedgerMiddleware(AgentMiddleware[Any, Any]):
     """Makes the agent's tool calls run once per intent (every tool, or those named in `tools`).
 
@@ -148,6 +185,12 @@ class LedgerMiddleware(AgentMiddleware[Any, Any]):
             strict mode (``require_confirm=True``) every tool named in `tools` needs one; with
             ``tools=None``, a tool without one is refused at its first call.
         run_id: ``"run"``, ``"thread"`` or a callable; see the module's documentation.
+        interrupt: a call the ledger holds for a person pauses the thread with LangGraph's
+            ``interrupt()`` (the default; the agent needs a checkpointer); False: the model
+            reads the awaiting note instead.
+        pause_retention: when it pauses a thread, every finished entry of the run is kept at
+            least this many seconds from then (``extend_run``; default: the server's
+            retention), so that the retries after a late resume still replay.
         options: the ``run_once`` options (``wait``, ``lease``, ``action_timeout``,
             ``confirm_delay``, ...).
     """
@@ -156,6 +199,7 @@ class LedgerMiddleware(AgentMiddleware[Any, Any]):
                  tools: Collection[str] | None = None,
                  confirm: Mapping[str, Callable[[UnknownAttempt], Any]] | None = None,
                  run_id: str | Callable[[ToolCallRequest], Any] = "run",
+                 interrupt: bool = True, pause_retention: float | None = None,
                  **options: Any) -> None:
         super().__init__()
         if run_id not in ("run", "thread") and not callable(run_id):
@@ -165,6 +209,8 @@ class LedgerMiddleware(AgentMiddleware[Any, Any]):
         self.tool_names = None if tools is None else frozenset(tools)
         self.confirm = checked_confirms(confirm)
         self.run_id = run_id
+        self.interrupt = interrupt
+        self.pause_retention = pause_retention
         self.options = run_options(**options)
         for name in self.tool_names or ():
             require_confirm(ledger, name, self.confirm.get(name))
@@ -266,12 +312,18 @@ class LedgerMiddleware(AgentMiddleware[Any, Any]):
             return self._stored(request, message, handled)
 
         name = request.tool_call["name"]
+        run_id = self._run_id(request)
         try:
-            return run_tool_call_sync(  # type: ignore[no-any-return]
-                self.ledger, run_id=self._run_id(request), tool=name,  # type: ignore[arg-type]
+            outcome = run_tool_call_sync(
+                self.ledger, run_id=run_id, tool=name,  # type: ignore[arg-type]
                 arguments=to_jsonable(request.tool_call["args"]), act=act,
                 options=self.options, not_executed=NOT_EXECUTED,
-                confirm=self.confirm.get(name), present=self._present(request, produced))
+                confirm=self.confirm.get(name), present=_as_is)
+            if outcome.kind == Kind.AWAITING_APPROVAL and self.interrupt:
+                keep_paused_run_sync(self.ledger, run_id,  # type: ignore[arg-type]
+                                     self.pause_retention)
+                ask_a_person(request, outcome)  # pauses the thread; resumed: the note
+            return self._present(request, produced)(outcome)
         except _ErrorMessage as refused:
             return refused.message
 
@@ -292,12 +344,17 @@ class LedgerMiddleware(AgentMiddleware[Any, Any]):
             return self._stored(request, message, handled)
 
         name = request.tool_call["name"]
+        run_id = self._run_id(request)
         try:
-            result: ToolMessage = await run_tool_call(
-                self.ledger, run_id=self._run_id(request), tool=name,
+            outcome = await run_tool_call(
+                self.ledger, run_id=run_id, tool=name,
                 arguments=to_jsonable(request.tool_call["args"]), act=act,
                 options=self.options, not_executed=NOT_EXECUTED,
-                confirm=self.confirm.get(name), present=self._present(request, produced))
+                confirm=self.confirm.get(name), present=_as_is)
+            if outcome.kind == Kind.AWAITING_APPROVAL and self.interrupt:
+                await keep_paused_run(self.ledger, run_id, self.pause_retention)
+                ask_a_person(request, outcome)
+            result: ToolMessage = self._present(request, produced)(outcome)
         except _ErrorMessage as refused:
             return refused.message
         return result

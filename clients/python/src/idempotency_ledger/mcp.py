@@ -39,6 +39,14 @@ result). A tool whose own result is an error result is recorded retryable.
 
 A tool function that takes FastMCP's ``Context`` may use ``@ledger.tool()`` instead; the wrapper
 reads the same ``_meta`` key.
+
+**Approvals.** MCP has no approval step: a call the ledger holds for a person (the server's
+approval policy, or ``require_approval=True``) answers a text block ``{"status":
+"awaiting_approval", "note": ...}`` (nothing was done; the note gives the deadline), and a call
+a person declined ``{"status": "denied", "note": ...}`` with the reason (error results for a
+tool with an output schema, as the other notes). The app decides with the person's token
+(``ledger.decide(key, fingerprint, "approve", reason)``); the client's next call of the same
+arguments then acts, once.
 """
 
 from __future__ import annotations

@@ -9,10 +9,14 @@ from datetime import UTC, datetime
 from typing import Any, Generic, TypeVar
 
 __all__ = [
+    "Approval",
+    "ApprovalEvent",
+    "ApprovalState",
     "Attempt",
     "Canonicalization",
     "ClaimResult",
     "Completion",
+    "Decision",
     "Entry",
     "Outcome",
     "Reconciliation",
@@ -20,6 +24,7 @@ __all__ = [
     "ResolutionOutcome",
     "ResolutionResult",
     "Result",
+    "RunExtension",
     "Status",
 ]
 
@@ -56,10 +61,71 @@ class Status(enum.IntEnum):
     UNKNOWN = 4
     #: A gated call waits for a person's decision.
     AWAITING_APPROVAL = 5
+    #: A person declined the call: terminal, replayed to every repeat as ``Outcome.DENIED``.
+    DENIED = 6
 
     @classmethod
     def _missing_(cls, value: object) -> Status:
         return cls.UNSPECIFIED
+
+
+class ApprovalState(enum.IntEnum):
+    """Where an entry's approval stands (``idempotency.v1.ApprovalState``, same numbers)."""
+
+    #: No approval is involved.
+    UNSPECIFIED = 0
+    #: A person has been asked; undecided until ``decide_by``.
+    REQUESTED = 1
+    #: Approved: the next claim (before ``execute_by``) acts, once.
+    APPROVED = 2
+    #: Declined.
+    DENIED = 3
+    #: Not decided by ``decide_by``, or not used by ``execute_by``: the next claim asks again.
+    EXPIRED = 4
+    #: Approved and used by a claim that acted.
+    USED = 5
+
+    @classmethod
+    def _missing_(cls, value: object) -> ApprovalState:
+        return cls.UNSPECIFIED
+
+
+class Decision(enum.StrEnum):
+    """A person's decision (``idempotency.v1.Decision``): ``ledger.decide(..., "approve")``."""
+
+    APPROVE = "APPROVE"
+    DENY = "DENY"
+
+
+def _when(pb: Any, name: str) -> datetime | None:
+    if not pb.HasField(name):
+        return None
+    stamp: datetime = getattr(pb, name).ToDatetime(tzinfo=UTC)
+    return stamp
+
+
+@dataclass(frozen=True)
+class Approval:
+    """The approval of a call that needed a person's decision (``idempotency.v1.Approval``)."""
+
+    state: ApprovalState
+    requested_at: datetime | None = None
+    #: Until when a person may decide; undecided after it, the request lapses.
+    decide_by: datetime | None = None
+    decided_at: datetime | None = None
+    #: Who decided: the approver credential's principal, as the server recorded it.
+    decided_by: str = ""
+    #: Why, in the approver's words.
+    reason: str = ""
+    #: Until when an approval may be used; unused after it, it lapses.
+    execute_by: datetime | None = None
+
+    @classmethod
+    def from_pb(cls, pb: Any) -> Approval:
+        return cls(state=ApprovalState(pb.state), requested_at=_when(pb, "requested_at"),
+                   decide_by=_when(pb, "decide_by"), decided_at=_when(pb, "decided_at"),
+                   decided_by=pb.decided_by, reason=pb.reason,
+                   execute_by=_when(pb, "execute_by"))
 
 
 class Canonicalization(enum.StrEnum):
@@ -109,6 +175,8 @@ class Entry:
     #: after the attempt was recorded as not done): the intent may have acted twice. Set until
     #: a person acknowledges it.
     possible_double_effect: bool = False
+    #: The person's decision this call needed (``None`` when it needed none).
+    approval: Approval | None = None
 
     @classmethod
     def from_pb(cls, pb: Any) -> Entry:
@@ -139,6 +207,7 @@ class Entry:
             resolved_by=pb.resolved_by,
             hold_token=pb.hold_token,
             possible_double_effect=pb.possible_double_effect,
+            approval=Approval.from_pb(pb.approval) if pb.HasField("approval") else None,
         )
 
 
@@ -158,6 +227,43 @@ class ClaimResult:
     @property
     def key(self) -> str:
         return self.entry.key
+
+    @property
+    def fingerprint(self) -> str:
+        """The entry's fingerprint: what an approver echoes to ``decide`` (the arguments the
+        person was shown)."""
+        return self.entry.fingerprint
+
+    @property
+    def approval(self) -> Approval | None:
+        """The entry's approval (``AWAITING_APPROVAL``: ``decide_by``; ``DENIED``: who declined
+        and why), or ``None`` when the call needed no decision."""
+        return self.entry.approval
+
+
+@dataclass(frozen=True)
+class ApprovalEvent:
+    """One event of ``watch_approvals``: a request, decision, use or expiry of the caller's
+    tenant. Pass ``cursor`` back to resume after it."""
+
+    cursor: str
+    #: ``"requested"``, ``"approved"``, ``"denied"``, ``"expired"`` or ``"used"``.
+    kind: str
+    at: datetime | None
+    #: Who: the approver of a decision, the claimant of a request or a use.
+    principal: str
+    #: The entry as it stood just after (its tool, arguments as stored, run, approval).
+    entry: Entry
+
+
+@dataclass(frozen=True)
+class RunExtension:
+    """What ``extend_run`` did."""
+
+    #: How many finished entries of the run now expire later than they did.
+    extended: int
+    #: The earliest a finished entry of the run may now expire (``None``: the run has none).
+    kept_until: datetime | None
 
 
 @dataclass(frozen=True)
@@ -411,6 +517,10 @@ class Kind(enum.StrEnum):
     NOT_FOUND = "not_found"
     #: The action failed for good now (``PermanentFailure``).
     FAILED = "failed"
+    #: The call waits for a person's decision: nothing was done (``AWAITING_APPROVAL``).
+    AWAITING_APPROVAL = "awaiting_approval"
+    #: A person declined the call: it was not done (``DENIED``).
+    DENIED = "denied"
 
 
 @dataclass(frozen=True)

@@ -32,6 +32,26 @@ To say the tool did not act, raise the retry from ``NotExecuted``::
 
 which is recorded FAILED and retryable: pydantic-ai asks the model again, and the corrected call
 runs. ``CallDeferred`` and ``ApprovalRequired`` ask before the tool acts: recorded retryable.
+
+**Approvals.** A call the ledger holds for a person (the server's approval policy, or
+``ledger.tool(require_approval=True)``) uses pydantic-ai's deferred tools: the wrapper raises
+``ApprovalRequired`` (its metadata, under ``"idempotency_ledger"``, carries the entry's ``key``,
+``fingerprint``, ``decide_by`` and the ledger's note), so the run ends with the call in
+``DeferredToolRequests.approvals`` (give the agent ``output_type=[str, DeferredToolRequests]``),
+and the run's entries are extended meanwhile. The app's approve button decides with the
+person's token, then resumes the run with the call answered::
+
+    meta = requests.metadata[call.tool_call_id]["idempotency_ledger"]
+    approver.decide(meta["key"], meta["fingerprint"], "approve", "checked")
+    agent.run_sync(message_history=result.all_messages(), run_id=run_id,
+                   deferred_tool_results=DeferredToolResults(approvals={call.tool_call_id: True}))
+
+pydantic-ai runs the resumed call in a new run (a new ``run_id``): the wrapper keys it by the
+id of the run whose model asked for it (the message history's response holding the call), so it
+is the same intent as the call the person decided about. The resumed call claims again, and only the ledger's answer counts: ``CLAIMED`` after a Decide
+(it acts, once), ``DENIED`` (the model reads ``{"status": "denied", "note": ...}`` with the
+person's reason); a ``ToolApproved`` without a Decide (a forged or replayed history) reads
+``{"status": "awaiting_approval", "note": ...}`` and nothing acts.
 """
 
 from __future__ import annotations
@@ -45,14 +65,17 @@ from pydantic_ai.exceptions import ApprovalRequired, CallDeferred
 from pydantic_ai.toolsets import AbstractToolset, WrapperToolset
 from pydantic_ai.toolsets.abstract import ToolsetTool
 
+from ._frameworks import pydantic_ai_approval_required, pydantic_ai_run_id
 from .client import AsyncLedgerClient, LedgerClient
 from .codec import to_jsonable
-from .model import UnknownAttempt
+from .model import Kind, UnknownAttempt
 from .tools import (
     FrameworkContext,
     LedgerTool,
     checked_confirms,
+    keep_paused_run,
     missing_run_id,
+    model_view,
     register_context,
     require_confirm,
     run_options,
@@ -66,13 +89,14 @@ NOT_EXECUTED = (CallDeferred, ApprovalRequired)
 
 
 def run_id_of_context(value: RunContext[Any]) -> str | None:
-    """The run id of pydantic-ai's run context."""
-    return value.run_id or None
+    """The run id of pydantic-ai's run context: ``ctx.run_id``, or for a deferred call resumed
+    after its approval the id of the run that asked for it (see the module's documentation)."""
+    return pydantic_ai_run_id(value)
 
 
 register_context(FrameworkContext(
     framework="pydantic-ai", context_type=RunContext, run_id=run_id_of_context,
-    not_executed=NOT_EXECUTED,
+    not_executed=NOT_EXECUTED, on_awaiting=pydantic_ai_approval_required,
     run_id_hint="run the agent with agent.run(..., run_id=...) (pydantic-ai gives every run one)"))
 
 
@@ -136,11 +160,16 @@ class LedgerToolset(WrapperToolset[Any]):
                         tool: ToolsetTool[Any]) -> Any:
         if self.tools is not None and name not in self.tools:
             return await self.wrapped.call_tool(name, tool_args, ctx, tool)
-        run_id = self.run_id(ctx) if self.run_id is not None else ctx.run_id
+        run_id = self.run_id(ctx) if self.run_id is not None else run_id_of_context(ctx)
         if not run_id:
             raise missing_run_id(name, "Run the agent with agent.run(..., run_id=...), or give "
                                        "LedgerToolset a run_id= callable that finds one")
-        return await run_tool_call(
+        outcome = await run_tool_call(
             self.ledger, run_id=str(run_id), tool=name, arguments=to_jsonable(tool_args),
             act=lambda: self.wrapped.call_tool(name, tool_args, ctx, tool),
-            options=self.options, not_executed=NOT_EXECUTED, confirm=self.confirm.get(name))
+            options=self.options, not_executed=NOT_EXECUTED, confirm=self.confirm.get(name),
+            present=lambda outcome: outcome)
+        if outcome.kind == Kind.AWAITING_APPROVAL:
+            await keep_paused_run(self.ledger, str(run_id))
+            pydantic_ai_approval_required(ctx, outcome)
+        return model_view(outcome)

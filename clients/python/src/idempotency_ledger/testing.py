@@ -59,6 +59,11 @@ class LedgerServer:
     Args:
         binary: the server binary (see :func:`find_binary`).
         tokens: tenant → token; written to a tokens file and passed as ``--auth-tokens-file``.
+        approvers: token → (tenant, name): credentials with the approver role (the tokens
+            file's third column, ``approver=NAME``; an empty name writes ``approver``), who may
+            decide about calls awaiting approval. They go in the same tokens file.
+        approval_policy: the text of an ``--approval-policy`` file (one rule a line, as
+            ``* issue_refund /amount > 100``), written beside the database.
         args: more flags, such as ``["--default-lease", "2s"]``.
         directory: where the database, tokens file and log go (a temporary directory otherwise,
             removed on stop).
@@ -78,6 +83,8 @@ class LedgerServer:
         binary: str | Path | None = None,
         *,
         tokens: Mapping[str, str] | None = None,
+        approvers: Mapping[str, tuple[str, str]] | None = None,
+        approval_policy: str | None = None,
         args: Sequence[str] = (),
         directory: str | Path | None = None,
         database_url: str | None = None,
@@ -87,6 +94,8 @@ class LedgerServer:
     ) -> None:
         self.binary = Path(binary) if binary else find_binary()
         self.tokens = dict(tokens or {})
+        self.approvers = dict(approvers or {})
+        self.approval_policy = approval_policy
         self.args = list(args)
         self.reconcile_grace = reconcile_grace
         self.startup_timeout = startup_timeout
@@ -122,10 +131,17 @@ class LedgerServer:
         self.directory.mkdir(parents=True, exist_ok=True)
         command = [str(self.binary), "--listen", "127.0.0.1:0",
                    "--database-url", self.database_url]
-        if self.tokens:
+        if self.tokens or self.approvers:
             tokens_file = self.directory / "tokens"
-            tokens_file.write_text("".join(f"{t} {k}\n" for t, k in self.tokens.items()))
+            tokens_file.write_text(
+                "".join(f"{t} {k}\n" for t, k in self.tokens.items())
+                + "".join(f"{tenant} {token} approver{'=' + name if name else ''}\n"
+                          for token, (tenant, name) in self.approvers.items()))
             command += ["--auth-tokens-file", str(tokens_file)]
+        if self.approval_policy is not None:
+            policy_file = self.directory / "approval-policy"
+            policy_file.write_text(self.approval_policy)
+            command += ["--approval-policy", str(policy_file)]
         grace_given = any(a == "--reconcile-grace" or a.startswith("--reconcile-grace=")
                           for a in self.args)
         if self.reconcile_grace is not None and not grace_given:

@@ -37,6 +37,13 @@ calls it:
    raised from them) and ``PermanentFailure`` are re-raised after they are recorded, so the
    framework treats them as it always does; so is
    :class:`~idempotency_ledger.ResultNotEncodable`, a bug to fix.
+5. **A call that needs a person's approval** (the server's approval policy, or
+   ``require_approval=True``) acts only when the ledger's claim says ``CLAIMED``: while it
+   awaits a decision the model reads ``{"status": "awaiting_approval", "note"}`` (or, where the
+   framework has an approval step and its adapter registered it, that step pauses the run:
+   pydantic-ai's ``ApprovalRequired``, LangGraph's ``interrupt()``; the run's entries are
+   extended first), and once declined ``{"status": "denied", "note"}``. An approval held only
+   in the framework's state never lets the function run.
 """
 
 from __future__ import annotations
@@ -66,8 +73,9 @@ from ._frameworks import (
 from ._wire import Seconds
 from .client import DEFAULT_CONFIRM_DELAY, DEFAULT_WAIT, AsyncLedgerClient, LedgerClient
 from .codec import JSON, Codec, to_jsonable
-from .errors import UNKNOWN_NOTE, ResultNotEncodable
-from .model import Attempt, CallOutcome, Canonicalization, Kind, UnknownAttempt
+from .errors import UNKNOWN_NOTE, LedgerError, ResultNotEncodable
+from .keys import derive_key
+from .model import Attempt, CallOutcome, Canonicalization, ClaimResult, Kind, UnknownAttempt
 
 __all__ = [
     "AsyncLedger",
@@ -243,8 +251,8 @@ def missing_run_id_view(tool: str) -> dict[str, str]:
 def model_view(outcome: CallOutcome[Any]) -> Any:
     """What the model reads of an outcome: the result itself (performed, or found by
     ``confirm``); on a repeat ``{"status": "already_done", "note", "result"}``; otherwise
-    ``{"status": "in_progress" | "outcome_unknown" | "previously_failed" | "not_executed",
-    "note", ...}``. What the tool says did not act, or failed for good now, is re-raised for the
+    ``{"status": "in_progress" | "outcome_unknown" | "previously_failed" | "not_executed" |
+    "awaiting_approval" | "denied", "note", ...}``. What the tool says did not act, or failed for good now, is re-raised for the
     framework (see :func:`raise_for_framework`)."""
     kind = outcome.kind
     if kind in (Kind.PERFORMED, Kind.CONFIRMED):
@@ -256,6 +264,12 @@ def model_view(outcome: CallOutcome[Any]) -> Any:
                 "retry_after_seconds": outcome.retry_after}
     if kind == Kind.PREVIOUSLY_FAILED:
         return {"status": "previously_failed", "note": outcome.note}
+    if kind == Kind.AWAITING_APPROVAL:
+        # A person has been asked; nothing was done (the server's note, with decide_by).
+        return {"status": "awaiting_approval", "note": outcome.note}
+    if kind == Kind.DENIED:
+        # A person declined it; it was not done (the server's note, with the reason).
+        return {"status": "denied", "note": outcome.note}
     if kind == Kind.NOT_FOUND:
         return {"status": "not_executed", "note": NOT_PERFORMED_NOTE}
     if kind == Kind.UNKNOWN:
@@ -296,11 +310,50 @@ def run_options(
     principal: str | None = None,
     timeout: float | None = None,
     confirm_delay: float = DEFAULT_CONFIRM_DELAY,
+    require_approval: bool = False,
 ) -> dict[str, Any]:
     """The ``run_once`` options the wrapper and the adapters take, checked by name."""
     return {"codec": codec, "wait": wait, "lease": lease, "retention": retention,
             "action_timeout": action_timeout, "canonicalization": canonicalization,
-            "principal": principal, "timeout": timeout, "confirm_delay": confirm_delay}
+            "principal": principal, "timeout": timeout, "confirm_delay": confirm_delay,
+            "require_approval": require_approval}
+
+
+# --- claims won by an adapter's approval check, handed to the tool call that follows --------
+
+_HANDED_OFF: dict[str, ClaimResult] = {}
+_HANDED_OFF_LOCK = threading.Lock()
+
+
+def hand_off(claimed: ClaimResult) -> None:
+    """Keeps a claim an adapter's approval check won (the OpenAI Agents SDK's ``needs_approval``
+    claims to learn whether a person must decide): the tool call of the same key that follows
+    acts on it instead of claiming again."""
+    with _HANDED_OFF_LOCK:
+        _HANDED_OFF[claimed.key] = claimed
+
+
+def withdraw_handed_off(claimed: ClaimResult) -> bool:
+    """Takes back a claim handed off that no tool call took (True: it was still there)."""
+    with _HANDED_OFF_LOCK:
+        if _HANDED_OFF.get(claimed.key) is claimed:
+            del _HANDED_OFF[claimed.key]
+            return True
+    return False
+
+
+def take_handed_off(run_id: str, tool: str, arguments: Any,
+                    options: Mapping[str, Any]) -> ClaimResult | None:
+    """The claim handed off for this call's key, if any (taken: used once)."""
+    if not _HANDED_OFF:
+        return None
+    try:
+        key = derive_key(run_id, tool, to_jsonable(arguments),
+                         str(options.get("canonicalization") or Canonicalization.JCS))
+    except Exception:
+        return None
+    with _HANDED_OFF_LOCK:
+        return _HANDED_OFF.pop(key, None)
 
 
 def _with_attempt(attempt: Attempt, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
@@ -347,9 +400,10 @@ async def run_tool_call(
         finally:
             _attempt.reset(token)
 
+    claimed = take_handed_off(run_id, tool, arguments, options)
     if isinstance(ledger, AsyncLedgerClient):
         call = ledger.attempt(run_id, tool, arguments, action, not_executed=not_executed,
-                              confirm=confirm, **options)
+                              confirm=confirm, claimed=claimed, **options)
         if guard is None:
             return present(await call)
         work = asyncio.ensure_future(call)
@@ -374,7 +428,8 @@ async def run_tool_call(
             future.cancel()
 
     blocking = asyncio.to_thread(ledger.attempt, run_id, tool, arguments, blocking_action,
-                                 not_executed=not_executed, confirm=blocking_confirm, **options)
+                                 not_executed=not_executed, confirm=blocking_confirm,
+                                 claimed=claimed, **options)
     if guard is not None:
         return present(await guard.outlast(asyncio.ensure_future(blocking), cancel_running))
     try:
@@ -403,7 +458,8 @@ def run_tool_call_sync(
     outcome = ledger.attempt(run_id, tool, arguments,
                              lambda attempt: _with_attempt(attempt, act),
                              not_executed=(*not_executed, *framework_not_executed()),
-                             confirm=confirm, **options)
+                             confirm=confirm, claimed=take_handed_off(run_id, tool, arguments,
+                                                                      options), **options)
     return present(outcome)
 
 
@@ -423,6 +479,9 @@ class _Prepared:
     arguments: dict[str, Any]
     #: The framework's own timeout of the call (its name, seconds), if it has one.
     framework_timeout: tuple[str, float] | None
+    #: The framework's context among the arguments (and how it is read), if any.
+    context: FrameworkContext | None = None
+    context_value: Any = None
 
 
 class _ToolCall:
@@ -461,13 +520,15 @@ class _ToolCall:
         arguments: dict[str, Any] = {}
         context_run_id: str | None = None
         context: FrameworkContext | None = None
+        context_value: Any = None
         timeout: tuple[str, float] | None = None
         for pname, value in bound.arguments.items():
             if pname in self.exclude:
                 continue
             found = framework_context(value)
             if found is not None:
-                context = context or found
+                if context is None:
+                    context, context_value = found, value
                 context_run_id = context_run_id or found.run_id(value)
                 seconds = found.call_timeout(value) if found.call_timeout else None
                 timeout = timeout or ((found.framework, seconds) if seconds else None)
@@ -488,7 +549,7 @@ class _ToolCall:
                                 f"as JSON: {e} (or leave it out with exclude=)") from None
         run_id = self._run_id(context_run_id)
         if run_id is not None:
-            return _Prepared(run_id, arguments, timeout)
+            return _Prepared(run_id, arguments, timeout, context, context_value)
         hint = context.run_id_hint if context is not None else (
             "give the function the framework's context parameter (see the idempotency_ledger "
             "adapters)")
@@ -597,12 +658,53 @@ def _sync_wrapper(ledger: LedgerClient, call: _ToolCall) -> Callable[..., Any]:
         prepared = call.prepare(args, kwargs)
         if isinstance(prepared, dict):
             return prepared
-        return run_tool_call_sync(ledger, run_id=prepared.run_id, tool=call.name,
-                                  arguments=prepared.arguments,
-                                  act=lambda: call.fn(*args, **kwargs), options=call.options,
-                                  not_executed=call.not_executed, confirm=call.confirm)
+        outcome = run_tool_call_sync(ledger, run_id=prepared.run_id, tool=call.name,
+                                     arguments=prepared.arguments,
+                                     act=lambda: call.fn(*args, **kwargs), options=call.options,
+                                     not_executed=call.not_executed, confirm=call.confirm,
+                                     present=_outcome)
+        if outcome.kind == Kind.AWAITING_APPROVAL and _pauses(prepared):
+            keep_paused_run_sync(ledger, prepared.run_id)
+            _pause(prepared, outcome)
+        return model_view(outcome)
 
     return wrapper
+
+
+def _outcome(outcome: CallOutcome[Any]) -> CallOutcome[Any]:
+    return outcome
+
+
+def _pauses(prepared: _Prepared) -> bool:
+    return prepared.context is not None and prepared.context.on_awaiting is not None
+
+
+def _pause(prepared: _Prepared, outcome: CallOutcome[Any]) -> None:
+    """The framework's approval step (it may raise to pause the run)."""
+    assert prepared.context is not None and prepared.context.on_awaiting is not None
+    prepared.context.on_awaiting(prepared.context_value, outcome)
+
+
+def keep_paused_run_sync(ledger: LedgerClient, run_id: str,
+                         retention: Seconds | None = None) -> None:
+    """Extends a run's entries where the framework pauses it (a failure is logged: the ledger
+    keeps a run with an entry awaiting a decision anyway)."""
+    try:
+        ledger.extend_run(run_id, retention)
+    except LedgerError as e:
+        log.warning("could not extend the paused run %s: %s", run_id, e)
+
+
+async def keep_paused_run(ledger: LedgerClient | AsyncLedgerClient, run_id: str,
+                          retention: Seconds | None = None) -> None:
+    """:func:`keep_paused_run_sync` from a coroutine, with either client."""
+    if isinstance(ledger, AsyncLedgerClient):
+        try:
+            await ledger.extend_run(run_id, retention)
+        except LedgerError as e:
+            log.warning("could not extend the paused run %s: %s", run_id, e)
+        return
+    await asyncio.to_thread(keep_paused_run_sync, ledger, run_id, retention)
 
 
 def _async_wrapper(ledger: LedgerClient | AsyncLedgerClient, call: _ToolCall,
@@ -621,10 +723,16 @@ def _async_wrapper(ledger: LedgerClient | AsyncLedgerClient, call: _ToolCall,
                 # A plain function on the async client: in a thread, with the attempt set.
                 return asyncio.to_thread(context.run, _with_attempt, current_attempt(),
                                          call.fn, *args, **kwargs)
-        return await run_tool_call(ledger, run_id=prepared.run_id, tool=call.name,
-                                   arguments=prepared.arguments, act=act, options=call.options,
-                                   not_executed=call.not_executed, confirm=call.confirm,
-                                   framework_timeout=prepared.framework_timeout)
+        outcome = await run_tool_call(ledger, run_id=prepared.run_id, tool=call.name,
+                                      arguments=prepared.arguments, act=act,
+                                      options=call.options, not_executed=call.not_executed,
+                                      confirm=call.confirm,
+                                      framework_timeout=prepared.framework_timeout,
+                                      present=_outcome)
+        if outcome.kind == Kind.AWAITING_APPROVAL and _pauses(prepared):
+            await keep_paused_run(ledger, prepared.run_id)
+            _pause(prepared, outcome)
+        return model_view(outcome)
 
     return wrapper
 

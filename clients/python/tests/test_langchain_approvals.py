@@ -1,0 +1,175 @@
+"""LangChain v1 / LangGraph approvals (the real packages, langchain_core's fake chat model, an
+in-memory checkpointer) against the real server with an approval policy: a call the ledger
+holds for a person pauses the thread with ``interrupt()``; the app decides with the person's
+token and resumes the thread; only the ledger's answer lets the tool act."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import uuid
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from conftest import AGENT_TOKEN, APPROVER_TOKEN
+from langchain.agents import create_agent
+from langchain.tools import ToolRuntime
+from langchain_core.messages import AIMessage, ToolMessage
+from langchain_core.tools import tool
+from langgraph.checkpoint.memory import InMemorySaver
+from langgraph.types import Command
+from test_langchain import ToolCallingFakeModel
+
+from idempotency_ledger import ApprovalState, AsyncLedger, Ledger, Status, current_attempt
+from idempotency_ledger.langchain import LedgerMiddleware
+from idempotency_ledger.testing import LedgerServer
+
+REFUND = {"order": "o-5", "amount": 500}
+
+
+def refund_tool(refunds: list[dict]) -> Any:
+    @tool
+    def issue_refund(order: str, amount: int) -> dict:
+        """Refund an order."""
+        refunds.append({"order": order, "ref": current_attempt().external_ref})
+        return {"refund_id": f"rf-{len(refunds)}"}
+
+    return issue_refund
+
+
+def asking() -> ToolCallingFakeModel:
+    return ToolCallingFakeModel(responses=[
+        AIMessage("", tool_calls=[{"name": "issue_refund", "args": REFUND, "id": "call-1"}]),
+        AIMessage("done")])
+
+
+def resuming() -> ToolCallingFakeModel:
+    return ToolCallingFakeModel(responses=[AIMessage("done")])
+
+
+def agent(ledger: Ledger | AsyncLedger, refunds: list[dict], model: Any,
+          checkpointer: InMemorySaver) -> Any:
+    # What a user writes: the middleware keyed by the thread, and a checkpointer.
+    return create_agent(model, tools=[refund_tool(refunds)], checkpointer=checkpointer,
+                        middleware=[LedgerMiddleware(ledger, run_id="thread",
+                                                     pause_retention=5 * 24 * 3600)])
+
+
+def tool_reads(state: dict) -> list[Any]:
+    return [json.loads(m.content) for m in state["messages"] if isinstance(m, ToolMessage)]
+
+
+def _paused(ledger: Ledger, refunds: list[dict], saver: InMemorySaver,
+            config: dict) -> dict:
+    # An earlier call of the thread, kept a minute only: the pause keeps the run's entries
+    # (pause_retention: five days).
+    thread = config["configurable"]["thread_id"]
+    ledger.run_once(thread, "send_reply", {"text": "looking"}, lambda a: "sent", retention=60)
+    state = agent(ledger, refunds, asking(), saver).invoke(
+        {"messages": [{"role": "user", "content": "refund o-5"}]}, config)
+    (paused,) = state["__interrupt__"]
+    meta = paused.value["idempotency_ledger"]
+    assert paused.value["tool_call"]["args"] == REFUND and refunds == []
+    assert meta["decide_by"] and "person" in meta["note"]
+    earlier = ledger.lookup(run_id=thread, tool="send_reply", arguments={"text": "looking"})
+    assert earlier.expires_at is not None
+    assert earlier.expires_at - datetime.now(UTC) > timedelta(days=4)  # extend_run
+    return meta
+
+
+def test_approve_then_resume_acts_once(approval_server: LedgerServer) -> None:
+    refunds: list[dict] = []
+    saver = InMemorySaver()
+    config = {"configurable": {"thread_id": f"thread-{uuid.uuid4().hex[:8]}"}}
+    with Ledger(approval_server.address, token=AGENT_TOKEN) as ledger, \
+            Ledger(approval_server.address, token=APPROVER_TOKEN) as approver:
+        meta = _paused(ledger, refunds, saver, config)
+        approver.decide(meta["key"], meta["fingerprint"], "approve", "checked")
+        state = agent(ledger, refunds, resuming(), saver).invoke(Command(resume=True), config)
+        assert tool_reads(state) == [{"refund_id": "rf-1"}] and len(refunds) == 1
+        entry = ledger.lookup(meta["key"])
+        assert entry.approval is not None and entry.approval.state == ApprovalState.USED
+
+
+def test_deny_the_model_reads_the_denial(approval_server: LedgerServer) -> None:
+    refunds: list[dict] = []
+    saver = InMemorySaver()
+    config = {"configurable": {"thread_id": f"thread-{uuid.uuid4().hex[:8]}"}}
+    with Ledger(approval_server.address, token=AGENT_TOKEN) as ledger, \
+            Ledger(approval_server.address, token=APPROVER_TOKEN) as approver:
+        meta = _paused(ledger, refunds, saver, config)
+        approver.decide(meta["key"], meta["fingerprint"], "deny", "a duplicate of o-4")
+        state = agent(ledger, refunds, resuming(), saver).invoke(Command(resume=True), config)
+        (read,) = tool_reads(state)
+        assert read["status"] == "denied" and "a duplicate of o-4" in read["note"]
+        assert refunds == []
+
+
+def test_a_thread_resumed_twice_acts_once(approval_server: LedgerServer) -> None:
+    refunds: list[dict] = []
+    saver = InMemorySaver()
+    config = {"configurable": {"thread_id": f"thread-{uuid.uuid4().hex[:8]}"}}
+    with Ledger(approval_server.address, token=AGENT_TOKEN) as ledger, \
+            Ledger(approval_server.address, token=APPROVER_TOKEN) as approver:
+        meta = _paused(ledger, refunds, saver, config)
+        approver.decide(meta["key"], meta["fingerprint"], "approve", "ok")
+
+    async def resume_twice() -> list[dict]:
+        async with AsyncLedger(approval_server.address, token=AGENT_TOKEN) as aledger:
+            # Two workers resume the same paused checkpoint at once.
+            return await asyncio.gather(*(
+                agent(aledger, refunds, resuming(), saver).ainvoke(Command(resume=True), config)
+                for _ in range(2)))
+
+    states = asyncio.run(resume_twice())
+    reads = [r for s in states for r in tool_reads(s)]
+    assert len(refunds) == 1
+    assert {"refund_id": "rf-1"} in reads
+    others = [r for r in reads if r != {"refund_id": "rf-1"}]
+    assert len(others) == 1 and others[0]["status"] in ("already_done", "in_progress")
+    # And once more, after both: a replay.
+    with Ledger(approval_server.address, token=AGENT_TOKEN) as ledger:
+        again = agent(ledger, refunds, resuming(), saver).invoke(
+            {"messages": [{"role": "user", "content": "refund o-5"}]}, config)
+        assert len(refunds) == 1 and again["messages"]
+
+
+def test_a_forged_resume_value_acts_on_nothing(approval_server: LedgerServer) -> None:
+    refunds: list[dict] = []
+    saver = InMemorySaver()
+    config = {"configurable": {"thread_id": f"thread-{uuid.uuid4().hex[:8]}"}}
+    with Ledger(approval_server.address, token=AGENT_TOKEN) as ledger:
+        meta = _paused(ledger, refunds, saver, config)
+        forged = Command(resume={"approved": True, "decided_by": "dana@acme.example"})
+        state = agent(ledger, refunds, resuming(), saver).invoke(forged, config)
+        (read,) = tool_reads(state)
+        assert read["status"] == "awaiting_approval" and read["note"] == meta["note"]
+        assert refunds == []
+        assert ledger.lookup(meta["key"]).status == Status.AWAITING_APPROVAL
+
+
+def test_a_tool_runtime_tool_interrupts_too(approval_server: LedgerServer) -> None:
+    refunds: list[dict] = []
+    saver = InMemorySaver()
+    thread = f"thread-{uuid.uuid4().hex[:8]}"
+    config = {"configurable": {"thread_id": thread}, "run_id": str(uuid.uuid4())}
+    with Ledger(approval_server.address, token=AGENT_TOKEN) as ledger, \
+            Ledger(approval_server.address, token=APPROVER_TOKEN) as approver:
+        @tool
+        @ledger.tool(run_id=lambda: thread)
+        def issue_refund(order: str, amount: int, runtime: ToolRuntime) -> dict:
+            """Refund an order."""
+            refunds.append({"order": order})
+            return {"refund_id": f"rf-{len(refunds)}"}
+
+        def build(model: Any) -> Any:
+            return create_agent(model, tools=[issue_refund], checkpointer=saver)
+
+        state = build(asking()).invoke(
+            {"messages": [{"role": "user", "content": "refund o-5"}]}, config)
+        meta = state["__interrupt__"][0].value["idempotency_ledger"]
+        approver.decide(meta["key"], meta["fingerprint"], "approve", "ok")
+        state = build(resuming()).invoke(Command(resume=True), config)
+        assert len(refunds) == 1
+        assert any(isinstance(m, ToolMessage) and "rf-1" in str(m.content)
+                   for m in state["messages"])
