@@ -9,20 +9,19 @@ use tokio::time::Instant;
 use tracing::Instrument as _;
 
 use super::memory::Recalled;
-use super::notes::{
-    IN_FLIGHT_NOTE, UNKNOWN_NOTE, awaiting_note, denied_note, failed_note, replay_note,
-};
+use super::notes::{IN_FLIGHT_NOTE, UNKNOWN_NOTE, denied_note, failed_note, replay_note};
 use super::{EntryView, Ledger, MAX_RACES, UNKNOWN_RETRY_AFTER, bounded, new_claim_token};
 use crate::domain::Tenant;
 use crate::domain::canonical::{self, Canonicalization};
 use crate::domain::key::{
     self, ClaimToken, ExplicitKey, HoldToken, Key, Principal, RunId, ToolName,
 };
-use crate::domain::{
-    Approval, ApprovalState, ClaimDecision, Entry, EventKind, HistoryEvent, Micros, Status,
-    decide_claim,
-};
+use crate::domain::{Approval, ClaimDecision, Entry, Micros, Status, decide_claim};
 use crate::error::LedgerError;
+
+mod gated;
+
+pub(super) use gated::lapsed_words;
 
 /// A Claim as the caller sent it (durations already converted; `None` means unset).
 #[derive(Clone, Debug, Default)]
@@ -268,37 +267,16 @@ impl Ledger {
         request: &PreparedClaim,
     ) -> Result<ClaimOutput, LedgerError> {
         // A finished entry this server remembers answers without the store.
-        let remembered =
-            self.memory
-                .recall(tenant, &request.key, &request.fingerprint, self.clock.now());
-        if let Some(recalled) = remembered {
-            let now = self.clock.now();
-            return match recalled {
-                Recalled::Replay(entry) => {
-                    let note = replay_note(&entry);
-                    Ok(self.answer(Outcome::Replayed, entry, now, note, None))
-                }
-                Recalled::PreviouslyFailed(entry) => {
-                    let note = failed_note(&entry);
-                    Ok(self.answer(Outcome::PreviouslyFailed, entry, now, note, None))
-                }
-                Recalled::KeyReused => Err(LedgerError::KeyReused),
-            };
+        if let Some(answer) = self.remembered(tenant, request) {
+            return answer;
         }
         // A key this server saw succeed recently is most likely a repeat: try the replay
         // first, which spares the insert (and its wait on the row lock of a concurrent replay).
         let mut replay_tried = false;
         if self.finished.probably_contains(tenant, &request.key) {
             replay_tried = true;
-            let now = self.clock.now();
-            if let Some(entry) = self
-                .store
-                .replay(tenant, &request.key, &request.fingerprint, now)
-                .await?
-            {
-                self.memory.remember(tenant, &entry);
-                let note = replay_note(&entry);
-                return Ok(self.answer(Outcome::Replayed, entry, now, note, None));
+            if let Some(answer) = self.replay_first(tenant, request).await? {
+                return Ok(answer);
             }
         }
         for _ in 0..MAX_RACES {
@@ -338,97 +316,33 @@ impl Ledger {
             }
             match decision {
                 ClaimDecision::KeyReused => return Err(LedgerError::KeyReused),
-                ClaimDecision::AwaitingApproval => {
-                    let note = awaiting_note(&existing);
-                    let retry_after = approval_retry_after(&existing, now);
-                    return Ok(self.answer(
-                        Outcome::AwaitingApproval,
-                        existing,
-                        now,
-                        note,
-                        Some(retry_after),
-                    ));
-                }
+                ClaimDecision::AwaitingApproval => return Ok(self.awaiting_answer(existing, now)),
                 ClaimDecision::Denied => {
                     let note = denied_note(&existing);
                     return Ok(self.answer(Outcome::Denied, existing, now, note, None));
                 }
                 ClaimDecision::UseApproval => {
-                    let attempt = Entry {
-                        approval: existing.approval.clone(),
-                        attempt: existing.attempt,
-                        possible_double_effect: existing.possible_double_effect,
-                        ..request.new_entry(now, existing.attempt, fresh.claim_token)
-                    };
-                    let note = HistoryEvent {
-                        at: now,
-                        attempt: attempt.attempt,
-                        kind: EventKind::ApprovalUsed,
-                        principal: attempt.principal.clone(),
-                        detail: "the approved call was claimed: it acts now, once".to_string(),
-                    };
-                    if let Some(used) = self.store.use_approval(tenant, &attempt, &note).await? {
-                        tracing::info!(
-                            key = used.key.log_prefix(),
-                            tool = used.tool.as_str(),
-                            principal = %used.principal,
-                            "an approval was used: the call acts"
-                        );
-                        self.approvals.notify();
-                        return Ok(self.claimed(used, now));
+                    if let Some(out) = self
+                        .use_approval(tenant, request, &existing, fresh, now)
+                        .await?
+                    {
+                        return Ok(out);
                     }
                 }
                 ClaimDecision::RequestAgain => {
-                    let why = request.gate.clone().unwrap_or_else(|| {
-                        "the call needed approval before, and it lapsed".to_string()
-                    });
-                    // A new attempt of a call that ended; the same attempt of one that waited.
-                    let attempt = match existing.status {
-                        Status::AwaitingApproval => existing.attempt,
-                        _ if existing.is_expired(now) => 1,
-                        _ => existing.attempt.saturating_add(1),
-                    };
-                    let fresh_attempt = Entry {
-                        possible_double_effect: existing.possible_double_effect
-                            && !existing.is_expired(now),
-                        ..request.new_entry(now, attempt, fresh.claim_token.clone())
-                    };
-                    let asked = self.awaiting(request, &fresh_attempt, now);
-                    let mut notes = Vec::with_capacity(2);
-                    if existing.status == Status::AwaitingApproval {
-                        // Lapsed at claim time, before the sweeper recorded it.
-                        notes.push(lapsed_note(&existing, now));
-                    }
-                    notes.push(self.requested_note(&asked, &why));
-                    if self
-                        .store
-                        .request_again(tenant, &existing.claim_token, &asked, &notes)
+                    if let Some(out) = self
+                        .request_again(tenant, request, &existing, fresh, now)
                         .await?
                     {
-                        if existing.status == Status::AwaitingApproval {
-                            self.approvals.expired(1);
-                        }
-                        return Ok(self.requested(tenant, asked, now).await);
+                        return Ok(out);
                     }
                 }
                 decision @ (ClaimDecision::StartOver | ClaimDecision::Retry) => {
-                    // A retry continues the entry's attempts; an expired entry starts over.
-                    let attempt = if decision == ClaimDecision::Retry {
-                        existing.attempt.saturating_add(1)
-                    } else {
-                        1
-                    };
-                    let next = Entry {
-                        // The mark stays across attempts (RESTART leaves it as stored).
-                        possible_double_effect: existing.possible_double_effect,
-                        ..request.new_entry(now, attempt, fresh.claim_token)
-                    };
-                    if self
-                        .store
-                        .restart(tenant, &existing.claim_token, &next)
+                    if let Some(out) = self
+                        .restart(tenant, request, decision, &existing, fresh, now)
                         .await?
                     {
-                        return Ok(self.claimed(next, now));
+                        return Ok(out);
                     }
                 }
                 // Became a success after the replay statement looked: go round again.
@@ -438,25 +352,7 @@ impl Ledger {
                     let note = failed_note(&existing);
                     return Ok(self.answer(Outcome::PreviouslyFailed, existing, now, note, None));
                 }
-                ClaimDecision::InProgress => {
-                    let status = existing.effective_status(now);
-                    let (note, retry_after) = if status == Status::Attempting {
-                        let remaining = existing.lease_expires_at.minus(now).to_duration();
-                        (
-                            IN_FLIGHT_NOTE.to_string(),
-                            remaining.clamp(Duration::from_millis(100), Duration::from_secs(1)),
-                        )
-                    } else {
-                        (UNKNOWN_NOTE.to_string(), UNKNOWN_RETRY_AFTER)
-                    };
-                    return Ok(self.answer(
-                        Outcome::InProgress,
-                        existing,
-                        now,
-                        note,
-                        Some(retry_after),
-                    ));
-                }
+                ClaimDecision::InProgress => return Ok(self.in_progress(existing, now)),
             }
         }
         Err(LedgerError::Internal(format!(
@@ -465,62 +361,96 @@ impl Ledger {
         )))
     }
 
-    /// `fresh` as a call awaiting a decision: status AWAITING_APPROVAL, its request open until
-    /// the approval timeout from `now` (its lease the same: no attempt runs meanwhile).
-    fn awaiting(&self, _request: &PreparedClaim, fresh: &Entry, now: Micros) -> Entry {
-        let decide_by = now.plus(Micros::from_duration(self.limits.approval_timeout));
-        Entry {
-            status: Status::AwaitingApproval,
-            lease_expires_at: decide_by,
-            approval: Approval::requested(now, decide_by),
-            ..fresh.clone()
-        }
-    }
-
-    /// The history event of a new request.
-    fn requested_note(&self, asked: &Entry, why: &str) -> HistoryEvent {
-        HistoryEvent {
-            at: asked.started_at,
-            attempt: asked.attempt,
-            kind: EventKind::ApprovalRequested,
-            principal: asked.principal.clone(),
-            detail: format!(
-                "a person was asked ({why}); to be decided by {}",
-                asked
-                    .approval
-                    .decide_by
-                    .map(crate::domain::time::rfc3339)
-                    .unwrap_or_default()
-            ),
-        }
-    }
-
-    /// A request was made: the run's finished entries are kept at least until a decision is
-    /// due plus their retention (a paused run keeps its keys), watchers are told, and the
-    /// caller is answered AWAITING_APPROVAL.
-    async fn requested(&self, tenant: &Tenant, asked: Entry, now: Micros) -> ClaimOutput {
-        tracing::info!(
-            key = asked.key.log_prefix(),
-            tool = asked.tool.as_str(),
-            principal = %asked.principal,
-            "a person was asked to approve a call"
-        );
-        if let (Some(run_id), Some(decide_by)) = (&asked.run_id, asked.approval.decide_by)
-            && let Err(e) = self.store.extend_run(tenant, run_id, decide_by, true).await
+    /// The replay of a key this server saw succeed recently, tried before the insert; `None`
+    /// when the store holds no finished entry of this request under the key.
+    async fn replay_first(
+        &self,
+        tenant: &Tenant,
+        request: &PreparedClaim,
+    ) -> Result<Option<ClaimOutput>, LedgerError> {
+        let now = self.clock.now();
+        if let Some(entry) = self
+            .store
+            .replay(tenant, &request.key, &request.fingerprint, now)
+            .await?
         {
-            // The sweeper and the decision extend it again; the request stands.
-            tracing::warn!(error = %e, "could not keep the paused run's entries");
+            self.memory.remember(tenant, &entry);
+            let note = replay_note(&entry);
+            return Ok(Some(self.answer(Outcome::Replayed, entry, now, note, None)));
         }
-        self.approvals.notify();
-        let note = awaiting_note(&asked);
-        let retry_after = approval_retry_after(&asked, now);
-        self.answer(
-            Outcome::AwaitingApproval,
-            asked,
-            now,
-            note,
-            Some(retry_after),
-        )
+        Ok(None)
+    }
+
+    /// The answer of a finished entry this server remembers, without the store; `None` when
+    /// it remembers none.
+    fn remembered(
+        &self,
+        tenant: &Tenant,
+        request: &PreparedClaim,
+    ) -> Option<Result<ClaimOutput, LedgerError>> {
+        let remembered =
+            self.memory
+                .recall(tenant, &request.key, &request.fingerprint, self.clock.now());
+        let recalled = remembered?;
+        let now = self.clock.now();
+        Some(match recalled {
+            Recalled::Replay(entry) => {
+                let note = replay_note(&entry);
+                Ok(self.answer(Outcome::Replayed, entry, now, note, None))
+            }
+            Recalled::PreviouslyFailed(entry) => {
+                let note = failed_note(&entry);
+                Ok(self.answer(Outcome::PreviouslyFailed, entry, now, note, None))
+            }
+            Recalled::KeyReused => Err(LedgerError::KeyReused),
+        })
+    }
+
+    /// Starts a new attempt of `existing` (a retry continues its attempts; an expired entry
+    /// starts over) with `fresh`'s token; `None` when another claim changed the entry first.
+    async fn restart(
+        &self,
+        tenant: &Tenant,
+        request: &PreparedClaim,
+        decision: ClaimDecision,
+        existing: &Entry,
+        fresh: Entry,
+        now: Micros,
+    ) -> Result<Option<ClaimOutput>, LedgerError> {
+        // A retry continues the entry's attempts; an expired entry starts over.
+        let attempt = if decision == ClaimDecision::Retry {
+            existing.attempt.saturating_add(1)
+        } else {
+            1
+        };
+        let next = Entry {
+            // The mark stays across attempts (RESTART leaves it as stored).
+            possible_double_effect: existing.possible_double_effect,
+            ..request.new_entry(now, attempt, fresh.claim_token)
+        };
+        if self
+            .store
+            .restart(tenant, &existing.claim_token, &next)
+            .await?
+        {
+            return Ok(Some(self.claimed(next, now)));
+        }
+        Ok(None)
+    }
+
+    /// The answer to a claim of an entry in flight: its attempt is in its lease, or unknown.
+    fn in_progress(&self, existing: Entry, now: Micros) -> ClaimOutput {
+        let status = existing.effective_status(now);
+        let (note, retry_after) = if status == Status::Attempting {
+            let remaining = existing.lease_expires_at.minus(now).to_duration();
+            (
+                IN_FLIGHT_NOTE.to_string(),
+                remaining.clamp(Duration::from_millis(100), Duration::from_secs(1)),
+            )
+        } else {
+            (UNKNOWN_NOTE.to_string(), UNKNOWN_RETRY_AFTER)
+        };
+        self.answer(Outcome::InProgress, existing, now, note, Some(retry_after))
     }
 
     fn claimed(&self, entry: Entry, now: Micros) -> ClaimOutput {
@@ -569,44 +499,6 @@ fn bounded_wait(asked: Duration, max_wait: Duration, answer_by: Option<Instant>)
             wait.min(remaining.saturating_sub(reserve))
         }
         None => wait,
-    }
-}
-
-/// When a claim that awaits a decision is worth sending again: in a minute, or at the
-/// deadline if that is sooner (the request then lapses, and a claim asks again).
-fn approval_retry_after(entry: &Entry, now: Micros) -> Duration {
-    let left = entry
-        .approval
-        .decide_by
-        .map_or(Duration::ZERO, |by| by.minus(now).to_duration());
-    left.clamp(Duration::from_secs(1), Duration::from_secs(60))
-}
-
-/// The history event of a request or approval found lapsed at `now`.
-fn lapsed_note(existing: &Entry, now: Micros) -> HistoryEvent {
-    HistoryEvent {
-        at: now,
-        attempt: existing.attempt,
-        kind: EventKind::ApprovalExpired,
-        principal: Principal::none(),
-        detail: lapsed_words(&existing.approval),
-    }
-}
-
-/// Why a request or approval lapsed, in words.
-pub(super) fn lapsed_words(approval: &Approval) -> String {
-    let at = |m: Option<Micros>| m.map(crate::domain::time::rfc3339).unwrap_or_default();
-    if approval.state == ApprovalState::Approved {
-        format!(
-            "approved by {} but not used by {}: nothing was done; the next claim asks again",
-            approval.decided_by,
-            at(approval.execute_by)
-        )
-    } else {
-        format!(
-            "not decided by {}: nothing was done; the next claim asks again",
-            at(approval.decide_by)
-        )
     }
 }
 

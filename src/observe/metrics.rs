@@ -19,9 +19,7 @@
 //! `ledger_possible_double_effects` are absent until the store was first read, so a scrape
 //! never shows a zero nobody measured.
 
-use std::borrow::Cow;
-use std::collections::HashMap;
-use std::sync::{Arc, PoisonError, RwLock};
+use std::sync::Arc;
 use std::time::Duration;
 
 use prometheus_client::encoding::prometheus_text;
@@ -31,14 +29,19 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::{Registry, Unit};
 
+use super::Rpc;
 use super::replay::{ClaimEvent, ReplayAlarm, ReplayFigures, ReplayHistory};
-use super::{Rpc, SERVICE};
 use crate::domain::time::Clock;
 use crate::domain::{Decision, FinalStatus, Tenant};
 use crate::error::LedgerError;
 use crate::ledger::{ClaimOutput, CompleteOutput, Outcome, ResolutionOutcome, ResolutionResult};
-use crate::proto::code_name;
 use crate::storage::{PoolStats, Store, StoreError, UnresolvedCount};
+
+mod methods;
+mod tools;
+
+use methods::{GrpcSeries, handled_labels};
+use tools::Tools;
 
 /// The `Content-Type` of what [`Metrics::render`] writes: the Prometheus text format 0.0.4.
 pub const CONTENT_TYPE: &str = prometheus_text::CONTENT_TYPE;
@@ -76,14 +79,8 @@ const STALE_REASONS: [&str; 4] = [
     "not_unknown",
 ];
 
-/// The label value tool names fold into beyond `--metrics-max-tools`.
-const OTHER_TOOL: &str = "other";
-
 /// A label set of fixed values.
 type Labels<const N: usize> = [(&'static str, &'static str); N];
-
-/// A label set with a tool name among its values.
-type ToolLabels<const N: usize> = [(&'static str, Cow<'static, str>); N];
 
 /// What the metrics are configured with (`--metrics-*`, `--replay-alarm-*`).
 #[derive(Clone, Debug)]
@@ -106,33 +103,6 @@ impl Default for MetricsOptions {
     }
 }
 
-/// The labels of a method's gRPC series.
-fn method_labels(rpc: Rpc) -> Labels<3> {
-    [
-        ("grpc_type", "unary"),
-        ("grpc_service", SERVICE),
-        ("grpc_method", rpc.name()),
-    ]
-}
-
-/// The labels of a method's `grpc_server_handled_total` series for `code`.
-fn handled_labels(rpc: Rpc, code: tonic::Code) -> Labels<4> {
-    let [t, s, m] = method_labels(rpc);
-    [t, s, m, ("grpc_code", code_name(code))]
-}
-
-fn handling_histogram() -> Histogram {
-    Histogram::new(BUCKETS)
-}
-
-/// The series of one method in a family, each looked up once: the handles share the family's
-/// values.
-fn per_method<M: Clone, C: prometheus_client::metrics::family::MetricConstructor<M>>(
-    family: &Family<Labels<3>, M, C>,
-) -> [M; Rpc::COUNT] {
-    Rpc::ALL.map(|rpc| family.get_or_create_owned(&method_labels(rpc)))
-}
-
 /// The series of a family with one label of fixed values.
 fn per_value<const N: usize>(
     family: &Family<Labels<1>, Counter>,
@@ -140,100 +110,6 @@ fn per_value<const N: usize>(
     values: [&'static str; N],
 ) -> [Counter; N] {
     values.map(|v| family.get_or_create_owned(&[(label, v)]))
-}
-
-/// The gRPC families.
-#[derive(Debug)]
-struct GrpcSeries {
-    /// Calls received, by [`Rpc`].
-    started: [Counter; Rpc::COUNT],
-    /// Calls answered, by method and code.
-    handled: Family<Labels<4>, Counter>,
-    /// Calls answered `OK`, by [`Rpc`]: the common case, looked up once.
-    handled_ok: [Counter; Rpc::COUNT],
-    /// Time from the request to the response headers, by [`Rpc`].
-    seconds: [Histogram; Rpc::COUNT],
-}
-
-/// One tool's series.
-#[derive(Debug)]
-struct ToolSeries {
-    /// `ledger_claims_total`, by [`Outcome::ALL`].
-    claims: [Counter; Outcome::ALL.len()],
-    /// `ledger_replays_total`.
-    replays: Counter,
-    /// `ledger_key_reuse_refusals_total`.
-    key_reused: Counter,
-}
-
-/// The families labelled by tool.
-#[derive(Debug, Default)]
-struct ToolFamilies {
-    claims: Family<ToolLabels<2>, Counter>,
-    replays: Family<ToolLabels<1>, Counter>,
-    key_reused: Family<ToolLabels<1>, Counter>,
-}
-
-impl ToolFamilies {
-    /// Creates `tool`'s series in every family, at zero.
-    fn series(&self, tool: &str) -> ToolSeries {
-        let name = || Cow::Owned(tool.to_string());
-        ToolSeries {
-            claims: Outcome::ALL.map(|outcome| {
-                let label = Cow::Owned(outcome.as_str().to_ascii_lowercase());
-                self.claims
-                    .get_or_create_owned(&[("outcome", label), ("tool", name())])
-            }),
-            replays: self.replays.get_or_create_owned(&[("tool", name())]),
-            key_reused: self.key_reused.get_or_create_owned(&[("tool", name())]),
-        }
-    }
-}
-
-/// The tool names that have their own label value: at most `max`, then everything else is
-/// `other`.
-#[derive(Debug)]
-struct Tools {
-    max: usize,
-    families: ToolFamilies,
-    named: RwLock<HashMap<String, Arc<ToolSeries>>>,
-    /// Always shown, so that a rate over it exists before any name folds.
-    other: Arc<ToolSeries>,
-}
-
-impl Tools {
-    fn new(max: usize) -> Tools {
-        let families = ToolFamilies::default();
-        Tools {
-            max,
-            other: Arc::new(families.series(OTHER_TOOL)),
-            families,
-            named: RwLock::default(),
-        }
-    }
-
-    /// The series `tool` counts into.
-    fn get(&self, tool: &str) -> Arc<ToolSeries> {
-        // A poisoned lock only means a panic elsewhere mid-insert; the map is still usable.
-        if let Some(series) = self
-            .named
-            .read()
-            .unwrap_or_else(PoisonError::into_inner)
-            .get(tool)
-        {
-            return series.clone();
-        }
-        let mut named = self.named.write().unwrap_or_else(PoisonError::into_inner);
-        if let Some(series) = named.get(tool) {
-            return series.clone();
-        }
-        if named.len() >= self.max || tool == OTHER_TOOL {
-            return self.other.clone();
-        }
-        let series = Arc::new(self.families.series(tool));
-        named.insert(tool.to_string(), series.clone());
-        series
-    }
 }
 
 /// The ledger's metrics: a registry of its own, and handles on its series (cheap to share,
@@ -295,54 +171,9 @@ impl Metrics {
         let mut registry = Registry::default();
         // The registry adds the `_total` of counters, the unit's suffix, and a full stop to
         // each help text.
-        let started = Family::<Labels<3>, Counter>::default();
-        registry.register(
-            "grpc_server_started",
-            "Ledger calls received, by method (including calls refused before the handler)",
-            started.clone(),
-        );
-        let handled = Family::<Labels<4>, Counter>::default();
-        registry.register(
-            "grpc_server_handled",
-            "Ledger calls completed, by method and gRPC code (CANCELLED: the caller went away)",
-            handled.clone(),
-        );
-        let seconds = Family::<Labels<3>, Histogram, fn() -> Histogram>::new_with_constructor(
-            handling_histogram,
-        );
-        registry.register_with_unit(
-            "grpc_server_handling",
-            "Time from a ledger call's request to its response (or to its cancellation), by \
-             method",
-            Unit::Seconds,
-            seconds.clone(),
-        );
-        let grpc = GrpcSeries {
-            started: per_method(&started),
-            handled_ok: Rpc::ALL
-                .map(|rpc| handled.get_or_create_owned(&handled_labels(rpc, tonic::Code::Ok))),
-            handled,
-            seconds: per_method(&seconds),
-        };
+        let grpc = GrpcSeries::register(&mut registry);
 
-        let tools = Tools::new(options.max_tools);
-        registry.register(
-            "ledger_claims",
-            "Claims answered, by outcome and tool (tools beyond --metrics-max-tools are \"other\")",
-            tools.families.claims.clone(),
-        );
-        registry.register(
-            "ledger_replays",
-            "Claims answered with the stored result (ledger_claims_total{outcome=\"replayed\"}), \
-             by tool",
-            tools.families.replays.clone(),
-        );
-        registry.register(
-            "ledger_key_reuse_refusals",
-            "Claims refused because an explicit key came with another tool or other arguments \
-             (KEY_REUSED_WITH_DIFFERENT_REQUEST), by tool",
-            tools.families.key_reused.clone(),
-        );
+        let tools = Tools::register(&mut registry, options.max_tools);
         let stale_tokens = Counter::default();
         registry.register(
             "ledger_stale_claim_tokens",
@@ -698,6 +529,7 @@ pub async fn refresh_loop(
 mod tests {
     use super::*;
     use crate::domain::time::SystemClock;
+    use crate::observe::SERVICE;
 
     #[test]
     fn every_outcome_counts_in_its_own_series() {
