@@ -105,6 +105,9 @@ pub struct ClaimOutput {
     pub note: String,
     /// With `InProgress`: when trying again is worthwhile.
     pub retry_after: Option<Duration>,
+    /// With `AwaitingApproval`: this claim asked the person (it made the request, or asked
+    /// again after one lapsed), so it answers at once; only a repeat waits for the decision.
+    pub asked: bool,
 }
 
 impl Ledger {
@@ -461,6 +464,7 @@ impl Ledger {
             claim_token: Some(token),
             note: String::new(),
             retry_after: None,
+            asked: false,
         }
     }
 
@@ -478,6 +482,7 @@ impl Ledger {
             claim_token: None,
             note,
             retry_after,
+            asked: false,
         }
     }
 }
@@ -502,11 +507,11 @@ fn bounded_wait(asked: Duration, max_wait: Duration, answer_by: Option<Instant>)
     }
 }
 
-/// Whether a claim found an attempt still in flight, or a decision still to come (what a
-/// waiting claim waits out).
+/// Whether a claim found an attempt still in flight, or a decision still to come that an
+/// earlier claim asked for (what a waiting claim waits out).
 fn in_flight(output: &ClaimOutput) -> bool {
     (output.outcome == Outcome::InProgress && output.entry.status == Status::Attempting)
-        || output.outcome == Outcome::AwaitingApproval
+        || (output.outcome == Outcome::AwaitingApproval && !output.asked)
 }
 
 /// A validated claim with its derived key.

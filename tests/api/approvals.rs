@@ -669,7 +669,22 @@ async fn extend_run_keeps_a_runs_finished_entries(b: Backend) {
 
 async fn a_waiting_claim_wakes_on_the_decision(b: Backend) {
     let t = TestLedger::new(b).await;
-    let asked = claim(&t.ledger, gated(RUN, ARGS)).await;
+    // The claim that asks a person answers at once, whatever its wait: only repeats wait.
+    let asking_since = tokio::time::Instant::now();
+    let asked = claim(
+        &t.ledger,
+        ClaimInput {
+            wait: Some(Duration::from_secs(20)),
+            ..gated(RUN, ARGS)
+        },
+    )
+    .await;
+    assert_eq!(asked.outcome, Outcome::AwaitingApproval);
+    assert!(
+        asking_since.elapsed() < Duration::from_secs(5),
+        "the asking claim answered only after {:?}",
+        asking_since.elapsed()
+    );
     let waiter = {
         let ledger = t.ledger.clone();
         tokio::spawn(async move {

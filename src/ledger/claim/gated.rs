@@ -73,7 +73,10 @@ impl Ledger {
             );
         }
         self.approvals.notify();
-        self.awaiting_answer(asked, now)
+        ClaimOutput {
+            asked: true,
+            ..self.awaiting_answer(asked, now)
+        }
     }
 
     /// The answer to a claim of `entry`, which awaits a person's decision.
