@@ -1,7 +1,8 @@
 //! The server's HTTP endpoints besides gRPC: the optional metrics endpoint
 //! (`--metrics-listen`), whose `GET /metrics` answers every family in the Prometheus text format
 //! (0.0.4) and anything else 404, one request per connection; and [`serve_within`], the bounded
-//! HTTP/1.1 server of an axum [`Router`] that it runs on.
+//! HTTP/1.1 server of an axum [`Router`] that it and the operator's console (`crate::console`)
+//! both run on.
 //!
 //! An endpoint is exposed to whatever can reach its port, so [`serve_within`] bounds what a client can
 //! hold: a connection that sends no complete request within its [`Limits::read_timeout`] is
