@@ -5,9 +5,9 @@
 //! top). Each minute's exact numbers are in its `<title>`, and the page's table repeats the
 //! totals as text.
 
-use std::fmt::Write as _;
+use maud::{Markup, html};
 
-use super::html::{esc, time};
+use super::html::time;
 use crate::observe::replay::SeriesFigures;
 
 const WIDTH: f64 = 760.0;
@@ -17,10 +17,18 @@ const RIGHT: f64 = 40.0;
 const TOP: f64 = 18.0;
 const BOTTOM: f64 = 22.0;
 
-/// The SVG of one series; `label` names it for screen readers.
-pub fn series_svg(series: &SeriesFigures, label: &str) -> String {
+/// A coordinate to a tenth.
+fn at(x: f64) -> String {
+    format!("{x:.1}")
+}
+
+/// The SVG of one series; `label` names it for screen readers. Every element is closed (`{}`):
+/// in a page's inline SVG, the HTML parser takes a `<rect>` without its end tag as the parent
+/// of what follows it, which is then not drawn.
+pub fn series_svg(series: &SeriesFigures, label: &str) -> Markup {
     let plot_w = WIDTH - LEFT - RIGHT;
     let plot_h = HEIGHT - TOP - BOTTOM;
+    let (base, right) = (TOP + plot_h, LEFT + plot_w);
     let n = series.buckets.len().max(1);
     let step = plot_w / n as f64;
     let max_claims = series
@@ -31,144 +39,94 @@ pub fn series_svg(series: &SeriesFigures, label: &str) -> String {
         .unwrap_or(0)
         .max(1);
     let y_of = |count: u64| TOP + plot_h - plot_h * count as f64 / max_claims as f64;
-    let ratio_y = |ratio: f64| TOP + plot_h - plot_h * ratio.clamp(0.0, 1.0);
-    let mut svg = String::with_capacity(16 * 1024);
-    let _ = write!(
-        svg,
-        "<svg xmlns=\"http://www.w3.org/2000/svg\" viewBox=\"0 0 {WIDTH} {HEIGHT}\" \
-         width=\"{WIDTH}\" height=\"{HEIGHT}\" role=\"img\" aria-label=\"{}\">",
-        esc(label)
-    );
-    // Axes and grid: claims on the left, the ratio on the right.
-    let _ = write!(
-        svg,
-        "<g font-size=\"10\" fill=\"#5d6675\">\
-         <line x1=\"{LEFT}\" y1=\"{TOP}\" x2=\"{LEFT}\" y2=\"{b}\" stroke=\"#d8dde5\"/>\
-         <line x1=\"{LEFT}\" y1=\"{b}\" x2=\"{r}\" y2=\"{b}\" stroke=\"#d8dde5\"/>\
-         <line x1=\"{LEFT}\" y1=\"{TOP}\" x2=\"{r}\" y2=\"{TOP}\" stroke=\"#eef1f5\"/>\
-         <text x=\"{lx}\" y=\"{ty}\" text-anchor=\"end\">{max_claims}</text>\
-         <text x=\"{lx}\" y=\"{b}\" text-anchor=\"end\">0</text>\
-         <text x=\"{rx}\" y=\"{ty}\">1.0</text>\
-         <text x=\"{rx}\" y=\"{b}\">0</text>\
-         <text x=\"{LEFT}\" y=\"{ay}\">{first}</text>\
-         <text x=\"{r}\" y=\"{ay}\" text-anchor=\"end\">now ({last})</text>\
-         <text x=\"4\" y=\"11\">claims/min</text>\
-         <text x=\"{rt}\" y=\"11\" text-anchor=\"end\">ratio</text></g>",
-        b = TOP + plot_h,
-        r = LEFT + plot_w,
-        lx = LEFT - 4.0,
-        rx = LEFT + plot_w + 4.0,
-        ty = TOP + 4.0,
-        ay = HEIGHT - 6.0,
-        rt = WIDTH - 2.0,
-        first = esc(&minute_label(series, 0)),
-        last = esc(&minute_label(series, n - 1)),
-    );
-    for (i, b) in series.buckets.iter().enumerate() {
-        let x = LEFT + step * i as f64;
-        let title = format!(
-            "{}: {} claims, {} replays (ratio {:.2}), {} key-reuse refusals{}",
-            time(b.start),
-            b.claims,
-            b.replays,
-            b.ratio(),
-            b.key_reuse_refusals,
-            if b.alarm { ", alarm on" } else { "" }
-        );
-        let _ = write!(svg, "<g><title>{}</title>", esc(&title));
-        if b.alarm {
-            // A band behind the minute, and a strip under the axis that no bar covers.
-            let _ = write!(
-                svg,
-                "<rect class=\"alarm\" x=\"{x:.1}\" y=\"{TOP}\" width=\"{w:.1}\" height=\"{plot_h}\" \
-                 fill=\"#f4c7c3\"/><rect x=\"{x:.1}\" y=\"{sy:.1}\" width=\"{w:.1}\" height=\"4\" \
-                 fill=\"#b3261e\"/>",
-                w = step,
-                sy = TOP + plot_h + 1.0
-            );
+    // A minute's bar of `count` from the axis up, at `x`.
+    let bar = |class: &str, fill: &str, x: f64, count: u64| {
+        let y = y_of(count);
+        html! {
+            rect class=(class) x=(at(x + 1.0)) y=(at(y)) width=(at((step - 2.0).max(1.0)))
+                height=(at(base - y)) fill=(fill) {}
         }
-        // A transparent hit area, so the title shows on hover anywhere in the minute.
-        let _ = write!(
-            svg,
-            "<rect x=\"{x:.1}\" y=\"{TOP}\" width=\"{w:.1}\" height=\"{plot_h}\" fill=\"transparent\"/>",
-            w = step
-        );
-        if b.claims > 0 {
-            let y = y_of(b.claims);
-            let _ = write!(
-                svg,
-                "<rect class=\"claims\" x=\"{bx:.1}\" y=\"{y:.1}\" width=\"{bw:.1}\" height=\"{h:.1}\" \
-                 fill=\"#c9d0da\"/>",
-                bx = x + 1.0,
-                bw = (step - 2.0).max(1.0),
-                h = TOP + plot_h - y
-            );
-        }
-        if b.replays > 0 {
-            let y = y_of(b.replays);
-            let _ = write!(
-                svg,
-                "<rect class=\"replays\" x=\"{bx:.1}\" y=\"{y:.1}\" width=\"{bw:.1}\" height=\"{h:.1}\" \
-                 fill=\"#2456a6\"/>",
-                bx = x + 1.0,
-                bw = (step - 2.0).max(1.0),
-                h = TOP + plot_h - y
-            );
-        }
-        if b.key_reuse_refusals > 0 {
-            let cx = x + step / 2.0;
-            let _ = write!(
-                svg,
-                "<path class=\"reuse\" d=\"M{l:.1} {t:.1} L{r:.1} {t:.1} L{cx:.1} {tip:.1} Z\" \
-                 fill=\"#b3261e\"/><text x=\"{cx:.1}\" y=\"{ly:.1}\" font-size=\"9\" \
-                 text-anchor=\"middle\" fill=\"#b3261e\">{n}</text>",
-                l = cx - 4.0,
-                r = cx + 4.0,
-                t = TOP - 8.0,
-                tip = TOP - 1.0,
-                ly = TOP - 9.0,
-                n = b.key_reuse_refusals
-            );
-        }
-        svg.push_str("</g>");
-    }
-    // The ratio, joined across consecutive minutes that had claims.
-    let mut run: Vec<String> = Vec::new();
-    let mut lines = String::new();
-    let flush = |run: &mut Vec<String>, lines: &mut String| {
-        match run.len() {
-            0 => {}
-            1 => {
-                let mut xy = run[0].split(',');
-                let (x, y) = (xy.next().unwrap_or("0"), xy.next().unwrap_or("0"));
-                let _ = write!(
-                    lines,
-                    "<circle class=\"ratio\" cx=\"{x}\" cy=\"{y}\" r=\"2.5\" fill=\"#e07b00\"/>"
-                );
-            }
-            _ => {
-                let _ = write!(
-                    lines,
-                    "<polyline class=\"ratio\" points=\"{}\" fill=\"none\" stroke=\"#e07b00\" \
-                     stroke-width=\"2\"/>",
-                    run.join(" ")
-                );
-            }
-        }
-        run.clear();
     };
+    html! {
+        svg xmlns="http://www.w3.org/2000/svg" viewBox={ "0 0 " (WIDTH) " " (HEIGHT) }
+            width=(WIDTH) height=(HEIGHT) role="img" aria-label=(label) {
+            // Axes and grid: claims on the left, the ratio on the right.
+            g font-size="10" fill="#5d6675" {
+                line x1=(LEFT) y1=(TOP) x2=(LEFT) y2=(base) stroke="#d8dde5" {}
+                line x1=(LEFT) y1=(base) x2=(right) y2=(base) stroke="#d8dde5" {}
+                line x1=(LEFT) y1=(TOP) x2=(right) y2=(TOP) stroke="#eef1f5" {}
+                text x=(LEFT - 4.0) y=(TOP + 4.0) text-anchor="end" { (max_claims) }
+                text x=(LEFT - 4.0) y=(base) text-anchor="end" { "0" }
+                text x=(right + 4.0) y=(TOP + 4.0) { "1.0" }
+                text x=(right + 4.0) y=(base) { "0" }
+                text x=(LEFT) y=(HEIGHT - 6.0) { (minute_label(series, 0)) }
+                text x=(right) y=(HEIGHT - 6.0) text-anchor="end" {
+                    "now (" (minute_label(series, n - 1)) ")"
+                }
+                text x="4" y="11" { "claims/min" }
+                text x=(WIDTH - 2.0) y="11" text-anchor="end" { "ratio" }
+            }
+            @for (i, b) in series.buckets.iter().enumerate() {
+                @let x = LEFT + step * i as f64;
+                g {
+                    title {
+                        (time(b.start)) ": " (b.claims) " claims, " (b.replays) " replays (ratio "
+                        (format!("{:.2}", b.ratio())) "), " (b.key_reuse_refusals)
+                        " key-reuse refusals" @if b.alarm { ", alarm on" }
+                    }
+                    @if b.alarm {
+                        // A band behind the minute, and a strip under the axis that no bar
+                        // covers.
+                        rect class="alarm" x=(at(x)) y=(TOP) width=(at(step)) height=(plot_h)
+                            fill="#f4c7c3" {}
+                        rect x=(at(x)) y=(at(base + 1.0)) width=(at(step)) height="4"
+                            fill="#b3261e" {}
+                    }
+                    // A transparent hit area, so the title shows on hover anywhere in the minute.
+                    rect x=(at(x)) y=(TOP) width=(at(step)) height=(plot_h) fill="transparent" {}
+                    @if b.claims > 0 { (bar("claims", "#c9d0da", x, b.claims)) }
+                    @if b.replays > 0 { (bar("replays", "#2456a6", x, b.replays)) }
+                    @if b.key_reuse_refusals > 0 {
+                        @let cx = x + step / 2.0;
+                        path class="reuse"
+                            d={ "M" (at(cx - 4.0)) " " (at(TOP - 8.0)) " L" (at(cx + 4.0)) " "
+                                (at(TOP - 8.0)) " L" (at(cx)) " " (at(TOP - 1.0)) " Z" }
+                            fill="#b3261e" {}
+                        text x=(at(cx)) y=(at(TOP - 9.0)) font-size="9" text-anchor="middle"
+                            fill="#b3261e" { (b.key_reuse_refusals) }
+                    }
+                }
+            }
+            // The ratio, joined across consecutive minutes that had claims.
+            @for run in ratio_runs(series, step, plot_h) {
+                @if let [(x, y)] = run.as_slice() {
+                    circle class="ratio" cx=(x) cy=(y) r="2.5" fill="#e07b00" {}
+                } @else {
+                    polyline class="ratio"
+                        points=(run.iter().map(|(x, y)| format!("{x},{y}")).collect::<Vec<_>>().join(" "))
+                        fill="none" stroke="#e07b00" stroke-width="2" {}
+                }
+            }
+        }
+    }
+}
+
+/// The ratio's points (to a tenth), one run of consecutive minutes with claims each.
+fn ratio_runs(series: &SeriesFigures, step: f64, plot_h: f64) -> Vec<Vec<(String, String)>> {
+    let mut runs: Vec<Vec<(String, String)>> = vec![Vec::new()];
     for (i, b) in series.buckets.iter().enumerate() {
         if b.claims == 0 {
-            flush(&mut run, &mut lines);
+            runs.push(Vec::new());
             continue;
         }
         let x = LEFT + step * i as f64 + step / 2.0;
-        run.push(format!("{x:.1},{:.1}", ratio_y(b.ratio())));
+        let y = TOP + plot_h - plot_h * b.ratio().clamp(0.0, 1.0);
+        if let Some(run) = runs.last_mut() {
+            run.push((at(x), at(y)));
+        }
     }
-    flush(&mut run, &mut lines);
-    svg.push_str(&lines);
-    svg.push_str("</svg>");
-    svg
+    runs.retain(|run| !run.is_empty());
+    runs
 }
 
 /// The `HH:MM` (UTC) of bucket `i`.
@@ -218,7 +176,8 @@ mod tests {
                 minute(2, 3, 0, 0, true),
             ]),
             "issue_credit <&>",
-        );
+        )
+        .into_string();
         assert!(svg.starts_with("<svg ") && svg.ends_with("</svg>"), "{svg}");
         assert!(
             svg.contains("aria-label=\"issue_credit &lt;&amp;&gt;\""),
@@ -237,6 +196,15 @@ mod tests {
         );
         assert!(svg.contains("2 key-reuse refusals</title>"), "{svg}");
         assert!(svg.contains(", alarm on</title>"), "{svg}");
+        // Every element closed: in a page, an unclosed one would swallow what follows.
+        for element in ["rect", "line", "path", "circle", "polyline", "text", "g"] {
+            assert_eq!(
+                svg.matches(&format!("<{element} ")).count()
+                    + svg.matches(&format!("<{element}>")).count(),
+                svg.matches(&format!("</{element}>")).count(),
+                "{element}: {svg}"
+            );
+        }
         // The two minutes with claims are not consecutive: two dots, no line.
         assert_eq!(svg.matches("<circle class=\"ratio\"").count(), 2, "{svg}");
         assert!(!svg.contains("<polyline"), "{svg}");
@@ -244,7 +212,7 @@ mod tests {
 
     #[test]
     fn an_empty_series_is_a_frame_without_marks() {
-        let svg = series_svg(&series(vec![minute(0, 0, 0, 0, false); 60]), "t");
+        let svg = series_svg(&series(vec![minute(0, 0, 0, 0, false); 60]), "t").into_string();
         for mark in ["claims", "replays", "alarm", "reuse", "ratio"] {
             assert!(!svg.contains(&format!("class=\"{mark}\"")), "{mark}: {svg}");
         }

@@ -1,11 +1,9 @@
-//! The console's HTML: escaping (every value that reaches a page goes through [`esc`] or
-//! `url`, since keys, runs, tools, arguments, results, errors and principals are the
-//! callers' text), the page frame and its one stylesheet, and how times, ages, JSON and bytes
-//! are shown.
-
-use std::fmt::{self, Display, Write as _};
+//! The console's HTML: the page frame and its one stylesheet, written with maud's `html!`,
+//! which escapes every value spliced into it (keys, runs, tools, arguments, results, errors
+//! and principals are the callers' text); and how times, ages, JSON and bytes are shown.
 
 use base64::Engine as _;
+use maud::{DOCTYPE, Markup, PreEscaped, Render, html};
 
 use crate::domain::Micros;
 
@@ -77,54 +75,32 @@ form.decide button.deny{background:var(--warn);border-color:var(--warn)}
 .pager{margin:10px 0}
 ";
 
-/// Escapes `text` for HTML text and double- or single-quoted attribute values: `& < > " '`,
-/// and control characters (which a page cannot hold, and which would hide or reorder text)
-/// shown as their Unicode control pictures (`␀` for NUL), except tab, line feed and carriage
-/// return.
-pub fn esc(text: &str) -> Esc<'_> {
-    Esc(text)
-}
-
-/// Text that [`Display`]s escaped; see [`esc`].
-pub struct Esc<'a>(&'a str);
-
-impl Display for Esc<'_> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let mut rest = self.0;
-        while let Some(at) = rest.find(|c: char| needs_escape(c)) {
-            f.write_str(&rest[..at])?;
-            let c = rest[at..].chars().next().unwrap_or(' ');
-            match c {
-                '&' => f.write_str("&amp;")?,
-                '<' => f.write_str("&lt;")?,
-                '>' => f.write_str("&gt;")?,
-                '"' => f.write_str("&quot;")?,
-                '\'' => f.write_str("&#39;")?,
-                c => f.write_char(control_picture(c))?,
-            }
-            rest = &rest[at + c.len_utf8()..];
-        }
-        f.write_str(rest)
+/// `text` with each control character (but tab, line feed and carriage return) shown as its
+/// Unicode picture (`␀` for NUL; U+FFFD for C1), which a page cannot hold and which would hide
+/// or reorder text. Applied to a whole page once written (by `respond::html`): the
+/// console's own markup has none, so only callers' text changes. Not an escape: maud has
+/// escaped every value already, and a picture is not markup.
+pub fn visible(page: String) -> String {
+    if !page.chars().any(hidden) {
+        return page;
     }
+    page.chars()
+        .map(|c| match u32::from(c) {
+            _ if !hidden(c) => c,
+            n @ 0..=0x1f => char::from_u32(0x2400 + n).unwrap_or('\u{fffd}'),
+            0x7f => '\u{2421}',
+            _ => '\u{fffd}',
+        })
+        .collect()
 }
 
-fn needs_escape(c: char) -> bool {
-    matches!(c, '&' | '<' | '>' | '"' | '\'')
-        || (c.is_control() && !matches!(c, '\t' | '\n' | '\r'))
+fn hidden(c: char) -> bool {
+    c.is_control() && !matches!(c, '\t' | '\n' | '\r')
 }
 
-/// The visible stand-in of a control character: U+2400.. for C0 and DEL, U+FFFD for C1.
-fn control_picture(c: char) -> char {
-    match u32::from(c) {
-        n @ 0..=0x1f => char::from_u32(0x2400 + n).unwrap_or('\u{fffd}'),
-        0x7f => '\u{2421}',
-        _ => '\u{fffd}',
-    }
-}
-
-/// A query string of `pairs` (percent-encoded), escaped for an attribute: `?a=1&amp;b=2`, or
-/// nothing when every value is empty.
-pub fn query(pairs: &[(&str, &str)]) -> String {
+/// A path with the query string of `pairs` (percent-encoded): `/entries?a=1&b=2`, or `path`
+/// alone when every value is empty.
+pub fn with_query(path: &str, pairs: &[(&str, &str)]) -> String {
     let mut serializer = form_urlencoded::Serializer::new(String::new());
     for (name, value) in pairs {
         if !value.is_empty() {
@@ -133,23 +109,15 @@ pub fn query(pairs: &[(&str, &str)]) -> String {
     }
     let encoded = serializer.finish();
     if encoded.is_empty() {
-        String::new()
+        path.to_string()
     } else {
-        format!("?{}", esc(&encoded))
+        format!("{path}?{encoded}")
     }
 }
 
-/// The path of an entry's page, percent-encoded (for a redirect's `Location`).
+/// The path of an entry's page, percent-encoded (for a link or a redirect's `Location`).
 pub fn entry_path(key: &str) -> String {
-    let encoded = form_urlencoded::Serializer::new(String::new())
-        .append_pair("key", key)
-        .finish();
-    format!("/entry?{encoded}")
-}
-
-/// The link to an entry's page, escaped for an attribute.
-pub fn entry_href(key: &str) -> String {
-    esc(&entry_path(key)).to_string()
+    with_query("/entry", &[("key", key)])
 }
 
 /// Where the page is, for the navigation bar.
@@ -176,58 +144,69 @@ pub struct Viewer<'a> {
     pub sign_out_csrf: Option<&'a str>,
 }
 
-/// A whole page: the frame, the navigation, an optional flash message, and `body` (markup
-/// already escaped where it holds values).
+/// A whole page: the frame, the navigation, an optional flash message, and `body`.
 pub fn page(
     title: &str,
     nav: Nav,
     viewer: Option<&Viewer<'_>>,
     flash: Option<&Flash>,
-    body: &str,
-) -> String {
-    let mut out = String::with_capacity(body.len() + CSS.len() + 1024);
-    let _ = write!(
-        out,
-        "<!doctype html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">\
-         <meta name=\"viewport\" content=\"width=device-width, initial-scale=1\">\
-         <title>{} · idempotency-ledger</title><style>{CSS}</style></head><body><header>\
-         <span class=\"brand\">idempotency-ledger</span>",
-        esc(title)
-    );
-    if let Some(viewer) = viewer {
-        out.push_str("<nav>");
-        for (tab, href, label) in [
-            (Nav::Attention, "/", "Needs a person"),
-            (Nav::Approvals, "/approvals", "Awaiting approval"),
-            (Nav::Entries, "/entries", "Entries"),
-            (Nav::Replays, "/replay-rate", "Replay rate"),
-        ] {
-            let on = if tab == nav { " class=\"on\"" } else { "" };
-            let _ = write!(out, "<a href=\"{href}\"{on}>{label}</a>");
+    body: Markup,
+) -> Markup {
+    let tabs = [
+        (Nav::Attention, "/", "Needs a person"),
+        (Nav::Approvals, "/approvals", "Awaiting approval"),
+        (Nav::Entries, "/entries", "Entries"),
+        (Nav::Replays, "/replay-rate", "Replay rate"),
+    ];
+    html! {
+        (DOCTYPE)
+        html lang="en" {
+            head {
+                meta charset="utf-8";
+                meta name="viewport" content="width=device-width, initial-scale=1";
+                title { (title) " · idempotency-ledger" }
+                // The Content-Security-Policy allows exactly this text, by its hash.
+                style { (PreEscaped(CSS)) }
+            }
+            body {
+                header {
+                    span class="brand" { "idempotency-ledger" }
+                    @if let Some(viewer) = viewer {
+                        nav {
+                            @for (tab, href, label) in tabs {
+                                a href=(href) class=[(tab == nav).then_some("on")] { (label) }
+                            }
+                        }
+                        span class="who" {
+                            "tenant " b { (viewer.tenant) }
+                            @if let Some(csrf) = viewer.sign_out_csrf {
+                                form method="post" action="/signout" {
+                                    (csrf_field(csrf))
+                                    button type="submit" { "Sign out" }
+                                }
+                            }
+                        }
+                    }
+                }
+                main {
+                    @if let Some(flash) = flash {
+                        p class=(if flash.good { "flash" } else { "flash bad" }) { (flash.text) }
+                    }
+                    (body)
+                }
+            }
         }
-        let _ = write!(
-            out,
-            "</nav><span class=\"who\">tenant <b>{}</b>",
-            esc(viewer.tenant)
-        );
-        if let Some(csrf) = viewer.sign_out_csrf {
-            let _ = write!(
-                out,
-                "<form method=\"post\" action=\"/signout\"><input type=\"hidden\" name=\"csrf\" \
-                 value=\"{}\"><button type=\"submit\">Sign out</button></form>",
-                esc(csrf)
-            );
-        }
-        out.push_str("</span>");
     }
-    out.push_str("</header><main>");
-    if let Some(flash) = flash {
-        let class = if flash.good { "flash" } else { "flash bad" };
-        let _ = write!(out, "<p class=\"{class}\">{}</p>", esc(&flash.text));
-    }
-    out.push_str(body);
-    out.push_str("</main></body></html>\n");
-    out
+}
+
+/// The hidden field that carries the session's CSRF token back with a form.
+pub fn csrf_field(csrf: &str) -> Markup {
+    hidden_field("csrf", csrf)
+}
+
+/// A hidden form field.
+pub fn hidden_field(name: &str, value: impl Render) -> Markup {
+    html! { input type="hidden" name=(name) value=(value); }
 }
 
 /// A message shown once at the top of the next page (after a form's redirect).
@@ -398,29 +377,24 @@ pub fn shown(bytes: &[u8]) -> Shown {
     }
 }
 
-/// [`Shown`] as markup: a label and a `<pre>` block, escaped.
-pub fn shown_html(value: &Shown) -> String {
+/// [`Shown`] as markup: a label and a `<pre>` block.
+pub fn shown_html(value: &Shown) -> Markup {
     match value {
-        Shown::Empty => "<p class=\"muted\">(empty)</p>".to_string(),
-        Shown::Json(json) => format!(
-            "<p class=\"muted\">JSON, indented for reading (strings and numbers as stored)</p>\
-             <pre>{}</pre>",
-            esc(json)
-        ),
-        Shown::Text(text) => format!("<p class=\"muted\">text</p><pre>{}</pre>", esc(text)),
-        Shown::Binary { base64, hex, len } => {
-            let cut = if *len > HEX_SHOWN {
-                format!(" (the first {HEX_SHOWN})")
-            } else {
-                String::new()
-            };
-            format!(
-                "<p class=\"muted\">{len} bytes that are not text: base64</p><pre>{}</pre>\
-                 <p class=\"muted\">hex{cut}</p><pre>{}</pre>",
-                esc(base64),
-                esc(hex)
-            )
-        }
+        Shown::Empty => html! { p class="muted" { "(empty)" } },
+        Shown::Json(json) => html! {
+            p class="muted" { "JSON, indented for reading (strings and numbers as stored)" }
+            pre { (json) }
+        },
+        Shown::Text(text) => html! { p class="muted" { "text" } pre { (text) } },
+        Shown::Binary { base64, hex, len } => html! {
+            p class="muted" { (len) " bytes that are not text: base64" }
+            pre { (base64) }
+            p class="muted" {
+                "hex"
+                @if *len > HEX_SHOWN { " (the first " (HEX_SHOWN) ")" }
+            }
+            pre { (hex) }
+        },
     }
 }
 
@@ -440,26 +414,48 @@ mod tests {
     use super::*;
 
     #[test]
-    fn markup_characters_and_quotes_are_escaped() {
-        assert_eq!(
-            esc("<script>alert('x')</script> & \"y\"").to_string(),
-            "&lt;script&gt;alert(&#39;x&#39;)&lt;/script&gt; &amp; &quot;y&quot;"
-        );
-        assert_eq!(esc("plain text ü").to_string(), "plain text ü");
+    fn values_are_escaped_by_construction() {
+        let page = page(
+            "<t>",
+            Nav::Attention,
+            Some(&Viewer {
+                tenant: "<b>acme</b>",
+                sign_out_csrf: Some("\"><script>"),
+            }),
+            Some(&Flash {
+                text: "<script>alert('x')</script> & \"y\"".into(),
+                good: false,
+            }),
+            html! { p { ("<i>run</i>") } },
+        )
+        .into_string();
+        for escaped in [
+            "<title>&lt;t&gt; · idempotency-ledger</title>",
+            "tenant <b>&lt;b&gt;acme&lt;/b&gt;</b>",
+            "value=\"&quot;&gt;&lt;script&gt;\"",
+            "&lt;script&gt;alert('x')&lt;/script&gt; &amp; &quot;y&quot;",
+            "<p>&lt;i&gt;run&lt;/i&gt;</p>",
+        ] {
+            assert!(page.contains(escaped), "{escaped}: {page}");
+        }
+        assert!(page.contains(&format!("<style>{CSS}</style>")), "{page}");
     }
 
     #[test]
     fn control_characters_are_shown_as_pictures_but_line_breaks_stay() {
-        assert_eq!(esc("a\0b\u{1b}c\u{7f}").to_string(), "a␀b␛c␡");
-        assert_eq!(esc("a\u{85}b").to_string(), "a\u{fffd}b");
-        assert_eq!(esc("a\tb\nc\r").to_string(), "a\tb\nc\r");
+        assert_eq!(visible("a\0b\u{1b}c\u{7f}".into()), "a␀b␛c␡");
+        assert_eq!(visible("a\u{85}b".into()), "a\u{fffd}b");
+        assert_eq!(visible("a\tb\nc\r ü".into()), "a\tb\nc\r ü");
     }
 
     #[test]
-    fn queries_are_percent_encoded_and_escaped_for_attributes() {
-        assert_eq!(query(&[("key", "a&b c\"<")]), "?key=a%26b+c%22%3C");
-        assert_eq!(query(&[("a", "1"), ("b", "2")]), "?a=1&amp;b=2");
-        assert_eq!(query(&[("a", "")]), "");
+    fn queries_are_percent_encoded() {
+        assert_eq!(
+            with_query("/entry", &[("key", "a&b c\"<")]),
+            "/entry?key=a%26b+c%22%3C"
+        );
+        assert_eq!(with_query("/e", &[("a", "1"), ("b", "2")]), "/e?a=1&b=2");
+        assert_eq!(with_query("/e", &[("a", "")]), "/e");
     }
 
     #[test]

@@ -1,6 +1,6 @@
 //! The operator's console: server-rendered HTML pages served by the server itself over
-//! HTTP/1.1 (hyper), on loopback by default (`--console-listen`, [`DEFAULT_LISTEN`]). No
-//! JavaScript, one inline stylesheet, nothing downloaded.
+//! HTTP/1.1 (axum's router on hyper), on loopback by default (`--console-listen`,
+//! [`DEFAULT_LISTEN`]). No JavaScript, one inline stylesheet, nothing downloaded.
 //!
 //! - `/`: what needs a person: the unresolved entries (UNKNOWN, expired leases included),
 //!   oldest first, each resolvable there through [`Ledger::reconcile`], the use case behind
@@ -10,40 +10,58 @@
 //!   its arguments, its result and its timeline.
 //! - `/replay-rate`: the replay rate per tool over the last hour, drawn ([`chart`]) from the
 //!   same figures the `ReplayRate` RPC answers.
+//! - `/approvals`: the calls awaiting a person's decision, decided there by an approver.
 //! - `/signin`, `/signout`: with `--auth-tokens-file`, a session starts with a tenant's token
 //!   and shows that tenant's entries only; without it, every session is tenant `default`.
 //!
-//! Safety ([`session`] and `respond`): sessions live in the server's memory behind an
-//! HttpOnly, SameSite=Strict cookie; every POST carries the session's CSRF token (refused with
-//! 403 and nothing changed without it) and, when the browser sends one, an `Origin` of this
-//! console; a request whose `Host` is a name the console was not told of is refused (DNS
-//! rebinding); every value is escaped ([`html`]); pages carry a Content-Security-Policy that
-//! allows nothing but their own stylesheet, `X-Frame-Options: DENY` and `no-store`.
+//! Safety: one middleware (`guard`) stands before every route, so that no page can be added
+//! without it: a request whose `Host` is a name the console was not told of is refused (DNS
+//! rebinding); every POST carries the session's CSRF token (refused with 403 and nothing
+//! changed without it) and, when the browser sends one, an `Origin` of this console; and every
+//! answer, refusals included, carries a Content-Security-Policy that allows nothing but the
+//! page's own stylesheet, `X-Frame-Options: DENY` and `no-store`. Sessions ([`session`]) live
+//! in the server's memory behind an HttpOnly, SameSite=Strict cookie.
+//!
+//! # Why maud
+//!
+//! The pages are written with maud's `html!`, which escapes every value spliced into it: a
+//! stored `<script>` cannot reach a page as markup unless the code says `PreEscaped` (done once,
+//! for the stylesheet). maud rather than askama, because the pages are mostly Rust already
+//! (loops over entries, a `match` on an outcome, the chart's arithmetic): in maud they stay
+//! Rust, checked by the compiler with the code around them, a part of a page is a function
+//! returning `Markup`, and there are no template files, no second language and no
+//! configuration beside the code. maud escapes `& < > "` and writes every attribute in
+//! double quotes, so an apostrophe needs no escape; control characters, which escaping does not
+//! touch, are shown as their pictures ([`html::visible`]).
 
 pub mod chart;
 pub mod html;
 mod pages;
+mod respond;
 pub mod session;
 
-use std::convert::Infallible;
 use std::fmt;
 use std::net::{IpAddr, SocketAddr};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
+use axum::Router;
+use axum::body::Body;
+use axum::extract::{DefaultBodyLimit, FromRequestParts, Request, State};
+use axum::http::request::Parts;
+use axum::middleware::{self, Next};
+use axum::response::Response;
 use base64::Engine as _;
-use http::{HeaderValue, Method, Request, Response, StatusCode, header};
-use http_body_util::BodyExt as _;
-use hyper_util::rt::{TokioIo, TokioTimer};
+use http::{HeaderMap, HeaderValue, Method, StatusCode, header};
 use sha2::{Digest, Sha256};
 use tokio::net::TcpListener;
-use tokio::sync::Semaphore;
 
 use crate::domain::Micros;
 use crate::domain::time::Clock;
 use crate::grpc::auth::{Credentials, Tenancy};
 use crate::ledger::Ledger;
 use crate::observe::Metrics;
+use crate::observe::http::Limits;
 use session::{Session, Sessions, SignedIn, same_secret};
 
 /// Where the console listens unless told: loopback only, two ports above the service's
@@ -203,82 +221,81 @@ pub async fn bind(addr: SocketAddr) -> std::io::Result<TcpListener> {
     TcpListener::bind(addr).await
 }
 
-/// Serves the console on `listener` until the task is dropped.
+/// Serves the console on `listener` until the task is dropped, at most [`MAX_CONNECTIONS`]
+/// connections at once, each closed when its headers take longer than [`READ_TIMEOUT`] or it
+/// lasts longer than [`CONNECTION_TIMEOUT`].
 pub async fn serve(listener: TcpListener, console: Console) {
-    let mut backoff = crate::connections::Backoff::default();
-    let slots = Arc::new(Semaphore::new(MAX_CONNECTIONS));
-    loop {
-        let Ok(slot) = slots.clone().acquire_owned().await else {
-            return;
-        };
-        let socket = backoff.accept(&listener, None).await;
-        let console = console.clone();
-        tokio::spawn(async move {
-            let service = hyper::service::service_fn(move |request| {
-                let console = console.clone();
-                async move { Ok::<_, Infallible>(console.answer(request).await) }
-            });
-            let connection = hyper::server::conn::http1::Builder::new()
-                .timer(TokioTimer::new())
-                .header_read_timeout(READ_TIMEOUT)
-                .serve_connection(TokioIo::new(socket), service);
-            match tokio::time::timeout(CONNECTION_TIMEOUT, connection).await {
-                Ok(Ok(())) => {}
-                Ok(Err(e)) => tracing::debug!(error = %e, "console connection failed"),
-                Err(_) => tracing::debug!("console connection closed after its time"),
-            }
-            drop(slot);
-        });
-    }
-}
-
-/// A request as the pages see it: its method, path, query and form fields, and its session.
-pub(crate) struct Call {
-    /// `GET` or `POST`.
-    pub method: Method,
-    /// The path, without the query.
-    pub path: String,
-    /// The query's fields (first of each name).
-    pub query: Fields,
-    /// A POST's form fields (first of each name).
-    pub form: Fields,
-    /// The session's cookie value and the session, when there is a live one.
-    pub session: Option<(String, Session)>,
-    /// A cookie to set with the answer (a new session's, or one that clears it).
-    pub set_cookie: Option<String>,
-    /// The ledger's time at the request.
-    pub now: Micros,
-}
-
-/// Form or query fields; the first value of each name.
-#[derive(Debug, Default)]
-pub(crate) struct Fields(Vec<(String, String)>);
-
-impl Fields {
-    fn parse(bytes: &[u8]) -> Fields {
-        Fields(form_urlencoded::parse(bytes).into_owned().collect())
-    }
-
-    /// The first value of `name`, or "".
-    pub fn get(&self, name: &str) -> &str {
-        self.0
-            .iter()
-            .find(|(n, _)| n == name)
-            .map_or("", |(_, v)| v.as_str())
-    }
+    let limits = Limits {
+        name: "console",
+        max_connections: MAX_CONNECTIONS,
+        read_timeout: READ_TIMEOUT,
+        connection_timeout: CONNECTION_TIMEOUT,
+        keep_alive: true,
+    };
+    crate::observe::http::serve_within(listener, console.router(), limits).await;
 }
 
 /// An answer: a page, a redirect, or an error page.
-pub(crate) type Answer = Response<String>;
+pub(crate) type Answer = Response;
+
+/// What the guard learned of a request, for the pages (a request extension): the ledger's
+/// time, the live session, and where a page leaves the cookie to set with the answer.
+#[derive(Clone)]
+pub(crate) struct Visit {
+    /// The ledger's time at the request.
+    pub now: Micros,
+    /// The session's cookie value and the session, when there is a live one.
+    pub session: Option<(String, Session)>,
+    /// A `Set-Cookie` for the answer: a new session's, or one that clears it.
+    set_cookie: Arc<Mutex<Option<HeaderValue>>>,
+}
+
+impl<S: Sync> FromRequestParts<S> for Visit {
+    type Rejection = Answer;
+
+    async fn from_request_parts(parts: &mut Parts, _: &S) -> Result<Visit, Answer> {
+        parts.extensions.get::<Visit>().cloned().ok_or_else(|| {
+            respond::plain(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "This page was not reached through the console's guard.",
+            )
+        })
+    }
+}
+
+impl Visit {
+    /// Sets the session cookie with the answer: session `id`'s, or one that clears it.
+    pub fn set_cookie(&self, console: &Console, id: Option<&str>) {
+        let value = HeaderValue::from_str(&console.session_cookie(id)).ok();
+        *self
+            .set_cookie
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner) = value;
+    }
+}
 
 impl Console {
-    async fn answer(&self, request: Request<hyper::body::Incoming>) -> Answer {
-        let mut answer = self.route(request).await;
-        respond::secure(&mut answer, &self.inner.csp);
-        answer
+    /// The console's routes, behind its guard.
+    fn router(&self) -> Router {
+        pages::routes()
+            .layer(middleware::from_fn_with_state(self.clone(), guard))
+            // The guard read the body with its bound already.
+            .layer(DefaultBodyLimit::max(self.inner.max_body))
+            .with_state(self.clone())
     }
+}
 
-    async fn route(&self, request: Request<hyper::body::Incoming>) -> Answer {
+/// Stands before every page: the host check, the CSRF check of every POST (and its `Origin`),
+/// the session, and the headers of every answer.
+async fn guard(State(console): State<Console>, request: Request, next: Next) -> Response {
+    let mut answer = console.admit(request, next).await;
+    respond::secure(&mut answer, &console.inner.csp);
+    answer
+}
+
+impl Console {
+    /// The request, on to its page when it passes the guard's checks, with its [`Visit`].
+    async fn admit(&self, request: Request, next: Next) -> Response {
         let inner = &self.inner;
         if !self.host_allowed(request.headers()) {
             return respond::plain(
@@ -287,84 +304,97 @@ impl Console {
                  --console-host only.",
             );
         }
-        let method = request.method().clone();
-        if method != Method::GET && method != Method::POST {
-            return respond::plain(StatusCode::METHOD_NOT_ALLOWED, "GET or POST only.");
-        }
-        if method == Method::POST && !self.origin_allowed(request.headers()) {
-            return respond::forbidden("The form was not sent from this console.");
-        }
         let now = inner.clock.now();
-        let path = request.uri().path().to_string();
-        let query = Fields::parse(request.uri().query().unwrap_or("").as_bytes());
-        let session = self
-            .cookie_of(request.headers())
-            .and_then(|id| inner.sessions.get(&id, now).map(|s| (id, s)));
-        let form = if method == Method::POST {
-            match request.into_body().collect_limited(inner.max_body).await {
-                Some(bytes) => Fields::parse(&bytes),
-                None => {
-                    return respond::plain(
-                        StatusCode::PAYLOAD_TOO_LARGE,
-                        "The form is larger than this console accepts (--max-result-bytes).",
-                    );
-                }
+        let session = self.session_of(request.headers(), now);
+        let mut request = if request.method() == Method::POST {
+            match self.form_checked(request, session.as_ref()).await {
+                Ok(request) => request,
+                Err(refused) => return refused,
             }
         } else {
-            Fields::default()
+            request
         };
-        let mut call = Call {
-            method,
-            path,
-            query,
-            form,
-            session,
-            set_cookie: None,
-            now,
-        };
-        // A session whose credential was removed from the tokens file is over.
-        if let Some((id, session)) = &call.session
-            && let Some(SignedIn {
-                tenant,
-                credential: Some(credential),
-                ..
-            }) = &session.signed_in
-            && inner.credentials.current().tenant_of(credential).as_ref() != Some(tenant)
-        {
-            inner.sessions.remove(id);
-            call.session = None;
-        }
-        if call.method == Method::POST {
-            let sent = call.form.get("csrf");
-            let expected = call.session.as_ref().map(|(_, s)| s.csrf.as_str());
-            if !expected.is_some_and(|csrf| !sent.is_empty() && same_secret(sent, csrf)) {
-                return respond::forbidden(
-                    "This form did not carry this session's CSRF token (it was sent from \
-                     elsewhere, or the session ended): nothing was changed. Reload the page and \
-                     try again.",
-                );
-            }
-        }
         if !(inner.ready)() {
             return respond::plain(
                 StatusCode::SERVICE_UNAVAILABLE,
                 "The server is starting: its store is not migrated yet. Try again in a moment.",
             );
         }
-        let mut answer = match pages::dispatch(self, &mut call).await {
-            Ok(answer) => answer,
-            Err(answer) => *answer,
-        };
-        if let Some(cookie) = call.set_cookie.take()
-            && let Ok(value) = HeaderValue::from_str(&cookie)
-        {
-            answer.headers_mut().append(header::SET_COOKIE, value);
+        let set_cookie = Arc::default();
+        request.extensions_mut().insert(Visit {
+            now,
+            session,
+            set_cookie: Arc::clone(&set_cookie),
+        });
+        let mut answer = next.run(request).await;
+        let cookie = set_cookie
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take();
+        if let Some(cookie) = cookie {
+            answer.headers_mut().append(header::SET_COOKIE, cookie);
         }
         answer
     }
 
+    /// The live session the request's cookie names. A session whose credential was removed
+    /// from the tokens file is over.
+    fn session_of(&self, headers: &HeaderMap, now: Micros) -> Option<(String, Session)> {
+        let inner = &self.inner;
+        let (id, session) = self
+            .cookie_of(headers)
+            .and_then(|id| inner.sessions.get(&id, now).map(|s| (id, s)))?;
+        if let Some(SignedIn {
+            tenant,
+            credential: Some(credential),
+            ..
+        }) = &session.signed_in
+            && inner.credentials.current().tenant_of(credential).as_ref() != Some(tenant)
+        {
+            inner.sessions.remove(&id);
+            return None;
+        }
+        Some((id, session))
+    }
+
+    /// A POST, read whole up to the bound, when it comes from this console's page (its
+    /// `Origin`, when the browser sends one) and carries `session`'s CSRF token; else the
+    /// refusal (nothing was changed).
+    async fn form_checked(
+        &self,
+        request: Request,
+        session: Option<&(String, Session)>,
+    ) -> Result<Request, Response> {
+        if !self.origin_allowed(request.headers()) {
+            return Err(respond::forbidden(
+                "The form was not sent from this console.",
+            ));
+        }
+        let (parts, body) = request.into_parts();
+        let Ok(bytes) = axum::body::to_bytes(body, self.inner.max_body).await else {
+            return Err(respond::plain(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                "The form is larger than this console accepts (--max-result-bytes).",
+            ));
+        };
+        let sent = form_urlencoded::parse(&bytes)
+            .find(|(name, _)| name == "csrf")
+            .map(|(_, value)| value);
+        let expected = session.map(|(_, s)| s.csrf.as_str());
+        if !expected
+            .is_some_and(|csrf| sent.is_some_and(|s| !s.is_empty() && same_secret(&s, csrf)))
+        {
+            return Err(respond::forbidden(
+                "This form did not carry this session's CSRF token (it was sent from \
+                 elsewhere, or the session ended): nothing was changed. Reload the page and try \
+                 again.",
+            ));
+        }
+        Ok(Request::from_parts(parts, Body::from(bytes)))
+    }
+
     /// The session cookie's value, if the request carries one.
-    fn cookie_of(&self, headers: &http::HeaderMap) -> Option<String> {
+    fn cookie_of(&self, headers: &HeaderMap) -> Option<String> {
         headers
             .get_all(header::COOKIE)
             .iter()
@@ -377,7 +407,7 @@ impl Console {
 
     /// The `Set-Cookie` value for session `id` (or one that clears the cookie): HttpOnly,
     /// SameSite=Strict, for the whole console, ending with the browser's session.
-    pub(crate) fn session_cookie(&self, id: Option<&str>) -> String {
+    fn session_cookie(&self, id: Option<&str>) -> String {
         match id {
             Some(id) => format!(
                 "{}={id}; Path=/; HttpOnly; SameSite=Strict",
@@ -393,7 +423,7 @@ impl Console {
     /// Whether `Host` names this console: an IP address, `localhost`, or a `--console-host`
     /// name. A page that a DNS name of an attacker's points at this address sends that name,
     /// and is refused.
-    fn host_allowed(&self, headers: &http::HeaderMap) -> bool {
+    fn host_allowed(&self, headers: &HeaderMap) -> bool {
         let Some(host) = headers.get(header::HOST).and_then(|v| v.to_str().ok()) else {
             // HTTP/1.0 without Host: no browser sends that.
             return false;
@@ -420,7 +450,7 @@ impl Console {
     }
 
     /// Whether a POST's `Origin` (when the browser sends one) is this console.
-    fn origin_allowed(&self, headers: &http::HeaderMap) -> bool {
+    fn origin_allowed(&self, headers: &HeaderMap) -> bool {
         let Some(origin) = headers.get(header::ORIGIN) else {
             return true;
         };
@@ -452,111 +482,6 @@ impl Console {
 
     pub(crate) fn sessions(&self) -> &Sessions {
         &self.inner.sessions
-    }
-}
-
-/// Reading a body whole, up to a limit.
-trait CollectLimited {
-    /// The body's bytes; `None` when it is larger than `limit` or cannot be read.
-    async fn collect_limited(self, limit: usize) -> Option<bytes::Bytes>;
-}
-
-impl CollectLimited for hyper::body::Incoming {
-    async fn collect_limited(self, limit: usize) -> Option<bytes::Bytes> {
-        http_body_util::Limited::new(self, limit)
-            .collect()
-            .await
-            .ok()
-            .map(http_body_util::Collected::to_bytes)
-    }
-}
-
-/// Answers and the headers every answer carries.
-pub(crate) mod respond {
-    use http::{HeaderValue, Response, StatusCode, header};
-
-    use super::Answer;
-    use super::html::{Flash, Nav, esc, page};
-
-    /// Sets the headers of every answer: no framing, no sniffing, no referrer beyond this
-    /// console (keys are in URLs; within it, browsers then send `Origin` with a form, which
-    /// `no-referrer` would make `null`), no caching (pages hold entries), and the
-    /// Content-Security-Policy.
-    pub fn secure(answer: &mut Answer, csp: &HeaderValue) {
-        let headers = answer.headers_mut();
-        headers.insert(header::CONTENT_SECURITY_POLICY, csp.clone());
-        headers.insert(header::X_FRAME_OPTIONS, HeaderValue::from_static("DENY"));
-        headers.insert(
-            header::X_CONTENT_TYPE_OPTIONS,
-            HeaderValue::from_static("nosniff"),
-        );
-        headers.insert(
-            header::REFERRER_POLICY,
-            HeaderValue::from_static("same-origin"),
-        );
-        headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
-        headers.insert(
-            "cross-origin-opener-policy",
-            HeaderValue::from_static("same-origin"),
-        );
-        headers.insert(
-            "cross-origin-resource-policy",
-            HeaderValue::from_static("same-origin"),
-        );
-    }
-
-    /// An HTML page with `status`.
-    pub fn html(status: StatusCode, body: String) -> Answer {
-        let mut answer = Response::new(body);
-        *answer.status_mut() = status;
-        answer.headers_mut().insert(
-            header::CONTENT_TYPE,
-            HeaderValue::from_static("text/html; charset=utf-8"),
-        );
-        answer
-    }
-
-    /// A short page that only says `message`.
-    pub fn plain(status: StatusCode, message: &str) -> Answer {
-        let title = status.canonical_reason().unwrap_or("Error");
-        let body = format!("<h1>{}</h1><p>{}</p>", esc(title), esc(message));
-        html(status, page(title, Nav::None, None, None, &body))
-    }
-
-    /// 403 with `message`; nothing was changed.
-    pub fn forbidden(message: &str) -> Answer {
-        plain(StatusCode::FORBIDDEN, message)
-    }
-
-    /// 303 to `location` (a path of this console).
-    pub fn redirect(location: &str) -> Answer {
-        let mut answer = Response::new(String::new());
-        *answer.status_mut() = StatusCode::SEE_OTHER;
-        let location = if location.starts_with('/') && !location.starts_with("//") {
-            location
-        } else {
-            "/"
-        };
-        if let Ok(value) = HeaderValue::from_str(location) {
-            answer.headers_mut().insert(header::LOCATION, value);
-        }
-        answer
-    }
-
-    /// A flash message that went as asked.
-    pub fn good(text: impl Into<String>) -> Flash {
-        Flash {
-            text: text.into(),
-            good: true,
-        }
-    }
-
-    /// A flash message that did not.
-    pub fn bad(text: impl Into<String>) -> Flash {
-        Flash {
-            text: text.into(),
-            good: false,
-        }
     }
 }
 

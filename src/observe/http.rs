@@ -1,19 +1,30 @@
-//! The optional metrics endpoint (`--metrics-listen`): `GET /metrics` answers every family in
-//! the Prometheus text format (0.0.4), anything else 404. Served by hyper's HTTP/1.1 server,
-//! one request per connection.
+//! The server's HTTP endpoints besides gRPC: the optional metrics endpoint
+//! (`--metrics-listen`), whose `GET /metrics` answers every family in the Prometheus text format
+//! (0.0.4) and anything else 404, one request per connection; and [`serve_within`], the bounded
+//! HTTP/1.1 server of an axum [`Router`] that it and the operator's console (`crate::console`)
+//! both run on.
 //!
-//! It is exposed to whatever can reach the port, so it bounds what a client can hold: a
-//! connection that sends no complete request within [`READ_TIMEOUT`] is closed, and so is one
-//! that has not finished within [`CONNECTION_TIMEOUT`]; when the process runs out of
-//! descriptors the accept loop backs off (and says so) instead of spinning.
+//! An endpoint is exposed to whatever can reach its port, so [`serve_within`] bounds what a client can
+//! hold: a connection that sends no complete request within its [`Limits::read_timeout`] is
+//! closed, and so is one that has not finished within its [`Limits::connection_timeout`]; at
+//! most [`Limits::max_connections`] are served at once (more wait to be accepted); when the
+//! process runs out of descriptors the accept loop backs off (and says so) instead of
+//! spinning. hyper's connection builder over our own accept loop, because `axum::serve` sets
+//! none of these bounds.
 
-use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
+use axum::Router;
+use axum::extract::State;
+use axum::response::{IntoResponse, Response};
+use axum::routing::any;
+use http::{Method, StatusCode, header};
 use hyper_util::rt::{TokioIo, TokioTimer};
+use hyper_util::service::TowerToHyperService;
 use tokio::net::TcpListener;
+use tokio::sync::Semaphore;
 
 use super::Metrics;
 use super::metrics::CONTENT_TYPE;
@@ -24,6 +35,33 @@ pub const READ_TIMEOUT: Duration = Duration::from_secs(10);
 /// How long one connection may last, request and response: a scrape takes milliseconds.
 pub const CONNECTION_TIMEOUT: Duration = Duration::from_secs(30);
 
+/// How an HTTP endpoint bounds its clients.
+#[derive(Clone, Copy, Debug)]
+pub struct Limits {
+    /// What the debug log calls the endpoint's connections.
+    pub name: &'static str,
+    /// Most connections served at once; more wait to be accepted.
+    pub max_connections: usize,
+    /// How long a connection may take to send a request's headers.
+    pub read_timeout: Duration,
+    /// How long one connection may stay open.
+    pub connection_timeout: Duration,
+    /// Whether a connection may carry more than one request.
+    pub keep_alive: bool,
+}
+
+impl Limits {
+    /// The metrics endpoint's: one request per connection (a scraper connects for each scrape
+    /// anyway, and an idle connection holds a descriptor for nothing), no cap on connections.
+    pub const METRICS: Limits = Limits {
+        name: "metrics",
+        max_connections: Semaphore::MAX_PERMITS,
+        read_timeout: READ_TIMEOUT,
+        connection_timeout: CONNECTION_TIMEOUT,
+        keep_alive: false,
+    };
+}
+
 /// Binds the metrics endpoint.
 ///
 /// # Errors
@@ -32,64 +70,59 @@ pub async fn bind(addr: SocketAddr) -> std::io::Result<TcpListener> {
     TcpListener::bind(addr).await
 }
 
-/// Serves `GET /metrics` on `listener` until the task is dropped.
-pub async fn serve(listener: TcpListener, metrics: Arc<Metrics>) {
-    serve_with(listener, metrics, READ_TIMEOUT, CONNECTION_TIMEOUT).await;
+/// The metrics endpoint's routes: `GET /metrics`.
+pub fn router(metrics: Arc<Metrics>) -> Router {
+    Router::new()
+        .route("/metrics", any(scrape))
+        .with_state(metrics)
 }
 
-async fn serve_with(
-    listener: TcpListener,
-    metrics: Arc<Metrics>,
-    read_timeout: Duration,
-    connection_timeout: Duration,
-) {
+/// Serves `GET /metrics` on `listener` until the task is dropped.
+pub async fn serve(listener: TcpListener, metrics: Arc<Metrics>) {
+    serve_within(listener, router(metrics), Limits::METRICS).await;
+}
+
+/// Serves `router` on `listener` within `limits` until the task is dropped (a connection
+/// being served then ends within its `connection_timeout`).
+pub async fn serve_within(listener: TcpListener, router: Router, limits: Limits) {
     // Backs off (and says so) when descriptors run out, instead of spinning on accept.
     let mut backoff = crate::connections::Backoff::default();
+    let slots = Arc::new(Semaphore::new(limits.max_connections));
     loop {
+        let Ok(slot) = slots.clone().acquire_owned().await else {
+            return;
+        };
         let socket = backoff.accept(&listener, None).await;
-        let metrics = metrics.clone();
+        let service = TowerToHyperService::new(router.clone());
         tokio::spawn(async move {
-            let service = hyper::service::service_fn(move |request| {
-                let response = answer(&metrics, &request);
-                async move { Ok::<_, Infallible>(response) }
-            });
             let connection = hyper::server::conn::http1::Builder::new()
                 .timer(TokioTimer::new())
-                .header_read_timeout(read_timeout)
-                // One request per connection: a scraper connects for each scrape anyway, and
-                // an idle connection holds a descriptor for nothing.
-                .keep_alive(false)
+                .header_read_timeout(limits.read_timeout)
+                .keep_alive(limits.keep_alive)
                 .serve_connection(TokioIo::new(socket), service);
-            match tokio::time::timeout(connection_timeout, connection).await {
+            match tokio::time::timeout(limits.connection_timeout, connection).await {
                 Ok(Ok(())) => {}
-                Ok(Err(e)) => tracing::debug!(error = %e, "metrics connection failed"),
-                Err(_) => tracing::debug!("metrics connection closed: it took too long"),
+                Ok(Err(e)) => tracing::debug!(error = %e, "{} connection failed", limits.name),
+                Err(_) => tracing::debug!("{} connection closed after its time", limits.name),
             }
+            drop(slot);
         });
     }
 }
 
-/// The answer to one request.
-fn answer<B>(metrics: &Metrics, request: &http::Request<B>) -> http::Response<String> {
-    let mut response = http::Response::new(String::new());
-    if request.method() != http::Method::GET || request.uri().path() != "/metrics" {
-        *response.status_mut() = http::StatusCode::NOT_FOUND;
-        return response;
+/// The answer to a request for `/metrics`: the families to a GET, 404 to any other method
+/// (HEAD included, as to any other path).
+async fn scrape(State(metrics): State<Arc<Metrics>>, method: Method) -> Response {
+    if method != Method::GET {
+        return StatusCode::NOT_FOUND.into_response();
     }
     match metrics.render() {
-        Ok(body) => {
-            *response.body_mut() = body;
-            response.headers_mut().insert(
-                http::header::CONTENT_TYPE,
-                http::HeaderValue::from_static(CONTENT_TYPE),
-            );
-        }
+        Ok(body) => ([(header::CONTENT_TYPE, CONTENT_TYPE)], body).into_response(),
         Err(e) => {
             tracing::warn!(error = %e, "cannot encode the metrics");
-            *response.status_mut() = http::StatusCode::INTERNAL_SERVER_ERROR;
+            StatusCode::INTERNAL_SERVER_ERROR.into_response()
         }
     }
-    response
 }
 
 #[cfg(test)]
@@ -109,12 +142,11 @@ mod tests {
             .expect("bind");
         let addr = listener.local_addr().expect("addr");
         let metrics = Metrics::new(Arc::new(SystemClock), &MetricsOptions::default());
-        tokio::spawn(serve_with(
-            listener,
-            metrics,
+        let limits = Limits {
             read_timeout,
-            CONNECTION_TIMEOUT,
-        ));
+            ..Limits::METRICS
+        };
+        tokio::spawn(serve_within(listener, router(metrics), limits));
         addr
     }
 

@@ -847,13 +847,14 @@ async fn stored_values_reach_every_page_escaped() {
         }
     }
     let entry_page = &pages[2].body;
+    // maud escapes `& < > "` and quotes every attribute with `"`: an apostrophe stays as is.
     for escaped in [
-        "&lt;script&gt;alert(&#39;args&#39;)&lt;/script&gt;",
+        "&lt;script&gt;alert('args')&lt;/script&gt;",
         "&lt;b&gt;tool&lt;/b&gt;",
         "&lt;i&gt;run&lt;/i&gt;",
         "&lt;u&gt;principal&lt;/u&gt;",
-        "&lt;/pre&gt;&lt;script&gt;alert(&#39;result&#39;)&lt;/script&gt;",
-        "console:&lt;svg onload=alert(&#39;operator&#39;)&gt;",
+        "&lt;/pre&gt;&lt;script&gt;alert('result')&lt;/script&gt;",
+        "console:&lt;svg onload=alert('operator')&gt;",
     ] {
         assert!(
             entry_page.contains(escaped),
@@ -864,7 +865,7 @@ async fn stored_values_reach_every_page_escaped() {
     assert!(
         pages[0]
             .body
-            .contains("reported unknown: &lt;img src=x onerror=alert(&#39;error&#39;)&gt;"),
+            .contains("reported unknown: &lt;img src=x onerror=alert('error')&gt;"),
         "{}",
         pages[0].body
     );

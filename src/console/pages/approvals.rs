@@ -10,77 +10,53 @@ use crate::ledger::DecideInput;
 /// The longest reason a form may give (the ledger's bound).
 const MAX_REASON_CHARS: usize = crate::ledger::MAX_REASON_BYTES;
 
-pub(super) async fn approvals(console: &Console, call: &Call, who: &Who) -> PageResult {
-    let input = ListInput {
-        status: Some(Status::AwaitingApproval),
-        page_size: PAGE_SIZE,
-        page_token: call.query.get("page_token").to_string(),
-        ..ListInput::default()
-    };
-    let page_token = input.page_token.clone();
-    let out = console
-        .ledger()
-        .list_entries(&who.tenant, input)
-        .await
-        .map_err(|e| failure(&e))?;
-    let mut body = String::from("<h1>Awaiting approval</h1>");
-    body.push_str(
-        "<p class=\"lead\">Calls that wait for a person's decision: a tool the approval \
-         policy gates, or a call that asked for approval. Nothing was done; the agent was told \
-         so. Approve, and the call's next claim acts, once; deny, and every repeat is told why. \
-         Oldest first.</p>",
-    );
-    if who.approver.is_none() {
-        body.push_str(
-            "<div class=\"card muted\">You are signed in without the approver role: you see \
-             the requests, not the forms that decide them (a token with the approver role \
-             decides).</div>",
-        );
-    }
+pub(super) async fn approvals(who: Who, Query(query): Query<Params>) -> PageResult {
+    let first = query.page_token.is_empty();
+    let out = listed(&who, Status::AwaitingApproval, query.page_token).await?;
     let (asked, approved): (Vec<&EntryView>, Vec<&EntryView>) = out
         .entries
         .iter()
         .partition(|v| v.entry.approval.state != ApprovalState::Approved);
-    if asked.is_empty() {
-        body.push_str(if page_token.is_empty() {
-            "<div class=\"card\"><b>No call awaits a decision.</b></div>"
-        } else {
-            "<div class=\"card\">No more calls awaiting a decision.</div>"
-        });
-    }
-    for view in asked {
-        body.push_str(&request_card(who, view, call.now));
-    }
-    if !approved.is_empty() {
-        let _ = write!(
-            body,
-            "<h2>Approved, not yet used ({})</h2><p class=\"muted\">The agent's next claim of \
-             each acts, once, if it comes before the approval's use-by time; after it, the \
-             approval lapses and the next claim asks again.</p>",
-            approved.len()
-        );
-        for view in approved {
-            body.push_str(&approved_card(view, call.now));
+    let body = html! {
+        h1 { "Awaiting approval" }
+        p class="lead" {
+            "Calls that wait for a person's decision: a tool the approval policy gates, or a \
+             call that asked for approval. Nothing was done; the agent was told so. Approve, \
+             and the call's next claim acts, once; deny, and every repeat is told why. Oldest \
+             first."
         }
-    }
-    if !out.next_page_token.is_empty() {
-        let _ = write!(
-            body,
-            "<p class=\"pager\"><a href=\"/approvals{}\">Next {PAGE_SIZE} →</a></p>",
-            query(&[("page_token", &out.next_page_token)])
-        );
-    }
+        @if who.approver.is_none() {
+            div class="card muted" {
+                "You are signed in without the approver role: you see the requests, not the \
+                 forms that decide them (a token with the approver role decides)."
+            }
+        }
+        @if asked.is_empty() && first {
+            div class="card" { b { "No call awaits a decision." } }
+        } @else if asked.is_empty() {
+            div class="card" { "No more calls awaiting a decision." }
+        }
+        @for view in asked { (request_card(&who, view)) }
+        @if !approved.is_empty() {
+            h2 { "Approved, not yet used (" (approved.len()) ")" }
+            p class="muted" {
+                "The agent's next claim of each acts, once, if it comes before the approval's \
+                 use-by time; after it, the approval lapses and the next claim asks again."
+            }
+            @for view in approved { (approved_card(view, who.now)) }
+        }
+        (pager("/approvals", &[], &out.next_page_token))
+    };
     Ok(respond::html(
         StatusCode::OK,
-        who.page("Awaiting approval", Nav::Approvals, &body),
+        who.page("Awaiting approval", Nav::Approvals, body),
     ))
 }
 
 /// One request: what the call would do, and (for an approver) the decision's form.
-fn request_card(who: &Who, view: &EntryView, now: Micros) -> String {
-    let e = &view.entry;
+fn request_card(who: &Who, view: &EntryView) -> Markup {
+    let (e, now) = (&view.entry, who.now);
     let a = &e.approval;
-    let at = |m: Option<Micros>| m.map_or_else(|| "-".to_string(), time);
     let due = a.decide_by.map_or_else(String::new, |by| {
         if by > now {
             format!("in {}", span(by.minus(now)))
@@ -88,56 +64,48 @@ fn request_card(who: &Who, view: &EntryView, now: Micros) -> String {
             "lapsed".to_string()
         }
     });
-    let mut html = format!(
-        "<div class=\"card request\"><p><b>{tool}</b> · run <span class=\"mono\">{run}</span> \
-         · asked {age} ago by {who} · decide by {by} ({due}) · \
-         <a class=\"mono\" href=\"{href}\">{short}</a></p>",
-        tool = esc(e.tool.as_str()),
-        run = esc(&shorten(e.run_id_str(), 40)),
-        age = esc(&span(now.minus(a.requested_at.unwrap_or(e.started_at)))),
-        who = esc(if e.principal.is_empty() {
-            "(no principal)"
-        } else {
-            e.principal.as_str()
-        }),
-        by = esc(&at(a.decide_by)),
-        due = esc(&due),
-        href = entry_href(e.key.as_str()),
-        short = esc(&shorten(e.key.as_str(), 17)),
-    );
-    match &e.arguments {
-        Some(arguments) if !arguments.is_empty() => {
-            html.push_str(&shown_html(&shown(arguments.as_bytes())));
+    html! {
+        div class="card request" {
+            p {
+                b { (e.tool.as_str()) } " · run " span class="mono" { (shorten(e.run_id_str(), 40)) }
+                " · asked " (span(now.minus(a.requested_at.unwrap_or(e.started_at)))) " ago by "
+                @if e.principal.is_empty() { "(no principal)" } @else { (e.principal.as_str()) }
+                " · decide by " (a.decide_by.map_or_else(|| "-".to_string(), time)) " (" (due)
+                ") · " (entry_link_mono(e.key.as_str()))
+            }
+            @match &e.arguments {
+                Some(arguments) if !arguments.is_empty() => (shown_html(&shown(arguments.as_bytes()))),
+                _ => p class="muted" {
+                    "The server keeps no arguments (--store-arguments none): decide from the \
+                     tool and the run."
+                },
+            }
+            @if who.approver.is_some() {
+                form class="resolve decide" method="post" action="/decide" {
+                    (csrf_field(&who.csrf))
+                    (hidden_field("key", e.key.as_str()))
+                    (hidden_field("fingerprint", &e.fingerprint))
+                    label {
+                        "Reason (shown to the agent with a denial)"
+                        input type="text" name="reason" maxlength=(MAX_REASON_CHARS);
+                    }
+                    div class="buttons" {
+                        button type="submit" name="decision" value="approve" { "Approve" } " "
+                        button type="submit" name="decision" value="deny" class="deny" { "Deny" }
+                    }
+                }
+            }
         }
-        _ => html.push_str(
-            "<p class=\"muted\">The server keeps no arguments (--store-arguments none): \
-             decide from the tool and the run.</p>",
-        ),
     }
-    if who.approver.is_some() {
-        let _ = write!(
-            html,
-            "<form class=\"resolve decide\" method=\"post\" action=\"/decide\">\
-             <input type=\"hidden\" name=\"csrf\" value=\"{csrf}\">\
-             <input type=\"hidden\" name=\"key\" value=\"{key}\">\
-             <input type=\"hidden\" name=\"fingerprint\" value=\"{fingerprint}\">\
-             <label>Reason (shown to the agent with a denial)<input type=\"text\" \
-             name=\"reason\" maxlength=\"{max}\"></label>\
-             <div class=\"buttons\"><button type=\"submit\" name=\"decision\" \
-             value=\"approve\">Approve</button> <button type=\"submit\" name=\"decision\" \
-             value=\"deny\" class=\"deny\">Deny</button></div></form>",
-            csrf = esc(&who.csrf),
-            key = esc(e.key.as_str()),
-            fingerprint = esc(&e.fingerprint),
-            max = MAX_REASON_CHARS,
-        );
-    }
-    html.push_str("</div>");
-    html
+}
+
+/// The link to an entry's page in the cards, in the monospaced face.
+fn entry_link_mono(key: &str) -> Markup {
+    html! { a class="mono" href=(entry_path(key)) { (shorten(key, 17)) } }
 }
 
 /// An approved call the agent has not claimed again yet: who approved it, and until when.
-fn approved_card(view: &EntryView, now: Micros) -> String {
+fn approved_card(view: &EntryView, now: Micros) -> Markup {
     let e = &view.entry;
     let a = &e.approval;
     let use_by = a.execute_by.map_or_else(
@@ -150,46 +118,47 @@ fn approved_card(view: &EntryView, now: Micros) -> String {
             }
         },
     );
-    format!(
-        "<div class=\"card request approved\"><p><b>{tool}</b> · run <span class=\"mono\">{run}\
-         </span> · approved by {by}{why} · use by {use_by} · <a class=\"mono\" href=\"{href}\">\
-         {short}</a></p></div>",
-        tool = esc(e.tool.as_str()),
-        run = esc(&shorten(e.run_id_str(), 40)),
-        by = esc(a.decided_by.as_str()),
-        why = if a.reason.is_empty() {
-            String::new()
-        } else {
-            format!(" ({})", esc(&a.reason))
-        },
-        use_by = esc(&use_by),
-        href = entry_href(e.key.as_str()),
-        short = esc(&shorten(e.key.as_str(), 17)),
-    )
+    html! {
+        div class="card request approved" {
+            p {
+                b { (e.tool.as_str()) } " · run " span class="mono" { (shorten(e.run_id_str(), 40)) }
+                " · approved by " (a.decided_by.as_str())
+                @if !a.reason.is_empty() { " (" (a.reason) ")" }
+                " · use by " (use_by) " · " (entry_link_mono(e.key.as_str()))
+            }
+        }
+    }
 }
 
-pub(super) async fn decide(console: &Console, call: &Call, who: &Who) -> PageResult {
+#[derive(Debug, Default, Deserialize)]
+#[serde(default)]
+pub(super) struct DecideForm {
+    key: String,
+    decision: String,
+    fingerprint: String,
+    reason: String,
+}
+
+pub(super) async fn decide(who: Who, Form(form): Form<DecideForm>) -> PageResult {
+    let console = &who.console;
     let Some(approver) = who.approver.clone() else {
-        return Err(Box::new(respond::forbidden(
+        return Err(respond::forbidden(
             "Only a token with the approver role decides: nothing was changed.",
-        )));
+        ));
     };
-    let key = call.form.get("key").to_string();
-    let decision = match call.form.get("decision") {
+    let key = form.key.clone();
+    let decision = match form.decision.as_str() {
         "approve" => Decision::Approve,
         "deny" => Decision::Deny,
         _ => {
-            return Err(Box::new(respond::plain(
-                StatusCode::BAD_REQUEST,
-                "Choose approve or deny. Nothing was changed.",
-            )));
+            return Err(bad_request("Choose approve or deny. Nothing was changed."));
         }
     };
     let input = DecideInput {
         key: key.clone(),
-        fingerprint: call.form.get("fingerprint").to_string(),
+        fingerprint: form.fingerprint,
         decision,
-        reason: call.form.get("reason").trim().to_string(),
+        reason: form.reason.trim().to_string(),
     };
     let ledger = console.ledger().clone();
     let tenant = who.tenant.clone();
@@ -230,10 +199,7 @@ pub(super) async fn decide(console: &Console, call: &Call, who: &Who) -> PageRes
         )),
         Err(LedgerError::NotFound) => return Err(failure(&LedgerError::NotFound)),
         Err(LedgerError::InvalidArgument { message, .. }) => {
-            return Err(Box::new(respond::plain(
-                StatusCode::BAD_REQUEST,
-                &format!("{message}. Nothing was changed."),
-            )));
+            return Err(bad_request(&format!("{message}. Nothing was changed.")));
         }
         Err(e) => return Err(failure(&e)),
     };

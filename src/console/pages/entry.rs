@@ -5,64 +5,90 @@ use crate::domain::{EventKind, HistoryEvent};
 
 // ---- one entry ---------------------------------------------------------------------------
 
-pub(super) async fn entry(console: &Console, call: &Call, who: &Who) -> PageResult {
-    let key = call.query.get("key");
+pub(super) async fn entry(who: Who, Query(Params { key, .. }): Query<Params>) -> PageResult {
+    let console = &who.console;
     let view = match console
         .ledger()
-        .lookup(&who.tenant, LookupInput::by_key(key))
+        .lookup(&who.tenant, LookupInput::by_key(&key))
         .await
     {
         Ok(view) => view,
         Err(LedgerError::NotFound | LedgerError::InvalidArgument { .. }) => {
-            let body = format!(
-                "<h1>No such entry</h1><p>{}</p>",
-                esc(&missing_message(key, crate::ledger::find::Missing::Key))
-            );
+            let body = html! {
+                h1 { "No such entry" }
+                p { (missing_message(&key, crate::ledger::find::Missing::Key)) }
+            };
             return Ok(respond::html(
                 StatusCode::NOT_FOUND,
-                who.page("No such entry", Nav::Entries, &body),
+                who.page("No such entry", Nav::Entries, body),
             ));
         }
         Err(e) => return Err(failure(&e)),
     };
     let e = &view.entry;
-    let mut body = format!(
-        "<h1>Entry {} {}</h1><p class=\"lead mono\">{}</p>",
-        esc(&shorten(e.key.as_str(), 17)),
-        status_badge(view.status),
-        esc(e.key.as_str())
-    );
     let history = console
         .ledger()
         .history(&who.tenant, &e.key)
         .await
         .map_err(|e| failure(&e))?;
-    if e.possible_double_effect {
-        body.push_str(&double_effect_card(
-            who,
-            &view,
-            &history,
-            &entry_path(e.key.as_str()),
-        ));
-    }
-    if view.status == Status::Unknown {
-        let _ = write!(
-            body,
-            "<div class=\"card\"><b class=\"warn\">Nobody knows whether this happened.</b> Ask \
-             the outside world about <code>{}</code>, then say what it found. \
-             <details open><summary>Resolve</summary>{}</details></div>",
-            esc(&view.external_ref),
-            resolve_form(who, e, &entry_path(e.key.as_str()))
-        );
-    }
+    let here = entry_path(e.key.as_str());
+    let body = html! {
+        h1 { "Entry " (shorten(e.key.as_str(), 17)) " " (status_badge(view.status)) }
+        p class="lead mono" { (e.key.as_str()) }
+        @if e.possible_double_effect { (double_effect_card(&who, &view, &history, &here)) }
+        @if view.status == Status::Unknown {
+            div class="card" {
+                b class="warn" { "Nobody knows whether this happened." }
+                " Ask the outside world about " code { (view.external_ref) }
+                ", then say what it found. "
+                details open { summary { "Resolve" } (super::attention::resolve_form(&who, e, &here)) }
+            }
+        }
+        h2 { "Fields" }
+        dl class="fields" {
+            @for (name, value) in fields(&view) {
+                dt { (name) }
+                dd class="mono" { @if value.is_empty() { "-" } @else { (value) } }
+            }
+        }
+        h2 { "Timeline" }
+        div class="card" { ol class="timeline" { @for line in timeline(&view, who.now) { li { (line) } } } }
+        h2 { "History" }
+        (history_table(&history))
+        h2 { "Arguments" }
+        @match &e.arguments {
+            Some(arguments) if !arguments.is_empty() => {
+                (shown_html(&shown(arguments.as_bytes())))
+                p class="muted" {
+                    "As kept for audit (--store-arguments): canonical, with members named like \
+                     secrets redacted unless the server keeps them whole."
+                }
+            }
+            _ => p class="muted" {
+                "None kept (--store-arguments none, or an entry stored before arguments were \
+                 kept)."
+            },
+        }
+        h2 { "Result" }
+        (shown_html(&shown(&e.result)))
+    };
+    let title = format!("Entry {}", shorten(e.key.as_str(), 17));
+    Ok(respond::html(
+        StatusCode::OK,
+        who.page(&title, Nav::Entries, body),
+    ))
+}
+
+/// Every field of the entry, by its name in the proto.
+fn fields(view: &EntryView) -> [(&'static str, String); 17] {
+    let e = &view.entry;
     let opt_time = |t: Option<Micros>| t.map_or("-".to_string(), precise_time);
     let stored = if view.status == e.status {
         String::new()
     } else {
         format!(" (stored {}: its lease ended)", e.status.as_str())
     };
-    body.push_str("<h2>Fields</h2><dl class=\"fields\">");
-    for (name, value) in [
+    [
         ("key", e.key.to_string()),
         ("external_ref", view.external_ref.clone()),
         ("run_id", e.run_id_str().to_owned()),
@@ -87,45 +113,7 @@ pub(super) async fn entry(console: &Console, call: &Call, who: &Who) -> PageResu
                 "false".to_owned()
             },
         ),
-    ] {
-        let shown = if value.is_empty() {
-            "-"
-        } else {
-            value.as_str()
-        };
-        let _ = write!(
-            body,
-            "<dt>{name}</dt><dd class=\"mono\">{}</dd>",
-            esc(shown)
-        );
-    }
-    body.push_str("</dl><h2>Timeline</h2><div class=\"card\"><ol class=\"timeline\">");
-    for line in timeline(&view, call.now) {
-        let _ = write!(body, "<li>{}</li>", esc(&line));
-    }
-    body.push_str("</ol></div><h2>History</h2>");
-    body.push_str(&history_table(&history));
-    body.push_str("<h2>Arguments</h2>");
-    match &e.arguments {
-        Some(arguments) if !arguments.is_empty() => {
-            body.push_str(&shown_html(&shown(arguments.as_bytes())));
-            body.push_str(
-                "<p class=\"muted\">As kept for audit (--store-arguments): canonical, with members \
-                 named like secrets redacted unless the server keeps them whole.</p>",
-            );
-        }
-        _ => body.push_str(
-            "<p class=\"muted\">None kept (--store-arguments none, or an entry stored before \
-             arguments were kept).</p>",
-        ),
-    }
-    body.push_str("<h2>Result</h2>");
-    body.push_str(&shown_html(&shown(&e.result)));
-    let title = format!("Entry {}", shorten(e.key.as_str(), 17));
-    Ok(respond::html(
-        StatusCode::OK,
-        who.page(&title, Nav::Entries, &body),
-    ))
+    ]
 }
 
 /// The entry's life so far and to come, one line an event.
@@ -242,33 +230,41 @@ pub(super) fn timeline(view: &EntryView, now: Micros) -> Vec<String> {
 
 /// What was found about an entry and what people did, oldest first: every finding (applied or
 /// not, and why not), the marks of a possible double effect and their acknowledgements.
-pub(super) fn history_table(history: &[HistoryEvent]) -> String {
-    if history.is_empty() {
-        return "<p class=\"muted\">Nothing yet: no reconciler or person has reported on this \
-                entry.</p>"
-            .to_owned();
+pub(super) fn history_table(history: &[HistoryEvent]) -> Markup {
+    html! {
+        @if history.is_empty() {
+            p class="muted" {
+                "Nothing yet: no reconciler or person has reported on this entry."
+            }
+        } @else {
+            table class="history" {
+                thead { tr {
+                    th { "When" } th { "What" } th class="num" { "Attempt" } th { "Who" }
+                    th { "Detail" }
+                } }
+                tbody {
+                    @for event in history {
+                        tr {
+                            td { (precise_time(event.at)) }
+                            td { (event_in_words(&event.kind)) }
+                            td class="num" { (event.attempt) }
+                            td { (who_of(event)) }
+                            td { (event.detail) }
+                        }
+                    }
+                }
+            }
+        }
     }
-    let mut html = String::from(
-        "<table class=\"history\"><thead><tr><th>When</th><th>What</th>\
-         <th class=\"num\">Attempt</th><th>Who</th><th>Detail</th></tr></thead><tbody>",
-    );
-    for event in history {
-        let _ = write!(
-            html,
-            "<tr><td>{}</td><td>{}</td><td class=\"num\">{}</td><td>{}</td><td>{}</td></tr>",
-            esc(&precise_time(event.at)),
-            esc(event_in_words(&event.kind)),
-            event.attempt,
-            esc(if event.principal.is_empty() {
-                "-"
-            } else {
-                event.principal.as_str()
-            }),
-            esc(&event.detail),
-        );
+}
+
+/// Who an event is by, or `-`.
+fn who_of(event: &HistoryEvent) -> &str {
+    if event.principal.is_empty() {
+        "-"
+    } else {
+        event.principal.as_str()
     }
-    html.push_str("</tbody></table>");
-    html
 }
 
 /// A history event's kind as a person reads it.
@@ -295,52 +291,46 @@ pub(super) fn double_effect_card(
     view: &EntryView,
     history: &[HistoryEvent],
     back: &str,
-) -> String {
-    let e = &view.entry;
-    let mut html = format!(
-        "<div class=\"card double-effect\"><b class=\"bad\">Possible double effect.</b> A \
-         finding says that an earlier attempt's effect exists while a later attempt was \
-         started (or after the attempt had been recorded as not done): this intent may have \
-         acted twice. Check the outside world for <code>{xref}</code> and undo what must be \
-         undone, then acknowledge it here.<ul class=\"evidence\">",
-        xref = esc(&view.external_ref),
-    );
-    for event in history.iter().filter(|ev| {
+) -> Markup {
+    let evidence = history.iter().filter(|ev| {
         matches!(
             ev.kind,
             EventKind::PossibleDoubleEffect | EventKind::FindingStale
         )
-    }) {
-        let _ = write!(
-            html,
-            "<li>{} · attempt {} · {} · {}</li>",
-            esc(&precise_time(event.at)),
-            event.attempt,
-            esc(if event.principal.is_empty() {
-                "-"
-            } else {
-                event.principal.as_str()
-            }),
-            esc(&event.detail)
-        );
+    });
+    html! {
+        div class="card double-effect" {
+            b class="bad" { "Possible double effect." }
+            " A finding says that an earlier attempt's effect exists while a later attempt was \
+             started (or after the attempt had been recorded as not done): this intent may have \
+             acted twice. Check the outside world for " code { (view.external_ref) }
+            " and undo what must be undone, then acknowledge it here."
+            ul class="evidence" {
+                @for event in evidence {
+                    li {
+                        (precise_time(event.at)) " · attempt " (event.attempt) " · "
+                        (who_of(event)) " · " (event.detail)
+                    }
+                }
+            }
+            details {
+                summary { "Acknowledge…" }
+                form class="resolve" method="post" action="/acknowledge" {
+                    (csrf_field(&who.csrf))
+                    (hidden_field("key", view.entry.key.as_str()))
+                    (hidden_field("back", back))
+                    label {
+                        "What you found or did (kept in the history)"
+                        textarea name="note" rows="2" maxlength="1024" required {}
+                    }
+                    label {
+                        "Your name (recorded with it)"
+                        input type="text" name="operator" maxlength=(MAX_OPERATOR_CHARS)
+                            value=(who.operator);
+                    }
+                    button type="submit" { "Acknowledge" }
+                }
+            }
+        }
     }
-    let _ = write!(
-        html,
-        "</ul><details><summary>Acknowledge…</summary>\
-         <form class=\"resolve\" method=\"post\" action=\"/acknowledge\">\
-         <input type=\"hidden\" name=\"csrf\" value=\"{csrf}\">\
-         <input type=\"hidden\" name=\"key\" value=\"{key}\">\
-         <input type=\"hidden\" name=\"back\" value=\"{back}\">\
-         <label>What you found or did (kept in the history)<textarea name=\"note\" rows=\"2\" \
-         maxlength=\"1024\" required></textarea></label>\
-         <label>Your name (recorded with it)<input type=\"text\" name=\"operator\" \
-         maxlength=\"{max}\" value=\"{operator}\"></label>\
-         <button type=\"submit\">Acknowledge</button></form></details></div>",
-        csrf = esc(&who.csrf),
-        key = esc(e.key.as_str()),
-        back = esc(back),
-        max = MAX_OPERATOR_CHARS,
-        operator = esc(&who.operator),
-    );
-    html
 }

@@ -1,0 +1,348 @@
+//! What needs a person: the possible double effects with their evidence and the form that
+//! acknowledges each, then the unknown outcomes, oldest first, each with the form that
+//! resolves it as a reconciler would.
+
+use super::*;
+
+pub(super) async fn attention(who: Who, Query(query): Query<Params>) -> PageResult {
+    let first = query.page_token.is_empty();
+    let out = listed(&who, Status::Unknown, query.page_token).await?;
+    // First what may have happened twice: nothing settles it but a person.
+    let marked = if first {
+        double_effects(&who).await?
+    } else {
+        html! {}
+    };
+    let body = html! {
+        h1 { "Needs a person" }
+        (marked)
+        p class="lead" {
+            "Outcomes nobody knows: reported UNKNOWN by their claimant, or attempts whose lease \
+             ended without a Complete. Until someone resolves them, every repeat gets \
+             IN_PROGRESS and nothing runs again. Oldest first. Ask the outside world (by the \
+             external_ref) whether the action happened, then resolve the entry here, as a \
+             reconciler would."
+        }
+        @if out.entries.is_empty() && first {
+            div class="card" {
+                b { "Nothing needs a person." } " "
+                span class="muted" { "No entry of this tenant is unknown." }
+            }
+        } @else if out.entries.is_empty() {
+            div class="card" { "No more unknown entries." }
+        } @else {
+            table {
+                thead { tr {
+                    th { "Age" } th { "Tool" } th { "external_ref" } th class="num" { "Attempt" }
+                    th { "Run" } th { "Key" } th { "Why unknown" } th { "Resolve" }
+                } }
+                tbody { @for view in &out.entries { (unknown_row(&who, view)) } }
+            }
+            (pager("/", &[], &out.next_page_token))
+        }
+    };
+    Ok(respond::html(
+        StatusCode::OK,
+        who.page("Needs a person", Nav::Attention, body),
+    ))
+}
+
+/// A row of the unknown entries, with its resolve form.
+fn unknown_row(who: &Who, view: &EntryView) -> Markup {
+    let e = &view.entry;
+    let why = if e.status == Status::Attempting {
+        format!(
+            "lease ended {} ago",
+            span(who.now.minus(e.lease_expires_at))
+        )
+    } else if e.error.is_empty() {
+        "reported unknown".to_string()
+    } else {
+        format!("reported unknown: {}", shorten(&e.error, 80))
+    };
+    html! {
+        tr {
+            td title={ "started " (time(e.started_at)) } { (span(who.now.minus(e.started_at))) }
+            td { (e.tool.as_str()) }
+            td class="mono" { (view.external_ref) }
+            td class="num" { (e.attempt) }
+            td { (shorten(e.run_id_str(), 32)) }
+            td class="mono" { (entry_link(e.key.as_str())) }
+            td { (why) }
+            td { details { summary { "Resolve…" } (resolve_form(who, e, "/")) } }
+        }
+    }
+}
+
+/// The form that resolves the entry `e`, as a reconciler's resolution would, fenced by what
+/// the page showed: its attempt and its newest hold, sent back so that a person's finding
+/// settles that attempt only, and only if no reconciler was handed the entry since; `back` is
+/// where to go after it.
+pub(super) fn resolve_form(who: &Who, e: &Entry, back: &str) -> Markup {
+    html! {
+        form class="resolve" method="post" action="/resolve" {
+            (csrf_field(&who.csrf))
+            (hidden_field("key", e.key.as_str()))
+            (hidden_field("attempt", e.attempt))
+            (hidden_field("hold", e.hold_token.as_str()))
+            (hidden_field("back", back))
+            fieldset {
+                legend { "What does the outside world say?" }
+                label {
+                    input type="radio" name="outcome" value="found" required;
+                    " Found: it happened (its result below is replayed to every repeat)"
+                }
+                label {
+                    input type="radio" name="outcome" value="not_found";
+                    " Not found: it did not happen; a repeat may try again"
+                }
+                label {
+                    input type="radio" name="outcome" value="failed";
+                    " Failed for good: it did not happen and must not be tried again"
+                }
+            }
+            label { "Result, with Found (stored as typed)" textarea name="result" rows="3" {} }
+            label {
+                "Note, with Not found or Failed (stored as the entry's error)"
+                input type="text" name="error";
+            }
+            label {
+                "Your name (recorded: resolved_by = console:NAME)"
+                input type="text" name="operator" maxlength=(MAX_OPERATOR_CHARS)
+                    value=(who.operator);
+            }
+            button type="submit" { "Resolve" }
+        }
+    }
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(default)]
+pub(super) struct ResolveForm {
+    key: String,
+    back: String,
+    outcome: String,
+    attempt: String,
+    hold: String,
+    result: String,
+    error: String,
+    operator: String,
+}
+
+pub(super) async fn resolve(who: Who, Form(form): Form<ResolveForm>) -> PageResult {
+    let console = &who.console;
+    let key = form.key.clone();
+    let (status, retryable, default_error) = match form.outcome.as_str() {
+        "found" => (FinalStatus::Succeeded, false, ""),
+        "not_found" => (
+            FinalStatus::Failed,
+            true,
+            "not found in the outside world (resolved in the console)",
+        ),
+        "failed" => (
+            FinalStatus::Failed,
+            false,
+            "failed for good (resolved in the console)",
+        ),
+        _ => {
+            return Err(bad_request(
+                "Choose what the outside world says: found, not found, or failed for good. \
+                 Nothing was changed.",
+            ));
+        }
+    };
+    let attempt: u32 = match form.attempt.parse() {
+        Ok(n) if n > 0 => n,
+        _ => {
+            return Err(bad_request(
+                "The form names no attempt: reload the page and resolve from there. Nothing \
+                 was changed.",
+            ));
+        }
+    };
+    let (operator, principal) = recorded_as(&who, &form.operator).map_err(|p| bad_request(&p))?;
+    let principal = Principal::parse(&principal).map_err(|e| bad_request(&e.message))?;
+    let (result, error) = if status == FinalStatus::Succeeded {
+        (form.result.into_bytes(), String::new())
+    } else {
+        let note = form.error.trim();
+        let note = if note.is_empty() { default_error } else { note };
+        (Vec::new(), note.to_string())
+    };
+    let key = Key::from(ExplicitKey::parse(&key).map_err(|e| bad_request(&e.message))?);
+    let completion = Completion::new(status, result, error, retryable)
+        .map_err(|e| bad_request(&format!("{}: {}", e.field, e.message)))?;
+    let finding = Finding {
+        key: key.clone(),
+        attempt,
+        // The hold the page showed: none when no reconciler had been handed the entry.
+        hold: HoldToken::from_stored(form.hold.clone()),
+        completion,
+    };
+    let ledger = console.ledger().clone();
+    // In a task of its own: a browser that goes away does not abandon the write halfway.
+    let tenant = who.tenant.clone();
+    let by = principal.clone();
+    let out = tokio::spawn(async move { ledger.settle(&tenant, &finding, &by).await })
+        .await
+        .map_err(|e| failure(&LedgerError::Internal(format!("resolution task: {e}"))))?
+        .map_err(|e| failure(&e))?;
+    console.metrics().resolutions([status]);
+    console.metrics().findings(std::slice::from_ref(&out));
+    console.sessions().set_operator(&who.id, &operator);
+    let short = shorten(key.as_str(), 17);
+    let flash = match (&out.outcome, &out.entry) {
+        (ResolutionOutcome::Applied, Some(after)) => {
+            tracing::info!(
+                tenant = who.tenant.as_str(),
+                key = crate::observe::telemetry::key_prefix(key.as_str()),
+                status = after.entry.status.as_str(),
+                resolved_by = %principal,
+                "console: resolved an unknown outcome"
+            );
+            good(format!(
+                "Resolved {short} as {}{}, recorded as resolved by {principal}. {}",
+                after.entry.status.as_str(),
+                if after.entry.retryable {
+                    " (retryable)"
+                } else {
+                    ""
+                },
+                next_claim(&after.entry.status, after.entry.retryable)
+            ))
+        }
+        // As a page of an entry that is not there: never told apart from another tenant's.
+        (ResolutionOutcome::NotFound, _) | (_, None) => {
+            return Err(failure(&LedgerError::NotFound));
+        }
+        (ResolutionOutcome::Stale(StaleReason::NotUnknown), Some(_)) => bad(format!(
+            "{short} is still in its lease: its claimant may yet complete it. Nothing was changed."
+        )),
+        (ResolutionOutcome::Stale(_), Some(after)) => bad(format!(
+            "{short} moved on since this page showed it (attempt {attempt}): {}. Your finding \
+             was kept in its history, and nothing else was changed; look at the entry as it is \
+             now before you resolve it.{}",
+            out.note,
+            if after.entry.possible_double_effect {
+                " It is marked as a possible double effect."
+            } else {
+                ""
+            }
+        )),
+        (ResolutionOutcome::AlreadyResolved, Some(after)) => bad(format!(
+            "{short} was already resolved ({}{}); nothing was changed.{}",
+            after.entry.status.as_str(),
+            if after.entry.resolved_by.is_empty() {
+                String::new()
+            } else {
+                format!(", by {}", after.entry.resolved_by)
+            },
+            if out.marked_double_effect {
+                " Your finding contradicts it: the entry is now marked as a possible double \
+                 effect."
+            } else {
+                ""
+            }
+        )),
+    };
+    console.sessions().flash(&who.id, flash);
+    Ok(respond::redirect(&back_to(&form.back, &form.key)))
+}
+
+/// The entries marked as a possible double effect, each with its evidence and the form that
+/// acknowledges it; nothing when there is none.
+pub(super) async fn double_effects(who: &Who) -> Result<Markup, Answer> {
+    let console = &who.console;
+    let marked = console
+        .ledger()
+        .double_effects(&who.tenant, PAGE_SIZE)
+        .await
+        .map_err(|e| failure(&e))?;
+    let mut cards = Vec::with_capacity(marked.len());
+    for view in &marked {
+        let history = console
+            .ledger()
+            .history(&who.tenant, &view.entry.key)
+            .await
+            .map_err(|e| failure(&e))?;
+        cards.push((view, history));
+    }
+    Ok(html! {
+        @if !marked.is_empty() {
+            h2 class="bad" {
+                "Possible double effects (" (marked.len())
+                @if marked.len() as u32 == PAGE_SIZE { "+" }
+                ")"
+            }
+        }
+        @for (view, history) in &cards {
+            p class="mono" {
+                (entry_link(view.entry.key.as_str())) " · " (view.entry.tool.as_str())
+                " · attempt " (view.entry.attempt) " · " (view.status.as_str())
+            }
+            (super::entry::double_effect_card(who, view, history, "/"))
+        }
+    })
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(default)]
+pub(super) struct AcknowledgeForm {
+    key: String,
+    note: String,
+    operator: String,
+    back: String,
+}
+
+pub(super) async fn acknowledge(who: Who, Form(form): Form<AcknowledgeForm>) -> PageResult {
+    let key = form.key.clone();
+    let (operator, principal) = recorded_as(&who, &form.operator).map_err(|p| bad_request(&p))?;
+    let note = form.note.trim().to_string();
+    if note.is_empty() {
+        return Err(bad_request(
+            "Say what you found or did: the note is kept in the entry's history. Nothing was \
+             changed.",
+        ));
+    }
+    let input = AcknowledgeInput {
+        key: key.clone(),
+        note,
+        principal: principal.clone(),
+    };
+    let ledger = who.console.ledger().clone();
+    let tenant = who.tenant.clone();
+    let out = tokio::spawn(async move { ledger.acknowledge_double_effect(&tenant, input).await })
+        .await
+        .map_err(|e| failure(&LedgerError::Internal(format!("acknowledgement task: {e}"))))?;
+    who.console.sessions().set_operator(&who.id, &operator);
+    let short = shorten(&key, 17);
+    let flash = match out {
+        Ok(_) => good(format!(
+            "Acknowledged the possible double effect of {short}, recorded as by {principal}."
+        )),
+        Err(LedgerError::NotMarked) => bad(format!(
+            "{short} is not marked as a possible double effect (acknowledged already?); \
+             nothing was changed."
+        )),
+        Err(LedgerError::NotFound) => bad(format!(
+            "{}; nothing was changed.",
+            missing_message(&short, crate::ledger::find::Missing::Key)
+        )),
+        Err(LedgerError::InvalidArgument { message, .. }) => {
+            return Err(bad_request(&format!("{message}. Nothing was changed.")));
+        }
+        Err(e) => return Err(failure(&e)),
+    };
+    who.console.sessions().flash(&who.id, flash);
+    Ok(respond::redirect(&back_to(&form.back, &form.key)))
+}
+
+/// What the next Claim of an entry in `status` gets.
+fn next_claim(status: &Status, retryable: bool) -> &'static str {
+    match (status, retryable) {
+        (Status::Succeeded, _) => "The next claim of it is REPLAYED with this result.",
+        (Status::Failed, true) => "The next claim of it is CLAIMED again (a new attempt).",
+        (Status::Failed, false) => "The next claim of it is PREVIOUSLY_FAILED.",
+        _ => "",
+    }
+}
