@@ -33,16 +33,16 @@
 //!   reconcile, retention, and find: an entry by key, prefix or external reference), the
 //!   notes, and the claims that wait for an attempt in flight.
 //! - [`observe`]: what the server tells about itself: the Prometheus families on
-//!   `prometheus-client`, the replay-rate alarm, the `/metrics` endpoint on hyper, the
+//!   `prometheus-client`, the replay-rate alarm, the `/metrics` endpoint on axum, the
 //!   logs (one span and one access line per RPC, W3C trace context), and the traces exported
 //!   over OTLP when `OTEL_EXPORTER_OTLP_ENDPOINT` is set. Below [`grpc`], which records into
 //!   it; it knows the ledger's answers (to count them), not the service.
 //! - [`grpc`]: the service, the proto ↔ domain conversions, deadlines, the one rewrite of
 //!   tonic's own refusals, authentication and admission (load shedding, tenant rate limits),
 //!   and the one mapping of errors to gRPC codes, reasons and details.
-//! - [`console`]: the operator's console, server-rendered HTML over HTTP/1.1 (hyper): what
-//!   needs a person (unknown outcomes, resolvable there as Reconcile would), the entries by
-//!   filter or search, one entry whole, and the replay rate drawn per tool; sessions signed in
+//! - [`console`]: the operator's console, server-rendered HTML over HTTP/1.1 (axum, its pages
+//!   maud templates): what needs a person (unknown outcomes, resolvable there as Reconcile
+//!   would), calls awaiting approval, the entries by filter or search, one entry whole, and the replay rate drawn per tool; sessions signed in
 //!   with a tenant's token, CSRF tokens, escaping. It uses the ledger's use cases and the
 //!   observe figures directly, and the credentials of [`grpc`]'s authentication.
 //! - [`server`]: the settings, health and its store probe, reflection, graceful shutdown;
