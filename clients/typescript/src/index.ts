@@ -12,25 +12,9 @@ export {
   type RunToolOptions,
   type ToolRegistration,
 } from "./ledger.js";
-export {
-  LedgerRpc,
-  type ApprovalEvent,
-  type ApprovalEventKind,
-  type CallOptions,
-  type ClaimParams,
-  type ClaimResult,
-  type CompleteParams,
-  type CompleteResult,
-  type ExtendRunResult,
-  type LedgerRpcOptions,
-  type ListEntriesParams,
-  type LookupParams,
-  type ReconcileParams,
-  type ReconcileResult,
-  type Resolution,
-  type TlsOptions,
-  type WatchApprovalsParams,
-} from "./rpc.js";
+export { LedgerRpc } from "./rpc.js";
+// What the RPCs take and answer: every type of rpc-types.ts is public.
+export type * from "./rpc-types.js";
 export {
   cannotTell,
   found,

@@ -35,14 +35,8 @@ import {
   type AttemptOutcome,
   type ToolCallResult,
 } from "./outcome.js";
-import {
-  LedgerRpc,
-  type CallOptions,
-  type ClaimResult,
-  type CompleteParams,
-  type CompleteResult,
-  type LedgerRpcOptions,
-} from "./rpc.js";
+import { LedgerRpc } from "./rpc.js";
+import type { CallOptions, ClaimResult, CompleteParams, CompleteResult, LedgerRpcOptions } from "./rpc-types.js";
 import { ask, attemptOf, logSettlement, resolutionOf, settle, type Settlement, type Via } from "./settle.js";
 import type { LedgerEntry } from "./types.js";
 
