@@ -1,19 +1,29 @@
 // The Ledger: the RPCs (rpc.ts) with runOnce, the claim → act → complete loop around one
 // side-effecting tool call (renewing the lease while the action runs, settling an unknown
-// outcome with the tool's paired read when it has one), runTool (runOnce rendered for a model)
-// and the tools registered with it (tools.ts and the adapters register theirs here, so that a
-// Reconciler finds each tool's paired read).
+// outcome with the tool's paired read when it has one; running the action itself is action.ts),
+// runTool (runOnce rendered for a model) and the tools registered with it (tools.ts and the
+// adapters register theirs here, so that a Reconciler finds each tool's paired read).
 
-import { AsyncLocalStorage } from "node:async_hooks";
+import {
+  ABORTED,
+  ActionTimedOut,
+  LeaseRenewer,
+  classify,
+  describe,
+  leaseOf,
+  raceAbort,
+  runAction,
+  sleep,
+  withTimeout,
+} from "./action.js";
 import { jsonCodec, type Codec } from "./codec.js";
 import { confirmProblem, type Confirm, type Confirmation } from "./confirm.js";
-import { DEFAULT_CONFIRM_DELAY_MS, DEFAULT_WAIT_MS, RENEW_EVERY_FRACTION_OF_LEASE } from "./defaults.js";
+import { DEFAULT_CONFIRM_DELAY_MS, DEFAULT_WAIT_MS } from "./defaults.js";
 import {
   ActionTimeoutError,
   AlreadyResolvedError,
   AwaitingApprovalError,
   DeniedError,
-  FailedPreconditionError,
   InProgressError,
   InvalidArgumentError,
   LedgerError,
@@ -26,7 +36,7 @@ import {
   ResultNotEncodableError,
   UNKNOWN_RETRY_AFTER_MS,
 } from "./errors.js";
-import { toArgumentsJson, type ArgumentsInput, type Canonicalization } from "./keys.js";
+import { toArgumentsJson, type ArgumentsInput } from "./keys.js";
 import { defaultPrincipal, stderrLogger, type LedgerLogger } from "./log.js";
 import {
   missingRunIdResult,
@@ -38,6 +48,13 @@ import {
 import { LedgerRpc } from "./rpc.js";
 import type { CallOptions, ClaimResult, CompleteParams, CompleteResult, LedgerRpcOptions } from "./rpc-types.js";
 import { ask, attemptOf, logSettlement, resolutionOf, settle, type Settlement, type Via } from "./settle.js";
+import type {
+  ActionContext,
+  NeedsApprovalOptions,
+  RunOnceOptions,
+  RunOnceResult,
+  RunToolOptions,
+} from "./run-options.js";
 import type { LedgerEntry } from "./types.js";
 
 /** How to reach the ledger, and how the client behaves. */
@@ -53,151 +70,12 @@ export interface LedgerOptions extends LedgerRpcOptions {
   logger?: LedgerLogger;
 }
 
-/** What the action of runOnce is given: the attempt, to pass downstream. */
-export interface ActionContext {
-  runId: string;
-  tool: string;
-  key: string;
-  /** Pass it to the external system as its idempotency key or memo, so a reconciler can ask. */
-  externalRef: string;
-  /** 1 for the first attempt, one more after each retryable failure. */
-  attempt: number;
-  /** Aborted when `timeoutMs` passes, or when the runOnce `signal` aborts. */
-  signal: AbortSignal;
-  /** The entry as the claim returned it. */
-  entry: LedgerEntry;
-}
-
-/** An error class the action throws only before acting (a validation error). */
-// eslint-disable-next-line @typescript-eslint/no-explicit-any
-export type ErrorClass = abstract new (...args: any[]) => unknown;
-
-/** The options of runOnce. */
-export interface RunOnceOptions<T> {
-  /** An explicit key instead of the derived one. */
-  key?: string;
-  canonicalization?: Canonicalization;
-  /**
-   * How long the attempt may go without a sign of life before it counts as unknown (the
-   * server's default, 60 s, when unset). runOnce renews it while the action runs.
-   */
-  leaseMs?: number;
-  retentionMs?: number;
-  /**
-   * The claim's principal; also who settles, with `confirm`, an unknown outcome a repeat meets
-   * (recorded as resolvedBy). Unset or empty: the Ledger's, else `confirm@<host>:<pid>`.
-   */
-  principal?: string;
-  /**
-   * When another attempt of the same intent is in flight: wait up to this long for it (the
-   * server's `wait`), then replay its result, or run if it failed retryably. Default
-   * DEFAULT_WAIT_MS (10 s); 0 throws InProgressError at once.
-   */
-  waitMs?: number;
-  /** The action's time limit: past it, the entry is completed UNKNOWN and ActionTimeoutError thrown. */
-  timeoutMs?: number;
-  /**
-   * Renew the lease every RENEW_EVERY_FRACTION_OF_LEASE of it while the action runs (default
-   * true), so that a duplicate sees the attempt in flight (IN_PROGRESS, ATTEMPTING), not UNKNOWN.
-   */
-  renewLease?: boolean;
-  /** How results are stored: JSON by default. */
-  codec?: Codec<T>;
-  /** Deadline of each ledger call (not of the action). */
-  deadlineMs?: number;
-  /**
-   * Cancels the call. Aborted before the action starts: nothing runs, an attempt already
-   * claimed is completed FAILED retryable, and NotExecutedError is thrown. Aborted while the
-   * action runs: `ctx.signal` is aborted and the action decides.
-   */
-  signal?: AbortSignal;
-  /**
-   * The tool's paired read ("did this happen?"). After an unknown outcome (the action threw,
-   * or outlived `timeoutMs`) runOnce waits `confirmDelayMs`, asks it, and settles the entry:
-   * found → SUCCEEDED with its result, returned as the call's; not found → FAILED retryable
-   * (NotExecutedError); cannot tell → UNKNOWN. A repeat that meets an UNKNOWN entry settles it
-   * the same way before answering.
-   */
-  confirm?: Confirm<T>;
-  /** The pause before asking confirm (default: the Ledger's, 1 s). */
-  confirmDelayMs?: number;
-  /**
-   * Error classes the action throws only before acting (a validation error): such a throw is
-   * recorded FAILED retryable, like NotExecutedError. Every other throw is UNKNOWN.
-   */
-  notExecuted?: readonly ErrorClass[];
-  /**
-   * Ask a person first (the Claim's `require_approval`), whatever the server's approval policy
-   * says: a new intent waits for a decision (AwaitingApprovalError; runTool's
-   * `awaiting_approval`) instead of acting. The policy may gate a call without it.
-   */
-  requireApproval?: boolean;
-  /**
-   * The framework's id of this tool call: what the ledger already answered this call's
-   * approval check (Ledger.needsApproval with the same callId, in this process) is used
-   * instead of claiming again.
-   */
-  callId?: string;
-}
-
-/** The options of Ledger.needsApproval: the call's, as runOnce would claim it. */
-export interface NeedsApprovalOptions {
-  /** The framework's id of the tool call, passed again to runOnce/runTool as `callId`. */
-  callId?: string;
-  /** Ask a person whatever the server's policy says (the Claim's `require_approval`). */
-  requireApproval?: boolean;
-  key?: string;
-  canonicalization?: Canonicalization;
-  principal?: string;
-  leaseMs?: number;
-  retentionMs?: number;
-  /**
-   * Whether the framework asks again when the run resumes with an approval (the AI SDK does,
-   * and turns a call that no longer "needs approval" into a denial): then a call whose approval
-   * was decided (approved, used, denied) still needs one, so that the framework hands it to
-   * the tool, which asks the ledger. Default false (OpenAI Agents: only an undecided request).
-   */
-  askedAgainOnResume?: boolean;
-  /**
-   * How long the run's finished entries are kept at least (ExtendRun) when the call pauses the
-   * run for a person: unset, the server's default retention.
-   */
-  pauseRetentionMs?: number;
-  deadlineMs?: number;
-}
-
-/** What runOnce returns: the action's result, or the stored one on a repeat. */
-export interface RunOnceResult<T> {
-  value: T;
-  /** True when the stored result of an earlier call was returned and nothing was executed. */
-  replayed: boolean;
-  /** With a replay: the server's note for the model ("already performed … no new action"). */
-  note: string;
-  entry: LedgerEntry;
-  /** True when the action's outcome was unknown and its paired read found the effect. */
-  confirmed: boolean;
-}
-
 /** A tool as registered with the ledger: its name and its paired read. */
 export interface ToolRegistration<T = unknown> {
   name: string;
   confirm?: Confirm<T>;
   /** How its results are stored (what a found result is encoded with). */
   codec?: Codec<T>;
-}
-
-/** The options of runTool: runOnce's. The default codec is toolResultCodec. */
-export type RunToolOptions<T> = RunOnceOptions<T>;
-
-const attempts = new AsyncLocalStorage<ActionContext>();
-
-/**
- * The attempt being executed, inside an action of runOnce or a wrapped tool's execute: its
- * key, externalRef and attempt number, to pass downstream (an idempotency key header, a memo
- * field). Undefined outside one.
- */
-export function currentAttempt(): ActionContext | undefined {
-  return attempts.getStore();
 }
 
 /** The client of one ledger: its RPCs, runOnce, runTool and the tools registered with it. */
@@ -577,7 +455,7 @@ export class Ledger extends LedgerRpc {
         : LeaseRenewer.start(this, claim, options.leaseMs, options.deadlineMs ?? this.deadlineMs);
     let value: T;
     try {
-      value = await withTimeout(() => attempts.run(ctx, () => action(ctx)), options.timeoutMs, controller);
+      value = await withTimeout(() => runAction(ctx, action), options.timeoutMs, controller);
     } catch (err) {
       signal?.removeEventListener("abort", onAbort);
       // The lease is still renewed while confirm is asked; afterFailure stops the renewal
@@ -812,21 +690,6 @@ export class Ledger extends LedgerRpc {
   }
 }
 
-/**
- * How a throw of the action is recorded: FAILED retryable when it says nothing happened
- * (NotExecutedError, itself or as its `cause`, or a class the tool declares `notExecuted`),
- * FAILED for good for PermanentFailureError (itself or as its `cause`), and UNKNOWN for
- * everything else: a framework's own retry or tool-error exception says nothing about whether
- * the effect happened.
- */
-export function classify(err: unknown, notExecuted: readonly ErrorClass[] = []): "not_executed" | "failed" | "unknown" {
-  const cause = err instanceof Error ? err.cause : undefined;
-  if (err instanceof NotExecutedError || cause instanceof NotExecutedError) return "not_executed";
-  if (notExecuted.some((cls) => err instanceof cls)) return "not_executed";
-  if (err instanceof PermanentFailureError || cause instanceof PermanentFailureError) return "failed";
-  return "unknown";
-}
-
 /** What is recorded, and said, when the paired read found no effect of a failed attempt. */
 function notFoundWhy(why: string, entry: LedgerEntry): string {
   return `the attempt failed (${why}) and the tool's paired read found no effect (external_ref ${entry.externalRef})`;
@@ -847,130 +710,4 @@ function notFoundOutcome<T>(error: unknown, entry: LedgerEntry, why?: string): A
   return { kind: "thrown", error: notExecuted, actionRan: true, recorded: "not_found", entry };
 }
 
-/**
- * Renews a claim's lease every RENEW_EVERY_FRACTION_OF_LEASE of it while the action runs. A
- * renewal the ledger refuses for good (STALE_CLAIM_TOKEN, LEASE_ENDED: the attempt lost its
- * claim) stops it; a transient failure is tried again at the next tick.
- */
-class LeaseRenewer {
-  private timer: NodeJS.Timeout | undefined;
-  private inFlight: Promise<void> | undefined;
-  private stopped = false;
 
-  private constructor(
-    private readonly ledger: LedgerRpc,
-    private readonly claimed: ClaimResult,
-    private readonly leaseMs: number | undefined,
-    private readonly deadlineMs: number,
-  ) {}
-
-  static start(
-    ledger: LedgerRpc,
-    claimed: ClaimResult,
-    leaseMs: number | undefined,
-    deadlineMs: number,
-  ): LeaseRenewer | undefined {
-    // Unset, the lease is the server's default: what the claim's entry shows.
-    const lease = leaseMs ?? leaseOf(claimed.entry);
-    if (!(lease > 0)) return undefined;
-    const every = lease * RENEW_EVERY_FRACTION_OF_LEASE;
-    // A renewal stuck longer than the interval would hold up the next one: it gives up first.
-    const renewer = new LeaseRenewer(ledger, claimed, leaseMs, Math.min(deadlineMs, every));
-    renewer.timer = setInterval(() => renewer.tick(), every);
-    // A renewal is no reason to keep the process alive: the action is.
-    renewer.timer.unref();
-    return renewer;
-  }
-
-  private tick(): void {
-    if (this.stopped || this.inFlight) return;
-    const { entry, claimToken } = this.claimed;
-    this.inFlight = this.ledger
-      // A renewal retried past the interval would hold up the next one.
-      .renewLease(entry.key, claimToken, this.leaseMs, { deadlineMs: this.deadlineMs, retryBudgetMs: this.deadlineMs })
-      .then(
-        () => {},
-        (err: unknown) => {
-          if (err instanceof FailedPreconditionError) this.halt();
-        },
-      )
-      .finally(() => {
-        this.inFlight = undefined;
-      });
-  }
-
-  private halt(): void {
-    this.stopped = true;
-    clearInterval(this.timer);
-  }
-
-  /** Stops renewing; resolves once no renewal is in flight. */
-  async stop(): Promise<void> {
-    this.halt();
-    await this.inFlight;
-  }
-}
-
-const ABORTED = Symbol("aborted");
-
-/** `p`, or ABORTED as soon as `signal` aborts (p keeps running). */
-function raceAbort<T>(p: Promise<T>, signal: AbortSignal | undefined): Promise<T | typeof ABORTED> {
-  if (!signal) return p;
-  return new Promise<T | typeof ABORTED>((resolve, reject) => {
-    const onAbort = () => resolve(ABORTED);
-    signal.addEventListener("abort", onAbort, { once: true });
-    p.then(
-      (v) => {
-        signal.removeEventListener("abort", onAbort);
-        resolve(v);
-      },
-      (e: unknown) => {
-        signal.removeEventListener("abort", onAbort);
-        reject(e);
-      },
-    );
-  });
-}
-
-/** The lease an entry was claimed with (0 when its times are unset). */
-function leaseOf(entry: LedgerEntry): number {
-  const { startedAt, leaseExpiresAt } = entry;
-  return startedAt && leaseExpiresAt ? Math.max(0, leaseExpiresAt.getTime() - startedAt.getTime()) : 0;
-}
-
-function sleep(ms: number): Promise<void> {
-  return new Promise((done) => setTimeout(done, ms));
-}
-
-function describe(err: unknown): string {
-  if (err instanceof Error) return `${err.name}: ${err.message}`;
-  return String(err);
-}
-
-/** The internal rejection of withTimeout; runOnce turns it into ActionTimeoutError with the entry. */
-class ActionTimedOut extends Error {
-  constructor(readonly timeoutMs: number) {
-    super(`the action did not finish within ${timeoutMs} ms`);
-  }
-}
-
-async function withTimeout<T>(
-  run: () => T | Promise<T>,
-  timeoutMs: number | undefined,
-  controller: AbortController,
-): Promise<T> {
-  if (timeoutMs === undefined) return await run();
-  let timer: NodeJS.Timeout | undefined;
-  const timeout = new Promise<never>((_, reject) => {
-    timer = setTimeout(() => {
-      const err = new ActionTimedOut(timeoutMs);
-      controller.abort(new DOMException(err.message, "TimeoutError"));
-      reject(err);
-    }, timeoutMs);
-  });
-  try {
-    return await Promise.race([Promise.resolve().then(run), timeout]);
-  } finally {
-    clearTimeout(timer);
-  }
-}
