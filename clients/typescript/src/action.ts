@@ -1,7 +1,7 @@
 // Running a claimed action, apart from the ledger's answers: the attempt it can read
 // (currentAttempt), its time limit (withTimeout), an abort that answers at once while a call is
 // in flight (raceAbort), the lease renewed while it runs (LeaseRenewer), and how its throw is
-// recorded (classify). The Ledger's runOnce (ledger.ts) puts these together.
+// recorded (classify). attempt.ts puts these together into one attempt of runOnce.
 
 import { AsyncLocalStorage } from "node:async_hooks";
 import { RENEW_EVERY_FRACTION_OF_LEASE } from "./defaults.js";

@@ -1,11 +1,12 @@
 // What runOnce and runTool take and give: their options, the attempt an action is given
-// (ActionContext), what runOnce returns, and the options of the approval check a framework makes
-// before the call (Ledger.needsApproval). The Ledger (ledger.ts) and the running of an action
-// (action.ts) read them.
+// (ActionContext), what runOnce returns, the options of the approval check a framework makes
+// before the call (Ledger.needsApproval), and the Claim either makes (claimOf). The Ledger
+// (ledger.ts) and one attempt of runOnce (attempt.ts) both read them.
 
 import type { Codec } from "./codec.js";
 import type { Confirm } from "./confirm.js";
-import type { Canonicalization } from "./keys.js";
+import type { ArgumentsInput, Canonicalization } from "./keys.js";
+import type { ClaimParams } from "./rpc-types.js";
 import type { LedgerEntry } from "./types.js";
 
 /** What the action of runOnce is given: the attempt, to pass downstream. */
@@ -136,3 +137,14 @@ export interface RunOnceResult<T> {
 /** The options of runTool: runOnce's. The default codec is toolResultCodec. */
 export type RunToolOptions<T> = RunOnceOptions<T>;
 
+/** The Claim of a call, from its options (runOnce's, or its approval check's, which does not wait). */
+export function claimOf(
+  runId: string,
+  tool: string,
+  args: ArgumentsInput,
+  options: Pick<NeedsApprovalOptions, "key" | "canonicalization" | "leaseMs" | "retentionMs" | "principal" | "requireApproval">,
+  waitMs?: number,
+): ClaimParams {
+  const { key, canonicalization, leaseMs, retentionMs, principal, requireApproval } = options;
+  return { runId, tool, args, key, canonicalization, leaseMs, retentionMs, waitMs, principal, requireApproval };
+}
