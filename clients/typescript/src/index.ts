@@ -1,36 +1,17 @@
 // idempotency-ledger: the TypeScript client of the idempotency ledger.
-export {
-  Ledger,
-  classify,
-  currentAttempt,
-  type ActionContext,
-  type ErrorClass,
-  type LedgerOptions,
-  type NeedsApprovalOptions,
-  type RunOnceOptions,
-  type RunOnceResult,
-  type RunToolOptions,
-  type ToolRegistration,
-} from "./ledger.js";
-export {
-  LedgerRpc,
-  type ApprovalEvent,
-  type ApprovalEventKind,
-  type CallOptions,
-  type ClaimParams,
-  type ClaimResult,
-  type CompleteParams,
-  type CompleteResult,
-  type ExtendRunResult,
-  type LedgerRpcOptions,
-  type ListEntriesParams,
-  type LookupParams,
-  type ReconcileParams,
-  type ReconcileResult,
-  type Resolution,
-  type TlsOptions,
-  type WatchApprovalsParams,
-} from "./rpc.js";
+export { Ledger, type LedgerOptions, type ToolRegistration } from "./ledger.js";
+export { classify, currentAttempt } from "./action.js";
+export type {
+  ActionContext,
+  ErrorClass,
+  NeedsApprovalOptions,
+  RunOnceOptions,
+  RunOnceResult,
+  RunToolOptions,
+} from "./run-options.js";
+export { LedgerRpc } from "./rpc.js";
+// What the RPCs take and answer: every type of rpc-types.ts is public.
+export type * from "./rpc-types.js";
 export {
   cannotTell,
   found,

@@ -1,49 +1,28 @@
-// The Ledger: the RPCs (rpc.ts) with runOnce, the claim → act → complete loop around one
-// side-effecting tool call (renewing the lease while the action runs, settling an unknown
-// outcome with the tool's paired read when it has one), runTool (runOnce rendered for a model)
-// and the tools registered with it (tools.ts and the adapters register theirs here, so that a
-// Reconciler finds each tool's paired read).
+// The Ledger: the RPCs (rpc.ts) with runOnce (one attempt of which, claim → act → complete, is
+// attempt.ts), runTool (runOnce rendered for a model), the approval check a framework makes
+// before a call (needsApproval, whose claim the call then takes up), and the tools registered
+// with it (tools.ts and the adapters register theirs here, so that a Reconciler finds each
+// tool's paired read).
 
-import { AsyncLocalStorage } from "node:async_hooks";
-import { jsonCodec, type Codec } from "./codec.js";
-import { confirmProblem, type Confirm, type Confirmation } from "./confirm.js";
-import { DEFAULT_CONFIRM_DELAY_MS, DEFAULT_WAIT_MS, RENEW_EVERY_FRACTION_OF_LEASE } from "./defaults.js";
+import { describe, leaseOf } from "./action.js";
+import { Attempt, releaseUnstarted } from "./attempt.js";
+import type { Codec } from "./codec.js";
+import { confirmProblem, type Confirm } from "./confirm.js";
+import { DEFAULT_CONFIRM_DELAY_MS } from "./defaults.js";
+import { MissingRunIdError, NotFoundError } from "./errors.js";
+import type { ArgumentsInput } from "./keys.js";
+import { stderrLogger, type LedgerLogger } from "./log.js";
+import { missingRunIdResult, render, toolResultCodec, type AttemptOutcome, type ToolCallResult } from "./outcome.js";
+import { LedgerRpc } from "./rpc.js";
+import type { ClaimResult, LedgerRpcOptions } from "./rpc-types.js";
 import {
-  ActionTimeoutError,
-  AlreadyResolvedError,
-  AwaitingApprovalError,
-  DeniedError,
-  FailedPreconditionError,
-  InProgressError,
-  InvalidArgumentError,
-  LedgerError,
-  MissingRunIdError,
-  NotExecutedError,
-  NotFoundError,
-  OutcomeUnknownError,
-  PermanentFailureError,
-  PreviouslyFailedError,
-  ResultNotEncodableError,
-  UNKNOWN_RETRY_AFTER_MS,
-} from "./errors.js";
-import { toArgumentsJson, type ArgumentsInput, type Canonicalization } from "./keys.js";
-import { defaultPrincipal, stderrLogger, type LedgerLogger } from "./log.js";
-import {
-  missingRunIdResult,
-  render,
-  toolResultCodec,
-  type AttemptOutcome,
-  type ToolCallResult,
-} from "./outcome.js";
-import {
-  LedgerRpc,
-  type CallOptions,
-  type ClaimResult,
-  type CompleteParams,
-  type CompleteResult,
-  type LedgerRpcOptions,
-} from "./rpc.js";
-import { ask, attemptOf, logSettlement, resolutionOf, settle, type Settlement, type Via } from "./settle.js";
+  claimOf,
+  type ActionContext,
+  type NeedsApprovalOptions,
+  type RunOnceOptions,
+  type RunOnceResult,
+  type RunToolOptions,
+} from "./run-options.js";
 import type { LedgerEntry } from "./types.js";
 
 /** How to reach the ledger, and how the client behaves. */
@@ -59,151 +38,12 @@ export interface LedgerOptions extends LedgerRpcOptions {
   logger?: LedgerLogger;
 }
 
-/** What the action of runOnce is given: the attempt, to pass downstream. */
-export interface ActionContext {
-  runId: string;
-  tool: string;
-  key: string;
-  /** Pass it to the external system as its idempotency key or memo, so a reconciler can ask. */
-  externalRef: string;
-  /** 1 for the first attempt, one more after each retryable failure. */
-  attempt: number;
-  /** Aborted when `timeoutMs` passes, or when the runOnce `signal` aborts. */
-  signal: AbortSignal;
-  /** The entry as the claim returned it. */
-  entry: LedgerEntry;
-}
-
-/** An error class the action throws only before acting (a validation error). */
-// eslint-disable-next-line @typescript-eslint/no-explicit-any
-export type ErrorClass = abstract new (...args: any[]) => unknown;
-
-/** The options of runOnce. */
-export interface RunOnceOptions<T> {
-  /** An explicit key instead of the derived one. */
-  key?: string;
-  canonicalization?: Canonicalization;
-  /**
-   * How long the attempt may go without a sign of life before it counts as unknown (the
-   * server's default, 60 s, when unset). runOnce renews it while the action runs.
-   */
-  leaseMs?: number;
-  retentionMs?: number;
-  /**
-   * The claim's principal; also who settles, with `confirm`, an unknown outcome a repeat meets
-   * (recorded as resolvedBy). Unset or empty: the Ledger's, else `confirm@<host>:<pid>`.
-   */
-  principal?: string;
-  /**
-   * When another attempt of the same intent is in flight: wait up to this long for it (the
-   * server's `wait`), then replay its result, or run if it failed retryably. Default
-   * DEFAULT_WAIT_MS (10 s); 0 throws InProgressError at once.
-   */
-  waitMs?: number;
-  /** The action's time limit: past it, the entry is completed UNKNOWN and ActionTimeoutError thrown. */
-  timeoutMs?: number;
-  /**
-   * Renew the lease every RENEW_EVERY_FRACTION_OF_LEASE of it while the action runs (default
-   * true), so that a duplicate sees the attempt in flight (IN_PROGRESS, ATTEMPTING), not UNKNOWN.
-   */
-  renewLease?: boolean;
-  /** How results are stored: JSON by default. */
-  codec?: Codec<T>;
-  /** Deadline of each ledger call (not of the action). */
-  deadlineMs?: number;
-  /**
-   * Cancels the call. Aborted before the action starts: nothing runs, an attempt already
-   * claimed is completed FAILED retryable, and NotExecutedError is thrown. Aborted while the
-   * action runs: `ctx.signal` is aborted and the action decides.
-   */
-  signal?: AbortSignal;
-  /**
-   * The tool's paired read ("did this happen?"). After an unknown outcome (the action threw,
-   * or outlived `timeoutMs`) runOnce waits `confirmDelayMs`, asks it, and settles the entry:
-   * found → SUCCEEDED with its result, returned as the call's; not found → FAILED retryable
-   * (NotExecutedError); cannot tell → UNKNOWN. A repeat that meets an UNKNOWN entry settles it
-   * the same way before answering.
-   */
-  confirm?: Confirm<T>;
-  /** The pause before asking confirm (default: the Ledger's, 1 s). */
-  confirmDelayMs?: number;
-  /**
-   * Error classes the action throws only before acting (a validation error): such a throw is
-   * recorded FAILED retryable, like NotExecutedError. Every other throw is UNKNOWN.
-   */
-  notExecuted?: readonly ErrorClass[];
-  /**
-   * Ask a person first (the Claim's `require_approval`), whatever the server's approval policy
-   * says: a new intent waits for a decision (AwaitingApprovalError; runTool's
-   * `awaiting_approval`) instead of acting. The policy may gate a call without it.
-   */
-  requireApproval?: boolean;
-  /**
-   * The framework's id of this tool call: what the ledger already answered this call's
-   * approval check (Ledger.needsApproval with the same callId, in this process) is used
-   * instead of claiming again.
-   */
-  callId?: string;
-}
-
-/** The options of Ledger.needsApproval: the call's, as runOnce would claim it. */
-export interface NeedsApprovalOptions {
-  /** The framework's id of the tool call, passed again to runOnce/runTool as `callId`. */
-  callId?: string;
-  /** Ask a person whatever the server's policy says (the Claim's `require_approval`). */
-  requireApproval?: boolean;
-  key?: string;
-  canonicalization?: Canonicalization;
-  principal?: string;
-  leaseMs?: number;
-  retentionMs?: number;
-  /**
-   * Whether the framework asks again when the run resumes with an approval (the AI SDK does,
-   * and turns a call that no longer "needs approval" into a denial): then a call whose approval
-   * was decided (approved, used, denied) still needs one, so that the framework hands it to
-   * the tool, which asks the ledger. Default false (OpenAI Agents: only an undecided request).
-   */
-  askedAgainOnResume?: boolean;
-  /**
-   * How long the run's finished entries are kept at least (ExtendRun) when the call pauses the
-   * run for a person: unset, the server's default retention.
-   */
-  pauseRetentionMs?: number;
-  deadlineMs?: number;
-}
-
-/** What runOnce returns: the action's result, or the stored one on a repeat. */
-export interface RunOnceResult<T> {
-  value: T;
-  /** True when the stored result of an earlier call was returned and nothing was executed. */
-  replayed: boolean;
-  /** With a replay: the server's note for the model ("already performed … no new action"). */
-  note: string;
-  entry: LedgerEntry;
-  /** True when the action's outcome was unknown and its paired read found the effect. */
-  confirmed: boolean;
-}
-
 /** A tool as registered with the ledger: its name and its paired read. */
 export interface ToolRegistration<T = unknown> {
   name: string;
   confirm?: Confirm<T>;
   /** How its results are stored (what a found result is encoded with). */
   codec?: Codec<T>;
-}
-
-/** The options of runTool: runOnce's. The default codec is toolResultCodec. */
-export type RunToolOptions<T> = RunOnceOptions<T>;
-
-const attempts = new AsyncLocalStorage<ActionContext>();
-
-/**
- * The attempt being executed, inside an action of runOnce or a wrapped tool's execute: its
- * key, externalRef and attempt number, to pass downstream (an idempotency key header, a memo
- * field). Undefined outside one.
- */
-export function currentAttempt(): ActionContext | undefined {
-  return attempts.getStore();
 }
 
 /** The client of one ledger: its RPCs, runOnce, runTool and the tools registered with it. */
@@ -304,20 +144,7 @@ export class Ledger extends LedgerRpc {
     }
     let claimed: ClaimResult;
     try {
-      claimed = await this.claim(
-        {
-          runId,
-          tool,
-          args,
-          key: options.key,
-          canonicalization: options.canonicalization,
-          leaseMs: options.leaseMs,
-          retentionMs: options.retentionMs,
-          principal: options.principal,
-          requireApproval: options.requireApproval,
-        },
-        callOpts,
-      );
+      claimed = await this.claim(claimOf(runId, tool, args, options), callOpts);
     } catch (err) {
       this.logger.warn(`needsApproval ${tool}: the ledger could not be asked (${describe(err)}); the call's own claim will say`);
       return false;
@@ -330,7 +157,7 @@ export class Ledger extends LedgerRpc {
       if (claimed.outcome !== "IN_PROGRESS") this.keepPrechecked(runId, tool, options.callId, claimed);
     } else if (claimed.outcome === "CLAIMED") {
       // No call id to hand the claim to its call: released at once, the call claims anew.
-      await this.releaseUnstarted(claimed, "an approval check without a call id does not keep its claim", options.deadlineMs);
+      await releaseUnstarted(this, claimed, "an approval check without a call id does not keep its claim", options.deadlineMs);
     }
     return false;
   }
@@ -359,7 +186,7 @@ export class Ledger extends LedgerRpc {
     const timer = setTimeout(() => {
       if (this.prechecked.get(id)?.claimed !== claimed) return;
       this.prechecked.delete(id);
-      void this.releaseUnstarted(claimed, "the framework did not run the tool after its approval check", undefined);
+      void releaseUnstarted(this, claimed, "the framework did not run the tool after its approval check", undefined);
     }, holdMs);
     timer.unref();
     this.prechecked.set(id, { claimed, timer });
@@ -447,7 +274,7 @@ export class Ledger extends LedgerRpc {
     return render(out);
   }
 
-  /** One attempt of runOnce, as an outcome rather than a throw (runTool renders it). */
+  /** One attempt of runOnce, as an outcome rather than a throw (runTool renders it); see attempt.ts. */
   async attempt<T>(
     runId: string,
     tool: string,
@@ -460,523 +287,8 @@ export class Ledger extends LedgerRpc {
       throw new TypeError(`runOnce: the action must be a function, got ${typeof action}`);
     }
     this.checkConfirm(tool, options.confirm, "runOnce:");
-    const codec = options.codec ?? (jsonCodec as Codec<T>);
-    const waitMs = options.waitMs ?? DEFAULT_WAIT_MS;
-    const signal = options.signal;
-    const notStarted = (why: string, cause?: unknown) =>
-      new NotExecutedError(`${why}; the action was not started`, { cause });
-    if (signal?.aborted) {
-      return { kind: "thrown", error: notStarted("the call was aborted", signal.reason), actionRan: false };
-    }
-
-    let claimed: ClaimResult | undefined;
-    // A repeat that meets an unknown outcome settles it once, then claims again.
-    for (let settledOnce = false; ; settledOnce = true) {
-      // The claim is not given the signal: aborting it in flight could leave a claim the server
-      // made but whose token nobody received (UNKNOWN after its lease, for an action that never
-      // ran). An abort during the claim answers at once and settles the claim when it arrives.
-      const prechecked = settledOnce ? undefined : this.takePrechecked(runId, tool, options.callId);
-      const claiming = prechecked
-        ? Promise.resolve(prechecked)
-        : this.claim(
-            {
-              runId,
-              tool,
-              args,
-              key: options.key,
-              canonicalization: options.canonicalization,
-              leaseMs: options.leaseMs,
-              retentionMs: options.retentionMs,
-              waitMs,
-              principal: options.principal,
-              requireApproval: options.requireApproval,
-            },
-            options.deadlineMs === undefined ? undefined : { deadlineMs: options.deadlineMs + waitMs },
-          );
-      try {
-        const raced = await raceAbort(claiming, signal);
-        if (raced === ABORTED) {
-          claiming.then(
-            (c) => this.releaseUnstarted(c, "the call was aborted before the action started", options.deadlineMs),
-            () => {},
-          );
-          return { kind: "thrown", error: notStarted("the call was aborted", signal?.reason), actionRan: false };
-        }
-        claimed = raced;
-      } catch (err) {
-        return { kind: "thrown", error: err, actionRan: false };
-      }
-
-      const { entry } = claimed;
-      switch (claimed.outcome) {
-        case "REPLAYED":
-          try {
-            return { kind: "replayed", value: codec.decode(entry.result), note: claimed.note, entry };
-          } catch (err) {
-            return { kind: "thrown", error: err, actionRan: false };
-          }
-        case "IN_PROGRESS": {
-          const unknown = entry.status === "UNKNOWN";
-          if (unknown && options.confirm && !settledOnce) {
-            await this.pauseSinceUnknown(entry, options.confirmDelayMs ?? this.confirmDelayMs);
-            const settled = await this.settle(entry, args, options, codec, waitMs, "a repeat");
-            // Settled (here or elsewhere): the claim now replays the result, or runs again.
-            if (settled.kind !== "cannot_tell" && settled.entry.status !== "UNKNOWN") continue;
-          }
-          const Cls = unknown ? OutcomeUnknownError : InProgressError;
-          const retryAfter = claimed.retryAfter ?? (unknown ? UNKNOWN_RETRY_AFTER_MS : 1000);
-          return { kind: "thrown", error: new Cls(claimed.note, retryAfter, entry), actionRan: false };
-        }
-        case "PREVIOUSLY_FAILED":
-          return {
-            kind: "thrown",
-            error: new PreviouslyFailedError(claimed.note, entry.error, entry),
-            actionRan: false,
-          };
-        case "AWAITING_APPROVAL":
-          // Nothing acts on an approval the ledger has not given: only CLAIMED runs the action.
-          return { kind: "thrown", error: new AwaitingApprovalError(claimed.note, entry), actionRan: false };
-        case "DENIED":
-          return { kind: "thrown", error: new DeniedError(claimed.note, entry), actionRan: false };
-        case "CLAIMED":
-          break;
-        default:
-          return {
-            kind: "thrown",
-            error: new LedgerError(`the ledger answered an unexpected outcome ${claimed.outcome}`),
-            actionRan: false,
-          };
-      }
-      break;
-    }
-    const claim = claimed;
-    const { entry } = claim;
-
-    const callOpts: CallOptions = { deadlineMs: options.deadlineMs };
-    const leaseMs = options.leaseMs ?? leaseOf(entry);
-    const finish = (p: Omit<CompleteParams, "key" | "claimToken">) =>
-      this.completeWithRetry({ key: entry.key, claimToken: claim.claimToken, ...p }, callOpts, leaseMs);
-
-    if (signal?.aborted) {
-      return {
-        kind: "thrown",
-        error: await this.recordNotStarted(notStarted("the call was aborted", signal.reason), finish),
-        actionRan: false,
-      };
-    }
-
-    const controller = new AbortController();
-    const onAbort = () => controller.abort(signal?.reason);
-    signal?.addEventListener("abort", onAbort, { once: true });
-    const ctx: ActionContext = {
-      runId,
-      tool,
-      key: entry.key,
-      externalRef: entry.externalRef,
-      attempt: entry.attempt,
-      signal: controller.signal,
-      entry,
-    };
-    const renewer =
-      options.renewLease === false
-        ? undefined
-        : LeaseRenewer.start(this, claim, options.leaseMs, options.deadlineMs ?? this.deadlineMs);
-    let value: T;
-    try {
-      value = await withTimeout(() => attempts.run(ctx, () => action(ctx)), options.timeoutMs, controller);
-    } catch (err) {
-      signal?.removeEventListener("abort", onAbort);
-      // The lease is still renewed while confirm is asked; afterFailure stops the renewal
-      // before the Complete, so that none lands after it.
-      return this.afterFailure(err, entry, args, options, codec, finish, renewer, controller.signal);
-    }
-    await renewer?.stop();
-    signal?.removeEventListener("abort", onAbort);
-
-    let result: Uint8Array;
-    try {
-      result = codec.encode(value);
-    } catch (err) {
-      const why = `the codec could not encode it: ${describe(err)}`;
-      const recorded = await finish({ status: "UNKNOWN", error: `the result could not be stored: ${why}` }).then(
-        (c) => c.entry,
-        () => entry,
-      );
-      return {
-        kind: "thrown",
-        error: new ResultNotEncodableError(why, recorded, { cause: err }),
-        actionRan: true,
-        recorded: "unknown",
-        entry: recorded,
-      };
-    }
-    try {
-      const done = await finish({ status: "SUCCEEDED", result });
-      return { kind: "performed", value, entry: done.entry };
-    } catch (err) {
-      if (err instanceof InvalidArgumentError) {
-        // The ledger refused the result (RESULT_TOO_LARGE): the effect happened but cannot be
-        // replayed, so record that the outcome is unknown rather than leave the claim hanging.
-        const why = `the ledger refused it: ${err.reason || err.code}: ${err.message}`;
-        const recorded = await finish({ status: "UNKNOWN", error: `the result could not be stored: ${why}` }).then(
-          (c) => c.entry,
-          () => entry,
-        );
-        return {
-          kind: "thrown",
-          error: new ResultNotEncodableError(why, recorded, { cause: err }),
-          actionRan: true,
-          recorded: "unknown",
-          entry: recorded,
-        };
-      }
-      return { kind: "thrown", error: err, actionRan: true };
-    }
-  }
-
-  /**
-   * Records a failed action: FAILED retryable when it says it did not act, FAILED for good
-   * when it says it never will, UNKNOWN otherwise. With confirm, an unknown outcome is settled
-   * first: the claim still holds the entry (ATTEMPTING, its lease renewed), so nobody else can
-   * take it while confirm is asked after the pause, and the Complete records what it found.
-   * An action that was cut off (it outlived timeoutMs, or the call was aborted: `actionSignal`
-   * aborted) may still be running or its request still landing, so a "not found" proves
-   * nothing yet: the entry is recorded UNKNOWN, for a reconciler to ask again once the ledger's
-   * grace has passed; a "found" is proof, and settles it SUCCEEDED at once.
-   */
-  private async afterFailure<T>(
-    err: unknown,
-    claimedEntry: LedgerEntry,
-    args: ArgumentsInput,
-    options: RunOnceOptions<T>,
-    codec: Codec<T>,
-    finish: (p: Omit<CompleteParams, "key" | "claimToken">) => Promise<CompleteResult>,
-    renewer: LeaseRenewer | undefined,
-    actionSignal: AbortSignal,
-  ): Promise<AttemptOutcome<T>> {
-    const kind = err instanceof ActionTimedOut ? "unknown" : classify(err, options.notExecuted);
-    const why = err instanceof ActionTimedOut ? err.message : describe(err);
-    let completion: Omit<CompleteParams, "key" | "claimToken"> =
-      kind === "not_executed"
-        ? { status: "FAILED", retryable: true, error: why }
-        : kind === "failed"
-          ? { status: "FAILED", retryable: false, error: why }
-          : { status: "UNKNOWN", error: why };
-    let confirmation: Confirmation<T> | undefined;
-    const cutOff = err instanceof ActionTimedOut || actionSignal.aborted;
-    if (kind === "unknown" && options.confirm) {
-      await sleep(options.confirmDelayMs ?? this.confirmDelayMs);
-      const attempt = attemptOf(claimedEntry, JSON.parse(toArgumentsJson(args)) as unknown);
-      confirmation = await ask(options.confirm, attempt, this.logger, options.deadlineMs ?? this.deadlineMs);
-      const resolution = resolutionOf(claimedEntry, confirmation, codec, this.logger);
-      if (!resolution) {
-        confirmation = undefined;
-      } else if (resolution.status === "SUCCEEDED") {
-        completion = { status: "SUCCEEDED", result: resolution.result };
-      } else if (cutOff) {
-        completion = { status: "UNKNOWN", error: notFoundYetWhy(why, claimedEntry) };
-      } else {
-        completion = { status: "FAILED", retryable: true, error: notFoundWhy(why, claimedEntry) };
-      }
-    }
-    await renewer?.stop();
-    let recorded: CompleteResult;
-    try {
-      recorded = await finish(completion);
-    } catch (ledgerErr) {
-      if (confirmation && ledgerErr instanceof AlreadyResolvedError) {
-        // Settled by someone else first (a reconciler that took the entry once the lease had
-        // ended): say what they found.
-        const now = await this.lookup({ key: claimedEntry.key }).catch(() => undefined);
-        if (now) return this.settledElsewhere(err, why, now, codec);
-      }
-      // The entry stays as claimed and reads UNKNOWN once its lease ends: reconciled later.
-      // The ledger's error is thrown (the caller must learn the outcome was not recorded),
-      // carrying the action's error.
-      if (ledgerErr instanceof LedgerError) {
-        ledgerErr.actionError = err instanceof ActionTimedOut ? new ActionTimeoutError(err.timeoutMs, claimedEntry) : err;
-      }
-      return { kind: "thrown", error: ledgerErr, actionRan: true };
-    }
-    const entry = recorded.entry;
-    if (kind !== "unknown") {
-      if (err instanceof NotExecutedError || err instanceof PermanentFailureError) err.entry = entry;
-      return { kind: "thrown", error: err, actionRan: true, recorded: kind, entry };
-    }
-    const error = err instanceof ActionTimedOut ? new ActionTimeoutError(err.timeoutMs, entry) : err;
-    if (confirmation?.kind === "found") {
-      logSettlement(this.logger, entry, "found", "run_once");
-      return { kind: "performed", value: confirmation.result, entry, confirmed: true };
-    }
-    if (confirmation?.kind === "not_found") {
-      logSettlement(this.logger, entry, "not_found", "run_once");
-      // Cut off: nothing found yet, but the action may still land; recorded UNKNOWN.
-      if (entry.status === "UNKNOWN") return { kind: "thrown", error, actionRan: true, recorded: "unknown", entry };
-      return notFoundOutcome(error, entry);
-    }
-    if (options.confirm) logSettlement(this.logger, entry, "cannot_tell", "run_once");
-    return { kind: "thrown", error, actionRan: true, recorded: "unknown", entry };
-  }
-
-  /** The outcome of an attempt someone else settled first, as they settled it. */
-  private settledElsewhere<T>(err: unknown, why: string, now: LedgerEntry, codec: Codec<T>): AttemptOutcome<T> {
-    const error = err instanceof ActionTimedOut ? new ActionTimeoutError(err.timeoutMs, now) : err;
-    const unknown: AttemptOutcome<T> = { kind: "thrown", error, actionRan: true, recorded: "unknown", entry: now };
-    if (now.status === "SUCCEEDED") {
-      try {
-        return { kind: "performed", value: codec.decode(now.result), entry: now, confirmed: true };
-      } catch {
-        return unknown;
-      }
-    }
-    if (now.status === "FAILED" && now.retryable) return notFoundOutcome(error, now, why);
-    if (now.status === "FAILED") {
-      const permanent = new PermanentFailureError(now.error || "settled as failed for good", { cause: error });
-      permanent.entry = now;
-      return { kind: "thrown", error: permanent, actionRan: true, recorded: "failed", entry: now };
-    }
-    return unknown;
-  }
-
-  /**
-   * Who a call settles as (resolvedBy): the call's principal, else the Ledger's, else
-   * `confirm@<host>:<pid>`; an empty one counts as none (the Python client's rule too).
-   */
-  private settler(options: { principal?: string }): string {
-    return options.principal || this.principal || defaultPrincipal("confirm");
-  }
-
-  /** Settles an UNKNOWN entry a repeat met with the call's paired read (see settle.ts). */
-  private settle<T>(
-    entry: LedgerEntry,
-    args: ArgumentsInput,
-    options: RunOnceOptions<T>,
-    codec: Codec<T>,
-    waitMs: number,
-    via: Via,
-  ): Promise<Settlement<T>> {
-    return settle(this, entry, {
-      confirm: options.confirm!,
-      codec,
-      args: JSON.parse(toArgumentsJson(args)) as unknown,
-      principal: this.settler(options),
-      logger: this.logger,
-      confirmTimeoutMs: options.deadlineMs ?? this.deadlineMs,
-      waitMs,
-      via,
-    });
-  }
-
-  /**
-   * Waits out what is left of the pause since the entry became unknown (its Complete, or the
-   * end of its lease), so that a repeat arriving at once gives the outside world the same time
-   * to show the effect as the call that met the unknown outcome.
-   */
-  private async pauseSinceUnknown(entry: LedgerEntry, delayMs: number): Promise<void> {
-    const since = entry.finishedAt ?? entry.leaseExpiresAt;
-    if (!since) return;
-    const left = Math.min(delayMs, since.getTime() + delayMs - Date.now());
-    if (left > 0) await sleep(left);
-  }
-
-  /** Completes FAILED retryable an attempt claimed but never started; returns `error` with its entry. */
-  private async recordNotStarted(
-    error: NotExecutedError,
-    finish: (p: Omit<CompleteParams, "key" | "claimToken">) => Promise<CompleteResult>,
-  ): Promise<unknown> {
-    try {
-      error.entry = (await finish({ status: "FAILED", retryable: true, error: describe(error) })).entry;
-      return error;
-    } catch (ledgerErr) {
-      if (ledgerErr instanceof LedgerError) ledgerErr.actionError = error;
-      return ledgerErr;
-    }
-  }
-
-  /** Settles, in the background, a claim that arrived after its caller had given up. */
-  private async releaseUnstarted(claimed: ClaimResult, why: string, deadlineMs: number | undefined) {
-    if (claimed.outcome !== "CLAIMED") return;
-    await this.completeWithRetry(
-      {
-        key: claimed.entry.key,
-        claimToken: claimed.claimToken,
-        status: "FAILED",
-        retryable: true,
-        error: `NotExecutedError: ${why}`,
-      },
-      { deadlineMs },
-    ).catch(() => {});
-  }
-
-  /**
-   * Complete, sent again on UNAVAILABLE and DEADLINE_EXCEEDED (the identical Complete is
-   * idempotent) within the retry budget, and at least the claim's lease: an action that ran
-   * must not turn into an unknown outcome because the ledger's database was failing over.
-   */
-  private completeWithRetry(params: CompleteParams, opts: CallOptions, leaseMs = 0): Promise<CompleteResult> {
-    return this.complete(params, opts, leaseMs);
-  }
-}
-
-/**
- * How a throw of the action is recorded: FAILED retryable when it says nothing happened
- * (NotExecutedError, itself or as its `cause`, or a class the tool declares `notExecuted`),
- * FAILED for good for PermanentFailureError (itself or as its `cause`), and UNKNOWN for
- * everything else: a framework's own retry or tool-error exception says nothing about whether
- * the effect happened.
- */
-export function classify(err: unknown, notExecuted: readonly ErrorClass[] = []): "not_executed" | "failed" | "unknown" {
-  const cause = err instanceof Error ? err.cause : undefined;
-  if (err instanceof NotExecutedError || cause instanceof NotExecutedError) return "not_executed";
-  if (notExecuted.some((cls) => err instanceof cls)) return "not_executed";
-  if (err instanceof PermanentFailureError || cause instanceof PermanentFailureError) return "failed";
-  return "unknown";
-}
-
-/** What is recorded, and said, when the paired read found no effect of a failed attempt. */
-function notFoundWhy(why: string, entry: LedgerEntry): string {
-  return `the attempt failed (${why}) and the tool's paired read found no effect (external_ref ${entry.externalRef})`;
-}
-
-/** What is recorded when the paired read found no effect of an action that was cut off and may still land. */
-function notFoundYetWhy(why: string, entry: LedgerEntry): string {
-  return (
-    `the attempt was cut off (${why}); the tool's paired read found no effect yet (external_ref ${entry.externalRef}), ` +
-    `but the action may still be running or landing: left unknown, for a reconciler to ask again after the ledger's grace`
-  );
-}
-
-/** An unknown outcome whose paired read found no effect: the intent may be tried again. */
-function notFoundOutcome<T>(error: unknown, entry: LedgerEntry, why?: string): AttemptOutcome<T> {
-  const notExecuted = new NotExecutedError(why === undefined ? entry.error : notFoundWhy(why, entry), { cause: error });
-  notExecuted.entry = entry;
-  return { kind: "thrown", error: notExecuted, actionRan: true, recorded: "not_found", entry };
-}
-
-/**
- * Renews a claim's lease every RENEW_EVERY_FRACTION_OF_LEASE of it while the action runs. A
- * renewal the ledger refuses for good (STALE_CLAIM_TOKEN, LEASE_ENDED: the attempt lost its
- * claim) stops it; a transient failure is tried again at the next tick.
- */
-class LeaseRenewer {
-  private timer: NodeJS.Timeout | undefined;
-  private inFlight: Promise<void> | undefined;
-  private stopped = false;
-
-  private constructor(
-    private readonly ledger: LedgerRpc,
-    private readonly claimed: ClaimResult,
-    private readonly leaseMs: number | undefined,
-    private readonly deadlineMs: number,
-  ) {}
-
-  static start(
-    ledger: LedgerRpc,
-    claimed: ClaimResult,
-    leaseMs: number | undefined,
-    deadlineMs: number,
-  ): LeaseRenewer | undefined {
-    // Unset, the lease is the server's default: what the claim's entry shows.
-    const lease = leaseMs ?? leaseOf(claimed.entry);
-    if (!(lease > 0)) return undefined;
-    const every = lease * RENEW_EVERY_FRACTION_OF_LEASE;
-    // A renewal stuck longer than the interval would hold up the next one: it gives up first.
-    const renewer = new LeaseRenewer(ledger, claimed, leaseMs, Math.min(deadlineMs, every));
-    renewer.timer = setInterval(() => renewer.tick(), every);
-    // A renewal is no reason to keep the process alive: the action is.
-    renewer.timer.unref();
-    return renewer;
-  }
-
-  private tick(): void {
-    if (this.stopped || this.inFlight) return;
-    const { entry, claimToken } = this.claimed;
-    this.inFlight = this.ledger
-      // A renewal retried past the interval would hold up the next one.
-      .renewLease(entry.key, claimToken, this.leaseMs, { deadlineMs: this.deadlineMs, retryBudgetMs: this.deadlineMs })
-      .then(
-        () => {},
-        (err: unknown) => {
-          if (err instanceof FailedPreconditionError) this.halt();
-        },
-      )
-      .finally(() => {
-        this.inFlight = undefined;
-      });
-  }
-
-  private halt(): void {
-    this.stopped = true;
-    clearInterval(this.timer);
-  }
-
-  /** Stops renewing; resolves once no renewal is in flight. */
-  async stop(): Promise<void> {
-    this.halt();
-    await this.inFlight;
-  }
-}
-
-const ABORTED = Symbol("aborted");
-
-/** `p`, or ABORTED as soon as `signal` aborts (p keeps running). */
-function raceAbort<T>(p: Promise<T>, signal: AbortSignal | undefined): Promise<T | typeof ABORTED> {
-  if (!signal) return p;
-  return new Promise<T | typeof ABORTED>((resolve, reject) => {
-    const onAbort = () => resolve(ABORTED);
-    signal.addEventListener("abort", onAbort, { once: true });
-    p.then(
-      (v) => {
-        signal.removeEventListener("abort", onAbort);
-        resolve(v);
-      },
-      (e: unknown) => {
-        signal.removeEventListener("abort", onAbort);
-        reject(e);
-      },
-    );
-  });
-}
-
-/** The lease an entry was claimed with (0 when its times are unset). */
-function leaseOf(entry: LedgerEntry): number {
-  const { startedAt, leaseExpiresAt } = entry;
-  return startedAt && leaseExpiresAt ? Math.max(0, leaseExpiresAt.getTime() - startedAt.getTime()) : 0;
-}
-
-function sleep(ms: number): Promise<void> {
-  return new Promise((done) => setTimeout(done, ms));
-}
-
-function describe(err: unknown): string {
-  if (err instanceof Error) return `${err.name}: ${err.message}`;
-  return String(err);
-}
-
-/** The internal rejection of withTimeout; runOnce turns it into ActionTimeoutError with the entry. */
-class ActionTimedOut extends Error {
-  constructor(readonly timeoutMs: number) {
-    super(`the action did not finish within ${timeoutMs} ms`);
-  }
-}
-
-async function withTimeout<T>(
-  run: () => T | Promise<T>,
-  timeoutMs: number | undefined,
-  controller: AbortController,
-): Promise<T> {
-  if (timeoutMs === undefined) return await run();
-  let timer: NodeJS.Timeout | undefined;
-  const timeout = new Promise<never>((_, reject) => {
-    timer = setTimeout(() => {
-      const err = new ActionTimedOut(timeoutMs);
-      controller.abort(new DOMException(err.message, "TimeoutError"));
-      reject(err);
-    }, timeoutMs);
-  });
-  try {
-    return await Promise.race([Promise.resolve().then(run), timeout]);
-  } finally {
-    clearTimeout(timer);
+    const host = { rpc: this, logger: this.logger, confirmDelayMs: this.confirmDelayMs, deadlineMs: this.deadlineMs };
+    const takePrechecked = () => this.takePrechecked(runId, tool, options.callId);
+    return new Attempt(host, { runId, tool, args, action, takePrechecked }, options).run();
   }
 }

@@ -17,7 +17,8 @@ import {
 } from "./confirm.js";
 import { SETTLING_POLL_MS } from "./defaults.js";
 import type { LedgerLogger } from "./log.js";
-import type { LedgerRpc, ReconcileResult, Resolution } from "./rpc.js";
+import type { LedgerRpc } from "./rpc.js";
+import type { ReconcileResult, Resolution } from "./rpc-types.js";
 import type { LedgerEntry, ResolutionResult } from "./types.js";
 
 /** How one entry was settled (or not). */

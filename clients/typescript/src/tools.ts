@@ -5,7 +5,8 @@
 import type { Codec } from "./codec.js";
 import { NotExecutedError } from "./errors.js";
 import type { ArgumentsInput } from "./keys.js";
-import type { Ledger, RunToolOptions, ToolRegistration } from "./ledger.js";
+import type { Ledger, ToolRegistration } from "./ledger.js";
+import type { RunToolOptions } from "./run-options.js";
 import { missingRunIdResult, render, type ToolCallResult } from "./outcome.js";
 
 /**

@@ -13,7 +13,7 @@ import { PACKAGE_ROOT } from "./support/server.js";
 const LAYERS: Array<[name: string, modules: string[]]> = [
   ["codec and keys (and the generated stubs, and the base error keys throws)", ["gen/**", "codec.ts", "keys.ts", "error-base.ts"]],
   ["model and errors", ["types.ts", "errors.ts", "defaults.ts", "confirm.ts", "outcome.ts"]],
-  ["the ledger", ["log.ts", "trace.ts", "rpc.ts", "settle.ts", "ledger.ts"]],
+  ["the ledger", ["log.ts", "trace.ts", "rpc-types.ts", "rpc.ts", "run-options.ts", "action.ts", "settle.ts", "attempt.ts", "ledger.ts"]],
   ["tools", ["tools.ts", "reconciler.ts"]],
   ["the package's entry", ["index.ts"]],
   ["adapters and commands", ["adapters/*.ts", "cli/*.ts"]],

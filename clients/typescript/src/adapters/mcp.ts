@@ -13,7 +13,8 @@ import type { AnySchema, ZodRawShapeCompat } from "@modelcontextprotocol/sdk/ser
 import type { CallToolResult, ToolAnnotations } from "@modelcontextprotocol/sdk/types.js";
 import type { Confirm } from "../confirm.js";
 import type { ArgumentsInput } from "../keys.js";
-import type { Ledger, RunToolOptions, ToolRegistration } from "../ledger.js";
+import type { Ledger, ToolRegistration } from "../ledger.js";
+import type { RunToolOptions } from "../run-options.js";
 import { missingRunIdResult, toolResultCodec, type ToolCallResult } from "../outcome.js";
 import { markRegistered } from "../tools.js";
 
