@@ -58,7 +58,19 @@ async fn main() -> ExitCode {
                 );
             }
             let clock = Arc::new(AlignedClock::default());
-            let served = server::run(settings, clock, shutdown_signal(), reload_requests()).await;
+            let served = match server::bind(settings.listen).await {
+                Ok(listener) => {
+                    server::run(
+                        listener,
+                        settings,
+                        clock,
+                        shutdown_signal(),
+                        reload_requests(),
+                    )
+                    .await
+                }
+                Err(e) => Err(e),
+            };
             // After the drain: the spans of the last calls are queued, and go now.
             if let Some(traces) = traces {
                 traces.shutdown().await;

@@ -10,13 +10,14 @@ use std::sync::atomic::Ordering;
 
 use tokio::net::TcpListener;
 use tokio::sync::watch;
-use tokio_stream::{Stream, StreamExt as _};
+use tokio_stream::Stream;
 use tonic::Status;
 use tonic::service::interceptor::InterceptedService;
 use tonic::transport::Server;
 use tonic_health::ServingStatus;
 
 mod health;
+mod loops;
 pub mod settings;
 pub mod tls;
 
@@ -29,7 +30,7 @@ use crate::domain::Policy;
 use crate::domain::time::Clock;
 use crate::error::LedgerError;
 use crate::grpc::admission::{Admission, AdmitBytes, BytesInFlight};
-use crate::grpc::auth::{Credentials, Reload};
+use crate::grpc::auth::Credentials;
 use crate::grpc::{LedgerApi, LedgerServiceServer, pb};
 use crate::ledger::Ledger;
 use crate::observe::{self, GrpcMetricsLayer, Metrics};
@@ -53,45 +54,16 @@ pub enum ServeError {
     Transport(String),
 }
 
-/// Binds `settings.listen` and serves until `shutdown` resolves, re-reading the credentials
-/// each time `reloads` yields (the binary yields on SIGHUP).
+/// Serves on `listener` (bound by the caller: the binary binds `--listen`, tests port 0) until
+/// `shutdown` resolves, then turns health NOT_SERVING, lets in-flight calls finish for up to
+/// `--shutdown-grace`, and returns. Each time `reloads` yields (the binary yields on SIGHUP),
+/// re-reads the tokens file, the TLS certificate, key and client CA, and the approval policy,
+/// putting each in force whole if it reads and parses and keeping the one in force (and logging
+/// why) if not. Every task it starts ends with it.
 ///
 /// # Errors
 /// See [`ServeError`].
 pub async fn run(
-    settings: Settings,
-    clock: Arc<dyn Clock>,
-    shutdown: impl Future<Output = ()> + Send + 'static,
-    reloads: impl Stream<Item = ()> + Send + 'static,
-) -> Result<(), ServeError> {
-    let listener = TcpListener::bind(settings.listen)
-        .await
-        .map_err(|e| ServeError::Transport(format!("cannot listen on {}: {e}", settings.listen)))?;
-    serve_reloading(listener, settings, clock, shutdown, reloads).await
-}
-
-/// Serves on an already bound listener (tests bind port 0) until `shutdown` resolves, then
-/// turns health NOT_SERVING, lets in-flight calls finish for up to `--shutdown-grace`, and
-/// returns. The credentials are read once: see [`serve_reloading`].
-///
-/// # Errors
-/// See [`ServeError`].
-pub async fn serve(
-    listener: TcpListener,
-    settings: Settings,
-    clock: Arc<dyn Clock>,
-    shutdown: impl Future<Output = ()> + Send + 'static,
-) -> Result<(), ServeError> {
-    serve_reloading(listener, settings, clock, shutdown, tokio_stream::pending()).await
-}
-
-/// As [`serve`], and each time `reloads` yields, re-reads the tokens file and the TLS
-/// certificate, key and client CA, putting each in force whole if it reads and parses and
-/// keeping the one in force (and logging why) if not.
-///
-/// # Errors
-/// See [`ServeError`].
-pub async fn serve_reloading(
     listener: TcpListener,
     settings: Settings,
     clock: Arc<dyn Clock>,
@@ -104,27 +76,26 @@ pub async fn serve_reloading(
     let tls = server_tls(&settings)?;
     let store = storage::open(&settings.database_url, &settings.pool()).await?;
     let metrics = Metrics::new(clock.clone(), &settings.metrics_options());
-    let probe_clock = clock.clone();
-    let ledger = Ledger::new(store.clone(), clock, settings.limits());
-    let policy =
-        approval_policy(settings.approval_policy.as_deref()).map_err(ServeError::Config)?;
+    let ledger = Ledger::new(store.clone(), clock.clone(), settings.limits());
+    ledger.approvals().set_policy(
+        approval_policy(settings.approval_policy.as_deref()).map_err(ServeError::Config)?,
+    );
     if let Some(path) = &settings.approval_policy {
         tracing::info!(
             file = %path.display(),
-            rules = policy.len(),
+            rules = ledger.approvals().policy().len(),
             "approval policy in force"
         );
     }
-    ledger.approvals().set_policy(policy);
-    // Every task this server starts is owned here and stopped when `serve` returns, also on
-    // an early return below.
+    // Every task this server starts is owned here and stopped when it returns, also on an
+    // early return below.
     let mut tasks = OwnedTasks::default();
     if settings.listens()
         && let Some(relay) = ledger.listen_for_announcements()
     {
         tasks.push(relay);
     }
-    tasks.push(tokio::spawn(reload_loop(
+    tasks.push(tokio::spawn(loops::reload_loop(
         reloads,
         credentials.clone(),
         tls.clone(),
@@ -137,24 +108,162 @@ pub async fn serve_reloading(
         .local_addr()
         .map_err(|e| ServeError::Transport(e.to_string()))?;
     let listener = Listener::new(listener, connection_limits(&settings));
-
     let (reporter, health_service) = tonic_health::server::health_reporter();
     // tonic-health reports "" as SERVING from the start; nothing is served until migrated.
     set_health(&reporter, ServingStatus::NotServing).await;
-    let reflection_v1 = tonic_reflection::server::Builder::configure()
-        .register_encoded_file_descriptor_set(pb::FILE_DESCRIPTOR_SET)
-        .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
-        .register_encoded_file_descriptor_set(pb::ERROR_DETAILS_DESCRIPTOR_SET)
-        .build_v1()
-        .map_err(|e| ServeError::Transport(format!("reflection: {e}")))?;
-    let reflection_v1alpha = tonic_reflection::server::Builder::configure()
-        .register_encoded_file_descriptor_set(pb::FILE_DESCRIPTOR_SET)
-        .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
-        .register_encoded_file_descriptor_set(pb::ERROR_DETAILS_DESCRIPTOR_SET)
-        .build_v1alpha()
-        .map_err(|e| ServeError::Transport(format!("reflection: {e}")))?;
-
     let state = Arc::new(Readiness::default());
+    let migrated = {
+        let state = state.clone();
+        move || state.migrated.load(Ordering::Acquire)
+    };
+    start_metrics(&settings, &metrics, &store, migrated.clone(), &mut tasks).await?;
+    if let Some((addr, asked)) = settings.console_address() {
+        let console = Console::new(
+            ledger.clone(),
+            metrics.clone(),
+            credentials.clone(),
+            clock.clone(),
+            migrated,
+            addr.port(),
+            &settings.console_options(),
+        );
+        if let Some(task) = start_console(addr, asked, console).await? {
+            tasks.push(task);
+        }
+    } else {
+        tracing::info!("operator console off (--console-listen off)");
+    }
+    tasks.push(tokio::spawn(loops::replay_count_loop(ledger.clone())));
+    tasks.push(tokio::spawn(loops::prune_loop(
+        ledger.clone(),
+        state.clone(),
+        metrics.clone(),
+        settings.prune_interval,
+        settings.prune_batch_size,
+    )));
+    let ledger_service = ledger_service(&settings, &ledger, &metrics, &credentials, &state);
+    tracing::info!(
+        listen = %addr,
+        store = %redact_url(&settings.database_url),
+        backend = store.backend(),
+        tenancy = %credentials.current().describe(),
+        deciders = if credentials.current().requires_credentials() {
+            "credentials with the approver role"
+        } else {
+            "every caller (no credentials configured)"
+        },
+        tls = tls.is_some(),
+        mutual_tls = settings.tls_client_ca.is_some(),
+        "idempotency-ledger starting"
+    );
+    let (fatal_tx, fatal_rx) = tokio::sync::oneshot::channel();
+    let probe = tokio::spawn(probe_loop(
+        store,
+        reporter.clone(),
+        state.clone(),
+        metrics,
+        clock,
+        settings.health_probe_interval,
+        fatal_tx,
+    ));
+    let probe_stop = probe.abort_handle();
+    tasks.push(probe);
+    let (drain_tx, drain_rx) = watch::channel(false);
+    let signal = async move {
+        shutdown.await;
+        // Health goes first, so load balancers stop sending before the listener closes; the
+        // probe is stopped before, so it cannot report SERVING again.
+        state.draining.store(true, Ordering::Release);
+        probe_stop.abort();
+        set_health(&reporter, ServingStatus::NotServing).await;
+        tracing::info!("shutting down: draining in-flight calls");
+        let _ = drain_tx.send(true);
+    };
+    let router = Server::builder()
+        .http2_keepalive_interval(Some(settings.http2_keepalive_interval))
+        .http2_keepalive_timeout(Some(settings.http2_keepalive_timeout))
+        // Outermost, so the access log sees the code the caller gets.
+        .layer(observe::telemetry::CallLogLayer)
+        .add_service(health_service)
+        .add_service(reflection().build_v1().map_err(reflection_failed)?)
+        .add_service(reflection().build_v1alpha().map_err(reflection_failed)?)
+        .add_service(ledger_service);
+    // TLS is ours, not tonic's (which fixes its configuration when it binds), so that a
+    // reload can replace the certificate: see `tls`.
+    let server: std::pin::Pin<
+        Box<dyn Future<Output = Result<(), tonic::transport::Error>> + Send>,
+    > = match tls {
+        Some(tls) => {
+            Box::pin(router.serve_with_incoming_shutdown(tls.accept(listener.incoming()), signal))
+        }
+        None => Box::pin(router.serve_with_incoming_shutdown(listener.incoming(), signal)),
+    };
+    let result = until_drained(server, fatal_rx, drain_rx, settings.shutdown_grace).await;
+    drop(tasks);
+    // The replays answered from memory since the last write of their counts.
+    if let Err(e) = ledger.flush_replay_counts().await {
+        tracing::warn!(error = %e, "the last replay counts could not be written");
+    }
+    tracing::info!("idempotency-ledger stopped");
+    result
+}
+
+/// Binds `addr` for the ledger's gRPC service (`--listen`).
+///
+/// # Errors
+/// [`ServeError::Transport`] naming the address.
+pub async fn bind(addr: SocketAddr) -> Result<TcpListener, ServeError> {
+    TcpListener::bind(addr)
+        .await
+        .map_err(|e| ServeError::Transport(format!("cannot listen on {addr}: {e}")))
+}
+
+/// Serves `server` until it ends, the store turns out to be misconfigured (`fatal`), or
+/// `grace` after the drain began (`drain`) with calls still in flight.
+async fn until_drained(
+    server: impl Future<Output = Result<(), tonic::transport::Error>>,
+    mut fatal: tokio::sync::oneshot::Receiver<String>,
+    mut drain: watch::Receiver<bool>,
+    grace: std::time::Duration,
+) -> Result<(), ServeError> {
+    let bounded_drain = async move {
+        while !*drain.borrow() {
+            if drain.changed().await.is_err() {
+                // The server ended on its own; the other branch finishes it.
+                std::future::pending::<()>().await;
+            }
+        }
+        tokio::time::sleep(grace).await;
+    };
+    tokio::select! {
+        served = server => served.map_err(|e| ServeError::Transport(e.to_string())),
+        Ok(reason) = &mut fatal => Err(ServeError::Store(StoreError::Misconfigured(reason))),
+        () = bounded_drain => {
+            tracing::warn!(grace = ?grace, "in-flight calls did not finish within the grace period");
+            Ok(())
+        }
+    }
+}
+
+/// The ledger's gRPC service as it is served: authentication (which also refuses calls until
+/// the store is migrated), the byte budget, the transport's own refusals rewritten as the
+/// ledger's answers, and the metrics around it all.
+fn ledger_service(
+    settings: &Settings,
+    ledger: &Ledger,
+    metrics: &Arc<Metrics>,
+    credentials: &Credentials,
+    state: &Arc<Readiness>,
+) -> impl tower::Service<
+    http::Request<tonic::body::Body>,
+    Response = http::Response<tonic::body::Body>,
+    Error = std::convert::Infallible,
+    Future: Send + 'static,
+> + tonic::server::NamedService
++ Clone
++ Send
++ Sync
++ 'static {
     let interceptor = {
         let state = state.clone();
         let mut authenticate = credentials.interceptor();
@@ -171,59 +280,6 @@ pub async fn serve_reloading(
             }
         }
     };
-    if let Some(addr) = settings.metrics_listen {
-        let listener = observe::http::bind(addr).await.map_err(|e| {
-            ServeError::Transport(format!("cannot listen on {addr} for metrics: {e}"))
-        })?;
-        // The address bound, which differs from the one asked for with port 0.
-        let bound = listener
-            .local_addr()
-            .map_err(|e| ServeError::Transport(format!("metrics listener: {e}")))?;
-        tracing::info!(metrics = %bound, "metrics endpoint listening");
-        // The store is read for gauges only when someone can scrape them.
-        let migrated = {
-            let state = state.clone();
-            move || state.migrated.load(Ordering::Acquire)
-        };
-        tasks.push(tokio::spawn(observe::http::serve(
-            listener,
-            metrics.clone(),
-        )));
-        tasks.push(tokio::spawn(observe::refresh_loop(
-            metrics.clone(),
-            store.clone(),
-            migrated,
-            settings.metrics_refresh_interval,
-        )));
-    }
-    if let Some((addr, asked)) = settings.console_address() {
-        let console = Console::new(
-            ledger.clone(),
-            metrics.clone(),
-            credentials.clone(),
-            probe_clock.clone(),
-            {
-                let state = state.clone();
-                move || state.migrated.load(Ordering::Acquire)
-            },
-            addr.port(),
-            &settings.console_options(),
-        );
-        if let Some(task) = start_console(addr, asked, console).await? {
-            tasks.push(task);
-        }
-    } else {
-        tracing::info!("operator console off (--console-listen off)");
-    }
-    tasks.push(tokio::spawn(replay_count_loop(ledger.clone())));
-    let final_counts = ledger.clone();
-    tasks.push(tokio::spawn(prune_loop(
-        ledger.clone(),
-        state.clone(),
-        metrics.clone(),
-        settings.prune_interval,
-        settings.prune_batch_size,
-    )));
     let admission = Arc::new(Admission::new(
         settings.max_concurrent_requests,
         settings.tenant_rate_limit,
@@ -233,10 +289,15 @@ pub async fn serve_reloading(
             settings.tenant_rate_limit
         },
     ));
-    let api = LedgerApi::new(ledger, metrics.clone(), admission, settings.request_timeout);
+    let api = LedgerApi::new(
+        ledger.clone(),
+        metrics.clone(),
+        admission,
+        settings.request_timeout,
+    );
     // Inside authentication, so that an unauthenticated caller learns nothing of the load, and
     // outside decoding, so that a call over the budget is refused before its message is read.
-    let ledger_service = InterceptedService::new(
+    let service = InterceptedService::new(
         AdmitBytes::new(
             LedgerServiceServer::new(api)
                 .max_decoding_message_size(settings.max_message_bytes)
@@ -247,99 +308,57 @@ pub async fn serve_reloading(
     );
     // tonic's own refusals (an oversized or undecodable request) become the ledger's answers
     // here, once, inside the metrics and the access log, so both see the code the caller gets.
-    let ledger_service = crate::grpc::LibraryErrors::new(ledger_service);
+    let service = crate::grpc::LibraryErrors::new(service);
     // Outside the interceptor, so calls refused by authentication are counted too.
-    let ledger_service =
-        tower::Layer::layer(&GrpcMetricsLayer::new(metrics.clone()), ledger_service);
+    tower::Layer::layer(&GrpcMetricsLayer::new(metrics.clone()), service)
+}
 
-    tracing::info!(
-        listen = %addr,
-        store = %redact_url(&settings.database_url),
-        backend = store.backend(),
-        tenancy = %credentials.current().describe(),
-        deciders = if credentials.current().requires_credentials() {
-            "credentials with the approver role"
-        } else {
-            "every caller (no credentials configured)"
-        },
-        tls = tls.is_some(),
-        mutual_tls = settings.tls_client_ca.is_some(),
-        "idempotency-ledger starting"
-    );
+/// The reflection services' builder, describing the ledger, health and the error details
+/// (built as v1, and as v1alpha, which grpcurl 1.8 asks for).
+fn reflection() -> tonic_reflection::server::Builder<'static> {
+    tonic_reflection::server::Builder::configure()
+        .register_encoded_file_descriptor_set(pb::FILE_DESCRIPTOR_SET)
+        .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+        .register_encoded_file_descriptor_set(pb::ERROR_DETAILS_DESCRIPTOR_SET)
+}
 
-    let (drain_tx, mut drain_rx) = watch::channel(false);
-    let (fatal_tx, mut fatal_rx) = tokio::sync::oneshot::channel();
-    let probe = tokio::spawn(probe_loop(
-        store,
-        reporter.clone(),
-        state.clone(),
-        metrics,
-        probe_clock,
-        settings.health_probe_interval,
-        fatal_tx,
-    ));
-    let probe_stop = probe.abort_handle();
-    tasks.push(probe);
-    let signal = {
-        let reporter = reporter.clone();
-        let state = state.clone();
-        let probe = probe_stop;
-        async move {
-            shutdown.await;
-            // Health goes first, so load balancers stop sending before the listener closes; the
-            // probe is stopped before, so it cannot report SERVING again.
-            state.draining.store(true, Ordering::Release);
-            probe.abort();
-            set_health(&reporter, ServingStatus::NotServing).await;
-            tracing::info!("shutting down: draining in-flight calls");
-            let _ = drain_tx.send(true);
-        }
-    };
+/// A reflection service that could not be built.
+fn reflection_failed(e: tonic_reflection::server::Error) -> ServeError {
+    ServeError::Transport(format!("reflection: {e}"))
+}
 
-    let router = Server::builder()
-        .http2_keepalive_interval(Some(settings.http2_keepalive_interval))
-        .http2_keepalive_timeout(Some(settings.http2_keepalive_timeout))
-        // Outermost, so the access log sees the code the caller gets.
-        .layer(observe::telemetry::CallLogLayer)
-        .add_service(health_service)
-        .add_service(reflection_v1)
-        .add_service(reflection_v1alpha)
-        .add_service(ledger_service);
-    // TLS is ours, not tonic's (which fixes its configuration when it binds), so that a
-    // reload can replace the certificate: see `tls`.
-    let server: std::pin::Pin<
-        Box<dyn Future<Output = Result<(), tonic::transport::Error>> + Send>,
-    > = match tls {
-        Some(tls) => {
-            Box::pin(router.serve_with_incoming_shutdown(tls.accept(listener.incoming()), signal))
-        }
-        None => Box::pin(router.serve_with_incoming_shutdown(listener.incoming(), signal)),
+/// Binds the metrics endpoint (`--metrics-listen`, when set) and starts it, with the loop that
+/// refreshes the gauges read from the store (only once `migrated`, and only when someone can
+/// scrape them).
+async fn start_metrics(
+    settings: &Settings,
+    metrics: &Arc<Metrics>,
+    store: &Arc<dyn storage::Store>,
+    migrated: impl Fn() -> bool + Send + Sync + 'static,
+    tasks: &mut OwnedTasks,
+) -> Result<(), ServeError> {
+    let Some(addr) = settings.metrics_listen else {
+        return Ok(());
     };
-    let grace = settings.shutdown_grace;
-    let bounded_drain = async move {
-        while !*drain_rx.borrow() {
-            if drain_rx.changed().await.is_err() {
-                // The server ended on its own; the other branch finishes it.
-                std::future::pending::<()>().await;
-            }
-        }
-        tokio::time::sleep(grace).await;
-    };
-    let result = tokio::select! {
-        served = server => served.map_err(|e| ServeError::Transport(e.to_string())),
-        Ok(reason) = &mut fatal_rx => Err(ServeError::Store(StoreError::Misconfigured(reason))),
-        () = bounded_drain => {
-            tracing::warn!(grace = ?grace, "in-flight calls did not finish within the grace period");
-            Ok(())
-        }
-    };
-    drop(tasks);
-    // The replays answered from memory since the last write of their counts.
-    if let Err(e) = final_counts.flush_replay_counts().await {
-        tracing::warn!(error = %e, "the last replay counts could not be written");
-    }
-    tracing::info!("idempotency-ledger stopped");
-    result
+    let listener = observe::http::bind(addr)
+        .await
+        .map_err(|e| ServeError::Transport(format!("cannot listen on {addr} for metrics: {e}")))?;
+    // The address bound, which differs from the one asked for with port 0.
+    let bound = listener
+        .local_addr()
+        .map_err(|e| ServeError::Transport(format!("metrics listener: {e}")))?;
+    tracing::info!(metrics = %bound, "metrics endpoint listening");
+    tasks.push(tokio::spawn(observe::http::serve(
+        listener,
+        metrics.clone(),
+    )));
+    tasks.push(tokio::spawn(observe::refresh_loop(
+        metrics.clone(),
+        store.clone(),
+        migrated,
+        settings.metrics_refresh_interval,
+    )));
+    Ok(())
 }
 
 /// Binds the console on `addr` and starts serving it. An address the operator `asked` for
@@ -465,59 +484,6 @@ pub async fn migrate(settings: &Settings) -> Result<(), ServeError> {
     Ok(())
 }
 
-/// Writes the replay counts of repeats answered from memory every
-/// [`crate::ledger::REPLAY_COUNT_INTERVAL`]; a failed write keeps them for the next, and is
-/// logged once until a write succeeds again.
-async fn replay_count_loop(ledger: Ledger) {
-    let mut failing = false;
-    loop {
-        tokio::time::sleep(crate::ledger::REPLAY_COUNT_INTERVAL).await;
-        match ledger.flush_replay_counts().await {
-            Ok(_) => failing = false,
-            Err(e) if !failing => {
-                failing = true;
-                tracing::warn!(error = %e, "replay counts could not be written; kept for the next try");
-            }
-            Err(_) => {}
-        }
-    }
-}
-
-/// Deletes expired finished entries every `interval`, once migrations ran.
-async fn prune_loop(
-    ledger: Ledger,
-    state: Arc<Readiness>,
-    metrics: Arc<Metrics>,
-    interval: std::time::Duration,
-    batch: u32,
-) {
-    loop {
-        tokio::time::sleep(interval).await;
-        if !state.migrated.load(Ordering::Acquire) {
-            continue;
-        }
-        // First the approvals that lapsed (recorded, and counted), then the expired entries.
-        match ledger.expire_lapsed_approvals(batch).await {
-            Ok(_) => metrics.approvals_expired(ledger.approvals().take_expired()),
-            Err(e) => {
-                metrics.call_failed(&e);
-                tracing::warn!(error = %e, "recording lapsed approvals failed; retrying next interval");
-            }
-        }
-        match ledger.prune(batch).await {
-            Ok(0) => {}
-            Ok(n) => {
-                metrics.pruned(n);
-                tracing::info!(deleted = n, "pruned expired entries");
-            }
-            Err(e) => {
-                metrics.call_failed(&e);
-                tracing::warn!(error = %e, "pruning failed; retrying next interval");
-            }
-        }
-    }
-}
-
 /// The TLS configuration of `--tls-cert` and `--tls-key` (and `--tls-client-ca`, with which
 /// a client without a certificate signed by that CA cannot connect), if set.
 fn server_tls(settings: &Settings) -> Result<Option<Arc<ServerTls>>, ServeError> {
@@ -544,74 +510,4 @@ fn approval_policy(file: Option<&std::path::Path>) -> Result<Policy, String> {
     let text = std::fs::read_to_string(file)
         .map_err(|e| format!("cannot read the approval policy {}: {e}", file.display()))?;
     Policy::parse(&text).map_err(|e| format!("{}: {e}", file.display()))
-}
-
-/// Re-reads the credentials (and the approval policy, when there is one) each time `reloads`
-/// yields, until it ends.
-async fn reload_loop(
-    reloads: impl Stream<Item = ()> + Send + 'static,
-    credentials: Credentials,
-    tls: Option<Arc<ServerTls>>,
-    policy: Option<(std::path::PathBuf, Ledger)>,
-) {
-    let mut reloads = std::pin::pin!(reloads);
-    while reloads.next().await.is_some() {
-        // The files are small and local, read once per signal: not worth a blocking thread.
-        reload(&credentials, tls.as_deref());
-        if let Some((file, ledger)) = &policy {
-            match approval_policy(Some(file)) {
-                Ok(policy) => {
-                    tracing::info!(
-                        rules = policy.len(),
-                        "reload: the approval policy is in force"
-                    );
-                    ledger.approvals().set_policy(policy);
-                }
-                Err(e) => tracing::warn!(
-                    error = %e,
-                    "reload: the approval policy was not taken; the rules in force are kept"
-                ),
-            }
-        }
-    }
-}
-
-/// Re-reads the tokens file and the TLS files, each put in force whole or not at all, and
-/// logs what became of each (never a token or a key).
-fn reload(credentials: &Credentials, tls: Option<&ServerTls>) {
-    let tokens = credentials.reload();
-    match &tokens {
-        Ok(Reload::NotConfigured) => {}
-        Ok(Reload::Replaced {
-            tenancy,
-            added,
-            removed,
-        }) => tracing::info!(
-            tenancy = %tenancy,
-            added,
-            removed,
-            "reload: the tokens file is in force"
-        ),
-        Err(e) => tracing::warn!(
-            error = %e,
-            "reload: the tokens file was not taken; the credentials in force are kept"
-        ),
-    }
-    match tls {
-        None => {}
-        Some(tls) => match tls.reload() {
-            Ok(()) => tracing::info!(
-                "reload: the TLS certificate and key are in force for new connections"
-            ),
-            Err(e) => tracing::warn!(
-                error = %e,
-                "reload: the TLS files were not taken; the certificate in force is kept"
-            ),
-        },
-    }
-    if tokens == Ok(Reload::NotConfigured) && tls.is_none() {
-        tracing::info!(
-            "reload: nothing to re-read (neither --auth-tokens-file nor --tls-cert is set)"
-        );
-    }
 }

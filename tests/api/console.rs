@@ -1292,7 +1292,14 @@ async fn a_console_address_asked_for_must_bind_and_the_default_may_be_taken() {
     let mut settings = test_settings(&db.url);
     settings.console_listen = Some(Listen::At(addr));
     let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
-    let refused = server::serve(listener, settings, ManualClock::new(), async {}).await;
+    let refused = server::run(
+        listener,
+        settings,
+        ManualClock::new(),
+        async {},
+        tokio_stream::pending(),
+    )
+    .await;
     let error = refused
         .expect_err("the console's address is taken")
         .to_string();

@@ -65,11 +65,12 @@ async fn a_server_that_fails_to_start_leaves_no_listener_behind() {
     settings.metrics_listen = Some(taken.local_addr().expect("addr"));
     let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
     let gate = ListenerGate::new(&db.direct_url);
-    let served = server::serve(
+    let served = server::run(
         listener,
         settings,
         ManualClock::new(),
         std::future::pending(),
+        tokio_stream::pending(),
     )
     .with_subscriber(gate.subscriber())
     .await;

@@ -261,9 +261,15 @@ pub async fn spawn_app_on(db: TestDb, configure: impl FnOnce(&mut Settings)) -> 
     let addr = listener.local_addr().expect("addr");
     let clock = ManualClock::new();
     let (tx, rx) = oneshot::channel::<()>();
-    let handle = tokio::spawn(server::serve(listener, settings, clock.clone(), async {
-        let _ = rx.await;
-    }));
+    let handle = tokio::spawn(server::run(
+        listener,
+        settings,
+        clock.clone(),
+        async {
+            let _ = rx.await;
+        },
+        tokio_stream::pending(),
+    ));
     let channel = Channel::from_shared(format!("http://{addr}"))
         .expect("uri")
         .connect()

@@ -1,0 +1,137 @@
+//! The server's background tasks: writing the replay counts answered from memory, recording
+//! lapsed approvals and pruning expired entries, and re-reading the credentials and the
+//! approval policy on request (SIGHUP).
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+
+use tokio_stream::{Stream, StreamExt as _};
+
+use super::health::Readiness;
+use super::{ServerTls, approval_policy};
+use crate::grpc::auth::{Credentials, Reload};
+use crate::ledger::Ledger;
+use crate::observe::Metrics;
+
+/// Writes the replay counts of repeats answered from memory every
+/// [`crate::ledger::REPLAY_COUNT_INTERVAL`]; a failed write keeps them for the next, and is
+/// logged once until a write succeeds again.
+pub(super) async fn replay_count_loop(ledger: Ledger) {
+    let mut failing = false;
+    loop {
+        tokio::time::sleep(crate::ledger::REPLAY_COUNT_INTERVAL).await;
+        match ledger.flush_replay_counts().await {
+            Ok(_) => failing = false,
+            Err(e) if !failing => {
+                failing = true;
+                tracing::warn!(error = %e, "replay counts could not be written; kept for the next try");
+            }
+            Err(_) => {}
+        }
+    }
+}
+
+/// Deletes expired finished entries every `interval`, once migrations ran.
+pub(super) async fn prune_loop(
+    ledger: Ledger,
+    state: Arc<Readiness>,
+    metrics: Arc<Metrics>,
+    interval: std::time::Duration,
+    batch: u32,
+) {
+    loop {
+        tokio::time::sleep(interval).await;
+        if !state.migrated.load(Ordering::Acquire) {
+            continue;
+        }
+        // First the approvals that lapsed (recorded, and counted), then the expired entries.
+        match ledger.expire_lapsed_approvals(batch).await {
+            Ok(_) => metrics.approvals_expired(ledger.approvals().take_expired()),
+            Err(e) => {
+                metrics.call_failed(&e);
+                tracing::warn!(error = %e, "recording lapsed approvals failed; retrying next interval");
+            }
+        }
+        match ledger.prune(batch).await {
+            Ok(0) => {}
+            Ok(n) => {
+                metrics.pruned(n);
+                tracing::info!(deleted = n, "pruned expired entries");
+            }
+            Err(e) => {
+                metrics.call_failed(&e);
+                tracing::warn!(error = %e, "pruning failed; retrying next interval");
+            }
+        }
+    }
+}
+
+/// Re-reads the credentials (and the approval policy, when there is one) each time `reloads`
+/// yields, until it ends.
+pub(super) async fn reload_loop(
+    reloads: impl Stream<Item = ()> + Send + 'static,
+    credentials: Credentials,
+    tls: Option<Arc<ServerTls>>,
+    policy: Option<(std::path::PathBuf, Ledger)>,
+) {
+    let mut reloads = std::pin::pin!(reloads);
+    while reloads.next().await.is_some() {
+        // The files are small and local, read once per signal: not worth a blocking thread.
+        reload(&credentials, tls.as_deref());
+        if let Some((file, ledger)) = &policy {
+            match approval_policy(Some(file)) {
+                Ok(policy) => {
+                    tracing::info!(
+                        rules = policy.len(),
+                        "reload: the approval policy is in force"
+                    );
+                    ledger.approvals().set_policy(policy);
+                }
+                Err(e) => tracing::warn!(
+                    error = %e,
+                    "reload: the approval policy was not taken; the rules in force are kept"
+                ),
+            }
+        }
+    }
+}
+
+/// Re-reads the tokens file and the TLS files, each put in force whole or not at all, and
+/// logs what became of each (never a token or a key).
+fn reload(credentials: &Credentials, tls: Option<&ServerTls>) {
+    let tokens = credentials.reload();
+    match &tokens {
+        Ok(Reload::NotConfigured) => {}
+        Ok(Reload::Replaced {
+            tenancy,
+            added,
+            removed,
+        }) => tracing::info!(
+            tenancy = %tenancy,
+            added,
+            removed,
+            "reload: the tokens file is in force"
+        ),
+        Err(e) => tracing::warn!(
+            error = %e,
+            "reload: the tokens file was not taken; the credentials in force are kept"
+        ),
+    }
+    match tls {
+        None => {}
+        Some(tls) => match tls.reload() {
+            Ok(()) => tracing::info!(
+                "reload: the TLS certificate and key are in force for new connections"
+            ),
+            Err(e) => tracing::warn!(
+                error = %e,
+                "reload: the TLS files were not taken; the certificate in force is kept"
+            ),
+        },
+    }
+    if tokens == Ok(Reload::NotConfigured) && tls.is_none() {
+        tracing::info!(
+            "reload: nothing to re-read (neither --auth-tokens-file nor --tls-cert is set)"
+        );
+    }
+}
