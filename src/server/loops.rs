@@ -8,15 +8,56 @@ use std::sync::atomic::Ordering;
 use tokio_stream::{Stream, StreamExt as _};
 
 use super::health::Readiness;
-use super::{ServerTls, approval_policy};
+use tokio::task::JoinHandle;
+
+use super::{ServerTls, Settings, approval_policy};
 use crate::grpc::auth::{Credentials, Reload};
 use crate::ledger::Ledger;
 use crate::observe::Metrics;
 
+/// Starts the server's background tasks: the relay of other servers' announcements (when
+/// waiters are woken by LISTEN), the re-reading on `reloads`, the replay counts' writer, and
+/// the sweep of lapsed approvals and expired entries.
+pub(super) fn start(
+    settings: &Settings,
+    ledger: &Ledger,
+    metrics: &Arc<Metrics>,
+    state: &Arc<Readiness>,
+    credentials: &Credentials,
+    tls: &Option<Arc<ServerTls>>,
+    reloads: impl Stream<Item = ()> + Send + 'static,
+) -> Vec<JoinHandle<()>> {
+    let mut tasks = Vec::new();
+    if settings.listens()
+        && let Some(relay) = ledger.listen_for_announcements()
+    {
+        tasks.push(relay);
+    }
+    let policy = settings
+        .approval_policy
+        .clone()
+        .map(|file| (file, ledger.clone()));
+    tasks.push(tokio::spawn(reload_loop(
+        reloads,
+        credentials.clone(),
+        tls.clone(),
+        policy,
+    )));
+    tasks.push(tokio::spawn(replay_count_loop(ledger.clone())));
+    tasks.push(tokio::spawn(prune_loop(
+        ledger.clone(),
+        state.clone(),
+        metrics.clone(),
+        settings.prune_interval,
+        settings.prune_batch_size,
+    )));
+    tasks
+}
+
 /// Writes the replay counts of repeats answered from memory every
 /// [`crate::ledger::REPLAY_COUNT_INTERVAL`]; a failed write keeps them for the next, and is
 /// logged once until a write succeeds again.
-pub(super) async fn replay_count_loop(ledger: Ledger) {
+async fn replay_count_loop(ledger: Ledger) {
     let mut failing = false;
     loop {
         tokio::time::sleep(crate::ledger::REPLAY_COUNT_INTERVAL).await;
@@ -32,7 +73,7 @@ pub(super) async fn replay_count_loop(ledger: Ledger) {
 }
 
 /// Deletes expired finished entries every `interval`, once migrations ran.
-pub(super) async fn prune_loop(
+async fn prune_loop(
     ledger: Ledger,
     state: Arc<Readiness>,
     metrics: Arc<Metrics>,
@@ -68,7 +109,7 @@ pub(super) async fn prune_loop(
 
 /// Re-reads the credentials (and the approval policy, when there is one) each time `reloads`
 /// yields, until it ends.
-pub(super) async fn reload_loop(
+async fn reload_loop(
     reloads: impl Stream<Item = ()> + Send + 'static,
     credentials: Credentials,
     tls: Option<Arc<ServerTls>>,

@@ -17,6 +17,7 @@ use tonic::transport::Server;
 use tonic_health::ServingStatus;
 
 mod health;
+mod listeners;
 mod loops;
 pub mod settings;
 pub mod tls;
@@ -24,8 +25,7 @@ pub mod tls;
 pub use settings::{Settings, StoreArguments, Wakeup};
 pub use tls::{ServerTls, TlsFiles};
 
-use crate::connections::{self, ConnectionLimits, Listener};
-use crate::console::{self, Console};
+use crate::connections::Listener;
 use crate::domain::Policy;
 use crate::domain::time::Clock;
 use crate::error::LedgerError;
@@ -70,115 +70,70 @@ pub async fn run(
     shutdown: impl Future<Output = ()> + Send + 'static,
     reloads: impl Stream<Item = ()> + Send + 'static,
 ) -> Result<(), ServeError> {
-    settings.validate().map_err(ServeError::Config)?;
-    let credentials =
-        Credentials::load(settings.auth_tokens_file.as_deref()).map_err(ServeError::Config)?;
-    let tls = server_tls(&settings)?;
-    let store = storage::open(&settings.database_url, &settings.pool()).await?;
-    let metrics = Metrics::new(clock.clone(), &settings.metrics_options());
-    let ledger = Ledger::new(store.clone(), clock.clone(), settings.limits());
-    ledger.approvals().set_policy(
-        approval_policy(settings.approval_policy.as_deref()).map_err(ServeError::Config)?,
-    );
-    if let Some(path) = &settings.approval_policy {
-        tracing::info!(
-            file = %path.display(),
-            rules = ledger.approvals().policy().len(),
-            "approval policy in force"
-        );
-    }
+    let Opened {
+        credentials,
+        tls,
+        store,
+        metrics,
+        ledger,
+    } = Opened::open(&settings, &clock).await?;
     // Every task this server starts is owned here and stopped when it returns, also on an
     // early return below.
     let mut tasks = OwnedTasks::default();
-    if settings.listens()
-        && let Some(relay) = ledger.listen_for_announcements()
-    {
-        tasks.push(relay);
-    }
-    tasks.push(tokio::spawn(loops::reload_loop(
+    let state = Arc::new(Readiness::default());
+    let started = loops::start(
+        &settings,
+        &ledger,
+        &metrics,
+        &state,
+        &credentials,
+        &tls,
         reloads,
-        credentials.clone(),
-        tls.clone(),
-        settings
-            .approval_policy
-            .clone()
-            .map(|file| (file, ledger.clone())),
-    )));
+    );
+    tasks.0.extend(started);
     let addr: SocketAddr = listener
         .local_addr()
         .map_err(|e| ServeError::Transport(e.to_string()))?;
-    let listener = Listener::new(listener, connection_limits(&settings));
+    let listener = Listener::new(listener, listeners::connection_limits(&settings));
     let (reporter, health_service) = tonic_health::server::health_reporter();
     // tonic-health reports "" as SERVING from the start; nothing is served until migrated.
     set_health(&reporter, ServingStatus::NotServing).await;
-    let state = Arc::new(Readiness::default());
     let migrated = {
         let state = state.clone();
         move || state.migrated.load(Ordering::Acquire)
     };
-    start_metrics(&settings, &metrics, &store, migrated.clone(), &mut tasks).await?;
-    if let Some((addr, asked)) = settings.console_address() {
-        let console = Console::new(
-            ledger.clone(),
-            metrics.clone(),
-            credentials.clone(),
-            clock.clone(),
-            migrated,
-            addr.port(),
-            &settings.console_options(),
-        );
-        if let Some(task) = start_console(addr, asked, console).await? {
-            tasks.push(task);
-        }
-    } else {
-        tracing::info!("operator console off (--console-listen off)");
-    }
-    tasks.push(tokio::spawn(loops::replay_count_loop(ledger.clone())));
-    tasks.push(tokio::spawn(loops::prune_loop(
-        ledger.clone(),
-        state.clone(),
-        metrics.clone(),
-        settings.prune_interval,
-        settings.prune_batch_size,
-    )));
-    let ledger_service = ledger_service(&settings, &ledger, &metrics, &credentials, &state);
-    tracing::info!(
-        listen = %addr,
-        store = %redact_url(&settings.database_url),
-        backend = store.backend(),
-        tenancy = %credentials.current().describe(),
-        deciders = if credentials.current().requires_credentials() {
-            "credentials with the approver role"
-        } else {
-            "every caller (no credentials configured)"
-        },
-        tls = tls.is_some(),
-        mutual_tls = settings.tls_client_ca.is_some(),
-        "idempotency-ledger starting"
-    );
-    let (fatal_tx, fatal_rx) = tokio::sync::oneshot::channel();
-    let probe = tokio::spawn(probe_loop(
-        store,
-        reporter.clone(),
-        state.clone(),
-        metrics,
-        clock,
-        settings.health_probe_interval,
-        fatal_tx,
-    ));
-    let probe_stop = probe.abort_handle();
-    tasks.push(probe);
-    let (drain_tx, drain_rx) = watch::channel(false);
-    let signal = async move {
-        shutdown.await;
-        // Health goes first, so load balancers stop sending before the listener closes; the
-        // probe is stopped before, so it cannot report SERVING again.
-        state.draining.store(true, Ordering::Release);
-        probe_stop.abort();
-        set_health(&reporter, ServingStatus::NotServing).await;
-        tracing::info!("shutting down: draining in-flight calls");
-        let _ = drain_tx.send(true);
+    let side = listeners::Side {
+        ledger: &ledger,
+        metrics: &metrics,
+        store: &store,
+        credentials: &credentials,
+        clock: &clock,
     };
+    tasks.0.extend(side.start(&settings, migrated).await?);
+    let ledger_service = ledger_service(&settings, &ledger, &metrics, &credentials, &state);
+    log_start(
+        addr,
+        &settings,
+        store.backend(),
+        &credentials,
+        tls.is_some(),
+    );
+    let Stopping {
+        signal,
+        fatal,
+        drain,
+    } = Stopping::start(
+        Probe {
+            store,
+            reporter,
+            state,
+            metrics,
+            clock,
+            interval: settings.health_probe_interval,
+        },
+        shutdown,
+        &mut tasks,
+    );
     let router = Server::builder()
         .http2_keepalive_interval(Some(settings.http2_keepalive_interval))
         .http2_keepalive_timeout(Some(settings.http2_keepalive_timeout))
@@ -198,7 +153,7 @@ pub async fn run(
         }
         None => Box::pin(router.serve_with_incoming_shutdown(listener.incoming(), signal)),
     };
-    let result = until_drained(server, fatal_rx, drain_rx, settings.shutdown_grace).await;
+    let result = until_drained(server, fatal, drain, settings.shutdown_grace).await;
     drop(tasks);
     // The replays answered from memory since the last write of their counts.
     if let Err(e) = ledger.flush_replay_counts().await {
@@ -206,6 +161,73 @@ pub async fn run(
     }
     tracing::info!("idempotency-ledger stopped");
     result
+}
+
+/// What a server opens before it serves: its credentials and TLS files, the store, the
+/// metrics, and the ledger with its approval policy.
+struct Opened {
+    credentials: Credentials,
+    tls: Option<Arc<ServerTls>>,
+    store: Arc<dyn storage::Store>,
+    metrics: Arc<Metrics>,
+    ledger: Ledger,
+}
+
+impl Opened {
+    /// Checks `settings` and opens what they name.
+    ///
+    /// # Errors
+    /// A setting or file that cannot be used; a store that cannot be opened.
+    async fn open(settings: &Settings, clock: &Arc<dyn Clock>) -> Result<Opened, ServeError> {
+        settings.validate().map_err(ServeError::Config)?;
+        let credentials =
+            Credentials::load(settings.auth_tokens_file.as_deref()).map_err(ServeError::Config)?;
+        let tls = server_tls(settings)?;
+        let store = storage::open(&settings.database_url, &settings.pool()).await?;
+        let metrics = Metrics::new(clock.clone(), &settings.metrics_options());
+        let ledger = Ledger::new(store.clone(), clock.clone(), settings.limits());
+        ledger.approvals().set_policy(
+            approval_policy(settings.approval_policy.as_deref()).map_err(ServeError::Config)?,
+        );
+        if let Some(path) = &settings.approval_policy {
+            tracing::info!(
+                file = %path.display(),
+                rules = ledger.approvals().policy().len(),
+                "approval policy in force"
+            );
+        }
+        Ok(Opened {
+            credentials,
+            tls,
+            store,
+            metrics,
+            ledger,
+        })
+    }
+}
+
+/// The start-up line: where the server listens, its store, tenancy, who may decide, and TLS.
+fn log_start(
+    addr: SocketAddr,
+    settings: &Settings,
+    backend: &str,
+    credentials: &Credentials,
+    tls: bool,
+) {
+    tracing::info!(
+        listen = %addr,
+        store = %redact_url(&settings.database_url),
+        backend,
+        tenancy = %credentials.current().describe(),
+        deciders = if credentials.current().requires_credentials() {
+            "credentials with the approver role"
+        } else {
+            "every caller (no credentials configured)"
+        },
+        tls,
+        mutual_tls = settings.tls_client_ca.is_some(),
+        "idempotency-ledger starting"
+    );
 }
 
 /// Binds `addr` for the ledger's gRPC service (`--listen`).
@@ -216,6 +238,64 @@ pub async fn bind(addr: SocketAddr) -> Result<TcpListener, ServeError> {
     TcpListener::bind(addr)
         .await
         .map_err(|e| ServeError::Transport(format!("cannot listen on {addr}: {e}")))
+}
+
+/// What the health probe runs with: it applies the migrations, then keeps health honest.
+struct Probe {
+    store: Arc<dyn storage::Store>,
+    reporter: tonic_health::server::HealthReporter,
+    state: Arc<Readiness>,
+    metrics: Arc<Metrics>,
+    clock: Arc<dyn Clock>,
+    interval: std::time::Duration,
+}
+
+/// How a server stops: the signal that starts the drain, a store found misconfigured by the
+/// probe (`fatal`), and whether the drain began (`drain`).
+struct Stopping<S> {
+    signal: S,
+    fatal: tokio::sync::oneshot::Receiver<String>,
+    drain: watch::Receiver<bool>,
+}
+
+impl Stopping<()> {
+    /// Starts the health probe (owned by `tasks`) and makes the signal that, once `shutdown`
+    /// resolves, turns health NOT_SERVING and stops the probe before the listener closes.
+    fn start(
+        probe: Probe,
+        shutdown: impl Future<Output = ()> + Send + 'static,
+        tasks: &mut OwnedTasks,
+    ) -> Stopping<impl Future<Output = ()> + Send + 'static> {
+        let (fatal_tx, fatal) = tokio::sync::oneshot::channel();
+        let (reporter, state) = (probe.reporter.clone(), probe.state.clone());
+        let task = tokio::spawn(probe_loop(
+            probe.store,
+            probe.reporter,
+            probe.state,
+            probe.metrics,
+            probe.clock,
+            probe.interval,
+            fatal_tx,
+        ));
+        let probe_stop = task.abort_handle();
+        tasks.push(task);
+        let (drain_tx, drain) = watch::channel(false);
+        let signal = async move {
+            shutdown.await;
+            // Health goes first, so load balancers stop sending before the listener closes;
+            // the probe is stopped before, so it cannot report SERVING again.
+            state.draining.store(true, Ordering::Release);
+            probe_stop.abort();
+            set_health(&reporter, ServingStatus::NotServing).await;
+            tracing::info!("shutting down: draining in-flight calls");
+            let _ = drain_tx.send(true);
+        };
+        Stopping {
+            signal,
+            fatal,
+            drain,
+        }
+    }
 }
 
 /// Serves `server` until it ends, the store turns out to be misconfigured (`fatal`), or
@@ -327,85 +407,6 @@ fn reflection_failed(e: tonic_reflection::server::Error) -> ServeError {
     ServeError::Transport(format!("reflection: {e}"))
 }
 
-/// Binds the metrics endpoint (`--metrics-listen`, when set) and starts it, with the loop that
-/// refreshes the gauges read from the store (only once `migrated`, and only when someone can
-/// scrape them).
-async fn start_metrics(
-    settings: &Settings,
-    metrics: &Arc<Metrics>,
-    store: &Arc<dyn storage::Store>,
-    migrated: impl Fn() -> bool + Send + Sync + 'static,
-    tasks: &mut OwnedTasks,
-) -> Result<(), ServeError> {
-    let Some(addr) = settings.metrics_listen else {
-        return Ok(());
-    };
-    let listener = observe::http::bind(addr)
-        .await
-        .map_err(|e| ServeError::Transport(format!("cannot listen on {addr} for metrics: {e}")))?;
-    // The address bound, which differs from the one asked for with port 0.
-    let bound = listener
-        .local_addr()
-        .map_err(|e| ServeError::Transport(format!("metrics listener: {e}")))?;
-    tracing::info!(metrics = %bound, "metrics endpoint listening");
-    tasks.push(tokio::spawn(observe::http::serve(
-        listener,
-        metrics.clone(),
-    )));
-    tasks.push(tokio::spawn(observe::refresh_loop(
-        metrics.clone(),
-        store.clone(),
-        migrated,
-        settings.metrics_refresh_interval,
-    )));
-    Ok(())
-}
-
-/// Binds the console on `addr` and starts serving it. An address the operator `asked` for
-/// must bind; the default one may be taken (a second server on one machine, a test suite),
-/// and then the server goes on without a console and says so.
-///
-/// # Errors
-/// An address asked for that cannot be bound.
-async fn start_console(
-    addr: SocketAddr,
-    asked: bool,
-    console: Console,
-) -> Result<Option<tokio::task::JoinHandle<()>>, ServeError> {
-    let listener = match console::bind(addr).await {
-        Ok(listener) => listener,
-        Err(e) if asked => {
-            return Err(ServeError::Transport(format!(
-                "cannot listen on {addr} for the console: {e}"
-            )));
-        }
-        Err(e) => {
-            tracing::warn!(
-                console = %addr,
-                error = %e,
-                "operator console not started: its default address is taken (another server?); \
-                 give --console-listen another address, or off"
-            );
-            return Ok(None);
-        }
-    };
-    // The address bound, which differs from the one asked for with port 0.
-    let bound = listener
-        .local_addr()
-        .map_err(|e| ServeError::Transport(format!("console listener: {e}")))?;
-    let url = console::url(bound);
-    tracing::info!(url = %url, "operator console: open {url} in a browser");
-    if !bound.ip().is_loopback() {
-        tracing::warn!(
-            url = %url,
-            "the operator console listens beyond this machine over plain HTTP: tokens and \
-             entries cross the network unencrypted; prefer a loopback address with an SSH \
-             tunnel or a TLS proxy"
-        );
-    }
-    Ok(Some(tokio::spawn(console::serve(listener, console))))
-}
-
 /// The background tasks of one server, aborted when dropped: `serve` owns them, so none
 /// outlives it, whichever way it returns.
 #[derive(Default)]
@@ -422,54 +423,6 @@ impl Drop for OwnedTasks {
         for task in &self.0 {
             task.abort();
         }
-    }
-}
-
-/// The bounds of the client connections: `--max-connections` (or what the open-files limit,
-/// raised to its hard limit here, leaves after the database pool and files), and the idle
-/// timeout. Logs the limits, so that an operator sees what the process runs with.
-fn connection_limits(settings: &Settings) -> ConnectionLimits {
-    // The database pool, its LISTEN connection, the SQLite files, the metrics endpoint and
-    // the runtime's own descriptors.
-    let reserved = u64::from(settings.db_max_connections) + 64;
-    let max_connections = match connections::raise_descriptor_limit() {
-        Ok(limit) => {
-            let derived = connections::connections_for(&limit, reserved);
-            let max = if settings.max_connections == 0 {
-                derived
-            } else {
-                settings.max_connections
-            };
-            tracing::info!(
-                open_files_soft_limit_at_start = limit.soft_before,
-                open_files_soft_limit = limit.soft,
-                open_files_hard_limit = limit.hard,
-                max_connections = max,
-                "connection limits"
-            );
-            if settings.max_connections > derived {
-                tracing::warn!(
-                    max_connections = settings.max_connections,
-                    open_files_soft_limit = limit.soft,
-                    "--max-connections is above what the open-files limit leaves; accepts will \
-                     fail for want of descriptors before it is reached"
-                );
-            }
-            max
-        }
-        Err(e) => {
-            let max = if settings.max_connections == 0 {
-                1024
-            } else {
-                settings.max_connections
-            };
-            tracing::warn!(error = %e, max_connections = max, "cannot read or raise the open-files limit");
-            max
-        }
-    };
-    ConnectionLimits {
-        max_connections,
-        idle_timeout: settings.connection_idle_timeout,
     }
 }
 
