@@ -386,6 +386,45 @@ fn no_shell_script_in_the_repository_is_over_three_hundred_lines() {
     assert!(long.is_empty(), "scripts over 300 lines: {long:?}");
 }
 
+/// Every `.rs` file under `dir`.
+fn rust_files(dir: &Path, found: &mut Vec<PathBuf>) {
+    for entry in std::fs::read_dir(dir).expect("a source directory") {
+        let path = entry.expect("an entry").path();
+        if path.is_dir() {
+            rust_files(&path, found);
+        } else if path.extension().is_some_and(|e| e == "rs") {
+            found.push(path);
+        }
+    }
+}
+
+#[test]
+fn no_source_file_is_over_six_hundred_lines_before_its_tests() {
+    // A reader holds a file whole; the tests at its end are read apart.
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let mut files = Vec::new();
+    for dir in ["src", "bench/src", "testkit/src"] {
+        rust_files(&root.join(dir), &mut files);
+    }
+    assert!(
+        files.len() > 50,
+        "the walk finds the sources: {}",
+        files.len()
+    );
+    let long: Vec<String> = files
+        .iter()
+        .filter_map(|f| {
+            let text = std::fs::read_to_string(f).ok()?;
+            let lines = text
+                .lines()
+                .take_while(|l| !l.starts_with("#[cfg(test)]"))
+                .count();
+            (lines > 600).then(|| format!("{} ({lines} lines)", f.display()))
+        })
+        .collect();
+    assert!(long.is_empty(), "source files over 600 lines: {long:?}");
+}
+
 #[test]
 fn the_benchmark_readme_is_the_method_and_the_record_in_at_most_three_hundred_lines() {
     // The history of runs and measurements lives in bench/HISTORY.md, which the code's
