@@ -8,7 +8,7 @@
 use maud::{Markup, html};
 
 use super::html::time;
-use crate::observe::replay::SeriesFigures;
+use crate::observe::replay_rate::SeriesFigures;
 
 const WIDTH: f64 = 760.0;
 const HEIGHT: f64 = 190.0;
@@ -145,7 +145,7 @@ fn minute_label(series: &SeriesFigures, i: usize) -> String {
 mod tests {
     use super::*;
     use crate::domain::Micros;
-    use crate::observe::replay::{BucketFigures, WindowTotals};
+    use crate::observe::replay_rate::{BucketFigures, WindowTotals};
 
     fn series(buckets: Vec<BucketFigures>) -> SeriesFigures {
         SeriesFigures {

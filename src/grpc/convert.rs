@@ -11,7 +11,7 @@ use crate::domain::{
 };
 use crate::error::LedgerError;
 use crate::ledger::{ClaimOutput, EntryView, Outcome, ResolutionOutcome, ResolutionResult};
-use crate::observe::replay::{ReplayFigures, SeriesFigures};
+use crate::observe::replay_rate::{ReplayFigures, SeriesFigures};
 
 pub(super) fn canonicalization(value: i32) -> Result<Canonicalization, Status> {
     match pb::Canonicalization::try_from(value) {

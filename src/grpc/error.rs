@@ -119,7 +119,7 @@ mod tests {
                         Reason::MalformedMessage => {
                             return Some((reason, crate::proto::codec::malformed()));
                         }
-                        // Rewritten from tonic's own answer (library_errors, tested there).
+                        // Rewritten from tonic's own answer (transport_refusals, tested there).
                         _ => return None,
                     },
                 };
@@ -174,7 +174,7 @@ mod tests {
         assert!(unavailable.get_details_retry_info().is_some());
     }
 
-    /// The server recognises tonic's own size refusal by its code (grpc::library_errors):
+    /// The server recognises tonic's own size refusal by its code (grpc::transport_refusals):
     /// no answer of the ledger's may share it.
     #[test]
     fn the_ledger_never_answers_out_of_range() {

@@ -1,7 +1,7 @@
 //! The gRPC face of the ledger: the generated `idempotency.v1` types ([`pb`]), the
 //! `LedgerService` implementation (`service`, [`LedgerApi`]), the proto ↔ domain conversions
 //! (`convert`), deadlines ([`deadline`]), the rewrite of tonic's own refusals into the ledger's
-//! answers (`library_errors`, [`LibraryErrors`]), authentication ([`auth`]) and admission
+//! answers ([`TransportRefusals`]), authentication ([`auth`]) and admission
 //! ([`admission`]). Each RPC converts its request, runs the use case on the call's own task,
 //! bounded by the call's deadline, and converts the answer back. The use case runs to its end
 //! even when the call does not: a call abandoned before its work ended (the deadline passed,
@@ -14,12 +14,12 @@ pub mod auth;
 mod convert;
 pub mod deadline;
 pub mod error;
-mod library_errors;
 mod service;
+mod transport_refusals;
 
-pub use library_errors::LibraryErrors;
 pub use pb::ledger_service_server::{LedgerService, LedgerServiceServer};
 pub use service::LedgerApi;
+pub use transport_refusals::TransportRefusals;
 
 /// The generated protobuf types and service traits of `idempotency.v1` ([`crate::proto`]).
 pub use crate::proto as pb;

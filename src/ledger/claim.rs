@@ -8,8 +8,8 @@ use std::time::Duration;
 use tokio::time::Instant;
 use tracing::Instrument as _;
 
-use super::memory::Recalled;
 use super::notes::{IN_FLIGHT_NOTE, UNKNOWN_NOTE, denied_note, failed_note, replay_note};
+use super::replay_memory::Recalled;
 use super::{EntryView, Ledger, MAX_RACES, UNKNOWN_RETRY_AFTER, bounded, new_claim_token};
 use crate::domain::Tenant;
 use crate::domain::canonical::{self, Canonicalization};
@@ -276,7 +276,7 @@ impl Ledger {
         // A key this server saw succeed recently is most likely a repeat: try the replay
         // first, which spares the insert (and its wait on the row lock of a concurrent replay).
         let mut replay_tried = false;
-        if self.finished.probably_contains(tenant, &request.key) {
+        if self.recent_keys.probably_contains(tenant, &request.key) {
             replay_tried = true;
             if let Some(answer) = self.replay_first(tenant, request).await? {
                 return Ok(answer);
@@ -302,7 +302,7 @@ impl Ledger {
                     .replay(tenant, &request.key, &request.fingerprint, now)
                     .await?
             {
-                self.finished.insert(tenant, &request.key);
+                self.recent_keys.insert(tenant, &request.key);
                 self.memory.remember(tenant, &entry);
                 let note = replay_note(&entry);
                 return Ok(self.answer(Outcome::Replayed, entry, now, note, None));

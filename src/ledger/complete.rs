@@ -104,7 +104,7 @@ impl Ledger {
         now: Micros,
     ) -> CompleteOutput {
         if done.entry.status == Status::Succeeded {
-            self.finished.insert(tenant, &done.entry.key);
+            self.recent_keys.insert(tenant, &done.entry.key);
         }
         self.memory.remember(tenant, &done.entry);
         self.changed(tenant, &done.entry.key, done.has_waiters)

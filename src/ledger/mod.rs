@@ -15,11 +15,11 @@ mod double_effect;
 pub mod find;
 mod list;
 mod lookup;
-mod memory;
 mod notes;
-mod recent;
+mod recent_keys;
 mod reconcile;
 mod renew;
+mod replay_memory;
 mod retention;
 pub mod wait;
 
@@ -43,8 +43,8 @@ use crate::domain::time::Clock;
 use crate::domain::{ClaimToken, Entry, Key, Micros, Status, Tenant};
 use crate::error::LedgerError;
 use crate::storage::Store;
-use memory::ReplayMemory;
-use recent::RecentKeys;
+use recent_keys::RecentKeys;
+use replay_memory::ReplayMemory;
 use wait::WaitHub;
 
 /// How often a lost compare-and-set race is retried before the call gives up. Each retry
@@ -157,7 +157,7 @@ pub struct Ledger {
     /// The claims waiting on this server for attempts in flight.
     waits: Arc<WaitHub>,
     /// Keys this server recently saw succeed: a hint for the claim path, never a decision.
-    finished: Arc<RecentKeys>,
+    recent_keys: Arc<RecentKeys>,
     /// Finished entries this server remembers, to answer repeats without the store.
     memory: Arc<ReplayMemory>,
     /// The approval policy in force, and the signal to watchers of approval events.
@@ -177,7 +177,7 @@ impl Ledger {
         let poll = store.shared().then_some(limits.wait_poll_interval);
         Ledger {
             waits: Arc::new(WaitHub::new(store.clone(), clock.clone(), poll)),
-            finished: Arc::new(RecentKeys::default()),
+            recent_keys: Arc::new(RecentKeys::default()),
             memory: Arc::new(ReplayMemory::new(limits.replay_memory_bytes)),
             approvals: Arc::new(Approvals::new(crate::domain::Policy::none())),
             counts_in_flight: Arc::default(),

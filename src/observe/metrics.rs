@@ -11,7 +11,7 @@
 //! - Gauges: whether the store answers, the store-wide count of unresolved entries and of
 //!   entries marked as a possible double effect (the store's figures, so every server sharing
 //!   it reports the same), this server's pool; and the replay-rate window's
-//!   ([`crate::observe::replay`]).
+//!   ([`crate::observe::replay_rate`]).
 //!
 //! Series with a fixed label set exist from the start at zero, so that rates exist before the
 //! first event; a tool's series appear with its first claim; `grpc_server_handled_total` shows
@@ -30,7 +30,7 @@ use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::{Registry, Unit};
 
 use super::Rpc;
-use super::replay::{ClaimEvent, ReplayAlarm, ReplayFigures, ReplayHistory};
+use super::replay_rate::{ClaimEvent, ReplayAlarm, ReplayFigures, ReplayHistory};
 use crate::domain::time::Clock;
 use crate::domain::{Decision, FinalStatus, Tenant};
 use crate::error::LedgerError;

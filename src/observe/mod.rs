@@ -5,11 +5,11 @@
 //! - [`metrics`]: the families, on `prometheus-client`, in a registry that belongs to one
 //!   [`Metrics`] (tests run many servers in one process, so there is no global registry), and
 //!   the recording API; the refresh loop of the gauges read from the store.
-//! - [`replay`]: the replay-rate sliding window, its gauges and its once-per-window warning;
+//! - [`replay_rate`]: the replay-rate sliding window, its gauges and its once-per-window warning;
 //!   and the per-tenant, per-tool history of the last hour that the operator's console draws
 //!   and the `ReplayRate` RPC answers.
 //! - [`http`]: `GET /metrics` in the Prometheus text format (0.0.4), served by hyper.
-//! - [`layer`]: the tower layer that counts the conventional gRPC families.
+//! - [`grpc_metrics`]: the tower layer that counts the conventional gRPC families.
 //! - [`telemetry`]: the log subscriber, the `call` span and the access line, the caller's W3C
 //!   trace context, and the exported span of each call.
 //! - [`traces`]: the OTLP export (`OTEL_*` settings, the exporter, its batches and its flush)
@@ -43,14 +43,14 @@
 //! fold into `other` beyond `--metrics-max-tools`; keys, runs, tenants and their tokens are
 //! never labels.
 
+pub mod grpc_metrics;
 pub mod http;
-pub mod layer;
 pub mod metrics;
-pub mod replay;
+pub mod replay_rate;
 pub mod telemetry;
 pub mod traces;
 
-pub use layer::GrpcMetricsLayer;
+pub use grpc_metrics::GrpcMetricsLayer;
 pub use metrics::{Metrics, MetricsOptions, refresh_loop};
 
 /// The service the gRPC families and the access log describe.

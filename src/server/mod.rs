@@ -388,7 +388,7 @@ fn ledger_service(
     );
     // tonic's own refusals (an oversized or undecodable request) become the ledger's answers
     // here, once, inside the metrics and the access log, so both see the code the caller gets.
-    let service = crate::grpc::LibraryErrors::new(service);
+    let service = crate::grpc::TransportRefusals::new(service);
     // Outside the interceptor, so calls refused by authentication are counted too.
     tower::Layer::layer(&GrpcMetricsLayer::new(metrics.clone()), service)
 }

@@ -1,7 +1,7 @@
 //! [`StoreError`]: what a store call failed of, classified once from sqlx's errors and the
 //! database's own codes, so that `sqlx::Error` never leaves the storage module.
 
-use super::held;
+use super::kept_connections;
 
 /// Why a store call failed: the cause the store could name, with the database's own words for
 /// the log (never for the client). Only [`StoreError::Internal`] is a bug; every other variant
@@ -132,19 +132,19 @@ impl StoreError {
         }
     }
 
-    /// Classifies a failure to lend a connection ([`held::Connections::acquire`]): the pool
+    /// Classifies a failure to lend a connection ([`kept_connections::Connections::acquire`]): the pool
     /// was busy, or opening a connection failed.
     pub(crate) fn from_acquire(
-        err: held::AcquireError,
+        err: kept_connections::AcquireError,
         classify: impl FnOnce(sqlx::Error) -> StoreError,
     ) -> StoreError {
         match err {
-            held::AcquireError::Busy { waited, max } => StoreError::Busy(format!(
+            kept_connections::AcquireError::Busy { waited, max } => StoreError::Busy(format!(
                 "no database connection freed in time: waited {waited:?} \
                  (--db-acquire-timeout), while all {max} connections of the pool \
                  (--db-max-connections) were in use by other calls"
             )),
-            held::AcquireError::Open(e) => StoreError::from_opening(e, classify),
+            kept_connections::AcquireError::Open(e) => StoreError::from_opening(e, classify),
         }
     }
 

@@ -5,30 +5,30 @@
 //! statement whose `WHERE` clause is the compare-and-set condition. The claim itself is an
 //! `INSERT … ON CONFLICT DO NOTHING`: the primary key on (tenant, key) decides who wins, never a
 //! read-then-write. Every write is a plain data command (an [`Entry`], a [`Finish`]), so
-//! [`batch::GroupCommit`] collects the claims and completions that arrive while the store is
+//! [`group_commit::GroupCommit`] collects the claims and completions that arrive while the store is
 //! busy into one multi-row statement and one commit.
 //!
-//! The traits are implemented once for both backends (`dialect`): each backend states what it
+//! The traits are implemented once for both backends (`sql_store`): each backend states what it
 //! does its own way as a `Dialect` (the statements it words differently, how it runs one
 //! statement, where its claims and completions go), the statements they share are constants
 //! in [`sql`] built from one column list, and every statement runs through
-//! `dialect::run_on`. A store opened by [`open`] sends its claims and completions, and only
-//! those, through its [`batch::GroupCommit`].
+//! `sql_store::run_on`. A store opened by [`open`] sends its claims and completions, and only
+//! those, through its [`group_commit::GroupCommit`].
 //!
 //! `sqlx::Error` never leaves this module: it becomes [`StoreError`].
 
-pub mod batch;
-mod dialect;
 mod error;
-pub(crate) mod held;
-mod marks;
+pub mod group_commit;
+pub(crate) mod kept_connections;
 mod opening;
 pub mod postgres;
 mod released;
 mod rows;
 #[doc(hidden)]
 pub mod sql;
+mod sql_store;
 pub mod sqlite;
+mod store_marks;
 mod values;
 
 use async_trait::async_trait;
@@ -36,10 +36,10 @@ use async_trait::async_trait;
 use crate::domain::{Approval, ClaimToken, Entry, HistoryEvent, Key, Micros, RunId, Tenant};
 
 pub use error::{StoreError, StoreResult};
-pub(crate) use marks::CONNECTIONS_PROVEN_FOR;
-pub use marks::StoreMarks;
 pub use opening::{PoolOptions, Pooler, open, open_backend, open_with_writers};
 pub(crate) use rows::{EntryRow, HistoryRow};
+pub(crate) use store_marks::CONNECTIONS_PROVEN_FOR;
+pub use store_marks::StoreMarks;
 pub(crate) use values::FinishedRow;
 pub use values::{
     Finish, Finished, ListQuery, PoolStats, ReplayCount, UnresolvedCount, UnresolvedQuery,
@@ -349,7 +349,7 @@ pub trait Entries: Send + Sync + 'static {
     async fn count_replays(&self, counts: &[ReplayCount]) -> StoreResult<()>;
 }
 
-/// The two writes that are group-committed ([`batch::GroupCommit`]), one row and many, each
+/// The two writes that are group-committed ([`group_commit::GroupCommit`]), one row and many, each
 /// straight to the database: what a backend offers to a batcher. A batcher is not one itself,
 /// so it cannot wrap another.
 #[async_trait]

@@ -3,11 +3,11 @@
 
 use std::sync::Arc;
 
-use super::{Backend, Store, StoreError, StoreResult, batch, postgres, redact_url, sqlite};
+use super::{Backend, Store, StoreError, StoreResult, group_commit, postgres, redact_url, sqlite};
 
 /// Opens the store a database URL names: `postgres://` or `postgresql://` for PostgreSQL,
 /// `sqlite://` (or `sqlite:`) for an embedded file, created if missing. Inserts and
-/// completions are group-committed ([`batch::GroupCommit`]): on PostgreSQL up to
+/// completions are group-committed ([`group_commit::GroupCommit`]): on PostgreSQL up to
 /// `options.write_batches` batches of each kind at once (at most half the pool), on SQLite (one
 /// writer at a time anyway) one.
 ///
@@ -34,7 +34,7 @@ pub async fn open_with_writers(
     url: &str,
     options: &PoolOptions,
     writers: usize,
-) -> StoreResult<(Arc<dyn Store>, Arc<batch::Stats>)> {
+) -> StoreResult<(Arc<dyn Store>, Arc<group_commit::Stats>)> {
     if is_postgres(url) {
         let store = postgres::PgStore::connect(url, options)?.with_group_commit(writers);
         let stats = store.batch_stats();

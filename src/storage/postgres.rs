@@ -9,14 +9,14 @@ use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
 
 use const_format::concatcp;
 
-use super::batch::GroupCommit;
-use super::dialect::{Calls, Dialect, On, Row, at_most_one, run_on};
+use super::group_commit::GroupCommit;
 use super::sql::{self, Param};
-use super::{PoolOptions, ReplayCount, StoreError, StoreMarks, StoreResult, held};
+use super::sql_store::{Calls, Dialect, On, Row, at_most_one, run_on};
+use super::{PoolOptions, ReplayCount, StoreError, StoreMarks, StoreResult, kept_connections};
 use crate::domain::Micros;
 
-mod batches;
 mod connect;
+mod group_writes;
 mod listen;
 
 use connect::connect_options;
@@ -26,7 +26,7 @@ use connect::connect_options;
 pub struct PgStore {
     /// Connections opened lazily, so the server starts (and reports NOT_SERVING) while the
     /// database is still down.
-    pool: held::Connections<sqlx::Postgres>,
+    pool: kept_connections::Connections<sqlx::Postgres>,
     /// One more connection, kept apart for LISTEN so that it never takes a request's place.
     listen_pool: PgPool,
     /// Whether the disk was last found full.
@@ -50,7 +50,7 @@ pub struct PgStore {
 /// A pooled connection idle longer than this is pinged before use: one that survived a
 /// database restart then fails the ping, not the caller's statement. A busy connection is not
 /// pinged, which saves a round trip per statement. (Connections the store holds between its
-/// calls, `super::held`, go back to the pool once idle this long, or when a call failed.)
+/// calls, `super::kept_connections`, go back to the pool once idle this long, or when a call failed.)
 const PING_IF_IDLE_FOR: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// Set on each of the server's own sessions (not behind a transaction pooler, where nothing
@@ -318,7 +318,7 @@ impl Calls for PgStore {
         &self.marks
     }
 
-    fn pool(&self) -> &held::Connections<sqlx::Postgres> {
+    fn pool(&self) -> &kept_connections::Connections<sqlx::Postgres> {
         &self.pool
     }
 
@@ -355,7 +355,7 @@ impl PgStore {
     }
 
     /// The counts of the batches written so far (none without a batcher).
-    pub fn batch_stats(&self) -> std::sync::Arc<crate::storage::batch::Stats> {
+    pub fn batch_stats(&self) -> std::sync::Arc<crate::storage::group_commit::Stats> {
         self.batcher
             .as_ref()
             .map_or_else(std::sync::Arc::default, |b| b.stats_handle())

@@ -107,7 +107,7 @@ pub(crate) const REPLAY_WHERE: &str = concatcp!(
 pub const REPLAY: &str = concatcp!(REPLAY_SET, REPLAY_WHERE);
 
 /// Adds `$4` replays to the count of the attempt holding token `$3`, while it is SUCCEEDED
-/// (the replays a server answered from memory; see `ledger::memory`).
+/// (the replays a server answered from memory; see `ledger::replay_memory`).
 pub const ADD_REPLAYS: &str = "UPDATE ledger_entries SET replay_count = replay_count + $4 \
     WHERE tenant = $1 AND key = $2 AND claim_token = $3 AND status = 'SUCCEEDED'";
 

@@ -15,12 +15,12 @@ use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, S
 
 use const_format::concatcp;
 
-use super::batch::GroupCommit;
-use super::dialect::{Calls, Dialect, On, Row, at_most_one, run_on};
+use super::group_commit::GroupCommit;
 use super::sql::{self, Param};
+use super::sql_store::{Calls, Dialect, On, Row, at_most_one, run_on};
 use super::{
     Finish, Finished, FinishedRow, PoolOptions, ReplayCount, StoreError, StoreMarks, StoreResult,
-    held,
+    kept_connections,
 };
 use crate::domain::{Entry, Key, Micros, Tenant};
 
@@ -29,11 +29,11 @@ use crate::domain::{Entry, Key, Micros, Tenant};
 pub struct SqliteStore {
     /// Several connections so reads do not queue behind writes; writers serialize on
     /// SQLite's lock, waiting up to the busy timeout.
-    pool: held::Connections<sqlx::Sqlite>,
+    pool: kept_connections::Connections<sqlx::Sqlite>,
     /// The one connection replays are counted on, with `synchronous = NORMAL` (see
     /// [`SqliteStore::open`]). One is enough: SQLite writes one at a time, and replays then
     /// queue here rather than in each other's busy handlers.
-    replays: held::Connections<sqlx::Sqlite>,
+    replays: kept_connections::Connections<sqlx::Sqlite>,
     /// Whether the disk was last found full.
     marks: std::sync::Arc<StoreMarks>,
     /// Where claims and completions go: a batcher over a clone of this store without one
@@ -75,8 +75,8 @@ impl SqliteStore {
             .acquire_timeout(options.acquire_timeout)
             .connect_lazy_with(connect.synchronous(SqliteSynchronous::Normal));
         Ok(SqliteStore {
-            pool: held::Connections::new(pool),
-            replays: held::Connections::new(replays),
+            pool: kept_connections::Connections::new(pool),
+            replays: kept_connections::Connections::new(replays),
             marks: std::sync::Arc::default(),
             batcher: None,
         })
@@ -86,7 +86,7 @@ impl SqliteStore {
 impl SqliteStore {
     /// The connections `on` names: replays are counted on the one that does not sync (see
     /// [`SqliteStore::open`]).
-    fn connections(&self, on: On) -> &held::Connections<sqlx::Sqlite> {
+    fn connections(&self, on: On) -> &kept_connections::Connections<sqlx::Sqlite> {
         match on {
             On::Pool => &self.pool,
             On::Replays => &self.replays,
@@ -105,7 +105,7 @@ impl Calls for SqliteStore {
         &self.marks
     }
 
-    fn pool(&self) -> &held::Connections<sqlx::Sqlite> {
+    fn pool(&self) -> &kept_connections::Connections<sqlx::Sqlite> {
         &self.pool
     }
 
@@ -135,7 +135,7 @@ impl SqliteStore {
     }
 
     /// The counts of the batches written so far (none without a batcher).
-    pub fn batch_stats(&self) -> std::sync::Arc<crate::storage::batch::Stats> {
+    pub fn batch_stats(&self) -> std::sync::Arc<crate::storage::group_commit::Stats> {
         self.batcher
             .as_ref()
             .map_or_else(std::sync::Arc::default, |b| b.stats_handle())
@@ -269,11 +269,11 @@ impl Dialect for SqliteStore {
 #[async_trait::async_trait]
 impl super::Batches for SqliteStore {
     async fn insert_one(&self, tenant: &Tenant, entry: &Entry) -> StoreResult<bool> {
-        super::dialect::insert_one(self, tenant, entry).await
+        super::sql_store::insert_one(self, tenant, entry).await
     }
 
     async fn finish_one(&self, tenant: &Tenant, cmd: &Finish) -> StoreResult<Option<Finished>> {
-        super::dialect::finish_one(self, tenant, cmd).await
+        super::sql_store::finish_one(self, tenant, cmd).await
     }
 
     async fn insert_many(&self, batch: &[(Tenant, Entry)]) -> StoreResult<Vec<bool>> {

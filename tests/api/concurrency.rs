@@ -341,7 +341,7 @@ async fn a_failing_batch_writes_nothing(backend: Backend) {
     }
     // Through the group commit: the poisoned request and its batch-mates all get the error;
     // requests in other batches are unaffected.
-    let batched = Arc::new(idempotency_ledger::storage::batch::GroupCommit::new(
+    let batched = Arc::new(idempotency_ledger::storage::group_commit::GroupCommit::new(
         inner.clone(),
         1,
     ));

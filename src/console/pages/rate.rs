@@ -1,7 +1,7 @@
 //! The replay rate's page: per tool, the claims, replays and alarms of the last hour.
 
 use super::*;
-use crate::observe::replay::SeriesFigures;
+use crate::observe::replay_rate::SeriesFigures;
 
 // ---- the replay rate ---------------------------------------------------------------------
 
@@ -72,7 +72,7 @@ fn series_name(series: &SeriesFigures) -> String {
     } else if series.folded {
         format!(
             "{} (tools beyond --metrics-max-tools)",
-            crate::observe::replay::FOLDED_TOOL
+            crate::observe::replay_rate::FOLDED_TOOL
         )
     } else {
         series.tool.clone()

@@ -65,7 +65,7 @@ impl PgStore {
             .acquire_timeout(options.acquire_timeout)
             .connect_lazy_with(connect.clone());
         Ok(PgStore {
-            pool: held::Connections::new(pool),
+            pool: kept_connections::Connections::new(pool),
             listen_pool,
             marks,
             connect,

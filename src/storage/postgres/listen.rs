@@ -4,8 +4,8 @@
 use super::PgStore;
 use crate::domain::{Key, Tenant};
 use crate::storage::StoreResult;
-use crate::storage::dialect::{Dialect as _, On};
 use crate::storage::sql::Param;
+use crate::storage::sql_store::{Dialect as _, On};
 
 /// The channel servers announce completions on; the payload is `tenant key` (tenants have no
 /// whitespace, keys are printable ASCII).

@@ -129,7 +129,7 @@ impl TestDb {
         &self,
         max_connections: u32,
         writers: usize,
-    ) -> (Arc<dyn Store>, Arc<storage::batch::Stats>) {
+    ) -> (Arc<dyn Store>, Arc<storage::group_commit::Stats>) {
         let (store, stats) =
             storage::open_with_writers(&self.url, &self.pool_options(max_connections), writers)
                 .await

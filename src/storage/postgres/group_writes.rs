@@ -3,17 +3,17 @@
 
 use super::PgStore;
 use crate::domain::{Entry, Key, Tenant};
-use crate::storage::dialect::run_on;
+use crate::storage::sql_store::run_on;
 use crate::storage::{Finish, Finished, FinishedRow, StoreResult};
 
 #[async_trait::async_trait]
 impl crate::storage::Batches for PgStore {
     async fn insert_one(&self, tenant: &Tenant, entry: &Entry) -> StoreResult<bool> {
-        crate::storage::dialect::insert_one(self, tenant, entry).await
+        crate::storage::sql_store::insert_one(self, tenant, entry).await
     }
 
     async fn finish_one(&self, tenant: &Tenant, cmd: &Finish) -> StoreResult<Option<Finished>> {
-        crate::storage::dialect::finish_one(self, tenant, cmd).await
+        crate::storage::sql_store::finish_one(self, tenant, cmd).await
     }
 
     async fn insert_many(&self, batch: &[(Tenant, Entry)]) -> StoreResult<Vec<bool>> {

@@ -20,13 +20,13 @@ pub struct StoreMarks {
     /// in [`since_start`]'s microseconds (0: never).
     stale_before: std::sync::atomic::AtomicU64,
     /// When a store call last succeeded, and last failed. They decide whether
-    /// [`held::Connections::acquire`](super::held::Connections::acquire) may lend a connection without the pool's checks.
+    /// [`kept_connections::Connections::acquire`](super::kept_connections::Connections::acquire) may lend a connection without the pool's checks.
     last_ok: std::sync::atomic::AtomicU64,
     last_failure: std::sync::atomic::AtomicU64,
 }
 
 /// How recently a store call must have succeeded (and none failed) for
-/// [`held::Connections::acquire`](super::held::Connections::acquire) to lend a connection without the pool's checks.
+/// [`kept_connections::Connections::acquire`](super::kept_connections::Connections::acquire) to lend a connection without the pool's checks.
 pub(crate) const CONNECTIONS_PROVEN_FOR: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// Microseconds since the first call of this function in the process, plus one.

@@ -9,9 +9,9 @@ pub(crate) use methods::{finish_one, insert_one};
 
 use sqlx::pool::PoolConnection;
 
-use super::batch::GroupCommit;
+use super::group_commit::GroupCommit;
 use super::sql::Param;
-use super::{ReplayCount, StoreError, StoreMarks, StoreResult, held};
+use super::{ReplayCount, StoreError, StoreMarks, StoreResult, kept_connections};
 
 /// Which of a backend's connections a statement runs on.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -102,7 +102,7 @@ pub(crate) trait Calls: Send + Sync {
     fn marks(&self) -> &StoreMarks;
 
     /// The pool every statement uses (but, on SQLite, replays).
-    fn pool(&self) -> &held::Connections<Self::DB>;
+    fn pool(&self) -> &kept_connections::Connections<Self::DB>;
 
     /// Starts what one store call runs in (behind a transaction pooler, a transaction).
     fn open_call(
@@ -141,7 +141,7 @@ const CONTENTION_RETRIES: u32 = 4;
 /// The classified error of the last try.
 pub(crate) async fn run_on<S, T, F, Fut>(
     store: &S,
-    pool: &held::Connections<S::DB>,
+    pool: &kept_connections::Connections<S::DB>,
     body: F,
 ) -> StoreResult<T>
 where
@@ -151,7 +151,7 @@ where
 {
     let mut tries = 0u32;
     loop {
-        let held::Lent {
+        let kept_connections::Lent {
             mut conn,
             taken_at,
             in_use,
@@ -180,7 +180,7 @@ where
         match result {
             Ok(done) => {
                 store.marks().call_succeeded();
-                pool.keep(held::Lent {
+                pool.keep(kept_connections::Lent {
                     conn,
                     taken_at,
                     in_use,

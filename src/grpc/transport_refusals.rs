@@ -5,26 +5,26 @@ use std::future::Future;
 
 use tonic::Status;
 
-/// A service answering `inner`'s library refusals as `rewrite_library_errors` describes: what
+/// A service answering `inner`'s library refusals as `rewrite_transport_refusals` describes: what
 /// the server puts around the ledger service, inside its metrics and access log, so that the
 /// rewrite happens once and both see the code the caller gets.
 #[derive(Clone, Debug)]
-pub struct LibraryErrors<S> {
+pub struct TransportRefusals<S> {
     inner: S,
 }
 
-impl<S> LibraryErrors<S> {
+impl<S> TransportRefusals<S> {
     /// Wraps `inner`.
-    pub fn new(inner: S) -> LibraryErrors<S> {
-        LibraryErrors { inner }
+    pub fn new(inner: S) -> TransportRefusals<S> {
+        TransportRefusals { inner }
     }
 }
 
-impl<S: tonic::server::NamedService> tonic::server::NamedService for LibraryErrors<S> {
+impl<S: tonic::server::NamedService> tonic::server::NamedService for TransportRefusals<S> {
     const NAME: &'static str = S::NAME;
 }
 
-impl<S, B> tower::Service<http::Request<tonic::body::Body>> for LibraryErrors<S>
+impl<S, B> tower::Service<http::Request<tonic::body::Body>> for TransportRefusals<S>
 where
     S: tower::Service<
             http::Request<tonic::body::Body>,
@@ -51,7 +51,9 @@ where
         let answer = self.inner.call(request);
         Box::pin(async move {
             let response = answer.await?;
-            Ok(rewrite_library_errors(response.map(tonic::body::Body::new)))
+            Ok(rewrite_transport_refusals(
+                response.map(tonic::body::Body::new),
+            ))
         })
     }
 }
@@ -62,7 +64,7 @@ where
 /// `ErrorInfo`: this rewrites that answer, recognised by its code (the ledger itself never
 /// answers OUT_OF_RANGE: `error::tests` holds it), and passes every other one through. (A
 /// request that does not decode is refused by the codec itself: `proto::codec`.)
-fn rewrite_library_errors(
+fn rewrite_transport_refusals(
     response: http::Response<tonic::body::Body>,
 ) -> http::Response<tonic::body::Body> {
     match tonic::Status::from_header_map(response.headers()) {
