@@ -21,7 +21,8 @@ LAYERS: list[tuple[str, set[str]]] = [
     ("model and errors", {"model", "errors"}),
     ("codec and keys", {"codec", "keys"}),
     ("the ledger", {"_proto", "_proto.ledger_pb2", "_proto.ledger_pb2_grpc", "_wire", "_trace",
-                    "_confirm", "_core", "client"}),
+                    "_confirm", "_failures", "_core", "_run_once", "_calls", "_blocking", "_aio",
+                    "client"}),
     ("tools", {"_frameworks", "tools", "reconciler"}),
     ("adapters", {"pydantic_ai", "openai_agents", "langchain", "mcp"}),
 ]
