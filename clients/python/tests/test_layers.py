@@ -23,7 +23,7 @@ LAYERS: list[tuple[str, set[str]]] = [
     ("the ledger", {"_proto", "_proto.ledger_pb2", "_proto.ledger_pb2_grpc", "_wire", "_trace",
                     "_confirm", "_failures", "_core", "_run_once", "_calls", "_blocking", "_aio",
                     "client"}),
-    ("tools", {"_frameworks", "tools", "reconciler"}),
+    ("tools", {"_frameworks", "_views", "_registry", "_prepare", "tools", "reconciler"}),
     ("adapters", {"pydantic_ai", "openai_agents", "langchain", "mcp"}),
 ]
 #: The package's face imports the layers it exports (never an adapter); the test server
