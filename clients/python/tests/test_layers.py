@@ -21,8 +21,9 @@ LAYERS: list[tuple[str, set[str]]] = [
     ("model and errors", {"model", "errors"}),
     ("codec and keys", {"codec", "keys"}),
     ("the ledger", {"_proto", "_proto.ledger_pb2", "_proto.ledger_pb2_grpc", "_wire", "_trace",
-                    "_confirm", "_core", "client"}),
-    ("tools", {"_frameworks", "tools", "reconciler"}),
+                    "_confirm", "_failures", "_core", "_run_once", "_calls", "_blocking", "_aio",
+                    "client"}),
+    ("tools", {"_frameworks", "_views", "_registry", "_prepare", "tools", "reconciler"}),
     ("adapters", {"pydantic_ai", "openai_agents", "langchain", "mcp"}),
 ]
 #: The package's face imports the layers it exports (never an adapter); the test server

@@ -15,9 +15,10 @@ Or one line per tool, inside an agent framework::
 
 See README.md beside the package. The layers, each importing only from those below it (README,
 "Layers"): ``model`` and ``errors``; ``codec`` and ``keys``; the ledger (``_wire``, ``_trace``,
-``_core``: run-once written once, ``client``: ``LedgerClient`` and ``AsyncLedgerClient``); the tools
-(``tools``: ``@ledger.tool()``, ``Ledger``, ``AsyncLedger``; ``reconciler``); and the framework
-adapters, each an optional extra, imported by you and never by the rest: ``pydantic_ai``,
+``_core`` and ``_run_once``: run-once written once, ``_calls``: each call written once,
+``client``: ``LedgerClient`` and ``AsyncLedgerClient``); the tools (``tools``:
+``@ledger.tool()``, ``Ledger``, ``AsyncLedger``; ``reconciler``); and the framework adapters,
+each an optional extra, imported by you and never by the rest: ``pydantic_ai``,
 ``openai_agents``, ``langchain``, ``mcp``. ``testing`` starts a real server for tests.
 """
 

@@ -74,7 +74,7 @@ from langgraph.prebuilt.tool_node import ToolCallRequest, ToolRuntime
 from langgraph.types import Command, interrupt
 from pydantic import BaseModel
 
-from ._core import causes
+from ._failures import causes
 from ._frameworks import approval_metadata
 from .client import AsyncLedgerClient, LedgerClient
 from .codec import to_jsonable

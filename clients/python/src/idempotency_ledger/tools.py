@@ -53,29 +53,42 @@ import contextvars
 import functools
 import inspect
 import logging
-import threading
-import uuid
-from collections.abc import Awaitable, Callable, Collection, Iterator, Mapping
-from contextlib import contextmanager
-from dataclasses import dataclass
+from collections.abc import Awaitable, Callable, Collection
 from typing import Any, TypeVar, cast
 
-from ._confirm import check_confirm, confirm_required
-from ._core import NOT_PERFORMED_NOTE
 from ._frameworks import (
     FrameworkContext,
     FrameworkTimeout,
-    framework_context,
     framework_not_executed,
     register_context,
-    unregistered_framework,
+)
+
+# What tools exports from its helpers, as it did when they were written here.
+from ._prepare import Prepared, ToolCall, current_run_id, run_scope
+from ._registry import (  # noqa: F401
+    LedgerTool,
+    _register,
+    checked_confirms,
+    hand_off,
+    ledger_tools_of,
+    registered,
+    require_confirm,
+    take_handed_off,
+    withdraw_handed_off,
+)
+from ._views import (  # noqa: F401
+    NoRunId,
+    _missing_logged,
+    missing_run_id,
+    missing_run_id_view,
+    model_view,
+    raise_for_framework,
 )
 from ._wire import Seconds
 from .client import DEFAULT_CONFIRM_DELAY, DEFAULT_WAIT, AsyncLedgerClient, LedgerClient
-from .codec import JSON, Codec, to_jsonable
-from .errors import UNKNOWN_NOTE, LedgerError, ResultNotEncodable
-from .keys import derive_key
-from .model import Attempt, CallOutcome, Canonicalization, ClaimResult, Kind, UnknownAttempt
+from .codec import JSON, Codec
+from .errors import LedgerError
+from .model import Attempt, CallOutcome, Canonicalization, Kind, UnknownAttempt
 
 __all__ = [
     "AsyncLedger",
@@ -104,14 +117,6 @@ log = logging.getLogger("idempotency_ledger")
 
 _attempt: contextvars.ContextVar[Attempt | None] = contextvars.ContextVar(
     "idempotency_ledger.attempt", default=None)
-_run_id: contextvars.ContextVar[str | None] = contextvars.ContextVar(
-    "idempotency_ledger.run_id", default=None)
-
-
-class NoRunId(LookupError):  # noqa: N818 (reads as the sentence it raises)
-    """A ledger tool was called without a run id to key it by; nothing was claimed. A
-    developer's error: the message names the fix."""
-
 
 def current_attempt() -> Attempt:
     """The attempt of the ledger tool running now: ``.key``, ``.external_ref`` (pass it to the
@@ -122,178 +127,6 @@ def current_attempt() -> Attempt:
         raise LookupError("current_attempt() is set only while a ledger tool's action runs")
     return attempt
 
-
-def current_run_id() -> str | None:
-    """The run id set by the innermost :func:`run_scope`, if any."""
-    return _run_id.get()
-
-
-@contextmanager
-def run_scope(run_id: str) -> Iterator[str]:
-    """Ledger tools called inside key their calls by `run_id` (unless given ``run_id=``)::
-
-        with run_scope(f"{conversation_id}:{turn}"):
-            agent.run_sync(prompt)
-    """
-    if not isinstance(run_id, str) or not run_id:
-        raise ValueError(f"run_scope needs a non-empty run id, not {run_id!r}")
-    token = _run_id.set(run_id)
-    try:
-        yield run_id
-    finally:
-        _run_id.reset(token)
-
-
-# --- the paired read, registered with the tool ------------------------------------------------
-
-
-@dataclass(frozen=True)
-class LedgerTool:
-    """A tool as the ledger knows it: its name and its paired read. The
-    :class:`~idempotency_ledger.Reconciler` settles the entries of the tools it is given that
-    have a ``confirm``."""
-
-    name: str
-    confirm: Confirm | None = None
-    codec: Codec = JSON
-
-    def __post_init__(self) -> None:
-        if self.confirm is not None:
-            check_confirm(self.confirm, self.name)
-
-
-def checked_confirms(confirm: Mapping[str, Confirm] | None) -> dict[str, Confirm]:
-    """The paired reads an adapter is given by tool name, each checked (:func:`check_confirm`)
-    when it is registered, as ``ledger.tool(confirm=...)`` checks its own."""
-    checked = dict(confirm or {})
-    for name, read in checked.items():
-        if read is not None:
-            check_confirm(read, name)
-    return checked
-
-
-# Every tool registered in this process by name (the last registration wins): how a framework's
-# tool object (which may not keep the function it wraps) is found again by its name.
-_REGISTERED: dict[str, LedgerTool] = {}
-_REGISTERED_LOCK = threading.Lock()
-
-
-def registered(name: str) -> LedgerTool | None:
-    """The tool registered under `name` in this process, if any."""
-    return _REGISTERED.get(name)
-
-
-def _register(tool: LedgerTool) -> None:
-    with _REGISTERED_LOCK:
-        _REGISTERED[tool.name] = tool
-
-
-def require_confirm(ledger: LedgerClient | AsyncLedgerClient, name: str,
-                    confirm: Confirm | None) -> None:
-    """Strict mode (``require_confirm=True``): refuses a tool without its paired read."""
-    if getattr(ledger, "require_confirm", False) and confirm is None:
-        raise confirm_required(name)
-
-
-def ledger_tools_of(item: Any) -> list[LedgerTool]:
-    """The ledger tools `item` stands for: a :class:`LedgerTool`; a function made by
-    ``ledger.tool()``; a framework's tool object around one (found by its ``name``); an
-    adapter's middleware or toolset (its ``ledger_tools``); a mapping of tool names to
-    ``confirm`` functions; or an iterable of any of these."""
-    if isinstance(item, LedgerTool):
-        return [item]
-    own = getattr(item, "ledger_tool", None)
-    if isinstance(own, LedgerTool):
-        return [own]
-    many = getattr(item, "ledger_tools", None)
-    if many is not None and not callable(many):
-        return [t for entry in many for t in ledger_tools_of(entry)]
-    if isinstance(item, Mapping):
-        return [LedgerTool(str(name), confirm) for name, confirm in item.items()]
-    name = getattr(item, "name", None)
-    if isinstance(name, str) and registered(name) is not None:
-        return [cast(LedgerTool, registered(name))]
-    if isinstance(item, (list, tuple, set, frozenset)):
-        return [t for entry in item for t in ledger_tools_of(entry)]
-    raise TypeError(f"{item!r} is not a ledger tool: give ledger.tool() functions (or the "
-                    "framework tools made from them), LedgerTool(name, confirm), an adapter's "
-                    "middleware or toolset, or a mapping of tool names to confirm functions")
-
-
-# --- what the model reads ---------------------------------------------------------------------
-
-_missing_logged: set[str] = set()
-_missing_lock = threading.Lock()
-
-
-def missing_run_id(tool: str, fix: str) -> NoRunId:
-    """The error of a call without a run id, logged at ERROR once per tool: a developer's error,
-    which some frameworks would otherwise only show the model."""
-    error = NoRunId(f"ledger tool {tool}: no run id to key the call by, so a repeat cannot be "
-                    f"told from a new request; nothing was done. {fix}")
-    with _missing_lock:
-        first = tool not in _missing_logged
-        _missing_logged.add(tool)
-    if first:
-        log.error("%s", error)
-    return error
-
-
-def missing_run_id_view(tool: str) -> dict[str, str]:
-    """What the model reads of a call refused for want of a run id, where the framework would
-    turn the exception into "try again" (the same words as the TypeScript client)."""
-    return {"status": "not_executed",
-            "note": (f"This action was not performed: the tool {tool} was called without a run "
-                     "id, so the idempotency ledger cannot tell a repeat from a new request. "
-                     "Nothing happened.")}
-
-
-def model_view(outcome: CallOutcome[Any]) -> Any:
-    """What the model reads of an outcome: the result itself (performed, or found by
-    ``confirm``); on a repeat ``{"status": "already_done", "note", "result"}``; otherwise
-    ``{"status": "in_progress" | "outcome_unknown" | "previously_failed" | "not_executed" |
-    "awaiting_approval" | "denied", "note", ...}``. What the tool says did not act, or failed for good now, is re-raised for the
-    framework (see :func:`raise_for_framework`)."""
-    kind = outcome.kind
-    if kind in (Kind.PERFORMED, Kind.CONFIRMED):
-        return outcome.value
-    if kind == Kind.REPLAYED:
-        return {"status": "already_done", "note": outcome.note, "result": outcome.value}
-    if kind == Kind.IN_PROGRESS:
-        return {"status": "in_progress", "note": outcome.note,
-                "retry_after_seconds": outcome.retry_after}
-    if kind == Kind.PREVIOUSLY_FAILED:
-        return {"status": "previously_failed", "note": outcome.note}
-    if kind == Kind.AWAITING_APPROVAL:
-        # A person has been asked; nothing was done (the server's note, with decide_by).
-        return {"status": "awaiting_approval", "note": outcome.note}
-    if kind == Kind.DENIED:
-        # A person declined it; it was not done (the server's note, with the reason).
-        return {"status": "denied", "note": outcome.note}
-    if kind == Kind.NOT_FOUND:
-        return {"status": "not_executed", "note": NOT_PERFORMED_NOTE}
-    if kind == Kind.UNKNOWN:
-        raise_for_framework(outcome)
-        return {"status": "outcome_unknown", "note": outcome.note or UNKNOWN_NOTE}
-    raise_for_framework(outcome)
-    raise AssertionError(f"unreachable: {kind}")
-
-
-def raise_for_framework(outcome: CallOutcome[Any]) -> None:
-    """Raises what the framework must see: what the tool said did not act or failed for good
-    (the framework treats it as it always does), a result that cannot be stored (a bug), a
-    cancellation. An exception the tool raised after it may have acted is not raised: it is
-    logged, and the model reads the unknown note."""
-    error = outcome.error
-    if outcome.kind in (Kind.NOT_EXECUTED, Kind.FAILED) and error is not None:
-        raise error
-    if outcome.kind == Kind.UNKNOWN and outcome.acted and error is not None:
-        if isinstance(error, ResultNotEncodable) or not isinstance(error, Exception):
-            raise error
-        key = outcome.entry.key if outcome.entry is not None else "?"
-        log.warning("a ledger tool raised after it may have acted; its outcome is UNKNOWN "
-                    "(entry %s) and the model is told not to repeat it: %r", key, error,
-                    exc_info=error)
 
 
 # --- running one call -------------------------------------------------------------------------
@@ -318,42 +151,6 @@ def run_options(
             "principal": principal, "timeout": timeout, "confirm_delay": confirm_delay,
             "require_approval": require_approval}
 
-
-# --- claims won by an adapter's approval check, handed to the tool call that follows --------
-
-_HANDED_OFF: dict[str, ClaimResult] = {}
-_HANDED_OFF_LOCK = threading.Lock()
-
-
-def hand_off(claimed: ClaimResult) -> None:
-    """Keeps a claim an adapter's approval check won (the OpenAI Agents SDK's ``needs_approval``
-    claims to learn whether a person must decide): the tool call of the same key that follows
-    acts on it instead of claiming again."""
-    with _HANDED_OFF_LOCK:
-        _HANDED_OFF[claimed.key] = claimed
-
-
-def withdraw_handed_off(claimed: ClaimResult) -> bool:
-    """Takes back a claim handed off that no tool call took (True: it was still there)."""
-    with _HANDED_OFF_LOCK:
-        if _HANDED_OFF.get(claimed.key) is claimed:
-            del _HANDED_OFF[claimed.key]
-            return True
-    return False
-
-
-def take_handed_off(run_id: str, tool: str, arguments: Any,
-                    options: Mapping[str, Any]) -> ClaimResult | None:
-    """The claim handed off for this call's key, if any (taken: used once)."""
-    if not _HANDED_OFF:
-        return None
-    try:
-        key = derive_key(run_id, tool, to_jsonable(arguments),
-                         str(options.get("canonicalization") or Canonicalization.JCS))
-    except Exception:
-        return None
-    with _HANDED_OFF_LOCK:
-        return _HANDED_OFF.pop(key, None)
 
 
 def _with_attempt(attempt: Attempt, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
@@ -471,116 +268,6 @@ def _is_coroutine_function(fn: Any) -> bool:
 # --- the decorator ----------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class _Prepared:
-    """One call of a decorated function, ready for the ledger."""
-
-    run_id: str
-    arguments: dict[str, Any]
-    #: The framework's own timeout of the call (its name, seconds), if it has one.
-    framework_timeout: tuple[str, float] | None
-    #: The framework's context among the arguments (and how it is read), if any.
-    context: FrameworkContext | None = None
-    context_value: Any = None
-
-
-class _ToolCall:
-    """How one decorated function is called through the ledger: its signature, what it records,
-    and where its run id comes from."""
-
-    def __init__(self, fn: Callable[..., Any], name: str | None, run_id: Any,
-                 exclude: Collection[str], not_executed: tuple[type[BaseException], ...],
-                 confirm: Confirm | None, options: dict[str, Any]) -> None:
-        if not callable(fn):
-            raise TypeError(f"ledger.tool() decorates a function, not {fn!r}")
-        if run_id is not None and not (isinstance(run_id, str) and run_id) and not callable(
-                run_id):
-            raise TypeError(f"run_id must be a non-empty str or a callable, not {run_id!r}")
-        self.fn = fn
-        self.name = name or getattr(fn, "__name__", None) or ""
-        if not self.name:
-            raise ValueError(f"{fn!r} has no __name__: give the tool a name")
-        if confirm is not None:
-            check_confirm(confirm, self.name)
-        self.signature = _signature(fn)
-        unknown = set(exclude) - set(self.signature.parameters)
-        if unknown:
-            raise ValueError(f"exclude names no parameter of {self.name}: {sorted(unknown)}")
-        self.exclude = frozenset(exclude)
-        self.run_id_option = run_id
-        self.not_executed = not_executed
-        self.confirm = confirm
-        self.options = options
-
-    def prepare(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> _Prepared | dict[str, str]:
-        """The run id, recorded arguments and framework timeout of one call, or what the model
-        reads of a call refused for want of a run id where the framework would hide the
-        exception from the developer; raises before anything is claimed."""
-        bound = self.signature.bind(*args, **kwargs)  # the framework's TypeError, as without us
-        arguments: dict[str, Any] = {}
-        context_run_id: str | None = None
-        context: FrameworkContext | None = None
-        context_value: Any = None
-        timeout: tuple[str, float] | None = None
-        for pname, value in bound.arguments.items():
-            if pname in self.exclude:
-                continue
-            found = framework_context(value)
-            if found is not None:
-                if context is None:
-                    context, context_value = found, value
-                context_run_id = context_run_id or found.run_id(value)
-                seconds = found.call_timeout(value) if found.call_timeout else None
-                timeout = timeout or ((found.framework, seconds) if seconds else None)
-                continue
-            adapter = unregistered_framework(value)
-            if adapter is not None:
-                raise missing_run_id(
-                    self.name, f"Its parameter {pname!r} is a framework's context, whose run id "
-                    f"the ledger reads once its adapter is imported: import {adapter}")
-            kind = self.signature.parameters[pname].kind
-            try:
-                if kind is inspect.Parameter.VAR_KEYWORD:
-                    arguments.update(to_jsonable(value))
-                else:
-                    arguments[pname] = to_jsonable(value)
-            except TypeError as e:
-                raise TypeError(f"ledger tool {self.name}: argument {pname!r} cannot be recorded "
-                                f"as JSON: {e} (or leave it out with exclude=)") from None
-        run_id = self._run_id(context_run_id)
-        if run_id is not None:
-            return _Prepared(run_id, arguments, timeout, context, context_value)
-        hint = context.run_id_hint if context is not None else (
-            "give the function the framework's context parameter (see the idempotency_ledger "
-            "adapters)")
-        error = missing_run_id(self.name, f"Pass run_id= to ledger.tool(), call it inside "
-                                          f"run_scope(run_id), or {hint}")
-        if context is not None and not context.raises_reach_developer:
-            return missing_run_id_view(self.name)
-        raise error
-
-    def _run_id(self, from_context: str | None) -> str | None:
-        option = self.run_id_option
-        run_id = option() if callable(option) else option
-        run_id = run_id or _run_id.get() or from_context
-        if isinstance(run_id, uuid.UUID):
-            run_id = str(run_id)
-        if not run_id:
-            return None
-        if not isinstance(run_id, str):
-            raise TypeError(f"ledger tool {self.name}: the run id must be a str or a UUID, not "
-                            f"{type(run_id).__name__}")
-        return run_id
-
-
-def _signature(fn: Callable[..., Any]) -> inspect.Signature:
-    """The function's signature, with string annotations (``from __future__ import annotations``)
-    evaluated where they can be, as a framework that evaluates them would see it."""
-    try:
-        return inspect.signature(fn, eval_str=True)
-    except Exception:  # a name only imported under TYPE_CHECKING: keep the strings
-        return inspect.signature(fn)
-
 
 def _keep_signature(wrapper: Callable[..., Any], fn: Callable[..., Any],
                     signature: inspect.Signature) -> None:
@@ -631,7 +318,7 @@ def ledger_tool(
     not_executed = tuple(not_executed)
 
     def decorate(fn: F) -> F:
-        call = _ToolCall(fn, name, run_id, exclude, not_executed, confirm, checked)
+        call = ToolCall(fn, name, run_id, exclude, not_executed, confirm, checked)
         require_confirm(ledger, call.name, confirm)
         spec = LedgerTool(call.name, confirm, checked["codec"])
         _register(spec)
@@ -653,7 +340,7 @@ ledger_tool.__signature__ = inspect.Signature(  # type: ignore[attr-defined]
     + [p for p in inspect.signature(run_options).parameters.values()])
 
 
-def _sync_wrapper(ledger: LedgerClient, call: _ToolCall) -> Callable[..., Any]:
+def _sync_wrapper(ledger: LedgerClient, call: ToolCall) -> Callable[..., Any]:
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         prepared = call.prepare(args, kwargs)
         if isinstance(prepared, dict):
@@ -675,11 +362,11 @@ def _outcome(outcome: CallOutcome[Any]) -> CallOutcome[Any]:
     return outcome
 
 
-def _pauses(prepared: _Prepared) -> bool:
+def _pauses(prepared: Prepared) -> bool:
     return prepared.context is not None and prepared.context.on_awaiting is not None
 
 
-def _pause(prepared: _Prepared, outcome: CallOutcome[Any]) -> None:
+def _pause(prepared: Prepared, outcome: CallOutcome[Any]) -> None:
     """The framework's approval step (it may raise to pause the run)."""
     assert prepared.context is not None and prepared.context.on_awaiting is not None
     prepared.context.on_awaiting(prepared.context_value, outcome)
@@ -707,7 +394,7 @@ async def keep_paused_run(ledger: LedgerClient | AsyncLedgerClient, run_id: str,
     await asyncio.to_thread(keep_paused_run_sync, ledger, run_id, retention)
 
 
-def _async_wrapper(ledger: LedgerClient | AsyncLedgerClient, call: _ToolCall,
+def _async_wrapper(ledger: LedgerClient | AsyncLedgerClient, call: ToolCall,
                    is_async: bool) -> Callable[..., Any]:
     async def wrapper(*args: Any, **kwargs: Any) -> Any:
         prepared = call.prepare(args, kwargs)
