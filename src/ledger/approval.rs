@@ -139,34 +139,8 @@ impl Ledger {
         input: DecideInput,
         approver: &Principal,
     ) -> Result<Decided, LedgerError> {
-        let key = Key::from(ExplicitKey::parse(&input.key)?);
+        let key = checked_decision(&input)?;
         let fingerprint = input.fingerprint.as_str();
-        if fingerprint.len() != 64
-            || !fingerprint
-                .bytes()
-                .all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'))
-        {
-            return Err(LedgerError::invalid(
-                "fingerprint",
-                "must be the entry's fingerprint as shown with the arguments: 64 lowercase hex \
-                 characters",
-            ));
-        }
-        if input.reason.len() > MAX_REASON_BYTES {
-            return Err(LedgerError::invalid(
-                "reason",
-                format!(
-                    "is {} bytes; at most {MAX_REASON_BYTES}",
-                    input.reason.len()
-                ),
-            ));
-        }
-        if input.reason.chars().any(|c| c.is_control() && c != '\n') {
-            return Err(LedgerError::invalid(
-                "reason",
-                "must not hold control characters",
-            ));
-        }
         let now = self.clock.now();
         let existing = self
             .store
@@ -395,4 +369,39 @@ fn not_awaiting_why(approval: Option<&Approval>, now: Micros) -> String {
         }
         _ => "no person's decision was asked for this entry".to_string(),
     }
+}
+
+/// The key a decision names, once its fields are checked: the key as any key, the fingerprint
+/// as 64 lowercase hex characters, the reason at most [`MAX_REASON_BYTES`] without control
+/// characters (a line break allowed).
+fn checked_decision(input: &DecideInput) -> Result<Key, LedgerError> {
+    let key = Key::from(ExplicitKey::parse(&input.key)?);
+    let fingerprint = input.fingerprint.as_str();
+    if fingerprint.len() != 64
+        || !fingerprint
+            .bytes()
+            .all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'))
+    {
+        return Err(LedgerError::invalid(
+            "fingerprint",
+            "must be the entry's fingerprint as shown with the arguments: 64 lowercase hex \
+             characters",
+        ));
+    }
+    if input.reason.len() > MAX_REASON_BYTES {
+        return Err(LedgerError::invalid(
+            "reason",
+            format!(
+                "is {} bytes; at most {MAX_REASON_BYTES}",
+                input.reason.len()
+            ),
+        ));
+    }
+    if input.reason.chars().any(|c| c.is_control() && c != '\n') {
+        return Err(LedgerError::invalid(
+            "reason",
+            "must not hold control characters",
+        ));
+    }
+    Ok(key)
 }
