@@ -190,6 +190,23 @@ pub(super) async fn resolve(who: Who, Form(form): Form<ResolveForm>) -> PageResu
     console.metrics().resolutions([status]);
     console.metrics().findings(std::slice::from_ref(&out));
     console.sessions().set_operator(&who.id, &operator);
+    // As a page of an entry that is not there: never told apart from another tenant's.
+    let flash = resolved_flash(&who, &key, attempt, &principal, &out)
+        .ok_or_else(|| failure(&LedgerError::NotFound))?;
+    console.sessions().flash(&who.id, flash);
+    Ok(respond::redirect(&back_to(&form.back, &form.key)))
+}
+
+/// What the operator is told after resolving `key` at `attempt`: applied (and logged), the
+/// entry still in its lease, moved on (the finding kept in its history), or already resolved;
+/// `None` when the entry is not there.
+fn resolved_flash(
+    who: &Who,
+    key: &Key,
+    attempt: u32,
+    principal: &Principal,
+    out: &crate::ledger::ResolutionResult,
+) -> Option<Flash> {
     let short = shorten(key.as_str(), 17);
     let flash = match (&out.outcome, &out.entry) {
         (ResolutionOutcome::Applied, Some(after)) => {
@@ -211,10 +228,7 @@ pub(super) async fn resolve(who: Who, Form(form): Form<ResolveForm>) -> PageResu
                 next_claim(&after.entry.status, after.entry.retryable)
             ))
         }
-        // As a page of an entry that is not there: never told apart from another tenant's.
-        (ResolutionOutcome::NotFound, _) | (_, None) => {
-            return Err(failure(&LedgerError::NotFound));
-        }
+        (ResolutionOutcome::NotFound, _) | (_, None) => return None,
         (ResolutionOutcome::Stale(StaleReason::NotUnknown), Some(_)) => bad(format!(
             "{short} is still in its lease: its claimant may yet complete it. Nothing was changed."
         )),
@@ -245,8 +259,7 @@ pub(super) async fn resolve(who: Who, Form(form): Form<ResolveForm>) -> PageResu
             }
         )),
     };
-    console.sessions().flash(&who.id, flash);
-    Ok(respond::redirect(&back_to(&form.back, &form.key)))
+    Some(flash)
 }
 
 /// The entries marked as a possible double effect, each with its evidence and the form that
