@@ -21,94 +21,30 @@ impl crate::storage::Batches for PgStore {
         // same order and cannot deadlock; the sort is stable, so the first entry of a key
         // still wins.
         let rows = in_key_order(batch, |e| &e.key);
-        let col = |f: fn(&Entry) -> String| rows.iter().map(|(_, e)| f(e)).collect::<Vec<_>>();
-        let int = |f: fn(&Entry) -> i64| rows.iter().map(|(_, e)| f(e)).collect::<Vec<_>>();
-        let opt = |f: fn(&Entry) -> Option<i64>| rows.iter().map(|(_, e)| f(e)).collect::<Vec<_>>();
-        let tenants: Vec<&str> = rows.iter().map(|(t, _)| t.as_str()).collect();
-        let keys = col(|e| e.key.as_str().to_owned());
-        // An entry without a run stores the empty text, as the one-row INSERT does.
-        let run_ids = col(|e| e.run_id.as_ref().map_or("", |r| r.as_str()).to_owned());
-        let tools = col(|e| e.tool.as_str().to_owned());
-        let fingerprints = col(|e| e.fingerprint.clone());
-        let statuses = col(|e| e.status.as_str().to_string());
-        let attempts = int(|e| i64::from(e.attempt));
-        let tokens = col(|e| e.claim_token.as_str().to_owned());
-        let results: Vec<Vec<u8>> = rows.iter().map(|(_, e)| e.result.clone()).collect();
-        let errors = col(|e| e.error.clone());
-        let retryables: Vec<bool> = rows.iter().map(|(_, e)| e.retryable).collect();
-        let principals = col(|e| e.principal.as_str().to_owned());
-        let started = int(|e| e.started_at.0);
-        let finished = opt(|e| e.finished_at.map(|m| m.0));
-        let leases = int(|e| e.lease_expires_at.0);
-        let retentions = int(|e| e.retention.0);
-        let expires = opt(|e| e.expires_at.map(|m| m.0));
-        let replays = int(|e| i64::try_from(e.replay_count).unwrap_or(i64::MAX));
-        let arguments: Vec<Option<String>> =
-            rows.iter().map(|(_, e)| e.arguments.clone()).collect();
         // Borrowed by each try of the statement.
-        let (
-            tenants,
-            keys,
-            run_ids,
-            tools,
-            fingerprints,
-            statuses,
-            attempts,
-            tokens,
-            results,
-            errors,
-            retryables,
-            principals,
-            started,
-            finished,
-            leases,
-            retentions,
-            expires,
-            replays,
-            arguments,
-        ) = (
-            &tenants,
-            &keys,
-            &run_ids,
-            &tools,
-            &fingerprints,
-            &statuses,
-            &attempts,
-            &tokens,
-            &results,
-            &errors,
-            &retryables,
-            &principals,
-            &started,
-            &finished,
-            &leases,
-            &retentions,
-            &expires,
-            &replays,
-            &arguments,
-        );
+        let c = &InsertColumns::of(&rows);
         let inserted: Vec<String> = run_on(self, &self.pool, move |mut conn| async move {
             let result: Result<_, sqlx::Error> = async {
                 sqlx::query_scalar(Self::INSERT_MANY)
-                    .bind(tenants)
-                    .bind(keys)
-                    .bind(run_ids)
-                    .bind(tools)
-                    .bind(fingerprints)
-                    .bind(statuses)
-                    .bind(attempts)
-                    .bind(tokens)
-                    .bind(results)
-                    .bind(errors)
-                    .bind(retryables)
-                    .bind(principals)
-                    .bind(started)
-                    .bind(finished)
-                    .bind(leases)
-                    .bind(retentions)
-                    .bind(expires)
-                    .bind(replays)
-                    .bind(arguments)
+                    .bind(&c.tenants)
+                    .bind(&c.keys)
+                    .bind(&c.run_ids)
+                    .bind(&c.tools)
+                    .bind(&c.fingerprints)
+                    .bind(&c.statuses)
+                    .bind(&c.attempts)
+                    .bind(&c.tokens)
+                    .bind(&c.results)
+                    .bind(&c.errors)
+                    .bind(&c.retryables)
+                    .bind(&c.principals)
+                    .bind(&c.started)
+                    .bind(&c.finished)
+                    .bind(&c.leases)
+                    .bind(&c.retentions)
+                    .bind(&c.expires)
+                    .bind(&c.replays)
+                    .bind(&c.arguments)
                     .persistent(self.persistent())
                     .fetch_all(&mut *conn)
                     .await
@@ -181,6 +117,60 @@ impl crate::storage::Batches for PgStore {
             .iter()
             .map(|(_, c)| written.remove(&c.claim_token))
             .collect())
+    }
+}
+
+/// The columns of a multi-row INSERT, one array per column in the order of
+/// [`PgStore::INSERT_MANY`]'s `unnest`, from rows in (tenant, key) order.
+struct InsertColumns<'a> {
+    tenants: Vec<&'a str>,
+    keys: Vec<String>,
+    run_ids: Vec<String>,
+    tools: Vec<String>,
+    fingerprints: Vec<String>,
+    statuses: Vec<String>,
+    attempts: Vec<i64>,
+    tokens: Vec<String>,
+    results: Vec<Vec<u8>>,
+    errors: Vec<String>,
+    retryables: Vec<bool>,
+    principals: Vec<String>,
+    started: Vec<i64>,
+    finished: Vec<Option<i64>>,
+    leases: Vec<i64>,
+    retentions: Vec<i64>,
+    expires: Vec<Option<i64>>,
+    replays: Vec<i64>,
+    arguments: Vec<Option<String>>,
+}
+
+impl<'a> InsertColumns<'a> {
+    fn of(rows: &[&'a (Tenant, Entry)]) -> InsertColumns<'a> {
+        let col = |f: fn(&Entry) -> String| rows.iter().map(|(_, e)| f(e)).collect::<Vec<_>>();
+        let int = |f: fn(&Entry) -> i64| rows.iter().map(|(_, e)| f(e)).collect::<Vec<_>>();
+        let opt = |f: fn(&Entry) -> Option<i64>| rows.iter().map(|(_, e)| f(e)).collect::<Vec<_>>();
+        InsertColumns {
+            tenants: rows.iter().map(|(t, _)| t.as_str()).collect(),
+            keys: col(|e| e.key.as_str().to_owned()),
+            // An entry without a run stores the empty text, as the one-row INSERT does.
+            run_ids: col(|e| e.run_id.as_ref().map_or("", |r| r.as_str()).to_owned()),
+            tools: col(|e| e.tool.as_str().to_owned()),
+            fingerprints: col(|e| e.fingerprint.clone()),
+            statuses: col(|e| e.status.as_str().to_string()),
+            attempts: int(|e| i64::from(e.attempt)),
+            tokens: col(|e| e.claim_token.as_str().to_owned()),
+            results: rows.iter().map(|(_, e)| e.result.clone()).collect(),
+            errors: col(|e| e.error.clone()),
+            retryables: rows.iter().map(|(_, e)| e.retryable).collect(),
+            principals: col(|e| e.principal.as_str().to_owned()),
+            started: int(|e| e.started_at.0),
+            finished: opt(|e| e.finished_at.map(|m| m.0)),
+            leases: int(|e| e.lease_expires_at.0),
+            retentions: int(|e| e.retention.0),
+            expires: opt(|e| e.expires_at.map(|m| m.0)),
+            replays: int(|e| i64::try_from(e.replay_count).unwrap_or(i64::MAX)),
+            arguments: rows.iter().map(|(_, e)| e.arguments.clone()).collect(),
+        }
     }
 }
 
