@@ -171,7 +171,30 @@ pub(super) fn timeline(view: &EntryView, now: Micros) -> Vec<String> {
         }
         (_, None) => {}
     }
-    let a = &e.approval;
+    lines.extend(approval_lines(&e.approval));
+    if e.replay_count > 0 {
+        lines.push(format!(
+            "replayed {} time{} since",
+            e.replay_count,
+            if e.replay_count == 1 { "" } else { "s" }
+        ));
+    }
+    match e.expires_at {
+        Some(at) if at > now => lines.push(format!(
+            "{}: expires (in {}); after that its key claims anew",
+            time(at),
+            span(at.minus(now))
+        )),
+        Some(at) => lines.push(format!("{}: expired", time(at))),
+        None => lines.push("never expires while unresolved".to_string()),
+    }
+    lines
+}
+
+/// The timeline's lines of an entry's approval: asked, decided (by whom, why), and what became
+/// of it (may be used until, used, lapsed).
+fn approval_lines(a: &crate::domain::Approval) -> Vec<String> {
+    let mut lines = Vec::new();
     if let Some(requested) = a.requested_at {
         lines.push(format!(
             "{}: a person was asked to approve it (decide by {})",
@@ -208,22 +231,6 @@ pub(super) fn timeline(view: &EntryView, now: Micros) -> Vec<String> {
             lines.push("the request (or the approval) lapsed: nothing was done".to_string());
         }
         _ => {}
-    }
-    if e.replay_count > 0 {
-        lines.push(format!(
-            "replayed {} time{} since",
-            e.replay_count,
-            if e.replay_count == 1 { "" } else { "s" }
-        ));
-    }
-    match e.expires_at {
-        Some(at) if at > now => lines.push(format!(
-            "{}: expires (in {}); after that its key claims anew",
-            time(at),
-            span(at.minus(now))
-        )),
-        Some(at) => lines.push(format!("{}: expired", time(at))),
-        None => lines.push("never expires while unresolved".to_string()),
     }
     lines
 }
