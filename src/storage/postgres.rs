@@ -81,20 +81,12 @@ async fn upgrade_edited_migrations(conn: &mut sqlx::PgConnection) -> Result<(), 
     if !migrated {
         return Ok(());
     }
-    let version = super::released::EDITED_VERSION;
-    if let Some(current) = MIGRATOR.iter().find(|m| m.version == version)
-        && super::released::upgrade::<sqlx::Postgres>(
-            &mut tx,
-            &current.checksum,
-            sqlx::postgres::PgQueryResult::rows_affected,
-        )
-        .await?
-    {
-        tracing::info!(
-            version,
-            "migration {version} was applied as first released: brought to its current form"
-        );
-    }
+    super::released::upgrade::<sqlx::Postgres>(
+        &mut tx,
+        &MIGRATOR,
+        sqlx::postgres::PgQueryResult::rows_affected,
+    )
+    .await?;
     tx.commit().await
 }
 

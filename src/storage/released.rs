@@ -13,44 +13,50 @@
 //! starting together: the second finds nothing to do).
 
 /// The version of the one migration edited after release.
-pub(super) const EDITED_VERSION: i64 = 4;
+const EDITED_VERSION: i64 = 4;
 
 /// The checksum (SHA-384) of 0004 as first released.
 const RELEASED_0004: &str = "11bf51fed77757dbc92531d585f7450fc1d0aa9372ea26426a5976f8e9e0e7c5\
                              8094cab9920443455780b4654af44764";
 
-/// Records the current checksum where the first release's is applied (the same text on both
-/// stores).
+/// Records the current checksum `$1` of migration `$3` where the first release's `$2` is applied
+/// (the same text on both stores).
 const RECORD_CURRENT: &str =
-    "UPDATE _sqlx_migrations SET checksum = $1 WHERE version = 4 AND checksum = $2";
+    "UPDATE _sqlx_migrations SET checksum = $1 WHERE version = $3 AND checksum = $2";
 
 /// What the current 0004 does differently: the run index led by the run.
 const DROP_FIRST_RUN_INDEX: &str = "DROP INDEX IF EXISTS ledger_entries_by_run";
 const CREATE_RUN_INDEX: &str =
     "CREATE INDEX ledger_entries_by_run ON ledger_entries (run_id, tenant, started_at)";
 
-/// Records `current` (this build's checksum of 0004) where the first release's is applied,
-/// then re-creates the run index, on `conn` inside the caller's transaction. Whether it did
-/// (false: the database never applied the first release, or was already brought up).
+/// Where `migrator`'s 0004 is not the first release's but the database applied the first
+/// release, records this build's checksum and re-creates the run index, on `conn` inside the
+/// caller's transaction (so that of two servers starting together the second finds nothing to
+/// do), and logs that it did.
 pub(super) async fn upgrade<DB>(
     conn: &mut DB::Connection,
-    current: &[u8],
+    migrator: &sqlx::migrate::Migrator,
     rows_affected: fn(&DB::QueryResult) -> u64,
-) -> Result<bool, sqlx::Error>
+) -> Result<(), sqlx::Error>
 where
     DB: sqlx::Database,
     for<'q> <DB as sqlx::Database>::Arguments: sqlx::IntoArguments<DB>,
     for<'e> &'e mut DB::Connection: sqlx::Executor<'e, Database = DB>,
     Vec<u8>: for<'q> sqlx::Encode<'q, DB> + sqlx::Type<DB>,
+    i64: for<'q> sqlx::Encode<'q, DB> + sqlx::Type<DB>,
 {
+    let Some(current) = migrator.iter().find(|m| m.version == EDITED_VERSION) else {
+        return Ok(());
+    };
     let released = hex::decode(RELEASED_0004).map_err(|e| sqlx::Error::Decode(Box::new(e)))?;
     let moved = sqlx::query(self::RECORD_CURRENT)
-        .bind(current.to_vec())
+        .bind(current.checksum.to_vec())
         .bind(released)
+        .bind(EDITED_VERSION)
         .execute(&mut *conn)
         .await?;
     if rows_affected(&moved) == 0 {
-        return Ok(false);
+        return Ok(());
     }
     sqlx::query(self::DROP_FIRST_RUN_INDEX)
         .execute(&mut *conn)
@@ -58,5 +64,9 @@ where
     sqlx::query(self::CREATE_RUN_INDEX)
         .execute(&mut *conn)
         .await?;
-    Ok(true)
+    tracing::info!(
+        version = EDITED_VERSION,
+        "migration {EDITED_VERSION} was applied as first released: brought to its current form"
+    );
+    Ok(())
 }

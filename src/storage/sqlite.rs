@@ -361,20 +361,12 @@ impl SqliteStore {
         if migrated == 0 {
             return Ok(());
         }
-        let version = super::released::EDITED_VERSION;
-        if let Some(current) = MIGRATOR.iter().find(|m| m.version == version)
-            && super::released::upgrade::<sqlx::Sqlite>(
-                &mut tx,
-                &current.checksum,
-                sqlx::sqlite::SqliteQueryResult::rows_affected,
-            )
-            .await?
-        {
-            tracing::info!(
-                version,
-                "migration {version} was applied as first released: brought to its current form"
-            );
-        }
+        super::released::upgrade::<sqlx::Sqlite>(
+            &mut tx,
+            &MIGRATOR,
+            sqlx::sqlite::SqliteQueryResult::rows_affected,
+        )
+        .await?;
         tx.commit().await
     }
 }

@@ -88,72 +88,82 @@ const FIRST_0004: &str = "11bf51fed77757dbc92531d585f7450fc1d0aa9372ea26426a5976
 const FIRST_RUN_INDEX: &str =
     "CREATE INDEX ledger_entries_by_run ON ledger_entries (tenant, run_id, started_at, key)";
 
+/// Puts the first release of 0004 back into a migrated database on `conn`: its run index and
+/// its checksum.
+async fn rewind_to_the_first_0004<DB>(conn: &mut DB::Connection)
+where
+    DB: sqlx::Database,
+    for<'q> <DB as sqlx::Database>::Arguments: sqlx::IntoArguments<DB>,
+    for<'e> &'e mut DB::Connection: sqlx::Executor<'e, Database = DB>,
+    Vec<u8>: for<'q> sqlx::Encode<'q, DB> + sqlx::Type<DB>,
+{
+    let first = hex::decode(FIRST_0004).expect("hex");
+    sqlx::query("DROP INDEX ledger_entries_by_run")
+        .execute(&mut *conn)
+        .await
+        .expect("drop");
+    sqlx::query(FIRST_RUN_INDEX)
+        .execute(&mut *conn)
+        .await
+        .expect("the first index");
+    sqlx::query("UPDATE _sqlx_migrations SET checksum = $1 WHERE version = 4")
+        .bind(first)
+        .execute(&mut *conn)
+        .await
+        .expect("the first checksum");
+}
+
+/// The run index's definition (as `index_sql` reads it) and 0004's recorded checksum.
+async fn index_and_checksum<DB>(
+    conn: &mut DB::Connection,
+    index_sql: &'static str,
+) -> (String, Vec<u8>)
+where
+    DB: sqlx::Database,
+    for<'q> <DB as sqlx::Database>::Arguments: sqlx::IntoArguments<DB>,
+    for<'e> &'e mut DB::Connection: sqlx::Executor<'e, Database = DB>,
+    (String,): for<'r> sqlx::FromRow<'r, DB::Row>,
+    (Vec<u8>,): for<'r> sqlx::FromRow<'r, DB::Row>,
+{
+    let (index,): (String,) = sqlx::query_as(index_sql)
+        .fetch_one(&mut *conn)
+        .await
+        .expect("index");
+    let (checksum,): (Vec<u8>,) =
+        sqlx::query_as("SELECT checksum FROM _sqlx_migrations WHERE version = 4")
+            .fetch_one(&mut *conn)
+            .await
+            .expect("checksum");
+    (index, checksum)
+}
+
 async fn a_database_migrated_with_the_first_0004_is_brought_up_and_starts(backend: Backend) {
     let db = TestDb::new(backend);
     drop(db.store(1).await);
-    let first = hex::decode(FIRST_0004).expect("hex");
     let (index, checksum) = match backend {
         Backend::Sqlite => {
             let mut conn = sqlx::SqliteConnection::connect(&db.direct_url)
                 .await
                 .expect("connect");
-            sqlx::query("DROP INDEX ledger_entries_by_run")
-                .execute(&mut conn)
-                .await
-                .expect("drop");
-            sqlx::query(FIRST_RUN_INDEX)
-                .execute(&mut conn)
-                .await
-                .expect("the first index");
-            sqlx::query("UPDATE _sqlx_migrations SET checksum = $1 WHERE version = 4")
-                .bind(&first)
-                .execute(&mut conn)
-                .await
-                .expect("the first checksum");
+            rewind_to_the_first_0004::<sqlx::Sqlite>(&mut conn).await;
             drop(db.store(1).await);
-            let (index,): (String,) = sqlx::query_as(
+            index_and_checksum::<sqlx::Sqlite>(
+                &mut conn,
                 "SELECT sql FROM sqlite_master WHERE name = 'ledger_entries_by_run'",
             )
-            .fetch_one(&mut conn)
             .await
-            .expect("index");
-            let (checksum,): (Vec<u8>,) =
-                sqlx::query_as("SELECT checksum FROM _sqlx_migrations WHERE version = 4")
-                    .fetch_one(&mut conn)
-                    .await
-                    .expect("checksum");
-            (index, checksum)
         }
         _ => {
             let mut conn = sqlx::PgConnection::connect(&db.direct_url)
                 .await
                 .expect("connect");
-            sqlx::query("DROP INDEX ledger_entries_by_run")
-                .execute(&mut conn)
-                .await
-                .expect("drop");
-            sqlx::query(FIRST_RUN_INDEX)
-                .execute(&mut conn)
-                .await
-                .expect("the first index");
-            sqlx::query("UPDATE _sqlx_migrations SET checksum = $1 WHERE version = 4")
-                .bind(&first)
-                .execute(&mut conn)
-                .await
-                .expect("the first checksum");
+            rewind_to_the_first_0004::<sqlx::Postgres>(&mut conn).await;
             drop(db.store(1).await);
-            let (index,): (String,) = sqlx::query_as(
+            index_and_checksum::<sqlx::Postgres>(
+                &mut conn,
                 "SELECT indexdef FROM pg_indexes WHERE indexname = 'ledger_entries_by_run'",
             )
-            .fetch_one(&mut conn)
             .await
-            .expect("index");
-            let (checksum,): (Vec<u8>,) =
-                sqlx::query_as("SELECT checksum FROM _sqlx_migrations WHERE version = 4")
-                    .fetch_one(&mut conn)
-                    .await
-                    .expect("checksum");
-            (index, checksum)
         }
     };
     assert!(
