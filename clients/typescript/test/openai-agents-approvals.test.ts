@@ -11,49 +11,19 @@ import { after, before, describe, test } from "node:test";
 import {
   Agent,
   RunState,
-  Usage,
   run,
   setTracingDisabled,
   tool,
-  type AgentInputItem,
   type AgentOutputItem,
-  type Model,
-  type ModelRequest,
-  type ModelResponse,
 } from "@openai/agents";
 import { z } from "zod";
 import { decideInterruption, interruptionKey, ledgerTool } from "../src/adapters/openai-agents.js";
 import { currentAttempt, type Ledger } from "../src/index.js";
 import { Payments, captureLog } from "./support/payments.js";
+import { ScriptedModel } from "./support/scripted-model.js";
 import { startServer, uniqueRun, type TestServer } from "./support/server.js";
 
 setTracingDisabled(true);
-
-/** A model that answers each turn with the next scripted output items. */
-class ScriptedModel implements Model {
-  readonly requests: ModelRequest[] = [];
-  constructor(private readonly turns: AgentOutputItem[][]) {}
-
-  async getResponse(request: ModelRequest): Promise<ModelResponse> {
-    this.requests.push(request);
-    const output = this.turns[this.requests.length - 1];
-    if (!output) throw new Error(`the script has no turn ${this.requests.length}`);
-    return { usage: new Usage(), output, responseId: `resp-${this.requests.length}` };
-  }
-
-  // eslint-disable-next-line require-yield
-  async *getStreamedResponse(): AsyncIterable<never> {
-    throw new Error("this scripted model does not stream");
-  }
-
-  /** The function-call outputs the model read in request `n` (default the last). */
-  resultsRead(n = this.requests.length - 1): string[] {
-    const input = this.requests[n].input as AgentInputItem[];
-    return input
-      .filter((item) => item.type === "function_call_result")
-      .map((item) => (item as { output: { type: string; text: string } }).output.text);
-  }
-}
 
 let callCounter = 0;
 function call(name: string, args: string): AgentOutputItem[] {

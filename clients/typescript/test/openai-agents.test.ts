@@ -8,56 +8,22 @@ import { after, before, describe, test } from "node:test";
 import {
   Agent,
   ToolCallError,
-  Usage,
   run,
   setTracingDisabled,
   tool,
-  type AgentInputItem,
   type AgentOutputItem,
-  type Model,
-  type ModelRequest,
-  type ModelResponse,
 } from "@openai/agents";
 import { z } from "zod";
 import { ledgerTool } from "../src/adapters/openai-agents.js";
 import { MissingRunIdError, NotExecutedError, NOT_PERFORMED_NOTE, UNKNOWN_NOTE, currentAttempt, type Ledger } from "../src/index.js";
 import { Payments, captureLog, sleep } from "./support/payments.js";
+import { ScriptedModel } from "./support/scripted-model.js";
 import { startServer, uniqueRun, type TestServer } from "./support/server.js";
 
 const REPLAY_NOTE = /already performed.*No new action was taken/;
 
 // No API key, no network: nothing may try to export traces.
 setTracingDisabled(true);
-
-/** A model that answers each turn with the next scripted output items. */
-class ScriptedModel implements Model {
-  readonly requests: ModelRequest[] = [];
-  constructor(private readonly turns: AgentOutputItem[][]) {}
-
-  async getResponse(request: ModelRequest): Promise<ModelResponse> {
-    this.requests.push(request);
-    const output = this.turns[this.requests.length - 1];
-    if (!output) throw new Error(`the script has no turn ${this.requests.length}`);
-    return { usage: new Usage(), output, responseId: `resp-${this.requests.length}` };
-  }
-
-  // eslint-disable-next-line require-yield
-  async *getStreamedResponse(): AsyncIterable<never> {
-    throw new Error("this scripted model does not stream");
-  }
-
-  /** The function-call outputs the model read, in order (the input of its last turn). */
-  resultsRead(): string[] {
-    const input = this.requests.at(-1)!.input as AgentInputItem[];
-    return input
-      .filter((item) => item.type === "function_call_result")
-      .map((item) => {
-        const output = (item as { output: { type: string; text: string } }).output;
-        assert.equal(output.type, "text");
-        return output.text;
-      });
-  }
-}
 
 let callCounter = 0;
 function calls(...calls: Array<[string, string]>): AgentOutputItem[] {
