@@ -22,11 +22,10 @@
 //! - [`defaults`]: every default setting, for the command line and the `Default` impls alike.
 //! - [`connections`]: the client connections, bounded: the descriptor limit raised, a cap,
 //!   idle connections closed, an accept loop that backs off when descriptors run out.
-//! - [`storage`]: the store traits (the use cases' entries, the batcher's writes,
-//!   announcements to other servers, operations, upkeep; every consumer holds one
-//!   `Arc<dyn Store>` over them all), implemented once over a SQL dialect for the PostgreSQL
-//!   and SQLite backends, whose claims and completions go through group commit; `sqlx::Error`
-//!   never leaves it.
+//! - [`storage`]: the one `Store` trait every consumer holds (`Arc<dyn Store>`), implemented
+//!   once over a SQL dialect for the PostgreSQL and SQLite backends, and by the group commit,
+//!   a store around a store that batches claims and completions; `sqlx::Error` never leaves
+//!   it.
 //! - [`error`]: the ledger's one error type, its reasons, messages and retry hints, without
 //!   tonic (the transport's refusals and the mapping to gRPC statuses are [`grpc::error`]'s).
 //! - [`ledger`]: the use cases, one file each (claim, complete, renew, lookup, list,

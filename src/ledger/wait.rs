@@ -2,7 +2,7 @@
 //!
 //! Every waiting claim of one (tenant, key) on this server shares one [`KeyWatch`]. A
 //! completion on this server wakes it directly, without touching the database; a completion on
-//! another server arrives as a PostgreSQL notification ([`crate::storage::Announcements::subscribe`])
+//! another server arrives as a PostgreSQL notification ([`crate::storage::Store::subscribe`])
 //! and wakes it the same way. Where notifications are unavailable (behind PgBouncer in
 //! transaction mode) or as a safety net for ones missed while the listening connection was
 //! down, one poller per watched key reads the entry at a fixed interval and wakes every waiter

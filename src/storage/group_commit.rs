@@ -1,9 +1,10 @@
 //! Group commit: claims' inserts and claimants' completions that arrive while the store is busy
 //! are written together, one multi-row statement and one commit per batch.
 //!
-//! [`GroupCommit`] is the write path of a store (its `insert` and `finish`), over the store's
-//! [`Batches`] (the one-row and multi-row writes): not a store itself, so only those two
-//! calls go through it, and it cannot wrap another batcher. Each kind of write has a
+//! [`GroupCommit`] is a [`Store`] around another: its `insert` and `finish` are batched (written
+//! with the inner store's `insert_many` and `finish_many`, or, alone, its `insert` and
+//! `finish`), and every other call passes straight to the inner store (`passing`). Each kind
+//! of write has a
 //! queue and a dispatcher that runs at most `writers` batches at once. When a writer is free, a
 //! request is written at once, alone: no timer ever delays it. While every writer is busy,
 //! requests wait in the queue, and the next free writer takes all of them (up to a cap) as one
@@ -25,7 +26,9 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use tokio::sync::{Semaphore, mpsc, oneshot};
 use tracing::Instrument as _;
 
-use super::{Batches, Finish, Finished, StoreError, StoreResult};
+mod passing;
+
+use super::{Finish, Finished, Store, StoreError, StoreResult};
 use crate::domain::{Entry, Tenant};
 
 /// The most requests one statement carries.
@@ -55,12 +58,11 @@ struct Job<T, R> {
 type InsertJob = Job<Entry, bool>;
 type FinishJob = Job<Finish, Option<Finished>>;
 
-/// The write path of a store whose inserts and completions are group-committed: the only
-/// calls it takes are those two, and it reaches the database only through [`Batches`], so
-/// nothing else can go through it, and a call it lacks cannot fall back to another path.
+/// A store whose inserts and completions are group-committed, around the store that runs the
+/// statements ([`GroupCommit::wrap`]).
 pub struct GroupCommit {
-    /// The store that runs the statements.
-    inner: Arc<dyn Batches>,
+    /// The store that runs the statements, and every call but `insert` and `finish`.
+    inner: Arc<dyn Store>,
     /// Claims' inserts waiting for a writer.
     inserts: Queue<InsertJob>,
     /// Completions waiting for a writer.
@@ -102,7 +104,7 @@ impl GroupCommit {
     /// Wraps `inner`, running at most `writers` batches of each kind at once (at least 1).
     /// Call inside a tokio runtime: it spawns the two dispatchers, which end when this store
     /// is dropped.
-    pub fn new(inner: Arc<dyn Batches>, writers: usize) -> GroupCommit {
+    pub fn wrap(inner: Arc<dyn Store>, writers: usize) -> GroupCommit {
         let writers = writers.max(1);
         let stats = Arc::new(Stats::default());
         let inserts = Queue::start(writers, stats.clone(), {
@@ -238,15 +240,13 @@ async fn dispatch<T, R, F, Fut>(
     }
 }
 
-async fn write_inserts(store: &dyn Batches, mut batch: Vec<InsertJob>) {
+async fn write_inserts(store: &dyn Store, mut batch: Vec<InsertJob>) {
     // A lone request takes the one-row statement: PostgreSQL plans it once (a generic plan),
     // while the multi-row statement's array length is unknown to a generic plan, so it is
     // planned again for every batch; worth it for a batch, not for one row.
     if batch.len() == 1 {
         let job = batch.pop().expect("one job");
-        let _ = job
-            .reply
-            .send(store.insert_one(&job.tenant, &job.write).await);
+        let _ = job.reply.send(store.insert(&job.tenant, &job.write).await);
         return;
     }
     let writes: Vec<(Tenant, Entry)> = batch
@@ -267,15 +267,13 @@ async fn write_inserts(store: &dyn Batches, mut batch: Vec<InsertJob>) {
     }
 }
 
-async fn write_finishes(store: &dyn Batches, mut batch: Vec<FinishJob>) {
+async fn write_finishes(store: &dyn Store, mut batch: Vec<FinishJob>) {
     // One command per key and statement (an UPDATE … FROM would apply only one of two rows
     // for the same key, unpredictably); a later command for a key goes in the next round.
     while !batch.is_empty() {
         if batch.len() == 1 {
             let job = batch.pop().expect("one job");
-            let _ = job
-                .reply
-                .send(store.finish_one(&job.tenant, &job.write).await);
+            let _ = job.reply.send(store.finish(&job.tenant, &job.write).await);
             return;
         }
         let mut keys = HashSet::new();
@@ -309,35 +307,35 @@ fn fail_all<T, R>(batch: Vec<Job<T, R>>, error: &StoreError) {
 }
 
 impl GroupCommit {
-    /// Claims a key as [`Batches::insert_one`] does, in a batch with the claims that wait
-    /// with it.
+    /// Claims a key as the inner store's [`Store::insert`] does, in a batch with the claims
+    /// that wait with it.
     ///
     /// # Errors
     /// The batch's error, or `Unavailable` while the store shuts down.
-    pub async fn insert(&self, tenant: &Tenant, entry: &Entry) -> StoreResult<bool> {
+    async fn batch_insert(&self, tenant: &Tenant, entry: &Entry) -> StoreResult<bool> {
         let inner = &self.inner;
         let span = commit_span("insert");
         self.inserts
             .submit(tenant, entry, &span, async |t: &Tenant, e: &Entry| {
                 self.stats.record(1);
-                inner.insert_one(t, e).await
+                inner.insert(t, e).await
             })
             .instrument(span.clone())
             .await
     }
 
-    /// Records an outcome as [`Batches::finish_one`] does, in a batch with the completions
-    /// that wait with it.
+    /// Records an outcome as the inner store's [`Store::finish`] does, in a batch with the
+    /// completions that wait with it.
     ///
     /// # Errors
-    /// As [`GroupCommit::insert`].
-    pub async fn finish(&self, tenant: &Tenant, cmd: &Finish) -> StoreResult<Option<Finished>> {
+    /// As [`GroupCommit::batch_insert`].
+    async fn batch_finish(&self, tenant: &Tenant, cmd: &Finish) -> StoreResult<Option<Finished>> {
         let inner = &self.inner;
         let span = commit_span("finish");
         self.finishes
             .submit(tenant, cmd, &span, async |t: &Tenant, c: &Finish| {
                 self.stats.record(1);
-                inner.finish_one(t, c).await
+                inner.finish(t, c).await
             })
             .instrument(span.clone())
             .await

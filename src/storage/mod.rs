@@ -1,19 +1,21 @@
-//! Durable entries behind the [`Store`] trait (and the narrower traits it gathers), implemented by [`postgres::PgStore`] (production;
-//! several servers may share one database) and [`sqlite::SqliteStore`] (the embedded default).
+//! Durable entries behind the one [`Store`] trait, implemented by [`postgres::PgStore`]
+//! (production; several servers may share one database) and [`sqlite::SqliteStore`] (the
+//! embedded default), and wrapped by [`group_commit::GroupCommit`].
 //!
 //! A store makes no decisions: it applies the writes the domain chose, each one a single atomic
 //! statement whose `WHERE` clause is the compare-and-set condition. The claim itself is an
 //! `INSERT … ON CONFLICT DO NOTHING`: the primary key on (tenant, key) decides who wins, never a
 //! read-then-write. Every write is a plain data command (an [`Entry`], a [`Finish`]), so
-//! [`group_commit::GroupCommit`] collects the claims and completions that arrive while the store is
-//! busy into one multi-row statement and one commit.
+//! [`group_commit::GroupCommit`], a store around a store, collects the claims and completions
+//! that arrive while the store is busy into one multi-row statement and one commit; every other
+//! call passes through it.
 //!
-//! The traits are implemented once for both backends (`sql_store`): each backend states what it
-//! does its own way as a `Dialect` (the statements it words differently, how it runs one
-//! statement, where its claims and completions go), the statements they share are constants
-//! in [`sql`] built from one column list, and every statement runs through
-//! `sql_store::run_on`. A store opened by [`open`] sends its claims and completions, and only
-//! those, through its [`group_commit::GroupCommit`].
+//! The trait is implemented once for both SQL backends (`sql_store`): each backend states what
+//! it does its own way as a `Dialect` (the statements it words differently, how it runs one
+//! statement, its batches, announcements, migrations and clock), the statements they share are
+//! constants in [`sql`] whose column lists and placeholders are built from one list of columns,
+//! and every statement runs through `sql_store::run_on`. [`open`] returns a backend wrapped in
+//! its group commit.
 //!
 //! `sqlx::Error` never leaves this module: it becomes [`StoreError`].
 
@@ -53,10 +55,13 @@ fn probe_filler() -> Vec<u8> {
     filler
 }
 
-/// The entries of the ledger: the compare-and-set writes the domain decides on, and the reads
-/// that tell what to decide. One row per (tenant, key). What the use cases need.
+/// The store: everything the ledger, the server and its tasks hold one for, one trait over
+/// both backends (`Arc<dyn Store>`). Its writes are the compare-and-set writes the domain
+/// decides on, each a single atomic statement; its reads tell what to decide. One row per
+/// (tenant, key). [`group_commit::GroupCommit`] is a store too: it wraps another and batches
+/// its `insert` and `finish`.
 #[async_trait]
-pub trait Entries: Send + Sync + 'static {
+pub trait Store: Send + Sync + 'static {
     /// Inserts `entry` unless (tenant, key) exists. `true` when this call inserted it: the
     /// unique constraint, not a prior read, decides among concurrent claimants.
     ///
@@ -347,24 +352,8 @@ pub trait Entries: Send + Sync + 'static {
     /// # Errors
     /// `Unavailable` or `Internal` as the database fails; nothing was counted then.
     async fn count_replays(&self, counts: &[ReplayCount]) -> StoreResult<()>;
-}
 
-/// The two writes that are group-committed ([`group_commit::GroupCommit`]), one row and many, each
-/// straight to the database: what a backend offers to a batcher. A batcher is not one itself,
-/// so it cannot wrap another.
-#[async_trait]
-pub trait Batches: Send + Sync + 'static {
-    /// [`Entries::insert`], as its own statement.
-    ///
-    /// # Errors
-    /// `Unavailable` or `Internal` as the database fails.
-    async fn insert_one(&self, tenant: &Tenant, entry: &Entry) -> StoreResult<bool>;
-
-    /// [`Entries::finish`], as its own statement.
-    ///
-    /// # Errors
-    /// `Unavailable` or `Internal` as the database fails.
-    async fn finish_one(&self, tenant: &Tenant, cmd: &Finish) -> StoreResult<Option<Finished>>;
+    // Group commit: what a batcher in front of the store writes a batch with.
 
     /// Inserts each (tenant, entry) unless its (tenant, key) exists, in as few statements and
     /// commits as the backend allows; per entry, whether this call inserted it. Within one
@@ -375,18 +364,15 @@ pub trait Batches: Send + Sync + 'static {
     /// `Unavailable` or `Internal` as the database fails.
     async fn insert_many(&self, batch: &[(Tenant, Entry)]) -> StoreResult<Vec<bool>>;
 
-    /// [`Entries::finish`] for many entries at once, in as few statements and commits as the
+    /// [`Store::finish`] for many entries at once, in as few statements and commits as the
     /// backend allows; at most one command per (tenant, key) in a batch.
     ///
     /// # Errors
     /// `Unavailable` or `Internal` as the database fails; none is known to be written then.
     async fn finish_many(&self, batch: &[(Tenant, Finish)]) -> StoreResult<Vec<Option<Finished>>>;
-}
 
-/// Telling other servers that share the database that an entry changed (for their waiting
-/// claims). A no-op for a store only one server uses.
-#[async_trait]
-pub trait Announcements: Send + Sync + 'static {
+    // Other servers sharing the database (a no-op for a store only one server uses).
+
     /// Whether other servers may write to the same database (so changes must be announced or
     /// polled for, not only seen in-process).
     fn shared(&self) -> bool;
@@ -401,12 +387,9 @@ pub trait Announcements: Send + Sync + 'static {
     /// Starts listening for other servers' announcements; each arrives as (tenant, key).
     /// `None` for a store only one server uses.
     fn subscribe(&self) -> Option<tokio::sync::mpsc::Receiver<(Tenant, Key)>>;
-}
 
-/// What the server's probe, migrations and metrics need of a store: no entry is read or
-/// written here.
-#[async_trait]
-pub trait Operations: Send + Sync + 'static {
+    // Operations: what the probe, migrations and metrics need; no entry is read or written.
+
     /// `"postgres"` or `"sqlite"`, for logs.
     fn backend(&self) -> &'static str;
 
@@ -435,17 +418,14 @@ pub trait Operations: Send + Sync + 'static {
 
     /// Where the store is, for logs (never a password).
     fn location(&self) -> String;
-}
 
-/// What the server's probe and metrics read of a store's state, the same for every backend:
-/// whether it is full, whether a write commits, the gauges.
-#[async_trait]
-pub trait Upkeep: Send + Sync + 'static {
+    // Upkeep: the store's state, the same for every backend.
+
     /// Whether the store last reported a full disk (see [`StoreMarks`]); no database call.
     fn is_full(&self) -> bool;
 
     /// Writes and deletes a probe row of 64 KiB, each in its own commit: whether a write of a
-    /// typical size commits now. Clears [`Upkeep::is_full`] when both did.
+    /// typical size commits now. Clears [`Store::is_full`] when both did.
     ///
     /// # Errors
     /// As the database fails (`Full` while there is still no space).
@@ -462,16 +442,6 @@ pub trait Upkeep: Send + Sync + 'static {
     /// How the connection pool is used right now (for the metrics gauges); no database call.
     fn pool_stats(&self) -> PoolStats;
 }
-
-/// Everything the server holds a store for: what [`open`] returns.
-pub trait Store: Entries + Announcements + Operations + Upkeep {}
-
-impl<T: Entries + Announcements + Operations + Upkeep + ?Sized> Store for T {}
-
-/// What a backend (PostgreSQL, SQLite) offers: a store that can also write batches.
-pub trait Backend: Store + Batches {}
-
-impl<T: Store + Batches + ?Sized> Backend for T {}
 
 /// The URL with any password replaced by `***`, for logs.
 pub fn redact_url(url: &str) -> String {

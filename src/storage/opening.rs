@@ -3,7 +3,7 @@
 
 use std::sync::Arc;
 
-use super::{Backend, Store, StoreError, StoreResult, group_commit, postgres, redact_url, sqlite};
+use super::{Store, StoreError, StoreResult, group_commit, postgres, redact_url, sqlite};
 
 /// Opens the store a database URL names: `postgres://` or `postgresql://` for PostgreSQL,
 /// `sqlite://` (or `sqlite:`) for an embedded file, created if missing. Inserts and
@@ -35,27 +35,17 @@ pub async fn open_with_writers(
     options: &PoolOptions,
     writers: usize,
 ) -> StoreResult<(Arc<dyn Store>, Arc<group_commit::Stats>)> {
-    if is_postgres(url) {
-        let store = postgres::PgStore::connect(url, options)?.with_group_commit(writers);
-        let stats = store.batch_stats();
-        Ok((Arc::new(store), stats))
-    } else if url.starts_with("sqlite:") {
-        let store = sqlite::SqliteStore::open(url, options)
-            .await?
-            .with_group_commit(writers);
-        let stats = store.batch_stats();
-        Ok((Arc::new(store), stats))
-    } else {
-        Err(unsupported(url))
-    }
+    let store = group_commit::GroupCommit::wrap(open_backend(url, options).await?, writers);
+    let stats = store.stats_handle();
+    Ok((Arc::new(store), stats))
 }
 
 /// The backend a database URL names, without group commit: each write its own statement.
-/// (What [`open`] batches; tests of the batcher start from it.)
+/// (What [`open`] wraps in a [`group_commit::GroupCommit`]; tests of the batcher start from it.)
 ///
 /// # Errors
 /// As [`open`].
-pub async fn open_backend(url: &str, options: &PoolOptions) -> StoreResult<Arc<dyn Backend>> {
+pub async fn open_backend(url: &str, options: &PoolOptions) -> StoreResult<Arc<dyn Store>> {
     if is_postgres(url) {
         Ok(Arc::new(postgres::PgStore::connect(url, options)?))
     } else if url.starts_with("sqlite:") {

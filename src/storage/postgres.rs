@@ -9,11 +9,13 @@ use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
 
 use const_format::concatcp;
 
-use super::group_commit::GroupCommit;
 use super::sql::{self, Param};
-use super::sql_store::{Calls, Dialect, On, Row, at_most_one, run_on};
-use super::{PoolOptions, ReplayCount, StoreError, StoreMarks, StoreResult, kept_connections};
-use crate::domain::Micros;
+use super::sql_store::{Dialect, On, Row, at_most_one, run_on};
+use super::{
+    Finish, Finished, PoolOptions, ReplayCount, StoreError, StoreMarks, StoreResult,
+    kept_connections,
+};
+use crate::domain::{Entry, Key, Micros, Tenant};
 
 mod connect;
 mod group_writes;
@@ -42,9 +44,6 @@ pub struct PgStore {
     migrations_url: Option<String>,
     /// How long opening one connection may take.
     connect_timeout: std::time::Duration,
-    /// Where claims and completions go: a batcher over a clone of this store without one
-    /// ([`PgStore::with_group_commit`]), or straight to the database.
-    batcher: Option<std::sync::Arc<GroupCommit>>,
 }
 
 /// A pooled connection idle longer than this is pinged before use: one that survived a
@@ -217,10 +216,144 @@ impl PgStore {
     );
 }
 
-#[async_trait::async_trait]
-impl super::Operations for PgStore {
-    fn backend(&self) -> &'static str {
-        "postgres"
+impl Dialect for PgStore {
+    const REPLAY: &str = PgStore::REPLAY;
+    const TAKE_UNRESOLVED: &str = PgStore::TAKE_UNRESOLVED;
+    const PRUNE: &str = PgStore::PRUNE;
+    const BACKEND: &str = "postgres";
+
+    type DB = sqlx::Postgres;
+
+    fn classify(err: sqlx::Error) -> StoreError {
+        StoreError::from_postgres(err)
+    }
+
+    fn marks(&self) -> &StoreMarks {
+        &self.marks
+    }
+
+    fn pool(&self) -> &kept_connections::Connections<sqlx::Postgres> {
+        &self.pool
+    }
+
+    /// Starts what one store call runs in: behind a transaction pooler, a transaction, so
+    /// that sqlx's Parse and its Bind (two round trips) reach the same server connection.
+    async fn open_call(&self, conn: &mut sqlx::PgConnection) -> Result<(), sqlx::Error> {
+        if self.pooled {
+            sqlx::raw_sql(sqlx::AssertSqlSafe(self.begin.clone()))
+                .execute(conn)
+                .await?;
+        }
+        Ok(())
+    }
+
+    /// Ends what [`Dialect::open_call`] started: commits after `ok`, else rolls back (so the
+    /// pooler gets its server connection back clean). The commit's result is the call's.
+    async fn close_call(&self, conn: &mut sqlx::PgConnection, ok: bool) -> Result<(), sqlx::Error> {
+        if self.pooled {
+            let end = if ok { "COMMIT" } else { "ROLLBACK" };
+            sqlx::raw_sql(end).execute(conn).await?;
+        }
+        Ok(())
+    }
+
+    /// One pool for every statement, replays included; statements stay prepared unless a
+    /// transaction pooler sits in between.
+    async fn execute(
+        &self,
+        statement: &'static str,
+        params: &[Param<'_>],
+        _on: On,
+    ) -> StoreResult<u64> {
+        let done = run_on(self, &self.pool, move |mut conn| async move {
+            let result: Result<_, sqlx::Error> = async {
+                let args = sql::arguments::<sqlx::Postgres>(params.iter().copied())?;
+                sqlx::query_with(statement, args)
+                    .persistent(self.persistent())
+                    .execute(&mut *conn)
+                    .await
+            }
+            .await;
+            (conn, result)
+        })
+        .await?;
+        Ok(done.rows_affected())
+    }
+
+    async fn fetch_all<R: Row>(
+        &self,
+        statement: &'static str,
+        params: &[Param<'_>],
+        _on: On,
+    ) -> StoreResult<Vec<R>> {
+        run_on(self, &self.pool, move |mut conn| async move {
+            let result: Result<_, sqlx::Error> = async {
+                let args = sql::arguments::<sqlx::Postgres>(params.iter().copied())?;
+                sqlx::query_as_with(statement, args)
+                    .persistent(self.persistent())
+                    .fetch_all(&mut *conn)
+                    .await
+            }
+            .await;
+            (conn, result)
+        })
+        .await
+    }
+
+    /// The statement and the history row in one transaction: the call's own behind a
+    /// transaction pooler (see [`Dialect::open_call`]), else one begun here.
+    async fn write_noted<R: Row>(
+        &self,
+        statement: &'static str,
+        params: &[Param<'_>],
+        notes: &[[Param<'_>; 7]],
+    ) -> StoreResult<Vec<R>> {
+        let persistent = self.persistent();
+        run_on(self, &self.pool, move |mut conn| async move {
+            let result: Result<_, sqlx::Error> = async {
+                if self.pooled {
+                    write_then_note(&mut conn, statement, params, notes, persistent).await
+                } else {
+                    let mut tx = sqlx::Connection::begin(&mut *conn).await?;
+                    let rows =
+                        write_then_note(&mut tx, statement, params, notes, persistent).await?;
+                    tx.commit().await?;
+                    Ok(rows)
+                }
+            }
+            .await;
+            (conn, result)
+        })
+        .await
+    }
+
+    /// Adds replay counts in one statement ([`PgStore::ADD_REPLAYS_MANY`]).
+    async fn write_replay_counts(&self, counts: &[ReplayCount]) -> StoreResult<()> {
+        let tenants: Vec<&str> = counts.iter().map(|c| c.tenant.as_str()).collect();
+        let keys: Vec<&str> = counts.iter().map(|c| c.key.as_str()).collect();
+        let tokens: Vec<&str> = counts.iter().map(|c| c.claim_token.as_str()).collect();
+        let ns: Vec<i64> = counts
+            .iter()
+            .map(|c| i64::try_from(c.count).unwrap_or(i64::MAX))
+            .collect();
+        // Borrowed by each try of the statement.
+        let (tenants, keys, tokens, ns) = (&tenants, &keys, &tokens, &ns);
+        run_on(self, &self.pool, move |mut conn| async move {
+            let result: Result<_, sqlx::Error> = async {
+                sqlx::query(Self::ADD_REPLAYS_MANY)
+                    .bind(tenants)
+                    .bind(keys)
+                    .bind(tokens)
+                    .bind(ns)
+                    .persistent(self.persistent())
+                    .execute(&mut *conn)
+                    .await
+            }
+            .await;
+            (conn, result)
+        })
+        .await?;
+        Ok(())
     }
 
     async fn migrate(&self) -> StoreResult<()> {
@@ -297,169 +430,25 @@ impl super::Operations for PgStore {
     fn location(&self) -> String {
         self.describe()
     }
-}
 
-impl Calls for PgStore {
-    type DB = sqlx::Postgres;
-
-    fn classify(err: sqlx::Error) -> StoreError {
-        StoreError::from_postgres(err)
+    async fn insert_many(&self, batch: &[(Tenant, Entry)]) -> StoreResult<Vec<bool>> {
+        group_writes::insert_many(self, batch).await
     }
 
-    fn marks(&self) -> &StoreMarks {
-        &self.marks
+    async fn finish_many(&self, batch: &[(Tenant, Finish)]) -> StoreResult<Vec<Option<Finished>>> {
+        group_writes::finish_many(self, batch).await
     }
 
-    fn pool(&self) -> &kept_connections::Connections<sqlx::Postgres> {
-        &self.pool
+    fn shared(&self) -> bool {
+        true
     }
 
-    /// Starts what one store call runs in: behind a transaction pooler, a transaction, so
-    /// that sqlx's Parse and its Bind (two round trips) reach the same server connection.
-    async fn open_call(&self, conn: &mut sqlx::PgConnection) -> Result<(), sqlx::Error> {
-        if self.pooled {
-            sqlx::raw_sql(sqlx::AssertSqlSafe(self.begin.clone()))
-                .execute(conn)
-                .await?;
-        }
-        Ok(())
+    async fn announce(&self, tenant: &Tenant, key: &Key) -> StoreResult<()> {
+        listen::announce(self, tenant, key).await
     }
 
-    /// Ends what [`Calls::open_call`] started: commits after `ok`, else rolls back (so the
-    /// pooler gets its server connection back clean). The commit's result is the call's.
-    async fn close_call(&self, conn: &mut sqlx::PgConnection, ok: bool) -> Result<(), sqlx::Error> {
-        if self.pooled {
-            let end = if ok { "COMMIT" } else { "ROLLBACK" };
-            sqlx::raw_sql(end).execute(conn).await?;
-        }
-        Ok(())
-    }
-}
-
-impl PgStore {
-    /// This store with its claims and completions group-committed by `writers` writers of
-    /// each kind ([`GroupCommit`]), over a clone of it that writes them straight.
-    #[must_use]
-    pub fn with_group_commit(mut self, writers: usize) -> PgStore {
-        let direct = std::sync::Arc::new(self.clone());
-        self.batcher = Some(std::sync::Arc::new(GroupCommit::new(direct, writers)));
-        self
-    }
-
-    /// The counts of the batches written so far (none without a batcher).
-    pub fn batch_stats(&self) -> std::sync::Arc<crate::storage::group_commit::Stats> {
-        self.batcher
-            .as_ref()
-            .map_or_else(std::sync::Arc::default, |b| b.stats_handle())
-    }
-}
-
-impl Dialect for PgStore {
-    fn group_commit(&self) -> Option<&GroupCommit> {
-        self.batcher.as_deref()
-    }
-
-    const REPLAY: &str = PgStore::REPLAY;
-    const TAKE_UNRESOLVED: &str = PgStore::TAKE_UNRESOLVED;
-    const PRUNE: &str = PgStore::PRUNE;
-
-    /// One pool for every statement, replays included; statements stay prepared unless a
-    /// transaction pooler sits in between.
-    async fn execute(
-        &self,
-        statement: &'static str,
-        params: &[Param<'_>],
-        _on: On,
-    ) -> StoreResult<u64> {
-        let done = run_on(self, &self.pool, move |mut conn| async move {
-            let result: Result<_, sqlx::Error> = async {
-                let args = sql::arguments::<sqlx::Postgres>(params.iter().copied())?;
-                sqlx::query_with(statement, args)
-                    .persistent(self.persistent())
-                    .execute(&mut *conn)
-                    .await
-            }
-            .await;
-            (conn, result)
-        })
-        .await?;
-        Ok(done.rows_affected())
-    }
-
-    async fn fetch_all<R: Row>(
-        &self,
-        statement: &'static str,
-        params: &[Param<'_>],
-        _on: On,
-    ) -> StoreResult<Vec<R>> {
-        run_on(self, &self.pool, move |mut conn| async move {
-            let result: Result<_, sqlx::Error> = async {
-                let args = sql::arguments::<sqlx::Postgres>(params.iter().copied())?;
-                sqlx::query_as_with(statement, args)
-                    .persistent(self.persistent())
-                    .fetch_all(&mut *conn)
-                    .await
-            }
-            .await;
-            (conn, result)
-        })
-        .await
-    }
-
-    /// The statement and the history row in one transaction: the call's own behind a
-    /// transaction pooler (see [`Calls::open_call`]), else one begun here.
-    async fn write_noted<R: Row>(
-        &self,
-        statement: &'static str,
-        params: &[Param<'_>],
-        notes: &[[Param<'_>; 7]],
-    ) -> StoreResult<Vec<R>> {
-        let persistent = self.persistent();
-        run_on(self, &self.pool, move |mut conn| async move {
-            let result: Result<_, sqlx::Error> = async {
-                if self.pooled {
-                    write_then_note(&mut conn, statement, params, notes, persistent).await
-                } else {
-                    let mut tx = sqlx::Connection::begin(&mut *conn).await?;
-                    let rows =
-                        write_then_note(&mut tx, statement, params, notes, persistent).await?;
-                    tx.commit().await?;
-                    Ok(rows)
-                }
-            }
-            .await;
-            (conn, result)
-        })
-        .await
-    }
-
-    /// Adds replay counts in one statement ([`PgStore::ADD_REPLAYS_MANY`]).
-    async fn write_replay_counts(&self, counts: &[ReplayCount]) -> StoreResult<()> {
-        let tenants: Vec<&str> = counts.iter().map(|c| c.tenant.as_str()).collect();
-        let keys: Vec<&str> = counts.iter().map(|c| c.key.as_str()).collect();
-        let tokens: Vec<&str> = counts.iter().map(|c| c.claim_token.as_str()).collect();
-        let ns: Vec<i64> = counts
-            .iter()
-            .map(|c| i64::try_from(c.count).unwrap_or(i64::MAX))
-            .collect();
-        // Borrowed by each try of the statement.
-        let (tenants, keys, tokens, ns) = (&tenants, &keys, &tokens, &ns);
-        run_on(self, &self.pool, move |mut conn| async move {
-            let result: Result<_, sqlx::Error> = async {
-                sqlx::query(Self::ADD_REPLAYS_MANY)
-                    .bind(tenants)
-                    .bind(keys)
-                    .bind(tokens)
-                    .bind(ns)
-                    .persistent(self.persistent())
-                    .execute(&mut *conn)
-                    .await
-            }
-            .await;
-            (conn, result)
-        })
-        .await?;
-        Ok(())
+    fn subscribe(&self) -> Option<tokio::sync::mpsc::Receiver<(Tenant, Key)>> {
+        listen::subscribe(self)
     }
 }
 

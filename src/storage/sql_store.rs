@@ -1,17 +1,15 @@
-//! What the two SQL backends share, written once: the store's traits implemented over a
+//! What the two SQL backends share, written once: the [`Store`](super::Store) implemented over a
 //! [`Dialect`] (the few things a backend says its own way: its name, the statements it words
 //! differently, and how it runs one statement), and [`run_on`], where every statement and
 //! transaction of either backend runs. The store's methods over it are in [`methods`].
 
 mod methods;
 
-pub(crate) use methods::{finish_one, insert_one};
-
 use sqlx::pool::PoolConnection;
 
-use super::group_commit::GroupCommit;
 use super::sql::Param;
-use super::{ReplayCount, StoreError, StoreMarks, StoreResult, kept_connections};
+use super::{Finish, Finished, ReplayCount, StoreError, StoreMarks, StoreResult, kept_connections};
+use crate::domain::{Entry, Key, Micros, Tenant};
 
 /// Which of a backend's connections a statement runs on.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -41,15 +39,45 @@ impl<T> Row for T where
 {
 }
 
-/// What a SQL backend states once, and the store's traits are then implemented from: the
-/// statements it words its own way, and how it runs one statement.
-pub(crate) trait Dialect: Calls + 'static {
+/// What a SQL backend states once, and the [`Store`](super::Store) is then implemented from
+/// (in [`methods`], for both backends at once): the statements it words its own way, how it
+/// runs one statement and one call on a connection, and what only it can do (its batches'
+/// statements, announcements to other servers, migrations, its clock).
+pub(crate) trait Dialect: Send + Sync + 'static {
+    /// The database.
+    type DB: sqlx::Database;
+
     /// Counts a replay ([`sql::REPLAY`], or the backend's form of it).
     const REPLAY: &'static str;
     /// Hands out unresolved entries, holding each until `$6` (see the backends' own).
     const TAKE_UNRESOLVED: &'static str;
     /// Deletes up to `$2` finished entries past their expiry at `$1`.
     const PRUNE: &'static str;
+    /// `"postgres"` or `"sqlite"`, for logs.
+    const BACKEND: &'static str;
+
+    /// Classifies the database's error.
+    fn classify(err: sqlx::Error) -> StoreError;
+
+    /// What the store's calls found out about its database.
+    fn marks(&self) -> &StoreMarks;
+
+    /// The pool every statement uses (but, on SQLite, replays).
+    fn pool(&self) -> &kept_connections::Connections<Self::DB>;
+
+    /// Starts what one store call runs in (behind a transaction pooler, a transaction).
+    fn open_call(
+        &self,
+        conn: &mut <Self::DB as sqlx::Database>::Connection,
+    ) -> impl Future<Output = Result<(), sqlx::Error>> + Send;
+
+    /// Ends what [`Dialect::open_call`] started: commits after `ok`, else rolls back. The
+    /// commit's result is the call's.
+    fn close_call(
+        &self,
+        conn: &mut <Self::DB as sqlx::Database>::Connection,
+        ok: bool,
+    ) -> impl Future<Output = Result<(), sqlx::Error>> + Send;
 
     /// Runs `statement` with `params` on a connection of `on` through [`run_on`], read to the
     /// end: how many rows it affected.
@@ -80,43 +108,47 @@ pub(crate) trait Dialect: Calls + 'static {
         notes: &[[Param<'_>; 7]],
     ) -> impl Future<Output = StoreResult<Vec<R>>> + Send;
 
-    /// The batcher the backend's claims and completions go through, if it has one.
-    fn group_commit(&self) -> Option<&GroupCommit>;
-
     /// Adds replay counts, as the backend commits a count: without waiting for the disk.
     fn write_replay_counts(
         &self,
         counts: &[ReplayCount],
     ) -> impl Future<Output = StoreResult<()>> + Send;
-}
 
-/// How a backend's calls run on a connection, for [`run_on`].
-pub(crate) trait Calls: Send + Sync {
-    /// The database.
-    type DB: sqlx::Database;
-
-    /// Classifies the database's error.
-    fn classify(err: sqlx::Error) -> StoreError;
-
-    /// What the store's calls found out about its database.
-    fn marks(&self) -> &StoreMarks;
-
-    /// The pool every statement uses (but, on SQLite, replays).
-    fn pool(&self) -> &kept_connections::Connections<Self::DB>;
-
-    /// Starts what one store call runs in (behind a transaction pooler, a transaction).
-    fn open_call(
+    /// [`Store::insert_many`](super::Store::insert_many), in the backend's fewest statements.
+    fn insert_many(
         &self,
-        conn: &mut <Self::DB as sqlx::Database>::Connection,
-    ) -> impl Future<Output = Result<(), sqlx::Error>> + Send;
+        batch: &[(Tenant, Entry)],
+    ) -> impl Future<Output = StoreResult<Vec<bool>>> + Send;
 
-    /// Ends what [`Calls::open_call`] started: commits after `ok`, else rolls back. The
-    /// commit's result is the call's.
-    fn close_call(
+    /// [`Store::finish_many`](super::Store::finish_many), in the backend's fewest statements.
+    fn finish_many(
         &self,
-        conn: &mut <Self::DB as sqlx::Database>::Connection,
-        ok: bool,
-    ) -> impl Future<Output = Result<(), sqlx::Error>> + Send;
+        batch: &[(Tenant, Finish)],
+    ) -> impl Future<Output = StoreResult<Vec<Option<Finished>>>> + Send;
+
+    /// [`Store::shared`](super::Store::shared).
+    fn shared(&self) -> bool;
+
+    /// [`Store::announce`](super::Store::announce).
+    fn announce(&self, tenant: &Tenant, key: &Key) -> impl Future<Output = StoreResult<()>> + Send;
+
+    /// [`Store::subscribe`](super::Store::subscribe).
+    fn subscribe(&self) -> Option<tokio::sync::mpsc::Receiver<(Tenant, Key)>>;
+
+    /// [`Store::migrate`](super::Store::migrate).
+    fn migrate(&self) -> impl Future<Output = StoreResult<()>> + Send;
+
+    /// [`Store::ping`](super::Store::ping).
+    fn ping(&self) -> impl Future<Output = StoreResult<()>> + Send;
+
+    /// [`Store::database_now`](super::Store::database_now).
+    fn database_now(&self) -> impl Future<Output = StoreResult<Option<Micros>>> + Send;
+
+    /// [`Store::unreachable_cause`](super::Store::unreachable_cause).
+    fn unreachable_cause(&self) -> impl Future<Output = Option<String>> + Send;
+
+    /// [`Store::location`](super::Store::location).
+    fn location(&self) -> String;
 }
 
 /// How often a statement that met a deadlock or a serialization failure is tried again before
@@ -145,7 +177,7 @@ pub(crate) async fn run_on<S, T, F, Fut>(
     body: F,
 ) -> StoreResult<T>
 where
-    S: Calls,
+    S: Dialect,
     F: Fn(PoolConnection<S::DB>) -> Fut,
     Fut: Future<Output = (PoolConnection<S::DB>, Result<T, sqlx::Error>)> + Send,
 {

@@ -15,9 +15,8 @@ use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, S
 
 use const_format::concatcp;
 
-use super::group_commit::GroupCommit;
 use super::sql::{self, Param};
-use super::sql_store::{Calls, Dialect, On, Row, at_most_one, run_on};
+use super::sql_store::{Dialect, On, Row, at_most_one, run_on};
 use super::{
     Finish, Finished, FinishedRow, PoolOptions, ReplayCount, StoreError, StoreMarks, StoreResult,
     kept_connections,
@@ -36,9 +35,6 @@ pub struct SqliteStore {
     replays: kept_connections::Connections<sqlx::Sqlite>,
     /// Whether the disk was last found full.
     marks: std::sync::Arc<StoreMarks>,
-    /// Where claims and completions go: a batcher over a clone of this store without one
-    /// ([`SqliteStore::with_group_commit`]), or straight to the database.
-    batcher: Option<std::sync::Arc<GroupCommit>>,
 }
 
 impl SqliteStore {
@@ -78,7 +74,6 @@ impl SqliteStore {
             pool: kept_connections::Connections::new(pool),
             replays: kept_connections::Connections::new(replays),
             marks: std::sync::Arc::default(),
-            batcher: None,
         })
     }
 }
@@ -94,61 +89,10 @@ impl SqliteStore {
     }
 }
 
-impl Calls for SqliteStore {
-    type DB = sqlx::Sqlite;
-
-    fn classify(err: sqlx::Error) -> StoreError {
-        StoreError::from_sqlite(err)
-    }
-
-    fn marks(&self) -> &StoreMarks {
-        &self.marks
-    }
-
-    fn pool(&self) -> &kept_connections::Connections<sqlx::Sqlite> {
-        &self.pool
-    }
-
-    /// Each call is one autocommit statement (or a transaction of its own): nothing to open.
-    async fn open_call(&self, _conn: &mut sqlx::SqliteConnection) -> Result<(), sqlx::Error> {
-        Ok(())
-    }
-
-    /// Nothing to close: see [`SqliteStore::open_call`].
-    async fn close_call(
-        &self,
-        _conn: &mut sqlx::SqliteConnection,
-        _ok: bool,
-    ) -> Result<(), sqlx::Error> {
-        Ok(())
-    }
-}
-
-impl SqliteStore {
-    /// This store with its claims and completions group-committed by `writers` writers of
-    /// each kind ([`GroupCommit`]), over a clone of it that writes them straight.
-    #[must_use]
-    pub fn with_group_commit(mut self, writers: usize) -> SqliteStore {
-        let direct = std::sync::Arc::new(self.clone());
-        self.batcher = Some(std::sync::Arc::new(GroupCommit::new(direct, writers)));
-        self
-    }
-
-    /// The counts of the batches written so far (none without a batcher).
-    pub fn batch_stats(&self) -> std::sync::Arc<crate::storage::group_commit::Stats> {
-        self.batcher
-            .as_ref()
-            .map_or_else(std::sync::Arc::default, |b| b.stats_handle())
-    }
-}
-
 impl Dialect for SqliteStore {
-    fn group_commit(&self) -> Option<&GroupCommit> {
-        self.batcher.as_deref()
-    }
-
     /// [`sql::REPLAY`], as it is, on the connection that does not sync.
     const REPLAY: &str = sql::REPLAY;
+    const BACKEND: &str = "sqlite";
 
     /// SQLite runs one writer at a time and evaluates the `IN` subquery once, so the statement
     /// needs no row locks.
@@ -264,16 +208,33 @@ impl Dialect for SqliteStore {
         })
         .await
     }
-}
 
-#[async_trait::async_trait]
-impl super::Batches for SqliteStore {
-    async fn insert_one(&self, tenant: &Tenant, entry: &Entry) -> StoreResult<bool> {
-        super::sql_store::insert_one(self, tenant, entry).await
+    type DB = sqlx::Sqlite;
+
+    fn classify(err: sqlx::Error) -> StoreError {
+        StoreError::from_sqlite(err)
     }
 
-    async fn finish_one(&self, tenant: &Tenant, cmd: &Finish) -> StoreResult<Option<Finished>> {
-        super::sql_store::finish_one(self, tenant, cmd).await
+    fn marks(&self) -> &StoreMarks {
+        &self.marks
+    }
+
+    fn pool(&self) -> &kept_connections::Connections<sqlx::Sqlite> {
+        &self.pool
+    }
+
+    /// Each call is one autocommit statement (or a transaction of its own): nothing to open.
+    async fn open_call(&self, _conn: &mut sqlx::SqliteConnection) -> Result<(), sqlx::Error> {
+        Ok(())
+    }
+
+    /// Nothing to close: see [`SqliteStore::open_call`].
+    async fn close_call(
+        &self,
+        _conn: &mut sqlx::SqliteConnection,
+        _ok: bool,
+    ) -> Result<(), sqlx::Error> {
+        Ok(())
     }
 
     async fn insert_many(&self, batch: &[(Tenant, Entry)]) -> StoreResult<Vec<bool>> {
@@ -327,11 +288,9 @@ impl super::Batches for SqliteStore {
             })
             .collect()
     }
-}
 
-/// One server process uses the file: nothing to announce.
-#[async_trait::async_trait]
-impl super::Announcements for SqliteStore {
+    // One server process uses the file: nothing to announce.
+
     fn shared(&self) -> bool {
         false
     }
@@ -342,39 +301,6 @@ impl super::Announcements for SqliteStore {
 
     fn subscribe(&self) -> Option<tokio::sync::mpsc::Receiver<(Tenant, Key)>> {
         None
-    }
-}
-
-/// This build's migrations.
-static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("migrations/sqlite");
-
-impl SqliteStore {
-    /// Brings a database that applied a migration as first released to its current form
-    /// ([`super::released`]), before the migrator compares checksums.
-    async fn upgrade_edited_migrations(&self) -> Result<(), sqlx::Error> {
-        let mut tx = self.pool.pool().begin().await?;
-        let (migrated,): (i64,) = sqlx::query_as(
-            "SELECT count(*) FROM sqlite_master WHERE type = 'table' AND name = '_sqlx_migrations'",
-        )
-        .fetch_one(&mut *tx)
-        .await?;
-        if migrated == 0 {
-            return Ok(());
-        }
-        super::released::upgrade::<sqlx::Sqlite>(
-            &mut tx,
-            &MIGRATOR,
-            sqlx::sqlite::SqliteQueryResult::rows_affected,
-        )
-        .await?;
-        tx.commit().await
-    }
-}
-
-#[async_trait::async_trait]
-impl super::Operations for SqliteStore {
-    fn backend(&self) -> &'static str {
-        "sqlite"
     }
 
     async fn migrate(&self) -> StoreResult<()> {
@@ -403,6 +329,32 @@ impl super::Operations for SqliteStore {
 
     fn location(&self) -> String {
         String::new()
+    }
+}
+
+/// This build's migrations.
+static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("migrations/sqlite");
+
+impl SqliteStore {
+    /// Brings a database that applied a migration as first released to its current form
+    /// ([`super::released`]), before the migrator compares checksums.
+    async fn upgrade_edited_migrations(&self) -> Result<(), sqlx::Error> {
+        let mut tx = self.pool.pool().begin().await?;
+        let (migrated,): (i64,) = sqlx::query_as(
+            "SELECT count(*) FROM sqlite_master WHERE type = 'table' AND name = '_sqlx_migrations'",
+        )
+        .fetch_one(&mut *tx)
+        .await?;
+        if migrated == 0 {
+            return Ok(());
+        }
+        super::released::upgrade::<sqlx::Sqlite>(
+            &mut tx,
+            &MIGRATOR,
+            sqlx::sqlite::SqliteQueryResult::rows_affected,
+        )
+        .await?;
+        tx.commit().await
     }
 }
 

@@ -4,7 +4,7 @@
 /// What a store's calls have found out about its database and its connections, kept for the
 /// calls after them (one per store, shared by its calls, read without a lock):
 /// - the **full-disk mark**: set by any statement that failed for want of space, cleared only
-///   by an [`Upkeep::probe_write`](super::Upkeep::probe_write) that committed. While set, health reports NOT_SERVING (reads
+///   by an [`Store::probe_write`](super::Store::probe_write) that committed. While set, health reports NOT_SERVING (reads
 ///   still answer; writes are still tried, and fail or succeed on their own);
 /// - the **stale-connection mark**: the instant before which pooled connections are not lent
 ///   again, set when one of them reached a server that accepts no writes;

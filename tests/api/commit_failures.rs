@@ -185,7 +185,7 @@ fn finish(key: &str, token: &str, status: FinalStatus, now: Micros) -> Finish {
 /// Runs `write` with commits failing, and checks that it answered the injected error and that
 /// the entries of `keys` read afterwards as they did before.
 async fn fails_cleanly<T: std::fmt::Debug>(
-    store: &Arc<dyn storage::Backend>,
+    store: &Arc<dyn storage::Store>,
     inject: &CommitFailure,
     what: &str,
     keys: &[&str],

@@ -9,6 +9,7 @@ use idempotency_ledger::domain::FinalStatus;
 use idempotency_ledger::domain::Tenant;
 use idempotency_ledger::domain::time::SystemClock;
 use idempotency_ledger::ledger::{ClaimInput, CompleteInput, Ledger, Limits, Outcome};
+use idempotency_ledger::storage::Store as _;
 use tokio::sync::Barrier;
 
 use crate::support::{Backend, TestDb};
@@ -341,10 +342,8 @@ async fn a_failing_batch_writes_nothing(backend: Backend) {
     }
     // Through the group commit: the poisoned request and its batch-mates all get the error;
     // requests in other batches are unaffected.
-    let batched = Arc::new(idempotency_ledger::storage::group_commit::GroupCommit::new(
-        inner.clone(),
-        1,
-    ));
+    let batched =
+        Arc::new(idempotency_ledger::storage::group_commit::GroupCommit::wrap(inner.clone(), 1));
     let barrier = Arc::new(Barrier::new(11));
     let mut tasks = Vec::new();
     for (owner, e) in batch {

@@ -13,7 +13,7 @@ use idempotency_ledger::domain::{
     ClaimToken, Completion, Entry, EventKind, HistoryEvent, HoldToken, Key, Micros, Principal,
     RunId, Status, Tenant, ToolName,
 };
-use idempotency_ledger::storage::{Entries, Finish};
+use idempotency_ledger::storage::{Finish, Store};
 use rand::rngs::Xoshiro256PlusPlus as Rng;
 use rand::{SeedableRng as _, seq::IndexedRandom as _};
 
@@ -100,7 +100,7 @@ enum Write {
 /// Runs `write` with random parameters against `stored` (already in `store`); whether the
 /// store applied it, and whether the domain says it should have.
 async fn run_case(
-    store: &dyn Entries,
+    store: &dyn Store,
     g: &mut Gen,
     write: Write,
     stored: &Entry,
@@ -214,7 +214,7 @@ async fn run_case(
     }
 }
 
-async fn agree(store: Arc<dyn Entries>, label: &str, seed: u64) {
+async fn agree(store: Arc<dyn Store>, label: &str, seed: u64) {
     let mut g = Gen(Rng::seed_from_u64(seed));
     let mut applied = [0usize; 2];
     for case in 0..CASES {
@@ -268,9 +268,9 @@ async fn the_stores_writes_apply_exactly_when_the_domain_says() {
     eprintln!("PREDICATES_SEED={seed}");
     for backend in [Backend::Sqlite, Backend::Postgres] {
         let db = TestDb::new(backend);
-        let direct: Arc<dyn Entries> = db.backend(4).await;
+        let direct: Arc<dyn Store> = db.backend(4).await;
         agree(direct, &format!("{backend:?} backend"), seed).await;
-        let batched: Arc<dyn Entries> = db.store(4).await;
+        let batched: Arc<dyn Store> = db.store(4).await;
         agree(batched, &format!("{backend:?} group commit"), seed ^ 1).await;
     }
 }

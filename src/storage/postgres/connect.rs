@@ -73,7 +73,6 @@ impl PgStore {
             begin,
             migrations_url: options.migrations_url.clone(),
             connect_timeout: options.connect_timeout,
-            batcher: None,
         })
     }
 

@@ -6,118 +6,117 @@ use crate::domain::{Entry, Key, Tenant};
 use crate::storage::sql_store::run_on;
 use crate::storage::{Finish, Finished, FinishedRow, StoreResult};
 
-#[async_trait::async_trait]
-impl crate::storage::Batches for PgStore {
-    async fn insert_one(&self, tenant: &Tenant, entry: &Entry) -> StoreResult<bool> {
-        crate::storage::sql_store::insert_one(self, tenant, entry).await
-    }
+/// [`Store::insert_many`](crate::storage::Store::insert_many): one statement, each column one
+/// array.
+pub(super) async fn insert_many(
+    store: &PgStore,
+    batch: &[(Tenant, Entry)],
+) -> StoreResult<Vec<bool>> {
+    // Rows go in (tenant, key) order, so that two batches sharing keys lock them in the
+    // same order and cannot deadlock; the sort is stable, so the first entry of a key
+    // still wins.
+    let rows = in_key_order(batch, |e| &e.key);
+    // Borrowed by each try of the statement.
+    let c = &InsertColumns::of(&rows);
+    let inserted: Vec<String> = run_on(store, &store.pool, move |mut conn| async move {
+        let result: Result<_, sqlx::Error> = async {
+            sqlx::query_scalar(PgStore::INSERT_MANY)
+                .bind(&c.tenants)
+                .bind(&c.keys)
+                .bind(&c.run_ids)
+                .bind(&c.tools)
+                .bind(&c.fingerprints)
+                .bind(&c.statuses)
+                .bind(&c.attempts)
+                .bind(&c.tokens)
+                .bind(&c.results)
+                .bind(&c.errors)
+                .bind(&c.retryables)
+                .bind(&c.principals)
+                .bind(&c.started)
+                .bind(&c.finished)
+                .bind(&c.leases)
+                .bind(&c.retentions)
+                .bind(&c.expires)
+                .bind(&c.replays)
+                .bind(&c.arguments)
+                .persistent(store.persistent())
+                .fetch_all(&mut *conn)
+                .await
+        }
+        .await;
+        (conn, result)
+    })
+    .await?;
+    let inserted: std::collections::HashSet<String> = inserted.into_iter().collect();
+    Ok(batch
+        .iter()
+        .map(|(_, e)| inserted.contains(e.claim_token.as_str()))
+        .collect())
+}
 
-    async fn finish_one(&self, tenant: &Tenant, cmd: &Finish) -> StoreResult<Option<Finished>> {
-        crate::storage::sql_store::finish_one(self, tenant, cmd).await
-    }
-
-    async fn insert_many(&self, batch: &[(Tenant, Entry)]) -> StoreResult<Vec<bool>> {
-        // Rows go in (tenant, key) order, so that two batches sharing keys lock them in the
-        // same order and cannot deadlock; the sort is stable, so the first entry of a key
-        // still wins.
-        let rows = in_key_order(batch, |e| &e.key);
-        // Borrowed by each try of the statement.
-        let c = &InsertColumns::of(&rows);
-        let inserted: Vec<String> = run_on(self, &self.pool, move |mut conn| async move {
-            let result: Result<_, sqlx::Error> = async {
-                sqlx::query_scalar(Self::INSERT_MANY)
-                    .bind(&c.tenants)
-                    .bind(&c.keys)
-                    .bind(&c.run_ids)
-                    .bind(&c.tools)
-                    .bind(&c.fingerprints)
-                    .bind(&c.statuses)
-                    .bind(&c.attempts)
-                    .bind(&c.tokens)
-                    .bind(&c.results)
-                    .bind(&c.errors)
-                    .bind(&c.retryables)
-                    .bind(&c.principals)
-                    .bind(&c.started)
-                    .bind(&c.finished)
-                    .bind(&c.leases)
-                    .bind(&c.retentions)
-                    .bind(&c.expires)
-                    .bind(&c.replays)
-                    .bind(&c.arguments)
-                    .persistent(self.persistent())
-                    .fetch_all(&mut *conn)
-                    .await
-            }
-            .await;
-            (conn, result)
-        })
-        .await?;
-        let inserted: std::collections::HashSet<String> = inserted.into_iter().collect();
-        Ok(batch
-            .iter()
-            .map(|(_, e)| inserted.contains(e.claim_token.as_str()))
-            .collect())
-    }
-
-    async fn finish_many(&self, batch: &[(Tenant, Finish)]) -> StoreResult<Vec<Option<Finished>>> {
-        // In (tenant, key) order, as insert_many, so two batches cannot deadlock.
-        let cmds = in_key_order(batch, |c| &c.key);
-        let col = |f: fn(&Finish) -> String| cmds.iter().map(|(_, c)| f(c)).collect::<Vec<_>>();
-        let tenants: Vec<&str> = cmds.iter().map(|(t, _)| t.as_str()).collect();
-        let keys = col(|c| c.key.as_str().to_owned());
-        let tokens = col(|c| c.claim_token.as_str().to_owned());
-        let statuses = col(|c| c.completion.status().as_str().to_string());
-        let results: Vec<Vec<u8>> = cmds
-            .iter()
-            .map(|(_, c)| c.completion.result().to_vec())
-            .collect();
-        let errors = col(|c| c.completion.error().to_owned());
-        let retryables: Vec<bool> = cmds.iter().map(|(_, c)| c.completion.retryable()).collect();
-        let nows: Vec<i64> = cmds.iter().map(|(_, c)| c.now.0).collect();
-        let also_unknown: Vec<bool> = cmds.iter().map(|(_, c)| c.also_unknown).collect();
-        // Borrowed by each try of the statement.
-        let (tenants, keys, tokens, statuses, results, errors, retryables, nows, also_unknown) = (
-            &tenants,
-            &keys,
-            &tokens,
-            &statuses,
-            &results,
-            &errors,
-            &retryables,
-            &nows,
-            &also_unknown,
-        );
-        let rows: Vec<FinishedRow> = run_on(self, &self.pool, move |mut conn| async move {
-            let result: Result<_, sqlx::Error> = async {
-                sqlx::query_as(Self::FINISH_MANY)
-                    .bind(tenants)
-                    .bind(keys)
-                    .bind(tokens)
-                    .bind(statuses)
-                    .bind(results)
-                    .bind(errors)
-                    .bind(retryables)
-                    .bind(nows)
-                    .bind(also_unknown)
-                    .persistent(self.persistent())
-                    .fetch_all(&mut *conn)
-                    .await
-            }
-            .await;
-            (conn, result)
-        })
-        .await?;
-        // Tokens are unique, so they tell which command each written row answers.
-        let mut written: std::collections::HashMap<crate::domain::ClaimToken, Finished> = rows
-            .into_iter()
-            .map(|r| Finished::try_from(r).map(|f| (f.entry.claim_token.clone(), f)))
-            .collect::<StoreResult<_>>()?;
-        Ok(batch
-            .iter()
-            .map(|(_, c)| written.remove(&c.claim_token))
-            .collect())
-    }
+/// [`Store::finish_many`](crate::storage::Store::finish_many): one statement, each column one
+/// array.
+pub(super) async fn finish_many(
+    store: &PgStore,
+    batch: &[(Tenant, Finish)],
+) -> StoreResult<Vec<Option<Finished>>> {
+    // In (tenant, key) order, as insert_many, so two batches cannot deadlock.
+    let cmds = in_key_order(batch, |c| &c.key);
+    let col = |f: fn(&Finish) -> String| cmds.iter().map(|(_, c)| f(c)).collect::<Vec<_>>();
+    let tenants: Vec<&str> = cmds.iter().map(|(t, _)| t.as_str()).collect();
+    let keys = col(|c| c.key.as_str().to_owned());
+    let tokens = col(|c| c.claim_token.as_str().to_owned());
+    let statuses = col(|c| c.completion.status().as_str().to_string());
+    let results: Vec<Vec<u8>> = cmds
+        .iter()
+        .map(|(_, c)| c.completion.result().to_vec())
+        .collect();
+    let errors = col(|c| c.completion.error().to_owned());
+    let retryables: Vec<bool> = cmds.iter().map(|(_, c)| c.completion.retryable()).collect();
+    let nows: Vec<i64> = cmds.iter().map(|(_, c)| c.now.0).collect();
+    let also_unknown: Vec<bool> = cmds.iter().map(|(_, c)| c.also_unknown).collect();
+    // Borrowed by each try of the statement.
+    let (tenants, keys, tokens, statuses, results, errors, retryables, nows, also_unknown) = (
+        &tenants,
+        &keys,
+        &tokens,
+        &statuses,
+        &results,
+        &errors,
+        &retryables,
+        &nows,
+        &also_unknown,
+    );
+    let rows: Vec<FinishedRow> = run_on(store, &store.pool, move |mut conn| async move {
+        let result: Result<_, sqlx::Error> = async {
+            sqlx::query_as(PgStore::FINISH_MANY)
+                .bind(tenants)
+                .bind(keys)
+                .bind(tokens)
+                .bind(statuses)
+                .bind(results)
+                .bind(errors)
+                .bind(retryables)
+                .bind(nows)
+                .bind(also_unknown)
+                .persistent(store.persistent())
+                .fetch_all(&mut *conn)
+                .await
+        }
+        .await;
+        (conn, result)
+    })
+    .await?;
+    // Tokens are unique, so they tell which command each written row answers.
+    let mut written: std::collections::HashMap<crate::domain::ClaimToken, Finished> = rows
+        .into_iter()
+        .map(|r| Finished::try_from(r).map(|f| (f.entry.claim_token.clone(), f)))
+        .collect::<StoreResult<_>>()?;
+    Ok(batch
+        .iter()
+        .map(|(_, c)| written.remove(&c.claim_token))
+        .collect())
 }
 
 /// The columns of a multi-row INSERT, one array per column in the order of

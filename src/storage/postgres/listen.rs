@@ -11,36 +11,32 @@ use crate::storage::sql_store::{Dialect as _, On};
 /// whitespace, keys are printable ASCII).
 const WAKE_CHANNEL: &str = "ledger_wake";
 
-#[async_trait::async_trait]
-impl crate::storage::Announcements for PgStore {
-    fn shared(&self) -> bool {
-        true
-    }
+/// Tells the other servers that (tenant, key) changed: a `NOTIFY` on [`WAKE_CHANNEL`].
+pub(super) async fn announce(store: &PgStore, tenant: &Tenant, key: &Key) -> StoreResult<()> {
+    let payload = format!("{} {}", tenant.as_str(), key.as_str());
+    let params = [Param::Text(WAKE_CHANNEL), Param::Text(&payload)];
+    store
+        .execute("SELECT pg_notify($1, $2)", &params, On::Pool)
+        .await?;
+    Ok(())
+}
 
-    async fn announce(&self, tenant: &Tenant, key: &Key) -> StoreResult<()> {
-        let payload = format!("{} {}", tenant.as_str(), key.as_str());
-        let params = [Param::Text(WAKE_CHANNEL), Param::Text(&payload)];
-        self.execute("SELECT pg_notify($1, $2)", &params, On::Pool)
-            .await?;
-        Ok(())
-    }
-
-    fn subscribe(&self) -> Option<tokio::sync::mpsc::Receiver<(Tenant, Key)>> {
-        let (tx, rx) = tokio::sync::mpsc::channel(1024);
-        let pool = self.listen_pool.clone();
-        tokio::spawn(async move {
-            // One dedicated connection LISTENs; sqlx reconnects it after a failure, and the
-            // waiters' own slow poll covers whatever was announced while it was down. It ends
-            // when nobody holds the receiver any more (the server stopped its relay), also
-            // while it waits for a notification or a reconnection.
-            let closed = tx.clone();
-            tokio::select! {
-                () = relay_announcements(pool, tx) => {}
-                () = closed.closed() => tracing::debug!("announcements unsubscribed; LISTEN ends"),
-            }
-        });
-        Some(rx)
-    }
+/// Starts the one `LISTEN` connection that relays the other servers' announcements.
+pub(super) fn subscribe(store: &PgStore) -> Option<tokio::sync::mpsc::Receiver<(Tenant, Key)>> {
+    let (tx, rx) = tokio::sync::mpsc::channel(1024);
+    let pool = store.listen_pool.clone();
+    tokio::spawn(async move {
+        // One dedicated connection LISTENs; sqlx reconnects it after a failure, and the
+        // waiters' own slow poll covers whatever was announced while it was down. It ends
+        // when nobody holds the receiver any more (the server stopped its relay), also
+        // while it waits for a notification or a reconnection.
+        let closed = tx.clone();
+        tokio::select! {
+            () = relay_announcements(pool, tx) => {}
+            () = closed.closed() => tracing::debug!("announcements unsubscribed; LISTEN ends"),
+        }
+    });
+    Some(rx)
 }
 
 /// Forwards the notifications of [`WAKE_CHANNEL`] to `tx`, reconnecting as needed, until `tx`

@@ -6,23 +6,23 @@ use async_trait::async_trait;
 
 use super::super::sql::{self, Param};
 use super::super::{
-    Entries, EntryRow, Finish, Finished, FinishedRow, HistoryRow, ListQuery, PoolStats,
-    ReplayCount, StoreError, StoreResult, UnresolvedCount, UnresolvedQuery, Upkeep,
+    EntryRow, Finish, Finished, FinishedRow, HistoryRow, ListQuery, PoolStats, ReplayCount, Store,
+    StoreError, StoreResult, UnresolvedCount, UnresolvedQuery,
 };
 use super::{Dialect, On, at_most_one};
 use crate::domain::{
     Approval, ApprovalState, ClaimToken, Entry, HistoryEvent, Key, Micros, RunId, Tenant,
 };
 
-/// The entries of a SQL backend: every statement [`sql`]'s (or the backend's own, through
-/// `Dialect`), run with `Dialect::execute` or `Dialect::fetch_all`.
+/// The store of a SQL backend: every statement [`sql`]'s (or the backend's own, through
+/// `Dialect`), run with `Dialect::execute` or `Dialect::fetch_all`; what a backend does its
+/// own way, its `Dialect`'s.
 #[async_trait]
-impl<D: Dialect> Entries for D {
+impl<D: Dialect> Store for D {
     async fn insert(&self, tenant: &Tenant, entry: &Entry) -> StoreResult<bool> {
-        match self.group_commit() {
-            Some(batcher) => batcher.insert(tenant, entry).await,
-            None => insert_one(self, tenant, entry).await,
-        }
+        let params = sql::entry_params(tenant, entry);
+        let inserted = self.execute(sql::INSERT, &params, On::Pool).await?;
+        Ok(inserted == 1)
     }
 
     async fn get(&self, tenant: &Tenant, key: &Key) -> StoreResult<Option<Entry>> {
@@ -44,10 +44,11 @@ impl<D: Dialect> Entries for D {
     }
 
     async fn finish(&self, tenant: &Tenant, cmd: &Finish) -> StoreResult<Option<Finished>> {
-        match self.group_commit() {
-            Some(batcher) => batcher.finish(tenant, cmd).await,
-            None => finish_one(self, tenant, cmd).await,
-        }
+        let params = sql::finish_params(tenant, cmd);
+        let rows: Vec<FinishedRow> = self.fetch_all(sql::FINISH, &params, On::Pool).await?;
+        at_most_one(rows, "FINISH")?
+            .map(Finished::try_from)
+            .transpose()
     }
 
     async fn replay(
@@ -460,41 +461,7 @@ impl<D: Dialect> Entries for D {
         }
         self.write_replay_counts(counts).await
     }
-}
 
-/// Claims a key in one statement of its own ([`sql::INSERT`]).
-///
-/// # Errors
-/// As the database fails.
-pub(crate) async fn insert_one<D: Dialect>(
-    store: &D,
-    tenant: &Tenant,
-    entry: &Entry,
-) -> StoreResult<bool> {
-    let params = sql::entry_params(tenant, entry);
-    let inserted = store.execute(sql::INSERT, &params, On::Pool).await?;
-    Ok(inserted == 1)
-}
-
-/// Records an outcome in one statement of its own ([`sql::FINISH`]).
-///
-/// # Errors
-/// As the database fails.
-pub(crate) async fn finish_one<D: Dialect>(
-    store: &D,
-    tenant: &Tenant,
-    cmd: &Finish,
-) -> StoreResult<Option<Finished>> {
-    let params = sql::finish_params(tenant, cmd);
-    let rows: Vec<FinishedRow> = store.fetch_all(sql::FINISH, &params, On::Pool).await?;
-    at_most_one(rows, "FINISH")?
-        .map(Finished::try_from)
-        .transpose()
-}
-
-/// The upkeep of a SQL backend: its marks, the write probe, the gauges.
-#[async_trait]
-impl<D: Dialect> Upkeep for D {
     fn is_full(&self) -> bool {
         self.marks().is_full()
     }
@@ -518,5 +485,51 @@ impl<D: Dialect> Upkeep for D {
 
     fn pool_stats(&self) -> PoolStats {
         self.pool().stats()
+    }
+
+    // What each backend does its own way: see `Dialect`.
+
+    async fn insert_many(&self, batch: &[(Tenant, Entry)]) -> StoreResult<Vec<bool>> {
+        Dialect::insert_many(self, batch).await
+    }
+
+    async fn finish_many(&self, batch: &[(Tenant, Finish)]) -> StoreResult<Vec<Option<Finished>>> {
+        Dialect::finish_many(self, batch).await
+    }
+
+    fn shared(&self) -> bool {
+        Dialect::shared(self)
+    }
+
+    async fn announce(&self, tenant: &Tenant, key: &Key) -> StoreResult<()> {
+        Dialect::announce(self, tenant, key).await
+    }
+
+    fn subscribe(&self) -> Option<tokio::sync::mpsc::Receiver<(Tenant, Key)>> {
+        Dialect::subscribe(self)
+    }
+
+    fn backend(&self) -> &'static str {
+        D::BACKEND
+    }
+
+    async fn migrate(&self) -> StoreResult<()> {
+        Dialect::migrate(self).await
+    }
+
+    async fn ping(&self) -> StoreResult<()> {
+        Dialect::ping(self).await
+    }
+
+    async fn database_now(&self) -> StoreResult<Option<Micros>> {
+        Dialect::database_now(self).await
+    }
+
+    async fn unreachable_cause(&self) -> Option<String> {
+        Dialect::unreachable_cause(self).await
+    }
+
+    fn location(&self) -> String {
+        Dialect::location(self)
     }
 }

@@ -140,7 +140,7 @@ impl TestDb {
 
     /// A new, migrated backend over this database, without group commit: for tests of the
     /// backends' own statements (the multi-row ones included) and of the batcher.
-    pub async fn backend(&self, max_connections: u32) -> Arc<dyn storage::Backend> {
+    pub async fn backend(&self, max_connections: u32) -> Arc<dyn storage::Store> {
         let backend = storage::open_backend(&self.url, &self.pool_options(max_connections))
             .await
             .expect("open backend");
