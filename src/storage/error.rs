@@ -17,7 +17,7 @@ pub enum StoreError {
     Unavailable(String),
     /// No connection could be opened within the acquire timeout, and the pool kept no cause
     /// (it tries again after a refused connection, a database starting up or out of
-    /// connection slots, until the timeout): what [`Operations::unreachable_cause`](super::Operations::unreachable_cause) finds
+    /// connection slots, until the timeout): what [`Store::unreachable_cause`](super::Store::unreachable_cause) finds
     /// out. Otherwise as [`StoreError::Unavailable`].
     #[error("store unavailable: {0}")]
     Unreachable(String),
