@@ -119,6 +119,14 @@ const SESSION_PROBE_GET: &str =
     "SELECT COALESCE(current_setting('idempotency_ledger.session_probe', true), '')";
 const SESSION_PROBE_RESET: &str = "RESET idempotency_ledger.session_probe";
 
+/// [`PgStore::INSERT_MANY`]'s text, built from the claim's column list ([`sql::CLAIM`]).
+static INSERT_MANY_TEXT: sql::Text = sql::Text::new()
+    .push("INSERT INTO ledger_entries (")
+    .names(sql::CLAIM, "")
+    .push(") SELECT * FROM UNNEST(")
+    .arrays(sql::CLAIM)
+    .push(") ON CONFLICT (tenant, key) DO NOTHING RETURNING claim_token");
+
 impl PgStore {
     /// Adds replay counts (`$1` tenants, `$2` keys, `$3` tokens, `$4` counts, in (tenant, key)
     /// order) in one statement whose commit does not wait for the WAL flush, as
@@ -173,15 +181,7 @@ impl PgStore {
     /// Claims many keys in one statement: one array per column, so the statement is the same
     /// for every batch size and stays prepared. Rows go in array order, so the first entry
     /// of a key wins; the others meet the conflict. Returns the tokens of the inserted rows.
-    pub const INSERT_MANY: &str = concatcp!(
-        "INSERT INTO ledger_entries (",
-        sql::INSERT_COLUMNS,
-        ") SELECT * FROM UNNEST($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], \
-         $6::text[], $7::int8[], $8::text[], $9::bytea[], $10::text[], $11::bool[], \
-         $12::text[], $13::int8[], $14::int8[], $15::int8[], $16::int8[], $17::int8[], \
-         $18::int8[], $19::text[]) \
-         ON CONFLICT (tenant, key) DO NOTHING RETURNING claim_token"
-    );
+    pub const INSERT_MANY: &str = INSERT_MANY_TEXT.as_str();
 
     /// [`sql::FINISH`] for many entries in one statement (one per key: see the batcher).
     pub const FINISH_MANY: &str = concatcp!(

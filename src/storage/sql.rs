@@ -7,13 +7,120 @@ use const_format::{concatcp, str_replace};
 
 use crate::domain::{Entry, Tenant};
 
+mod text;
+
+pub(crate) use text::Text;
+
+/// One column a claim writes: its name, its PostgreSQL type (for the multi-row insert's
+/// arrays) and how an entry (with its tenant) gives its value.
+pub(crate) struct Column {
+    /// The column's name in `ledger_entries`.
+    pub name: &'static str,
+    /// Its PostgreSQL type, as `UNNEST`'s array casts name it.
+    pub pg_type: &'static str,
+    /// Its value for an entry of a tenant.
+    pub value: for<'a> fn(&'a Tenant, &'a Entry) -> Param<'a>,
+}
+
+/// **The one list of the columns a claim writes**, in the order of every statement that writes
+/// a claim ([`INSERT`], [`RESTART`], [`INSERT_REQUEST`], [`REQUEST_AGAIN`], PostgreSQL's
+/// multi-row insert) and of their parameters `$1`…: those statements' column lists, their
+/// placeholders and the parameters they bind ([`entry_params`]) are all built from it. A
+/// column a claim writes is its migration in each backend, a field of [`Entry`] and of
+/// [`EntryRow`](super::EntryRow), and one line here. `tenant` and `key` come first and
+/// `arguments` last (the statements that change an entry in place set the others).
+pub(crate) const CLAIM: &[Column] = &[
+    col("tenant", "text", |t, _| Param::Text(t.as_str())),
+    col("key", "text", |_, e| Param::Text(e.key.as_str())),
+    // An entry without a run stores the empty text (the column is NOT NULL).
+    col("run_id", "text", |_, e| {
+        Param::Text(e.run_id.as_ref().map_or("", |r| r.as_str()))
+    }),
+    col("tool", "text", |_, e| Param::Text(e.tool.as_str())),
+    col("fingerprint", "text", |_, e| Param::Text(&e.fingerprint)),
+    col("status", "text", |_, e| Param::Text(e.status.as_str())),
+    col("attempt", "int8", |_, e| Param::Int(i64::from(e.attempt))),
+    col("claim_token", "text", |_, e| {
+        Param::Text(e.claim_token.as_str())
+    }),
+    col("result", "bytea", |_, e| Param::Bytes(&e.result)),
+    col("error", "text", |_, e| Param::Text(&e.error)),
+    col("retryable", "bool", |_, e| Param::Flag(e.retryable)),
+    col("principal", "text", |_, e| {
+        Param::Text(e.principal.as_str())
+    }),
+    col("started_at", "int8", |_, e| Param::Int(e.started_at.0)),
+    col("finished_at", "int8", |_, e| {
+        Param::MaybeInt(e.finished_at.map(|m| m.0))
+    }),
+    col("lease_expires_at", "int8", |_, e| {
+        Param::Int(e.lease_expires_at.0)
+    }),
+    col("retention_us", "int8", |_, e| Param::Int(e.retention.0)),
+    col("expires_at", "int8", |_, e| {
+        Param::MaybeInt(e.expires_at.map(|m| m.0))
+    }),
+    col("replay_count", "int8", |_, e| {
+        Param::Int(i64::try_from(e.replay_count).unwrap_or(i64::MAX))
+    }),
+    col("arguments", "text", |_, e| {
+        Param::MaybeText(e.arguments.as_deref())
+    }),
+];
+
+/// A [`Column`] of [`CLAIM`].
+const fn col(
+    name: &'static str,
+    pg_type: &'static str,
+    value: for<'a> fn(&'a Tenant, &'a Entry) -> Param<'a>,
+) -> Column {
+    Column {
+        name,
+        pg_type,
+        value,
+    }
+}
+
+/// How many columns a claim writes: the parameters `$1`..`$CLAIM_WIDTH` of [`INSERT`].
+pub(crate) const CLAIM_WIDTH: usize = CLAIM.len();
+
+/// [`CLAIM`] but `tenant` and `key`: what a statement that changes an entry in place sets.
+const IN_PLACE: &[Column] = CLAIM.split_at(2).1;
+
+/// [`IN_PLACE`] but `arguments`: an entry's stored fields as every statement returns them.
+const FIELDS_LIST: &[Column] = IN_PLACE.split_at(IN_PLACE.len() - 1).0;
+
+static FIELDS_TEXT: Text = Text::new().names(FIELDS_LIST, "");
 /// An entry's stored fields besides its key and those only some statements read or write
 /// (`arguments`, and the columns of [`ENTRY_COLUMNS`] after these), in
-/// [`EntryRow`](super::EntryRow)'s order: the one list every statement's columns are built
-/// from, so that a column added here reaches them all.
-const FIELDS: &str = "run_id, tool, fingerprint, status, attempt, claim_token, result, error, \
-    retryable, principal, started_at, finished_at, lease_expires_at, retention_us, expires_at, \
-    replay_count";
+/// [`EntryRow`](super::EntryRow)'s order.
+const FIELDS: &str = FIELDS_TEXT.as_str();
+
+static INSERT_COLUMNS_TEXT: Text = Text::new().names(CLAIM, "");
+/// The columns a claim writes, in [`CLAIM`]'s order: `$1`..`$CLAIM_WIDTH` of [`INSERT`].
+pub const INSERT_COLUMNS: &str = INSERT_COLUMNS_TEXT.as_str();
+
+static INSERT_VALUES_TEXT: Text = Text::new().placeholders(1, CLAIM_WIDTH);
+/// [`INSERT`]'s placeholders: `$1, $2, …` one per column of [`CLAIM`].
+const INSERT_VALUES: &str = INSERT_VALUES_TEXT.as_str();
+
+static IN_PLACE_NAMES_TEXT: Text = Text::new().names(IN_PLACE, "");
+/// The columns of [`IN_PLACE`].
+const IN_PLACE_NAMES: &str = IN_PLACE_NAMES_TEXT.as_str();
+
+static IN_PLACE_VALUES_TEXT: Text = Text::new().placeholders(3, IN_PLACE.len());
+/// The placeholders of [`IN_PLACE`] (`$3`..), each bound as [`INSERT`] binds it.
+const IN_PLACE_VALUES: &str = IN_PLACE_VALUES_TEXT.as_str();
+
+static NEXT1_TEXT: Text = Text::new().placeholder(CLAIM_WIDTH + 1);
+/// The first placeholder after a claim's, for the statements that bind more than a claim.
+const NEXT1: &str = NEXT1_TEXT.as_str();
+static NEXT2_TEXT: Text = Text::new().placeholder(CLAIM_WIDTH + 2);
+/// The second.
+const NEXT2: &str = NEXT2_TEXT.as_str();
+static NEXT3_TEXT: Text = Text::new().placeholder(CLAIM_WIDTH + 3);
+/// The third.
+const NEXT3: &str = NEXT3_TEXT.as_str();
 
 /// The columns of `EntryRow`, for `RETURNING` clauses: the claim's columns and those that
 /// only reconciliation writes (a claim leaves them at their defaults).
@@ -32,15 +139,13 @@ pub const APPROVAL_COLUMNS: &str = "approval_state, approval_requested_at, appro
 /// same names).
 pub const E_ENTRY_COLUMNS: &str = concatcp!("e.", str_replace!(ENTRY_COLUMNS, ", ", ", e."));
 
-/// The columns a claim writes, in `entry_params`' order: `$1`..`$19` of [`INSERT`].
-pub const INSERT_COLUMNS: &str = concatcp!("tenant, key, ", FIELDS, ", arguments");
-
 /// Claims a key: the primary key on (tenant, key) decides among concurrent claimants.
 pub const INSERT: &str = concatcp!(
     "INSERT INTO ledger_entries (",
     INSERT_COLUMNS,
-    ") VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, \
-     $18, $19) ON CONFLICT (tenant, key) DO NOTHING"
+    ") VALUES (",
+    INSERT_VALUES,
+    ") ON CONFLICT (tenant, key) DO NOTHING"
 );
 
 /// Reads one entry, with its stored arguments.
@@ -58,11 +163,12 @@ pub const GET: &str = concatcp!(
 /// of a possible double effect stays: it is about the intent, whatever attempt comes next.
 pub const RESTART: &str = concatcp!(
     "UPDATE ledger_entries SET (",
-    FIELDS,
-    ", arguments, has_waiters, resolved_by, hold_token) = ($3, $4, $5, $6, $7, $8, $9, $10, \
-     $11, $12, $13, $14, $15, $16, $17, $18, $19, FALSE, '', '') \
-     WHERE tenant = $1 AND key = $2 AND claim_token = $20 \
-     AND status IN ('SUCCEEDED', 'FAILED')"
+    IN_PLACE_NAMES,
+    ", has_waiters, resolved_by, hold_token) = (",
+    IN_PLACE_VALUES,
+    ", FALSE, '', '') WHERE tenant = $1 AND key = $2 AND claim_token = ",
+    NEXT1,
+    " AND status IN ('SUCCEEDED', 'FAILED')"
 );
 
 /// Records a claimant's outcome `$4` at `$8`, fenced by the claim token and the entry being
@@ -173,30 +279,41 @@ pub const MARK_WAITING: &str = "UPDATE ledger_entries SET has_waiters = TRUE \
     AND NOT has_waiters";
 
 /// Creates a call that awaits a person's decision: the columns of [`INSERT`] (status
-/// AWAITING_APPROVAL) and its request, asked at `$20`, to be decided by `$21`. The primary key
+/// AWAITING_APPROVAL) and its request, asked at the first parameter after the claim's, to be
+/// decided by the second. The primary key
 /// decides among concurrent claimants, as for a claim. Returns the key when it inserted.
 pub const INSERT_REQUEST: &str = concatcp!(
     "INSERT INTO ledger_entries (",
     INSERT_COLUMNS,
-    ", approval_state, approval_requested_at, approval_decide_by) VALUES ($1, $2, $3, $4, $5, \
-     $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19, 'REQUESTED', $20, $21) \
-     ON CONFLICT (tenant, key) DO NOTHING RETURNING key"
+    ", approval_state, approval_requested_at, approval_decide_by) VALUES (",
+    INSERT_VALUES,
+    ", 'REQUESTED', ",
+    NEXT1,
+    ", ",
+    NEXT2,
+    ") ON CONFLICT (tenant, key) DO NOTHING RETURNING key"
 );
 
 /// Asks a person again about an entry whose request (or approval) lapsed, or that an expired
 /// request left FAILED retryable, or that expired and starts over gated: the columns of
-/// [`INSERT`] but the key (`$3`..`$19`, the entry as it now awaits), a fresh request asked at
-/// `$21` to be decided by `$22`, only if the entry still carries the token `$20` it was read
+/// [`INSERT`] but the key (from `$3`, the entry as it now awaits), a fresh request asked at
+/// the second parameter after the claim's, to be decided by the third, only if the entry
+/// still carries the token of the first it was read
 /// with. Returns the key when it applied.
 pub const REQUEST_AGAIN: &str = concatcp!(
     "UPDATE ledger_entries SET (",
-    FIELDS,
-    ", arguments, has_waiters, resolved_by, hold_token, ",
+    IN_PLACE_NAMES,
+    ", has_waiters, resolved_by, hold_token, ",
     APPROVAL_COLUMNS,
-    ") = ($3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19, FALSE, \
-     '', '', 'REQUESTED', $21, $22, NULL, '', '', NULL) \
-     WHERE tenant = $1 AND key = $2 AND claim_token = $20 \
-     AND status IN ('AWAITING_APPROVAL', 'FAILED', 'SUCCEEDED', 'DENIED') RETURNING key"
+    ") = (",
+    IN_PLACE_VALUES,
+    ", FALSE, '', '', 'REQUESTED', ",
+    NEXT2,
+    ", ",
+    NEXT3,
+    ", NULL, '', '', NULL) WHERE tenant = $1 AND key = $2 AND claim_token = ",
+    NEXT1,
+    " AND status IN ('AWAITING_APPROVAL', 'FAILED', 'SUCCEEDED', 'DENIED') RETURNING key"
 );
 
 /// Takes an approval to act, once: the entry awaiting a decision becomes the attempt of the
@@ -439,31 +556,9 @@ pub(crate) fn arguments<'a, DB: Columns<'a>>(
     Ok(args)
 }
 
-/// An entry's columns with its tenant, in [`INSERT_COLUMNS`]' order (`$1`..`$19`).
-pub(crate) fn entry_params<'a>(tenant: &'a Tenant, e: &'a Entry) -> [Param<'a>; 19] {
-    use Param::{Bytes, Flag, Int, MaybeInt, MaybeText, Text};
-    [
-        Text(tenant.as_str()),
-        Text(e.key.as_str()),
-        // An entry without a run stores the empty text (the column is NOT NULL).
-        Text(e.run_id.as_ref().map_or("", |r| r.as_str())),
-        Text(e.tool.as_str()),
-        Text(&e.fingerprint),
-        Text(e.status.as_str()),
-        Int(i64::from(e.attempt)),
-        Text(e.claim_token.as_str()),
-        Bytes(&e.result),
-        Text(&e.error),
-        Flag(e.retryable),
-        Text(e.principal.as_str()),
-        Int(e.started_at.0),
-        MaybeInt(e.finished_at.map(|m| m.0)),
-        Int(e.lease_expires_at.0),
-        Int(e.retention.0),
-        MaybeInt(e.expires_at.map(|m| m.0)),
-        Int(i64::try_from(e.replay_count).unwrap_or(i64::MAX)),
-        MaybeText(e.arguments.as_deref()),
-    ]
+/// An entry's columns with its tenant, as [`CLAIM`] gives them (`$1`..`$CLAIM_WIDTH`).
+pub(crate) fn entry_params<'a>(tenant: &'a Tenant, e: &'a Entry) -> [Param<'a>; CLAIM_WIDTH] {
+    std::array::from_fn(|i| (CLAIM[i].value)(tenant, e))
 }
 
 /// A [`Finish`](super::Finish) as [`FINISH`]'s `$1`..`$9`.
@@ -498,4 +593,114 @@ pub(crate) fn history_params<'a>(
         Text(event.principal.as_str()),
         Text(&event.detail),
     ]
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeSet;
+
+    use super::*;
+    use crate::domain::{
+        Approval, ClaimToken, HoldToken, Key, Micros, Principal, RunId, Status, ToolName,
+    };
+
+    /// An entry with every optional field set (`full`) or none.
+    fn entry(full: bool) -> Entry {
+        Entry {
+            key: Key::from_stored("k".into()),
+            run_id: full.then(|| RunId::from_stored("run".into())),
+            tool: ToolName::from_stored("tool".into()),
+            fingerprint: "fp".into(),
+            status: Status::Attempting,
+            attempt: 1,
+            claim_token: ClaimToken::from_stored("t".into()),
+            result: b"r".to_vec(),
+            error: String::new(),
+            retryable: full,
+            principal: Principal::none(),
+            started_at: Micros(1),
+            finished_at: full.then_some(Micros(2)),
+            lease_expires_at: Micros(3),
+            retention: Micros(4),
+            expires_at: full.then_some(Micros(5)),
+            replay_count: 0,
+            arguments: full.then(|| "{}".to_owned()),
+            resolved_by: Principal::none(),
+            hold_token: HoldToken::none(),
+            possible_double_effect: false,
+            approval: Approval::default(),
+        }
+    }
+
+    /// The PostgreSQL type a parameter of this kind binds as.
+    fn pg_type(p: Param<'_>) -> &'static str {
+        match p {
+            Param::Text(_) | Param::MaybeText(_) => "text",
+            Param::Bytes(_) => "bytea",
+            Param::Int(_) | Param::MaybeInt(_) => "int8",
+            Param::Flag(_) => "bool",
+        }
+    }
+
+    /// The distinct `$n` of a statement.
+    fn placeholders(statement: &str) -> BTreeSet<usize> {
+        statement
+            .split('$')
+            .skip(1)
+            .filter_map(|rest| {
+                let digits: String = rest.chars().take_while(char::is_ascii_digit).collect();
+                digits.parse().ok()
+            })
+            .collect()
+    }
+
+    #[test]
+    fn every_claim_column_gives_one_kind_of_value_the_type_its_array_is_cast_to() {
+        let tenant = crate::domain::Tenant::default_tenant();
+        let (full, bare) = (entry(true), entry(false));
+        for column in CLAIM {
+            let (a, b) = (
+                (column.value)(&tenant, &full),
+                (column.value)(&tenant, &bare),
+            );
+            assert_eq!(
+                std::mem::discriminant(&a),
+                std::mem::discriminant(&b),
+                "{}",
+                column.name
+            );
+            assert_eq!(pg_type(a), column.pg_type, "{}", column.name);
+        }
+    }
+
+    #[test]
+    fn every_statement_that_writes_a_claim_names_each_column_and_numbers_its_parameters() {
+        let names = |columns: &[Column]| columns.iter().map(|c| c.name).collect::<Vec<_>>();
+        let upto = |n: usize| (1..=n).collect::<BTreeSet<_>>();
+        let many = crate::storage::postgres::PgStore::INSERT_MANY;
+        for (statement, columns, parameters) in [
+            (INSERT, CLAIM, CLAIM_WIDTH),
+            (many, CLAIM, CLAIM_WIDTH),
+            (INSERT_REQUEST, CLAIM, CLAIM_WIDTH + 2),
+            (RESTART, IN_PLACE, CLAIM_WIDTH + 1),
+            (REQUEST_AGAIN, IN_PLACE, CLAIM_WIDTH + 3),
+        ] {
+            for name in names(columns) {
+                assert!(
+                    statement.contains(&format!(" {name},"))
+                        || statement.contains(&format!("({name},"))
+                        || statement.contains(&format!(" {name})")),
+                    "{name} missing from {statement}"
+                );
+            }
+            assert_eq!(placeholders(statement), upto(parameters), "{statement}");
+        }
+        assert_eq!(
+            entry_params(&crate::domain::Tenant::default_tenant(), &entry(true)).len(),
+            CLAIM_WIDTH
+        );
+        assert!(INSERT.ends_with(&format!(
+            "${CLAIM_WIDTH}) ON CONFLICT (tenant, key) DO NOTHING"
+        )));
+    }
 }

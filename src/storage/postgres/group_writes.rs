@@ -3,8 +3,14 @@
 
 use super::PgStore;
 use crate::domain::{Entry, Key, Tenant};
+use crate::storage::sql::{self, Param};
 use crate::storage::sql_store::run_on;
-use crate::storage::{Finish, Finished, FinishedRow, StoreResult};
+use crate::storage::{Finish, Finished, FinishedRow, StoreError, StoreResult};
+
+/// [`PgStore::INSERT_MANY`], named here so that the statement is visibly a constant.
+const INSERT_MANY: &str = PgStore::INSERT_MANY;
+/// [`PgStore::FINISH_MANY`], likewise.
+const FINISH_MANY: &str = PgStore::FINISH_MANY;
 
 /// [`Store::insert_many`](crate::storage::Store::insert_many): one statement, each column one
 /// array.
@@ -16,30 +22,19 @@ pub(super) async fn insert_many(
     // same order and cannot deadlock; the sort is stable, so the first entry of a key
     // still wins.
     let rows = in_key_order(batch, |e| &e.key);
-    // Borrowed by each try of the statement.
-    let c = &InsertColumns::of(&rows);
+    // One array per column of the claim's list, borrowed by each try of the statement.
+    let columns = sql::CLAIM
+        .iter()
+        .map(|c| Array::of(c, &rows))
+        .collect::<StoreResult<Vec<_>>>()?;
+    let columns = &columns;
     let inserted: Vec<String> = run_on(store, &store.pool, move |mut conn| async move {
         let result: Result<_, sqlx::Error> = async {
-            sqlx::query_scalar(PgStore::INSERT_MANY)
-                .bind(&c.tenants)
-                .bind(&c.keys)
-                .bind(&c.run_ids)
-                .bind(&c.tools)
-                .bind(&c.fingerprints)
-                .bind(&c.statuses)
-                .bind(&c.attempts)
-                .bind(&c.tokens)
-                .bind(&c.results)
-                .bind(&c.errors)
-                .bind(&c.retryables)
-                .bind(&c.principals)
-                .bind(&c.started)
-                .bind(&c.finished)
-                .bind(&c.leases)
-                .bind(&c.retentions)
-                .bind(&c.expires)
-                .bind(&c.replays)
-                .bind(&c.arguments)
+            let mut args = sqlx::postgres::PgArguments::default();
+            for column in columns {
+                column.add_to(&mut args).map_err(sqlx::Error::Encode)?;
+            }
+            sqlx::query_scalar_with(self::INSERT_MANY, args)
                 .persistent(store.persistent())
                 .fetch_all(&mut *conn)
                 .await
@@ -90,7 +85,7 @@ pub(super) async fn finish_many(
     );
     let rows: Vec<FinishedRow> = run_on(store, &store.pool, move |mut conn| async move {
         let result: Result<_, sqlx::Error> = async {
-            sqlx::query_as(PgStore::FINISH_MANY)
+            sqlx::query_as(self::FINISH_MANY)
                 .bind(tenants)
                 .bind(keys)
                 .bind(tokens)
@@ -119,56 +114,62 @@ pub(super) async fn finish_many(
         .collect())
 }
 
-/// The columns of a multi-row INSERT, one array per column in the order of
-/// [`PgStore::INSERT_MANY`]'s `unnest`, from rows in (tenant, key) order.
-struct InsertColumns<'a> {
-    tenants: Vec<&'a str>,
-    keys: Vec<String>,
-    run_ids: Vec<String>,
-    tools: Vec<String>,
-    fingerprints: Vec<String>,
-    statuses: Vec<String>,
-    attempts: Vec<i64>,
-    tokens: Vec<String>,
-    results: Vec<Vec<u8>>,
-    errors: Vec<String>,
-    retryables: Vec<bool>,
-    principals: Vec<String>,
-    started: Vec<i64>,
-    finished: Vec<Option<i64>>,
-    leases: Vec<i64>,
-    retentions: Vec<i64>,
-    expires: Vec<Option<i64>>,
-    replays: Vec<i64>,
-    arguments: Vec<Option<String>>,
+/// One column of a multi-row INSERT: its values for every row, in (tenant, key) order, as one
+/// array of the column's type.
+enum Array<'a> {
+    Text(Vec<&'a str>),
+    MaybeText(Vec<Option<&'a str>>),
+    Bytes(Vec<&'a [u8]>),
+    Int(Vec<i64>),
+    MaybeInt(Vec<Option<i64>>),
+    Flag(Vec<bool>),
 }
 
-impl<'a> InsertColumns<'a> {
-    fn of(rows: &[&'a (Tenant, Entry)]) -> InsertColumns<'a> {
-        let col = |f: fn(&Entry) -> String| rows.iter().map(|(_, e)| f(e)).collect::<Vec<_>>();
-        let int = |f: fn(&Entry) -> i64| rows.iter().map(|(_, e)| f(e)).collect::<Vec<_>>();
-        let opt = |f: fn(&Entry) -> Option<i64>| rows.iter().map(|(_, e)| f(e)).collect::<Vec<_>>();
-        InsertColumns {
-            tenants: rows.iter().map(|(t, _)| t.as_str()).collect(),
-            keys: col(|e| e.key.as_str().to_owned()),
-            // An entry without a run stores the empty text, as the one-row INSERT does.
-            run_ids: col(|e| e.run_id.as_ref().map_or("", |r| r.as_str()).to_owned()),
-            tools: col(|e| e.tool.as_str().to_owned()),
-            fingerprints: col(|e| e.fingerprint.clone()),
-            statuses: col(|e| e.status.as_str().to_string()),
-            attempts: int(|e| i64::from(e.attempt)),
-            tokens: col(|e| e.claim_token.as_str().to_owned()),
-            results: rows.iter().map(|(_, e)| e.result.clone()).collect(),
-            errors: col(|e| e.error.clone()),
-            retryables: rows.iter().map(|(_, e)| e.retryable).collect(),
-            principals: col(|e| e.principal.as_str().to_owned()),
-            started: int(|e| e.started_at.0),
-            finished: opt(|e| e.finished_at.map(|m| m.0)),
-            leases: int(|e| e.lease_expires_at.0),
-            retentions: int(|e| e.retention.0),
-            expires: opt(|e| e.expires_at.map(|m| m.0)),
-            replays: int(|e| i64::try_from(e.replay_count).unwrap_or(i64::MAX)),
-            arguments: rows.iter().map(|(_, e)| e.arguments.clone()).collect(),
+impl<'a> Array<'a> {
+    /// The values of `column` for `rows`. A column gives one kind of [`Param`] for every
+    /// entry (`sql`'s tests hold it), so the array takes its first row's kind.
+    fn of(column: &sql::Column, rows: &[&'a (Tenant, Entry)]) -> StoreResult<Array<'a>> {
+        let mut values = rows.iter().map(|(t, e)| (column.value)(t, e));
+        let mut array = match values.next() {
+            Some(Param::Text(_)) | None => Array::Text(Vec::with_capacity(rows.len())),
+            Some(Param::MaybeText(_)) => Array::MaybeText(Vec::with_capacity(rows.len())),
+            Some(Param::Bytes(_)) => Array::Bytes(Vec::with_capacity(rows.len())),
+            Some(Param::Int(_)) => Array::Int(Vec::with_capacity(rows.len())),
+            Some(Param::MaybeInt(_)) => Array::MaybeInt(Vec::with_capacity(rows.len())),
+            Some(Param::Flag(_)) => Array::Flag(Vec::with_capacity(rows.len())),
+        };
+        for (t, e) in rows {
+            match (&mut array, (column.value)(t, e)) {
+                (Array::Text(a), Param::Text(v)) => a.push(v),
+                (Array::MaybeText(a), Param::MaybeText(v)) => a.push(v),
+                (Array::Bytes(a), Param::Bytes(v)) => a.push(v),
+                (Array::Int(a), Param::Int(v)) => a.push(v),
+                (Array::MaybeInt(a), Param::MaybeInt(v)) => a.push(v),
+                (Array::Flag(a), Param::Flag(v)) => a.push(v),
+                (_, other) => {
+                    return Err(StoreError::Internal(format!(
+                        "column {} gave {other:?} after another kind",
+                        column.name
+                    )));
+                }
+            }
+        }
+        Ok(array)
+    }
+
+    /// Binds the array as the statement's next parameter.
+    fn add_to(
+        &self,
+        args: &mut sqlx::postgres::PgArguments,
+    ) -> Result<(), sqlx::error::BoxDynError> {
+        use sqlx::Arguments as _;
+        match self {
+            Array::Text(a) => args.add(a.as_slice()),
+            Array::MaybeText(a) => args.add(a.as_slice()),
+            Array::Bytes(a) => args.add(a.as_slice()),
+            Array::Int(a) => args.add(a.as_slice()),
+            Array::MaybeInt(a) => args.add(a.as_slice()),
+            Array::Flag(a) => args.add(a.as_slice()),
         }
     }
 }
