@@ -97,7 +97,7 @@ static FIELDS_TEXT: Text = Text::new().names(FIELDS_LIST, "");
 const FIELDS: &str = FIELDS_TEXT.as_str();
 
 static INSERT_COLUMNS_TEXT: Text = Text::new().names(CLAIM, "");
-/// The columns a claim writes, in [`CLAIM`]'s order: `$1`..`$CLAIM_WIDTH` of [`INSERT`].
+/// The columns a claim writes, in the claim's column list's order: `$1`.. of [`INSERT`].
 pub const INSERT_COLUMNS: &str = INSERT_COLUMNS_TEXT.as_str();
 
 static INSERT_VALUES_TEXT: Text = Text::new().placeholders(1, CLAIM_WIDTH);
