@@ -8,29 +8,25 @@
 //!
 //! # Layout
 //!
-//! The dependency rule, in one line (a module uses only modules to its left; the test
-//! `tests/layout.rs` holds it):
+//! The service is three crates along its floors; cargo holds the arrows between them, since a
+//! crate imports only what its manifest names:
 //!
-//! `reason ← domain, proto, defaults, connections ← storage ← error ← ledger ← observe ← grpc ← console ← server ← cli`
+//! - `ledger-core` (`crates/core`): the domain (keys, canonical JSON, tenants, redaction, the
+//!   entry state machine), every error reason, the default settings, the one `Store` trait and
+//!   the use cases (claim, complete, renew, lookup, list, reconcile, approvals, retention), with
+//!   neither tonic, hyper nor sqlx in its manifest. Re-exported here as [`reason`], [`domain`],
+//!   [`defaults`], [`error`] and [`ledger`].
+//! - `ledger-stores` (`crates/stores`): PostgreSQL and SQLite over sqlx, written once over a SQL
+//!   dialect, and the group commit, a store around a store; re-exported here with the core's
+//!   store trait as [`storage`]. `sqlx::Error` never leaves it.
+//! - this crate, the server: its modules, each using only those to its left (the test
+//!   `tests/layout.rs` holds it):
 //!
-//! - [`reason`]: every reason the server sends in an `ErrorInfo`, one enum (the wire names
-//!   derived from the variants by `strum`), below everything that refuses a call.
-//! - [`domain`]: keys (RFC 8785 canonical JSON, derivation, field validation), tenants, what
-//!   of the arguments is kept for audit (redaction), and the entry state machine with the
-//!   compare-and-set predicates the stores' statements implement. No tonic, no sqlx.
+//! `proto, connections ← observe ← grpc ← console ← server ← cli`
+//!
 //! - [`proto`]: the generated `idempotency.v1` types and descriptors.
-//! - [`defaults`]: every default setting, for the command line and the `Default` impls alike.
 //! - [`connections`]: the client connections, bounded: the descriptor limit raised, a cap,
 //!   idle connections closed, an accept loop that backs off when descriptors run out.
-//! - [`storage`]: the one `Store` trait every consumer holds (`Arc<dyn Store>`), implemented
-//!   once over a SQL dialect for the PostgreSQL and SQLite backends, and by the group commit,
-//!   a store around a store that batches claims and completions; `sqlx::Error` never leaves
-//!   it.
-//! - [`error`]: the ledger's one error type, its reasons, messages and retry hints, without
-//!   tonic (the transport's refusals and the mapping to gRPC statuses are [`grpc::error`]'s).
-//! - [`ledger`]: the use cases, one file each (claim, complete, renew, lookup, list,
-//!   reconcile, retention, and find: an entry by key, prefix or external reference), the
-//!   notes, and the claims that wait for an attempt in flight.
 //! - [`observe`]: what the server tells about itself: the Prometheus families on
 //!   `prometheus-client`, the replay-rate alarm, the `/metrics` endpoint on axum, the
 //!   logs (one span and one access line per RPC, W3C trace context), and the traces exported
@@ -38,35 +34,41 @@
 //!   it; it knows the ledger's answers (to count them), not the service.
 //! - [`grpc`]: the service, the proto ↔ domain conversions, deadlines, the one rewrite of
 //!   tonic's own refusals, authentication and admission (load shedding, tenant rate limits),
-//!   and the one mapping of errors to gRPC codes, reasons and details.
+//!   and the mapping of the core's error table to gRPC codes, reasons and details.
 //! - [`console`]: the operator's console, server-rendered HTML over HTTP/1.1 (axum, its pages
 //!   maud templates): what needs a person (unknown outcomes, resolvable there as Reconcile
-//!   would), calls awaiting approval, the entries by filter or search, one entry whole, and the replay rate drawn per tool; sessions signed in
-//!   with a tenant's token, CSRF tokens, escaping. It uses the ledger's use cases and the
-//!   observe figures directly, and the credentials of [`grpc`]'s authentication.
+//!   would), calls awaiting approval, the entries by filter or search, one entry whole, and
+//!   the replay rate drawn per tool; sessions signed in with a tenant's token, CSRF tokens,
+//!   escaping. It uses the ledger's use cases and the observe figures directly, and the
+//!   credentials of [`grpc`]'s authentication.
 //! - [`server`]: the settings, health and its store probe, reflection, graceful shutdown;
-//!   every task it starts ends with it.
+//!   every task it starts ends with it. One public way to run it: [`server::run`].
 //! - [`cli`]: the command line: `serve`, `migrate`, and the operator's commands, gRPC clients
-//!   of a running server (`entries`, `entry` by key, prefix or external reference, `resolve`,
-//!   `renew`).
+//!   of a running server.
 //! - `main.rs` uses any of them (the benchmark's client and its gRPC floor are the `bench`
 //!   crate's, outside the service).
 
 pub mod cli;
 pub mod connections;
 pub mod console;
-pub mod defaults;
-pub mod domain;
-pub mod error;
 pub mod grpc;
-pub mod ledger;
 pub mod observe;
 pub mod proto;
-pub mod reason;
 pub mod server;
+
+pub use ledger_core::{defaults, domain, error, ledger, reason};
+
+/// The stores: the core's `Store` trait and what it takes and answers, and the
+/// `ledger-stores` crate's backends and group commit, under one name.
 #[doc(hidden)]
-pub mod storage;
+pub mod storage {
+    pub use ledger_stores::*;
+}
 
 /// The unit tests' allocator, which counts what each thread allocates.
 #[cfg(test)]
-mod counting_alloc;
+#[global_allocator]
+static ALLOCATOR: testkit::counting_alloc::Counting = testkit::counting_alloc::Counting;
+
+#[cfg(test)]
+use testkit::counting_alloc;

@@ -1,28 +1,51 @@
-//! The crate's dependency rule, as `src/lib.rs` states it: a module uses only the modules of
-//! lower layers. Read from the source (code, not comments), paths in grouped imports
-//! (`use crate::{grpc, storage::Store}`) included, so a new `use crate::…` that points upward
-//! fails here with the file and line.
+//! The service's dependency rules. Between its crates, cargo holds them: `ledger-core` (the
+//! domain and the use cases) has neither tonic, hyper nor sqlx, nor the crates above it, in its
+//! manifest, and `ledger-stores` neither tonic nor hyper nor the server, so an import upward
+//! does not compile (the tests here check the manifests' dependency trees). Within a crate,
+//! as its `lib.rs` states: a module uses only the modules of lower layers. Read from the source
+//! (code, not comments), paths in grouped imports (`use crate::{grpc, storage::Store}`)
+//! included, so a new `use crate::…` that points upward fails here with the file and line.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
-/// The layers, lowest first; a module may use any module of a lower layer, none of its own
-/// or a higher one.
-const LAYERS: &[&[&str]] = &[
-    &["reason"],
-    &["domain", "proto", "defaults", "connections"],
-    &["storage"],
-    &["error"],
-    &["ledger"],
-    &["observe"],
-    &["grpc"],
-    &["console"],
-    &["server"],
-    &["cli"],
+/// A crate of the service whose modules are layered: its sources and its layers, lowest first;
+/// a module may use any module of a lower layer, none of its own or a higher one.
+struct Floor {
+    src: &'static str,
+    layers: &'static [&'static [&'static str]],
+}
+
+/// The core and the server (the stores' modules are one layer).
+const FLOORS: &[Floor] = &[
+    Floor {
+        src: "crates/core/src",
+        layers: &[
+            &["reason"],
+            &["domain", "defaults"],
+            &["storage"],
+            &["error"],
+            &["ledger"],
+        ],
+    },
+    Floor {
+        src: "src",
+        layers: &[
+            &["proto", "connections"],
+            &["observe"],
+            &["grpc"],
+            &["console"],
+            &["server"],
+            &["cli"],
+        ],
+    },
 ];
 
-fn layer_of(module: &str) -> Option<usize> {
-    LAYERS.iter().position(|layer| layer.contains(&module))
+fn layer_of(floor: &Floor, module: &str) -> Option<usize> {
+    floor
+        .layers
+        .iter()
+        .position(|layer| layer.contains(&module))
 }
 
 /// The `.rs` files of the top-level module `name`: `src/name.rs` or everything in `src/name/`.
@@ -121,50 +144,56 @@ fn group_items(code: &str, open: usize) -> Vec<(usize, String)> {
     items
 }
 
-/// The top-level modules `src/lib.rs` declares.
+/// The top-level modules a `lib.rs` declares in files of their own (`pub mod name;`).
 fn declared_modules(src: &Path) -> Vec<String> {
     std::fs::read_to_string(src.join("lib.rs"))
         .expect("lib.rs")
         .lines()
-        .filter_map(|l| l.trim().strip_prefix("pub mod "))
-        .map(|l| l.trim_end_matches(';').to_string())
+        .filter_map(|l| l.trim().strip_prefix("pub mod ")?.strip_suffix(';'))
+        .map(str::to_string)
         .collect()
 }
 
-fn src() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("src")
+fn root() -> &'static Path {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
 }
 
 #[test]
 fn every_module_has_a_layer() {
-    for module in declared_modules(&src()) {
-        assert!(
-            layer_of(&module).is_some(),
-            "{module} is in no layer: add it to LAYERS here and to the rule in src/lib.rs"
-        );
+    for floor in FLOORS {
+        for module in declared_modules(&root().join(floor.src)) {
+            assert!(
+                layer_of(floor, &module).is_some(),
+                "{module} of {} is in no layer: add it to FLOORS here and to the rule in its \
+                 lib.rs",
+                floor.src
+            );
+        }
     }
 }
 
 #[test]
 fn no_module_uses_its_own_layer_or_a_higher_one() {
-    let src = src();
     let mut upward: BTreeMap<String, Vec<String>> = BTreeMap::new();
-    for module in declared_modules(&src) {
-        let own = layer_of(&module).expect("every module has a layer");
-        for file in files_of(&src, &module) {
-            let text = std::fs::read_to_string(&file).expect("read");
-            for (line, used) in crate_paths(&text) {
-                if used == module {
-                    continue;
-                }
-                let Some(theirs) = layer_of(&used) else {
-                    continue; // a macro exported at the crate root, such as run_on!
-                };
-                if theirs >= own {
-                    upward.entry(module.clone()).or_default().push(format!(
-                        "{}:{line} uses crate::{used}",
-                        file.strip_prefix(&src).expect("under src").display()
-                    ));
+    for floor in FLOORS {
+        let src = root().join(floor.src);
+        for module in declared_modules(&src) {
+            let own = layer_of(floor, &module).expect("every module has a layer");
+            for file in files_of(&src, &module) {
+                let text = std::fs::read_to_string(&file).expect("read");
+                for (line, used) in crate_paths(&text) {
+                    if used == module {
+                        continue;
+                    }
+                    let Some(theirs) = layer_of(floor, &used) else {
+                        continue; // a lower crate's module, re-exported (crate::domain)
+                    };
+                    if theirs >= own {
+                        upward.entry(module.clone()).or_default().push(format!(
+                            "{}:{line} uses crate::{used}",
+                            file.strip_prefix(root()).expect("under the root").display()
+                        ));
+                    }
                 }
             }
         }
@@ -172,57 +201,88 @@ fn no_module_uses_its_own_layer_or_a_higher_one() {
     assert!(upward.is_empty(), "imports against the rule: {upward:#?}");
 }
 
-/// The modules that are the ledger without its transport: gRPC (tonic, its status, its codes)
-/// is `grpc`'s, and the mapping of errors to statuses with it (src/grpc/error.rs).
-const FREE_OF_GRPC: &[&str] = &["reason", "domain", "defaults", "storage", "error", "ledger"];
-
-/// The lines of `text`'s code (comments left out) that name tonic or one of its crates.
-fn tonic_lines(text: &str) -> Vec<usize> {
-    text.lines()
-        .enumerate()
-        .filter(|(_, line)| {
-            let code = line.split("//").next().unwrap_or("");
-            code.split(|c: char| !(c.is_alphanumeric() || c == '_'))
-                .any(|word| word == "tonic" || word.starts_with("tonic_"))
-        })
-        .map(|(i, _)| i + 1)
-        .collect()
-}
-
-#[test]
-fn the_ledger_and_its_errors_do_not_use_tonic() {
-    let src = src();
-    let mut found = Vec::new();
-    for module in FREE_OF_GRPC {
-        for file in files_of(&src, module) {
-            let text = std::fs::read_to_string(&file).expect("read");
-            for line in tonic_lines(&text) {
-                found.push(format!("{}:{line}", file.display()));
-            }
-        }
-    }
-    assert!(found.is_empty(), "tonic below grpc: {found:#?}");
-    // The checker finds what it looks for.
-    assert_eq!(
-        tonic_lines(
-            "//! tonic\nuse tonic::Status;\nuse tonic_types::X; // tonic\nlet tonical = 1;"
-        ),
-        vec![2, 3]
-    );
-}
-
-#[test]
-fn the_rule_is_the_one_lib_rs_states() {
-    let rule = LAYERS
-        .iter()
-        .map(|layer| layer.join(", "))
-        .collect::<Vec<_>>()
-        .join(" ← ");
-    let lib = std::fs::read_to_string(src().join("lib.rs")).expect("lib.rs");
+/// The packages `package` depends on (normal edges, transitively), one name per line.
+fn dependencies(package: &str) -> String {
+    let out = std::process::Command::new(env!("CARGO"))
+        .args([
+            "tree",
+            "--offline",
+            "--edges",
+            "normal",
+            "--prefix",
+            "none",
+            "--format",
+            "{p}",
+            "--package",
+            package,
+        ])
+        .current_dir(root())
+        .output()
+        .expect("cargo tree");
     assert!(
-        lib.contains(&format!("//! `{rule}`")),
-        "src/lib.rs must state the rule `{rule}`"
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
     );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// Whether `tree` (of [`dependencies`]) holds the package `name`.
+fn has(tree: &str, name: &str) -> bool {
+    tree.lines()
+        .any(|line| line.split_whitespace().next() == Some(name))
+}
+
+#[test]
+fn the_core_and_the_stores_cannot_import_the_layers_above_them() {
+    // What a crate's manifest does not name, its code cannot import: so these hold the layers.
+    let core = dependencies("ledger-core");
+    assert!(has(&core, "serde_json"), "a real dependency tree:\n{core}");
+    for above in [
+        "tonic",
+        "hyper",
+        "axum",
+        "sqlx",
+        "prost",
+        "ledger-stores",
+        "idempotency-ledger",
+    ] {
+        assert!(
+            !has(&core, above),
+            "ledger-core depends on {above}:\n{core}"
+        );
+    }
+    let stores = dependencies("ledger-stores");
+    assert!(
+        has(&stores, "sqlx") && has(&stores, "ledger-core"),
+        "{stores}"
+    );
+    for above in ["tonic", "hyper", "axum", "prost", "idempotency-ledger"] {
+        assert!(
+            !has(&stores, above),
+            "ledger-stores depends on {above}:\n{stores}"
+        );
+    }
+    // The check reads names, not substrings: sqlx-core is not sqlx.
+    assert!(!has("sqlx-core v0.9.0\n", "sqlx"));
+}
+
+#[test]
+fn each_rule_is_the_one_its_lib_rs_states() {
+    for floor in FLOORS {
+        let rule = floor
+            .layers
+            .iter()
+            .map(|layer| layer.join(", "))
+            .collect::<Vec<_>>()
+            .join(" ← ");
+        let lib = std::fs::read_to_string(root().join(floor.src).join("lib.rs")).expect("lib.rs");
+        assert!(
+            lib.contains(&format!("`{rule}`")),
+            "{}/lib.rs must state the rule `{rule}`",
+            floor.src
+        );
+    }
 }
 
 #[test]
@@ -403,7 +463,13 @@ fn no_source_file_is_over_six_hundred_lines_before_its_tests() {
     // A reader holds a file whole; the tests at its end are read apart.
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
     let mut files = Vec::new();
-    for dir in ["src", "bench/src", "testkit/src"] {
+    for dir in [
+        "src",
+        "crates/core/src",
+        "crates/stores/src",
+        "bench/src",
+        "testkit/src",
+    ] {
         rust_files(&root.join(dir), &mut files);
     }
     assert!(

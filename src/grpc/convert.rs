@@ -13,17 +13,21 @@ use crate::error::LedgerError;
 use crate::ledger::{ClaimOutput, EntryView, Outcome, ResolutionOutcome, ResolutionResult};
 use crate::observe::replay_rate::{ReplayFigures, SeriesFigures};
 
+/// A refusal of `field`'s value, as the gRPC status the table gives it.
+fn invalid(field: &'static str, message: impl Into<String>) -> Status {
+    super::error::status(LedgerError::invalid(field, message))
+}
+
 pub(super) fn canonicalization(value: i32) -> Result<Canonicalization, Status> {
     match pb::Canonicalization::try_from(value) {
         Ok(pb::Canonicalization::Unspecified | pb::Canonicalization::Jcs) => {
             Ok(Canonicalization::Jcs)
         }
         Ok(pb::Canonicalization::JcsLenient) => Ok(Canonicalization::JcsLenient),
-        Err(_) => Err(LedgerError::invalid(
+        Err(_) => Err(invalid(
             "canonicalization",
             format!("{value} is not a Canonicalization value"),
-        )
-        .into()),
+        )),
     }
 }
 
@@ -34,11 +38,10 @@ pub(super) fn final_status(field: &'static str, value: i32) -> Result<FinalStatu
         Ok(pb::Status::Succeeded) => Ok(FinalStatus::Succeeded),
         Ok(pb::Status::Failed) => Ok(FinalStatus::Failed),
         Ok(pb::Status::Unknown) => Ok(FinalStatus::Unknown),
-        _ => Err(LedgerError::invalid(
+        _ => Err(invalid(
             field,
             "must be STATUS_SUCCEEDED, STATUS_FAILED or STATUS_UNKNOWN",
-        )
-        .into()),
+        )),
     }
 }
 
@@ -49,7 +52,7 @@ pub(super) fn duration(
 ) -> Result<Option<Duration>, Status> {
     let Some(d) = value else { return Ok(None) };
     if d.seconds < 0 || d.nanos < 0 || d.nanos >= 1_000_000_000 {
-        return Err(LedgerError::invalid(field, "must be a non-negative duration").into());
+        return Err(invalid(field, "must be a non-negative duration"));
     }
     Ok(Some(
         Duration::from_secs(d.seconds.unsigned_abs())
@@ -108,9 +111,10 @@ pub(super) fn decision(value: i32) -> Result<Decision, Status> {
     match pb::Decision::try_from(value) {
         Ok(pb::Decision::Approve) => Ok(Decision::Approve),
         Ok(pb::Decision::Deny) => Ok(Decision::Deny),
-        _ => Err(
-            LedgerError::invalid("decision", "must be DECISION_APPROVE or DECISION_DENY").into(),
-        ),
+        _ => Err(invalid(
+            "decision",
+            "must be DECISION_APPROVE or DECISION_DENY",
+        )),
     }
 }
 
@@ -125,9 +129,7 @@ pub(super) fn status_filter(value: i32) -> Result<Option<crate::domain::Status>,
         Ok(pb::Status::Unknown) => Ok(Some(S::Unknown)),
         Ok(pb::Status::AwaitingApproval) => Ok(Some(S::AwaitingApproval)),
         Ok(pb::Status::Denied) => Ok(Some(S::Denied)),
-        Err(_) => {
-            Err(LedgerError::invalid("status", format!("{value} is not a Status value")).into())
-        }
+        Err(_) => Err(invalid("status", format!("{value} is not a Status value"))),
     }
 }
 
@@ -139,13 +141,13 @@ pub(super) fn instant(
 ) -> Result<Option<Micros>, Status> {
     let Some(t) = value else { return Ok(None) };
     if !(0..1_000_000_000).contains(&t.nanos) {
-        return Err(LedgerError::invalid(field, "nanos must be within 0..999999999").into());
+        return Err(invalid(field, "nanos must be within 0..999999999"));
     }
     t.seconds
         .checked_mul(1_000_000)
         .and_then(|us| us.checked_add(i64::from(t.nanos / 1000)))
         .map(|us| Some(Micros(us)))
-        .ok_or_else(|| LedgerError::invalid(field, "is out of range").into())
+        .ok_or_else(|| invalid(field, "is out of range"))
 }
 
 /// A tenant's replay figures, as ReplayRate answers them.

@@ -89,10 +89,9 @@ impl From<CallError> for Status {
     }
 }
 
-impl From<LedgerError> for Status {
-    fn from(err: LedgerError) -> Status {
-        Status::from(CallError::Ledger(err))
-    }
+/// A ledger error as the gRPC status it is answered with (the table's row for its reason).
+pub fn status(err: LedgerError) -> Status {
+    Status::from(CallError::Ledger(err))
 }
 
 #[cfg(test)]
@@ -161,13 +160,13 @@ mod tests {
 
     #[test]
     fn internal_details_are_never_sent() {
-        let status = Status::from(LedgerError::Internal(
+        let status = super::status(LedgerError::Internal(
             "relation ledger_entries does not exist at /var/lib/x".into(),
         ));
         assert_eq!(status.code(), Code::Internal);
         assert!(!status.message().contains("ledger_entries"));
         assert!(!status.message().contains("/var/lib"));
-        let unavailable = Status::from(LedgerError::Unavailable(
+        let unavailable = super::status(LedgerError::Unavailable(
             "connection refused 10.0.0.1".into(),
         ));
         assert!(!unavailable.message().contains("10.0.0.1"));
@@ -215,7 +214,7 @@ mod tests {
     /// One spelling of each reason; busy and unreachable both carry a retry delay.
     #[test]
     fn a_busy_store_has_a_reason_of_its_own_and_an_unreachable_one_the_same_as_unavailable() {
-        let busy = Status::from(LedgerError::Store(StoreError::Busy("all 16 in use".into())));
+        let busy = super::status(LedgerError::Store(StoreError::Busy("all 16 in use".into())));
         assert_eq!(busy.code(), Code::Unavailable);
         assert_eq!(
             busy.get_details_error_info().expect("info").reason,
@@ -228,7 +227,7 @@ mod tests {
             LedgerError::Store(StoreError::Unavailable("reset".into())),
             LedgerError::Unavailable("migrations have not run yet".into()),
         ] {
-            let status = Status::from(unavailable);
+            let status = super::status(unavailable);
             assert_eq!(status.code(), Code::Unavailable);
             let info = status.get_details_error_info().expect("info");
             assert_eq!(info.reason, Reason::StoreUnavailable);
@@ -239,7 +238,7 @@ mod tests {
 
     #[test]
     fn a_bad_field_carries_error_info_and_bad_request() {
-        let status = Status::from(LedgerError::invalid("tool", "must not be empty"));
+        let status = super::status(LedgerError::invalid("tool", "must not be empty"));
         assert_eq!(status.code(), Code::InvalidArgument);
         let info = status.get_details_error_info().expect("error info");
         assert_eq!(info.reason, "INVALID_FIELD");

@@ -16,7 +16,7 @@ use super::convert::{
     timestamp,
 };
 use super::deadline::{parse_grpc_timeout, run};
-use super::error::CallError;
+use super::error::{CallError, status};
 use super::pb;
 use super::pb::ledger_service_server::LedgerService;
 use crate::domain::key::ToolName;
@@ -76,9 +76,7 @@ impl LedgerApi {
             .extensions()
             .get::<Tenant>()
             .cloned()
-            .ok_or_else(|| {
-                Status::from(LedgerError::Internal("no tenant on the request".into()))
-            })?;
+            .ok_or_else(|| status(LedgerError::Internal("no tenant on the request".into())))?;
         telemetry::record_tenant(&tenant);
         let limit = Instant::now() + self.request_timeout;
         let deadline = request
@@ -232,7 +230,7 @@ impl LedgerService for LedgerApi {
         let (first, mut cursor) = ledger
             .approval_events(&tenant, Some(after.as_str()), WATCH_BATCH)
             .await
-            .map_err(Status::from)?;
+            .map_err(status)?;
         let (sender, receiver) = tokio::sync::mpsc::channel(WATCH_BATCH as usize);
         tokio::spawn(async move {
             let mut batch = first;
@@ -264,7 +262,7 @@ impl LedgerService for LedgerApi {
                         batch = events;
                     }
                     Err(e) => {
-                        let _ = sender.send(Err(Status::from(e))).await;
+                        let _ = sender.send(Err(status(e))).await;
                         return;
                     }
                 }
@@ -449,7 +447,7 @@ impl LedgerService for LedgerApi {
                     started_after: instant("started_after", r.started_after)?,
                     started_before: instant("started_before", r.started_before)?,
                     page_size: u32::try_from(r.page_size).map_err(|_| {
-                        Status::from(LedgerError::invalid("page_size", "must not be negative"))
+                        status(LedgerError::invalid("page_size", "must not be negative"))
                     })?,
                     page_token: r.page_token,
                     possible_double_effect: r.possible_double_effect,
@@ -525,7 +523,7 @@ impl LedgerService for LedgerApi {
         let tool = if r.tool.is_empty() {
             None
         } else {
-            Some(ToolName::parse(&r.tool).map_err(|e| Status::from(LedgerError::from(e)))?)
+            Some(ToolName::parse(&r.tool).map_err(|e| status(LedgerError::from(e)))?)
         };
         telemetry::record_request(&r.tool, "");
         let figures = self

@@ -33,9 +33,8 @@ use opentelemetry_sdk::trace::{Sampler, SdkTracerProvider, SpanData, SpanExporte
 use tracing_subscriber::registry::LookupSpan;
 
 /// The target of the spans that are exported and never logged: the call's server span and its
-/// children. `storage` and `ledger` write it as a literal (they sit below `observe`); the
-/// traces test fails if they drift.
-pub const TARGET: &str = "idempotency_ledger::otel";
+/// children. The core's, which its use cases and the stores' group commit write too.
+pub const TARGET: &str = ledger_core::TRACE_TARGET;
 
 /// The name under which the ledger's spans are reported (the instrumentation scope).
 const SCOPE: &str = "idempotency-ledger";

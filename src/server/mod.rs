@@ -11,7 +11,6 @@ use std::sync::atomic::Ordering;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio_stream::Stream;
-use tonic::Status;
 use tonic::service::interceptor::InterceptedService;
 use tonic::transport::Server;
 use tonic_health::ServingStatus;
@@ -354,7 +353,7 @@ fn ledger_service(
             if state.migrated.load(Ordering::Acquire) {
                 Ok(request)
             } else {
-                Err(Status::from(LedgerError::Unavailable(
+                Err(crate::grpc::error::status(LedgerError::Unavailable(
                     "migrations have not run yet".into(),
                 )))
             }

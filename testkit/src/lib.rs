@@ -6,10 +6,12 @@
 //!   loopback port as an unprivileged user when we are root, stopped and deleted on drop or by
 //!   a watchdog when the owning process dies.
 //! - [`pgbouncer`]: PgBouncer in front of such a cluster.
+//! - [`counting_alloc`]: an allocator for unit tests that counts what each thread allocates.
 //!
 //! Both panic with the server's log when a server cannot start: their callers are tests and a
 //! benchmark, for which a failed start is the end of the run.
 
+pub mod counting_alloc;
 pub mod pgbouncer;
 pub mod postgres;
 

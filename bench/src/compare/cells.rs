@@ -267,7 +267,7 @@ impl Side<'_> {
     /// size for `c` clients (`default_pool_size`: the database sees no more) and room for
     /// C + 50 clients. `extra_float_digits` is ignored: a startup parameter PgBouncer refuses
     /// unless told to, which sqlx sends by default (the ledger's connections turn it off,
-    /// src/storage/postgres.rs; pgbench does not send it).
+    /// crates/stores/src/postgres.rs; pgbench does not send it).
     pub(crate) fn pooler(&self, c: u32) -> PgBouncer {
         PgBouncer::start_with_settings(
             self.cluster,

@@ -119,7 +119,7 @@ fn filler(target: usize, len: impl Fn(usize) -> usize) -> usize {
     (0..=target).rev().find(|&n| len(n) <= target).unwrap_or(0)
 }
 
-/// The note the server attaches to a replay within a run (src/ledger/notes.rs `replay_note`).
+/// The note the server attaches to a replay within a run (crates/core/src/ledger/notes.rs `replay_note`).
 const REPLAY_NOTE: &str = "This action was already performed in this run; returning the \
     earlier result. No new action was taken.";
 

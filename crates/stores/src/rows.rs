@@ -2,7 +2,7 @@
 //! and the checks that a row still holds what this code writes (a status it knows, counts that
 //! are not negative).
 
-use super::{StoreError, StoreResult};
+use super::{Finished, StoreError, StoreResult, UnresolvedCount};
 use crate::domain::{
     Approval, ApprovalState, ClaimToken, Entry, EventKind, HistoryEvent, HoldToken, Key, Micros,
     Principal, RunId, ToolName,
@@ -179,5 +179,44 @@ mod tests {
             })
             .is_err()
         );
+    }
+}
+
+/// A finished row: the entry and its waiters flag.
+#[derive(sqlx::FromRow)]
+pub(crate) struct FinishedRow {
+    #[sqlx(flatten)]
+    pub entry: EntryRow,
+    pub has_waiters: bool,
+}
+
+impl TryFrom<FinishedRow> for Finished {
+    type Error = StoreError;
+
+    fn try_from(r: FinishedRow) -> StoreResult<Finished> {
+        Ok(Finished {
+            entry: Entry::try_from(r.entry)?,
+            has_waiters: r.has_waiters,
+        })
+    }
+}
+
+/// [`UnresolvedCount`]'s row, as `COUNT_UNRESOLVED` answers it.
+#[derive(sqlx::FromRow)]
+pub(crate) struct UnresolvedCountRow {
+    pub unknown: i64,
+    pub attempting: i64,
+    pub awaiting_approval: i64,
+    pub possible_double_effect: i64,
+}
+
+impl From<UnresolvedCountRow> for UnresolvedCount {
+    fn from(r: UnresolvedCountRow) -> UnresolvedCount {
+        UnresolvedCount {
+            unknown: r.unknown,
+            attempting: r.attempting,
+            awaiting_approval: r.awaiting_approval,
+            possible_double_effect: r.possible_double_effect,
+        }
     }
 }

@@ -5,11 +5,24 @@
 
 mod methods;
 
+use crate::Classify as _;
 use sqlx::pool::PoolConnection;
 
 use super::sql::Param;
 use super::{Finish, Finished, ReplayCount, StoreError, StoreMarks, StoreResult, kept_connections};
 use crate::domain::{Entry, Key, Micros, Tenant};
+
+/// A SQL backend as a [`Store`](super::Store): the store's methods, written once over its
+/// [`Dialect`] (in [`methods`]).
+pub(crate) struct SqlStore<D>(pub(crate) D);
+
+impl<D> std::ops::Deref for SqlStore<D> {
+    type Target = D;
+
+    fn deref(&self) -> &D {
+        &self.0
+    }
+}
 
 /// Which of a backend's connections a statement runs on.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -1,5 +1,5 @@
 //! Every default of the server's settings, once and typed: the command line's defaults
-//! ([`crate::server::Settings`], whose `--help` shows them) and the `Default` of the types
+//! (the server's `Settings`, whose `--help` shows them) and the `Default` of the types
 //! built from them (the ledger's limits, the pool's and the metrics' options) read them
 //! here, so that tests run on the shipped configuration. Durations are [`Duration`]s, so a
 //! typo is a compile error, not a zero; `--help` shows each as [`shown`] writes the

@@ -1,6 +1,7 @@
-//! The unit tests' global allocator: the system's, counting on each thread the allocations made
-//! and the bytes live, so that a test can measure what a piece of code allocates (nextest runs
-//! each test in a process of its own; the counts are per thread besides).
+//! A global allocator for unit tests: the system's, counting on each thread the allocations
+//! made and the bytes live, so that a test can measure what a piece of code allocates (nextest
+//! runs each test in a process of its own; the counts are per thread besides). A crate's tests
+//! install it with `#[global_allocator] static A: Counting = Counting;`.
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::cell::Cell;
@@ -11,7 +12,7 @@ thread_local! {
 }
 
 /// The system allocator, counting.
-struct Counting;
+pub struct Counting;
 
 // SAFETY: every call is passed on to the system allocator unchanged; the counts are plain
 // thread-local cells, which need no allocation (`const` initialised), and are skipped while the
@@ -31,15 +32,12 @@ unsafe impl GlobalAlloc for Counting {
     }
 }
 
-#[global_allocator]
-static ALLOCATOR: Counting = Counting;
-
 /// Heap allocations made on this thread so far.
-pub(crate) fn allocations() -> u64 {
+pub fn allocations() -> u64 {
     ALLOCATIONS.with(Cell::get)
 }
 
 /// Bytes allocated on this thread and not yet freed (on any thread), as requested.
-pub(crate) fn live_bytes() -> i64 {
+pub fn live_bytes() -> i64 {
     LIVE_BYTES.with(Cell::get)
 }

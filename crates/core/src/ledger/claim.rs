@@ -129,7 +129,7 @@ impl Ledger {
         };
         // The wait is a span of its own in the call's trace; its target is
         // `observe::traces::TARGET` (above this module): only the trace exporter sees it.
-        let span = tracing::info_span!(target: "idempotency_ledger::otel", "ledger.claim_wait");
+        let span = tracing::info_span!(target: crate::TRACE_TARGET, "ledger.claim_wait");
         self.wait_out(tenant, &request, until)
             .instrument(span)
             .await

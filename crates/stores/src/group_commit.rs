@@ -35,11 +35,11 @@ use crate::domain::{Entry, Tenant};
 const MAX_BATCH: usize = 256;
 
 /// The span of one write's group commit, in its call's trace. Its target is
-/// `observe::traces::TARGET` (this module sits below `observe`): only the trace exporter sees
+/// the core's `TRACE_TARGET`, which the server's observe layer exports: only the trace exporter sees
 /// it, and without one it is disabled.
 fn commit_span(kind: &'static str) -> tracing::Span {
     tracing::info_span!(
-        target: "idempotency_ledger::otel",
+        target: ledger_core::TRACE_TARGET,
         "ledger.batch_commit",
         ledger.batch.kind = kind,
         ledger.batch.size = tracing::field::Empty,

@@ -3,6 +3,7 @@
 
 use std::sync::Arc;
 
+use super::sql_store::SqlStore;
 use super::{Store, StoreError, StoreResult, group_commit, postgres, redact_url, sqlite};
 
 /// Opens the store a database URL names: `postgres://` or `postgresql://` for PostgreSQL,
@@ -47,9 +48,13 @@ pub async fn open_with_writers(
 /// As [`open`].
 pub async fn open_backend(url: &str, options: &PoolOptions) -> StoreResult<Arc<dyn Store>> {
     if is_postgres(url) {
-        Ok(Arc::new(postgres::PgStore::connect(url, options)?))
+        Ok(Arc::new(SqlStore(postgres::PgStore::connect(
+            url, options,
+        )?)))
     } else if url.starts_with("sqlite:") {
-        Ok(Arc::new(sqlite::SqliteStore::open(url, options).await?))
+        Ok(Arc::new(SqlStore(
+            sqlite::SqliteStore::open(url, options).await?,
+        )))
     } else {
         Err(unsupported(url))
     }

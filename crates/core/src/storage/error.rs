@@ -1,12 +1,6 @@
-//! [`StoreError`]: what a store call failed of, classified once from sqlx's errors and the
-//! database's own codes, so that `sqlx::Error` never leaves the storage module.
+//! [`StoreError`]: what a store call failed of, classified by the stores from their
+//! database's errors and own codes, so that no driver's error reaches the ledger.
 
-use super::kept_connections;
-
-/// Why a store call failed: the cause the store could name, with the database's own words for
-/// the log (never for the client). Only [`StoreError::Internal`] is a bug; every other variant
-/// is a condition of the database or its host that an operator can act on, and that the
-/// client is told apart by its own code and reason.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum StoreError {
     /// The database cannot be reached or did not answer in time: opening or using a
@@ -105,94 +99,9 @@ impl StoreError {
             StoreError::Internal(d) => StoreError::Internal(with(d)),
         }
     }
-
-    /// Whether the connection that produced this error should not be used again: after an
-    /// I/O error, a full disk or a read-only server, the session may hold a half-rolled-back
-    /// transaction (SQLite) or point at a demoted primary (PostgreSQL).
-    pub(crate) fn poisons_connection(&self) -> bool {
-        matches!(
-            self,
-            StoreError::Io(_) | StoreError::Full(_) | StoreError::ReadOnly(_)
-        )
-    }
-
-    /// The errors sqlx reports outside any database's answer while a statement runs on a
-    /// live connection, the same for both backends. The link failed (an I/O error of any
-    /// kind: reset, closed mid-message, timed out; a broken TLS session; SQLite's worker
-    /// thread gone): unavailable. What sqlx cannot encode or decode, or a message out of
-    /// place in the protocol (`Protocol`: too many parameters, a message over the protocol's
-    /// size, a reply the driver did not expect), is a bug of ours or of the driver: internal.
-    fn from_client(err: &sqlx::Error) -> StoreError {
-        use sqlx::Error as E;
-        match err {
-            E::Io(_) | E::PoolTimedOut | E::PoolClosed | E::Tls(_) | E::WorkerCrashed => {
-                StoreError::Unavailable(err.to_string())
-            }
-            _ => StoreError::Internal(err.to_string()),
-        }
-    }
-
-    /// Classifies a failure to lend a connection ([`kept_connections::Connections::acquire`]): the pool
-    /// was busy, or opening a connection failed.
-    pub(crate) fn from_acquire(
-        err: kept_connections::AcquireError,
-        classify: impl FnOnce(sqlx::Error) -> StoreError,
-    ) -> StoreError {
-        match err {
-            kept_connections::AcquireError::Busy { waited, max } => StoreError::Busy(format!(
-                "no database connection freed in time: waited {waited:?} \
-                 (--db-acquire-timeout), while all {max} connections of the pool \
-                 (--db-max-connections) were in use by other calls"
-            )),
-            kept_connections::AcquireError::Open(e) => StoreError::from_opening(e, classify),
-        }
-    }
-
-    /// Classifies a failure to open a connection: always a condition of the database or of
-    /// the way to it, never a bug, whichever step it died in. The database's own refusal
-    /// (a wrong password, a missing database, too many connections, a pooler's words) is
-    /// classified by its code with `classify` (what would be internal there is unavailable
-    /// here); anything else sqlx reports there is unavailable, whatever its variant: an I/O
-    /// error at connect, during the startup packet or authentication (a link reset or closed
-    /// at any byte), a failed TLS handshake (`Tls`, or rustls' I/O errors), an answer that is
-    /// no PostgreSQL's (`Protocol`: a proxy that accepted the connection and closed it before
-    /// answering the SSLRequest is read as the byte 0x00), or a certificate or key file that
-    /// cannot be read (`Configuration`). sqlx's pool timing out while it had room to open a
-    /// connection is [`StoreError::Unreachable`].
-    pub(crate) fn from_opening(
-        err: sqlx::Error,
-        classify: impl FnOnce(sqlx::Error) -> StoreError,
-    ) -> StoreError {
-        match err {
-            sqlx::Error::PoolTimedOut => StoreError::Unreachable(
-                "no connection could be opened within --db-acquire-timeout".to_string(),
-            ),
-            err @ sqlx::Error::Database(_) => match classify(err) {
-                StoreError::Internal(detail) => StoreError::Unavailable(detail),
-                other => other,
-            },
-            other => StoreError::Unavailable(format!("cannot open a connection: {other}")),
-        }
-    }
 }
 
 impl StoreError {
-    /// Classifies a SQLite error by its primary result code (see [`StoreError::sqlite_code`]).
-    pub(crate) fn from_sqlite(err: sqlx::Error) -> StoreError {
-        match database_code(&err).and_then(|c| c.parse::<i32>().ok()) {
-            Some(code) => StoreError::sqlite_code(code, err.to_string()),
-            None => StoreError::from_client(&err),
-        }
-    }
-
-    /// Classifies a PostgreSQL error by its SQLSTATE (see [`StoreError::sqlstate`]).
-    pub(crate) fn from_postgres(err: sqlx::Error) -> StoreError {
-        match database_code(&err) {
-            Some(state) => StoreError::sqlstate(&state, without_source_line(err.to_string())),
-            None => StoreError::from_client(&err),
-        }
-    }
-
     /// The cause a SQLite result code names, by its primary code (`code & 0xff`): sqlx reports
     /// the extended code, such as 773 SQLITE_BUSY_TIMEOUT or 531 SQLITE_CONSTRAINT_COMMITHOOK.
     pub fn sqlite_code(code: i32, detail: String) -> StoreError {
@@ -248,29 +157,6 @@ impl StoreError {
     }
 }
 
-/// sqlx ends a PostgreSQL error with ` at line N`, the line of PostgreSQL's own C source that
-/// raised it, which reads as a line of the operator's file (`pg_hba.conf rejects connection …
-/// at line 476`): it is left out of what the log shows.
-pub(super) fn without_source_line(mut detail: String) -> String {
-    if let Some(at) = detail.rfind(" at line ")
-        && detail[at + " at line ".len()..]
-            .bytes()
-            .all(|b| b.is_ascii_digit())
-    {
-        detail.truncate(at);
-    }
-    detail
-}
-
-/// The database's own error code (SQLSTATE, or SQLite's extended result code), if the error
-/// is the database's answer.
-fn database_code(err: &sqlx::Error) -> Option<String> {
-    match err {
-        sqlx::Error::Database(db) => db.code().map(|c| c.into_owned()),
-        _ => None,
-    }
-}
-
 /// Result alias for store calls.
 pub type StoreResult<T> = Result<T, StoreError>;
 
@@ -317,18 +203,6 @@ mod tests {
     }
 
     #[test]
-    fn the_source_line_sqlx_appends_is_left_out() {
-        assert_eq!(
-            super::without_source_line("pg_hba.conf rejects connection at line 476".into()),
-            "pg_hba.conf rejects connection"
-        );
-        assert_eq!(
-            super::without_source_line("a value at line five".into()),
-            "a value at line five"
-        );
-    }
-
-    #[test]
     fn postgres_errors_are_classified_by_their_sqlstate() {
         let kind = |state| StoreError::sqlstate(state, String::new()).kind();
         assert_eq!(kind("53100"), "full");
@@ -347,70 +221,5 @@ mod tests {
         assert_eq!(kind("28P01"), "unavailable", "invalid_password");
         assert_eq!(kind("3D000"), "unavailable", "a missing database");
         assert_eq!(kind("42501"), "unavailable", "insufficient_privilege");
-    }
-
-    /// Whatever sqlx reports while a connection is being opened is the store being
-    /// unavailable, by the variant and never its text: the answer 0x00 a proxy's closed
-    /// connection makes of `SSLRequest` (a `Protocol` error) included.
-    #[test]
-    fn every_failure_to_open_a_connection_is_unavailable() {
-        use std::io::{Error as IoError, ErrorKind};
-        let opening = |e: sqlx::Error| StoreError::from_opening(e, StoreError::from_postgres);
-        let failures = [
-            sqlx::Error::Io(IoError::from(ErrorKind::ConnectionRefused)),
-            sqlx::Error::Io(IoError::from(ErrorKind::ConnectionReset)),
-            sqlx::Error::Io(IoError::new(ErrorKind::UnexpectedEof, "at EOF")),
-            sqlx::Error::Io(IoError::from(ErrorKind::TimedOut)),
-            // rustls' alerts and bad records come as InvalidData.
-            sqlx::Error::Io(IoError::from(ErrorKind::InvalidData)),
-            sqlx::Error::Protocol("unexpected response from SSLRequest: 0x00".into()),
-            sqlx::Error::Protocol("anything else".into()),
-            sqlx::Error::Tls("server does not support TLS".into()),
-            sqlx::Error::Configuration("no keys found pem file".into()),
-            sqlx::Error::PoolClosed,
-            sqlx::Error::WorkerCrashed,
-        ];
-        for failure in failures {
-            let what = format!("{failure:?}");
-            let error = opening(failure);
-            assert!(
-                matches!(error, StoreError::Unavailable(_)),
-                "{what} -> {error:?}"
-            );
-        }
-        assert!(matches!(
-            opening(sqlx::Error::PoolTimedOut),
-            StoreError::Unreachable(_)
-        ));
-    }
-
-    /// On a live connection the same variants split: the link failing is unavailable, what
-    /// the driver could not encode or decode (a message over the protocol's size, too many
-    /// parameters, a row of the wrong shape) is a bug.
-    #[test]
-    fn on_a_live_connection_only_the_link_failing_is_unavailable() {
-        use std::io::{Error as IoError, ErrorKind};
-        for link in [
-            sqlx::Error::Io(IoError::from(ErrorKind::ConnectionReset)),
-            sqlx::Error::Io(IoError::new(ErrorKind::UnexpectedEof, "at EOF")),
-            sqlx::Error::Io(IoError::from(ErrorKind::BrokenPipe)),
-            sqlx::Error::Tls("bad record mac".into()),
-            sqlx::Error::WorkerCrashed,
-        ] {
-            let what = format!("{link:?}");
-            assert_eq!(
-                StoreError::from_postgres(link).kind(),
-                "unavailable",
-                "{what}"
-            );
-        }
-        for bug in [
-            sqlx::Error::Protocol("message size out of range for protocol".into()),
-            sqlx::Error::RowNotFound,
-            sqlx::Error::ColumnNotFound("status".into()),
-        ] {
-            let what = format!("{bug:?}");
-            assert_eq!(StoreError::from_postgres(bug).kind(), "internal", "{what}");
-        }
     }
 }

@@ -1,36 +1,8 @@
-//! Durable entries behind the one [`Store`] trait, implemented by [`postgres::PgStore`]
-//! (production; several servers may share one database) and [`sqlite::SqliteStore`] (the
-//! embedded default), and wrapped by [`group_commit::GroupCommit`].
-//!
-//! A store makes no decisions: it applies the writes the domain chose, each one a single atomic
-//! statement whose `WHERE` clause is the compare-and-set condition. The claim itself is an
-//! `INSERT … ON CONFLICT DO NOTHING`: the primary key on (tenant, key) decides who wins, never a
-//! read-then-write. Every write is a plain data command (an [`Entry`], a [`Finish`]), so
-//! [`group_commit::GroupCommit`], a store around a store, collects the claims and completions
-//! that arrive while the store is busy into one multi-row statement and one commit; every other
-//! call passes through it.
-//!
-//! The trait is implemented once for both SQL backends (`sql_store`): each backend states what
-//! it does its own way as a `Dialect` (the statements it words differently, how it runs one
-//! statement, its batches, announcements, migrations and clock), the statements they share are
-//! constants in [`sql`] whose column lists and placeholders are built from one list of columns,
-//! and every statement runs through `sql_store::run_on`. [`open`] returns a backend wrapped in
-//! its group commit.
-//!
-//! `sqlx::Error` never leaves this module: it becomes [`StoreError`].
+//! The one [`Store`] trait the use cases hold (`Arc<dyn Store>`), what its methods take and
+//! answer, and [`StoreError`]. Its implementations, the SQL backends and the group commit
+//! around them, are the `ledger-stores` crate's: nothing here knows a database driver.
 
 mod error;
-pub mod group_commit;
-pub(crate) mod kept_connections;
-mod opening;
-pub mod postgres;
-mod released;
-mod rows;
-#[doc(hidden)]
-pub mod sql;
-mod sql_store;
-pub mod sqlite;
-mod store_marks;
 mod values;
 
 use async_trait::async_trait;
@@ -38,28 +10,15 @@ use async_trait::async_trait;
 use crate::domain::{Approval, ClaimToken, Entry, HistoryEvent, Key, Micros, RunId, Tenant};
 
 pub use error::{StoreError, StoreResult};
-pub use opening::{PoolOptions, Pooler, open, open_backend, open_with_writers};
-pub(crate) use rows::{EntryRow, HistoryRow};
-pub(crate) use store_marks::CONNECTIONS_PROVEN_FOR;
-pub use store_marks::StoreMarks;
-pub(crate) use values::FinishedRow;
 pub use values::{
     Finish, Finished, ListQuery, PoolStats, ReplayCount, UnresolvedCount, UnresolvedQuery,
 };
 
-/// 64 KiB of fresh random bytes for the write probe (random, so that no compression makes the
-/// write smaller than what it stands for).
-fn probe_filler() -> Vec<u8> {
-    let mut filler = vec![0u8; 64 * 1024];
-    rand::Rng::fill_bytes(&mut rand::rng(), &mut filler);
-    filler
-}
-
 /// The store: everything the ledger, the server and its tasks hold one for, one trait over
 /// both backends (`Arc<dyn Store>`). Its writes are the compare-and-set writes the domain
 /// decides on, each a single atomic statement; its reads tell what to decide. One row per
-/// (tenant, key). [`group_commit::GroupCommit`] is a store too: it wraps another and batches
-/// its `insert` and `finish`.
+/// (tenant, key). The stores' group commit is a store too: it wraps another and batches its
+/// `insert` and `finish`.
 #[async_trait]
 pub trait Store: Send + Sync + 'static {
     /// Inserts `entry` unless (tenant, key) exists. `true` when this call inserted it: the
@@ -421,7 +380,7 @@ pub trait Store: Send + Sync + 'static {
 
     // Upkeep: the store's state, the same for every backend.
 
-    /// Whether the store last reported a full disk (see [`StoreMarks`]); no database call.
+    /// Whether the store last reported a full disk (the stores keep it); no database call.
     fn is_full(&self) -> bool;
 
     /// Writes and deletes a probe row of 64 KiB, each in its own commit: whether a write of a
@@ -441,45 +400,4 @@ pub trait Store: Send + Sync + 'static {
 
     /// How the connection pool is used right now (for the metrics gauges); no database call.
     fn pool_stats(&self) -> PoolStats;
-}
-
-/// The URL with any password replaced by `***`, for logs.
-pub fn redact_url(url: &str) -> String {
-    let Some((scheme, rest)) = url.split_once("://") else {
-        return url.to_string();
-    };
-    let (authority, tail) = match rest.find('/') {
-        Some(i) => rest.split_at(i),
-        None => (rest, ""),
-    };
-    match authority.rsplit_once('@') {
-        Some((userinfo, host)) => {
-            let user = userinfo.split(':').next().unwrap_or("");
-            if userinfo.contains(':') {
-                format!("{scheme}://{user}:***@{host}{tail}")
-            } else {
-                format!("{scheme}://{user}@{host}{tail}")
-            }
-        }
-        None => url.to_string(),
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::redact_url;
-
-    #[test]
-    fn passwords_never_reach_the_log() {
-        assert_eq!(
-            redact_url("postgres://app:s3cret@db:5432/ledger"),
-            "postgres://app:***@db:5432/ledger"
-        );
-        assert_eq!(
-            redact_url("postgres://app@db/ledger"),
-            "postgres://app@db/ledger"
-        );
-        assert_eq!(redact_url("sqlite://ledger.db"), "sqlite://ledger.db");
-        assert_eq!(redact_url("postgres://u:p@ss@h/d"), "postgres://u:***@h/d");
-    }
 }

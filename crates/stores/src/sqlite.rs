@@ -8,6 +8,7 @@
 //! with `synchronous = NORMAL`, whose commits are written to the WAL but not synced
 //! ([`SqliteStore::open`] says why that is safe).
 
+use crate::Classify as _;
 use std::str::FromStr;
 
 use sqlx::Connection as _;
@@ -333,7 +334,7 @@ impl Dialect for SqliteStore {
 }
 
 /// This build's migrations.
-static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("migrations/sqlite");
+static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("../../migrations/sqlite");
 
 impl SqliteStore {
     /// Brings a database that applied a migration as first released to its current form

@@ -1,14 +1,13 @@
 //! What the store's methods take and answer besides entries: a claimant's outcome and its
 //! record, a listing's and a reconciler's query, replay counts, and the store's own figures.
 
-use super::{EntryRow, StoreError, StoreResult};
 use crate::domain::{
     ClaimToken, Completion, Entry, HoldToken, Key, Micros, RunId, Tenant, ToolName,
 };
 
 /// The unresolved entries of the whole store, by the status callers would be told, and the
 /// entries marked as a possible double effect.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, sqlx::FromRow)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct UnresolvedCount {
     /// Reported UNKNOWN, or ATTEMPTING past its lease: waiting for a reconciler.
     pub unknown: i64,
@@ -54,25 +53,6 @@ pub struct Finished {
     pub entry: Entry,
     /// Whether a claim (on some server) waits for this entry.
     pub has_waiters: bool,
-}
-
-/// A finished row: the entry and its waiters flag.
-#[derive(sqlx::FromRow)]
-pub(crate) struct FinishedRow {
-    #[sqlx(flatten)]
-    pub entry: EntryRow,
-    pub has_waiters: bool,
-}
-
-impl TryFrom<FinishedRow> for Finished {
-    type Error = StoreError;
-
-    fn try_from(r: FinishedRow) -> StoreResult<Finished> {
-        Ok(Finished {
-            entry: Entry::try_from(r.entry)?,
-            has_waiters: r.has_waiters,
-        })
-    }
 }
 
 /// Which of a tenant's entries a listing asks for, and where the page starts.

@@ -7,9 +7,9 @@ use async_trait::async_trait;
 use super::super::sql::{self, Param};
 use super::super::{
     EntryRow, Finish, Finished, FinishedRow, HistoryRow, ListQuery, PoolStats, ReplayCount, Store,
-    StoreError, StoreResult, UnresolvedCount, UnresolvedQuery,
+    StoreError, StoreResult, UnresolvedCount, UnresolvedCountRow, UnresolvedQuery,
 };
-use super::{Dialect, On, at_most_one};
+use super::{Dialect, On, SqlStore, at_most_one};
 use crate::domain::{
     Approval, ApprovalState, ClaimToken, Entry, HistoryEvent, Key, Micros, RunId, Tenant,
 };
@@ -18,7 +18,7 @@ use crate::domain::{
 /// `Dialect`), run with `Dialect::execute` or `Dialect::fetch_all`; what a backend does its
 /// own way, its `Dialect`'s.
 #[async_trait]
-impl<D: Dialect> Store for D {
+impl<D: Dialect> Store for SqlStore<D> {
     async fn insert(&self, tenant: &Tenant, entry: &Entry) -> StoreResult<bool> {
         let params = sql::entry_params(tenant, entry);
         let inserted = self.execute(sql::INSERT, &params, On::Pool).await?;
@@ -65,7 +65,7 @@ impl<D: Dialect> Store for D {
             Param::Int(now.0),
         ];
         // Its own statement and, on SQLite, its own connections: see sql::REPLAY.
-        let rows: Vec<EntryRow> = self.fetch_all(Self::REPLAY, &params, On::Replays).await?;
+        let rows: Vec<EntryRow> = self.fetch_all(D::REPLAY, &params, On::Replays).await?;
         at_most_one(rows, "REPLAY")?
             .map(Entry::try_from)
             .transpose()
@@ -387,7 +387,7 @@ impl<D: Dialect> Store for D {
                 Param::Text(query.hold_token.as_str()),
             ];
             let rows: Vec<EntryRow> = self
-                .fetch_all(Self::TAKE_UNRESOLVED, &params, On::Pool)
+                .fetch_all(D::TAKE_UNRESOLVED, &params, On::Pool)
                 .await?;
             for row in rows {
                 entries.push(Entry::try_from(row)?);
@@ -418,7 +418,7 @@ impl<D: Dialect> Store for D {
 
     async fn prune(&self, now: Micros, limit: u32) -> StoreResult<u64> {
         let params = [Param::Int(now.0), Param::Int(i64::from(limit))];
-        self.execute(Self::PRUNE, &params, On::Pool).await
+        self.execute(D::PRUNE, &params, On::Pool).await
     }
 
     async fn list(&self, tenant: &Tenant, query: &ListQuery) -> StoreResult<Vec<Entry>> {
@@ -476,10 +476,11 @@ impl<D: Dialect> Store for D {
     }
 
     async fn count_unresolved(&self, now: Micros) -> StoreResult<UnresolvedCount> {
-        let rows: Vec<UnresolvedCount> = self
+        let rows: Vec<UnresolvedCountRow> = self
             .fetch_all(sql::COUNT_UNRESOLVED, &[Param::Int(now.0)], On::Pool)
             .await?;
         at_most_one(rows, "COUNT_UNRESOLVED")?
+            .map(UnresolvedCount::from)
             .ok_or_else(|| StoreError::Internal("COUNT_UNRESOLVED returned no row".into()))
     }
 
@@ -490,23 +491,23 @@ impl<D: Dialect> Store for D {
     // What each backend does its own way: see `Dialect`.
 
     async fn insert_many(&self, batch: &[(Tenant, Entry)]) -> StoreResult<Vec<bool>> {
-        Dialect::insert_many(self, batch).await
+        Dialect::insert_many(&self.0, batch).await
     }
 
     async fn finish_many(&self, batch: &[(Tenant, Finish)]) -> StoreResult<Vec<Option<Finished>>> {
-        Dialect::finish_many(self, batch).await
+        Dialect::finish_many(&self.0, batch).await
     }
 
     fn shared(&self) -> bool {
-        Dialect::shared(self)
+        Dialect::shared(&self.0)
     }
 
     async fn announce(&self, tenant: &Tenant, key: &Key) -> StoreResult<()> {
-        Dialect::announce(self, tenant, key).await
+        Dialect::announce(&self.0, tenant, key).await
     }
 
     fn subscribe(&self) -> Option<tokio::sync::mpsc::Receiver<(Tenant, Key)>> {
-        Dialect::subscribe(self)
+        Dialect::subscribe(&self.0)
     }
 
     fn backend(&self) -> &'static str {
@@ -514,22 +515,22 @@ impl<D: Dialect> Store for D {
     }
 
     async fn migrate(&self) -> StoreResult<()> {
-        Dialect::migrate(self).await
+        Dialect::migrate(&self.0).await
     }
 
     async fn ping(&self) -> StoreResult<()> {
-        Dialect::ping(self).await
+        Dialect::ping(&self.0).await
     }
 
     async fn database_now(&self) -> StoreResult<Option<Micros>> {
-        Dialect::database_now(self).await
+        Dialect::database_now(&self.0).await
     }
 
     async fn unreachable_cause(&self) -> Option<String> {
-        Dialect::unreachable_cause(self).await
+        Dialect::unreachable_cause(&self.0).await
     }
 
     fn location(&self) -> String {
-        Dialect::location(self)
+        Dialect::location(&self.0)
     }
 }

@@ -2,7 +2,7 @@
 //! SCREAMING_SNAKE [`Reason`]), the message a person is shown, the retry hint, and the log
 //! line of what is not sent (internal details: SQL, paths). The refusals of the transport
 //! (a credential, a limit, a deadline) and the one mapping to a gRPC status are
-//! [`crate::grpc::error`]'s; nothing here imports tonic (tests/layout.rs holds it).
+//! the server's `grpc::error`; this crate has no tonic (its manifest names none).
 
 use std::time::Duration;
 
@@ -12,7 +12,7 @@ use crate::reason::Reason;
 use crate::storage::StoreError;
 
 /// What the caller is told when the store cannot be reached (or the server is not ready).
-pub(crate) const UNAVAILABLE_MESSAGE: &str = "the ledger's database is unavailable; retry later";
+pub const UNAVAILABLE_MESSAGE: &str = "the ledger's database is unavailable; retry later";
 
 /// At most one log line per kind of store failure this often.
 const STORE_LOG_EVERY: Duration = Duration::from_secs(10);
@@ -265,8 +265,8 @@ impl LedgerError {
 /// An error of each reason the ledger's use cases can refuse with, carrying words of the
 /// database's where a store error would (for the tests of both faces); `None` for the
 /// reasons only the transport sends (a credential, a role, a limit, a deadline, the codec).
-#[cfg(test)]
-pub(crate) fn sample(reason: Reason) -> Option<LedgerError> {
+#[doc(hidden)]
+pub fn sample(reason: Reason) -> Option<LedgerError> {
     use Reason as R;
     let words = || "relation ledger_entries: could not write block 7 of /var/lib/pg".to_string();
     Some(match reason {

@@ -5,7 +5,7 @@
 //!
 //! [`Reason::face`] is the one error table: how an error of each reason is answered on each of
 //! the server's faces, its gRPC code, the console's HTTP status and the retry hint. The gRPC
-//! status ([`crate::grpc::error`]) and the console's error page both read it; the message a
+//! status (the server's `grpc::error`) and the console's error page both read it; the message a
 //! person is shown is the error's own (`Display`), and what is not sent (the database's words)
 //! is logged once, by `LedgerError::log_detail`.
 

@@ -3,6 +3,7 @@
 //! every write is one autocommit statement, acknowledged only after it committed. A replay's
 //! count alone commits without waiting for the WAL flush ([`PgStore::REPLAY`]).
 
+use crate::Classify as _;
 use std::str::FromStr;
 
 use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
@@ -67,7 +68,7 @@ pub const SESSION_SETTINGS: &str = "SELECT set_config('enable_seqscan', 'off', f
     set_config('statement_timeout', $1, false)";
 
 /// This build's migrations.
-static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("migrations/postgres");
+static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("../../migrations/postgres");
 
 /// Brings a database that applied a migration as first released to its current form
 /// ([`super::released`]), before the migrator compares checksums; in one transaction, so that
