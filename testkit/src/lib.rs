@@ -6,12 +6,15 @@
 //!   loopback port as an unprivileged user when we are root, stopped and deleted on drop or by
 //!   a watchdog when the owning process dies.
 //! - [`pgbouncer`]: PgBouncer in front of such a cluster.
+//! - [`proxy`]: a TCP proxy between a server and PostgreSQL that injects faults on demand
+//!   (latency, partitions, resets, cuts at a commit or mid-message).
 //!
 //! Both panic with the server's log when a server cannot start: their callers are tests and a
 //! benchmark, for which a failed start is the end of the run.
 
 pub mod pgbouncer;
 pub mod postgres;
+pub mod proxy;
 
 use std::collections::hash_map::RandomState;
 use std::hash::BuildHasher;
