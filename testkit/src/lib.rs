@@ -8,10 +8,13 @@
 //! - [`pgbouncer`]: PgBouncer in front of such a cluster.
 //! - [`proxy`]: a TCP proxy between a server and PostgreSQL that injects faults on demand
 //!   (latency, partitions, resets, cuts at a commit or mid-message).
+//! - [`history`]: the history checker: a recorded history of claims, completions and
+//!   reconciliations, and its judgement against the effects an outside world saw.
 //!
 //! Both panic with the server's log when a server cannot start: their callers are tests and a
 //! benchmark, for which a failed start is the end of the run.
 
+pub mod history;
 pub mod pgbouncer;
 pub mod postgres;
 pub mod proxy;
