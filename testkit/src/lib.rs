@@ -10,11 +10,14 @@
 //!   (latency, partitions, resets, cuts at a commit or mid-message).
 //! - [`history`]: the history checker: a recorded history of claims, completions and
 //!   reconciliations, and its judgement against the effects an outside world saw.
+//! - [`hostile`]: proptest strategies for hostile inputs (odd strings, JSON, enums, durations,
+//!   bytes), which the no-panic test builds requests from.
 //!
 //! Both panic with the server's log when a server cannot start: their callers are tests and a
 //! benchmark, for which a failed start is the end of the run.
 
 pub mod history;
+pub mod hostile;
 pub mod pgbouncer;
 pub mod postgres;
 pub mod proxy;
