@@ -9,10 +9,18 @@ use idempotency_ledger::domain::{Entry, FinalStatus, Key, Principal, Status, Ten
 use idempotency_ledger::error::LedgerError;
 use idempotency_ledger::ledger::{
     ClaimInput, ClaimOutput, CompleteInput, CompleteOutput, EntryView, Ledger, Limits, ListInput,
-    LookupInput, Outcome, ReconcileInput, RenewInput, ResolutionInput,
+    ListOutput, LookupInput, Outcome, ReconcileInput, ReconcileOutput, RenewInput, ResolutionInput,
 };
 
 use crate::support::{Backend, TestLedger, test_limits};
+
+/// Asserts that `result` matches `pattern`, showing it when not.
+macro_rules! assert_matches {
+    ($result:expr, $pattern:pat $(,)?) => {{
+        let result = &$result;
+        assert!(matches!(result, $pattern), "{result:?}");
+    }};
+}
 
 on_every_store!(
     a_first_claim_is_claimed_with_attempt_one_and_a_token,
@@ -166,6 +174,45 @@ async fn lookup_found(ledger: &Ledger, key: impl AsRef<str>) -> EntryView {
     lookup_key(ledger, key).await.expect("lookup")
 }
 
+async fn reconcile_ok(ledger: &Ledger, input: ReconcileInput) -> ReconcileOutput {
+    reconcile_result(ledger, input).await.expect("reconcile")
+}
+
+async fn reconcile_result(
+    ledger: &Ledger,
+    input: ReconcileInput,
+) -> Result<ReconcileOutput, LedgerError> {
+    ledger.reconcile(&tenant(), input).await
+}
+
+async fn renew_ok(ledger: &Ledger, input: RenewInput) -> EntryView {
+    renew_result(ledger, input).await.expect("renew")
+}
+
+async fn renew_result(ledger: &Ledger, input: RenewInput) -> Result<EntryView, LedgerError> {
+    ledger.renew_lease(&tenant(), input).await
+}
+
+async fn list_ok(ledger: &Ledger, input: ListInput) -> ListOutput {
+    ledger.list_entries(&tenant(), input).await.expect("list")
+}
+
+/// A claim for `run`, TOOL and ARGS with this lease.
+fn leased(run: &str, lease: Duration) -> ClaimInput {
+    ClaimInput {
+        lease: Some(lease),
+        ..claim_input(run, TOOL, ARGS)
+    }
+}
+
+/// A claim for `run`, TOOL and ARGS with this retention.
+fn retained(run: &str, retention: Duration) -> ClaimInput {
+    ClaimInput {
+        retention: Some(retention),
+        ..claim_input(run, TOOL, ARGS)
+    }
+}
+
 /// A ledger on `b` with an attempt claimed for RUN, TOOL and ARGS, and its key: where most
 /// tests start.
 async fn claimed_on(b: Backend) -> (TestLedger, ClaimOutput, String) {
@@ -292,17 +339,14 @@ async fn concurrent_replays_are_numbered_one_by_one_and_lookup_and_listing_show_
         lookup_found(&t.ledger, &key).await.entry.replay_count,
         REPLAYS
     );
-    let listed = t
-        .ledger
-        .list_entries(
-            &tenant(),
-            ListInput {
-                run_id: RUN.into(),
-                ..Default::default()
-            },
-        )
-        .await
-        .expect("list");
+    let listed = list_ok(
+        &t.ledger,
+        ListInput {
+            run_id: RUN.into(),
+            ..Default::default()
+        },
+    )
+    .await;
     assert_eq!(listed.entries.len(), 1);
     assert_eq!(listed.entries[0].entry.replay_count, REPLAYS);
 }
@@ -348,8 +392,7 @@ async fn a_claim_while_attempting_is_in_progress_and_not_executed(b: Backend) {
 
 async fn an_attempt_past_its_lease_reads_unknown_and_is_not_reexecuted(b: Backend) {
     let t = TestLedger::new(b).await;
-    let mut input = claim_input(RUN, TOOL, ARGS);
-    input.lease = Some(Duration::from_secs(5));
+    let input = leased(RUN, Duration::from_secs(5));
     let first = claim_ok(&t.ledger, input).await;
     t.clock.advance(Duration::from_secs(6));
     let again = claim(&t.ledger, RUN, TOOL, ARGS).await;
@@ -419,10 +462,7 @@ async fn a_retryable_failure_is_claimed_again_with_attempt_two_and_a_new_token(b
         done(&key, &token(&first), FinalStatus::Succeeded, b"late"),
     )
     .await;
-    assert!(
-        matches!(stale, Err(LedgerError::StaleClaimToken)),
-        "{stale:?}"
-    );
+    assert_matches!(stale, Err(LedgerError::StaleClaimToken));
     let ok = complete_ok(
         &t.ledger,
         done(&key, &token(&second), FinalStatus::Succeeded, b"second"),
@@ -446,10 +486,7 @@ async fn an_explicit_key_with_other_arguments_is_refused_and_changes_nothing(b: 
     let mut other = input.clone();
     other.arguments_json = r#"{"customer":"c-42","amount":999,"currency":"EUR"}"#.into();
     let refused = claim_result(&t.ledger, other).await;
-    assert!(
-        matches!(refused, Err(LedgerError::KeyReused)),
-        "{refused:?}"
-    );
+    assert_matches!(refused, Err(LedgerError::KeyReused));
     let mut other_tool = input.clone();
     other_tool.tool = "refund".into();
     assert!(matches!(
@@ -580,8 +617,7 @@ async fn leases_and_retention_have_defaults_and_limits(b: Backend) {
 
 async fn a_finished_entry_past_its_retention_is_a_new_claim(b: Backend) {
     let t = TestLedger::new(b).await;
-    let mut input = claim_input(RUN, TOOL, ARGS);
-    input.retention = Some(Duration::from_secs(60));
+    let input = retained(RUN, Duration::from_secs(60));
     let first = claim_ok(&t.ledger, input.clone()).await;
     let key = first.entry.entry.key.to_string();
     succeed(&t.ledger, &first, b"old").await;
@@ -605,10 +641,7 @@ async fn a_finished_entry_past_its_retention_is_a_new_claim(b: Backend) {
         done(&key, &token(&first), FinalStatus::Succeeded, b"old"),
     )
     .await;
-    assert!(
-        matches!(stale, Err(LedgerError::StaleClaimToken)),
-        "{stale:?}"
-    );
+    assert_matches!(stale, Err(LedgerError::StaleClaimToken));
 }
 
 async fn unresolved_entries_never_expire(b: Backend) {
@@ -722,10 +755,7 @@ async fn a_stale_or_wrong_token_cannot_complete(b: Backend) {
         ),
     )
     .await;
-    assert!(
-        matches!(wrong, Err(LedgerError::StaleClaimToken)),
-        "{wrong:?}"
-    );
+    assert_matches!(wrong, Err(LedgerError::StaleClaimToken));
     let entry = lookup_found(&t.ledger, &key).await;
     assert_eq!(
         entry.entry.status,
@@ -757,10 +787,7 @@ async fn a_claimant_may_complete_after_its_lease_expired_unless_resolved_since(b
         failed(&first.entry.entry.key, &token(&first), "oops", true),
     )
     .await;
-    assert!(
-        matches!(conflicting, Err(LedgerError::AlreadyResolved(_))),
-        "{conflicting:?}"
-    );
+    assert_matches!(conflicting, Err(LedgerError::AlreadyResolved(_)));
 }
 
 async fn an_identical_complete_is_already_completed_and_a_different_one_changes_nothing(
@@ -779,10 +806,7 @@ async fn an_identical_complete_is_already_completed_and_a_different_one_changes_
         done(&key, &token(&first), FinalStatus::Unknown, b""),
     ] {
         let refused = complete(&t.ledger, different).await;
-        assert!(
-            matches!(refused, Err(LedgerError::AlreadyResolved("SUCCEEDED"))),
-            "{refused:?}"
-        );
+        assert_matches!(refused, Err(LedgerError::AlreadyResolved("SUCCEEDED")));
     }
     assert_eq!(lookup_found(&t.ledger, &key).await.entry, once.entry.entry);
 }
@@ -794,7 +818,7 @@ async fn completing_an_absent_or_other_tenants_key_is_not_found(b: Backend) {
         done("0".repeat(64), &token(&first), FinalStatus::Succeeded, b"x"),
     )
     .await;
-    assert!(matches!(absent, Err(LedgerError::NotFound)), "{absent:?}");
+    assert_matches!(absent, Err(LedgerError::NotFound));
     let other = Tenant::parse("globex").expect("tenant");
     let theirs = t
         .ledger
@@ -803,7 +827,7 @@ async fn completing_an_absent_or_other_tenants_key_is_not_found(b: Backend) {
             done(&key, &token(&first), FinalStatus::Succeeded, b"x"),
         )
         .await;
-    assert!(matches!(theirs, Err(LedgerError::NotFound)), "{theirs:?}");
+    assert_matches!(theirs, Err(LedgerError::NotFound));
     let looked = t
         .ledger
         .lookup(
@@ -953,8 +977,7 @@ async fn a_waiting_claim_returns_the_result_once_the_attempt_completes(b: Backen
     let (t, first, _) = claimed_on(b).await;
     let ledger = t.ledger.clone();
     let waiter = tokio::spawn(async move {
-        let mut input = claim_input(RUN, TOOL, ARGS);
-        input.wait = Some(Duration::from_secs(10));
+        let input = waiting(RUN, Duration::from_secs(10));
         let started = tokio::time::Instant::now();
         let out = claim_ok(&ledger, input).await;
         (out, started.elapsed())
@@ -974,8 +997,7 @@ async fn a_waiting_claim_takes_over_after_a_retryable_failure(b: Backend) {
     let (t, first, _) = claimed_on(b).await;
     let ledger = t.ledger.clone();
     let waiter = tokio::spawn(async move {
-        let mut input = claim_input(RUN, TOOL, ARGS);
-        input.wait = Some(Duration::from_secs(20));
+        let input = waiting(RUN, Duration::from_secs(20));
         claim_ok(&ledger, input).await
     });
     // The failure is written only once the waiter found attempt 1 in flight and sleeps until a
@@ -1006,8 +1028,7 @@ async fn until_waiting(ledger: &Ledger, n: usize) {
 async fn a_wait_ends_with_in_progress_when_nothing_happens(b: Backend) {
     let t = TestLedger::new(b).await;
     claim(&t.ledger, RUN, TOOL, ARGS).await;
-    let mut input = claim_input(RUN, TOOL, ARGS);
-    input.wait = Some(Duration::from_millis(400));
+    let input = waiting(RUN, Duration::from_millis(400));
     let started = tokio::time::Instant::now();
     let out = claim_ok(&t.ledger, input).await;
     let waited = started.elapsed();
@@ -1126,8 +1147,7 @@ async fn of_fifty_waiters_exactly_one_takes_over_after_a_retryable_failure(b: Ba
 
 async fn a_waiter_answers_unknown_when_the_lease_ends(b: Backend) {
     let t = TestLedger::new(b).await;
-    let mut input = claim_input(RUN, TOOL, ARGS);
-    input.lease = Some(Duration::from_secs(1));
+    let input = leased(RUN, Duration::from_secs(1));
     claim_ok(&t.ledger, input).await;
     // Real time passes for the waiter's timer; the manual clock is moved past the lease so the
     // re-read sees it expired.
@@ -1170,10 +1190,8 @@ async fn unknown_entries(t: &TestLedger, tool: &str, n: usize) -> Vec<String> {
 }
 
 async fn reconcile(ledger: &Ledger, input: ReconcileInput) -> Vec<String> {
-    ledger
-        .reconcile(&tenant(), input)
+    reconcile_ok(ledger, input)
         .await
-        .expect("reconcile")
         .pending
         .into_iter()
         .map(|v| v.entry.key.into())
@@ -1183,14 +1201,12 @@ async fn reconcile(ledger: &Ledger, input: ReconcileInput) -> Vec<String> {
 async fn reconcile_hands_out_only_unknown_entries_oldest_first_by_tool_and_age(b: Backend) {
     let t = TestLedger::new(b).await;
     // Not handed out: an attempt whose lease outlasts the test, and a success.
-    let mut long = claim_input("live", TOOL, ARGS);
-    long.lease = Some(Duration::from_secs(3600));
+    let long = leased("live", Duration::from_secs(3600));
     let live = claim_ok(&t.ledger, long).await;
     let ok = claim(&t.ledger, "ok", TOOL, ARGS).await;
     succeed(&t.ledger, &ok, b"r").await;
     // Handed out: an attempt whose lease expires, and reported unknowns of two tools.
-    let mut short = claim_input("expired", TOOL, ARGS);
-    short.lease = Some(Duration::from_secs(1));
+    let short = leased("expired", Duration::from_secs(1));
     let expired = claim_ok(&t.ledger, short).await;
     t.clock.advance(Duration::from_secs(2));
     let credits = unknown_entries(&t, TOOL, 3).await;
@@ -1275,8 +1291,7 @@ async fn concurrent_reconcilers_get_disjoint_entries_until_the_hold_passes(b: Ba
 
 async fn reconcile_with_keys_hands_out_only_those_keys_when_unresolved_and_not_held(b: Backend) {
     let t = TestLedger::new(b).await;
-    let mut long = claim_input("live", TOOL, ARGS);
-    long.lease = Some(Duration::from_secs(3600));
+    let long = leased("live", Duration::from_secs(3600));
     let live = claim_ok(&t.ledger, long).await;
     let live_key = live.entry.entry.key.to_string();
     let ok = claim(&t.ledger, "ok", TOOL, ARGS).await;
@@ -1336,22 +1351,17 @@ async fn reconcile_with_keys_hands_out_only_those_keys_when_unresolved_and_not_h
     // Malformed keys, or more than one call may take, are refused and hold nothing.
     let too_many = vec!["k".to_string(); Limits::default().reconcile_max_limit as usize + 1];
     for keys in [vec!["bad key".to_string()], vec![String::new()], too_many] {
-        let refused = t
-            .ledger
-            .reconcile(
-                &tenant(),
-                ReconcileInput {
-                    keys,
-                    ..Default::default()
-                },
-            )
-            .await;
-        assert!(
-            matches!(
-                refused,
-                Err(LedgerError::InvalidArgument { field: "keys", .. })
-            ),
-            "{refused:?}"
+        let refused = reconcile_result(
+            &t.ledger,
+            ReconcileInput {
+                keys,
+                ..Default::default()
+            },
+        )
+        .await;
+        assert_matches!(
+            refused,
+            Err(LedgerError::InvalidArgument { field: "keys", .. })
         );
     }
     assert_eq!(
@@ -1378,11 +1388,7 @@ async fn a_resolution_records_its_principal_as_resolved_by_until_a_new_attempt(b
         ],
     )
     .await;
-    let out = t
-        .ledger
-        .reconcile(&tenant(), by("reconciler@host-1", findings))
-        .await
-        .expect("reconcile");
+    let out = reconcile_ok(&t.ledger, by("reconciler@host-1", findings)).await;
     let resolved_by: Vec<&str> = out
         .resolved
         .iter()
@@ -1391,25 +1397,19 @@ async fn a_resolution_records_its_principal_as_resolved_by_until_a_new_attempt(b
     assert_eq!(resolved_by, ["reconciler@host-1"; 2]);
     let found = lookup_found(&t.ledger, &keys[0]).await;
     assert_eq!(found.entry.resolved_by, "reconciler@host-1");
-    let listed = t
-        .ledger
-        .list_entries(
-            &tenant(),
-            ListInput {
-                run_id: "run-0".into(),
-                ..Default::default()
-            },
-        )
-        .await
-        .expect("list");
+    let listed = list_ok(
+        &t.ledger,
+        ListInput {
+            run_id: "run-0".into(),
+            ..Default::default()
+        },
+    )
+    .await;
     assert_eq!(listed.entries[0].entry.resolved_by, "reconciler@host-1");
 
     // A resolution of an entry already resolved changes nothing, its resolver included.
     let late = fenced(&t, vec![finding(&keys[0], FinalStatus::Failed, b"", true)]).await;
-    t.ledger
-        .reconcile(&tenant(), by("someone-else", late))
-        .await
-        .expect("reconcile");
+    reconcile_ok(&t.ledger, by("someone-else", late)).await;
     assert_eq!(lookup_found(&t.ledger, &keys[0]).await, found);
 
     // The retryable failure's next attempt is the claimant's again: no resolver, and its own
@@ -1435,19 +1435,13 @@ async fn a_resolution_records_its_principal_as_resolved_by_until_a_new_attempt(b
         vec![finding(&more[0], FinalStatus::Succeeded, b"x", false)],
     )
     .await;
-    let refused = t
-        .ledger
-        .reconcile(&tenant(), by("bad\u{7}principal", findings))
-        .await;
-    assert!(
-        matches!(
-            refused,
-            Err(LedgerError::InvalidArgument {
-                field: "principal",
-                ..
-            })
-        ),
-        "{refused:?}"
+    let refused = reconcile_result(&t.ledger, by("bad\u{7}principal", findings)).await;
+    assert_matches!(
+        refused,
+        Err(LedgerError::InvalidArgument {
+            field: "principal",
+            ..
+        })
     );
     assert_eq!(
         lookup_found(&t.ledger, &more[0]).await.status,
@@ -1490,17 +1484,15 @@ async fn fenced(t: &TestLedger, findings: Vec<ResolutionInput>) -> Vec<Resolutio
     let pending = if keys.is_empty() {
         Vec::new()
     } else {
-        t.ledger
-            .reconcile(
-                &tenant(),
-                ReconcileInput {
-                    keys,
-                    ..Default::default()
-                },
-            )
-            .await
-            .expect("take the keys")
-            .pending
+        reconcile_ok(
+            &t.ledger,
+            ReconcileInput {
+                keys,
+                ..Default::default()
+            },
+        )
+        .await
+        .pending
     };
     findings
         .into_iter()
@@ -1522,20 +1514,18 @@ async fn fenced(t: &TestLedger, findings: Vec<ResolutionInput>) -> Vec<Resolutio
 
 async fn resolve(t: &TestLedger, findings: Vec<ResolutionInput>) -> Vec<(String, Status)> {
     let findings = fenced(t, findings).await;
-    t.ledger
-        .reconcile(
-            &tenant(),
-            ReconcileInput {
-                resolutions: findings,
-                ..Default::default()
-            },
-        )
-        .await
-        .expect("reconcile")
-        .resolved
-        .into_iter()
-        .map(|v| (v.entry.key.into(), v.status))
-        .collect()
+    reconcile_ok(
+        &t.ledger,
+        ReconcileInput {
+            resolutions: findings,
+            ..Default::default()
+        },
+    )
+    .await
+    .resolved
+    .into_iter()
+    .map(|v| (v.entry.key.into(), v.status))
+    .collect()
 }
 
 async fn a_found_resolution_makes_the_next_claim_replay_it(b: Backend) {
@@ -1619,8 +1609,7 @@ async fn resolving_a_resolved_or_live_entry_changes_nothing(b: Backend) {
 
 async fn the_claimants_late_complete_wins_over_a_later_resolution(b: Backend) {
     let t = TestLedger::new(b).await;
-    let mut input = claim_input(RUN, TOOL, ARGS);
-    input.lease = Some(Duration::from_secs(1));
+    let input = leased(RUN, Duration::from_secs(1));
     let first = claim_ok(&t.ledger, input).await;
     let key = first.entry.entry.key.to_string();
     t.clock.advance(Duration::from_secs(5));
@@ -1662,25 +1651,20 @@ async fn malformed_resolutions_are_refused_and_none_is_applied(b: Backend) {
     ];
     for findings in bad_sets {
         let findings = fenced(&t, findings).await;
-        let refused = t
-            .ledger
-            .reconcile(
-                &tenant(),
-                ReconcileInput {
-                    resolutions: findings,
-                    ..Default::default()
-                },
-            )
-            .await;
-        assert!(
-            matches!(
-                refused,
-                Err(LedgerError::InvalidArgument {
-                    field: "resolutions",
-                    ..
-                })
-            ),
-            "{refused:?}"
+        let refused = reconcile_result(
+            &t.ledger,
+            ReconcileInput {
+                resolutions: findings,
+                ..Default::default()
+            },
+        )
+        .await;
+        assert_matches!(
+            refused,
+            Err(LedgerError::InvalidArgument {
+                field: "resolutions",
+                ..
+            })
         );
     }
     for key in &keys {
@@ -1692,14 +1676,12 @@ async fn pruning_removes_expired_finished_entries_and_keeps_unresolved_ones(b: B
     let t = TestLedger::new(b).await;
     let mut finished = Vec::new();
     for i in 0..5 {
-        let mut input = claim_input(&format!("done-{i}"), TOOL, ARGS);
-        input.retention = Some(Duration::from_secs(60));
+        let input = retained(&format!("done-{i}"), Duration::from_secs(60));
         let out = claim_ok(&t.ledger, input).await;
         succeed(&t.ledger, &out, b"r").await;
         finished.push(out.entry.entry.key.to_string());
     }
-    let mut kept_longer = claim_input("kept", TOOL, ARGS);
-    kept_longer.retention = Some(Duration::from_secs(3600));
+    let kept_longer = retained("kept", Duration::from_secs(3600));
     let kept = claim_ok(&t.ledger, kept_longer).await;
     succeed(&t.ledger, &kept, b"r").await;
     let unresolved = unknown_entries(&t, TOOL, 2).await;
@@ -1760,19 +1742,15 @@ fn renewal(key: impl AsRef<str>, token: &str, lease: Option<Duration>) -> RenewI
 
 async fn the_holder_renews_its_lease_and_a_duplicate_stays_in_progress(b: Backend) {
     let t = TestLedger::new(b).await;
-    let mut input = claim_input(RUN, TOOL, ARGS);
-    input.lease = Some(Duration::from_secs(10));
+    let input = leased(RUN, Duration::from_secs(10));
     let first = claim_ok(&t.ledger, input).await;
     let key = first.entry.entry.key.to_string();
     t.clock.advance(Duration::from_secs(8));
-    let renewed = t
-        .ledger
-        .renew_lease(
-            &tenant(),
-            renewal(&key, &token(&first), Some(Duration::from_secs(10))),
-        )
-        .await
-        .expect("renew");
+    let renewed = renew_ok(
+        &t.ledger,
+        renewal(&key, &token(&first), Some(Duration::from_secs(10))),
+    )
+    .await;
     let now = idempotency_ledger::domain::time::Clock::now(&*t.clock);
     assert_eq!(
         renewed.entry.lease_expires_at,
@@ -1806,11 +1784,7 @@ async fn renewing_with_a_stale_token_or_after_the_lease_ended_changes_nothing(b:
     let t = TestLedger::new(b).await;
     let renew = |key: &str, token: &str| {
         let (ledger, key, token) = (t.ledger.clone(), key.to_string(), token.to_string());
-        async move {
-            ledger
-                .renew_lease(&tenant(), renewal(&key, &token, None))
-                .await
-        }
+        async move { renew_result(&ledger, renewal(&key, &token, None)).await }
     };
     // A wrong token, on an attempt in its lease.
     let live = claim(&t.ledger, "live", TOOL, ARGS).await;
@@ -1820,19 +1794,14 @@ async fn renewing_with_a_stale_token_or_after_the_lease_ended_changes_nothing(b:
         Err(LedgerError::StaleClaimToken)
     ));
     // A lease above the server's maximum is refused before anything is read.
-    let too_long = t
-        .ledger
-        .renew_lease(
-            &tenant(),
-            renewal(&live_key, &token(&live), Some(Duration::from_secs(7200))),
-        )
-        .await;
-    assert!(
-        matches!(
-            too_long,
-            Err(LedgerError::InvalidArgument { field: "lease", .. })
-        ),
-        "{too_long:?}"
+    let too_long = renew_result(
+        &t.ledger,
+        renewal(&live_key, &token(&live), Some(Duration::from_secs(7200))),
+    )
+    .await;
+    assert_matches!(
+        too_long,
+        Err(LedgerError::InvalidArgument { field: "lease", .. })
     );
     assert_eq!(
         lookup_found(&t.ledger, &live_key).await.entry,
@@ -1908,18 +1877,15 @@ async fn resolve_only_applies_the_resolutions_and_hands_out_nothing(b: Backend) 
         vec![finding(&keys[0], FinalStatus::Succeeded, b"found", false)],
     )
     .await;
-    let out = t
-        .ledger
-        .reconcile(
-            &tenant(),
-            ReconcileInput {
-                resolutions: findings,
-                resolve_only: true,
-                ..Default::default()
-            },
-        )
-        .await
-        .expect("reconcile");
+    let out = reconcile_ok(
+        &t.ledger,
+        ReconcileInput {
+            resolutions: findings,
+            resolve_only: true,
+            ..Default::default()
+        },
+    )
+    .await;
     assert!(out.pending.is_empty(), "{:?}", out.pending);
     assert_eq!(out.resolved.len(), 1);
     assert_eq!(out.resolved[0].status, Status::Succeeded);
@@ -2020,8 +1986,7 @@ async fn what_is_remembered_expires_on_the_ledgers_clock_and_a_reused_key_is_sti
     b: Backend,
 ) {
     let t = TestLedger::new(b).await;
-    let mut input = claim_input(RUN, TOOL, ARGS);
-    input.retention = Some(Duration::from_secs(10));
+    let input = retained(RUN, Duration::from_secs(10));
     let first = claim_ok(&t.ledger, input.clone()).await;
     succeed(&t.ledger, &first, b"short").await;
     assert_eq!(
