@@ -213,11 +213,29 @@ fn retained(run: &str, retention: Duration) -> ClaimInput {
     }
 }
 
+/// Claims RUN, TOOL and ARGS: the intent most tests are about.
+async fn claim_the_intent(ledger: &Ledger) -> ClaimOutput {
+    claim(ledger, RUN, TOOL, ARGS).await
+}
+
+/// The claimant of `claimed` reports that it does not know whether the effect happened.
+fn unknown_report(claimed: &ClaimOutput, error: &str) -> CompleteInput {
+    CompleteInput {
+        error: error.into(),
+        ..done(
+            &claimed.entry.entry.key,
+            &token(claimed),
+            FinalStatus::Unknown,
+            b"",
+        )
+    }
+}
+
 /// A ledger on `b` with an attempt claimed for RUN, TOOL and ARGS, and its key: where most
 /// tests start.
 async fn claimed_on(b: Backend) -> (TestLedger, ClaimOutput, String) {
     let t = TestLedger::new(b).await;
-    let first = claim(&t.ledger, RUN, TOOL, ARGS).await;
+    let first = claim_the_intent(&t.ledger).await;
     let key = first.entry.entry.key.to_string();
     (t, first, key)
 }
@@ -253,7 +271,7 @@ async fn lookup_key(
 
 async fn a_first_claim_is_claimed_with_attempt_one_and_a_token(b: Backend) {
     let t = TestLedger::new(b).await;
-    let out = claim(&t.ledger, RUN, TOOL, ARGS).await;
+    let out = claim_the_intent(&t.ledger).await;
     assert_eq!(out.outcome, Outcome::Claimed);
     assert_eq!(out.entry.status, Status::Attempting);
     assert_eq!(out.entry.entry.attempt, 1);
@@ -374,7 +392,7 @@ async fn a_new_run_is_a_new_intent_and_claims_again(b: Backend) {
 
 async fn a_claim_while_attempting_is_in_progress_and_not_executed(b: Backend) {
     let (t, first, _) = claimed_on(b).await;
-    let second = claim(&t.ledger, RUN, TOOL, ARGS).await;
+    let second = claim_the_intent(&t.ledger).await;
     assert_eq!(second.outcome, Outcome::InProgress);
     assert_eq!(second.entry.status, Status::Attempting);
     assert!(second.claim_token.is_none());
@@ -395,7 +413,7 @@ async fn an_attempt_past_its_lease_reads_unknown_and_is_not_reexecuted(b: Backen
     let input = leased(RUN, Duration::from_secs(5));
     let first = claim_ok(&t.ledger, input).await;
     t.clock.advance(Duration::from_secs(6));
-    let again = claim(&t.ledger, RUN, TOOL, ARGS).await;
+    let again = claim_the_intent(&t.ledger).await;
     assert_eq!(again.outcome, Outcome::InProgress);
     assert_eq!(again.entry.status, Status::Unknown);
     assert!(again.note.contains("unknown"), "{}", again.note);
@@ -414,13 +432,12 @@ async fn an_attempt_past_its_lease_reads_unknown_and_is_not_reexecuted(b: Backen
 }
 
 async fn a_reported_unknown_is_in_progress_until_the_claimant_resolves_it(b: Backend) {
-    let (t, first, key) = claimed_on(b).await;
-    let mut unknown = done(&key, &token(&first), FinalStatus::Unknown, b"");
-    unknown.error = "timed out after 30s".into();
+    let (t, first, _) = claimed_on(b).await;
+    let unknown = unknown_report(&first, "timed out after 30s");
     let out = complete_ok(&t.ledger, unknown.clone()).await;
     assert_eq!(out.entry.status, Status::Unknown);
     assert!(out.entry.entry.expires_at.is_none());
-    let again = claim(&t.ledger, RUN, TOOL, ARGS).await;
+    let again = claim_the_intent(&t.ledger).await;
     assert_eq!(again.outcome, Outcome::InProgress);
     assert_eq!(again.entry.status, Status::Unknown);
     // Reporting the same unknown again is a no-op success.
@@ -429,7 +446,7 @@ async fn a_reported_unknown_is_in_progress_until_the_claimant_resolves_it(b: Bac
     // The same token may still resolve it.
     let resolved = succeed(&t.ledger, &first, b"found").await;
     assert_eq!(resolved.entry.status, Status::Succeeded);
-    let replay = claim(&t.ledger, RUN, TOOL, ARGS).await;
+    let replay = claim_the_intent(&t.ledger).await;
     assert_eq!(replay.outcome, Outcome::Replayed);
     assert_eq!(replay.entry.entry.result, b"found");
 }
@@ -437,7 +454,7 @@ async fn a_reported_unknown_is_in_progress_until_the_claimant_resolves_it(b: Bac
 async fn a_permanent_failure_is_previously_failed_with_its_error(b: Backend) {
     let (t, first, _) = claimed_on(b).await;
     fail(&t.ledger, &first, "account closed", false).await;
-    let again = claim(&t.ledger, RUN, TOOL, ARGS).await;
+    let again = claim_the_intent(&t.ledger).await;
     assert_eq!(again.outcome, Outcome::PreviouslyFailed);
     assert_eq!(again.entry.status, Status::Failed);
     assert_eq!(again.entry.entry.error, "account closed");
@@ -450,7 +467,7 @@ async fn a_permanent_failure_is_previously_failed_with_its_error(b: Backend) {
 async fn a_retryable_failure_is_claimed_again_with_attempt_two_and_a_new_token(b: Backend) {
     let (t, first, key) = claimed_on(b).await;
     fail(&t.ledger, &first, "503 from the payment API", true).await;
-    let second = claim(&t.ledger, RUN, TOOL, ARGS).await;
+    let second = claim_the_intent(&t.ledger).await;
     assert_eq!(second.outcome, Outcome::Claimed);
     assert_eq!(second.entry.entry.attempt, 2);
     assert_eq!(second.entry.status, Status::Attempting);
@@ -470,7 +487,7 @@ async fn a_retryable_failure_is_claimed_again_with_attempt_two_and_a_new_token(b
     .await;
     assert_eq!(ok.entry.entry.attempt, 2);
     assert_eq!(
-        claim(&t.ledger, RUN, TOOL, ARGS).await.entry.entry.result,
+        claim_the_intent(&t.ledger).await.entry.entry.result,
         b"second"
     );
 }
@@ -489,10 +506,10 @@ async fn an_explicit_key_with_other_arguments_is_refused_and_changes_nothing(b: 
     assert_matches!(refused, Err(LedgerError::KeyReused));
     let mut other_tool = input.clone();
     other_tool.tool = "refund".into();
-    assert!(matches!(
+    assert_matches!(
         claim_result(&t.ledger, other_tool).await,
         Err(LedgerError::KeyReused)
-    ));
+    );
     let entry = lookup_found(&t.ledger, "wf-7:step-3").await;
     assert_eq!(
         entry.entry, first.entry.entry,
@@ -627,10 +644,10 @@ async fn a_finished_entry_past_its_retention_is_a_new_claim(b: Backend) {
         Outcome::Replayed
     );
     t.clock.advance(Duration::from_secs(2));
-    assert!(matches!(
+    assert_matches!(
         lookup_key(&t.ledger, &key).await,
         Err(LedgerError::NotFound)
-    ));
+    );
     let fresh = claim_ok(&t.ledger, input).await;
     assert_eq!(fresh.outcome, Outcome::Claimed);
     assert_eq!(fresh.entry.entry.attempt, 1);
@@ -652,7 +669,7 @@ async fn unresolved_entries_never_expire(b: Backend) {
         .expect("still there a year later");
     assert_eq!(seen.status, Status::Unknown);
     assert_eq!(
-        claim(&t.ledger, RUN, TOOL, ARGS).await.outcome,
+        claim_the_intent(&t.ledger).await.outcome,
         Outcome::InProgress
     );
 }
@@ -737,10 +754,7 @@ async fn bad_input_is_refused_and_stores_nothing(b: Backend) {
         other => panic!("too deep should be refused: {other:?}"),
     }
     // Nothing was stored: the valid request still claims first.
-    assert_eq!(
-        claim(&t.ledger, RUN, TOOL, ARGS).await.outcome,
-        Outcome::Claimed
-    );
+    assert_eq!(claim_the_intent(&t.ledger).await.outcome, Outcome::Claimed);
 }
 
 async fn a_stale_or_wrong_token_cannot_complete(b: Backend) {
@@ -778,7 +792,7 @@ async fn a_claimant_may_complete_after_its_lease_expired_unless_resolved_since(b
     let late = succeed(&t.ledger, &first, b"late but true").await;
     assert_eq!(late.entry.status, Status::Succeeded);
     assert_eq!(
-        claim(&t.ledger, RUN, TOOL, ARGS).await.entry.entry.result,
+        claim_the_intent(&t.ledger).await.entry.entry.result,
         b"late but true"
     );
     // Once resolved, a different late outcome is refused.
@@ -873,7 +887,7 @@ async fn a_result_over_the_limit_is_refused_and_the_entry_unchanged(b: Backend) 
         ..test_limits()
     };
     let t = TestLedger::with_limits(b, limits).await;
-    let first = claim(&t.ledger, RUN, TOOL, ARGS).await;
+    let first = claim_the_intent(&t.ledger).await;
     let key = first.entry.entry.key.to_string();
     let big = complete(
         &t.ledger,
@@ -1027,7 +1041,7 @@ async fn until_waiting(ledger: &Ledger, n: usize) {
 
 async fn a_wait_ends_with_in_progress_when_nothing_happens(b: Backend) {
     let t = TestLedger::new(b).await;
-    claim(&t.ledger, RUN, TOOL, ARGS).await;
+    claim_the_intent(&t.ledger).await;
     let input = waiting(RUN, Duration::from_millis(400));
     let started = tokio::time::Instant::now();
     let out = claim_ok(&t.ledger, input).await;
@@ -1053,7 +1067,7 @@ async fn a_waiter_wakes_on_the_complete_not_at_the_end_of_its_wait(b: Backend) {
         ..test_limits()
     };
     let t = TestLedger::with_limits(b, limits).await;
-    let first = claim(&t.ledger, RUN, TOOL, ARGS).await;
+    let first = claim_the_intent(&t.ledger).await;
     let ledger = t.ledger.clone();
     let waiter = tokio::spawn(async move {
         let out = claim_ok(&ledger, waiting(RUN, Duration::from_secs(25))).await;
@@ -1175,14 +1189,7 @@ async fn unknown_entries(t: &TestLedger, tool: &str, n: usize) -> Vec<String> {
     let mut keys = Vec::new();
     for i in 0..n {
         let out = claim(&t.ledger, &format!("run-{i}"), tool, ARGS).await;
-        let mut report = done(
-            &out.entry.entry.key,
-            &token(&out),
-            FinalStatus::Unknown,
-            b"",
-        );
-        report.error = "timeout".into();
-        complete_ok(&t.ledger, report).await;
+        complete_ok(&t.ledger, unknown_report(&out, "timeout")).await;
         keys.push(out.entry.entry.key.to_string());
         t.clock.advance(Duration::from_millis(10));
     }
@@ -1622,7 +1629,7 @@ async fn the_claimants_late_complete_wins_over_a_later_resolution(b: Backend) {
     let out = resolve(&t, vec![finding(&key, FinalStatus::Failed, b"", true)]).await;
     assert_eq!(out, vec![(key.clone(), Status::Succeeded)]);
     assert_eq!(
-        claim(&t.ledger, RUN, TOOL, ARGS).await.entry.entry.result,
+        claim_the_intent(&t.ledger).await.entry.entry.result,
         b"claimant"
     );
 }
@@ -1764,7 +1771,7 @@ async fn the_holder_renews_its_lease_and_a_duplicate_stays_in_progress(b: Backen
     assert_eq!(renewed.entry.attempt, 1);
     // Past the first lease, inside the renewed one: still someone's attempt, not unknown.
     t.clock.advance(Duration::from_secs(5));
-    let duplicate = claim(&t.ledger, RUN, TOOL, ARGS).await;
+    let duplicate = claim_the_intent(&t.ledger).await;
     assert_eq!(duplicate.outcome, Outcome::InProgress);
     assert_eq!(duplicate.entry.status, Status::Attempting);
     assert_eq!(
@@ -1774,10 +1781,7 @@ async fn the_holder_renews_its_lease_and_a_duplicate_stays_in_progress(b: Backen
     );
     // The holder completes as usual, and the renewal left nothing else behind.
     succeed(&t.ledger, &first, b"ok").await;
-    assert_eq!(
-        claim(&t.ledger, RUN, TOOL, ARGS).await.outcome,
-        Outcome::Replayed
-    );
+    assert_eq!(claim_the_intent(&t.ledger).await.outcome, Outcome::Replayed);
 }
 
 async fn renewing_with_a_stale_token_or_after_the_lease_ended_changes_nothing(b: Backend) {
@@ -1789,10 +1793,10 @@ async fn renewing_with_a_stale_token_or_after_the_lease_ended_changes_nothing(b:
     // A wrong token, on an attempt in its lease.
     let live = claim(&t.ledger, "live", TOOL, ARGS).await;
     let live_key = live.entry.entry.key.to_string();
-    assert!(matches!(
+    assert_matches!(
         renew(&live_key, "not-the-token").await,
         Err(LedgerError::StaleClaimToken)
-    ));
+    );
     // A lease above the server's maximum is refused before anything is read.
     let too_long = renew_result(
         &t.ledger,
@@ -1813,21 +1817,19 @@ async fn renewing_with_a_stale_token_or_after_the_lease_ended_changes_nothing(b:
     let resolved = claim(&t.ledger, "resolved", TOOL, ARGS).await;
     let resolved_key = resolved.entry.entry.key.to_string();
     succeed(&t.ledger, &resolved, b"r").await;
-    assert!(matches!(
+    assert_matches!(
         renew(&resolved_key, &token(&resolved)).await,
         Err(LedgerError::LeaseEnded("SUCCEEDED"))
-    ));
+    );
 
     // Reported UNKNOWN by its claimant: a reconciler may be asking the world already.
     let reported = claim(&t.ledger, "reported", TOOL, ARGS).await;
     let reported_key = reported.entry.entry.key.to_string();
-    let mut unknown = done(&reported_key, &token(&reported), FinalStatus::Unknown, b"");
-    unknown.error = "timeout".into();
-    complete_ok(&t.ledger, unknown).await;
-    assert!(matches!(
+    complete_ok(&t.ledger, unknown_report(&reported, "timeout")).await;
+    assert_matches!(
         renew(&reported_key, &token(&reported)).await,
         Err(LedgerError::LeaseEnded("UNKNOWN"))
-    ));
+    );
 
     // Past its lease: it reads UNKNOWN, and renewing cannot bring it back.
     let lapsed = claim(&t.ledger, "lapsed", TOOL, ARGS).await;
@@ -1835,10 +1837,10 @@ async fn renewing_with_a_stale_token_or_after_the_lease_ended_changes_nothing(b:
     t.clock.advance(Duration::from_secs(61));
     let before = lookup_found(&t.ledger, &lapsed_key).await;
     assert_eq!(before.status, Status::Unknown);
-    assert!(matches!(
+    assert_matches!(
         renew(&lapsed_key, &token(&lapsed)).await,
         Err(LedgerError::LeaseEnded("UNKNOWN"))
-    ));
+    );
     assert_eq!(lookup_found(&t.ledger, &lapsed_key).await, before);
 
     // An earlier attempt's token, after a retryable failure and a new claim.
@@ -1847,26 +1849,26 @@ async fn renewing_with_a_stale_token_or_after_the_lease_ended_changes_nothing(b:
     fail(&t.ledger, &retried, "declined", true).await;
     let second = claim(&t.ledger, "retried", TOOL, ARGS).await;
     assert_eq!(second.entry.entry.attempt, 2);
-    assert!(matches!(
+    assert_matches!(
         renew(&retried_key, &token(&retried)).await,
         Err(LedgerError::StaleClaimToken)
-    ));
+    );
     renew(&retried_key, &token(&second))
         .await
         .expect("the current holder renews");
 
     // No such key (or another tenant's, which reads the same).
-    assert!(matches!(
+    assert_matches!(
         renew(&"a".repeat(64), "token").await,
         Err(LedgerError::NotFound)
-    ));
+    );
     let other = Tenant::parse("other").expect("tenant");
-    assert!(matches!(
+    assert_matches!(
         t.ledger
             .renew_lease(&other, renewal(&retried_key, &token(&second), None))
             .await,
         Err(LedgerError::NotFound)
-    ));
+    );
 }
 
 async fn resolve_only_applies_the_resolutions_and_hands_out_nothing(b: Backend) {
@@ -1921,7 +1923,7 @@ async fn replays_answered_from_memory_reach_the_store_and_another_server_in_one_
     let other = other_server(&t).await;
     let key = succeeded_entry(&t.ledger, RUN, b"cr-1").await;
     for n in 1..=5 {
-        let out = claim(&t.ledger, RUN, TOOL, ARGS).await;
+        let out = claim_the_intent(&t.ledger).await;
         assert_eq!(out.outcome, Outcome::Replayed);
         assert_eq!(out.entry.entry.replay_count, n);
     }
@@ -1942,7 +1944,7 @@ async fn replays_answered_from_memory_reach_the_store_and_another_server_in_one_
         "nothing left to write"
     );
     // Counting goes on from there, and the next write adds only what is new.
-    let out = claim(&t.ledger, RUN, TOOL, ARGS).await;
+    let out = claim_the_intent(&t.ledger).await;
     assert_eq!(out.entry.entry.replay_count, 6);
     t.ledger.flush_replay_counts().await.expect("write");
     assert_eq!(replay_count_on(&other, &key).await, 6);
@@ -1974,7 +1976,7 @@ async fn a_replay_on_the_server_that_did_not_complete_reads_the_store_once_then_
     other.flush_replay_counts().await.expect("write");
     assert_eq!(replay_count_on(&t.ledger, &key).await, 4);
     // Both servers' memories count into the one stored count.
-    claim(&t.ledger, RUN, TOOL, ARGS).await;
+    claim_the_intent(&t.ledger).await;
     claim(&other, RUN, TOOL, ARGS).await;
     t.ledger.flush_replay_counts().await.expect("write");
     other.flush_replay_counts().await.expect("write");
@@ -1989,10 +1991,7 @@ async fn what_is_remembered_expires_on_the_ledgers_clock_and_a_reused_key_is_sti
     let input = retained(RUN, Duration::from_secs(10));
     let first = claim_ok(&t.ledger, input.clone()).await;
     succeed(&t.ledger, &first, b"short").await;
-    assert_eq!(
-        claim(&t.ledger, RUN, TOOL, ARGS).await.outcome,
-        Outcome::Replayed
-    );
+    assert_eq!(claim_the_intent(&t.ledger).await.outcome, Outcome::Replayed);
     t.clock.advance(Duration::from_secs(10));
     let again = claim_ok(&t.ledger, input).await;
     assert_eq!(
@@ -2023,10 +2022,10 @@ async fn what_is_remembered_expires_on_the_ledgers_clock_and_a_reused_key_is_sti
         ..explicit.clone()
     };
     for _ in 0..2 {
-        assert!(matches!(
+        assert_matches!(
             claim_result(&t.ledger, reused.clone()).await,
             Err(LedgerError::KeyReused)
-        ));
+        );
     }
     assert_eq!(
         claim_ok(&t.ledger, explicit).await.outcome,
@@ -2037,10 +2036,10 @@ async fn what_is_remembered_expires_on_the_ledgers_clock_and_a_reused_key_is_sti
 async fn a_retryable_failure_is_never_answered_from_memory_and_a_permanent_one_is(b: Backend) {
     let t = TestLedger::new(b).await;
     let other = other_server(&t).await;
-    let first = claim(&t.ledger, RUN, TOOL, ARGS).await;
+    let first = claim_the_intent(&t.ledger).await;
     let key = first.entry.entry.key.to_string();
     fail(&t.ledger, &first, "busy", true).await;
-    let second = claim(&t.ledger, RUN, TOOL, ARGS).await;
+    let second = claim_the_intent(&t.ledger).await;
     assert_eq!(
         (second.outcome, second.entry.entry.attempt),
         (Outcome::Claimed, 2)
@@ -2083,11 +2082,7 @@ async fn with_the_memory_off_every_replay_is_counted_in_the_store_at_once(b: Bac
     let key = succeeded_entry(&t.ledger, RUN, b"cr-1").await;
     for n in 1..=3 {
         assert_eq!(
-            claim(&t.ledger, RUN, TOOL, ARGS)
-                .await
-                .entry
-                .entry
-                .replay_count,
+            claim_the_intent(&t.ledger).await.entry.entry.replay_count,
             n
         );
     }
