@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
+use tokio::net::tcp::{ReadHalf, WriteHalf};
 
 use super::wire::{Backend, Frontend};
 use super::{Carried, Direction, Phase, Shared};
@@ -128,31 +129,65 @@ async fn delay(shared: &Shared) {
     wait_open(shared).await;
 }
 
-/// Client → PostgreSQL.
-async fn to_server(
-    shared: &Shared,
-    link: &Link,
-    mut from: tokio::net::tcp::ReadHalf<'_>,
-    mut to: tokio::net::tcp::WriteHalf<'_>,
-) -> End {
-    let mut frontend = Frontend::default();
-    let mut carried = Carried::new(shared, Direction::ToServer);
-    let mut buf = vec![0u8; 64 * 1024];
-    loop {
-        let n = match from.read(&mut buf).await {
-            Ok(0) | Err(_) => return End::Closed,
+/// One direction of a connection: where bytes come from and go, and what its cuts count.
+struct Pump<'a> {
+    shared: &'a Shared,
+    link: &'a Link,
+    carried: Carried,
+    from: ReadHalf<'a>,
+    to: WriteHalf<'a>,
+    buf: Vec<u8>,
+}
+
+impl<'a> Pump<'a> {
+    fn new(
+        shared: &'a Shared,
+        link: &'a Link,
+        direction: Direction,
+        from: ReadHalf<'a>,
+        to: WriteHalf<'a>,
+    ) -> Pump<'a> {
+        Pump {
+            shared,
+            link,
+            carried: Carried::new(shared, direction),
+            from,
+            to,
+            buf: vec![0u8; 64 * 1024],
+        }
+    }
+
+    /// Reads the next chunk into `buf` and returns its length, or how the connection ends:
+    /// closed by either side, or cut by [`Proxy::cut_each_connection_after`](super::Proxy)
+    /// once the part it admits was forwarded.
+    async fn next_chunk(&mut self) -> Result<usize, End> {
+        let n = match self.from.read(&mut self.buf).await {
+            Ok(0) | Err(_) => return Err(End::Closed),
             Ok(n) => n,
         };
-        let (allowed, cut) = carried.admit(shared, n);
+        let (allowed, cut) = self.carried.admit(self.shared, n);
         if cut {
-            delay(shared).await;
-            if allowed > 0 && to.write_all(&buf[..allowed]).await.is_err() {
-                return End::Closed;
+            delay(self.shared).await;
+            if allowed > 0 && self.to.write_all(&self.buf[..allowed]).await.is_err() {
+                return Err(End::Closed);
             }
-            link.cut(shared);
-            return End::Cut;
+            self.link.cut(self.shared);
+            return Err(End::Cut);
         }
-        let chunk = &buf[..n];
+        Ok(n)
+    }
+}
+
+/// Client → PostgreSQL.
+async fn to_server(shared: &Shared, link: &Link, from: ReadHalf<'_>, to: WriteHalf<'_>) -> End {
+    let mut frontend = Frontend::default();
+    let mut pump = Pump::new(shared, link, Direction::ToServer, from, to);
+    loop {
+        let n = match pump.next_chunk().await {
+            Ok(n) => n,
+            Err(end) => return end,
+        };
+        let chunk = &pump.buf[..n];
         let writes = frontend.feed(chunk, link);
         delay(shared).await;
         // Armed before the statement leaves, so its response cannot slip past.
@@ -166,37 +201,22 @@ async fn to_server(
         {
             link.cut_pending.store(true, Ordering::SeqCst);
         }
-        if to.write_all(chunk).await.is_err() {
+        if pump.to.write_all(chunk).await.is_err() {
             return End::Closed;
         }
     }
 }
 
 /// PostgreSQL → client.
-async fn to_client(
-    shared: &Shared,
-    link: &Link,
-    mut from: tokio::net::tcp::ReadHalf<'_>,
-    mut to: tokio::net::tcp::WriteHalf<'_>,
-) -> End {
+async fn to_client(shared: &Shared, link: &Link, from: ReadHalf<'_>, to: WriteHalf<'_>) -> End {
     let mut backend = Backend::default();
-    let mut carried = Carried::new(shared, Direction::ToClient);
-    let mut buf = vec![0u8; 64 * 1024];
+    let mut pump = Pump::new(shared, link, Direction::ToClient, from, to);
     loop {
-        let n = match from.read(&mut buf).await {
-            Ok(0) | Err(_) => return End::Closed,
+        let n = match pump.next_chunk().await {
             Ok(n) => n,
+            Err(end) => return end,
         };
-        let (allowed, cut) = carried.admit(shared, n);
-        if cut {
-            delay(shared).await;
-            if allowed > 0 && to.write_all(&buf[..allowed]).await.is_err() {
-                return End::Closed;
-            }
-            link.cut(shared);
-            return End::Cut;
-        }
-        let chunk = &buf[..n];
+        let chunk = &pump.buf[..n];
         let ready = backend.feed(chunk, link);
         if link.cut_pending.load(Ordering::SeqCst) {
             // The write's response, swallowed whole; its ReadyForQuery comes after the commit.
@@ -226,7 +246,7 @@ async fn to_client(
                 }
             });
         delay(shared).await;
-        if allowed > 0 && to.write_all(&chunk[..allowed]).await.is_err() {
+        if allowed > 0 && pump.to.write_all(&chunk[..allowed]).await.is_err() {
             return End::Closed;
         }
         if cut {
