@@ -1,9 +1,9 @@
-//! Hostile inputs, as [proptest](mod@proptest) strategies: the values of the no-panic property test
-//! (`tests/api/no_panic.rs`) that make trouble somewhere — strings with control characters,
-//! quotes, SQL wildcards and odd Unicode, at and past the 255/256-byte and 1 MiB limits;
-//! arguments JSON that is malformed, too deep, too big or numerically inexact; enum numbers out
-//! of range; negative, huge, sub-microsecond and malformed durations; result bytes up to past
-//! 1 MiB.
+//! Hostile inputs, as [proptest](mod@proptest) strategies: the values of the no-panic
+//! property test (`tests/api/no_panic.rs`) that make trouble somewhere — strings with control
+//! characters, quotes, SQL wildcards and odd Unicode, at and past the 255/256-byte and 1 MiB
+//! limits; arguments JSON that is malformed, too deep, too big or numerically inexact; enum
+//! numbers out of range; negative, huge, sub-microsecond and malformed durations; result bytes
+//! up to past 1 MiB.
 //!
 //! It knows nothing of the ledger's messages: the tests build requests from these values (a
 //! sensible request with some of its fields swapped for hostile ones, so that hostile values

@@ -132,13 +132,9 @@ fn seen_of(entry: &pb::Entry) -> Seen {
     Seen {
         key: entry.key.clone(),
         status: match entry.status() {
-            pb::Status::Unspecified => EntryStatus::Unspecified,
-            pb::Status::Attempting => EntryStatus::Attempting,
             pb::Status::Succeeded => EntryStatus::Succeeded,
             pb::Status::Failed => EntryStatus::Failed,
-            pb::Status::Unknown => EntryStatus::Unknown,
-            pb::Status::AwaitingApproval => EntryStatus::AwaitingApproval,
-            pb::Status::Denied => EntryStatus::Denied,
+            other => EntryStatus::Other(other.as_str_name()),
         },
         attempt: entry.attempt,
         result: entry.result.to_vec(),

@@ -108,24 +108,17 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
-/// An entry's status as an answer showed it: the ledger's statuses, without its proto types
-/// (the caller maps them).
+/// An entry's status as an answer showed it, as far as the check tells statuses apart: the
+/// two an entry may settle at, and any other by its name (the caller maps the ledger's proto
+/// statuses, which this crate does not know).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum EntryStatus {
-    /// No status (an answer without an entry).
-    Unspecified,
-    /// An attempt is in flight.
-    Attempting,
     /// The effect happened; the result is stored.
     Succeeded,
     /// The effect did not happen.
     Failed,
-    /// Nobody knows whether the effect happened.
-    Unknown,
-    /// Waiting for a person's decision.
-    AwaitingApproval,
-    /// A person declined the call.
-    Denied,
+    /// Any other status (in flight, unknown, awaiting a person, denied, none), by name.
+    Other(&'static str),
 }
 
 /// An entry as an answer showed it.
@@ -150,7 +143,7 @@ impl Seen {
     pub fn nothing(key: &str) -> Seen {
         Seen {
             key: key.to_string(),
-            status: EntryStatus::Unspecified,
+            status: EntryStatus::Other("none"),
             attempt: 0,
             result: Vec::new(),
             retryable: false,
