@@ -366,3 +366,120 @@ pub fn describe(answer: &Answer) -> String {
         Answer::Did(what) => what.clone(),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+    use crate::history::History;
+
+    fn effect(attempt: u32, receipt: &[u8]) -> Effect {
+        Effect {
+            key: "k".into(),
+            external_ref: format!("k#{attempt}"),
+            attempt,
+            receipt: receipt.to_vec(),
+            by: "w1".into(),
+            at: Duration::ZERO,
+        }
+    }
+
+    fn entry(status: EntryStatus, attempt: u32, result: &[u8]) -> Seen {
+        Seen {
+            key: "k".into(),
+            status,
+            attempt,
+            result: result.to_vec(),
+            retryable: status == EntryStatus::Failed,
+            possible_double_effect: false,
+        }
+    }
+
+    /// Finals for key `k` holding `fin`, whose Claim after the run replayed it.
+    fn settled_at(fin: Seen) -> Finals {
+        let mut finals = Finals::default();
+        finals
+            .claims
+            .insert("k".into(), Answer::Replayed(fin.clone()));
+        finals.entries.insert("k".into(), Some(fin));
+        finals
+    }
+
+    fn claimed(history: &History, attempt: u32) {
+        let answer = Answer::Claimed {
+            attempt,
+            token: format!("t{attempt}"),
+        };
+        history.record("w1", Some(0), "Claim", "k", history.started, answer);
+    }
+
+    #[test]
+    fn one_effect_kept_as_the_result_passes() {
+        let history = History::new();
+        claimed(&history, 1);
+        let fin = entry(EntryStatus::Succeeded, 1, b"r1");
+        let verdict = check(&history.ops(), &[effect(1, b"r1")], &settled_at(fin));
+        assert!(verdict.problems.is_empty(), "{:?}", verdict.problems);
+    }
+
+    #[test]
+    fn two_effects_for_one_intent_are_found() {
+        let history = History::new();
+        claimed(&history, 1);
+        claimed(&history, 2);
+        let fin = entry(EntryStatus::Succeeded, 2, b"r2");
+        let effects = [effect(1, b"r1"), effect(2, b"r2")];
+        let verdict = check(&history.ops(), &effects, &settled_at(fin));
+        assert!(
+            verdict
+                .problems
+                .iter()
+                .any(|p| p.contains("2 effects for one intent")),
+            "{:?}",
+            verdict.problems
+        );
+        assert!(verdict.suspects.contains("k"));
+    }
+
+    #[test]
+    fn an_acknowledged_success_the_ledger_lost_is_found() {
+        let history = History::new();
+        claimed(&history, 1);
+        let acknowledged = Answer::Completed {
+            entry: entry(EntryStatus::Succeeded, 1, b"r1"),
+            already: false,
+        };
+        history.record(
+            "w1",
+            Some(0),
+            "Complete",
+            "k",
+            history.started,
+            acknowledged,
+        );
+        let fin = entry(EntryStatus::Failed, 1, b"");
+        let verdict = check(&history.ops(), &[effect(1, b"r1")], &settled_at(fin));
+        assert!(
+            verdict
+                .problems
+                .iter()
+                .any(|p| p.contains("acknowledged Succeeded")),
+            "{:?}",
+            verdict.problems
+        );
+    }
+
+    #[test]
+    fn an_internal_answer_is_found() {
+        let history = History::new();
+        let internal = Answer::Error {
+            code: Code::Internal,
+            reason: "INTERNAL".into(),
+            message: "bug".into(),
+        };
+        history.record("w1", Some(0), "Claim", "k", history.started, internal);
+        let verdict = check(&history.ops(), &[], &Finals::default());
+        assert_eq!(verdict.problems.len(), 1, "{:?}", verdict.problems);
+    }
+}
