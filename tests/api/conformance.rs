@@ -247,6 +247,21 @@ async fn succeeded_on(b: Backend, result: &[u8]) -> (TestLedger, ClaimOutput, St
     (t, first, key)
 }
 
+/// A ledger on `b` with the claim `input` made.
+async fn claimed_with(b: Backend, input: ClaimInput) -> (TestLedger, ClaimOutput) {
+    let t = TestLedger::new(b).await;
+    let first = claim_ok(&t.ledger, input).await;
+    (t, first)
+}
+
+/// A ledger on `b` with `n` attempts of TOOL reported unknown by their claimants (see
+/// [`unknown_entries`]), and their keys.
+async fn unknown_on(b: Backend, n: usize) -> (TestLedger, Vec<String>) {
+    let t = TestLedger::new(b).await;
+    let keys = unknown_entries(&t, TOOL, n).await;
+    (t, keys)
+}
+
 /// Lookup by key, without the arguments kept for audit (which Claim and Complete leave out), so
 /// the entry compares equal to theirs; Lookup must show the arguments.
 async fn lookup_key(
@@ -409,9 +424,7 @@ async fn a_claim_while_attempting_is_in_progress_and_not_executed(b: Backend) {
 }
 
 async fn an_attempt_past_its_lease_reads_unknown_and_is_not_reexecuted(b: Backend) {
-    let t = TestLedger::new(b).await;
-    let input = leased(RUN, Duration::from_secs(5));
-    let first = claim_ok(&t.ledger, input).await;
+    let (t, first) = claimed_with(b, leased(RUN, Duration::from_secs(5))).await;
     t.clock.advance(Duration::from_secs(6));
     let again = claim_the_intent(&t.ledger).await;
     assert_eq!(again.outcome, Outcome::InProgress);
@@ -1160,9 +1173,7 @@ async fn of_fifty_waiters_exactly_one_takes_over_after_a_retryable_failure(b: Ba
 }
 
 async fn a_waiter_answers_unknown_when_the_lease_ends(b: Backend) {
-    let t = TestLedger::new(b).await;
-    let input = leased(RUN, Duration::from_secs(1));
-    claim_ok(&t.ledger, input).await;
+    let (t, _) = claimed_with(b, leased(RUN, Duration::from_secs(1))).await;
     // Real time passes for the waiter's timer; the manual clock is moved past the lease so the
     // re-read sees it expired.
     let ledger = t.ledger.clone();
@@ -1262,8 +1273,7 @@ async fn reconcile_hands_out_only_unknown_entries_oldest_first_by_tool_and_age(b
 }
 
 async fn concurrent_reconcilers_get_disjoint_entries_until_the_hold_passes(b: Backend) {
-    let t = TestLedger::new(b).await;
-    let keys = unknown_entries(&t, TOOL, 12).await;
+    let (t, keys) = unknown_on(b, 12).await;
     // A second server: its own pool over the same database.
     let other = Ledger::new(t.db.store(4).await, t.clock.clone(), test_limits());
     let ask = |ledger: Ledger| async move {
@@ -1379,8 +1389,7 @@ async fn reconcile_with_keys_hands_out_only_those_keys_when_unresolved_and_not_h
 }
 
 async fn a_resolution_records_its_principal_as_resolved_by_until_a_new_attempt(b: Backend) {
-    let t = TestLedger::new(b).await;
-    let keys = unknown_entries(&t, TOOL, 2).await;
+    let (t, keys) = unknown_on(b, 2).await;
     let by = |principal: &str, findings| ReconcileInput {
         resolutions: findings,
         principal: principal.into(),
@@ -1536,8 +1545,7 @@ async fn resolve(t: &TestLedger, findings: Vec<ResolutionInput>) -> Vec<(String,
 }
 
 async fn a_found_resolution_makes_the_next_claim_replay_it(b: Backend) {
-    let t = TestLedger::new(b).await;
-    let keys = unknown_entries(&t, TOOL, 1).await;
+    let (t, keys) = unknown_on(b, 1).await;
     let out = resolve(
         &t,
         vec![finding(
@@ -1561,8 +1569,7 @@ async fn a_found_resolution_makes_the_next_claim_replay_it(b: Backend) {
 }
 
 async fn a_not_found_retryable_resolution_makes_the_next_claim_attempt_two(b: Backend) {
-    let t = TestLedger::new(b).await;
-    let keys = unknown_entries(&t, TOOL, 2).await;
+    let (t, keys) = unknown_on(b, 2).await;
     resolve(
         &t,
         vec![
@@ -1580,8 +1587,7 @@ async fn a_not_found_retryable_resolution_makes_the_next_claim_attempt_two(b: Ba
 }
 
 async fn resolving_a_resolved_or_live_entry_changes_nothing(b: Backend) {
-    let t = TestLedger::new(b).await;
-    let keys = unknown_entries(&t, TOOL, 1).await;
+    let (t, keys) = unknown_on(b, 1).await;
     resolve(
         &t,
         vec![finding(&keys[0], FinalStatus::Succeeded, b"first", false)],
@@ -1615,9 +1621,7 @@ async fn resolving_a_resolved_or_live_entry_changes_nothing(b: Backend) {
 }
 
 async fn the_claimants_late_complete_wins_over_a_later_resolution(b: Backend) {
-    let t = TestLedger::new(b).await;
-    let input = leased(RUN, Duration::from_secs(1));
-    let first = claim_ok(&t.ledger, input).await;
+    let (t, first) = claimed_with(b, leased(RUN, Duration::from_secs(1))).await;
     let key = first.entry.entry.key.to_string();
     t.clock.advance(Duration::from_secs(5));
     assert_eq!(
@@ -1635,8 +1639,7 @@ async fn the_claimants_late_complete_wins_over_a_later_resolution(b: Backend) {
 }
 
 async fn malformed_resolutions_are_refused_and_none_is_applied(b: Backend) {
-    let t = TestLedger::new(b).await;
-    let keys = unknown_entries(&t, TOOL, 2).await;
+    let (t, keys) = unknown_on(b, 2).await;
     let bad_sets = vec![
         vec![
             finding(&keys[0], FinalStatus::Succeeded, b"ok", false),
@@ -1748,9 +1751,7 @@ fn renewal(key: impl AsRef<str>, token: &str, lease: Option<Duration>) -> RenewI
 }
 
 async fn the_holder_renews_its_lease_and_a_duplicate_stays_in_progress(b: Backend) {
-    let t = TestLedger::new(b).await;
-    let input = leased(RUN, Duration::from_secs(10));
-    let first = claim_ok(&t.ledger, input).await;
+    let (t, first) = claimed_with(b, leased(RUN, Duration::from_secs(10))).await;
     let key = first.entry.entry.key.to_string();
     t.clock.advance(Duration::from_secs(8));
     let renewed = renew_ok(
@@ -1872,8 +1873,7 @@ async fn renewing_with_a_stale_token_or_after_the_lease_ended_changes_nothing(b:
 }
 
 async fn resolve_only_applies_the_resolutions_and_hands_out_nothing(b: Backend) {
-    let t = TestLedger::new(b).await;
-    let keys = unknown_entries(&t, TOOL, 3).await;
+    let (t, keys) = unknown_on(b, 3).await;
     let findings = fenced(
         &t,
         vec![finding(&keys[0], FinalStatus::Succeeded, b"found", false)],
