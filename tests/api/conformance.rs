@@ -1,6 +1,9 @@
 //! The storage conformance suite: every row of the state table (docs/behaviour.md) and every bullet of
 //! Claim, Complete and Lookup, written once against the [`Ledger`] and run on SQLite and on
 //! PostgreSQL. A behaviour only one backend is tested for is not a behaviour of the product.
+//!
+//! Each test starts from one set-up call and speaks through the helpers of `calls` (the intent,
+//! the Ledger's calls, the inputs); what it checks is all here.
 
 use std::time::Duration;
 
@@ -8,11 +11,14 @@ use idempotency_ledger::domain::canonical::Canonicalization;
 use idempotency_ledger::domain::{Entry, FinalStatus, Key, Principal, Status, Tenant};
 use idempotency_ledger::error::LedgerError;
 use idempotency_ledger::ledger::{
-    ClaimInput, ClaimOutput, CompleteInput, CompleteOutput, EntryView, Ledger, Limits, ListInput,
-    ListOutput, LookupInput, Outcome, ReconcileInput, ReconcileOutput, RenewInput, ResolutionInput,
+    ClaimInput, EntryView, Ledger, Limits, ListInput, LookupInput, Outcome, ReconcileInput,
 };
 
 use crate::support::{Backend, TestLedger, test_limits};
+
+mod calls;
+
+use calls::*;
 
 /// Asserts that `result` matches `pattern`, showing it when not.
 macro_rules! assert_matches {
@@ -73,216 +79,6 @@ on_every_store!(
     a_retryable_failure_is_never_answered_from_memory_and_a_permanent_one_is,
     with_the_memory_off_every_replay_is_counted_in_the_store_at_once,
 );
-
-const RUN: &str = "run-1";
-const TOOL: &str = "issue_credit";
-const ARGS: &str = r#"{"customer":"c-42","amount":200,"currency":"EUR"}"#;
-
-fn tenant() -> Tenant {
-    Tenant::default_tenant()
-}
-
-fn claim_input(run: &str, tool: &str, args: &str) -> ClaimInput {
-    ClaimInput {
-        run_id: run.into(),
-        tool: tool.into(),
-        arguments_json: args.into(),
-        ..Default::default()
-    }
-}
-
-async fn claim(ledger: &Ledger, run: &str, tool: &str, args: &str) -> ClaimOutput {
-    claim_ok(ledger, claim_input(run, tool, args)).await
-}
-
-fn done(key: impl AsRef<str>, token: &str, status: FinalStatus, result: &[u8]) -> CompleteInput {
-    CompleteInput {
-        key: key.as_ref().into(),
-        claim_token: token.into(),
-        status,
-        result: result.to_vec(),
-        error: String::new(),
-        retryable: false,
-    }
-}
-
-fn failed(key: impl AsRef<str>, token: &str, error: &str, retryable: bool) -> CompleteInput {
-    CompleteInput {
-        key: key.as_ref().into(),
-        claim_token: token.into(),
-        status: FinalStatus::Failed,
-        result: Vec::new(),
-        error: error.into(),
-        retryable,
-    }
-}
-
-fn token(out: &ClaimOutput) -> String {
-    out.claim_token
-        .clone()
-        .map(String::from)
-        .expect("a claimed outcome carries a token")
-}
-
-async fn claim_ok(ledger: &Ledger, input: ClaimInput) -> ClaimOutput {
-    claim_result(ledger, input).await.expect("claim")
-}
-
-async fn claim_result(ledger: &Ledger, input: ClaimInput) -> Result<ClaimOutput, LedgerError> {
-    ledger.claim(&tenant(), input).await
-}
-
-async fn complete_ok(ledger: &Ledger, input: CompleteInput) -> CompleteOutput {
-    complete(ledger, input).await.expect("complete")
-}
-
-async fn complete(ledger: &Ledger, input: CompleteInput) -> Result<CompleteOutput, LedgerError> {
-    ledger.complete(&tenant(), input).await
-}
-
-/// Completes the attempt `claimed` holds as succeeded with `result`.
-async fn succeed(ledger: &Ledger, claimed: &ClaimOutput, result: &[u8]) -> CompleteOutput {
-    let key = &claimed.entry.entry.key;
-    complete_ok(
-        ledger,
-        done(key, &token(claimed), FinalStatus::Succeeded, result),
-    )
-    .await
-}
-
-/// Completes the attempt `claimed` holds as failed with `error`.
-async fn fail(
-    ledger: &Ledger,
-    claimed: &ClaimOutput,
-    error: &str,
-    retryable: bool,
-) -> CompleteOutput {
-    let key = &claimed.entry.entry.key;
-    complete_ok(ledger, failed(key, &token(claimed), error, retryable)).await
-}
-
-async fn lookup_ok(ledger: &Ledger, input: LookupInput) -> EntryView {
-    lookup_result(ledger, input).await.expect("lookup")
-}
-
-async fn lookup_result(ledger: &Ledger, input: LookupInput) -> Result<EntryView, LedgerError> {
-    ledger.lookup(&tenant(), input).await
-}
-
-/// [`lookup_key`], which must find the entry.
-async fn lookup_found(ledger: &Ledger, key: impl AsRef<str>) -> EntryView {
-    lookup_key(ledger, key).await.expect("lookup")
-}
-
-async fn reconcile_ok(ledger: &Ledger, input: ReconcileInput) -> ReconcileOutput {
-    reconcile_result(ledger, input).await.expect("reconcile")
-}
-
-async fn reconcile_result(
-    ledger: &Ledger,
-    input: ReconcileInput,
-) -> Result<ReconcileOutput, LedgerError> {
-    ledger.reconcile(&tenant(), input).await
-}
-
-async fn renew_ok(ledger: &Ledger, input: RenewInput) -> EntryView {
-    renew_result(ledger, input).await.expect("renew")
-}
-
-async fn renew_result(ledger: &Ledger, input: RenewInput) -> Result<EntryView, LedgerError> {
-    ledger.renew_lease(&tenant(), input).await
-}
-
-async fn list_ok(ledger: &Ledger, input: ListInput) -> ListOutput {
-    ledger.list_entries(&tenant(), input).await.expect("list")
-}
-
-/// A claim for `run`, TOOL and ARGS with this lease.
-fn leased(run: &str, lease: Duration) -> ClaimInput {
-    ClaimInput {
-        lease: Some(lease),
-        ..claim_input(run, TOOL, ARGS)
-    }
-}
-
-/// A claim for `run`, TOOL and ARGS with this retention.
-fn retained(run: &str, retention: Duration) -> ClaimInput {
-    ClaimInput {
-        retention: Some(retention),
-        ..claim_input(run, TOOL, ARGS)
-    }
-}
-
-/// Claims RUN, TOOL and ARGS: the intent most tests are about.
-async fn claim_the_intent(ledger: &Ledger) -> ClaimOutput {
-    claim(ledger, RUN, TOOL, ARGS).await
-}
-
-/// The claimant of `claimed` reports that it does not know whether the effect happened.
-fn unknown_report(claimed: &ClaimOutput, error: &str) -> CompleteInput {
-    CompleteInput {
-        error: error.into(),
-        ..done(
-            &claimed.entry.entry.key,
-            &token(claimed),
-            FinalStatus::Unknown,
-            b"",
-        )
-    }
-}
-
-/// A ledger on `b` with an attempt claimed for RUN, TOOL and ARGS, and its key: where most
-/// tests start.
-async fn claimed_on(b: Backend) -> (TestLedger, ClaimOutput, String) {
-    let t = TestLedger::new(b).await;
-    let first = claim_the_intent(&t.ledger).await;
-    let key = first.entry.entry.key.to_string();
-    (t, first, key)
-}
-
-/// As [`claimed_on`], the attempt then completed as succeeded with `result`.
-async fn succeeded_on(b: Backend, result: &[u8]) -> (TestLedger, ClaimOutput, String) {
-    let (t, first, key) = claimed_on(b).await;
-    succeed(&t.ledger, &first, result).await;
-    (t, first, key)
-}
-
-/// A ledger on `b` with the claim `input` made.
-async fn claimed_with(b: Backend, input: ClaimInput) -> (TestLedger, ClaimOutput) {
-    let t = TestLedger::new(b).await;
-    let first = claim_ok(&t.ledger, input).await;
-    (t, first)
-}
-
-/// A ledger on `b` with `n` attempts of TOOL reported unknown by their claimants (see
-/// [`unknown_entries`]), and their keys.
-async fn unknown_on(b: Backend, n: usize) -> (TestLedger, Vec<String>) {
-    let t = TestLedger::new(b).await;
-    let keys = unknown_entries(&t, TOOL, n).await;
-    (t, keys)
-}
-
-/// Lookup by key, without the arguments kept for audit (which Claim and Complete leave out), so
-/// the entry compares equal to theirs; Lookup must show the arguments.
-async fn lookup_key(
-    ledger: &Ledger,
-    key: impl AsRef<str>,
-) -> Result<idempotency_ledger::ledger::EntryView, LedgerError> {
-    let mut view = lookup_result(
-        ledger,
-        LookupInput {
-            key: key.as_ref().into(),
-            ..Default::default()
-        },
-    )
-    .await?;
-    let arguments = view.entry.arguments.take();
-    assert!(
-        arguments.as_deref().is_some_and(|a| a.starts_with('{')),
-        "Lookup shows the stored arguments: {arguments:?}"
-    );
-    Ok(view)
-}
 
 async fn a_first_claim_is_claimed_with_attempt_one_and_a_token(b: Backend) {
     let t = TestLedger::new(b).await;
@@ -1037,21 +833,6 @@ async fn a_waiting_claim_takes_over_after_a_retryable_failure(b: Backend) {
     assert_eq!(t.ledger.waits().waiting_claims(), 0, "the wait ended");
 }
 
-/// Waits (up to 10 s) until `n` claims are parked on `ledger` (each found the attempt in flight
-/// and sleeps until a change); panics with how many are otherwise.
-async fn until_waiting(ledger: &Ledger, n: usize) {
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
-    while ledger.waits().waiting_claims() < n {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "{} of {n} claims are parked waiting after 10 s",
-            ledger.waits().waiting_claims()
-        );
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
-    assert_eq!(ledger.waits().waiting_claims(), n, "no claim waits twice");
-}
-
 async fn a_wait_ends_with_in_progress_when_nothing_happens(b: Backend) {
     let t = TestLedger::new(b).await;
     claim_the_intent(&t.ledger).await;
@@ -1064,13 +845,6 @@ async fn a_wait_ends_with_in_progress_when_nothing_happens(b: Backend) {
         waited >= Duration::from_millis(400) && waited < Duration::from_secs(3),
         "{waited:?}"
     );
-}
-
-fn waiting(run: &str, wait: Duration) -> ClaimInput {
-    ClaimInput {
-        wait: Some(wait),
-        ..claim_input(run, TOOL, ARGS)
-    }
 }
 
 async fn a_waiter_wakes_on_the_complete_not_at_the_end_of_its_wait(b: Backend) {
@@ -1192,28 +966,6 @@ async fn a_waiter_answers_unknown_when_the_lease_ends(b: Backend) {
         "{:?}",
         started.elapsed()
     );
-}
-
-/// Claims `n` entries of `tool` (runs `run-0`..) and reports them UNKNOWN; returns their keys
-/// in claim order.
-async fn unknown_entries(t: &TestLedger, tool: &str, n: usize) -> Vec<String> {
-    let mut keys = Vec::new();
-    for i in 0..n {
-        let out = claim(&t.ledger, &format!("run-{i}"), tool, ARGS).await;
-        complete_ok(&t.ledger, unknown_report(&out, "timeout")).await;
-        keys.push(out.entry.entry.key.to_string());
-        t.clock.advance(Duration::from_millis(10));
-    }
-    keys
-}
-
-async fn reconcile(ledger: &Ledger, input: ReconcileInput) -> Vec<String> {
-    reconcile_ok(ledger, input)
-        .await
-        .pending
-        .into_iter()
-        .map(|v| v.entry.key.into())
-        .collect()
 }
 
 async fn reconcile_hands_out_only_unknown_entries_oldest_first_by_tool_and_age(b: Backend) {
@@ -1465,85 +1217,6 @@ async fn a_resolution_records_its_principal_as_resolved_by_until_a_new_attempt(b
     );
 }
 
-/// A finding about `key`, not yet fenced (see [`fenced`]).
-fn finding(
-    key: impl AsRef<str>,
-    status: FinalStatus,
-    result: &[u8],
-    retryable: bool,
-) -> ResolutionInput {
-    ResolutionInput {
-        key: key.as_ref().into(),
-        status,
-        result: result.to_vec(),
-        error: if status == FinalStatus::Failed {
-            "not found".into()
-        } else {
-            String::new()
-        },
-        retryable,
-        attempt: 0,
-        hold_token: String::new(),
-    }
-}
-
-/// `findings` as a reconciler sends them: each key taken first with `Reconcile(keys)`, and its
-/// finding carrying the attempt and hold token it was handed out with. A key that is not
-/// handed out (resolved, in its lease, absent, held by another) gets attempt 1 under a hold
-/// nobody was given.
-async fn fenced(t: &TestLedger, findings: Vec<ResolutionInput>) -> Vec<ResolutionInput> {
-    let keys: Vec<String> = findings
-        .iter()
-        .map(|f| f.key.clone())
-        .filter(|k| idempotency_ledger::domain::key::ExplicitKey::parse(k).is_ok())
-        .collect();
-    let pending = if keys.is_empty() {
-        Vec::new()
-    } else {
-        reconcile_ok(
-            &t.ledger,
-            ReconcileInput {
-                keys,
-                ..Default::default()
-            },
-        )
-        .await
-        .pending
-    };
-    findings
-        .into_iter()
-        .map(|mut f| {
-            match pending.iter().find(|v| v.entry.key == f.key) {
-                Some(v) => {
-                    f.attempt = v.entry.attempt;
-                    f.hold_token = v.entry.hold_token.to_string();
-                }
-                None => {
-                    f.attempt = 1;
-                    f.hold_token = "a-hold-nobody-was-given".into();
-                }
-            }
-            f
-        })
-        .collect()
-}
-
-async fn resolve(t: &TestLedger, findings: Vec<ResolutionInput>) -> Vec<(String, Status)> {
-    let findings = fenced(t, findings).await;
-    reconcile_ok(
-        &t.ledger,
-        ReconcileInput {
-            resolutions: findings,
-            ..Default::default()
-        },
-    )
-    .await
-    .resolved
-    .into_iter()
-    .map(|v| (v.entry.key.into(), v.status))
-    .collect()
-}
-
 async fn a_found_resolution_makes_the_next_claim_replay_it(b: Backend) {
     let (t, keys) = unknown_on(b, 1).await;
     let out = resolve(
@@ -1742,14 +1415,6 @@ async fn pruning_removes_expired_finished_entries_and_keeps_unresolved_ones(b: B
     assert_eq!(again.entry.entry.attempt, 1);
 }
 
-fn renewal(key: impl AsRef<str>, token: &str, lease: Option<Duration>) -> RenewInput {
-    RenewInput {
-        key: key.as_ref().into(),
-        claim_token: token.into(),
-        lease,
-    }
-}
-
 async fn the_holder_renews_its_lease_and_a_duplicate_stays_in_progress(b: Backend) {
     let (t, first) = claimed_with(b, leased(RUN, Duration::from_secs(10))).await;
     let key = first.entry.entry.key.to_string();
@@ -1901,22 +1566,6 @@ async fn resolve_only_applies_the_resolutions_and_hands_out_nothing(b: Backend) 
 // ---------------------------------------------------------------------------------------------
 // The replay memory: finished entries a server remembers to answer repeats without the store
 // (`--replay-memory-bytes`), their counts written in batches.
-
-/// A second server over the same database, with its own memory.
-async fn other_server(t: &TestLedger) -> Ledger {
-    Ledger::new(t.db.store(4).await, t.clock.clone(), test_limits())
-}
-
-async fn succeeded_entry(ledger: &Ledger, run: &str, result: &[u8]) -> String {
-    let first = claim(ledger, run, TOOL, ARGS).await;
-    let key = first.entry.entry.key.to_string();
-    succeed(ledger, &first, result).await;
-    key
-}
-
-async fn replay_count_on(ledger: &Ledger, key: impl AsRef<str>) -> u64 {
-    lookup_found(ledger, key).await.entry.replay_count
-}
 
 async fn replays_answered_from_memory_reach_the_store_and_another_server_in_one_write(b: Backend) {
     let t = TestLedger::new(b).await;
