@@ -7,13 +7,22 @@
 //!   a watchdog when the owning process dies.
 //! - [`pgbouncer`]: PgBouncer in front of such a cluster.
 //! - [`counting_alloc`]: an allocator for unit tests that counts what each thread allocates.
+//! - [`proxy`]: a TCP proxy between a server and PostgreSQL that injects faults on demand
+//!   (latency, partitions, resets, cuts at a commit or mid-message).
+//! - [`history`]: the history checker: a recorded history of claims, completions and
+//!   reconciliations, and its judgement against the effects an outside world saw.
+//! - [`hostile`]: proptest strategies for hostile inputs (odd strings, JSON, enums, durations,
+//!   bytes), which the no-panic test builds requests from.
 //!
 //! Both panic with the server's log when a server cannot start: their callers are tests and a
 //! benchmark, for which a failed start is the end of the run.
 
 pub mod counting_alloc;
+pub mod history;
+pub mod hostile;
 pub mod pgbouncer;
 pub mod postgres;
+pub mod proxy;
 
 use std::collections::hash_map::RandomState;
 use std::hash::BuildHasher;

@@ -1,6 +1,9 @@
 //! The storage conformance suite: every row of the state table (docs/behaviour.md) and every bullet of
 //! Claim, Complete and Lookup, written once against the [`Ledger`] and run on SQLite and on
 //! PostgreSQL. A behaviour only one backend is tested for is not a behaviour of the product.
+//!
+//! Each test starts from one set-up call and speaks through the helpers of `calls` (the intent,
+//! the Ledger's calls, the inputs); what it checks is all here.
 
 use std::time::Duration;
 
@@ -8,11 +11,22 @@ use idempotency_ledger::domain::canonical::Canonicalization;
 use idempotency_ledger::domain::{Entry, FinalStatus, Key, Principal, Status, Tenant};
 use idempotency_ledger::error::LedgerError;
 use idempotency_ledger::ledger::{
-    ClaimInput, ClaimOutput, CompleteInput, EntryView, Ledger, Limits, ListInput, LookupInput,
-    Outcome, ReconcileInput, RenewInput, ResolutionInput,
+    ClaimInput, EntryView, Ledger, Limits, ListInput, LookupInput, Outcome, ReconcileInput,
 };
 
 use crate::support::{Backend, TestLedger, test_limits};
+
+mod calls;
+
+use calls::*;
+
+/// Asserts that `result` matches `pattern`, showing it when not.
+macro_rules! assert_matches {
+    ($result:expr, $pattern:pat $(,)?) => {{
+        let result = &$result;
+        assert!(matches!(result, $pattern), "{result:?}");
+    }};
+}
 
 on_every_store!(
     a_first_claim_is_claimed_with_attempt_one_and_a_token,
@@ -66,85 +80,9 @@ on_every_store!(
     with_the_memory_off_every_replay_is_counted_in_the_store_at_once,
 );
 
-const RUN: &str = "run-1";
-const TOOL: &str = "issue_credit";
-const ARGS: &str = r#"{"customer":"c-42","amount":200,"currency":"EUR"}"#;
-
-fn tenant() -> Tenant {
-    Tenant::default_tenant()
-}
-
-fn claim_input(run: &str, tool: &str, args: &str) -> ClaimInput {
-    ClaimInput {
-        run_id: run.into(),
-        tool: tool.into(),
-        arguments_json: args.into(),
-        ..Default::default()
-    }
-}
-
-async fn claim(ledger: &Ledger, run: &str, tool: &str, args: &str) -> ClaimOutput {
-    ledger
-        .claim(&tenant(), claim_input(run, tool, args))
-        .await
-        .expect("claim")
-}
-
-fn done(key: impl AsRef<str>, token: &str, status: FinalStatus, result: &[u8]) -> CompleteInput {
-    CompleteInput {
-        key: key.as_ref().into(),
-        claim_token: token.into(),
-        status,
-        result: result.to_vec(),
-        error: String::new(),
-        retryable: false,
-    }
-}
-
-fn failed(key: impl AsRef<str>, token: &str, error: &str, retryable: bool) -> CompleteInput {
-    CompleteInput {
-        key: key.as_ref().into(),
-        claim_token: token.into(),
-        status: FinalStatus::Failed,
-        result: Vec::new(),
-        error: error.into(),
-        retryable,
-    }
-}
-
-fn token(out: &ClaimOutput) -> String {
-    out.claim_token
-        .clone()
-        .map(String::from)
-        .expect("a claimed outcome carries a token")
-}
-
-/// Lookup by key, without the arguments kept for audit (which Claim and Complete leave out), so
-/// the entry compares equal to theirs; Lookup must show the arguments.
-async fn lookup_key(
-    ledger: &Ledger,
-    key: impl AsRef<str>,
-) -> Result<idempotency_ledger::ledger::EntryView, LedgerError> {
-    let mut view = ledger
-        .lookup(
-            &tenant(),
-            LookupInput {
-                key: key.as_ref().into(),
-                ..Default::default()
-            },
-        )
-        .await?;
-    let arguments = view.entry.arguments.take();
-    assert!(
-        arguments.as_deref().is_some_and(|a| a.starts_with('{')),
-        "Lookup shows the stored arguments: {arguments:?}"
-    );
-    Ok(view)
-}
-
 async fn a_first_claim_is_claimed_with_attempt_one_and_a_token(b: Backend) {
     let t = TestLedger::new(b).await;
-    let out = claim(&t.ledger, RUN, TOOL, ARGS).await;
+    let out = claim_the_intent(&t.ledger).await;
     assert_eq!(out.outcome, Outcome::Claimed);
     assert_eq!(out.entry.status, Status::Attempting);
     assert_eq!(out.entry.entry.attempt, 1);
@@ -162,22 +100,8 @@ async fn a_first_claim_is_claimed_with_attempt_one_and_a_token(b: Backend) {
 }
 
 async fn a_retry_with_reordered_arguments_replays_the_first_result(b: Backend) {
-    let t = TestLedger::new(b).await;
-    let first = claim(&t.ledger, RUN, TOOL, ARGS).await;
-    let key = first.entry.entry.key.to_string();
-    let completed = t
-        .ledger
-        .complete(
-            &tenant(),
-            done(
-                &key,
-                &token(&first),
-                FinalStatus::Succeeded,
-                b"{\"credit_id\":\"cr-1\"}",
-            ),
-        )
-        .await
-        .expect("complete");
+    let (t, first, key) = claimed_on(b).await;
+    let completed = succeed(&t.ledger, &first, b"{\"credit_id\":\"cr-1\"}").await;
     assert!(!completed.already_completed);
     assert_eq!(completed.entry.status, Status::Succeeded);
 
@@ -214,14 +138,7 @@ async fn a_retry_with_reordered_arguments_replays_the_first_result(b: Backend) {
     .await;
     assert_eq!(third.outcome, Outcome::Replayed);
     assert_eq!(third.entry.entry.replay_count, 2);
-    assert_eq!(
-        lookup_key(&t.ledger, &key)
-            .await
-            .expect("lookup")
-            .entry
-            .replay_count,
-        2
-    );
+    assert_eq!(lookup_found(&t.ledger, &key).await.entry.replay_count, 2);
 }
 
 /// "`replay_count` goes up by one", also when the replays come at once: each counts under
@@ -230,16 +147,7 @@ async fn concurrent_replays_are_numbered_one_by_one_and_lookup_and_listing_show_
     b: Backend,
 ) {
     const REPLAYS: u64 = 16;
-    let t = TestLedger::new(b).await;
-    let first = claim(&t.ledger, RUN, TOOL, ARGS).await;
-    let key = first.entry.entry.key.to_string();
-    t.ledger
-        .complete(
-            &tenant(),
-            done(&key, &token(&first), FinalStatus::Succeeded, b"cr-1"),
-        )
-        .await
-        .expect("complete");
+    let (t, _, key) = succeeded_on(b, b"cr-1").await;
     let mut replays = Vec::new();
     for _ in 0..REPLAYS {
         let ledger = t.ledger.clone();
@@ -257,24 +165,17 @@ async fn concurrent_replays_are_numbered_one_by_one_and_lookup_and_listing_show_
     counts.sort_unstable();
     assert_eq!(counts, (1..=REPLAYS).collect::<Vec<_>>());
     assert_eq!(
-        lookup_key(&t.ledger, &key)
-            .await
-            .expect("lookup")
-            .entry
-            .replay_count,
+        lookup_found(&t.ledger, &key).await.entry.replay_count,
         REPLAYS
     );
-    let listed = t
-        .ledger
-        .list_entries(
-            &tenant(),
-            ListInput {
-                run_id: RUN.into(),
-                ..Default::default()
-            },
-        )
-        .await
-        .expect("list");
+    let listed = list_ok(
+        &t.ledger,
+        ListInput {
+            run_id: RUN.into(),
+            ..Default::default()
+        },
+    )
+    .await;
     assert_eq!(listed.entries.len(), 1);
     assert_eq!(listed.entries[0].entry.replay_count, REPLAYS);
 }
@@ -282,18 +183,7 @@ async fn concurrent_replays_are_numbered_one_by_one_and_lookup_and_listing_show_
 async fn a_new_run_is_a_new_intent_and_claims_again(b: Backend) {
     let t = TestLedger::new(b).await;
     let first = claim(&t.ledger, "run-1", TOOL, ARGS).await;
-    t.ledger
-        .complete(
-            &tenant(),
-            done(
-                &first.entry.entry.key,
-                &token(&first),
-                FinalStatus::Succeeded,
-                b"ok",
-            ),
-        )
-        .await
-        .expect("complete");
+    succeed(&t.ledger, &first, b"ok").await;
     let other_run = claim(&t.ledger, "run-2", TOOL, ARGS).await;
     assert_eq!(other_run.outcome, Outcome::Claimed);
     assert_ne!(other_run.entry.entry.key, first.entry.entry.key);
@@ -312,9 +202,8 @@ async fn a_new_run_is_a_new_intent_and_claims_again(b: Backend) {
 }
 
 async fn a_claim_while_attempting_is_in_progress_and_not_executed(b: Backend) {
-    let t = TestLedger::new(b).await;
-    let first = claim(&t.ledger, RUN, TOOL, ARGS).await;
-    let second = claim(&t.ledger, RUN, TOOL, ARGS).await;
+    let (t, first, _) = claimed_on(b).await;
+    let second = claim_the_intent(&t.ledger).await;
     assert_eq!(second.outcome, Outcome::InProgress);
     assert_eq!(second.entry.status, Status::Attempting);
     assert!(second.claim_token.is_none());
@@ -325,27 +214,20 @@ async fn a_claim_while_attempting_is_in_progress_and_not_executed(b: Backend) {
         "{hint:?}"
     );
     // The in-flight claim is untouched: same token, same attempt.
-    let entry = lookup_key(&t.ledger, &first.entry.entry.key)
-        .await
-        .expect("lookup");
+    let entry = lookup_found(&t.ledger, &first.entry.entry.key).await;
     assert_eq!(entry.entry.claim_token, token(&first));
     assert_eq!(entry.entry.attempt, 1);
 }
 
 async fn an_attempt_past_its_lease_reads_unknown_and_is_not_reexecuted(b: Backend) {
-    let t = TestLedger::new(b).await;
-    let mut input = claim_input(RUN, TOOL, ARGS);
-    input.lease = Some(Duration::from_secs(5));
-    let first = t.ledger.claim(&tenant(), input).await.expect("claim");
+    let (t, first) = claimed_with(b, leased(RUN, Duration::from_secs(5))).await;
     t.clock.advance(Duration::from_secs(6));
-    let again = claim(&t.ledger, RUN, TOOL, ARGS).await;
+    let again = claim_the_intent(&t.ledger).await;
     assert_eq!(again.outcome, Outcome::InProgress);
     assert_eq!(again.entry.status, Status::Unknown);
     assert!(again.note.contains("unknown"), "{}", again.note);
     assert_eq!(again.retry_after, Some(Duration::from_secs(30)));
-    let seen = lookup_key(&t.ledger, &first.entry.entry.key)
-        .await
-        .expect("lookup");
+    let seen = lookup_found(&t.ledger, &first.entry.entry.key).await;
     assert_eq!(
         seen.status,
         Status::Unknown,
@@ -359,55 +241,29 @@ async fn an_attempt_past_its_lease_reads_unknown_and_is_not_reexecuted(b: Backen
 }
 
 async fn a_reported_unknown_is_in_progress_until_the_claimant_resolves_it(b: Backend) {
-    let t = TestLedger::new(b).await;
-    let first = claim(&t.ledger, RUN, TOOL, ARGS).await;
-    let key = first.entry.entry.key.to_string();
-    let mut unknown = done(&key, &token(&first), FinalStatus::Unknown, b"");
-    unknown.error = "timed out after 30s".into();
-    let out = t
-        .ledger
-        .complete(&tenant(), unknown.clone())
-        .await
-        .expect("complete unknown");
+    let (t, first, _) = claimed_on(b).await;
+    let unknown = unknown_report(&first, "timed out after 30s");
+    let out = complete_ok(&t.ledger, unknown.clone()).await;
     assert_eq!(out.entry.status, Status::Unknown);
     assert!(out.entry.entry.expires_at.is_none());
-    let again = claim(&t.ledger, RUN, TOOL, ARGS).await;
+    let again = claim_the_intent(&t.ledger).await;
     assert_eq!(again.outcome, Outcome::InProgress);
     assert_eq!(again.entry.status, Status::Unknown);
     // Reporting the same unknown again is a no-op success.
-    let repeat = t
-        .ledger
-        .complete(&tenant(), unknown)
-        .await
-        .expect("repeat unknown");
+    let repeat = complete_ok(&t.ledger, unknown).await;
     assert!(repeat.already_completed);
     // The same token may still resolve it.
-    let resolved = t
-        .ledger
-        .complete(
-            &tenant(),
-            done(&key, &token(&first), FinalStatus::Succeeded, b"found"),
-        )
-        .await
-        .expect("resolve");
+    let resolved = succeed(&t.ledger, &first, b"found").await;
     assert_eq!(resolved.entry.status, Status::Succeeded);
-    let replay = claim(&t.ledger, RUN, TOOL, ARGS).await;
+    let replay = claim_the_intent(&t.ledger).await;
     assert_eq!(replay.outcome, Outcome::Replayed);
     assert_eq!(replay.entry.entry.result, b"found");
 }
 
 async fn a_permanent_failure_is_previously_failed_with_its_error(b: Backend) {
-    let t = TestLedger::new(b).await;
-    let first = claim(&t.ledger, RUN, TOOL, ARGS).await;
-    let key = first.entry.entry.key.to_string();
-    t.ledger
-        .complete(
-            &tenant(),
-            failed(&key, &token(&first), "account closed", false),
-        )
-        .await
-        .expect("complete");
-    let again = claim(&t.ledger, RUN, TOOL, ARGS).await;
+    let (t, first, _) = claimed_on(b).await;
+    fail(&t.ledger, &first, "account closed", false).await;
+    let again = claim_the_intent(&t.ledger).await;
     assert_eq!(again.outcome, Outcome::PreviouslyFailed);
     assert_eq!(again.entry.status, Status::Failed);
     assert_eq!(again.entry.entry.error, "account closed");
@@ -418,45 +274,29 @@ async fn a_permanent_failure_is_previously_failed_with_its_error(b: Backend) {
 }
 
 async fn a_retryable_failure_is_claimed_again_with_attempt_two_and_a_new_token(b: Backend) {
-    let t = TestLedger::new(b).await;
-    let first = claim(&t.ledger, RUN, TOOL, ARGS).await;
-    let key = first.entry.entry.key.to_string();
-    t.ledger
-        .complete(
-            &tenant(),
-            failed(&key, &token(&first), "503 from the payment API", true),
-        )
-        .await
-        .expect("complete");
-    let second = claim(&t.ledger, RUN, TOOL, ARGS).await;
+    let (t, first, key) = claimed_on(b).await;
+    fail(&t.ledger, &first, "503 from the payment API", true).await;
+    let second = claim_the_intent(&t.ledger).await;
     assert_eq!(second.outcome, Outcome::Claimed);
     assert_eq!(second.entry.entry.attempt, 2);
     assert_eq!(second.entry.status, Status::Attempting);
     assert_ne!(token(&second), token(&first));
     assert!(second.entry.entry.error.is_empty() && !second.entry.entry.retryable);
     // The first claimant is fenced off now.
-    let stale = t
-        .ledger
-        .complete(
-            &tenant(),
-            done(&key, &token(&first), FinalStatus::Succeeded, b"late"),
-        )
-        .await;
-    assert!(
-        matches!(stale, Err(LedgerError::StaleClaimToken)),
-        "{stale:?}"
-    );
-    let ok = t
-        .ledger
-        .complete(
-            &tenant(),
-            done(&key, &token(&second), FinalStatus::Succeeded, b"second"),
-        )
-        .await
-        .expect("second completes");
+    let stale = complete(
+        &t.ledger,
+        done(&key, &token(&first), FinalStatus::Succeeded, b"late"),
+    )
+    .await;
+    assert_matches!(stale, Err(LedgerError::StaleClaimToken));
+    let ok = complete_ok(
+        &t.ledger,
+        done(&key, &token(&second), FinalStatus::Succeeded, b"second"),
+    )
+    .await;
     assert_eq!(ok.entry.entry.attempt, 2);
     assert_eq!(
-        claim(&t.ledger, RUN, TOOL, ARGS).await.entry.entry.result,
+        claim_the_intent(&t.ledger).await.entry.entry.result,
         b"second"
     );
 }
@@ -465,28 +305,21 @@ async fn an_explicit_key_with_other_arguments_is_refused_and_changes_nothing(b: 
     let t = TestLedger::new(b).await;
     let mut input = claim_input("", TOOL, ARGS);
     input.key = "wf-7:step-3".into();
-    let first = t
-        .ledger
-        .claim(&tenant(), input.clone())
-        .await
-        .expect("claim");
+    let first = claim_ok(&t.ledger, input.clone()).await;
     assert_eq!(first.outcome, Outcome::Claimed);
     assert_eq!(first.entry.entry.key, "wf-7:step-3");
     assert_eq!(first.entry.entry.fingerprint.len(), 64);
     let mut other = input.clone();
     other.arguments_json = r#"{"customer":"c-42","amount":999,"currency":"EUR"}"#.into();
-    let refused = t.ledger.claim(&tenant(), other).await;
-    assert!(
-        matches!(refused, Err(LedgerError::KeyReused)),
-        "{refused:?}"
-    );
+    let refused = claim_result(&t.ledger, other).await;
+    assert_matches!(refused, Err(LedgerError::KeyReused));
     let mut other_tool = input.clone();
     other_tool.tool = "refund".into();
-    assert!(matches!(
-        t.ledger.claim(&tenant(), other_tool).await,
+    assert_matches!(
+        claim_result(&t.ledger, other_tool).await,
         Err(LedgerError::KeyReused)
-    ));
-    let entry = lookup_key(&t.ledger, "wf-7:step-3").await.expect("lookup");
+    );
+    let entry = lookup_found(&t.ledger, "wf-7:step-3").await;
     assert_eq!(
         entry.entry, first.entry.entry,
         "a refused reuse changes nothing"
@@ -497,20 +330,14 @@ async fn an_explicit_key_with_the_same_arguments_replays(b: Backend) {
     let t = TestLedger::new(b).await;
     let mut input = claim_input("", TOOL, ARGS);
     input.key = "wf-7:step-4".into();
-    let first = t
-        .ledger
-        .claim(&tenant(), input.clone())
-        .await
-        .expect("claim");
-    t.ledger
-        .complete(
-            &tenant(),
-            done("wf-7:step-4", &token(&first), FinalStatus::Succeeded, b"r"),
-        )
-        .await
-        .expect("complete");
+    let first = claim_ok(&t.ledger, input.clone()).await;
+    complete_ok(
+        &t.ledger,
+        done("wf-7:step-4", &token(&first), FinalStatus::Succeeded, b"r"),
+    )
+    .await;
     input.arguments_json = r#"{"currency":"EUR","customer":"c-42","amount":200}"#.into();
-    let again = t.ledger.claim(&tenant(), input).await.expect("claim again");
+    let again = claim_ok(&t.ledger, input).await;
     assert_eq!(again.outcome, Outcome::Replayed);
     assert!(again.note.contains("already performed"), "{}", again.note);
     assert_ne!(again.entry.external_ref, "");
@@ -524,31 +351,13 @@ async fn the_lenient_form_trims_and_drops_nulls_and_never_shares_keys_with_jcs(b
         i.canonicalization = Canonicalization::JcsLenient;
         i
     };
-    let first = t
-        .ledger
-        .claim(&tenant(), lenient(r#"{"to":"ana","body":"hello"}"#))
-        .await
-        .expect("claim");
-    t.ledger
-        .complete(
-            &tenant(),
-            done(
-                &first.entry.entry.key,
-                &token(&first),
-                FinalStatus::Succeeded,
-                b"sent",
-            ),
-        )
-        .await
-        .expect("complete");
-    let padded = t
-        .ledger
-        .claim(
-            &tenant(),
-            lenient(r#"{"body":"  hello\n","to":" ana","cc":null}"#),
-        )
-        .await
-        .expect("claim padded");
+    let first = claim_ok(&t.ledger, lenient(r#"{"to":"ana","body":"hello"}"#)).await;
+    succeed(&t.ledger, &first, b"sent").await;
+    let padded = claim_ok(
+        &t.ledger,
+        lenient(r#"{"body":"  hello\n","to":" ana","cc":null}"#),
+    )
+    .await;
     assert_eq!(padded.outcome, Outcome::Replayed);
     assert_eq!(padded.entry.entry.key, first.entry.entry.key);
     let strict = claim(
@@ -584,67 +393,47 @@ async fn leases_and_retention_have_defaults_and_limits(b: Backend) {
         ("retention", with(None, Some(Duration::ZERO), "r-d")),
     ] {
         let run = input.run_id.clone();
-        match t.ledger.claim(&tenant(), input).await {
+        match claim_result(&t.ledger, input).await {
             Err(LedgerError::InvalidArgument { field: f, .. }) => assert_eq!(f, field),
             other => panic!("{field} out of range should be refused: {other:?}"),
         }
-        let looked = t
-            .ledger
-            .lookup(
-                &tenant(),
-                LookupInput {
-                    run_id: run,
-                    tool: TOOL.into(),
-                    arguments_json: ARGS.into(),
-                    ..Default::default()
-                },
-            )
-            .await;
+        let looked = lookup_result(
+            &t.ledger,
+            LookupInput {
+                run_id: run,
+                tool: TOOL.into(),
+                arguments_json: ARGS.into(),
+                ..Default::default()
+            },
+        )
+        .await;
         assert!(
             matches!(looked, Err(LedgerError::NotFound)),
             "nothing stored: {looked:?}"
         );
     }
-    let out = t
-        .ledger
-        .claim(
-            &tenant(),
-            with(
-                Some(Duration::from_secs(3600)),
-                Some(Duration::from_secs(30 * 86_400)),
-                "r-e",
-            ),
-        )
-        .await
-        .expect("the maxima are allowed");
+    let out = claim_ok(
+        &t.ledger,
+        with(
+            Some(Duration::from_secs(3600)),
+            Some(Duration::from_secs(30 * 86_400)),
+            "r-e",
+        ),
+    )
+    .await;
     let e = &out.entry.entry;
     assert_eq!(e.lease_expires_at.0 - e.started_at.0, 3_600_000_000);
-    let finished = t
-        .ledger
-        .complete(
-            &tenant(),
-            done(&e.key, &token(&out), FinalStatus::Succeeded, b"x"),
-        )
-        .await
-        .expect("complete");
+    let finished = complete_ok(
+        &t.ledger,
+        done(&e.key, &token(&out), FinalStatus::Succeeded, b"x"),
+    )
+    .await;
     let f = &finished.entry.entry;
     let kept = f.expires_at.expect("expires").0 - f.finished_at.expect("finished").0;
     assert_eq!(kept, 30 * 86_400 * 1_000_000);
     // Default retention: 24 h.
     let plain = claim(&t.ledger, "r-f", TOOL, ARGS).await;
-    let plain_done = t
-        .ledger
-        .complete(
-            &tenant(),
-            done(
-                &plain.entry.entry.key,
-                &token(&plain),
-                FinalStatus::Succeeded,
-                b"x",
-            ),
-        )
-        .await
-        .expect("complete");
+    let plain_done = succeed(&t.ledger, &plain, b"x").await;
     let p = &plain_done.entry.entry;
     assert_eq!(
         p.expires_at.expect("expires").0 - p.finished_at.expect("finished").0,
@@ -654,68 +443,42 @@ async fn leases_and_retention_have_defaults_and_limits(b: Backend) {
 
 async fn a_finished_entry_past_its_retention_is_a_new_claim(b: Backend) {
     let t = TestLedger::new(b).await;
-    let mut input = claim_input(RUN, TOOL, ARGS);
-    input.retention = Some(Duration::from_secs(60));
-    let first = t
-        .ledger
-        .claim(&tenant(), input.clone())
-        .await
-        .expect("claim");
+    let input = retained(RUN, Duration::from_secs(60));
+    let first = claim_ok(&t.ledger, input.clone()).await;
     let key = first.entry.entry.key.to_string();
-    t.ledger
-        .complete(
-            &tenant(),
-            done(&key, &token(&first), FinalStatus::Succeeded, b"old"),
-        )
-        .await
-        .expect("complete");
+    succeed(&t.ledger, &first, b"old").await;
     t.clock.advance(Duration::from_secs(59));
     assert_eq!(
-        t.ledger
-            .claim(&tenant(), input.clone())
-            .await
-            .expect("claim")
-            .outcome,
+        claim_ok(&t.ledger, input.clone()).await.outcome,
         Outcome::Replayed
     );
     t.clock.advance(Duration::from_secs(2));
-    assert!(matches!(
+    assert_matches!(
         lookup_key(&t.ledger, &key).await,
         Err(LedgerError::NotFound)
-    ));
-    let fresh = t
-        .ledger
-        .claim(&tenant(), input)
-        .await
-        .expect("claim after expiry");
+    );
+    let fresh = claim_ok(&t.ledger, input).await;
     assert_eq!(fresh.outcome, Outcome::Claimed);
     assert_eq!(fresh.entry.entry.attempt, 1);
     assert_eq!(fresh.entry.entry.replay_count, 0);
     assert!(fresh.entry.entry.result.is_empty());
-    let stale = t
-        .ledger
-        .complete(
-            &tenant(),
-            done(&key, &token(&first), FinalStatus::Succeeded, b"old"),
-        )
-        .await;
-    assert!(
-        matches!(stale, Err(LedgerError::StaleClaimToken)),
-        "{stale:?}"
-    );
+    let stale = complete(
+        &t.ledger,
+        done(&key, &token(&first), FinalStatus::Succeeded, b"old"),
+    )
+    .await;
+    assert_matches!(stale, Err(LedgerError::StaleClaimToken));
 }
 
 async fn unresolved_entries_never_expire(b: Backend) {
-    let t = TestLedger::new(b).await;
-    let first = claim(&t.ledger, RUN, TOOL, ARGS).await;
-    let key = first.entry.entry.key.to_string();
+    let (t, _, key) = claimed_on(b).await;
     t.clock.advance(Duration::from_secs(365 * 86_400));
     let seen = lookup_key(&t.ledger, &key)
         .await
         .expect("still there a year later");
     assert_eq!(seen.status, Status::Unknown);
     assert_eq!(
-        claim(&t.ledger, RUN, TOOL, ARGS).await.outcome,
+        claim_the_intent(&t.ledger).await.outcome,
         Outcome::InProgress
     );
 }
@@ -778,7 +541,7 @@ async fn bad_input_is_refused_and_stores_nothing(b: Backend) {
         ),
     ];
     for (input, want_field, want_reason) in cases {
-        match t.ledger.claim(&tenant(), input.clone()).await {
+        match claim_result(&t.ledger, input.clone()).await {
             Err(LedgerError::InvalidArgument {
                 field,
                 reason,
@@ -795,51 +558,34 @@ async fn bad_input_is_refused_and_stores_nothing(b: Backend) {
         }
     }
     let deep = format!("{{\"a\":{}1{}}}", "[".repeat(64), "]".repeat(64));
-    match t
-        .ledger
-        .claim(&tenant(), claim_input(RUN, TOOL, &deep))
-        .await
-    {
+    match claim_result(&t.ledger, claim_input(RUN, TOOL, &deep)).await {
         Err(LedgerError::InvalidArgument { reason, .. }) => assert_eq!(reason, "JSON_TOO_DEEP"),
         other => panic!("too deep should be refused: {other:?}"),
     }
     // Nothing was stored: the valid request still claims first.
-    assert_eq!(
-        claim(&t.ledger, RUN, TOOL, ARGS).await.outcome,
-        Outcome::Claimed
-    );
+    assert_eq!(claim_the_intent(&t.ledger).await.outcome, Outcome::Claimed);
 }
 
 async fn a_stale_or_wrong_token_cannot_complete(b: Backend) {
-    let t = TestLedger::new(b).await;
-    let first = claim(&t.ledger, RUN, TOOL, ARGS).await;
-    let key = first.entry.entry.key.to_string();
-    let wrong = t
-        .ledger
-        .complete(
-            &tenant(),
-            done(
-                &key,
-                "0123456789abcdef0123456789abcdef",
-                FinalStatus::Succeeded,
-                b"x",
-            ),
-        )
-        .await;
-    assert!(
-        matches!(wrong, Err(LedgerError::StaleClaimToken)),
-        "{wrong:?}"
-    );
-    let entry = lookup_key(&t.ledger, &key).await.expect("lookup");
+    let (t, _, key) = claimed_on(b).await;
+    let wrong = complete(
+        &t.ledger,
+        done(
+            &key,
+            "0123456789abcdef0123456789abcdef",
+            FinalStatus::Succeeded,
+            b"x",
+        ),
+    )
+    .await;
+    assert_matches!(wrong, Err(LedgerError::StaleClaimToken));
+    let entry = lookup_found(&t.ledger, &key).await;
     assert_eq!(
         entry.entry.status,
         Status::Attempting,
         "a refused complete changes nothing"
     );
-    let empty = t
-        .ledger
-        .complete(&tenant(), done(&key, "", FinalStatus::Succeeded, b"x"))
-        .await;
+    let empty = complete(&t.ledger, done(&key, "", FinalStatus::Succeeded, b"x")).await;
     assert!(matches!(
         empty,
         Err(LedgerError::InvalidArgument {
@@ -850,59 +596,31 @@ async fn a_stale_or_wrong_token_cannot_complete(b: Backend) {
 }
 
 async fn a_claimant_may_complete_after_its_lease_expired_unless_resolved_since(b: Backend) {
-    let t = TestLedger::new(b).await;
-    let first = claim(&t.ledger, RUN, TOOL, ARGS).await;
+    let (t, first, _) = claimed_on(b).await;
     t.clock.advance(Duration::from_secs(120));
-    let late = t
-        .ledger
-        .complete(
-            &tenant(),
-            done(
-                &first.entry.entry.key,
-                &token(&first),
-                FinalStatus::Succeeded,
-                b"late but true",
-            ),
-        )
-        .await
-        .expect("a late complete still counts");
+    let late = succeed(&t.ledger, &first, b"late but true").await;
     assert_eq!(late.entry.status, Status::Succeeded);
     assert_eq!(
-        claim(&t.ledger, RUN, TOOL, ARGS).await.entry.entry.result,
+        claim_the_intent(&t.ledger).await.entry.entry.result,
         b"late but true"
     );
     // Once resolved, a different late outcome is refused.
-    let conflicting = t
-        .ledger
-        .complete(
-            &tenant(),
-            failed(&first.entry.entry.key, &token(&first), "oops", true),
-        )
-        .await;
-    assert!(
-        matches!(conflicting, Err(LedgerError::AlreadyResolved(_))),
-        "{conflicting:?}"
-    );
+    let conflicting = complete(
+        &t.ledger,
+        failed(&first.entry.entry.key, &token(&first), "oops", true),
+    )
+    .await;
+    assert_matches!(conflicting, Err(LedgerError::AlreadyResolved(_)));
 }
 
 async fn an_identical_complete_is_already_completed_and_a_different_one_changes_nothing(
     b: Backend,
 ) {
-    let t = TestLedger::new(b).await;
-    let first = claim(&t.ledger, RUN, TOOL, ARGS).await;
-    let key = first.entry.entry.key.to_string();
+    let (t, first, key) = claimed_on(b).await;
     let ok = done(&key, &token(&first), FinalStatus::Succeeded, b"result-1");
-    let once = t
-        .ledger
-        .complete(&tenant(), ok.clone())
-        .await
-        .expect("complete");
+    let once = complete_ok(&t.ledger, ok.clone()).await;
     assert!(!once.already_completed);
-    let twice = t
-        .ledger
-        .complete(&tenant(), ok)
-        .await
-        .expect("identical repeat");
+    let twice = complete_ok(&t.ledger, ok).await;
     assert!(twice.already_completed);
     assert_eq!(twice.entry.entry, once.entry.entry);
     for different in [
@@ -910,30 +628,20 @@ async fn an_identical_complete_is_already_completed_and_a_different_one_changes_
         failed(&key, &token(&first), "nope", false),
         done(&key, &token(&first), FinalStatus::Unknown, b""),
     ] {
-        let refused = t.ledger.complete(&tenant(), different).await;
-        assert!(
-            matches!(refused, Err(LedgerError::AlreadyResolved("SUCCEEDED"))),
-            "{refused:?}"
-        );
+        let refused = complete(&t.ledger, different).await;
+        assert_matches!(refused, Err(LedgerError::AlreadyResolved("SUCCEEDED")));
     }
-    assert_eq!(
-        lookup_key(&t.ledger, &key).await.expect("lookup").entry,
-        once.entry.entry
-    );
+    assert_eq!(lookup_found(&t.ledger, &key).await.entry, once.entry.entry);
 }
 
 async fn completing_an_absent_or_other_tenants_key_is_not_found(b: Backend) {
-    let t = TestLedger::new(b).await;
-    let first = claim(&t.ledger, RUN, TOOL, ARGS).await;
-    let key = first.entry.entry.key.to_string();
-    let absent = t
-        .ledger
-        .complete(
-            &tenant(),
-            done("0".repeat(64), &token(&first), FinalStatus::Succeeded, b"x"),
-        )
-        .await;
-    assert!(matches!(absent, Err(LedgerError::NotFound)), "{absent:?}");
+    let (t, first, key) = claimed_on(b).await;
+    let absent = complete(
+        &t.ledger,
+        done("0".repeat(64), &token(&first), FinalStatus::Succeeded, b"x"),
+    )
+    .await;
+    assert_matches!(absent, Err(LedgerError::NotFound));
     let other = Tenant::parse("globex").expect("tenant");
     let theirs = t
         .ledger
@@ -942,7 +650,7 @@ async fn completing_an_absent_or_other_tenants_key_is_not_found(b: Backend) {
             done(&key, &token(&first), FinalStatus::Succeeded, b"x"),
         )
         .await;
-    assert!(matches!(theirs, Err(LedgerError::NotFound)), "{theirs:?}");
+    assert_matches!(theirs, Err(LedgerError::NotFound));
     let looked = t
         .ledger
         .lookup(
@@ -963,11 +671,7 @@ async fn completing_an_absent_or_other_tenants_key_is_not_found(b: Backend) {
     assert_eq!(own.outcome, Outcome::Claimed);
     assert_eq!(own.entry.entry.key, key, "same derivation, separate entry");
     assert_eq!(
-        lookup_key(&t.ledger, &key)
-            .await
-            .expect("lookup")
-            .entry
-            .claim_token,
+        lookup_found(&t.ledger, &key).await.entry.claim_token,
         token(&first)
     );
 }
@@ -977,18 +681,7 @@ async fn nul_bytes_in_arguments_and_results_survive_byte_for_byte(b: Backend) {
     let args = r#"{"memo":"a\u0000b","n":1}"#;
     let first = claim(&t.ledger, RUN, TOOL, args).await;
     let result: Vec<u8> = vec![0, 159, 146, 150, 0, b'{', 0xff, 0];
-    t.ledger
-        .complete(
-            &tenant(),
-            done(
-                &first.entry.entry.key,
-                &token(&first),
-                FinalStatus::Succeeded,
-                &result,
-            ),
-        )
-        .await
-        .expect("complete");
+    succeed(&t.ledger, &first, &result).await;
     let again = claim(&t.ledger, RUN, TOOL, r#"{"n":1,"memo":"a\u0000b"}"#).await;
     assert_eq!(again.outcome, Outcome::Replayed);
     assert_eq!(again.entry.entry.result, result);
@@ -1003,38 +696,27 @@ async fn a_result_over_the_limit_is_refused_and_the_entry_unchanged(b: Backend) 
         ..test_limits()
     };
     let t = TestLedger::with_limits(b, limits).await;
-    let first = claim(&t.ledger, RUN, TOOL, ARGS).await;
+    let first = claim_the_intent(&t.ledger).await;
     let key = first.entry.entry.key.to_string();
-    let big = t
-        .ledger
-        .complete(
-            &tenant(),
-            done(&key, &token(&first), FinalStatus::Succeeded, &[b'x'; 17]),
-        )
-        .await;
+    let big = complete(
+        &t.ledger,
+        done(&key, &token(&first), FinalStatus::Succeeded, &[b'x'; 17]),
+    )
+    .await;
     match big {
         Err(LedgerError::InvalidArgument { field, reason, .. }) => {
             assert_eq!((field, reason.as_str()), ("result", "RESULT_TOO_LARGE"));
         }
         other => panic!("a result over the limit should be refused: {other:?}"),
     }
-    let entry = lookup_key(&t.ledger, &key).await.expect("lookup");
+    let entry = lookup_found(&t.ledger, &key).await;
     assert_eq!(entry.entry, first.entry.entry, "entry unchanged");
-    let fits = t
-        .ledger
-        .complete(
-            &tenant(),
-            done(&key, &token(&first), FinalStatus::Succeeded, &[b'x'; 16]),
-        )
-        .await
-        .expect("exactly the limit fits");
+    let fits = succeed(&t.ledger, &first, &[b'x'; 16]).await;
     assert_eq!(fits.entry.entry.result.len(), 16);
 }
 
 async fn result_and_retryable_only_go_with_their_status(b: Backend) {
-    let t = TestLedger::new(b).await;
-    let first = claim(&t.ledger, RUN, TOOL, ARGS).await;
-    let key = first.entry.entry.key.to_string();
+    let (t, first, key) = claimed_on(b).await;
     let mut result_on_failure = failed(&key, &token(&first), "x", false);
     result_on_failure.result = b"r".to_vec();
     let mut retryable_on_success = done(&key, &token(&first), FinalStatus::Succeeded, b"r");
@@ -1043,42 +725,27 @@ async fn result_and_retryable_only_go_with_their_status(b: Backend) {
         (result_on_failure, "result"),
         (retryable_on_success, "retryable"),
     ] {
-        match t.ledger.complete(&tenant(), input).await {
+        match complete(&t.ledger, input).await {
             Err(LedgerError::InvalidArgument { field: f, .. }) => assert_eq!(f, field),
             other => panic!("{field} should be refused: {other:?}"),
         }
     }
-    assert_eq!(
-        lookup_key(&t.ledger, &key).await.expect("lookup").entry,
-        first.entry.entry
-    );
+    assert_eq!(lookup_found(&t.ledger, &key).await.entry, first.entry.entry);
 }
 
 async fn lookup_by_key_and_by_derivation_agree_and_change_nothing(b: Backend) {
-    let t = TestLedger::new(b).await;
-    let first = claim(&t.ledger, RUN, TOOL, ARGS).await;
-    let key = first.entry.entry.key.to_string();
-    t.ledger
-        .complete(
-            &tenant(),
-            done(&key, &token(&first), FinalStatus::Succeeded, b"r"),
-        )
-        .await
-        .expect("complete");
+    let (t, _, key) = succeeded_on(b, b"r").await;
     let by_key = lookup_key(&t.ledger, &key).await.expect("by key");
-    let derived = t
-        .ledger
-        .lookup(
-            &tenant(),
-            LookupInput {
-                run_id: RUN.into(),
-                tool: TOOL.into(),
-                arguments_json: r#"{"currency":"EUR","amount":200,"customer":"c-42"}"#.into(),
-                ..Default::default()
-            },
-        )
-        .await
-        .expect("by derivation");
+    let derived = lookup_ok(
+        &t.ledger,
+        LookupInput {
+            run_id: RUN.into(),
+            tool: TOOL.into(),
+            arguments_json: r#"{"currency":"EUR","amount":200,"customer":"c-42"}"#.into(),
+            ..Default::default()
+        },
+    )
+    .await;
     assert_eq!(
         derived.entry.arguments.as_deref(),
         Some(r#"{"amount":200,"currency":"EUR","customer":"c-42"}"#),
@@ -1101,58 +768,45 @@ async fn lookup_by_key_and_by_derivation_agree_and_change_nothing(b: Backend) {
         by_key,
         "read-only"
     );
-    let missing = t
-        .ledger
-        .lookup(
-            &tenant(),
-            LookupInput {
-                run_id: "run-9".into(),
-                tool: TOOL.into(),
-                arguments_json: ARGS.into(),
-                ..Default::default()
-            },
-        )
-        .await;
+    let missing = lookup_result(
+        &t.ledger,
+        LookupInput {
+            run_id: "run-9".into(),
+            tool: TOOL.into(),
+            arguments_json: ARGS.into(),
+            ..Default::default()
+        },
+    )
+    .await;
     assert!(matches!(missing, Err(LedgerError::NotFound)));
-    let both = t
-        .ledger
-        .lookup(
-            &tenant(),
-            LookupInput {
-                key: key.clone(),
-                run_id: RUN.into(),
-                ..Default::default()
-            },
-        )
-        .await;
+    let both = lookup_result(
+        &t.ledger,
+        LookupInput {
+            key: key.clone(),
+            run_id: RUN.into(),
+            ..Default::default()
+        },
+    )
+    .await;
     assert!(matches!(
         both,
         Err(LedgerError::InvalidArgument { field: "key", .. })
     ));
-    let neither = t.ledger.lookup(&tenant(), LookupInput::default()).await;
+    let neither = lookup_result(&t.ledger, LookupInput::default()).await;
     assert!(matches!(neither, Err(LedgerError::InvalidArgument { .. })));
 }
 
 async fn a_waiting_claim_returns_the_result_once_the_attempt_completes(b: Backend) {
-    let t = TestLedger::new(b).await;
-    let first = claim(&t.ledger, RUN, TOOL, ARGS).await;
-    let key = first.entry.entry.key.to_string();
+    let (t, first, _) = claimed_on(b).await;
     let ledger = t.ledger.clone();
     let waiter = tokio::spawn(async move {
-        let mut input = claim_input(RUN, TOOL, ARGS);
-        input.wait = Some(Duration::from_secs(10));
+        let input = waiting(RUN, Duration::from_secs(10));
         let started = tokio::time::Instant::now();
-        let out = ledger.claim(&tenant(), input).await.expect("waiting claim");
+        let out = claim_ok(&ledger, input).await;
         (out, started.elapsed())
     });
     tokio::time::sleep(Duration::from_millis(300)).await;
-    t.ledger
-        .complete(
-            &tenant(),
-            done(&key, &token(&first), FinalStatus::Succeeded, b"done"),
-        )
-        .await
-        .expect("complete");
+    succeed(&t.ledger, &first, b"done").await;
     let (out, waited) = waiter.await.expect("join");
     assert_eq!(out.outcome, Outcome::Replayed);
     assert_eq!(out.entry.entry.result, b"done");
@@ -1163,66 +817,34 @@ async fn a_waiting_claim_returns_the_result_once_the_attempt_completes(b: Backen
 }
 
 async fn a_waiting_claim_takes_over_after_a_retryable_failure(b: Backend) {
-    let t = TestLedger::new(b).await;
-    let first = claim(&t.ledger, RUN, TOOL, ARGS).await;
-    let key = first.entry.entry.key.to_string();
+    let (t, first, _) = claimed_on(b).await;
     let ledger = t.ledger.clone();
     let waiter = tokio::spawn(async move {
-        let mut input = claim_input(RUN, TOOL, ARGS);
-        input.wait = Some(Duration::from_secs(20));
-        ledger.claim(&tenant(), input).await.expect("waiting claim")
+        let input = waiting(RUN, Duration::from_secs(20));
+        claim_ok(&ledger, input).await
     });
     // The failure is written only once the waiter found attempt 1 in flight and sleeps until a
     // change: a claim that arrived after it would be claimed without waiting for anything.
     until_waiting(&t.ledger, 1).await;
-    t.ledger
-        .complete(
-            &tenant(),
-            failed(&key, &token(&first), "connection reset", true),
-        )
-        .await
-        .expect("complete");
+    fail(&t.ledger, &first, "connection reset", true).await;
     let out = waiter.await.expect("join");
     assert_eq!(out.outcome, Outcome::Claimed);
     assert_eq!(out.entry.entry.attempt, 2);
     assert_eq!(t.ledger.waits().waiting_claims(), 0, "the wait ended");
 }
 
-/// Waits (up to 10 s) until `n` claims are parked on `ledger` (each found the attempt in flight
-/// and sleeps until a change); panics with how many are otherwise.
-async fn until_waiting(ledger: &Ledger, n: usize) {
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
-    while ledger.waits().waiting_claims() < n {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "{} of {n} claims are parked waiting after 10 s",
-            ledger.waits().waiting_claims()
-        );
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
-    assert_eq!(ledger.waits().waiting_claims(), n, "no claim waits twice");
-}
-
 async fn a_wait_ends_with_in_progress_when_nothing_happens(b: Backend) {
     let t = TestLedger::new(b).await;
-    claim(&t.ledger, RUN, TOOL, ARGS).await;
-    let mut input = claim_input(RUN, TOOL, ARGS);
-    input.wait = Some(Duration::from_millis(400));
+    claim_the_intent(&t.ledger).await;
+    let input = waiting(RUN, Duration::from_millis(400));
     let started = tokio::time::Instant::now();
-    let out = t.ledger.claim(&tenant(), input).await.expect("claim");
+    let out = claim_ok(&t.ledger, input).await;
     let waited = started.elapsed();
     assert_eq!(out.outcome, Outcome::InProgress);
     assert!(
         waited >= Duration::from_millis(400) && waited < Duration::from_secs(3),
         "{waited:?}"
     );
-}
-
-fn waiting(run: &str, wait: Duration) -> ClaimInput {
-    ClaimInput {
-        wait: Some(wait),
-        ..claim_input(run, TOOL, ARGS)
-    }
 }
 
 async fn a_waiter_wakes_on_the_complete_not_at_the_end_of_its_wait(b: Backend) {
@@ -1232,24 +854,14 @@ async fn a_waiter_wakes_on_the_complete_not_at_the_end_of_its_wait(b: Backend) {
         ..test_limits()
     };
     let t = TestLedger::with_limits(b, limits).await;
-    let first = claim(&t.ledger, RUN, TOOL, ARGS).await;
-    let key = first.entry.entry.key.to_string();
+    let first = claim_the_intent(&t.ledger).await;
     let ledger = t.ledger.clone();
     let waiter = tokio::spawn(async move {
-        let out = ledger
-            .claim(&tenant(), waiting(RUN, Duration::from_secs(25)))
-            .await
-            .expect("waiting claim");
+        let out = claim_ok(&ledger, waiting(RUN, Duration::from_secs(25))).await;
         (out, tokio::time::Instant::now())
     });
     until_waiting(&t.ledger, 1).await;
-    t.ledger
-        .complete(
-            &tenant(),
-            done(&key, &token(&first), FinalStatus::Succeeded, b"r"),
-        )
-        .await
-        .expect("complete");
+    succeed(&t.ledger, &first, b"r").await;
     let completed_at = tokio::time::Instant::now();
     let (out, answered_at) = waiter.await.expect("join");
     assert_eq!(out.outcome, Outcome::Replayed);
@@ -1263,16 +875,12 @@ async fn a_waiter_wakes_on_the_complete_not_at_the_end_of_its_wait(b: Backend) {
 }
 
 async fn fifty_waiters_all_get_the_result(b: Backend) {
-    let t = TestLedger::new(b).await;
-    let first = claim(&t.ledger, RUN, TOOL, ARGS).await;
-    let key = first.entry.entry.key.to_string();
+    let (t, first, key) = claimed_on(b).await;
     let mut waiters = Vec::new();
     for _ in 0..50 {
         let ledger = t.ledger.clone();
         waiters.push(tokio::spawn(async move {
-            ledger
-                .claim(&tenant(), waiting(RUN, Duration::from_secs(15)))
-                .await
+            claim_result(&ledger, waiting(RUN, Duration::from_secs(15))).await
         }));
     }
     // Until the waiters wait (a loaded machine may take a while to start fifty claims): they
@@ -1286,35 +894,24 @@ async fn fifty_waiters_all_get_the_result(b: Backend) {
         1,
         "fifty waiters share one watch"
     );
-    t.ledger
-        .complete(
-            &tenant(),
-            done(&key, &token(&first), FinalStatus::Succeeded, b"shared"),
-        )
-        .await
-        .expect("complete");
+    succeed(&t.ledger, &first, b"shared").await;
     for w in waiters {
         let out = w.await.expect("join").expect("waiting claim");
         assert_eq!(out.outcome, Outcome::Replayed);
         assert_eq!(out.entry.entry.result, b"shared");
     }
-    let seen = lookup_key(&t.ledger, &key).await.expect("lookup");
+    let seen = lookup_found(&t.ledger, &key).await;
     assert_eq!(seen.entry.replay_count, 50);
 }
 
 async fn of_fifty_waiters_exactly_one_takes_over_after_a_retryable_failure(b: Backend) {
-    let t = TestLedger::new(b).await;
-    let first = claim(&t.ledger, RUN, TOOL, ARGS).await;
-    let key = first.entry.entry.key.to_string();
+    let (t, first, key) = claimed_on(b).await;
     let (answers, mut answered) = tokio::sync::mpsc::unbounded_channel();
     for _ in 0..50 {
         let ledger = t.ledger.clone();
         let answers = answers.clone();
         tokio::spawn(async move {
-            let out = ledger
-                .claim(&tenant(), waiting(RUN, Duration::from_secs(25)))
-                .await
-                .expect("waiting claim");
+            let out = claim_ok(&ledger, waiting(RUN, Duration::from_secs(25))).await;
             let _ = answers.send(out);
         });
     }
@@ -1322,10 +919,7 @@ async fn of_fifty_waiters_exactly_one_takes_over_after_a_retryable_failure(b: Ba
     // All fifty found attempt 1 in flight and wait before it fails: none can take over by
     // arriving late.
     until_waiting(&t.ledger, 50).await;
-    t.ledger
-        .complete(&tenant(), failed(&key, &token(&first), "503", true))
-        .await
-        .expect("complete");
+    fail(&t.ledger, &first, "503", true).await;
     // The one that takes over answers first.
     let taker = tokio::time::timeout(Duration::from_secs(10), answered.recv())
         .await
@@ -1335,13 +929,11 @@ async fn of_fifty_waiters_exactly_one_takes_over_after_a_retryable_failure(b: Ba
     assert_eq!(taker.entry.entry.attempt, 2);
     // The others wait on, for attempt 2 now.
     until_waiting(&t.ledger, 49).await;
-    t.ledger
-        .complete(
-            &tenant(),
-            done(&key, &token(&taker), FinalStatus::Succeeded, b"second"),
-        )
-        .await
-        .expect("complete attempt 2");
+    complete_ok(
+        &t.ledger,
+        done(&key, &token(&taker), FinalStatus::Succeeded, b"second"),
+    )
+    .await;
     let mut replayed = 0;
     while let Some(out) = tokio::time::timeout(Duration::from_secs(10), answered.recv())
         .await
@@ -1355,18 +947,14 @@ async fn of_fifty_waiters_exactly_one_takes_over_after_a_retryable_failure(b: Ba
 }
 
 async fn a_waiter_answers_unknown_when_the_lease_ends(b: Backend) {
-    let t = TestLedger::new(b).await;
-    let mut input = claim_input(RUN, TOOL, ARGS);
-    input.lease = Some(Duration::from_secs(1));
-    t.ledger.claim(&tenant(), input).await.expect("claim");
+    let (t, _) = claimed_with(b, leased(RUN, Duration::from_secs(1))).await;
     // Real time passes for the waiter's timer; the manual clock is moved past the lease so the
     // re-read sees it expired.
     let ledger = t.ledger.clone();
-    let waiter = tokio::spawn(async move {
-        ledger
-            .claim(&tenant(), waiting(RUN, Duration::from_secs(10)))
-            .await
-    });
+    let waiter =
+        tokio::spawn(
+            async move { claim_result(&ledger, waiting(RUN, Duration::from_secs(10))).await },
+        );
     tokio::time::sleep(Duration::from_millis(200)).await;
     t.clock.advance(Duration::from_secs(2));
     let started = tokio::time::Instant::now();
@@ -1380,60 +968,16 @@ async fn a_waiter_answers_unknown_when_the_lease_ends(b: Backend) {
     );
 }
 
-/// Claims `n` entries of `tool` (runs `run-0`..) and reports them UNKNOWN; returns their keys
-/// in claim order.
-async fn unknown_entries(t: &TestLedger, tool: &str, n: usize) -> Vec<String> {
-    let mut keys = Vec::new();
-    for i in 0..n {
-        let out = claim(&t.ledger, &format!("run-{i}"), tool, ARGS).await;
-        let mut report = done(
-            &out.entry.entry.key,
-            &token(&out),
-            FinalStatus::Unknown,
-            b"",
-        );
-        report.error = "timeout".into();
-        t.ledger.complete(&tenant(), report).await.expect("unknown");
-        keys.push(out.entry.entry.key.to_string());
-        t.clock.advance(Duration::from_millis(10));
-    }
-    keys
-}
-
-async fn reconcile(ledger: &Ledger, input: ReconcileInput) -> Vec<String> {
-    ledger
-        .reconcile(&tenant(), input)
-        .await
-        .expect("reconcile")
-        .pending
-        .into_iter()
-        .map(|v| v.entry.key.into())
-        .collect()
-}
-
 async fn reconcile_hands_out_only_unknown_entries_oldest_first_by_tool_and_age(b: Backend) {
     let t = TestLedger::new(b).await;
     // Not handed out: an attempt whose lease outlasts the test, and a success.
-    let mut long = claim_input("live", TOOL, ARGS);
-    long.lease = Some(Duration::from_secs(3600));
-    let live = t.ledger.claim(&tenant(), long).await.expect("claim");
+    let long = leased("live", Duration::from_secs(3600));
+    let live = claim_ok(&t.ledger, long).await;
     let ok = claim(&t.ledger, "ok", TOOL, ARGS).await;
-    t.ledger
-        .complete(
-            &tenant(),
-            done(
-                &ok.entry.entry.key,
-                &token(&ok),
-                FinalStatus::Succeeded,
-                b"r",
-            ),
-        )
-        .await
-        .expect("complete");
+    succeed(&t.ledger, &ok, b"r").await;
     // Handed out: an attempt whose lease expires, and reported unknowns of two tools.
-    let mut short = claim_input("expired", TOOL, ARGS);
-    short.lease = Some(Duration::from_secs(1));
-    let expired = t.ledger.claim(&tenant(), short).await.expect("claim");
+    let short = leased("expired", Duration::from_secs(1));
+    let expired = claim_ok(&t.ledger, short).await;
     t.clock.advance(Duration::from_secs(2));
     let credits = unknown_entries(&t, TOOL, 3).await;
     let tickets = unknown_entries(&t, "open_ticket", 2).await;
@@ -1481,8 +1025,7 @@ async fn reconcile_hands_out_only_unknown_entries_oldest_first_by_tool_and_age(b
 }
 
 async fn concurrent_reconcilers_get_disjoint_entries_until_the_hold_passes(b: Backend) {
-    let t = TestLedger::new(b).await;
-    let keys = unknown_entries(&t, TOOL, 12).await;
+    let (t, keys) = unknown_on(b, 12).await;
     // A second server: its own pool over the same database.
     let other = Ledger::new(t.db.store(4).await, t.clock.clone(), test_limits());
     let ask = |ledger: Ledger| async move {
@@ -1517,19 +1060,12 @@ async fn concurrent_reconcilers_get_disjoint_entries_until_the_hold_passes(b: Ba
 
 async fn reconcile_with_keys_hands_out_only_those_keys_when_unresolved_and_not_held(b: Backend) {
     let t = TestLedger::new(b).await;
-    let mut long = claim_input("live", TOOL, ARGS);
-    long.lease = Some(Duration::from_secs(3600));
-    let live = t.ledger.claim(&tenant(), long).await.expect("claim");
+    let long = leased("live", Duration::from_secs(3600));
+    let live = claim_ok(&t.ledger, long).await;
     let live_key = live.entry.entry.key.to_string();
     let ok = claim(&t.ledger, "ok", TOOL, ARGS).await;
     let ok_key = ok.entry.entry.key.to_string();
-    t.ledger
-        .complete(
-            &tenant(),
-            done(&ok_key, &token(&ok), FinalStatus::Succeeded, b"r"),
-        )
-        .await
-        .expect("complete");
+    succeed(&t.ledger, &ok, b"r").await;
     let unknown = unknown_entries(&t, TOOL, 3).await;
     let ticket = unknown_entries(&t, "open_ticket", 1).await;
     let with_keys = |keys: &[&String]| ReconcileInput {
@@ -1584,22 +1120,17 @@ async fn reconcile_with_keys_hands_out_only_those_keys_when_unresolved_and_not_h
     // Malformed keys, or more than one call may take, are refused and hold nothing.
     let too_many = vec!["k".to_string(); Limits::default().reconcile_max_limit as usize + 1];
     for keys in [vec!["bad key".to_string()], vec![String::new()], too_many] {
-        let refused = t
-            .ledger
-            .reconcile(
-                &tenant(),
-                ReconcileInput {
-                    keys,
-                    ..Default::default()
-                },
-            )
-            .await;
-        assert!(
-            matches!(
-                refused,
-                Err(LedgerError::InvalidArgument { field: "keys", .. })
-            ),
-            "{refused:?}"
+        let refused = reconcile_result(
+            &t.ledger,
+            ReconcileInput {
+                keys,
+                ..Default::default()
+            },
+        )
+        .await;
+        assert_matches!(
+            refused,
+            Err(LedgerError::InvalidArgument { field: "keys", .. })
         );
     }
     assert_eq!(
@@ -1610,8 +1141,7 @@ async fn reconcile_with_keys_hands_out_only_those_keys_when_unresolved_and_not_h
 }
 
 async fn a_resolution_records_its_principal_as_resolved_by_until_a_new_attempt(b: Backend) {
-    let t = TestLedger::new(b).await;
-    let keys = unknown_entries(&t, TOOL, 2).await;
+    let (t, keys) = unknown_on(b, 2).await;
     let by = |principal: &str, findings| ReconcileInput {
         resolutions: findings,
         principal: principal.into(),
@@ -1626,56 +1156,41 @@ async fn a_resolution_records_its_principal_as_resolved_by_until_a_new_attempt(b
         ],
     )
     .await;
-    let out = t
-        .ledger
-        .reconcile(&tenant(), by("reconciler@host-1", findings))
-        .await
-        .expect("reconcile");
+    let out = reconcile_ok(&t.ledger, by("reconciler@host-1", findings)).await;
     let resolved_by: Vec<&str> = out
         .resolved
         .iter()
         .map(|v| v.entry.resolved_by.as_str())
         .collect();
     assert_eq!(resolved_by, ["reconciler@host-1"; 2]);
-    let found = lookup_key(&t.ledger, &keys[0]).await.expect("lookup");
+    let found = lookup_found(&t.ledger, &keys[0]).await;
     assert_eq!(found.entry.resolved_by, "reconciler@host-1");
-    let listed = t
-        .ledger
-        .list_entries(
-            &tenant(),
-            ListInput {
-                run_id: "run-0".into(),
-                ..Default::default()
-            },
-        )
-        .await
-        .expect("list");
+    let listed = list_ok(
+        &t.ledger,
+        ListInput {
+            run_id: "run-0".into(),
+            ..Default::default()
+        },
+    )
+    .await;
     assert_eq!(listed.entries[0].entry.resolved_by, "reconciler@host-1");
 
     // A resolution of an entry already resolved changes nothing, its resolver included.
     let late = fenced(&t, vec![finding(&keys[0], FinalStatus::Failed, b"", true)]).await;
-    t.ledger
-        .reconcile(&tenant(), by("someone-else", late))
-        .await
-        .expect("reconcile");
-    assert_eq!(
-        lookup_key(&t.ledger, &keys[0]).await.expect("lookup"),
-        found
-    );
+    reconcile_ok(&t.ledger, by("someone-else", late)).await;
+    assert_eq!(lookup_found(&t.ledger, &keys[0]).await, found);
 
     // The retryable failure's next attempt is the claimant's again: no resolver, and its own
     // Complete records none.
     let again = claim(&t.ledger, "run-1", TOOL, ARGS).await;
     assert_eq!(again.entry.entry.attempt, 2);
     assert_eq!(again.entry.entry.resolved_by, "");
-    t.ledger
-        .complete(
-            &tenant(),
-            done(&keys[1], &token(&again), FinalStatus::Succeeded, b"done"),
-        )
-        .await
-        .expect("complete");
-    let completed = lookup_key(&t.ledger, &keys[1]).await.expect("lookup");
+    complete_ok(
+        &t.ledger,
+        done(&keys[1], &token(&again), FinalStatus::Succeeded, b"done"),
+    )
+    .await;
+    let completed = lookup_found(&t.ledger, &keys[1]).await;
     assert_eq!(
         (completed.status, completed.entry.resolved_by.as_str()),
         (Status::Succeeded, "")
@@ -1688,115 +1203,22 @@ async fn a_resolution_records_its_principal_as_resolved_by_until_a_new_attempt(b
         vec![finding(&more[0], FinalStatus::Succeeded, b"x", false)],
     )
     .await;
-    let refused = t
-        .ledger
-        .reconcile(&tenant(), by("bad\u{7}principal", findings))
-        .await;
-    assert!(
-        matches!(
-            refused,
-            Err(LedgerError::InvalidArgument {
-                field: "principal",
-                ..
-            })
-        ),
-        "{refused:?}"
+    let refused = reconcile_result(&t.ledger, by("bad\u{7}principal", findings)).await;
+    assert_matches!(
+        refused,
+        Err(LedgerError::InvalidArgument {
+            field: "principal",
+            ..
+        })
     );
     assert_eq!(
-        lookup_key(&t.ledger, &more[0])
-            .await
-            .expect("lookup")
-            .status,
+        lookup_found(&t.ledger, &more[0]).await.status,
         Status::Unknown
     );
 }
 
-/// A finding about `key`, not yet fenced (see [`fenced`]).
-fn finding(
-    key: impl AsRef<str>,
-    status: FinalStatus,
-    result: &[u8],
-    retryable: bool,
-) -> ResolutionInput {
-    ResolutionInput {
-        key: key.as_ref().into(),
-        status,
-        result: result.to_vec(),
-        error: if status == FinalStatus::Failed {
-            "not found".into()
-        } else {
-            String::new()
-        },
-        retryable,
-        attempt: 0,
-        hold_token: String::new(),
-    }
-}
-
-/// `findings` as a reconciler sends them: each key taken first with `Reconcile(keys)`, and its
-/// finding carrying the attempt and hold token it was handed out with. A key that is not
-/// handed out (resolved, in its lease, absent, held by another) gets attempt 1 under a hold
-/// nobody was given.
-async fn fenced(t: &TestLedger, findings: Vec<ResolutionInput>) -> Vec<ResolutionInput> {
-    let keys: Vec<String> = findings
-        .iter()
-        .map(|f| f.key.clone())
-        .filter(|k| idempotency_ledger::domain::key::ExplicitKey::parse(k).is_ok())
-        .collect();
-    let pending = if keys.is_empty() {
-        Vec::new()
-    } else {
-        t.ledger
-            .reconcile(
-                &tenant(),
-                ReconcileInput {
-                    keys,
-                    ..Default::default()
-                },
-            )
-            .await
-            .expect("take the keys")
-            .pending
-    };
-    findings
-        .into_iter()
-        .map(|mut f| {
-            match pending.iter().find(|v| v.entry.key == f.key) {
-                Some(v) => {
-                    f.attempt = v.entry.attempt;
-                    f.hold_token = v.entry.hold_token.to_string();
-                }
-                None => {
-                    f.attempt = 1;
-                    f.hold_token = "a-hold-nobody-was-given".into();
-                }
-            }
-            f
-        })
-        .collect()
-}
-
-async fn resolve(t: &TestLedger, findings: Vec<ResolutionInput>) -> Vec<(String, Status)> {
-    let findings = fenced(t, findings).await;
-    t.ledger
-        .reconcile(
-            &tenant(),
-            ReconcileInput {
-                resolutions: findings,
-                ..Default::default()
-            },
-        )
-        .await
-        .expect("reconcile")
-        .resolved
-        .into_iter()
-        .map(|v| (v.entry.key.into(), v.status))
-        .collect()
-}
-
 async fn a_found_resolution_makes_the_next_claim_replay_it(b: Backend) {
-    let t = TestLedger::new(b).await;
-    let keys = unknown_entries(&t, TOOL, 1).await;
+    let (t, keys) = unknown_on(b, 1).await;
     let out = resolve(
         &t,
         vec![finding(
@@ -1820,8 +1242,7 @@ async fn a_found_resolution_makes_the_next_claim_replay_it(b: Backend) {
 }
 
 async fn a_not_found_retryable_resolution_makes_the_next_claim_attempt_two(b: Backend) {
-    let t = TestLedger::new(b).await;
-    let keys = unknown_entries(&t, TOOL, 2).await;
+    let (t, keys) = unknown_on(b, 2).await;
     resolve(
         &t,
         vec![
@@ -1839,14 +1260,13 @@ async fn a_not_found_retryable_resolution_makes_the_next_claim_attempt_two(b: Ba
 }
 
 async fn resolving_a_resolved_or_live_entry_changes_nothing(b: Backend) {
-    let t = TestLedger::new(b).await;
-    let keys = unknown_entries(&t, TOOL, 1).await;
+    let (t, keys) = unknown_on(b, 1).await;
     resolve(
         &t,
         vec![finding(&keys[0], FinalStatus::Succeeded, b"first", false)],
     )
     .await;
-    let before = lookup_key(&t.ledger, &keys[0]).await.expect("lookup");
+    let before = lookup_found(&t.ledger, &keys[0]).await;
     let live = claim(&t.ledger, "live", TOOL, ARGS).await;
     let live_key = live.entry.entry.key.to_string();
     let out = resolve(
@@ -1866,24 +1286,15 @@ async fn resolving_a_resolved_or_live_entry_changes_nothing(b: Backend) {
         ],
         "an absent key is left out"
     );
+    assert_eq!(lookup_found(&t.ledger, &keys[0]).await, before);
     assert_eq!(
-        lookup_key(&t.ledger, &keys[0]).await.expect("lookup"),
-        before
-    );
-    assert_eq!(
-        lookup_key(&t.ledger, &live_key)
-            .await
-            .expect("lookup")
-            .entry,
+        lookup_found(&t.ledger, &live_key).await.entry,
         live.entry.entry
     );
 }
 
 async fn the_claimants_late_complete_wins_over_a_later_resolution(b: Backend) {
-    let t = TestLedger::new(b).await;
-    let mut input = claim_input(RUN, TOOL, ARGS);
-    input.lease = Some(Duration::from_secs(1));
-    let first = t.ledger.claim(&tenant(), input).await.expect("claim");
+    let (t, first) = claimed_with(b, leased(RUN, Duration::from_secs(1))).await;
     let key = first.entry.entry.key.to_string();
     t.clock.advance(Duration::from_secs(5));
     assert_eq!(
@@ -1891,24 +1302,17 @@ async fn the_claimants_late_complete_wins_over_a_later_resolution(b: Backend) {
         vec![key.clone()]
     );
     // The claimant answers late, before the reconciler: its outcome stands.
-    t.ledger
-        .complete(
-            &tenant(),
-            done(&key, &token(&first), FinalStatus::Succeeded, b"claimant"),
-        )
-        .await
-        .expect("late complete");
+    succeed(&t.ledger, &first, b"claimant").await;
     let out = resolve(&t, vec![finding(&key, FinalStatus::Failed, b"", true)]).await;
     assert_eq!(out, vec![(key.clone(), Status::Succeeded)]);
     assert_eq!(
-        claim(&t.ledger, RUN, TOOL, ARGS).await.entry.entry.result,
+        claim_the_intent(&t.ledger).await.entry.entry.result,
         b"claimant"
     );
 }
 
 async fn malformed_resolutions_are_refused_and_none_is_applied(b: Backend) {
-    let t = TestLedger::new(b).await;
-    let keys = unknown_entries(&t, TOOL, 2).await;
+    let (t, keys) = unknown_on(b, 2).await;
     let bad_sets = vec![
         vec![
             finding(&keys[0], FinalStatus::Succeeded, b"ok", false),
@@ -1930,32 +1334,24 @@ async fn malformed_resolutions_are_refused_and_none_is_applied(b: Backend) {
     ];
     for findings in bad_sets {
         let findings = fenced(&t, findings).await;
-        let refused = t
-            .ledger
-            .reconcile(
-                &tenant(),
-                ReconcileInput {
-                    resolutions: findings,
-                    ..Default::default()
-                },
-            )
-            .await;
-        assert!(
-            matches!(
-                refused,
-                Err(LedgerError::InvalidArgument {
-                    field: "resolutions",
-                    ..
-                })
-            ),
-            "{refused:?}"
+        let refused = reconcile_result(
+            &t.ledger,
+            ReconcileInput {
+                resolutions: findings,
+                ..Default::default()
+            },
+        )
+        .await;
+        assert_matches!(
+            refused,
+            Err(LedgerError::InvalidArgument {
+                field: "resolutions",
+                ..
+            })
         );
     }
     for key in &keys {
-        assert_eq!(
-            lookup_key(&t.ledger, key).await.expect("lookup").status,
-            Status::Unknown
-        );
+        assert_eq!(lookup_found(&t.ledger, key).await.status, Status::Unknown);
     }
 }
 
@@ -1963,38 +1359,14 @@ async fn pruning_removes_expired_finished_entries_and_keeps_unresolved_ones(b: B
     let t = TestLedger::new(b).await;
     let mut finished = Vec::new();
     for i in 0..5 {
-        let mut input = claim_input(&format!("done-{i}"), TOOL, ARGS);
-        input.retention = Some(Duration::from_secs(60));
-        let out = t.ledger.claim(&tenant(), input).await.expect("claim");
-        t.ledger
-            .complete(
-                &tenant(),
-                done(
-                    &out.entry.entry.key,
-                    &token(&out),
-                    FinalStatus::Succeeded,
-                    b"r",
-                ),
-            )
-            .await
-            .expect("complete");
+        let input = retained(&format!("done-{i}"), Duration::from_secs(60));
+        let out = claim_ok(&t.ledger, input).await;
+        succeed(&t.ledger, &out, b"r").await;
         finished.push(out.entry.entry.key.to_string());
     }
-    let mut kept_longer = claim_input("kept", TOOL, ARGS);
-    kept_longer.retention = Some(Duration::from_secs(3600));
-    let kept = t.ledger.claim(&tenant(), kept_longer).await.expect("claim");
-    t.ledger
-        .complete(
-            &tenant(),
-            done(
-                &kept.entry.entry.key,
-                &token(&kept),
-                FinalStatus::Succeeded,
-                b"r",
-            ),
-        )
-        .await
-        .expect("complete");
+    let kept_longer = retained("kept", Duration::from_secs(3600));
+    let kept = claim_ok(&t.ledger, kept_longer).await;
+    succeed(&t.ledger, &kept, b"r").await;
     let unresolved = unknown_entries(&t, TOOL, 2).await;
     let attempting = claim(&t.ledger, "attempting", TOOL, ARGS).await;
 
@@ -2043,29 +1415,15 @@ async fn pruning_removes_expired_finished_entries_and_keeps_unresolved_ones(b: B
     assert_eq!(again.entry.entry.attempt, 1);
 }
 
-fn renewal(key: impl AsRef<str>, token: &str, lease: Option<Duration>) -> RenewInput {
-    RenewInput {
-        key: key.as_ref().into(),
-        claim_token: token.into(),
-        lease,
-    }
-}
-
 async fn the_holder_renews_its_lease_and_a_duplicate_stays_in_progress(b: Backend) {
-    let t = TestLedger::new(b).await;
-    let mut input = claim_input(RUN, TOOL, ARGS);
-    input.lease = Some(Duration::from_secs(10));
-    let first = t.ledger.claim(&tenant(), input).await.expect("claim");
+    let (t, first) = claimed_with(b, leased(RUN, Duration::from_secs(10))).await;
     let key = first.entry.entry.key.to_string();
     t.clock.advance(Duration::from_secs(8));
-    let renewed = t
-        .ledger
-        .renew_lease(
-            &tenant(),
-            renewal(&key, &token(&first), Some(Duration::from_secs(10))),
-        )
-        .await
-        .expect("renew");
+    let renewed = renew_ok(
+        &t.ledger,
+        renewal(&key, &token(&first), Some(Duration::from_secs(10))),
+    )
+    .await;
     let now = idempotency_ledger::domain::time::Clock::now(&*t.clock);
     assert_eq!(
         renewed.entry.lease_expires_at,
@@ -2079,7 +1437,7 @@ async fn the_holder_renews_its_lease_and_a_duplicate_stays_in_progress(b: Backen
     assert_eq!(renewed.entry.attempt, 1);
     // Past the first lease, inside the renewed one: still someone's attempt, not unknown.
     t.clock.advance(Duration::from_secs(5));
-    let duplicate = claim(&t.ledger, RUN, TOOL, ARGS).await;
+    let duplicate = claim_the_intent(&t.ledger).await;
     assert_eq!(duplicate.outcome, Outcome::InProgress);
     assert_eq!(duplicate.entry.status, Status::Attempting);
     assert_eq!(
@@ -2088,56 +1446,35 @@ async fn the_holder_renews_its_lease_and_a_duplicate_stays_in_progress(b: Backen
         "a renewed attempt is nobody's to reconcile"
     );
     // The holder completes as usual, and the renewal left nothing else behind.
-    t.ledger
-        .complete(
-            &tenant(),
-            done(&key, &token(&first), FinalStatus::Succeeded, b"ok"),
-        )
-        .await
-        .expect("complete");
-    assert_eq!(
-        claim(&t.ledger, RUN, TOOL, ARGS).await.outcome,
-        Outcome::Replayed
-    );
+    succeed(&t.ledger, &first, b"ok").await;
+    assert_eq!(claim_the_intent(&t.ledger).await.outcome, Outcome::Replayed);
 }
 
 async fn renewing_with_a_stale_token_or_after_the_lease_ended_changes_nothing(b: Backend) {
     let t = TestLedger::new(b).await;
     let renew = |key: &str, token: &str| {
         let (ledger, key, token) = (t.ledger.clone(), key.to_string(), token.to_string());
-        async move {
-            ledger
-                .renew_lease(&tenant(), renewal(&key, &token, None))
-                .await
-        }
+        async move { renew_result(&ledger, renewal(&key, &token, None)).await }
     };
     // A wrong token, on an attempt in its lease.
     let live = claim(&t.ledger, "live", TOOL, ARGS).await;
     let live_key = live.entry.entry.key.to_string();
-    assert!(matches!(
+    assert_matches!(
         renew(&live_key, "not-the-token").await,
         Err(LedgerError::StaleClaimToken)
-    ));
+    );
     // A lease above the server's maximum is refused before anything is read.
-    let too_long = t
-        .ledger
-        .renew_lease(
-            &tenant(),
-            renewal(&live_key, &token(&live), Some(Duration::from_secs(7200))),
-        )
-        .await;
-    assert!(
-        matches!(
-            too_long,
-            Err(LedgerError::InvalidArgument { field: "lease", .. })
-        ),
-        "{too_long:?}"
+    let too_long = renew_result(
+        &t.ledger,
+        renewal(&live_key, &token(&live), Some(Duration::from_secs(7200))),
+    )
+    .await;
+    assert_matches!(
+        too_long,
+        Err(LedgerError::InvalidArgument { field: "lease", .. })
     );
     assert_eq!(
-        lookup_key(&t.ledger, &live_key)
-            .await
-            .expect("lookup")
-            .entry,
+        lookup_found(&t.ledger, &live_key).await.entry,
         live.entry.entry,
         "refused renewals changed nothing"
     );
@@ -2145,106 +1482,77 @@ async fn renewing_with_a_stale_token_or_after_the_lease_ended_changes_nothing(b:
     // Resolved: the lease is over for good.
     let resolved = claim(&t.ledger, "resolved", TOOL, ARGS).await;
     let resolved_key = resolved.entry.entry.key.to_string();
-    t.ledger
-        .complete(
-            &tenant(),
-            done(
-                &resolved_key,
-                &token(&resolved),
-                FinalStatus::Succeeded,
-                b"r",
-            ),
-        )
-        .await
-        .expect("complete");
-    assert!(matches!(
+    succeed(&t.ledger, &resolved, b"r").await;
+    assert_matches!(
         renew(&resolved_key, &token(&resolved)).await,
         Err(LedgerError::LeaseEnded("SUCCEEDED"))
-    ));
+    );
 
     // Reported UNKNOWN by its claimant: a reconciler may be asking the world already.
     let reported = claim(&t.ledger, "reported", TOOL, ARGS).await;
     let reported_key = reported.entry.entry.key.to_string();
-    let mut unknown = done(&reported_key, &token(&reported), FinalStatus::Unknown, b"");
-    unknown.error = "timeout".into();
-    t.ledger
-        .complete(&tenant(), unknown)
-        .await
-        .expect("unknown");
-    assert!(matches!(
+    complete_ok(&t.ledger, unknown_report(&reported, "timeout")).await;
+    assert_matches!(
         renew(&reported_key, &token(&reported)).await,
         Err(LedgerError::LeaseEnded("UNKNOWN"))
-    ));
+    );
 
     // Past its lease: it reads UNKNOWN, and renewing cannot bring it back.
     let lapsed = claim(&t.ledger, "lapsed", TOOL, ARGS).await;
     let lapsed_key = lapsed.entry.entry.key.to_string();
     t.clock.advance(Duration::from_secs(61));
-    let before = lookup_key(&t.ledger, &lapsed_key).await.expect("lookup");
+    let before = lookup_found(&t.ledger, &lapsed_key).await;
     assert_eq!(before.status, Status::Unknown);
-    assert!(matches!(
+    assert_matches!(
         renew(&lapsed_key, &token(&lapsed)).await,
         Err(LedgerError::LeaseEnded("UNKNOWN"))
-    ));
-    assert_eq!(
-        lookup_key(&t.ledger, &lapsed_key).await.expect("lookup"),
-        before
     );
+    assert_eq!(lookup_found(&t.ledger, &lapsed_key).await, before);
 
     // An earlier attempt's token, after a retryable failure and a new claim.
     let retried = claim(&t.ledger, "retried", TOOL, ARGS).await;
     let retried_key = retried.entry.entry.key.to_string();
-    t.ledger
-        .complete(
-            &tenant(),
-            failed(&retried_key, &token(&retried), "declined", true),
-        )
-        .await
-        .expect("fail");
+    fail(&t.ledger, &retried, "declined", true).await;
     let second = claim(&t.ledger, "retried", TOOL, ARGS).await;
     assert_eq!(second.entry.entry.attempt, 2);
-    assert!(matches!(
+    assert_matches!(
         renew(&retried_key, &token(&retried)).await,
         Err(LedgerError::StaleClaimToken)
-    ));
+    );
     renew(&retried_key, &token(&second))
         .await
         .expect("the current holder renews");
 
     // No such key (or another tenant's, which reads the same).
-    assert!(matches!(
+    assert_matches!(
         renew(&"a".repeat(64), "token").await,
         Err(LedgerError::NotFound)
-    ));
+    );
     let other = Tenant::parse("other").expect("tenant");
-    assert!(matches!(
+    assert_matches!(
         t.ledger
             .renew_lease(&other, renewal(&retried_key, &token(&second), None))
             .await,
         Err(LedgerError::NotFound)
-    ));
+    );
 }
 
 async fn resolve_only_applies_the_resolutions_and_hands_out_nothing(b: Backend) {
-    let t = TestLedger::new(b).await;
-    let keys = unknown_entries(&t, TOOL, 3).await;
+    let (t, keys) = unknown_on(b, 3).await;
     let findings = fenced(
         &t,
         vec![finding(&keys[0], FinalStatus::Succeeded, b"found", false)],
     )
     .await;
-    let out = t
-        .ledger
-        .reconcile(
-            &tenant(),
-            ReconcileInput {
-                resolutions: findings,
-                resolve_only: true,
-                ..Default::default()
-            },
-        )
-        .await
-        .expect("reconcile");
+    let out = reconcile_ok(
+        &t.ledger,
+        ReconcileInput {
+            resolutions: findings,
+            resolve_only: true,
+            ..Default::default()
+        },
+    )
+    .await;
     assert!(out.pending.is_empty(), "{:?}", out.pending);
     assert_eq!(out.resolved.len(), 1);
     assert_eq!(out.resolved[0].status, Status::Succeeded);
@@ -2259,38 +1567,12 @@ async fn resolve_only_applies_the_resolutions_and_hands_out_nothing(b: Backend) 
 // The replay memory: finished entries a server remembers to answer repeats without the store
 // (`--replay-memory-bytes`), their counts written in batches.
 
-/// A second server over the same database, with its own memory.
-async fn other_server(t: &TestLedger) -> Ledger {
-    Ledger::new(t.db.store(4).await, t.clock.clone(), test_limits())
-}
-
-async fn succeeded_entry(ledger: &Ledger, run: &str, result: &[u8]) -> String {
-    let first = claim(ledger, run, TOOL, ARGS).await;
-    let key = first.entry.entry.key.to_string();
-    ledger
-        .complete(
-            &tenant(),
-            done(&key, &token(&first), FinalStatus::Succeeded, result),
-        )
-        .await
-        .expect("complete");
-    key
-}
-
-async fn replay_count_on(ledger: &Ledger, key: impl AsRef<str>) -> u64 {
-    lookup_key(ledger, key)
-        .await
-        .expect("lookup")
-        .entry
-        .replay_count
-}
-
 async fn replays_answered_from_memory_reach_the_store_and_another_server_in_one_write(b: Backend) {
     let t = TestLedger::new(b).await;
     let other = other_server(&t).await;
     let key = succeeded_entry(&t.ledger, RUN, b"cr-1").await;
     for n in 1..=5 {
-        let out = claim(&t.ledger, RUN, TOOL, ARGS).await;
+        let out = claim_the_intent(&t.ledger).await;
         assert_eq!(out.outcome, Outcome::Replayed);
         assert_eq!(out.entry.entry.replay_count, n);
     }
@@ -2311,7 +1593,7 @@ async fn replays_answered_from_memory_reach_the_store_and_another_server_in_one_
         "nothing left to write"
     );
     // Counting goes on from there, and the next write adds only what is new.
-    let out = claim(&t.ledger, RUN, TOOL, ARGS).await;
+    let out = claim_the_intent(&t.ledger).await;
     assert_eq!(out.entry.entry.replay_count, 6);
     t.ledger.flush_replay_counts().await.expect("write");
     assert_eq!(replay_count_on(&other, &key).await, 6);
@@ -2343,7 +1625,7 @@ async fn a_replay_on_the_server_that_did_not_complete_reads_the_store_once_then_
     other.flush_replay_counts().await.expect("write");
     assert_eq!(replay_count_on(&t.ledger, &key).await, 4);
     // Both servers' memories count into the one stored count.
-    claim(&t.ledger, RUN, TOOL, ARGS).await;
+    claim_the_intent(&t.ledger).await;
     claim(&other, RUN, TOOL, ARGS).await;
     t.ledger.flush_replay_counts().await.expect("write");
     other.flush_replay_counts().await.expect("write");
@@ -2355,27 +1637,12 @@ async fn what_is_remembered_expires_on_the_ledgers_clock_and_a_reused_key_is_sti
     b: Backend,
 ) {
     let t = TestLedger::new(b).await;
-    let mut input = claim_input(RUN, TOOL, ARGS);
-    input.retention = Some(Duration::from_secs(10));
-    let first = t
-        .ledger
-        .claim(&tenant(), input.clone())
-        .await
-        .expect("claim");
-    let key = first.entry.entry.key.to_string();
-    t.ledger
-        .complete(
-            &tenant(),
-            done(&key, &token(&first), FinalStatus::Succeeded, b"short"),
-        )
-        .await
-        .expect("complete");
-    assert_eq!(
-        claim(&t.ledger, RUN, TOOL, ARGS).await.outcome,
-        Outcome::Replayed
-    );
+    let input = retained(RUN, Duration::from_secs(10));
+    let first = claim_ok(&t.ledger, input.clone()).await;
+    succeed(&t.ledger, &first, b"short").await;
+    assert_eq!(claim_the_intent(&t.ledger).await.outcome, Outcome::Replayed);
     t.clock.advance(Duration::from_secs(10));
-    let again = t.ledger.claim(&tenant(), input).await.expect("claim");
+    let again = claim_ok(&t.ledger, input).await;
     assert_eq!(
         (again.outcome, again.entry.entry.attempt),
         (Outcome::Claimed, 1),
@@ -2388,39 +1655,29 @@ async fn what_is_remembered_expires_on_the_ledgers_clock_and_a_reused_key_is_sti
         key: "wf-1:step-1".into(),
         ..claim_input(RUN, TOOL, ARGS)
     };
-    let claimed = t
-        .ledger
-        .claim(&tenant(), explicit.clone())
-        .await
-        .expect("claim");
-    t.ledger
-        .complete(
-            &tenant(),
-            done(
-                "wf-1:step-1",
-                &token(&claimed),
-                FinalStatus::Succeeded,
-                b"x",
-            ),
-        )
-        .await
-        .expect("complete");
+    let claimed = claim_ok(&t.ledger, explicit.clone()).await;
+    complete_ok(
+        &t.ledger,
+        done(
+            "wf-1:step-1",
+            &token(&claimed),
+            FinalStatus::Succeeded,
+            b"x",
+        ),
+    )
+    .await;
     let reused = ClaimInput {
         arguments_json: r#"{"customer":"c-42","amount":300,"currency":"EUR"}"#.into(),
         ..explicit.clone()
     };
     for _ in 0..2 {
-        assert!(matches!(
-            t.ledger.claim(&tenant(), reused.clone()).await,
+        assert_matches!(
+            claim_result(&t.ledger, reused.clone()).await,
             Err(LedgerError::KeyReused)
-        ));
+        );
     }
     assert_eq!(
-        t.ledger
-            .claim(&tenant(), explicit)
-            .await
-            .expect("claim")
-            .outcome,
+        claim_ok(&t.ledger, explicit).await.outcome,
         Outcome::Replayed
     );
 }
@@ -2428,13 +1685,10 @@ async fn what_is_remembered_expires_on_the_ledgers_clock_and_a_reused_key_is_sti
 async fn a_retryable_failure_is_never_answered_from_memory_and_a_permanent_one_is(b: Backend) {
     let t = TestLedger::new(b).await;
     let other = other_server(&t).await;
-    let first = claim(&t.ledger, RUN, TOOL, ARGS).await;
+    let first = claim_the_intent(&t.ledger).await;
     let key = first.entry.entry.key.to_string();
-    t.ledger
-        .complete(&tenant(), failed(&key, &token(&first), "busy", true))
-        .await
-        .expect("complete");
-    let second = claim(&t.ledger, RUN, TOOL, ARGS).await;
+    fail(&t.ledger, &first, "busy", true).await;
+    let second = claim_the_intent(&t.ledger).await;
     assert_eq!(
         (second.outcome, second.entry.entry.attempt),
         (Outcome::Claimed, 2)
@@ -2444,13 +1698,11 @@ async fn a_retryable_failure_is_never_answered_from_memory_and_a_permanent_one_i
         claim(&other, RUN, TOOL, ARGS).await.outcome,
         Outcome::InProgress
     );
-    t.ledger
-        .complete(
-            &tenant(),
-            failed(&key, &token(&second), "card declined", false),
-        )
-        .await
-        .expect("complete");
+    complete_ok(
+        &t.ledger,
+        failed(&key, &token(&second), "card declined", false),
+    )
+    .await;
     for ledger in [&t.ledger, &other, &t.ledger, &other] {
         let out = claim(ledger, RUN, TOOL, ARGS).await;
         assert_eq!(out.outcome, Outcome::PreviouslyFailed);
@@ -2479,11 +1731,7 @@ async fn with_the_memory_off_every_replay_is_counted_in_the_store_at_once(b: Bac
     let key = succeeded_entry(&t.ledger, RUN, b"cr-1").await;
     for n in 1..=3 {
         assert_eq!(
-            claim(&t.ledger, RUN, TOOL, ARGS)
-                .await
-                .entry
-                .entry
-                .replay_count,
+            claim_the_intent(&t.ledger).await.entry.entry.replay_count,
             n
         );
     }

@@ -48,7 +48,8 @@
 //! # The check
 //!
 //! Once the nemesis stopped, the workers and reconcilers stopped, every lease and hold ended,
-//! and a final reconcile pass found nothing more to hand out, each key must show:
+//! and a final reconcile pass found nothing more to hand out, the history checker
+//! ([`testkit::history`]) judges the recorded history; each key must show:
 //!
 //! - at most one effect in the world for the intent;
 //! - nothing in flight: the entry is `SUCCEEDED` or `FAILED` (retryable: nobody reports a
@@ -87,6 +88,7 @@ use rand::rngs::Xoshiro256PlusPlus as Rng;
 use rand::{
     Rng as _, RngExt as _, SeedableRng as _, seq::IndexedRandom as _, seq::SliceRandom as _,
 };
+use testkit::history::{Answer, Effect, EntryStatus, Figures, Finals, History, Seen, World, short};
 use tokio::time::Instant;
 use tonic::transport::{Channel, Endpoint};
 use tonic::{Code, Status};
@@ -117,176 +119,27 @@ const RUN: &str = "history";
 // ---------------------------------------------------------------------------------------------
 // The world outside the ledger
 
-/// One effect of a tool call in the outside world.
-#[derive(Clone, Debug)]
-struct Effect {
-    key: String,
-    external_ref: String,
-    attempt: u32,
-    receipt: Vec<u8>,
-    by: String,
-    at: Duration,
-}
-
-/// The outside world the workers act on: it records every effect and never deduplicates
-/// (keeping intents to one effect is the ledger's job).
-#[derive(Default)]
-struct World {
-    effects: Mutex<Vec<Effect>>,
-}
-
-impl World {
-    fn act(&self, effect: Effect) {
-        lock(&self.effects).push(effect);
-    }
-
-    /// "Did this happen?", by the reference the tool was given: the receipt if it did.
-    fn did_it_happen(&self, external_ref: &str) -> Option<Vec<u8>> {
-        lock(&self.effects)
-            .iter()
-            .find(|e| e.external_ref == external_ref)
-            .map(|e| e.receipt.clone())
-    }
-
-    fn effects(&self) -> Vec<Effect> {
-        lock(&self.effects).clone()
-    }
-}
-
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 // ---------------------------------------------------------------------------------------------
-// The recorded history
+// The recorded history (testkit::history holds the model and the check; here, the ledger's
+// answers as it sees them)
 
 /// An entry as an answer showed it.
-#[derive(Clone, Debug)]
-struct Seen {
-    key: String,
-    status: pb::Status,
-    attempt: u32,
-    result: Vec<u8>,
-    retryable: bool,
-    possible_double_effect: bool,
-}
-
-impl Seen {
-    fn of(entry: &pb::Entry) -> Seen {
-        Seen {
-            key: entry.key.clone(),
-            status: entry.status(),
-            attempt: entry.attempt,
-            result: entry.result.to_vec(),
-            retryable: entry.retryable,
-            possible_double_effect: entry.possible_double_effect,
-        }
-    }
-}
-
-/// What a call got back, or what a client did.
-#[derive(Clone, Debug)]
-enum Answer {
-    Claimed {
-        attempt: u32,
-        token: String,
-    },
-    Replayed(Seen),
-    InProgress(Seen),
-    PreviouslyFailed(Seen),
-    Completed {
-        entry: Seen,
-        already: bool,
-    },
-    Reconciled {
-        pending: Vec<(String, u32)>,
-        resolved: Vec<Seen>,
-    },
-    Looked(Option<Seen>),
-    Error {
-        code: Code,
-        reason: String,
-        message: String,
-    },
-    /// No answer within the call's deadline and a second more.
-    Unanswered,
-    /// Something the client did (acted, crashed, asked the world).
-    Did(String),
-}
-
-/// One call (or client action) of the history.
-#[derive(Clone, Debug)]
-struct Op {
-    actor: String,
-    server: Option<usize>,
-    call: &'static str,
-    key: String,
-    sent: Duration,
-    took: Duration,
-    answer: Answer,
-}
-
-impl Op {
-    /// Whether this op is about `key` (a Reconcile is about every key it resolved or handed
-    /// out).
-    fn names(&self, key: &str) -> bool {
-        self.key == key
-            || match &self.answer {
-                Answer::Reconciled { pending, resolved } => {
-                    pending.iter().any(|(k, _)| k == key) || resolved.iter().any(|s| s.key == key)
-                }
-                _ => self.call == "Reconcile" && self.key.split(',').any(|k| k == key),
-            }
-    }
-}
-
-struct History {
-    started: Instant,
-    ops: Mutex<Vec<Op>>,
-}
-
-impl History {
-    fn new() -> History {
-        History {
-            started: Instant::now(),
-            ops: Mutex::new(Vec::new()),
-        }
-    }
-
-    fn record(
-        &self,
-        actor: &str,
-        server: Option<usize>,
-        call: &'static str,
-        key: &str,
-        sent: Instant,
-        answer: Answer,
-    ) {
-        let op = Op {
-            actor: actor.to_string(),
-            server,
-            call,
-            key: key.to_string(),
-            sent: sent.saturating_duration_since(self.started),
-            took: sent.elapsed(),
-            answer,
-        };
-        lock(&self.ops).push(op);
-    }
-
-    fn did(&self, actor: &str, key: &str, what: String) {
-        self.record(
-            actor,
-            None,
-            "client",
-            key,
-            Instant::now(),
-            Answer::Did(what),
-        );
-    }
-
-    fn ops(&self) -> Vec<Op> {
-        lock(&self.ops).clone()
+fn seen_of(entry: &pb::Entry) -> Seen {
+    Seen {
+        key: entry.key.clone(),
+        status: match entry.status() {
+            pb::Status::Succeeded => EntryStatus::Succeeded,
+            pb::Status::Failed => EntryStatus::Failed,
+            other => EntryStatus::Other(other.as_str_name()),
+        },
+        attempt: entry.attempt,
+        result: entry.result.to_vec(),
+        retryable: entry.retryable,
+        possible_double_effect: entry.possible_double_effect,
     }
 }
 
@@ -320,11 +173,6 @@ fn request<T>(message: T, timeout: Duration) -> tonic::Request<T> {
 
 fn pb_duration(d: Duration) -> prost_types::Duration {
     prost_types::Duration::try_from(d).expect("a short duration")
-}
-
-fn short(bytes: &[u8]) -> String {
-    let hex = hex::encode(&bytes[..bytes.len().min(6)]);
-    format!("{}B:{hex}…", bytes.len())
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -449,7 +297,7 @@ async fn worker(ctx: Arc<Ctx>, id: usize, mut rng: Rng) {
             }
         };
         let entry = claim.entry.clone().unwrap_or_default();
-        let seen = Seen::of(&entry);
+        let seen = seen_of(&entry);
         match claim.outcome() {
             pb::Outcome::Claimed => {
                 record(Answer::Claimed {
@@ -579,14 +427,11 @@ async fn complete(
         .await;
         match answer {
             Ok(done) => {
-                let entry = done.entry.as_ref().map(Seen::of).unwrap_or(Seen {
-                    key: key.clone(),
-                    status: pb::Status::Unspecified,
-                    attempt: 0,
-                    result: Vec::new(),
-                    retryable: false,
-                    possible_double_effect: false,
-                });
+                let entry = done
+                    .entry
+                    .as_ref()
+                    .map(seen_of)
+                    .unwrap_or_else(|| Seen::nothing(&key));
                 ctx.history.record(
                     actor,
                     Some(server),
@@ -702,7 +547,7 @@ async fn reconciler(ctx: Arc<Ctx>, actor: String, mut rng: Rng, until_settled: b
                 for result in &out.results {
                     match result.result() {
                         pb::ResolutionOutcome::ResolutionApplied => {
-                            applied.extend(result.entry.iter().map(Seen::of));
+                            applied.extend(result.entry.iter().map(seen_of));
                         }
                         pb::ResolutionOutcome::ResolutionStale => bump(&ctx.counts.stale),
                         _ => {}
@@ -1178,12 +1023,6 @@ async fn run(plan: Plan, seed: u64, mut fleet: Fleet, postgres: Option<Postgres>
     }
 }
 
-/// What the ledger holds for each key the run touched, and what a Claim of it answers now.
-struct Finals {
-    entries: BTreeMap<String, Option<Seen>>,
-    claims: BTreeMap<String, Answer>,
-}
-
 /// Looks up every key the history names, and claims again each that succeeded.
 async fn final_state(ctx: &Ctx) -> Finals {
     let keys: BTreeSet<String> = ctx
@@ -1210,7 +1049,7 @@ async fn final_state(ctx: &Ctx) -> Finals {
         })
         .await;
         let seen = match looked {
-            Ok(found) => found.entry.as_ref().map(Seen::of),
+            Ok(found) => found.entry.as_ref().map(seen_of),
             Err(status) if status.code() == Code::NotFound => None,
             Err(status) => panic!(
                 "{}: Lookup of {key} failed after the faults: {status:?}",
@@ -1227,7 +1066,7 @@ async fn final_state(ctx: &Ctx) -> Finals {
         );
         if seen
             .as_ref()
-            .is_some_and(|s| s.status == pb::Status::Succeeded)
+            .is_some_and(|s| s.status == EntryStatus::Succeeded)
         {
             let answer = match until_answered(|| {
                 let mut client = ctx.client(0);
@@ -1237,7 +1076,7 @@ async fn final_state(ctx: &Ctx) -> Finals {
             .await
             {
                 Ok(claim) if claim.outcome() == pb::Outcome::Replayed => {
-                    Answer::Replayed(Seen::of(&claim.entry.unwrap_or_default()))
+                    Answer::Replayed(seen_of(&claim.entry.unwrap_or_default()))
                 }
                 Ok(claim) => Answer::Error {
                     code: Code::Ok,
@@ -1286,17 +1125,6 @@ struct Report {
     figures: Figures,
 }
 
-#[derive(Default)]
-struct Figures {
-    calls: BTreeMap<&'static str, u64>,
-    outcomes: BTreeMap<String, u64>,
-    errors: BTreeMap<String, u64>,
-    keys: usize,
-    effects: usize,
-    acknowledged: u64,
-    replays: u64,
-}
-
 impl Report {
     fn summary(
         &self,
@@ -1340,6 +1168,9 @@ impl Report {
     }
 }
 
+/// The history's check (testkit::history::check), then what this run must also show: a final
+/// reconcile pass that settled, no server that panicked, floors on what happened and on the
+/// faults, and in the late-findings run, late findings answered stale.
 fn check(
     ctx: &Ctx,
     fleet: &Fleet,
@@ -1350,78 +1181,15 @@ fn check(
     let ops = ctx.history.ops();
     let effects = ctx.world.effects();
     let mut problems = Vec::new();
-    let mut suspects: BTreeSet<String> = BTreeSet::new();
-    let mut figures = Figures {
-        keys: finals.entries.len(),
-        effects: effects.len(),
-        ..Figures::default()
-    };
     if !settled {
         problems.push("the final reconcile pass did not settle within 30 s".to_string());
     }
-
-    // Every answer: no INTERNAL from any server.
-    for op in &ops {
-        if op.call != "client" {
-            *figures.calls.entry(op.call).or_default() += 1;
-        }
-        match &op.answer {
-            Answer::Error {
-                code,
-                reason,
-                message,
-            } => {
-                *figures
-                    .errors
-                    .entry(format!("{code:?}/{reason}"))
-                    .or_default() += 1;
-                if *code == Code::Internal || *code == Code::Ok {
-                    problems.push(format!(
-                        "{} {} on server {:?} of {} at {:.3}s answered {code:?} {reason} {message:?}",
-                        op.actor,
-                        op.call,
-                        op.server,
-                        op.key,
-                        op.sent.as_secs_f64()
-                    ));
-                }
-            }
-            Answer::Unanswered => *figures.errors.entry("no answer".into()).or_default() += 1,
-            Answer::Claimed { .. } => *figures.outcomes.entry("CLAIMED".into()).or_default() += 1,
-            Answer::Replayed(_) => *figures.outcomes.entry("REPLAYED".into()).or_default() += 1,
-            Answer::InProgress(_) => {
-                *figures.outcomes.entry("IN_PROGRESS".into()).or_default() += 1;
-            }
-            Answer::PreviouslyFailed(_) => {
-                *figures
-                    .outcomes
-                    .entry("PREVIOUSLY_FAILED".into())
-                    .or_default() += 1;
-            }
-            _ => {}
-        }
-    }
+    let verdict = testkit::history::check(&ops, &effects, finals);
+    problems.extend(verdict.problems);
     for line in fleet.lines_with(&["panicked"]) {
         problems.push(format!("a server panicked: {line}"));
     }
-
-    // Key by key.
-    for (key, fin) in &finals.entries {
-        let of_key: Vec<&Op> = ops.iter().filter(|op| op.names(key)).collect();
-        let mine: Vec<&Effect> = effects.iter().filter(|e| e.key == *key).collect();
-        let trouble = check_key(
-            key,
-            fin.as_ref(),
-            &of_key,
-            &mine,
-            finals.claims.get(key),
-            &mut figures,
-        );
-        if !trouble.is_empty() {
-            suspects.insert(key.clone());
-            problems.extend(trouble.into_iter().map(|t| format!("{key}: {t}")));
-        }
-    }
+    let figures = verdict.figures;
 
     // Floors: the run did something, and the faults hit it.
     let claimed = figures.outcomes.get("CLAIMED").copied().unwrap_or(0);
@@ -1455,32 +1223,7 @@ fn check(
         }
     }
 
-    let mut evidence = String::new();
-    for key in suspects.iter().take(4) {
-        let _ = writeln!(evidence, "--- the history of {key} ---");
-        for op in ops.iter().filter(|op| op.names(key)) {
-            let _ = writeln!(
-                evidence,
-                "{:>8.3}s +{:>4}ms {:<6} {:<9} server {:?}: {}",
-                op.sent.as_secs_f64(),
-                op.took.as_millis(),
-                op.actor,
-                op.call,
-                op.server,
-                describe(&op.answer)
-            );
-        }
-        for e in effects.iter().filter(|e| e.key == *key) {
-            let _ = writeln!(
-                evidence,
-                "world: effect of attempt {} by {} at {:.3}s: {}",
-                e.attempt,
-                e.by,
-                e.at.as_secs_f64(),
-                short(&e.receipt)
-            );
-        }
-    }
+    let mut evidence = testkit::history::evidence(&ops, &effects, &verdict.suspects);
     let internal = fleet.lines_with(&["ERROR", "internal"]);
     if !internal.is_empty() {
         let _ = writeln!(evidence, "--- server log lines with ERROR or internal ---");
@@ -1492,205 +1235,6 @@ fn check(
         problems,
         evidence,
         figures,
-    }
-}
-
-/// What is wrong with one key: its effects in the world, its final entry `fin`, the ops about
-/// it and the Claim sent after the check's Lookup.
-fn check_key(
-    key: &str,
-    fin: Option<&Seen>,
-    of_key: &[&Op],
-    mine: &[&Effect],
-    final_claim: Option<&Answer>,
-    figures: &mut Figures,
-) -> Vec<String> {
-    let mut trouble = Vec::new();
-    if mine.len() > 1 {
-        trouble.push(format!(
-            "{} effects for one intent: {}",
-            mine.len(),
-            mine.iter()
-                .map(|e| format!(
-                    "attempt {} by {} at {:.3}s",
-                    e.attempt,
-                    e.by,
-                    e.at.as_secs_f64()
-                ))
-                .collect::<Vec<_>>()
-                .join("; ")
-        ));
-    }
-    // No finding in this workload can say an earlier attempt acted while a later one was
-    // started (an attempt is only retried after a failure before acting, or a read that found
-    // nothing after its lease ended): a mark means the ledger applied or judged a finding
-    // about what it did not see.
-    if fin.is_some_and(|f| f.possible_double_effect) {
-        trouble.push("marked as a possible double effect".into());
-    }
-    match fin {
-        None => {
-            if !mine.is_empty()
-                || of_key
-                    .iter()
-                    .any(|op| matches!(op.answer, Answer::Claimed { .. }))
-            {
-                trouble.push("claimed (and maybe acted on) but Lookup finds nothing".into());
-            }
-        }
-        Some(fin) => {
-            match fin.status {
-                pb::Status::Succeeded => {}
-                pb::Status::Failed if fin.retryable => {}
-                other => trouble.push(format!(
-                    "left {other:?} (retryable {}) at attempt {} once reconciled",
-                    fin.retryable, fin.attempt
-                )),
-            }
-            match mine.first() {
-                Some(effect)
-                    if fin.status != pb::Status::Succeeded
-                        || fin.result != effect.receipt
-                        || fin.attempt != effect.attempt =>
-                {
-                    trouble.push(format!(
-                        "the world has attempt {}'s effect {} but the ledger holds {:?} at \
-                         attempt {} with {}",
-                        effect.attempt,
-                        short(&effect.receipt),
-                        fin.status,
-                        fin.attempt,
-                        short(&fin.result)
-                    ));
-                }
-                Some(_) => {}
-                None if fin.status == pb::Status::Succeeded => trouble.push(format!(
-                    "SUCCEEDED with {} at attempt {} but nothing happened in the world",
-                    short(&fin.result),
-                    fin.attempt
-                )),
-                None => {}
-            }
-            let mut tokens: BTreeMap<u32, BTreeSet<&str>> = BTreeMap::new();
-            for op in of_key {
-                let acknowledged = match &op.answer {
-                    Answer::Completed { entry, .. } => vec![entry],
-                    Answer::Reconciled { resolved, .. } => {
-                        resolved.iter().filter(|s| s.key == *key).collect()
-                    }
-                    _ => Vec::new(),
-                };
-                for ack in acknowledged {
-                    figures.acknowledged += 1;
-                    let kept = match ack.status {
-                        pb::Status::Succeeded => {
-                            fin.status == pb::Status::Succeeded
-                                && fin.result == ack.result
-                                && fin.attempt == ack.attempt
-                        }
-                        pb::Status::Failed => {
-                            fin.attempt > ack.attempt
-                                || (fin.attempt == ack.attempt && fin.status == pb::Status::Failed)
-                        }
-                        // A resolution of an attempt still in flight returns it as it is.
-                        _ => op.call == "Reconcile",
-                    };
-                    if !kept {
-                        trouble.push(format!(
-                            "{} {} acknowledged {:?} at attempt {} with {}, but the ledger \
-                             holds {:?} at attempt {} with {}",
-                            op.actor,
-                            op.call,
-                            ack.status,
-                            ack.attempt,
-                            short(&ack.result),
-                            fin.status,
-                            fin.attempt,
-                            short(&fin.result)
-                        ));
-                    }
-                }
-                match &op.answer {
-                    Answer::Replayed(seen) => {
-                        figures.replays += 1;
-                        if fin.status != pb::Status::Succeeded || seen.result != fin.result {
-                            trouble.push(format!(
-                                "{} was replayed {} at {:.3}s, but the ledger holds {:?} \
-                                 with {}",
-                                op.actor,
-                                short(&seen.result),
-                                op.sent.as_secs_f64(),
-                                fin.status,
-                                short(&fin.result)
-                            ));
-                        }
-                    }
-                    Answer::Claimed { attempt, token } => {
-                        tokens.entry(*attempt).or_default().insert(token);
-                    }
-                    Answer::PreviouslyFailed(seen) => trouble.push(format!(
-                        "{} got PREVIOUSLY_FAILED at attempt {}: nobody reports a permanent \
-                         failure",
-                        op.actor, seen.attempt
-                    )),
-                    _ => {}
-                }
-            }
-            for (attempt, tokens) in tokens {
-                if tokens.len() > 1 {
-                    trouble.push(format!(
-                        "attempt {attempt} was claimed by {} tokens",
-                        tokens.len()
-                    ));
-                }
-            }
-            if fin.status == pb::Status::Succeeded {
-                match final_claim {
-                    Some(Answer::Replayed(seen)) if seen.result == fin.result => {}
-                    other => trouble.push(format!(
-                        "a Claim now does not replay the stored result: {other:?}"
-                    )),
-                }
-            }
-        }
-    }
-    trouble
-}
-
-fn describe(answer: &Answer) -> String {
-    let seen = |s: &Seen| {
-        format!(
-            "{:?} attempt {} {}{}",
-            s.status,
-            s.attempt,
-            short(&s.result),
-            if s.retryable { " retryable" } else { "" }
-        )
-    };
-    match answer {
-        Answer::Claimed { attempt, token } => format!("CLAIMED attempt {attempt} token {token}"),
-        Answer::Replayed(s) => format!("REPLAYED {}", seen(s)),
-        Answer::InProgress(s) => format!("IN_PROGRESS {}", seen(s)),
-        Answer::PreviouslyFailed(s) => format!("PREVIOUSLY_FAILED {}", seen(s)),
-        Answer::Completed { entry, already } => {
-            format!("completed: {} (already_completed {already})", seen(entry))
-        }
-        Answer::Reconciled { pending, resolved } => format!(
-            "pending {pending:?}, resolved [{}]",
-            resolved
-                .iter()
-                .map(|s| format!("{} {}", s.key, seen(s)))
-                .collect::<Vec<_>>()
-                .join("; ")
-        ),
-        Answer::Looked(s) => format!("lookup: {}", s.as_ref().map_or("NOT_FOUND".into(), seen)),
-        Answer::Error {
-            code,
-            reason,
-            message,
-        } => format!("{code:?} {reason} {message:?}"),
-        Answer::Unanswered => "no answer".into(),
-        Answer::Did(what) => what.clone(),
     }
 }
 

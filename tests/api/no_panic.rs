@@ -1,26 +1,36 @@
-//! No input makes the server fail: a seeded random walk of a few hundred Claim, Complete, Lookup
-//! and Reconcile requests with arbitrary fields (strings with control characters and lengths up
-//! to and past the limits, enum numbers out of range, negative and huge durations, random result
-//! bytes, keys with odd characters, real and made-up claim tokens), sent through gRPC to a real
-//! server on SQLite, with the clock moved now and then so leases and retention run out.
+//! No input makes the server fail: a proptest property over sequences of Claim, Complete,
+//! Lookup, RenewLease and Reconcile requests with hostile fields (`testkit::hostile`: strings
+//! with control characters and lengths up to and past the limits, enum numbers out of range,
+//! negative and huge durations, random result bytes, keys with odd characters), real and
+//! made-up claim tokens, and the clock moved now and then so leases and retention run out, each
+//! sequence sent through gRPC to a fresh server on SQLite.
 //!
 //! Every answer must be OK or INVALID_ARGUMENT, FAILED_PRECONDITION or NOT_FOUND: never
 //! INTERNAL or UNKNOWN (a handler that panicked or failed), never a dropped connection and never
-//! silence. The server must still answer its health check at the end. A failing request is
-//! shrunk (fields emptied, strings halved) while it keeps failing, and reported with the seed.
+//! silence; and after each sequence the server must still run and answer its health check.
+//! proptest shrinks a failing sequence (fewer steps, fields back to their sensible values,
+//! shorter strings) and reports it with the seed.
 //!
-//! `NO_PANIC_SEED`, `NO_PANIC_REQUESTS` (default 400) and `NO_PANIC_SECONDS` (default 10)
-//! change the walk.
+//! The run is deterministic: a fixed seed (`NO_PANIC_SEED` changes it) and a fixed number of
+//! sequences (`NO_PANIC_CASES`, default 32, of up to 48 steps), and proptest writes no
+//! regression file.
 //!
 //! The typed client can only send well-formed messages; the focused tests at the end also send
 //! messages that do not decode (a `string` that is not UTF-8, a field of the wrong wire type).
 
-use std::collections::BTreeMap;
-use std::fmt::Write as _;
-use std::time::{Duration, Instant};
+use std::fmt;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
 
 use idempotency_ledger::grpc::pb;
+use proptest::prelude::*;
+use proptest::sample::{Index, select};
+use proptest::test_runner::{Config, RngAlgorithm, TestCaseError, TestError, TestRng, TestRunner};
 use prost_types::Duration as ProtoDuration;
+use testkit::hostile::{
+    abridged, long_text, odd_bytes, odd_duration, odd_enum, odd_json, sane_duration, sane_json,
+    text,
+};
 use tonic::Code;
 use tonic_health::pb::health_check_response::ServingStatus;
 
@@ -45,79 +55,113 @@ fn env_or<T: std::str::FromStr>(name: &str, default: T) -> T {
         .unwrap_or(default)
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn no_request_makes_the_server_fail_internally_drop_the_connection_or_stop_serving() {
+#[test]
+fn no_request_makes_the_server_fail_internally_drop_the_connection_or_stop_serving() {
     let seed: u64 = env_or("NO_PANIC_SEED", DEFAULT_SEED);
-    let max_requests: usize = env_or("NO_PANIC_REQUESTS", 400);
-    let budget = Duration::from_secs(env_or("NO_PANIC_SECONDS", 10));
+    let config = Config {
+        cases: env_or("NO_PANIC_CASES", 32),
+        // A failure prints its shrunk sequence and the seed; nothing is written next to the
+        // sources.
+        failure_persistence: None,
+        max_shrink_iters: 400,
+        ..Config::default()
+    };
+    let mut seed_bytes = [0u8; 32];
+    for chunk in seed_bytes.chunks_mut(8) {
+        chunk.copy_from_slice(&seed.to_le_bytes());
+    }
+    let mut runner = TestRunner::new_with_rng(
+        config,
+        TestRng::from_seed(RngAlgorithm::ChaCha, &seed_bytes),
+    );
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("a runtime");
+    let sent = AtomicUsize::new(0);
+    let outcome = runner.run(&prop::collection::vec(step(), 1..=48), |steps| {
+        runtime.block_on(run_sequence(&steps, &sent))
+    });
+    let sent = sent.into_inner();
+    eprintln!("no_panic: seed {seed:#x}, {sent} requests (shrinking included)");
+    match outcome {
+        Ok(()) => {}
+        Err(TestError::Fail(why, steps)) => panic!(
+            "seed {seed:#x}: a sequence got a forbidden answer: {why}\nshrunk to {} steps:\n{}",
+            steps.len(),
+            steps
+                .iter()
+                .map(|s| format!("  {s:?}"))
+                .collect::<Vec<_>>()
+                .join("\n")
+        ),
+        Err(TestError::Abort(why)) => panic!("seed {seed:#x}: proptest gave up: {why}"),
+    }
+    assert!(sent >= 100, "only {sent} requests were sent");
+}
+
+/// Sends `steps` to a fresh server, then asks it for its health: the first forbidden answer,
+/// or a server that stopped, fails the case.
+async fn run_sequence(steps: &[Step], sent: &AtomicUsize) -> Result<(), TestCaseError> {
     // A short maximum wait keeps claims that wait on an attempt in flight from eating the
-    // time budget; the wait field itself is still sent with arbitrary values.
+    // time; the wait field itself is still sent with arbitrary values.
     let app = spawn_app_with(Backend::Sqlite, |s| s.max_wait = Duration::from_millis(100)).await;
-    let mut rng = Rng::seed_from_u64(seed);
     let mut pool = Pool::default();
-    let mut answers: BTreeMap<String, usize> = BTreeMap::new();
-    let mut failures = Vec::new();
-    let started = Instant::now();
-    let mut sent = 0;
-    while sent < max_requests && started.elapsed() < budget {
-        if rng.random_ratio(1, 25) {
-            let by = *pick(&mut rng, &[1, 61, 3601, 2 * 86_400, 31 * 86_400]);
-            app.clock.advance(Duration::from_secs(by));
-            continue;
-        }
-        let call = gen_call(&mut rng, &pool);
-        sent += 1;
-        let answer = send(&app, &call).await;
-        *answers.entry(answer.label()).or_default() += 1;
-        match answer {
+    for (n, step) in steps.iter().enumerate() {
+        let call = match step {
+            Step::Advance(secs) => {
+                app.clock.advance(Duration::from_secs(*secs));
+                continue;
+            }
+            Step::Send(planned) => planned.resolve(&pool),
+        };
+        sent.fetch_add(1, Ordering::Relaxed);
+        match send(&app, &call).await {
             Answer::Claimed { key, token } => pool.claimed(key, token),
             Answer::Ok => {}
             Answer::Refused(code) if ALLOWED.contains(&code) => {}
             failed => {
-                let minimal = shrink(&app, call.clone()).await;
-                failures.push(format!(
-                    "request #{sent}: {failed:?}\n  request:  {}\n  shrunk to {} -> {:?}",
-                    describe(&call),
-                    describe(&minimal),
-                    send(&app, &minimal).await,
-                ));
+                return Err(TestCaseError::fail(format!(
+                    "step {n}: {failed:?} to {call:?}"
+                )));
             }
         }
     }
-    eprintln!(
-        "no_panic: seed {seed:#x}, {sent} requests in {:.1?}: {answers:?}",
-        started.elapsed()
-    );
-    assert!(sent >= 100, "only {sent} requests in {budget:?}");
-
     let still_running = app.handle.as_ref().is_some_and(|h| !h.is_finished());
-    let health = app.health("").await;
-    let ledger_health = app.health("idempotency.v1.LedgerService").await;
-    assert!(
-        failures.is_empty(),
-        "seed {seed:#x}: {} of {sent} requests got a forbidden answer:\n{}",
-        failures.len(),
-        failures.join("\n")
+    prop_assert!(still_running, "the server task ended");
+    prop_assert_eq!(app.health("").await.ok(), Some(ServingStatus::Serving));
+    prop_assert_eq!(
+        app.health("idempotency.v1.LedgerService").await.ok(),
+        Some(ServingStatus::Serving)
     );
-    assert!(still_running, "the server task ended");
-    assert_eq!(health.ok(), Some(ServingStatus::Serving), "health of \"\"");
-    assert_eq!(
-        ledger_health.ok(),
-        Some(ServingStatus::Serving),
-        "health of the ledger service"
-    );
+    Ok(())
 }
 
 // ---------------------------------------------------------------------------------------------
 // Sending
 
-#[derive(Clone, Debug)]
+#[derive(Clone)]
 enum Call {
     Claim(pb::ClaimRequest),
     Complete(pb::CompleteRequest),
     Lookup(pb::LookupRequest),
     Reconcile(pb::ReconcileRequest),
     RenewLease(pb::RenewLeaseRequest),
+}
+
+/// The request with its long strings cut short.
+impl fmt::Debug for Call {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let full = match self {
+            Call::Claim(r) => format!("Claim({r:?})"),
+            Call::Complete(r) => format!("Complete({r:?})"),
+            Call::Lookup(r) => format!("Lookup({r:?})"),
+            Call::Reconcile(r) => format!("Reconcile({r:?})"),
+            Call::RenewLease(r) => format!("RenewLease({r:?})"),
+        };
+        f.write_str(&abridged(&full))
+    }
 }
 
 #[derive(Debug)]
@@ -132,25 +176,6 @@ enum Answer {
     Refused(Code),
     /// No answer within CALL_TIMEOUT.
     Silence,
-}
-
-impl Answer {
-    fn label(&self) -> String {
-        match self {
-            Answer::Claimed { .. } => "OK (claimed)".to_owned(),
-            Answer::Ok => "OK".to_owned(),
-            Answer::Refused(code) => format!("{code:?}"),
-            Answer::Silence => "no answer".to_owned(),
-        }
-    }
-
-    fn is_failure(&self) -> bool {
-        match self {
-            Answer::Refused(code) => !ALLOWED.contains(code),
-            Answer::Silence => true,
-            Answer::Claimed { .. } | Answer::Ok => false,
-        }
-    }
 }
 
 async fn send(app: &TestApp, call: &Call) -> Answer {
@@ -184,245 +209,64 @@ async fn send(app: &TestApp, call: &Call) -> Answer {
 }
 
 // ---------------------------------------------------------------------------------------------
-// Shrinking a failing request
+// Generating sequences: each request a sensible one with some of its fields swapped for hostile
+// values (`spoiled`), so that hostile values also reach the code behind the first validation;
+// proptest shrinks a spoiled field back to its sensible value first.
 
-/// Simplifies `call` greedily while it still gets a forbidden answer.
-async fn shrink(app: &TestApp, mut call: Call) -> Call {
-    let mut budget = 300;
-    'outer: while budget > 0 {
-        for candidate in simplifications(&call) {
-            budget -= 1;
-            if send(app, &candidate).await.is_failure() {
-                call = candidate;
-                continue 'outer;
-            }
-            if budget == 0 {
-                break 'outer;
-            }
-        }
-        break;
-    }
-    call
+/// One step of a sequence.
+#[derive(Clone, Debug)]
+enum Step {
+    /// Moves the server's clock by this many seconds (leases and retention run out).
+    Advance(u64),
+    /// Sends a request.
+    Send(Box<Planned>),
 }
 
-/// Shorter versions of a string: empty, and each half.
-fn smaller_strings(s: &str) -> Vec<String> {
-    let chars: Vec<char> = s.chars().collect();
-    match chars.len() {
-        0 => vec![],
-        1 => vec![String::new()],
-        n => vec![
-            String::new(),
-            chars[..n / 2].iter().collect(),
-            chars[n / 2..].iter().collect(),
-        ],
-    }
+/// A request, and which of its keys and tokens are to be taken from what earlier answers of
+/// the same sequence taught (a generated sequence cannot know them in advance).
+#[derive(Clone, Debug)]
+struct Planned {
+    call: Call,
+    /// The key of a claimed entry, for the request's key (for a Reconcile, its first
+    /// resolution's).
+    known_key: Option<Index>,
+    /// A claimed key and its token, for a Complete or a RenewLease.
+    held: Option<Index>,
 }
 
-fn smaller_bytes(b: &[u8]) -> Vec<Vec<u8>> {
-    match b.len() {
-        0 => vec![],
-        1 => vec![Vec::new()],
-        n => vec![Vec::new(), b[..n / 2].to_vec(), b[n / 2..].to_vec()],
-    }
-}
-
-/// Every one-step simplification of `call`.
-fn simplifications(call: &Call) -> Vec<Call> {
-    let mut out = Vec::new();
-    macro_rules! strings {
-        ($variant:ident, $r:expr, $($field:ident),+) => {$(
-            for s in smaller_strings(&$r.$field) {
-                let mut c = $r.clone();
-                c.$field = s;
-                out.push(Call::$variant(c));
-            }
-        )+};
-    }
-    macro_rules! zero {
-        ($variant:ident, $r:expr, $($field:ident),+) => {$(
-            let mut c = $r.clone();
-            c.$field = Default::default();
-            if c.$field != $r.$field {
-                out.push(Call::$variant(c));
-            }
-        )+};
-    }
-    match call {
-        Call::Claim(r) => {
-            zero!(Claim, r, lease, retention, wait, canonicalization);
-            strings!(Claim, r, arguments_json, run_id, tool, key, principal);
-        }
-        Call::Complete(r) => {
-            zero!(Complete, r, status, retryable);
-            strings!(Complete, r, key, claim_token, error);
-            for b in smaller_bytes(&r.result) {
-                let mut c = r.clone();
-                c.result = b.into();
-                out.push(Call::Complete(c));
-            }
-        }
-        Call::Lookup(r) => {
-            zero!(Lookup, r, canonicalization);
-            strings!(Lookup, r, key, run_id, tool, arguments_json);
-        }
-        Call::RenewLease(r) => {
-            zero!(RenewLease, r, lease);
-            strings!(RenewLease, r, key, claim_token);
-        }
-        Call::Reconcile(r) => {
-            zero!(Reconcile, r, older_than, limit);
-            strings!(Reconcile, r, tool);
-            let n = r.resolutions.len();
-            if n > 0 {
-                for part in [&r.resolutions[..n / 2], &r.resolutions[n / 2..]] {
-                    let mut c = r.clone();
-                    c.resolutions = part.to_vec();
-                    out.push(Call::Reconcile(c));
+impl Planned {
+    /// The request to send now, with what `pool` knows filled in.
+    fn resolve(&self, pool: &Pool) -> Call {
+        let mut call = self.call.clone();
+        let known = self
+            .known_key
+            .filter(|_| !pool.keys.is_empty())
+            .map(|i| i.get(&pool.keys).clone());
+        let held = self
+            .held
+            .filter(|_| !pool.tokens.is_empty())
+            .map(|i| i.get(&pool.tokens).clone());
+        match &mut call {
+            Call::Claim(r) => r.key = known.unwrap_or(std::mem::take(&mut r.key)),
+            Call::Lookup(r) => r.key = known.unwrap_or(std::mem::take(&mut r.key)),
+            Call::Complete(r) => {
+                if let Some((key, token)) = held {
+                    (r.key, r.claim_token) = (key, token);
                 }
-                for (i, res) in r.resolutions.iter().enumerate().take(4) {
-                    let mut simpler = Vec::new();
-                    for s in smaller_strings(&res.key) {
-                        simpler.push(pb::Resolution {
-                            key: s,
-                            ..res.clone()
-                        });
-                    }
-                    for s in smaller_strings(&res.error) {
-                        simpler.push(pb::Resolution {
-                            error: s,
-                            ..res.clone()
-                        });
-                    }
-                    for b in smaller_bytes(&res.result) {
-                        simpler.push(pb::Resolution {
-                            result: b.into(),
-                            ..res.clone()
-                        });
-                    }
-                    for s in simpler {
-                        let mut c = r.clone();
-                        c.resolutions[i] = s;
-                        out.push(Call::Reconcile(c));
-                    }
+            }
+            Call::RenewLease(r) => {
+                if let Some((key, token)) = held {
+                    (r.key, r.claim_token) = (key, token);
+                }
+            }
+            Call::Reconcile(r) => {
+                if let (Some(key), Some(first)) = (known, r.resolutions.first_mut()) {
+                    first.key = key;
                 }
             }
         }
+        call
     }
-    out
-}
-
-/// The request's `Debug` form with long strings and byte strings cut short.
-fn describe(call: &Call) -> String {
-    fn cut(s: &str) -> String {
-        if s.len() <= 80 {
-            return s.to_owned();
-        }
-        let prefix: String = s.chars().take(40).collect();
-        format!("{prefix}…<{} bytes>", s.len())
-    }
-    fn cut_bytes(b: &[u8]) -> String {
-        if b.len() <= 40 {
-            format!("{b:?}")
-        } else {
-            format!("{:?}…<{} bytes>", &b[..20], b.len())
-        }
-    }
-    let mut out = String::new();
-    match call {
-        Call::Claim(r) => {
-            let _ = write!(
-                out,
-                "Claim {{ run_id: {:?}, tool: {:?}, arguments_json: {:?}, key: {:?}, \
-                 canonicalization: {}, lease: {:?}, retention: {:?}, wait: {:?}, principal: {:?} }}",
-                cut(&r.run_id),
-                cut(&r.tool),
-                cut(&r.arguments_json),
-                cut(&r.key),
-                r.canonicalization,
-                r.lease,
-                r.retention,
-                r.wait,
-                cut(&r.principal)
-            );
-        }
-        Call::Complete(r) => {
-            let _ = write!(
-                out,
-                "Complete {{ key: {:?}, claim_token: {:?}, status: {}, result: {}, error: {:?}, \
-                 retryable: {} }}",
-                cut(&r.key),
-                cut(&r.claim_token),
-                r.status,
-                cut_bytes(&r.result),
-                cut(&r.error),
-                r.retryable
-            );
-        }
-        Call::Lookup(r) => {
-            let _ = write!(
-                out,
-                "Lookup {{ key: {:?}, run_id: {:?}, tool: {:?}, arguments_json: {:?}, \
-                 canonicalization: {} }}",
-                cut(&r.key),
-                cut(&r.run_id),
-                cut(&r.tool),
-                cut(&r.arguments_json),
-                r.canonicalization
-            );
-        }
-        Call::RenewLease(r) => {
-            let _ = write!(
-                out,
-                "RenewLease {{ key: {:?}, claim_token: {:?}, lease: {:?} }}",
-                cut(&r.key),
-                cut(&r.claim_token),
-                r.lease
-            );
-        }
-        Call::Reconcile(r) => {
-            let _ = write!(
-                out,
-                "Reconcile {{ older_than: {:?}, tool: {:?}, limit: {}, resolutions: [",
-                r.older_than,
-                cut(&r.tool),
-                r.limit
-            );
-            for res in r.resolutions.iter().take(5) {
-                let _ = write!(
-                    out,
-                    "{{ key: {:?}, status: {}, result: {}, error: {:?}, retryable: {} }}, ",
-                    cut(&res.key),
-                    res.status,
-                    cut_bytes(&res.result),
-                    cut(&res.error),
-                    res.retryable
-                );
-            }
-            if r.resolutions.len() > 5 {
-                let _ = write!(out, "… {} in all", r.resolutions.len());
-            }
-            out.push_str("] }");
-        }
-    }
-    out
-}
-
-// ---------------------------------------------------------------------------------------------
-// Generating requests: a sensible request, then a few of its fields replaced with odd values,
-// so that odd values also reach the code behind the first validation.
-
-use rand::rngs::Xoshiro256PlusPlus as Rng;
-use rand::{Rng as _, RngExt as _, SeedableRng as _, seq::IndexedRandom as _};
-
-/// How many fields of a sensible request to spoil: often none, sometimes several.
-/// One of `items`, uniformly (`items` is never empty here).
-fn pick<'a, T>(rng: &mut Rng, items: &'a [T]) -> &'a T {
-    items.choose(rng).expect("a non-empty list")
-}
-
-fn spoils(rng: &mut Rng) -> usize {
-    *pick(rng, &[0, 0, 0, 1, 1, 1, 2, 3])
 }
 
 /// What earlier answers taught: keys that exist and the tokens that hold them.
@@ -444,7 +288,6 @@ impl Pool {
     }
 }
 
-const MIB: usize = 1_048_576;
 const RUNS: &[&str] = &["run-1", "run-2", "ラン 😀"];
 const TOOLS: &[&str] = &["issue_credit", "send_email"];
 const EXPLICIT_KEYS: &[&str] = &["wf-1:step-1", "wf-1:step-2", "k"];
@@ -456,486 +299,277 @@ const ARGS: &[&str] = &[
     r#"{"s":"\u0000"}"#,
 ];
 
-/// Characters that make trouble somewhere: controls (C0, DEL, C1), quotes, backslashes, SQL
-/// wildcards, Unicode white space, a BOM, non-BMP and the last code point.
-const PALETTE: &[char] = &[
-    'a',
-    'Z',
-    '0',
-    '-',
-    ':',
-    '/',
-    '_',
-    '%',
-    '\'',
-    '"',
-    '\\',
-    ';',
-    ' ',
-    '\0',
-    '\u{1}',
-    '\t',
-    '\n',
-    '\r',
-    '\u{1b}',
-    '\u{1f}',
-    '\u{7f}',
-    '\u{85}',
-    '\u{9f}',
-    '\u{a0}',
-    'é',
-    '€',
-    '\u{2028}',
-    '\u{200b}',
-    '\u{feff}',
-    '\u{fffd}',
-    '\u{e000}',
-    '😀',
-    '\u{10ffff}',
-];
-
-fn palette_string(rng: &mut Rng, len: usize) -> String {
-    (0..len).map(|_| *pick(rng, PALETTE)).collect()
+/// `sane`, or one time in eight `odd`: shrinks back to `sane`.
+fn spoiled<T: fmt::Debug + Clone + 'static>(
+    sane: impl Strategy<Value = T> + 'static,
+    odd: impl Strategy<Value = T> + 'static,
+) -> BoxedStrategy<T> {
+    prop_oneof![7 => sane, 1 => odd].boxed()
 }
 
-/// An odd string for any text field: empty, printable ASCII, odd characters, at and just past
-/// the 255/256-byte limits (also with a multi-byte character across the boundary), SQL-ish,
-/// 64 hex digits, or huge.
-fn text(rng: &mut Rng) -> String {
-    match rng.random_range(0..12) {
-        0 => String::new(),
-        1..=3 => {
-            let n = 1 + rng.random_range(0..20);
-            (0..n)
-                .map(|_| char::from(b'!' + rng.random_range(0..94) as u8))
-                .collect()
-        }
-        4..=6 => {
-            let n = 1 + rng.random_range(0..40);
-            palette_string(rng, n)
-        }
-        7 => "a".repeat(*pick(rng, &[255, 256, 257])),
-        8 => format!("{}é", "a".repeat(*pick(rng, &[254, 255]))),
-        9 => pick(
-            rng,
-            &[
-                "'; DROP TABLE ledger_entries; --",
-                "NULL",
-                "%",
-                "_",
-                "*",
-                "..",
-                "\\x00",
-                " k",
-                "k ",
-            ],
+fn one_of(items: &'static [&'static str]) -> BoxedStrategy<String> {
+    select(items).prop_map(str::to_owned).boxed()
+}
+
+/// An explicit-looking key, or any text (the pool's keys come in through [`Planned`]).
+fn any_key() -> BoxedStrategy<String> {
+    prop_oneof![1 => one_of(EXPLICIT_KEYS), 1 => text()].boxed()
+}
+
+/// Half the time `Some` index into the pool.
+fn sometimes_known() -> BoxedStrategy<Option<Index>> {
+    prop::option::of(any::<Index>()).boxed()
+}
+
+fn step() -> impl Strategy<Value = Step> {
+    prop_oneof![
+        1 => select(&[1u64, 61, 3601, 2 * 86_400, 31 * 86_400][..]).prop_map(Step::Advance),
+        24 => planned().prop_map(|p| Step::Send(Box::new(p))),
+    ]
+}
+
+fn planned() -> impl Strategy<Value = Planned> {
+    let with = |call: BoxedStrategy<Call>| {
+        (
+            call,
+            sometimes_known(),
+            prop::option::weighted(0.75, any::<Index>()),
         )
-        .to_string(),
-        10 => {
-            let n = *pick(rng, &[1_000, 70_000, 300_000]);
-            palette_string(rng, n)
-        }
-        _ => format!(
-            "{:016x}{:016x}{:016x}{:016x}",
-            rng.next_u64(),
-            rng.next_u64(),
-            rng.next_u64(),
-            rng.next_u64()
+            .prop_map(|(call, known_key, held)| Planned {
+                call,
+                known_key,
+                held,
+            })
+    };
+    prop_oneof![
+        4 => with(claim().prop_map(Call::Claim).boxed()),
+        3 => with(complete().prop_map(Call::Complete).boxed()),
+        2 => with(lookup().prop_map(Call::Lookup).boxed()),
+        1 => with(renew().prop_map(Call::RenewLease).boxed()),
+        1 => with(reconcile().prop_map(Call::Reconcile).boxed()),
+    ]
+}
+
+fn claim() -> impl Strategy<Value = pb::ClaimRequest> {
+    let names = (
+        spoiled(one_of(RUNS), text()),
+        spoiled(one_of(TOOLS), text()),
+        spoiled(sane_json(ARGS), odd_json()),
+        spoiled(
+            prop_oneof![3 => Just(String::new()), 1 => one_of(EXPLICIT_KEYS)],
+            any_key(),
         ),
-    }
+        spoiled(0..3, odd_enum()),
+        spoiled(
+            prop_oneof![1 => Just(String::new()), 1 => Just("alice".to_owned())],
+            text(),
+        ),
+    );
+    let times = (
+        spoiled(sane_duration(120), odd_duration()),
+        spoiled(sane_duration(2 * 86_400), odd_duration()),
+        spoiled(
+            prop_oneof![7 => Just(None), 1 => sane_duration(1)],
+            odd_duration(),
+        ),
+        // Now and then a call that asks a person first (its next claims then wait for a
+        // decision nobody takes here).
+        prop::bool::weighted(1.0 / 16.0),
+        // An explicit key without a run now and then.
+        prop::bool::weighted(0.5),
+    );
+    (names, times).prop_map(
+        |(
+            (run_id, tool, arguments_json, key, canonicalization, principal),
+            (lease, retention, wait, require_approval, runless),
+        )| pb::ClaimRequest {
+            run_id: if runless && !key.is_empty() {
+                String::new()
+            } else {
+                run_id
+            },
+            tool,
+            arguments_json,
+            key,
+            canonicalization,
+            lease,
+            retention,
+            wait,
+            principal,
+            require_approval,
+        },
+    )
 }
 
-fn sane_arguments(rng: &mut Rng) -> String {
-    if rng.random_ratio(1, 3) {
-        random_json(rng, 3)
-    } else {
-        pick(rng, ARGS).to_string()
-    }
-}
-
-/// Odd arguments: refusals of every kind, texts at and over the size and depth limits, garbage.
-fn odd_arguments(rng: &mut Rng) -> String {
-    match rng.random_range(0..5) {
-        0 | 1 => pick(
-            rng,
-            &[
-                "",
-                " ",
-                "[]",
-                "\"{}\"",
-                "null",
-                "{",
-                "{\"a\":1,}",
-                "\u{feff}{}",
-                r#"{"a":1,"a":2}"#,
-                r#"{"s":"\ud800"}"#,
-                r#"{"n":9007199254740993}"#,
-                r#"{"n":1e400}"#,
-                r#"{"n":1152921504606846976}"#,
-                r#"{"n":1152921504606847000}"#,
-                r#"{"a\u0000":"\u0000"}"#,
-                r#"{"s":"\u0000\u001f\u2028 😀 "}"#,
-            ],
-        )
-        .to_string(),
-        2 => {
-            let depth = *pick(rng, &[63, 64, 65, 1000]);
-            format!("{{\"a\":{}{}}}", "[".repeat(depth), "]".repeat(depth))
-        }
-        3 => {
-            // At, or one byte over, the 1 MiB limit.
-            let total = MIB + rng.random_range(0..2);
-            format!("{{\"a\":\"{}\"}}", "x".repeat(total - 8))
-        }
-        _ => {
-            let n = 1 + rng.random_range(0..60);
-            palette_string(rng, n)
-        }
-    }
-}
-
-/// A small random JSON object (its numbers may be refused as inexact integers).
-fn random_json(rng: &mut Rng, depth: usize) -> String {
-    let n = rng.random_range(0..4);
-    let mut out = String::from("{");
-    for i in 0..n {
-        if i > 0 {
-            out.push(',');
-        }
-        let _ = write!(out, "\"k{}\":", rng.random_range(0..5));
-        let value = match rng.random_range(0..if depth == 0 { 4 } else { 6 }) {
-            0 => "null".to_owned(),
-            1 => format!(
-                "{}",
-                rng.next_u64() as i64 >> (11 + rng.random_range(0..53))
-            ),
-            2 => format!(
-                "{:e}",
-                rng.next_u64() as f64 / (rng.next_u64() as f64 + 1.0)
-            ),
-            3 => format!(
-                "{:?}",
-                String::from_iter((0..3).map(|_| *pick(rng, &['a', 'é', '😀', ' '])))
-            ),
-            4 => format!("[{}]", random_json(rng, depth - 1)),
-            _ => random_json(rng, depth - 1),
+fn complete() -> impl Strategy<Value = pb::CompleteRequest> {
+    select(&[2, 2, 3, 4][..]).prop_flat_map(|status| {
+        let succeeded = status == 2;
+        let result = if succeeded {
+            prop::collection::vec(any::<u8>(), 0..100).boxed()
+        } else {
+            Just(Vec::new()).boxed()
         };
-        out.push_str(&value);
-    }
-    out.push('}');
-    out
-}
-
-fn odd_enum(rng: &mut Rng) -> i32 {
-    let any = rng.next_u64() as i32;
-    *pick(rng, &[0, 3, 4, 5, -1, i32::MAX, i32::MIN, any])
-}
-
-/// A valid duration of up to `max_secs` seconds.
-fn sane_duration(rng: &mut Rng, max_secs: usize) -> Option<ProtoDuration> {
-    if rng.random_ratio(1, 2) {
-        return None;
-    }
-    Some(ProtoDuration {
-        seconds: (1 + rng.random_range(0..max_secs)) as i64,
-        nanos: rng.random_range(0..1_000_000_000),
+        let error = if succeeded { "" } else { "timed out" };
+        (
+            spoiled(any_key(), any_key()),
+            spoiled(text(), prop_oneof![Just(String::new()), text()]),
+            spoiled(Just(status), odd_enum()),
+            spoiled(result, odd_bytes()),
+            spoiled(Just(error.to_owned()), long_text()),
+            spoiled(
+                if status == 3 {
+                    any::<bool>().boxed()
+                } else {
+                    Just(false).boxed()
+                },
+                any::<bool>(),
+            ),
+        )
+            .prop_map(|(key, claim_token, status, result, error, retryable)| {
+                pb::CompleteRequest {
+                    key,
+                    claim_token,
+                    status,
+                    result: result.into(),
+                    error,
+                    retryable,
+                }
+            })
     })
 }
 
-/// Negative, huge, zero, sub-microsecond, just over a maximum, or malformed.
-fn odd_duration(rng: &mut Rng) -> Option<ProtoDuration> {
-    let any = rng.next_u64() as i64;
-    let seconds = *pick(
-        rng,
-        &[
-            0,
-            0,
-            1,
-            3_600,
-            3_601,
-            30 * 86_400,
-            30 * 86_400 + 1,
-            -1,
-            i64::MAX,
-            i64::MIN,
-            any,
-        ],
-    );
-    let nanos = *pick(
-        rng,
-        &[
-            0,
-            1,
-            999,
-            1_000,
-            999_999_999,
-            1_000_000_000,
-            -1,
-            i32::MAX,
-            i32::MIN,
-        ],
-    );
-    Some(ProtoDuration { seconds, nanos })
-}
-
-fn odd_result(rng: &mut Rng) -> Vec<u8> {
-    match rng.random_range(0..6) {
-        0 => Vec::new(),
-        1..=3 => (0..rng.random_range(0..300))
-            .map(|_| rng.next_u64() as u8)
-            .collect(),
-        4 => vec![0u8; 4096],
-        _ => vec![0xffu8; MIB + rng.random_range(0..2)],
-    }
-}
-
-fn odd_error(rng: &mut Rng) -> String {
-    if rng.random_ratio(1, 8) {
-        "e".repeat(MIB + rng.random_range(0..2))
-    } else {
-        text(rng)
-    }
-}
-
-/// A key that exists, an explicit-looking one, or any text.
-fn any_key(rng: &mut Rng, pool: &Pool) -> String {
-    match rng.random_range(0..4) {
-        0 | 1 if !pool.keys.is_empty() => pick(rng, &pool.keys).clone(),
-        2 => pick(rng, EXPLICIT_KEYS).to_string(),
-        _ => text(rng),
-    }
-}
-
-fn gen_call(rng: &mut Rng, pool: &Pool) -> Call {
-    match rng.random_range(0..11) {
-        0..=3 => Call::Claim(gen_claim(rng, pool)),
-        4..=6 => Call::Complete(gen_complete(rng, pool)),
-        7 | 8 => Call::Lookup(gen_lookup(rng, pool)),
-        9 => Call::RenewLease(gen_renew(rng, pool)),
-        _ => Call::Reconcile(gen_reconcile(rng, pool)),
-    }
-}
-
-fn gen_renew(rng: &mut Rng, pool: &Pool) -> pb::RenewLeaseRequest {
-    let (key, claim_token) = if pool.tokens.is_empty() {
-        (any_key(rng, pool), text(rng))
-    } else {
-        pick(rng, &pool.tokens).clone()
-    };
-    let mut r = pb::RenewLeaseRequest {
+fn lookup() -> impl Strategy<Value = pb::LookupRequest> {
+    let by_key = any_key().prop_map(|key| pb::LookupRequest {
         key,
-        claim_token,
-        lease: sane_duration(rng, 600),
-    };
-    for _ in 0..spoils(rng) {
-        match rng.random_range(0..3) {
-            0 => r.key = any_key(rng, pool),
-            1 => r.claim_token = text(rng),
-            _ => r.lease = odd_duration(rng),
-        }
-    }
-    r
+        ..Default::default()
+    });
+    let by_call = (one_of(RUNS), one_of(TOOLS), sane_json(ARGS), 0..3).prop_map(
+        |(run_id, tool, arguments_json, canonicalization)| pb::LookupRequest {
+            run_id,
+            tool,
+            arguments_json,
+            canonicalization,
+            ..Default::default()
+        },
+    );
+    (
+        prop_oneof![by_key, by_call],
+        prop::option::weighted(0.15, any_key()),
+        prop::option::weighted(0.15, text()),
+        prop::option::weighted(0.15, text()),
+        prop::option::weighted(0.15, odd_json()),
+        prop::option::weighted(0.15, odd_enum()),
+    )
+        .prop_map(
+            |(mut r, key, run_id, tool, arguments_json, canonicalization)| {
+                r.key = key.unwrap_or(r.key);
+                r.run_id = run_id.unwrap_or(r.run_id);
+                r.tool = tool.unwrap_or(r.tool);
+                r.arguments_json = arguments_json.unwrap_or(r.arguments_json);
+                r.canonicalization = canonicalization.unwrap_or(r.canonicalization);
+                r
+            },
+        )
 }
 
-fn gen_claim(rng: &mut Rng, pool: &Pool) -> pb::ClaimRequest {
-    let explicit = rng.random_ratio(1, 4);
-    let mut r = pb::ClaimRequest {
-        run_id: pick(rng, RUNS).to_string(),
-        tool: pick(rng, TOOLS).to_string(),
-        arguments_json: sane_arguments(rng),
-        key: if explicit {
-            pick(rng, EXPLICIT_KEYS).to_string()
-        } else {
-            String::new()
-        },
-        canonicalization: rng.random_range(0..3),
-        lease: sane_duration(rng, 120),
-        retention: sane_duration(rng, 2 * 86_400),
-        wait: if rng.random_ratio(1, 8) {
-            sane_duration(rng, 1)
-        } else {
-            None
-        },
-        principal: if rng.random_ratio(1, 2) {
-            String::new()
-        } else {
-            "alice".to_owned()
-        },
-        // Now and then a call that asks a person first (its next claims then wait for a
-        // decision nobody takes here).
-        require_approval: rng.random_ratio(1, 16),
-    };
-    if explicit && rng.random_ratio(1, 2) {
-        r.run_id.clear();
-    }
-    for _ in 0..spoils(rng) {
-        match rng.random_range(0..9) {
-            0 => r.run_id = text(rng),
-            1 => r.tool = text(rng),
-            2 => r.arguments_json = odd_arguments(rng),
-            3 => r.key = any_key(rng, pool),
-            4 => r.canonicalization = odd_enum(rng),
-            5 => r.lease = odd_duration(rng),
-            6 => r.retention = odd_duration(rng),
-            7 => r.wait = odd_duration(rng),
-            _ => r.principal = text(rng),
-        }
-    }
-    r
+fn renew() -> impl Strategy<Value = pb::RenewLeaseRequest> {
+    (
+        spoiled(any_key(), any_key()),
+        text(),
+        spoiled(sane_duration(600), odd_duration()),
+    )
+        .prop_map(|(key, claim_token, lease)| pb::RenewLeaseRequest {
+            key,
+            claim_token,
+            lease,
+        })
 }
 
-fn gen_complete(rng: &mut Rng, pool: &Pool) -> pb::CompleteRequest {
-    let (key, claim_token) = if pool.tokens.is_empty() {
-        (any_key(rng, pool), text(rng))
-    } else {
-        pick(rng, &pool.tokens).clone()
-    };
-    let status = *pick(rng, &[2, 2, 3, 4]);
-    let mut r = pb::CompleteRequest {
-        key,
-        claim_token,
-        status,
-        result: if status == 2 {
-            (0..rng.random_range(0..100))
-                .map(|_| rng.next_u64() as u8)
-                .collect::<Vec<u8>>()
-                .into()
-        } else {
-            Default::default()
-        },
-        error: if status == 2 {
-            String::new()
-        } else {
-            "timed out".to_owned()
-        },
-        retryable: status == 3 && rng.random_ratio(1, 2),
-    };
-    for _ in 0..spoils(rng) {
-        match rng.random_range(0..6) {
-            0 => r.key = any_key(rng, pool),
-            1 => {
-                r.claim_token = match rng.random_range(0..3) {
-                    0 if !pool.tokens.is_empty() => pick(rng, &pool.tokens).1.clone(),
-                    1 => String::new(),
-                    _ => text(rng),
-                }
-            }
-            2 => r.status = odd_enum(rng),
-            3 => r.result = odd_result(rng).into(),
-            4 => r.error = odd_error(rng),
-            _ => r.retryable = !r.retryable,
-        }
-    }
-    r
-}
-
-fn gen_lookup(rng: &mut Rng, pool: &Pool) -> pb::LookupRequest {
-    let mut r = pb::LookupRequest::default();
-    if rng.random_ratio(1, 2) {
-        r.key = any_key(rng, pool);
-    } else {
-        r.run_id = pick(rng, RUNS).to_string();
-        r.tool = pick(rng, TOOLS).to_string();
-        r.arguments_json = sane_arguments(rng);
-        r.canonicalization = rng.random_range(0..3);
-    }
-    for _ in 0..spoils(rng) {
-        match rng.random_range(0..5) {
-            0 => r.key = any_key(rng, pool),
-            1 => r.run_id = text(rng),
-            2 => r.tool = text(rng),
-            3 => r.arguments_json = odd_arguments(rng),
-            _ => r.canonicalization = odd_enum(rng),
-        }
-    }
-    r
-}
-
-fn gen_resolution(rng: &mut Rng, pool: &Pool) -> pb::Resolution {
-    let succeeded = rng.random_ratio(1, 2);
-    pb::Resolution {
-        key: any_key(rng, pool),
-        status: if succeeded { 2 } else { 3 },
-        result: if succeeded {
-            b"found".to_vec().into()
-        } else {
-            Default::default()
-        },
-        error: if succeeded {
-            String::new()
-        } else {
-            "not found".to_owned()
-        },
-        retryable: !succeeded && rng.random_ratio(1, 2),
+fn resolution() -> impl Strategy<Value = pb::Resolution> {
+    let sane = (
+        any::<bool>(),
+        any_key(),
+        any::<bool>(),
         // A fence that is usually there (a small attempt, one of a few tokens), now and then
         // missing (an old client's resolution, refused).
-        attempt: *pick(rng, &[0, 1, 1, 2, u32::MAX]),
-        hold_token: pick(rng, &["", "h", "0123456789abcdef0123456789abcdef"]).to_string(),
-    }
+        select(&[0, 1, 1, 2, u32::MAX][..]),
+        one_of(&["", "h", "0123456789abcdef0123456789abcdef"]),
+    )
+        .prop_map(
+            |(succeeded, key, retryable, attempt, hold_token)| pb::Resolution {
+                key,
+                status: if succeeded { 2 } else { 3 },
+                result: if succeeded {
+                    b"found".to_vec().into()
+                } else {
+                    Default::default()
+                },
+                error: if succeeded { "" } else { "not found" }.to_owned(),
+                retryable: !succeeded && retryable,
+                attempt,
+                hold_token,
+            },
+        );
+    (
+        sane,
+        prop::option::weighted(0.1, text()),
+        prop::option::weighted(0.1, odd_enum()),
+        prop::option::weighted(0.1, odd_bytes()),
+        prop::option::weighted(0.1, long_text()),
+        prop::option::weighted(0.1, text()),
+    )
+        .prop_map(|(mut r, key, status, result, error, hold_token)| {
+            r.key = key.unwrap_or(r.key);
+            r.status = status.unwrap_or(r.status);
+            r.result = result.map_or(r.result, Into::into);
+            r.error = error.unwrap_or(r.error);
+            r.hold_token = hold_token.unwrap_or(r.hold_token);
+            r
+        })
 }
 
-fn gen_reconcile(rng: &mut Rng, pool: &Pool) -> pb::ReconcileRequest {
-    let mut r = pb::ReconcileRequest {
-        older_than: sane_duration(rng, 120),
-        tool: if rng.random_ratio(1, 2) {
-            String::new()
-        } else {
-            pick(rng, TOOLS).to_string()
-        },
-        limit: rng.random_range(0..20) as u32,
-        resolutions: (0..rng.random_range(0..4))
-            .map(|_| gen_resolution(rng, pool))
-            .collect(),
-        resolve_only: rng.random_ratio(1, 4),
-        keys: if rng.random_ratio(1, 3) {
-            (0..rng.random_range(0..3))
-                .map(|_| any_key(rng, pool))
-                .collect()
-        } else {
-            Vec::new()
-        },
-        principal: if rng.random_ratio(1, 2) {
-            String::new()
-        } else {
-            "reconciler".to_owned()
-        },
-    };
-    for _ in 0..spoils(rng) {
-        match rng.random_range(0..7) {
-            5 => r.keys.push(text(rng)),
-            6 => r.principal = text(rng),
-            0 => r.older_than = odd_duration(rng),
-            1 => r.tool = text(rng),
-            2 => {
-                let any = rng.next_u64() as u32;
-                r.limit = *pick(rng, &[1_000, 1_001, u32::MAX, any]);
-            }
-            3 => {
-                // At and over the most resolutions one call takes.
-                let n = *pick(rng, &[1_000, 1_001]);
-                r.resolutions = (0..n)
-                    .map(|i| pb::Resolution {
-                        key: format!("k-{i}"),
-                        status: 3,
-                        ..Default::default()
-                    })
-                    .collect();
-            }
-            _ => {
-                let mut odd = gen_resolution(rng, pool);
-                match rng.random_range(0..6) {
-                    0 => odd.key = text(rng),
-                    1 => odd.status = odd_enum(rng),
-                    2 => odd.result = odd_result(rng).into(),
-                    3 => odd.error = odd_error(rng),
-                    4 => odd.retryable = !odd.retryable,
-                    _ => odd.hold_token = text(rng),
+fn reconcile() -> impl Strategy<Value = pb::ReconcileRequest> {
+    // At and over the most resolutions one call takes.
+    let too_many = select(&[1_000usize, 1_001][..]).prop_map(|n| {
+        (0..n)
+            .map(|i| pb::Resolution {
+                key: format!("k-{i}"),
+                status: 3,
+                ..Default::default()
+            })
+            .collect::<Vec<_>>()
+    });
+    (
+        spoiled(sane_duration(120), odd_duration()),
+        spoiled(prop_oneof![Just(String::new()), one_of(TOOLS)], text()),
+        spoiled(
+            0..20u32,
+            prop_oneof![select(&[1_000, 1_001, u32::MAX][..]), any::<u32>()],
+        ),
+        spoiled(prop::collection::vec(resolution(), 0..4), too_many),
+        prop::bool::weighted(0.25),
+        prop_oneof![
+            2 => Just(Vec::new()),
+            1 => prop::collection::vec(any_key(), 0..3),
+        ],
+        spoiled(
+            prop_oneof![Just(String::new()), Just("reconciler".to_owned())],
+            text(),
+        ),
+    )
+        .prop_map(
+            |(older_than, tool, limit, resolutions, resolve_only, keys, principal)| {
+                pb::ReconcileRequest {
+                    older_than,
+                    tool,
+                    limit,
+                    resolutions,
+                    resolve_only,
+                    keys,
+                    principal,
                 }
-                r.resolutions.push(odd);
-            }
-        }
-    }
-    r
+            },
+        )
 }
 
 // ---------------------------------------------------------------------------------------------
