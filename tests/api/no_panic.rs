@@ -764,12 +764,13 @@ fn gen_claim(rng: &mut Rng, pool: &Pool) -> pb::ClaimRequest {
         // Now and then a call that asks a person first (its next claims then wait for a
         // decision nobody takes here).
         require_approval: rng.random_ratio(1, 16),
+        view: rng.random_range(0..3),
     };
     if explicit && rng.random_ratio(1, 2) {
         r.run_id.clear();
     }
     for _ in 0..spoils(rng) {
-        match rng.random_range(0..9) {
+        match rng.random_range(0..10) {
             0 => r.run_id = text(rng),
             1 => r.tool = text(rng),
             2 => r.arguments_json = odd_arguments(rng),
@@ -778,6 +779,7 @@ fn gen_claim(rng: &mut Rng, pool: &Pool) -> pb::ClaimRequest {
             5 => r.lease = odd_duration(rng),
             6 => r.retention = odd_duration(rng),
             7 => r.wait = odd_duration(rng),
+            8 => r.view = odd_enum(rng),
             _ => r.principal = text(rng),
         }
     }
@@ -809,9 +811,10 @@ fn gen_complete(rng: &mut Rng, pool: &Pool) -> pb::CompleteRequest {
             "timed out".to_owned()
         },
         retryable: status == 3 && rng.random_ratio(1, 2),
+        view: rng.random_range(0..3),
     };
     for _ in 0..spoils(rng) {
-        match rng.random_range(0..6) {
+        match rng.random_range(0..7) {
             0 => r.key = any_key(rng, pool),
             1 => {
                 r.claim_token = match rng.random_range(0..3) {
@@ -823,6 +826,7 @@ fn gen_complete(rng: &mut Rng, pool: &Pool) -> pb::CompleteRequest {
             2 => r.status = odd_enum(rng),
             3 => r.result = odd_result(rng).into(),
             4 => r.error = odd_error(rng),
+            5 => r.view = odd_enum(rng),
             _ => r.retryable = !r.retryable,
         }
     }
