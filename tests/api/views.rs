@@ -8,7 +8,7 @@ use tonic::Code;
 use idempotency_ledger::grpc::pb;
 
 use crate::grpc_api::{ARGS, RUN, TOOL, assert_error, claim_ok, key_req, lookup_entry};
-use crate::support::{Backend, claim_req, spawn_app, success};
+use crate::support::{Backend, TestApp, claim_req, spawn_app, success};
 
 on_every_backend!(
     the_basic_view_leaves_out_the_result_a_complete_sent_and_keeps_the_rest,
@@ -32,9 +32,13 @@ fn complete_in(key: &str, token: &str, view: pb::EntryView) -> pb::CompleteReque
     }
 }
 
+async fn complete_ok(app: &TestApp, req: pb::CompleteRequest) -> pb::CompleteResponse {
+    let mut client = app.client.clone();
+    client.complete(req).await.expect("complete").into_inner()
+}
+
 async fn the_basic_view_leaves_out_the_result_a_complete_sent_and_keeps_the_rest(b: Backend) {
     let app = spawn_app(b).await;
-    let mut client = app.client.clone();
     let basic_claim = claim_ok(&app, claim_in(pb::EntryView::Basic)).await;
     assert_eq!(basic_claim.outcome(), pb::Outcome::Claimed);
     let claimed = basic_claim.entry.clone().expect("entry");
@@ -47,11 +51,7 @@ async fn the_basic_view_leaves_out_the_result_a_complete_sent_and_keeps_the_rest
 
     let key = claimed.key.clone();
     let token = basic_claim.claim_token.clone();
-    let basic = client
-        .complete(complete_in(&key, &token, pb::EntryView::Basic))
-        .await
-        .expect("complete")
-        .into_inner();
+    let basic = complete_ok(&app, complete_in(&key, &token, pb::EntryView::Basic)).await;
     assert!(!basic.already_completed);
     let basic = basic.entry.expect("entry");
     assert_eq!(basic.status(), pb::Status::Succeeded);
@@ -67,11 +67,7 @@ async fn the_basic_view_leaves_out_the_result_a_complete_sent_and_keeps_the_rest
         pb::EntryView::Full,
         pb::EntryView::Basic,
     ] {
-        let again = client
-            .complete(complete_in(&key, &token, view))
-            .await
-            .expect("repeat complete")
-            .into_inner();
+        let again = complete_ok(&app, complete_in(&key, &token, view)).await;
         assert!(again.already_completed, "{view:?}");
         answers.push(again.entry.expect("entry"));
     }
@@ -102,11 +98,11 @@ async fn a_replayed_claim_carries_the_stored_result_in_every_view(b: Backend) {
     let app = spawn_app(b).await;
     let first = claim_ok(&app, claim_in(pb::EntryView::Basic)).await;
     let key = first.entry.expect("entry").key;
-    app.client
-        .clone()
-        .complete(complete_in(&key, &first.claim_token, pb::EntryView::Basic))
-        .await
-        .expect("complete");
+    complete_ok(
+        &app,
+        complete_in(&key, &first.claim_token, pb::EntryView::Basic),
+    )
+    .await;
     let mut replays = Vec::new();
     for view in [
         pb::EntryView::Basic,
