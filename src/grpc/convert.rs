@@ -10,7 +10,9 @@ use crate::domain::{
     Approval, ApprovalState, Decision, FinalStatus, HistoryEvent, HoldToken, Micros,
 };
 use crate::error::LedgerError;
-use crate::ledger::{ClaimOutput, EntryView, Outcome, ResolutionOutcome, ResolutionResult};
+use crate::ledger::{
+    ClaimOutput, CompleteInput, EntryView, Outcome, ResolutionOutcome, ResolutionResult,
+};
 use crate::observe::replay_rate::{ReplayFigures, SeriesFigures};
 
 /// A refusal of `field`'s value, as the gRPC status the table gives it.
@@ -27,6 +29,27 @@ pub(super) fn canonicalization(value: i32) -> Result<Canonicalization, Status> {
         Err(_) => Err(invalid(
             "canonicalization",
             format!("{value} is not a Canonicalization value"),
+        )),
+    }
+}
+
+/// How much of an entry a Claim or Complete answers with: the request's `view` (AIP-157).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum View {
+    /// What the caller needs: on a Complete, the entry without the result it just sent.
+    Basic,
+    /// The whole answer, as before there were views (unset means this).
+    Full,
+}
+
+/// A request's `view`; unset is the full view, a number that is no `EntryView` is refused.
+pub(super) fn view(value: i32) -> Result<View, Status> {
+    match pb::EntryView::try_from(value) {
+        Ok(pb::EntryView::Unspecified | pb::EntryView::Full) => Ok(View::Full),
+        Ok(pb::EntryView::Basic) => Ok(View::Basic),
+        Err(_) => Err(invalid(
+            "view",
+            format!("{value} is not an EntryView value (ENTRY_VIEW_BASIC or ENTRY_VIEW_FULL)"),
         )),
     }
 }
@@ -234,6 +257,29 @@ pub(super) fn entry(view: EntryView) -> pb::Entry {
         possible_double_effect: e.possible_double_effect,
         approval: approval(e.approval),
     }
+}
+
+/// A Complete's input, and the view it answers in.
+pub(super) fn complete_input(r: pb::CompleteRequest) -> Result<(CompleteInput, View), Status> {
+    let input = CompleteInput {
+        key: r.key,
+        claim_token: r.claim_token,
+        status: final_status("status", r.status)?,
+        result: r.result.to_vec(),
+        error: r.error,
+        retryable: r.retryable,
+    };
+    Ok((input, view(r.view)?))
+}
+
+/// The entry a Complete answers with in `view`: the basic view leaves out the result, which
+/// is the one the caller sent (a Complete succeeds only when it recorded that result or found
+/// it recorded), so it is neither converted nor encoded again.
+pub(super) fn completed_entry(mut e: EntryView, view: View) -> pb::Entry {
+    if view == View::Basic {
+        e.entry.result = Vec::new();
+    }
+    entry(e)
 }
 
 /// What became of one resolution.

@@ -11,9 +11,9 @@ use tonic::{Request, Response, Status};
 use super::admission::{Admission, Admitted, HeldBytes};
 use super::auth::Approver;
 use super::convert::{
-    audited_entry, canonicalization, claim_response, decision, duration, entry, final_status,
-    history_event, instant, pending_entry, replay_rate_response, resolution_result, status_filter,
-    timestamp,
+    View, audited_entry, canonicalization, claim_response, complete_input, completed_entry,
+    decision, duration, entry, final_status, history_event, instant, pending_entry,
+    replay_rate_response, resolution_result, status_filter, timestamp, view,
 };
 use super::deadline::{parse_grpc_timeout, run};
 use super::error::{CallError, status};
@@ -283,6 +283,9 @@ impl LedgerService for LedgerApi {
         self.unary(
             request,
             |r, deadline| {
+                // Checked, then not needed: a Claim's basic view is its full one (its entry
+                // never carries arguments_json, and its stored result is what a replay needs).
+                view(r.view)?;
                 Ok(ClaimInput {
                     run_id: r.run_id,
                     tool: r.tool,
@@ -318,26 +321,17 @@ impl LedgerService for LedgerApi {
         let metrics = self.metrics.clone();
         self.unary(
             request,
-            |r, _| {
-                Ok(CompleteInput {
-                    key: r.key,
-                    claim_token: r.claim_token,
-                    status: final_status("status", r.status)?,
-                    result: r.result.to_vec(),
-                    error: r.error,
-                    retryable: r.retryable,
-                })
-            },
-            |ledger, tenant, input| async move {
+            |r, _| complete_input(r),
+            |ledger, tenant, (input, view)| async move {
                 let status = input.status;
                 let out = ledger.complete(&tenant, input).await;
                 metrics.complete(status, &out);
-                out
+                out.map(|out| (out, view))
             },
-            |out| {
+            |(out, view)| {
                 telemetry::record_entry(&out.entry);
                 pb::CompleteResponse {
-                    entry: Some(entry(out.entry)),
+                    entry: Some(completed_entry(out.entry, view)),
                     already_completed: out.already_completed,
                 }
             },
@@ -561,9 +555,9 @@ impl Labels for ClaimInput {
     }
 }
 
-impl Labels for CompleteInput {
+impl Labels for (CompleteInput, View) {
     fn labels(&self) -> (&str, &str) {
-        ("", &self.key)
+        ("", &self.0.key)
     }
 }
 

@@ -48,4 +48,5 @@ mod store_causes;
 mod tasks;
 mod tenants;
 mod traces;
+mod views;
 mod waiting;

@@ -377,11 +377,13 @@ fn claim() -> impl Strategy<Value = pb::ClaimRequest> {
         prop::bool::weighted(1.0 / 16.0),
         // An explicit key without a run now and then.
         prop::bool::weighted(0.5),
+        // The answer's view (AIP-157), or an odd value.
+        spoiled(0..3, odd_enum()),
     );
     (names, times).prop_map(
         |(
             (run_id, tool, arguments_json, key, canonicalization, principal),
-            (lease, retention, wait, require_approval, runless),
+            (lease, retention, wait, require_approval, runless, view),
         )| pb::ClaimRequest {
             run_id: if runless && !key.is_empty() {
                 String::new()
@@ -397,6 +399,7 @@ fn claim() -> impl Strategy<Value = pb::ClaimRequest> {
             wait,
             principal,
             require_approval,
+            view,
         },
     )
 }
@@ -424,17 +427,19 @@ fn complete() -> impl Strategy<Value = pb::CompleteRequest> {
                 },
                 any::<bool>(),
             ),
+            spoiled(0..3, odd_enum()),
         )
-            .prop_map(|(key, claim_token, status, result, error, retryable)| {
-                pb::CompleteRequest {
+            .prop_map(
+                |(key, claim_token, status, result, error, retryable, view)| pb::CompleteRequest {
                     key,
                     claim_token,
                     status,
                     result: result.into(),
                     error,
                     retryable,
-                }
-            })
+                    view,
+                },
+            )
     })
 }
 

@@ -166,6 +166,30 @@ pub struct Args {
     /// A free-form label carried into the table and the JSON.
     #[arg(long, default_value = "")]
     pub label: String,
+    /// The view each Complete asks for: `basic`, as the clients ask, leaves out the result it
+    /// sent; `full` is the answer of a caller that sets none (and the floor's calls are sized
+    /// as the view's).
+    #[arg(long, value_enum, default_value_t = View::Basic)]
+    pub view: View,
+}
+
+/// How much of the entry a Complete answers with (its request's `view`).
+#[derive(ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
+pub enum View {
+    /// `ENTRY_VIEW_BASIC`: without the result the Complete sent.
+    Basic,
+    /// `ENTRY_VIEW_FULL`: the whole entry.
+    Full,
+}
+
+impl View {
+    /// The proto's value.
+    pub fn entry_view(self) -> idempotency_ledger::grpc::pb::EntryView {
+        match self {
+            View::Basic => idempotency_ledger::grpc::pb::EntryView::Basic,
+            View::Full => idempotency_ledger::grpc::pb::EntryView::Full,
+        }
+    }
 }
 
 #[derive(ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
@@ -250,7 +274,7 @@ pub async fn run(args: Args) -> Result<Report, Box<dyn Error>> {
     let now_unix = SystemTime::now().duration_since(UNIX_EPOCH)?;
     let run_tag = format!("{}-{}", std::process::id(), now_unix.as_millis());
     let mut shared = Shared {
-        floor_calls: floor_calls(args.floor_of, &run_tag),
+        floor_calls: floor_calls(args.floor_of, args.view, &run_tag),
         run_tag,
         auth,
         measure_from: Instant::now(),

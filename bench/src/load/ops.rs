@@ -17,7 +17,7 @@ use tonic::Request;
 
 use super::sizes::{RpcKind, note_bytes};
 use super::tally::{CLAIM, COMPLETE, OP, Sample, Tally, WAIT};
-use super::{ARGUMENTS, Auth, Client, RESULT, Shared, TOOL, Workload};
+use super::{ARGUMENTS, Auth, Client, RESULT, Shared, TOOL, View, Workload};
 use crate::floor_pb;
 
 /// Creates --hot-keys completed entries, with up to 8 clients at once.
@@ -34,14 +34,14 @@ pub(super) async fn create_hot_set(
             .step_by(workers)
             .map(|i| format!("bench-{}-hot-{i}", shared.run_tag))
             .collect();
-        let (auth, timeout) = (shared.auth.clone(), shared.args.timeout);
+        let (auth, timeout, view) = (shared.auth.clone(), shared.args.timeout, shared.args.view);
         tasks.push(tokio::spawn(async move {
             let mut hot = Vec::with_capacity(run_ids.len());
             for run_id in run_ids {
                 let (claim, _) = claim(&mut client, &auth, timeout, &run_id, None).await?;
                 expect(&claim, Outcome::Claimed).map_err(|e| format!("{run_id}: {e}"))?;
                 let key = claim.entry.map(|e| e.key).unwrap_or_default();
-                complete(&mut client, &auth, timeout, &key, claim.claim_token).await?;
+                complete(&mut client, &auth, (timeout, view), &key, claim.claim_token).await?;
                 hot.push((run_id, key));
             }
             Ok::<_, String>(hot)
@@ -183,7 +183,8 @@ async fn claim_complete(
         held()?.retain(|h| h != run_id);
         outcome = "HELD_COMPLETED";
     }
-    let complete_took = complete(client, &shared.auth, timeout, &key, r.claim_token).await?;
+    let call = (timeout, shared.args.view);
+    let complete_took = complete(client, &shared.auth, call, &key, r.claim_token).await?;
     let mut times = [None; 4];
     times[OP] = Some(claim_took + complete_took);
     times[CLAIM] = Some(claim_took);
@@ -222,10 +223,11 @@ async fn claim(
     Ok((response, took))
 }
 
+/// A Complete of `key`, with the call's deadline and the view it asks for.
 async fn complete(
     client: &mut Client,
     auth: &Auth,
-    timeout: Duration,
+    (timeout, view): (Duration, View),
     key: &str,
     claim_token: String,
 ) -> Result<Duration, String> {
@@ -234,6 +236,7 @@ async fn complete(
         claim_token,
         status: EntryStatus::Succeeded as i32,
         result: Bytes::from_static(RESULT),
+        view: view.entry_view().into(),
         ..CompleteRequest::default()
     };
     let request_len = request.encoded_len();

@@ -12,7 +12,7 @@ use idempotency_ledger::grpc::pb::{
 use prost::Message;
 use prost::bytes::Bytes;
 
-use super::{ARGUMENTS, FloorOf, RESULT, TOOL};
+use super::{ARGUMENTS, FloorOf, RESULT, TOOL, View};
 use crate::floor_pb;
 
 /// The floor's calls for one operation of `of`: for each RPC that operation makes, a filler
@@ -21,7 +21,7 @@ use crate::floor_pb;
 /// server's own answers for ledger-bench's requests: the same key, token, fingerprint and
 /// timestamp lengths, the same result and note), so `rpc_bytes` of a real run and of a floor
 /// run agree to a few bytes.
-pub(crate) fn floor_calls(of: FloorOf, run_tag: &str) -> Vec<(Bytes, u32)> {
+pub(crate) fn floor_calls(of: FloorOf, view: View, run_tag: &str) -> Vec<(Bytes, u32)> {
     let hex = |n: usize| "0123456789abcdef".repeat(n.div_ceil(16))[..n].to_string();
     let now = prost_types::Timestamp::from(SystemTime::now());
     let later = |s: i64| prost_types::Timestamp {
@@ -67,12 +67,16 @@ pub(crate) fn floor_calls(of: FloorOf, run_tag: &str) -> Vec<(Bytes, u32)> {
                 claim_token: hex(32),
                 status: EntryStatus::Succeeded as i32,
                 result: Bytes::from_static(RESULT),
+                view: view.entry_view().into(),
                 ..CompleteRequest::default()
             };
-            let completed = CompleteResponse {
+            let mut completed = CompleteResponse {
                 entry: Some(finished(&run_id)),
                 already_completed: false,
             };
+            if let (View::Basic, Some(entry)) = (view, &mut completed.entry) {
+                entry.result = Bytes::new(); // the basic view leaves out the result sent
+            }
             vec![
                 (claim_request(&run_id).encoded_len(), claimed.encoded_len()),
                 (complete.encoded_len(), completed.encoded_len()),
@@ -168,7 +172,7 @@ mod tests {
     #[test]
     fn the_floor_s_calls_encode_to_the_ledger_s_sizes_within_a_few_bytes() {
         for (of, calls) in [(FloorOf::ClaimComplete, 2), (FloorOf::Replay, 1)] {
-            let floor = floor_calls(of, "1234-1700000000000");
+            let floor = floor_calls(of, View::Basic, "1234-1700000000000");
             assert_eq!(floor.len(), calls);
             for (payload, response) in floor {
                 assert!(!payload.is_empty() && response > 50, "{of:?}");

@@ -32,6 +32,7 @@ from idempotency_ledger import AsyncLedger, Canonicalization, Ledger, LedgerErro
 from idempotency_ledger import _core as core
 from idempotency_ledger._core import NOT_PERFORMED_NOTE
 from idempotency_ledger._proto import ledger_pb2 as pb
+from idempotency_ledger import _wire as wire
 from idempotency_ledger._wire import canonicalization_name as _canonicalization
 from idempotency_ledger.errors import UNKNOWN_NOTE
 from idempotency_ledger.tools import missing_run_id_view, model_view
@@ -152,6 +153,11 @@ def test_the_defaults_are_the_clients() -> None:
         assert _canonicalization(_default(function, "canonicalization")) == defaults[
             "canonicalization"], function
     assert _canonicalization(Canonicalization.JCS) == defaults["canonicalization"]
+
+
+def test_every_complete_asks_for_the_view_of_the_list() -> None:
+    request = wire.complete_request("k", "t", "SUCCEEDED", b"r", "", False)
+    assert pb.EntryView.Name(request.view) == PARITY["defaults"]["complete_view"]
 
 
 @pytest.mark.parametrize("form", PARITY["defaults"]["targets"])

@@ -49,6 +49,9 @@ def test_claim_complete_lookup(ledger: Ledger, run_id: str) -> None:
     assert claim.entry.finished_at is None and claim.entry.expires_at is None
     done = ledger.complete(claim.key, claim.claim_token, Status.SUCCEEDED, result=b'{"id":1}')
     assert not done.already_completed and done.entry.status == Status.SUCCEEDED
+    # Completes ask for the basic view (no echo of the result on the wire); the client puts the
+    # result it sent back, so the entry reads as the full view's.
+    assert done.entry.result == b'{"id":1}'
     again = ledger.complete(claim.key, claim.claim_token, "SUCCEEDED", result=b'{"id":1}')
     assert again.already_completed
     looked_up = ledger.lookup(claim.key)

@@ -14,6 +14,7 @@ import {
   CompleteRequestSchema,
   DecideRequestSchema,
   Decision as PbDecision,
+  EntryView as PbEntryView,
   ExtendRunRequestSchema,
   LedgerService,
   ListEntriesRequestSchema,
@@ -58,6 +59,12 @@ import {
 } from "./types.js";
 
 /** The RPCs of one ledger. The Ledger (ledger.ts) is this with runOnce and the tool calls. */
+/**
+ * The view every Complete asks for (`defaults.complete_view` of clients/parity.json): the answer
+ * leaves out the result the call sent, which `complete` puts back into the entry it returns.
+ */
+export const COMPLETE_VIEW = PbEntryView.BASIC;
+
 export class LedgerRpc {
   private readonly client: Client<typeof LedgerService>;
   private readonly sessionManager: Http2SessionManager | undefined;
@@ -210,13 +217,16 @@ export class LedgerRpc {
       result: params.result ?? new Uint8Array(0),
       error: params.error ?? "",
       retryable: params.retryable ?? false,
+      view: COMPLETE_VIEW,
     });
     try {
       const res = await this.retrying(opts, () => this.send(this.client.complete(req, this.callOptions(opts)), opts?.signal), {
         minBudgetMs,
         deadlineToo: true,
       });
-      return { entry: entryFrom(res.entry), alreadyCompleted: res.alreadyCompleted };
+      // The basic view leaves out the result this call sent, which a Complete that succeeded
+      // recorded (or found recorded): the entry returned reads as the full view's.
+      return { entry: { ...entryFrom(res.entry), result: req.result }, alreadyCompleted: res.alreadyCompleted };
     } catch (err) {
       throw toLedgerError(err);
     }

@@ -106,6 +106,12 @@ describe("typed errors", () => {
       result: new TextEncoder().encode('"sent"'),
     });
     assert.equal(done.alreadyCompleted, false);
+    // Completes ask for the basic view (no echo of the result on the wire); the client puts the
+    // result it sent back, so the entry reads as the full view's, which is Lookup's without
+    // the audit arguments.
+    assert.deepEqual(done.entry.result, new TextEncoder().encode('"sent"'));
+    const stored = await ledger.lookup({ key: claim.entry.key });
+    assert.deepEqual(done.entry, { ...stored, argumentsJson: "" });
     const again = await ledger.complete({
       key: claim.entry.key,
       claimToken: claim.claimToken,

@@ -16,7 +16,12 @@ import { describe, test } from "node:test";
 import { create } from "@bufbuild/protobuf";
 import { Code, ConnectError } from "@connectrpc/connect";
 import { ErrorInfoSchema } from "../src/gen/google/rpc/error_details_pb.js";
-import { ResolutionOutcome as PbResolutionOutcome, ResolutionResultSchema } from "../src/gen/idempotency/v1/ledger_pb.js";
+import {
+  EntryView as PbEntryView,
+  ResolutionOutcome as PbResolutionOutcome,
+  ResolutionResultSchema,
+} from "../src/gen/idempotency/v1/ledger_pb.js";
+import { COMPLETE_VIEW } from "../src/rpc.js";
 import { resolutionOutcomeName, resolutionResultFrom } from "../src/types.js";
 import * as client from "../src/index.js";
 import { MissingRunIdError } from "../src/errors.js";
@@ -37,6 +42,7 @@ const parity = JSON.parse(readFileSync(join(REPO_ROOT, "clients/parity.json"), "
     wait_seconds: number;
     renew_every_fraction_of_lease: number;
     canonicalization: string;
+    complete_view: string;
     targets: string[];
     retry_budget_seconds: number;
     confirm_delay_seconds: number;
@@ -192,6 +198,10 @@ describe("parity.json: defaults", () => {
       client.deriveKey("run-1", "t", args),
       client.deriveKey("run-1", "t", args, client.DEFAULT_CANONICALIZATION),
     );
+  });
+
+  test("every Complete asks for the view of the list", () => {
+    assert.equal(`ENTRY_VIEW_${PbEntryView[COMPLETE_VIEW]}`, d.complete_view);
   });
 
   test("the address forms are the client's, and each is accepted", () => {

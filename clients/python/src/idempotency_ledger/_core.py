@@ -251,7 +251,7 @@ def complete(policy: Policy, key: str, claim_token: str, status: Status | str, r
     request = wire.complete_request(key, claim_token, status, result, error, retryable)
     r = yield from rpc(policy, "Complete", request, policy.deadline(timeout),
                        budget=policy.retry_budget if budget is None else budget, also=also)
-    return wire.completion(r)
+    return wire.completion(r, result)
 
 
 def lookup(policy: Policy, request: Any, timeout: float | None) -> Steps[Entry]:

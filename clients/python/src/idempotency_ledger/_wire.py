@@ -163,10 +163,15 @@ def approval_event(r: Any) -> ApprovalEvent:
     return ApprovalEvent(r.cursor, r.kind, at, r.principal, Entry.from_pb(r.entry))
 
 
+#: The view every Complete asks for (``defaults.complete_view`` of clients/parity.json): the
+#: answer leaves out the result the call sent, which :func:`completion` puts back.
+COMPLETE_VIEW = "ENTRY_VIEW_BASIC"
+
+
 def complete_request(key: str, claim_token: str, status: Status | str, result: bytes, error: str,
                      retryable: bool) -> Any:
     return pb.CompleteRequest(key=key, claim_token=claim_token, status=status_name(status),
-                              result=result, error=error, retryable=retryable)
+                              result=result, error=error, retryable=retryable, view=COMPLETE_VIEW)
 
 
 def lookup_request(key: str | None, run_id: str | None, tool: str | None,
@@ -249,7 +254,11 @@ def claim_result(r: Any) -> ClaimResult:
                        retry_after)
 
 
-def completion(r: Any) -> Completion:
+def completion(r: Any, sent: bytes) -> Completion:
+    """The answer to a Complete that sent the result `sent`, its entry as the full view shows it:
+    the basic view leaves the result out, and a Complete that succeeded recorded that very result
+    (or found it recorded), so it is the entry's."""
+    r.entry.result = sent
     return Completion(Entry.from_pb(r.entry), r.already_completed)
 
 
