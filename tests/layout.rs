@@ -559,3 +559,80 @@ fn every_test_starts_the_binary_through_the_one_helper() {
         "start the binary with crate::support::ledger_command(): {named:#?}"
     );
 }
+
+/// The functions of `text` (code before its `#[cfg(test)]`) longer than `most` lines, each as
+/// `name (lines)`: from a line opening a `fn` to the first line after it that closes a block
+/// at the same indentation (rustfmt's layout). A declaration without a body has none.
+fn long_functions(text: &str, most: usize) -> Vec<String> {
+    let lines: Vec<&str> = text
+        .lines()
+        .take_while(|l| !l.starts_with("#[cfg(test)]"))
+        .collect();
+    let mut long = Vec::new();
+    for (i, line) in lines.iter().enumerate() {
+        let code = line.trim_start();
+        let indent = line.len() - code.len();
+        let opens = code
+            .split('(')
+            .next()
+            .unwrap_or("")
+            .split_whitespace()
+            .skip_while(|w| *w != "fn")
+            .nth(1)
+            .map(|name| name.split('<').next().unwrap_or(name).to_string());
+        let Some(name) = opens else { continue };
+        // A comment, or a body closed on its own line (`fn f() -> u8 { 1 }`).
+        if code.starts_with("//") || !code.contains("fn ") || code.ends_with('}') {
+            continue;
+        }
+        let close = format!("{}}}", " ".repeat(indent));
+        let end = lines[i..]
+            .iter()
+            .position(|l| l.ends_with(';') && l.len() - l.trim_start().len() == indent)
+            .into_iter()
+            .chain(lines[i..].iter().position(|l| *l == close))
+            .min();
+        // A declaration (`fn f();`) ends before any body could.
+        if let Some(end) = end
+            && lines[i + end] == close
+            && end + 1 > most
+        {
+            long.push(format!("{name} ({} lines)", end + 1));
+        }
+    }
+    long
+}
+
+#[test]
+fn no_function_is_over_a_hundred_lines_before_the_tests() {
+    let mut files = Vec::new();
+    for dir in [
+        "src",
+        "crates/core/src",
+        "crates/stores/src",
+        "bench/src",
+        "testkit/src",
+    ] {
+        rust_files(&root().join(dir), &mut files);
+    }
+    let long: Vec<String> = files
+        .iter()
+        .flat_map(|f| {
+            let text = std::fs::read_to_string(f).expect("read");
+            long_functions(&text, 100)
+                .into_iter()
+                .map(move |l| format!("{}: {l}", f.display()))
+        })
+        .collect();
+    assert!(long.is_empty(), "functions over 100 lines: {long:#?}");
+    // The scanner measures what it should.
+    let body = "    let x = 1;\n".repeat(100);
+    let text = format!(
+        "impl A {{\n    pub async fn big<T>(a: T) {{\n{body}    }}\n\n    fn small() {{}}\n    fn one() -> u8 {{ 1 }}\n    fn declared();\n}}\n"
+    );
+    assert_eq!(
+        long_functions(&text, 100),
+        vec!["big (102 lines)".to_string()]
+    );
+    assert!(long_functions(&text, 102).is_empty());
+}

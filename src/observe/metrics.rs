@@ -27,7 +27,7 @@ use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::Histogram;
-use prometheus_client::registry::{Registry, Unit};
+use prometheus_client::registry::Registry;
 
 use super::Rpc;
 use super::replay_rate::{ClaimEvent, ReplayAlarm, ReplayFigures, ReplayHistory};
@@ -37,6 +37,7 @@ use crate::error::LedgerError;
 use crate::ledger::{ClaimOutput, CompleteOutput, Outcome, ResolutionOutcome, ResolutionResult};
 use crate::storage::{PoolStats, Store, StoreError, UnresolvedCount};
 
+mod families;
 mod methods;
 mod tools;
 
@@ -174,107 +175,8 @@ impl Metrics {
         let grpc = GrpcSeries::register(&mut registry);
 
         let tools = Tools::register(&mut registry, options.max_tools);
-        let stale_tokens = Counter::default();
-        registry.register(
-            "ledger_stale_claim_tokens",
-            "Completes refused because the claim token is not the current attempt's \
-             (STALE_CLAIM_TOKEN)",
-            stale_tokens.clone(),
-        );
-        let completions = Family::<Labels<1>, Counter>::default();
-        registry.register(
-            "ledger_completions",
-            "Completes that succeeded, by the status recorded, or already_completed for an \
-             identical repeat",
-            completions.clone(),
-        );
-        let resolutions = Family::<Labels<1>, Counter>::default();
-        registry.register(
-            "ledger_reconcile_resolutions",
-            "Reconcile resolutions received in calls that succeeded, by the status the \
-             reconciler found",
-            resolutions.clone(),
-        );
-        let stale_findings = Family::<Labels<1>, Counter>::default();
-        registry.register(
-            "ledger_stale_findings",
-            "Reconcile findings that changed nothing because they no longer spoke for their \
-             entry (RESOLUTION_STALE), by reason: later_attempt (a later attempt was started), \
-             other_attempt, hold_replaced (the entry was handed out again since), not_unknown \
-             (its attempt was in its lease)",
-            stale_findings.clone(),
-        );
-        let decisions = Family::<Labels<1>, Counter>::default();
-        registry.register(
-            "ledger_approval_decisions",
-            "Decisions about calls awaiting a person's approval, by outcome (a repeated decision \
-             that changed nothing is not counted)",
-            decisions.clone(),
-        );
-        let decide_seconds = Histogram::new(DECIDE_BUCKETS);
-        registry.register_with_unit(
-            "ledger_approval_decide",
-            "Time from a call's approval request to the person's decision",
-            Unit::Seconds,
-            decide_seconds.clone(),
-        );
-        let approvals_expired = Counter::default();
-        registry.register(
-            "ledger_approvals_expired",
-            "Approval requests that went undecided past their decide_by, and approvals unused \
-             past their execute_by (nothing was done; the next claim asks again)",
-            approvals_expired.clone(),
-        );
-        let pruned = Counter::default();
-        registry.register(
-            "ledger_pruned_entries",
-            "Finished entries deleted after their retention",
-            pruned.clone(),
-        );
-        let store_errors = Family::<Labels<1>, Counter>::default();
-        registry.register(
-            "ledger_store_errors",
-            "Store errors, by kind: unavailable (cannot be reached), busy (no connection or \
-             lock came free in time), io_error, full (out \
-             of disk space), contention (deadlocks past the retries), read_only (a standby), \
-             corrupt, misconfigured (the store does not fit the settings), or internal (a \
-             failed statement, or a bug)",
-            store_errors.clone(),
-        );
-
-        let store_up = Gauge::default();
-        registry.register(
-            "ledger_store_up",
-            "Whether the last health probe reached the store",
-            store_up.clone(),
-        );
-        let unresolved = Family::<Labels<1>, Gauge>::default();
-        registry.register(
-            "ledger_unresolved_entries",
-            "Unresolved entries in the whole store (every tenant, every server), by status: \
-             unknown (reported, or past its lease: to reconcile) and attempting (in its lease)",
-            unresolved.clone(),
-        );
-        let double_effects = Family::<Labels<0>, Gauge>::default();
-        registry.register(
-            "ledger_possible_double_effects",
-            "Entries in the whole store marked as a possible double effect (a finding said an \
-             earlier attempt's effect exists while a later attempt was started) that no person \
-             has acknowledged yet",
-            double_effects.clone(),
-        );
-        let awaiting_approval = Family::<Labels<0>, Gauge>::default();
-        registry.register(
-            "ledger_approvals_awaiting",
-            "Calls in the whole store awaiting a person's decision",
-            awaiting_approval.clone(),
-        );
-        let pool = Family::<Labels<1>, Gauge>::default();
-        registry.register(
-            "ledger_store_pool_connections",
-            "This server's store connections, by state: in_use, idle, and max (the pool's limit)",
-            pool.clone(),
-        );
+        let outcomes = families::Outcomes::register(&mut registry);
+        let stores = families::Stores::register(&mut registry);
         // Computed when scraped, so it follows the clock between claims; encoded after the
         // families above.
         let replay = Arc::new(ReplayAlarm::new(
@@ -294,20 +196,20 @@ impl Metrics {
             registry,
             grpc,
             tools,
-            stale_tokens,
-            completions: per_value(&completions, "status", COMPLETIONS),
-            resolutions: per_value(&resolutions, "status", RESOLUTIONS),
-            stale_findings: per_value(&stale_findings, "reason", STALE_REASONS),
-            pruned,
-            decisions: per_value(&decisions, "outcome", DECISIONS),
-            decide_seconds,
-            approvals_expired,
-            store_errors: per_value(&store_errors, "kind", StoreError::KINDS),
-            store_up,
-            unresolved,
-            double_effects,
-            awaiting_approval,
-            pool: POOL_STATES.map(|state| pool.get_or_create_owned(&[("state", state)])),
+            stale_tokens: outcomes.stale_tokens,
+            completions: per_value(&outcomes.completions, "status", COMPLETIONS),
+            resolutions: per_value(&outcomes.resolutions, "status", RESOLUTIONS),
+            stale_findings: per_value(&outcomes.stale_findings, "reason", STALE_REASONS),
+            pruned: outcomes.pruned,
+            decisions: per_value(&outcomes.decisions, "outcome", DECISIONS),
+            decide_seconds: outcomes.decide_seconds,
+            approvals_expired: outcomes.approvals_expired,
+            store_errors: per_value(&stores.store_errors, "kind", StoreError::KINDS),
+            store_up: stores.store_up,
+            unresolved: stores.unresolved,
+            double_effects: stores.double_effects,
+            awaiting_approval: stores.awaiting_approval,
+            pool: POOL_STATES.map(|state| stores.pool.get_or_create_owned(&[("state", state)])),
             replay,
             history,
             clock,
