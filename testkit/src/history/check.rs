@@ -243,79 +243,7 @@ fn check_key(
                 )),
                 None => {}
             }
-            let mut tokens: BTreeMap<u32, BTreeSet<&str>> = BTreeMap::new();
-            for op in of_key {
-                let acknowledged = match &op.answer {
-                    Answer::Completed { entry, .. } => vec![entry],
-                    Answer::Reconciled { resolved, .. } => {
-                        resolved.iter().filter(|s| s.key == *key).collect()
-                    }
-                    _ => Vec::new(),
-                };
-                for ack in acknowledged {
-                    figures.acknowledged += 1;
-                    let kept = match ack.status {
-                        EntryStatus::Succeeded => {
-                            fin.status == EntryStatus::Succeeded
-                                && fin.result == ack.result
-                                && fin.attempt == ack.attempt
-                        }
-                        EntryStatus::Failed => {
-                            fin.attempt > ack.attempt
-                                || (fin.attempt == ack.attempt && fin.status == EntryStatus::Failed)
-                        }
-                        // A resolution of an attempt still in flight returns it as it is.
-                        _ => op.call == "Reconcile",
-                    };
-                    if !kept {
-                        trouble.push(format!(
-                            "{} {} acknowledged {:?} at attempt {} with {}, but the ledger \
-                             holds {:?} at attempt {} with {}",
-                            op.actor,
-                            op.call,
-                            ack.status,
-                            ack.attempt,
-                            short(&ack.result),
-                            fin.status,
-                            fin.attempt,
-                            short(&fin.result)
-                        ));
-                    }
-                }
-                match &op.answer {
-                    Answer::Replayed(seen) => {
-                        figures.replays += 1;
-                        if fin.status != EntryStatus::Succeeded || seen.result != fin.result {
-                            trouble.push(format!(
-                                "{} was replayed {} at {:.3}s, but the ledger holds {:?} \
-                                 with {}",
-                                op.actor,
-                                short(&seen.result),
-                                op.sent.as_secs_f64(),
-                                fin.status,
-                                short(&fin.result)
-                            ));
-                        }
-                    }
-                    Answer::Claimed { attempt, token } => {
-                        tokens.entry(*attempt).or_default().insert(token);
-                    }
-                    Answer::PreviouslyFailed(seen) => trouble.push(format!(
-                        "{} got PREVIOUSLY_FAILED at attempt {}: nobody reports a permanent \
-                         failure",
-                        op.actor, seen.attempt
-                    )),
-                    _ => {}
-                }
-            }
-            for (attempt, tokens) in tokens {
-                if tokens.len() > 1 {
-                    trouble.push(format!(
-                        "attempt {attempt} was claimed by {} tokens",
-                        tokens.len()
-                    ));
-                }
-            }
+            check_answers(key, fin, of_key, figures, &mut trouble);
             if fin.status == EntryStatus::Succeeded {
                 match final_claim {
                     Some(Answer::Replayed(seen)) if seen.result == fin.result => {}
@@ -327,6 +255,91 @@ fn check_key(
         }
     }
     trouble
+}
+
+/// What the answers about one key said against its final entry `fin`: every acknowledged
+/// outcome kept, every replay the stored result, no attempt claimed by two tokens, nobody told
+/// of a permanent failure.
+fn check_answers(
+    key: &str,
+    fin: &Seen,
+    of_key: &[&Op],
+    figures: &mut Figures,
+    trouble: &mut Vec<String>,
+) {
+    let mut tokens: BTreeMap<u32, BTreeSet<&str>> = BTreeMap::new();
+    for op in of_key {
+        let acknowledged = match &op.answer {
+            Answer::Completed { entry, .. } => vec![entry],
+            Answer::Reconciled { resolved, .. } => {
+                resolved.iter().filter(|s| s.key == *key).collect()
+            }
+            _ => Vec::new(),
+        };
+        for ack in acknowledged {
+            figures.acknowledged += 1;
+            let kept = match ack.status {
+                EntryStatus::Succeeded => {
+                    fin.status == EntryStatus::Succeeded
+                        && fin.result == ack.result
+                        && fin.attempt == ack.attempt
+                }
+                EntryStatus::Failed => {
+                    fin.attempt > ack.attempt
+                        || (fin.attempt == ack.attempt && fin.status == EntryStatus::Failed)
+                }
+                // A resolution of an attempt still in flight returns it as it is.
+                _ => op.call == "Reconcile",
+            };
+            if !kept {
+                trouble.push(format!(
+                    "{} {} acknowledged {:?} at attempt {} with {}, but the ledger \
+                     holds {:?} at attempt {} with {}",
+                    op.actor,
+                    op.call,
+                    ack.status,
+                    ack.attempt,
+                    short(&ack.result),
+                    fin.status,
+                    fin.attempt,
+                    short(&fin.result)
+                ));
+            }
+        }
+        match &op.answer {
+            Answer::Replayed(seen) => {
+                figures.replays += 1;
+                if fin.status != EntryStatus::Succeeded || seen.result != fin.result {
+                    trouble.push(format!(
+                        "{} was replayed {} at {:.3}s, but the ledger holds {:?} \
+                         with {}",
+                        op.actor,
+                        short(&seen.result),
+                        op.sent.as_secs_f64(),
+                        fin.status,
+                        short(&fin.result)
+                    ));
+                }
+            }
+            Answer::Claimed { attempt, token } => {
+                tokens.entry(*attempt).or_default().insert(token);
+            }
+            Answer::PreviouslyFailed(seen) => trouble.push(format!(
+                "{} got PREVIOUSLY_FAILED at attempt {}: nobody reports a permanent \
+                 failure",
+                op.actor, seen.attempt
+            )),
+            _ => {}
+        }
+    }
+    for (attempt, tokens) in tokens {
+        if tokens.len() > 1 {
+            trouble.push(format!(
+                "attempt {attempt} was claimed by {} tokens",
+                tokens.len()
+            ));
+        }
+    }
 }
 
 /// An answer, one line, for a report.
