@@ -322,28 +322,9 @@ fn the_checker_reads_grouped_imports_nested_and_over_several_lines() {
 #[test]
 fn the_service_depends_on_no_benchmark_crate() {
     // ledger-bench's histograms belong to the benchmark's own crate (bench/).
-    let out = std::process::Command::new(env!("CARGO"))
-        .args([
-            "tree",
-            "--offline",
-            "--edges",
-            "normal",
-            "--prefix",
-            "none",
-            "--package",
-            "idempotency-ledger",
-        ])
-        .current_dir(env!("CARGO_MANIFEST_DIR"))
-        .output()
-        .expect("cargo tree");
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let tree = String::from_utf8_lossy(&out.stdout);
-    assert!(tree.contains("tonic"), "a real dependency tree:\n{tree}");
-    assert!(!tree.contains("hdrhistogram"), "{tree}");
+    let tree = dependencies("idempotency-ledger");
+    assert!(has(&tree, "tonic"), "a real dependency tree:\n{tree}");
+    assert!(!has(&tree, "hdrhistogram"), "{tree}");
 }
 
 #[test]
