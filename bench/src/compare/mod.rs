@@ -375,6 +375,60 @@ fn measure(
     max_connections: u32,
 ) -> Result<Vec<String>, String> {
     let options = &plan.options;
+    let db_url = create_ledger_database(cluster, binaries)?;
+    let postmaster = cluster
+        .postmaster_pid()
+        .ok_or("the cluster's postmaster is not running")?;
+    let mut side = Side {
+        options,
+        binaries,
+        cluster,
+        work,
+        db_url,
+        postmaster,
+        run_tag: format!("r{}", crate::host::unix_now()),
+        failed: Vec::new(),
+        pgbench_rounds: BTreeMap::new(),
+        floor_rounds: BTreeMap::new(),
+    };
+    let started = Instant::now();
+    let mut record = Record::new(options.db_max_connections);
+    let probe_before = side.commit_probe();
+    for workload in ["claim-complete", "replay"] {
+        postgres_cells(plan, &mut side, &mut record, workload);
+    }
+    if let Some(c) = plan.wait_clients {
+        let cell = Cell::new("postgres", "mixed-wait", c, 0, false, None, &[]);
+        let result = side.cell(&cell);
+        record.add_row("mixed-wait (PostgreSQL)", &cell, 2, &result);
+    }
+    // SQLite through the server; the floor is PostgreSQL's, reused when measured.
+    for &c in &options.sqlite_clients.0 {
+        let floor = Some("claim-complete");
+        let cell = Cell::new("sqlite", "claim-complete", c, 0, false, floor, &[]);
+        let result = side.cell(&cell);
+        record.add_row("claim-complete (SQLite)", &cell, 2, &result);
+    }
+    if options.scale {
+        record.scale = Some(scale::run(&mut side)?);
+    }
+    let probe_after = side.commit_probe();
+    record.finish(record::Header {
+        options,
+        elapsed_s: started.elapsed().as_secs(),
+        max_connections,
+        probe: [probe_before, probe_after],
+        failed: side.failed.clone(),
+    });
+    let mut failed = side.failed;
+    let elapsed = started.elapsed().as_secs();
+    record.write(&plan.results, !options.no_plot, work, &mut failed, elapsed)?;
+    Ok(failed)
+}
+
+/// Creates the `ledger` database on the cluster and runs the server's migrations on it;
+/// returns its URL.
+fn create_ledger_database(cluster: &PgCluster, binaries: &Binaries) -> Result<String, String> {
     let out = cluster
         .psql("postgres")
         .args(["-c", "CREATE DATABASE ledger"])
@@ -398,97 +452,50 @@ fn measure(
         ));
     }
     log(&format!("PostgreSQL on port {}, migrated", cluster.port()));
-    let postmaster = cluster
-        .postmaster_pid()
-        .ok_or("the cluster's postmaster is not running")?;
-    let mut side = Side {
-        options,
-        binaries,
-        cluster,
-        work,
-        db_url,
-        postmaster,
-        run_tag: format!("r{}", crate::host::unix_now()),
-        failed: Vec::new(),
-        pgbench_rounds: BTreeMap::new(),
-        floor_rounds: BTreeMap::new(),
+    Ok(db_url)
+}
+
+/// `workload`'s PostgreSQL cells: direct at each client count, multiplexed (claim-complete),
+/// and through PgBouncer.
+fn postgres_cells(plan: &Plan, side: &mut Side<'_>, record: &mut Record, workload: &'static str) {
+    let options = &plan.options;
+    let (extra, rpcs): (Vec<String>, u32) = if workload == "replay" {
+        (vec!["--hot-keys".into(), HOT_KEYS.to_string()], 1)
+    } else {
+        (Vec::new(), 2)
     };
-    let started = Instant::now();
-    let mut record = Record::new(options.db_max_connections);
-    let probe_before = side.commit_probe();
-    for workload in ["claim-complete", "replay"] {
-        let (extra, rpcs): (Vec<String>, u32) = if workload == "replay" {
-            (vec!["--hot-keys".into(), HOT_KEYS.to_string()], 1)
-        } else {
-            (Vec::new(), 2)
-        };
-        for &c in &options.clients.0 {
-            let cell = Cell::new("postgres", workload, c, 0, true, Some(workload), &extra);
+    for &c in &options.clients.0 {
+        let cell = Cell::new("postgres", workload, c, 0, true, Some(workload), &extra);
+        let result = side.cell(&cell);
+        record.add_row(&format!("{workload} (PostgreSQL)"), &cell, rpcs, &result);
+        record.note_direct(workload, c, &result);
+    }
+    // The way agents connect: many clients multiplexed over a few HTTP/2 connections,
+    // beside the same clients with a connection each (unless --clients measured that).
+    if workload == "claim-complete" && options.mux_clients > 0 {
+        let mux = options.mux_clients;
+        let mut conns = vec![options.mux_connections];
+        if !options.clients.0.contains(&mux) {
+            conns.insert(0, 0);
+        }
+        for n in conns {
+            let cell = Cell::new("postgres", workload, mux, n, true, Some(workload), &[]);
             let result = side.cell(&cell);
-            record.add_row(&format!("{workload} (PostgreSQL)"), &cell, rpcs, &result);
-            record.note_direct(workload, c, &result);
-        }
-        // The way agents connect: many clients multiplexed over a few HTTP/2 connections,
-        // beside the same clients with a connection each (unless --clients measured that).
-        if workload == "claim-complete" && options.mux_clients > 0 {
-            let mux = options.mux_clients;
-            let mut conns = vec![options.mux_connections];
-            if !options.clients.0.contains(&mux) {
-                conns.insert(0, 0);
-            }
-            for n in conns {
-                let cell = Cell::new("postgres", workload, mux, n, true, Some(workload), &[]);
-                let result = side.cell(&cell);
-                record.add_row("claim-complete (PostgreSQL)", &cell, 2, &result);
-                if n == 0 {
-                    record.note_direct(workload, mux, &result);
-                }
-            }
-        }
-        // Through PgBouncer in transaction mode, pgbench and ours alike, beside the direct
-        // cells.
-        if plan.pooler_workloads.iter().any(|w| w == workload) {
-            for &c in &plan.pooler_clients {
-                let cell = Cell::new("pgbouncer", workload, c, 0, true, Some(workload), &extra);
-                let result = side.cell(&cell);
-                let label = format!("{workload} (PostgreSQL via PgBouncer)");
-                record.add_row(&label, &cell, rpcs, &result);
-                record.add_pooler_row(workload, c, options.db_max_connections.size(c), &result);
+            record.add_row("claim-complete (PostgreSQL)", &cell, 2, &result);
+            if n == 0 {
+                record.note_direct(workload, mux, &result);
             }
         }
     }
-    if let Some(c) = plan.wait_clients {
-        let cell = Cell::new("postgres", "mixed-wait", c, 0, false, None, &[]);
-        let result = side.cell(&cell);
-        record.add_row("mixed-wait (PostgreSQL)", &cell, 2, &result);
+    // Through PgBouncer in transaction mode, pgbench and ours alike, beside the direct
+    // cells.
+    if plan.pooler_workloads.iter().any(|w| w == workload) {
+        for &c in &plan.pooler_clients {
+            let cell = Cell::new("pgbouncer", workload, c, 0, true, Some(workload), &extra);
+            let result = side.cell(&cell);
+            let label = format!("{workload} (PostgreSQL via PgBouncer)");
+            record.add_row(&label, &cell, rpcs, &result);
+            record.add_pooler_row(workload, c, options.db_max_connections.size(c), &result);
+        }
     }
-    // SQLite through the server; the floor is PostgreSQL's, reused when measured.
-    for &c in &options.sqlite_clients.0 {
-        let cell = Cell::new(
-            "sqlite",
-            "claim-complete",
-            c,
-            0,
-            false,
-            Some("claim-complete"),
-            &[],
-        );
-        let result = side.cell(&cell);
-        record.add_row("claim-complete (SQLite)", &cell, 2, &result);
-    }
-    if options.scale {
-        record.scale = Some(scale::run(&mut side)?);
-    }
-    let probe_after = side.commit_probe();
-    record.finish(record::Header {
-        options,
-        elapsed_s: started.elapsed().as_secs(),
-        max_connections,
-        probe: [probe_before, probe_after],
-        failed: side.failed.clone(),
-    });
-    let mut failed = side.failed;
-    let elapsed = started.elapsed().as_secs();
-    record.write(&plan.results, !options.no_plot, work, &mut failed, elapsed)?;
-    Ok(failed)
 }
