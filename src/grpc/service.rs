@@ -26,8 +26,7 @@ use crate::ledger::{
     AcknowledgeInput, ClaimInput, CompleteInput, DecideInput, Ledger, ListInput, LookupInput,
     ReconcileInput, RenewInput, ResolutionInput,
 };
-use crate::observe::Metrics;
-use crate::observe::telemetry;
+use crate::observe::{Metrics, telemetry};
 
 /// The `LedgerService` implementation: a thin shell over [`Ledger`].
 #[derive(Clone)]
@@ -134,9 +133,7 @@ impl LedgerApi {
         let input = input(request.into_inner(), deadline)?;
         let (tool, key) = input.labels();
         telemetry::record_request(tool, key);
-        // Boxed where it is made: a use case's future is several KB (a Claim's about 7), and
-        // unboxed it was copied whole at each step into `run` and its task box (callgrind:
-        // about 14k instructions of memcpy per RPC).
+        // Boxed where made: a use case's future is KBs, else copied whole into `run` and its box.
         let work = Box::pin(work(self.ledger.clone(), tenant, input));
         let out = run(&self.metrics, deadline, permit, work)
             .await
