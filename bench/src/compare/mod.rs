@@ -281,7 +281,27 @@ pub fn release_binaries(
     let root = crate::repository_root();
     if !no_build {
         log(&format!("building the binaries (profile {profile})"));
-        let status = Command::new(std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into()))
+        let mut cargo = Command::new(std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into()));
+        // What `cargo run` set for this driver is not the build's: ring's build script reruns
+        // when CARGO_MANIFEST_DIR, CARGO_PKG_* or OUT_DIR change, and with it rustls, tonic and
+        // the server, so a build from here and one from a shell (or from another driver)
+        // rebuilt each other's: minutes each time, in CI after compare's smoke build.
+        const SET_BY_CARGO_RUN: [&str; 4] = [
+            "CARGO_CRATE_NAME",
+            "CARGO_BIN_NAME",
+            "CARGO_PRIMARY_PACKAGE",
+            "OUT_DIR",
+        ];
+        for (name, _) in std::env::vars_os() {
+            let name = name.to_string_lossy();
+            if name.starts_with("CARGO_PKG_")
+                || name.starts_with("CARGO_MANIFEST_")
+                || SET_BY_CARGO_RUN.contains(&name.as_ref())
+            {
+                cargo.env_remove(name.as_ref());
+            }
+        }
+        let status = cargo
             // Just the three binaries every driver runs: each release binary is linked with
             // fat LTO, so the drivers not running (soak, profile) are not linked on the way.
             .args(["build", "--profile", profile, "--quiet"])
@@ -429,30 +449,33 @@ fn measure(
 /// Creates the `ledger` database on the cluster and runs the server's migrations on it;
 /// returns its URL.
 fn create_ledger_database(cluster: &PgCluster, binaries: &Binaries) -> Result<String, String> {
-    let out = cluster
-        .psql("postgres")
-        .args(["-c", "CREATE DATABASE ledger"])
-        .output()
-        .map_err(|e| format!("cannot run psql: {e}"))?;
-    if !out.status.success() {
-        return Err(format!(
-            "CREATE DATABASE failed: {}",
-            String::from_utf8_lossy(&out.stderr)
-        ));
-    }
+    succeeds(
+        cluster
+            .psql("postgres")
+            .args(["-c", "CREATE DATABASE ledger"]),
+        "CREATE DATABASE",
+    )?;
     let db_url = cluster.url("ledger");
-    let migrate = Command::new(&binaries.server)
-        .args(["migrate", "--database-url", &db_url])
-        .output()
-        .map_err(|e| format!("cannot run the server's migrate: {e}"))?;
-    if !migrate.status.success() {
-        return Err(format!(
-            "migrations failed: {}",
-            String::from_utf8_lossy(&migrate.stderr)
-        ));
-    }
+    succeeds(
+        Command::new(&binaries.server).args(["migrate", "--database-url", &db_url]),
+        "the server's migrations",
+    )?;
     log(&format!("PostgreSQL on port {}, migrated", cluster.port()));
     Ok(db_url)
+}
+
+/// Runs `command` to its end; an error names `what`, with its standard error.
+fn succeeds(command: &mut Command, what: &str) -> Result<(), String> {
+    let out = command
+        .output()
+        .map_err(|e| format!("cannot run {what}: {e}"))?;
+    if out.status.success() {
+        return Ok(());
+    }
+    Err(format!(
+        "{what} failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    ))
 }
 
 /// `workload`'s PostgreSQL cells: direct at each client count, multiplexed (claim-complete),
