@@ -13,7 +13,8 @@
 //! - [`soak`]: the soak (`soak`): ten minutes of mixed load on one store, sampling the server's
 //!   memory, descriptors and database connections, written to `bench/results/soak.md` and
 //!   `.json`.
-//! - [`profile`]: instructions per RPC under callgrind (`profile`).
+//! - [`profile`]: instructions per RPC under callgrind (`profile`), by component, and CI's
+//!   guard against their slow rise (`profile --check`).
 //! - [`procs`]: the servers the drivers start (the ledger server, the floor) and stop.
 //! - [`procfs`]: what /proc says of a process; [`host`]: of the machine, the commit, the time.
 //!

@@ -26,8 +26,7 @@ use crate::ledger::{
     AcknowledgeInput, ClaimInput, CompleteInput, DecideInput, Ledger, ListInput, LookupInput,
     ReconcileInput, RenewInput, ResolutionInput,
 };
-use crate::observe::Metrics;
-use crate::observe::telemetry;
+use crate::observe::{Metrics, telemetry};
 
 /// The `LedgerService` implementation: a thin shell over [`Ledger`].
 #[derive(Clone)]
@@ -132,7 +131,8 @@ impl LedgerApi {
         let input = input(request.into_inner(), deadline)?;
         let (tool, key) = input.labels();
         telemetry::record_request(tool, key);
-        let work = work(self.ledger.clone(), tenant, input);
+        // Boxed where made: a use case's future is KBs, else copied whole into `run` and its box.
+        let work = Box::pin(work(self.ledger.clone(), tenant, input));
         let out = run(&self.metrics, deadline, permit, work)
             .await
             .map_err(Status::from)?;

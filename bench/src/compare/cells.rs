@@ -348,8 +348,10 @@ impl Side<'_> {
     }
 
     /// A fresh table for every cell, and a checkpoint, so each starts from the same state.
+    /// CASCADE: the tables that reference the entries (ledger_history, migration 0007) are
+    /// emptied with them; without it PostgreSQL refuses the TRUNCATE.
     pub(crate) fn reset_table(&self) {
-        self.psql(&["-c", "TRUNCATE ledger_entries", "-c", "CHECKPOINT"]);
+        self.psql(&["-c", "TRUNCATE ledger_entries CASCADE", "-c", "CHECKPOINT"]);
     }
 
     /// Runs psql on the `ledger` database with `args`; a failure is logged (the cell that

@@ -281,7 +281,27 @@ pub fn release_binaries(
     let root = crate::repository_root();
     if !no_build {
         log(&format!("building the binaries (profile {profile})"));
-        let status = Command::new(std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into()))
+        let mut cargo = Command::new(std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into()));
+        // What `cargo run` set for this driver is not the build's: ring's build script reruns
+        // when CARGO_MANIFEST_DIR, CARGO_PKG_* or OUT_DIR change, and with it rustls, tonic and
+        // the server, so a build from here and one from a shell (or from another driver)
+        // rebuilt each other's: minutes each time, in CI after compare's smoke build.
+        const SET_BY_CARGO_RUN: [&str; 4] = [
+            "CARGO_CRATE_NAME",
+            "CARGO_BIN_NAME",
+            "CARGO_PRIMARY_PACKAGE",
+            "OUT_DIR",
+        ];
+        for (name, _) in std::env::vars_os() {
+            let name = name.to_string_lossy();
+            if name.starts_with("CARGO_PKG_")
+                || name.starts_with("CARGO_MANIFEST_")
+                || SET_BY_CARGO_RUN.contains(&name.as_ref())
+            {
+                cargo.env_remove(name.as_ref());
+            }
+        }
+        let status = cargo
             // Just the three binaries every driver runs: each release binary is linked with
             // fat LTO, so the drivers not running (soak, profile) are not linked on the way.
             .args(["build", "--profile", profile, "--quiet"])
@@ -375,29 +395,7 @@ fn measure(
     max_connections: u32,
 ) -> Result<Vec<String>, String> {
     let options = &plan.options;
-    let out = cluster
-        .psql("postgres")
-        .args(["-c", "CREATE DATABASE ledger"])
-        .output()
-        .map_err(|e| format!("cannot run psql: {e}"))?;
-    if !out.status.success() {
-        return Err(format!(
-            "CREATE DATABASE failed: {}",
-            String::from_utf8_lossy(&out.stderr)
-        ));
-    }
-    let db_url = cluster.url("ledger");
-    let migrate = Command::new(&binaries.server)
-        .args(["migrate", "--database-url", &db_url])
-        .output()
-        .map_err(|e| format!("cannot run the server's migrate: {e}"))?;
-    if !migrate.status.success() {
-        return Err(format!(
-            "migrations failed: {}",
-            String::from_utf8_lossy(&migrate.stderr)
-        ));
-    }
-    log(&format!("PostgreSQL on port {}, migrated", cluster.port()));
+    let db_url = create_ledger_database(cluster, binaries)?;
     let postmaster = cluster
         .postmaster_pid()
         .ok_or("the cluster's postmaster is not running")?;
@@ -417,45 +415,7 @@ fn measure(
     let mut record = Record::new(options.db_max_connections);
     let probe_before = side.commit_probe();
     for workload in ["claim-complete", "replay"] {
-        let (extra, rpcs): (Vec<String>, u32) = if workload == "replay" {
-            (vec!["--hot-keys".into(), HOT_KEYS.to_string()], 1)
-        } else {
-            (Vec::new(), 2)
-        };
-        for &c in &options.clients.0 {
-            let cell = Cell::new("postgres", workload, c, 0, true, Some(workload), &extra);
-            let result = side.cell(&cell);
-            record.add_row(&format!("{workload} (PostgreSQL)"), &cell, rpcs, &result);
-            record.note_direct(workload, c, &result);
-        }
-        // The way agents connect: many clients multiplexed over a few HTTP/2 connections,
-        // beside the same clients with a connection each (unless --clients measured that).
-        if workload == "claim-complete" && options.mux_clients > 0 {
-            let mux = options.mux_clients;
-            let mut conns = vec![options.mux_connections];
-            if !options.clients.0.contains(&mux) {
-                conns.insert(0, 0);
-            }
-            for n in conns {
-                let cell = Cell::new("postgres", workload, mux, n, true, Some(workload), &[]);
-                let result = side.cell(&cell);
-                record.add_row("claim-complete (PostgreSQL)", &cell, 2, &result);
-                if n == 0 {
-                    record.note_direct(workload, mux, &result);
-                }
-            }
-        }
-        // Through PgBouncer in transaction mode, pgbench and ours alike, beside the direct
-        // cells.
-        if plan.pooler_workloads.iter().any(|w| w == workload) {
-            for &c in &plan.pooler_clients {
-                let cell = Cell::new("pgbouncer", workload, c, 0, true, Some(workload), &extra);
-                let result = side.cell(&cell);
-                let label = format!("{workload} (PostgreSQL via PgBouncer)");
-                record.add_row(&label, &cell, rpcs, &result);
-                record.add_pooler_row(workload, c, options.db_max_connections.size(c), &result);
-            }
-        }
+        postgres_cells(plan, &mut side, &mut record, workload);
     }
     if let Some(c) = plan.wait_clients {
         let cell = Cell::new("postgres", "mixed-wait", c, 0, false, None, &[]);
@@ -464,15 +424,8 @@ fn measure(
     }
     // SQLite through the server; the floor is PostgreSQL's, reused when measured.
     for &c in &options.sqlite_clients.0 {
-        let cell = Cell::new(
-            "sqlite",
-            "claim-complete",
-            c,
-            0,
-            false,
-            Some("claim-complete"),
-            &[],
-        );
+        let floor = Some("claim-complete");
+        let cell = Cell::new("sqlite", "claim-complete", c, 0, false, floor, &[]);
         let result = side.cell(&cell);
         record.add_row("claim-complete (SQLite)", &cell, 2, &result);
     }
@@ -491,4 +444,81 @@ fn measure(
     let elapsed = started.elapsed().as_secs();
     record.write(&plan.results, !options.no_plot, work, &mut failed, elapsed)?;
     Ok(failed)
+}
+
+/// Creates the `ledger` database on the cluster and runs the server's migrations on it;
+/// returns its URL.
+fn create_ledger_database(cluster: &PgCluster, binaries: &Binaries) -> Result<String, String> {
+    succeeds(
+        cluster
+            .psql("postgres")
+            .args(["-c", "CREATE DATABASE ledger"]),
+        "CREATE DATABASE",
+    )?;
+    let db_url = cluster.url("ledger");
+    succeeds(
+        Command::new(&binaries.server).args(["migrate", "--database-url", &db_url]),
+        "the server's migrations",
+    )?;
+    log(&format!("PostgreSQL on port {}, migrated", cluster.port()));
+    Ok(db_url)
+}
+
+/// Runs `command` to its end; an error names `what`, with its standard error.
+fn succeeds(command: &mut Command, what: &str) -> Result<(), String> {
+    let out = command
+        .output()
+        .map_err(|e| format!("cannot run {what}: {e}"))?;
+    if out.status.success() {
+        return Ok(());
+    }
+    Err(format!(
+        "{what} failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    ))
+}
+
+/// `workload`'s PostgreSQL cells: direct at each client count, multiplexed (claim-complete),
+/// and through PgBouncer.
+fn postgres_cells(plan: &Plan, side: &mut Side<'_>, record: &mut Record, workload: &'static str) {
+    let options = &plan.options;
+    let (extra, rpcs): (Vec<String>, u32) = if workload == "replay" {
+        (vec!["--hot-keys".into(), HOT_KEYS.to_string()], 1)
+    } else {
+        (Vec::new(), 2)
+    };
+    for &c in &options.clients.0 {
+        let cell = Cell::new("postgres", workload, c, 0, true, Some(workload), &extra);
+        let result = side.cell(&cell);
+        record.add_row(&format!("{workload} (PostgreSQL)"), &cell, rpcs, &result);
+        record.note_direct(workload, c, &result);
+    }
+    // The way agents connect: many clients multiplexed over a few HTTP/2 connections,
+    // beside the same clients with a connection each (unless --clients measured that).
+    if workload == "claim-complete" && options.mux_clients > 0 {
+        let mux = options.mux_clients;
+        let mut conns = vec![options.mux_connections];
+        if !options.clients.0.contains(&mux) {
+            conns.insert(0, 0);
+        }
+        for n in conns {
+            let cell = Cell::new("postgres", workload, mux, n, true, Some(workload), &[]);
+            let result = side.cell(&cell);
+            record.add_row("claim-complete (PostgreSQL)", &cell, 2, &result);
+            if n == 0 {
+                record.note_direct(workload, mux, &result);
+            }
+        }
+    }
+    // Through PgBouncer in transaction mode, pgbench and ours alike, beside the direct
+    // cells.
+    if plan.pooler_workloads.iter().any(|w| w == workload) {
+        for &c in &plan.pooler_clients {
+            let cell = Cell::new("pgbouncer", workload, c, 0, true, Some(workload), &extra);
+            let result = side.cell(&cell);
+            let label = format!("{workload} (PostgreSQL via PgBouncer)");
+            record.add_row(&label, &cell, rpcs, &result);
+            record.add_pooler_row(workload, c, options.db_max_connections.size(c), &result);
+        }
+    }
 }

@@ -101,63 +101,18 @@ impl Side<'_> {
         } else {
             format!("pg-{workload}-c{c}-r{round}")
         };
-        let root = crate::repository_root();
-        let script = root.join(format!("bench/pgbench/{}.sql", workload.replace('-', "_")));
-        let defs = self.pgbench_defs(&name);
         self.reset_table();
         if workload == "replay" {
-            let tag = format!("{}-{name}", self.run_tag);
-            let hot_set = root.join("bench/pgbench/hot_set.sql");
-            let vars = [
-                format!("tenant={TENANT}"),
-                format!("run_tag={tag}"),
-                format!("hot_keys={HOT_KEYS}"),
-                format!("tool={TOOL}"),
-                format!("fingerprint={FINGERPRINT}"),
-                format!("result={}", String::from_utf8_lossy(RESULT)),
-                format!("retention_us={RETENTION_US}"),
-            ];
-            let mut args: Vec<String> =
-                vars.iter().flat_map(|v| ["-v".into(), v.clone()]).collect();
-            args.extend(["-f".into(), hot_set.display().to_string()]);
-            self.psql(&args.iter().map(String::as_str).collect::<Vec<_>>());
+            self.load_hot_set(&name);
         }
         let pooler = through_pooler.then(|| self.pooler(c));
         let (port, mode) = match &pooler {
             Some(p) => (p.port(), "extended"),
             None => (self.cluster.port(), "prepared"),
         };
-        let threads = c.min(2);
-        let mut common: Vec<String> =
-            ["-h", "127.0.0.1", "-p", &port.to_string(), "-U", "postgres"]
-                .map(String::from)
-                .to_vec();
-        common.extend(
-            [
-                "-n",
-                "-M",
-                mode,
-                "-c",
-                &c.to_string(),
-                "-j",
-                &threads.to_string(),
-            ]
-            .map(String::from),
-        );
-        common.extend(["-f".to_string(), script.display().to_string()]);
-        common.extend(defs);
+        let common = self.pgbench_args(workload, &name, port, mode, c);
         let pgbench = testkit::postgres::program("pgbench");
-        let run: Vec<String> = if self.options.smoke {
-            vec!["-t".into(), SMOKE_OPS.div_ceil(u64::from(c)).to_string()]
-        } else {
-            let _ = Command::new(&pgbench)
-                .args(&common)
-                .args(["-T", &self.options.warmup.to_string(), "ledger"])
-                .stdout(Stdio::null())
-                .stderr(Stdio::null())
-                .status();
-            vec!["-T".into(), self.options.duration.to_string()]
-        };
+        let run = self.warm_up(&pgbench, &common, c);
         match &pooler {
             Some(_) => log(&format!(
                 "pgbench {workload}, {c} clients through PgBouncer (pool {})",
@@ -172,11 +127,11 @@ impl Side<'_> {
                 .as_deref()
                 .and_then(|p| procfs::cpu_seconds(p, false))
         };
-        let (pb0, db0, cl0) = (
+        let before = [
             pooler_cpu(),
-            self.db_cpu(),
-            procfs::reaped_children_cpu_seconds(),
-        );
+            Some(self.db_cpu()),
+            Some(procfs::reaped_children_cpu_seconds()),
+        ];
         let out = Command::new(&pgbench)
             .args(&common)
             .args(&run)
@@ -187,11 +142,11 @@ impl Side<'_> {
             .output();
         // The postmaster reaps the backends, adding their CPU time to its children's.
         std::thread::sleep(Duration::from_millis(200));
-        let (db1, cl1, pb1) = (
-            self.db_cpu(),
-            procfs::reaped_children_cpu_seconds(),
+        let after = [
             pooler_cpu(),
-        );
+            Some(self.db_cpu()),
+            Some(procfs::reaped_children_cpu_seconds()),
+        ];
         drop(pooler);
         let (text, exit) = match out {
             Ok(out) => (
@@ -204,31 +159,102 @@ impl Side<'_> {
             ),
             Err(e) => (format!("cannot run pgbench: {e}"), -1),
         };
-        let _ = std::fs::write(
-            self.work.join("pgbench").join(format!("out-{name}.txt")),
-            &text,
-        );
-        let mut result = parse_report(&text);
+        let mut result = self.read_run(&name, &text, exit, &prefix, [before, after]);
         result.via = via.to_string();
         result.query_mode = mode.to_string();
+        result
+    }
+
+    /// Loads replay's hot set (`bench/pgbench/hot_set.sql`) for the run named `name`.
+    fn load_hot_set(&self, name: &str) {
+        let tag = format!("{}-{name}", self.run_tag);
+        let hot_set = crate::repository_root().join("bench/pgbench/hot_set.sql");
+        let vars = [
+            format!("tenant={TENANT}"),
+            format!("run_tag={tag}"),
+            format!("hot_keys={HOT_KEYS}"),
+            format!("tool={TOOL}"),
+            format!("fingerprint={FINGERPRINT}"),
+            format!("result={}", String::from_utf8_lossy(RESULT)),
+            format!("retention_us={RETENTION_US}"),
+        ];
+        let mut args: Vec<String> = vars.iter().flat_map(|v| ["-v".into(), v.clone()]).collect();
+        args.extend(["-f".into(), hot_set.display().to_string()]);
+        self.psql(&args.iter().map(String::as_str).collect::<Vec<_>>());
+    }
+
+    /// pgbench's arguments but the run's length: the connection, `-n -M mode -c C -j
+    /// min(C,2)`, the workload's script and its definitions.
+    fn pgbench_args(
+        &self,
+        workload: &str,
+        name: &str,
+        port: u16,
+        mode: &str,
+        c: u32,
+    ) -> Vec<String> {
+        let script = crate::repository_root()
+            .join(format!("bench/pgbench/{}.sql", workload.replace('-', "_")));
+        let port = port.to_string();
+        let (clients, threads) = (c.to_string(), c.min(2).to_string());
+        let mut common: Vec<String> = ["-h", "127.0.0.1", "-p", &port, "-U", "postgres"]
+            .map(String::from)
+            .to_vec();
+        common.extend(["-n", "-M", mode, "-c", &clients, "-j", &threads].map(String::from));
+        common.extend(["-f".to_string(), script.display().to_string()]);
+        common.extend(self.pgbench_defs(name));
+        common
+    }
+
+    /// Runs the warm-up (none in smoke mode); returns the measured run's length: `-t` in smoke
+    /// mode, else `-T`.
+    fn warm_up(&self, pgbench: &Path, common: &[String], c: u32) -> Vec<String> {
+        if self.options.smoke {
+            return vec!["-t".into(), SMOKE_OPS.div_ceil(u64::from(c)).to_string()];
+        }
+        let _ = Command::new(pgbench)
+            .args(common)
+            .args(["-T", &self.options.warmup.to_string(), "ledger"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status();
+        vec!["-T".into(), self.options.duration.to_string()]
+    }
+
+    /// A run's figures from its report, its log and the CPU seconds `[pooler, database,
+    /// pgbench]` before and after it; a failed run is named in the comparison's failures.
+    fn read_run(
+        &mut self,
+        name: &str,
+        text: &str,
+        exit: i32,
+        prefix: &Path,
+        [before, after]: [[Option<f64>; 3]; 2],
+    ) -> PgbenchRun {
+        let _ = std::fs::write(
+            self.work.join("pgbench").join(format!("out-{name}.txt")),
+            text,
+        );
+        let mut result = parse_report(text);
         result.exit = exit;
-        let (p50, p99) = log_percentiles(&prefix);
+        let (p50, p99) = log_percentiles(prefix);
         result.p50_ms = p50;
         result.p99_ms = p99;
-        result.db_cpu_ms_per_op = per_op(db1 - db0, result.transactions);
-        result.pgbench_cpu_ms_per_op = per_op(cl1 - cl0, result.transactions);
-        result.pooler_cpu_ms_per_op = match (pb0, pb1) {
+        let spent = |i: usize| match (before[i], after[i]) {
             (Some(a), Some(b)) => per_op(b - a, result.transactions),
             _ => None,
         };
+        result.pooler_cpu_ms_per_op = spent(0);
+        result.db_cpu_ms_per_op = spent(1);
+        result.pgbench_cpu_ms_per_op = spent(2);
         let failed = exit != 0
             || result.tps.is_none()
             || result.failed.unwrap_or(0) != 0
             || result.transactions.unwrap_or(0) == 0;
         if failed {
-            self.failed.push(name.clone());
+            self.failed.push(name.to_string());
             log(&format!("pgbench {name} failed (exit {exit}):"));
-            eprintln!("{}", tail(&text, 15));
+            eprintln!("{}", tail(text, 15));
         }
         result
     }

@@ -202,7 +202,7 @@ impl Record {
             fmt(srv, 3),
             fmt(bench, 3)
         ));
-        if let Some(shape) = cell.floor_of {
+        if cell.floor_of.is_some() {
             // The server's own latency: only where nothing queues, so that the three add up.
             let own = if pg.is_some() && c == 1 {
                 us_per_rpc(p50, rpcs, &[fl_p50, pg_p50])
@@ -229,8 +229,14 @@ impl Record {
                     ],
                 });
             }
-            let _ = shape;
         }
+        self.push_cell_json(label, cell, rpcs, r);
+    }
+
+    /// The cell's JSON: its rounds, pgbench's, the floor's and ours' reports.
+    fn push_cell_json(&mut self, label: &str, cell: &Cell, rpcs: u32, r: &CellResult) {
+        let (c, n) = (cell.clients, cell.connections_used());
+        let pg = r.pgbench.as_ref();
         let floor_json = match (&r.floor, cell.floor_of) {
             (Some(f), Some(shape)) => Some(FloorJson {
                 stands_in_for: shape.to_string(),

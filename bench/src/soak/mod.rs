@@ -278,6 +278,53 @@ fn sqlite_connections(pid: u32, db: &std::path::Path) -> Option<u64> {
     )
 }
 
+/// A store's three rows of the soak's table: memory, descriptors and connections.
+fn store_rows(run: &StoreRun) -> String {
+    let mut rows = String::new();
+    let ops: u64 = run.ops.values().sum();
+    let errors: u64 = run.errors.values().sum();
+    let rate = ops as f64 / run.duration_s.max(1.0);
+    // The first sample, before the warm-up: what the server held once the load began.
+    let start = run.samples.first();
+    for (measure, t, places, at_start) in [
+        (
+            "RSS MiB",
+            &run.rss_mib,
+            1,
+            start.map(|s| s.rss_kib as f64 / 1024.0),
+        ),
+        ("open descriptors", &run.fds, 0, start.map(|s| s.fds as f64)),
+        (
+            "database connections",
+            &run.db_connections,
+            0,
+            start.and_then(|s| s.db_connections.map(|c| c as f64)),
+        ),
+    ] {
+        let at_start = at_start.map_or_else(|| "-".to_string(), |v| format!("{v:.places$}"));
+        let row = match t {
+            Some(t) => format!(
+                "{at_start} | {:.p$} | {:.p$} | {:.p$} | {:.p$} | {:.p$} | {:+.2} | {:+.1} | {}",
+                t.first,
+                t.last,
+                t.min,
+                t.max,
+                t.max - t.min,
+                t.slope_per_min,
+                t.drift,
+                if t.flat { "yes" } else { "**no**" },
+                p = places
+            ),
+            None => format!("{at_start} | - | - | - | - | - | - | - | -"),
+        };
+        rows.push_str(&format!(
+            "| {} | {ops} | {rate:.0} | {errors} | {measure} | {row} |\n",
+            run.store
+        ));
+    }
+    rows
+}
+
 /// Writes BASE.md and BASE.json and prints the Markdown.
 fn write(options: &Options, runs: &[StoreRun]) -> Result<(), String> {
     let base = crate::repository_root().join(&options.results);
@@ -308,47 +355,7 @@ fn write(options: &Options, runs: &[StoreRun]) -> Result<(), String> {
     md.push_str("| store | ops | ops/s | errors | measure | start | after warm-up | end | min | max | max − min | slope per minute | drift | flat |\n");
     md.push_str("| --- | ---: | ---: | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |\n");
     for run in runs {
-        let ops: u64 = run.ops.values().sum();
-        let errors: u64 = run.errors.values().sum();
-        let rate = ops as f64 / run.duration_s.max(1.0);
-        // The first sample, before the warm-up: what the server held once the load began.
-        let start = run.samples.first();
-        for (measure, t, places, at_start) in [
-            (
-                "RSS MiB",
-                &run.rss_mib,
-                1,
-                start.map(|s| s.rss_kib as f64 / 1024.0),
-            ),
-            ("open descriptors", &run.fds, 0, start.map(|s| s.fds as f64)),
-            (
-                "database connections",
-                &run.db_connections,
-                0,
-                start.and_then(|s| s.db_connections.map(|c| c as f64)),
-            ),
-        ] {
-            let at_start = at_start.map_or_else(|| "-".to_string(), |v| format!("{v:.places$}"));
-            let row = match t {
-                Some(t) => format!(
-                    "{at_start} | {:.p$} | {:.p$} | {:.p$} | {:.p$} | {:.p$} | {:+.2} | {:+.1} | {}",
-                    t.first,
-                    t.last,
-                    t.min,
-                    t.max,
-                    t.max - t.min,
-                    t.slope_per_min,
-                    t.drift,
-                    if t.flat { "yes" } else { "**no**" },
-                    p = places
-                ),
-                None => format!("{at_start} | - | - | - | - | - | - | - | -"),
-            };
-            md.push_str(&format!(
-                "| {} | {ops} | {rate:.0} | {errors} | {measure} | {row} |\n",
-                run.store
-            ));
-        }
+        md.push_str(&store_rows(run));
     }
     for run in runs.iter().filter(|r| !r.errors.is_empty()) {
         md.push_str(&format!("\n{} errors: {:?}\n", run.store, run.errors));
