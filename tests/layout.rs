@@ -607,7 +607,7 @@ fn no_function_is_over_a_hundred_lines_before_the_tests() {
         .collect();
     assert!(long.is_empty(), "functions over 100 lines: {long:#?}");
     // The scanner measures what it should.
-    let body = "    let x = 1;\n".repeat(100);
+    let body = "        let x = 1;\n".repeat(100);
     let text = format!(
         "impl A {{\n    pub async fn big<T>(a: T) {{\n{body}    }}\n\n    fn small() {{}}\n    fn one() -> u8 {{ 1 }}\n    fn declared();\n}}\n"
     );
