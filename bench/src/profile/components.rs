@@ -31,7 +31,6 @@ pub const COMPONENTS: &[(&str, &[&str])] = &[
             "__rdl_",
             "alloc::alloc::",
             "alloc::raw_vec::",
-            "idempotency_ledger::counting_alloc",
         ],
     ),
     (
@@ -81,25 +80,25 @@ pub const COMPONENTS: &[(&str, &[&str])] = &[
         &["prometheus_client::", "idempotency_ledger::observe::"],
     ),
     (
-        "canonical JSON, SHA-256, hex (src/domain)",
+        "canonical JSON, SHA-256, hex (core's domain)",
         &[
-            "idempotency_ledger::domain::canonical",
+            "ledger_core::domain::canonical",
             "sha2::",
             "serde_json::",
             "hex::",
-            "idempotency_ledger::domain::key",
+            "ledger_core::domain::key",
         ],
     ),
     (
-        "replay memory and recent keys (src/ledger)",
+        "replay memory and recent keys (core's ledger)",
         &[
-            "idempotency_ledger::ledger::replay_memory",
-            "idempotency_ledger::ledger::recent_keys",
+            "ledger_core::ledger::replay_memory",
+            "ledger_core::ledger::recent_keys",
         ],
     ),
     (
-        "group commit (src/storage/group_commit)",
-        &["idempotency_ledger::storage::group_commit"],
+        "group commit (ledger-stores' group_commit)",
+        &["ledger_stores::group_commit"],
     ),
     (
         "sqlx (encode, decode, connection I/O)",
@@ -111,12 +110,12 @@ pub const COMPONENTS: &[(&str, &[&str])] = &[
         ],
     ),
     (
-        "our storage code (rows, binds; src/storage)",
-        &["idempotency_ledger::storage::"],
+        "our storage code (rows, binds; ledger-stores)",
+        &["ledger_stores::", "ledger_core::storage::"],
     ),
     (
         "the rest of ours (service, ledger, domain)",
-        &["idempotency_ledger::"],
+        &["idempotency_ledger::", "ledger_core::"],
     ),
     (
         "HTTP/2 and transport (h2, hyper, http, tonic, tower)",
@@ -393,7 +392,7 @@ mod tests {
             COMPONENTS[9].0
         );
         assert_eq!(
-            component("<DB as idempotency_ledger::storage::sql::Columns>::add"),
+            component("<DB as ledger_stores::sql::Columns>::add"),
             COMPONENTS[10].0
         );
         assert_eq!(component("mi_free"), COMPONENTS[0].0);
@@ -401,15 +400,37 @@ mod tests {
     }
 
     #[test]
+    fn every_crate_of_the_server_is_ours_not_other() {
+        // The server is three crates since issue 29's split: a crate missing here would count
+        // its code as glue, and the component rows would be wrong without failing.
+        for function in [
+            "idempotency_ledger::grpc::service::claim",
+            "ledger_core::ledger::claim::prepare_claim",
+            "ledger_stores::sql_store::methods::insert",
+            "ledger_core::storage::values::x",
+        ] {
+            assert_ne!(component(function), OTHER, "{function}");
+        }
+        assert_eq!(
+            component("ledger_core::domain::canonical::canonicalize"),
+            "canonical JSON, SHA-256, hex (core's domain)"
+        );
+        assert_eq!(
+            component("ledger_stores::group_commit::GroupCommit::run"),
+            "group commit (ledger-stores' group_commit)"
+        );
+    }
+
+    #[test]
     fn glue_goes_to_its_callers_and_the_rows_add_up() {
-        let text = "events: Ir\nfn=(1) idempotency_ledger::domain::canonical::canonicalize\n0 100\n\
+        let text = "events: Ir\nfn=(1) ledger_core::domain::canonical::canonicalize\n0 100\n\
                     cfn=(2) <alloc::string::String as core::iter::FromIterator<char>>::from_iter\n\
                     calls=1 0\n0 50\nfn=(3) h2::proto::poll\n0 30\ncfn=(2)\ncalls=1 0\n0 150\n\
                     fn=(2)\n0 200\n";
         let profile = Profile::parse(text);
         assert_eq!(profile.total, 330);
         let rows = profile.by_component();
-        let canonical = rows["canonical JSON, SHA-256, hex (src/domain)"];
+        let canonical = rows["canonical JSON, SHA-256, hex (core's domain)"];
         assert!((canonical - 150.0).abs() < 1e-6, "{rows:?}");
         assert!((rows.values().sum::<f64>() - 330.0).abs() < 1e-6);
     }
