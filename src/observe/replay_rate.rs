@@ -38,6 +38,8 @@ pub struct ReplayWindow {
     slice: i64,
     /// Ring of (slice number, claims, replays).
     slices: [(i64, u64, u64); WINDOW_SLICES],
+    /// The slice of the latest replay counted (`i64::MIN`: none yet).
+    latest_replay: i64,
 }
 
 /// What the replay window holds now.
@@ -67,6 +69,7 @@ impl ReplayWindow {
         ReplayWindow {
             slice,
             slices: [(i64::MIN, 0, 0); WINDOW_SLICES],
+            latest_replay: i64::MIN,
         }
     }
 
@@ -84,6 +87,16 @@ impl ReplayWindow {
         }
         slot.1 += 1;
         slot.2 += u64::from(replayed);
+        if replayed {
+            self.latest_replay = self.latest_replay.max(n);
+        }
+    }
+
+    /// Whether a replay was counted in the window that ends at `now`: then the alarm is off,
+    /// which a claim's hot path learns without adding the window up.
+    pub fn has_replay(&self, now: Micros) -> bool {
+        let n = now.0.div_euclid(self.slice);
+        (n - WINDOW_SLICES as i64 + 1..=n).contains(&self.latest_replay)
     }
 
     /// The claims and replays in the window that ends at `now`.
@@ -351,7 +364,13 @@ impl Series {
         match event {
             ClaimEvent::Answered { replayed } => {
                 self.window.record(now, replayed);
-                let on = alarm_rule(min_claims, self.window.totals(now));
+                // Adding the window up is the costly part of a claim's count: only while the
+                // minute is not marked yet and no replay in the window rules the alarm out.
+                let marked = self.slot(minute).alarm;
+                let on = !marked
+                    && min_claims > 0
+                    && !self.window.has_replay(now)
+                    && alarm_rule(min_claims, self.window.totals(now));
                 let slot = self.slot(minute);
                 slot.claims += 1;
                 slot.replays += u64::from(replayed);
@@ -632,6 +651,26 @@ mod tests {
             }
         );
         assert_eq!(at(120), WindowTotals::default());
+    }
+
+    #[test]
+    fn the_window_says_it_holds_a_replay_exactly_when_its_totals_count_one() {
+        // The claim path's shortcut (`has_replay`) against the window's own sum, over claims
+        // and replays spread across several window lengths.
+        let mut w = ReplayWindow::new(Duration::from_secs(60));
+        let mut now = Micros(1_000_000_000);
+        let mut seen_both = (false, false);
+        for i in 0u64..2_000 {
+            now = now.plus(Micros(((i * 7_919) % 3_000) as i64 * 1_000));
+            w.record(now, i % 97 == 0 || (i / 400) % 2 == 1 && i % 5 == 0);
+            for later in [0, 30_000_000, 59_000_000, 61_000_000] {
+                let at = now.plus(Micros(later));
+                let counted = w.totals(at).replays > 0;
+                assert_eq!(w.has_replay(at), counted, "claim {i}, {later} µs later");
+                seen_both = (seen_both.0 || counted, seen_both.1 || !counted);
+            }
+        }
+        assert_eq!(seen_both, (true, true), "both answers were met");
     }
 
     #[test]
