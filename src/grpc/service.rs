@@ -28,7 +28,7 @@ use crate::domain::{FinalStatus, Principal, RunId, Tenant};
 use crate::error::LedgerError;
 use crate::ledger::{
     AcknowledgeInput, ClaimInput, CompleteInput, DecideInput, Ledger, ListInput, LookupInput,
-    ReconcileInput, RenewInput,
+    ReconcileInput, RenewInput, approval_cursor,
 };
 use crate::observe::{Metrics, telemetry};
 
@@ -223,10 +223,10 @@ impl LedgerService for LedgerApi {
         // Admitted like any call, then released: a watch may last for hours and must not hold
         // a place among the calls running now.
         let Call { tenant, .. } = self.begin(&request)?;
-        let after = request.into_inner().after;
+        let after = approval_cursor(&request.into_inner().after).map_err(status)?;
         let ledger = self.ledger.clone();
         let (first, mut cursor) = ledger
-            .approval_events(&tenant, Some(after.as_str()), WATCH_BATCH)
+            .approval_events(&tenant, after, WATCH_BATCH)
             .await
             .map_err(status)?;
         let (sender, receiver) = tokio::sync::mpsc::channel(WATCH_BATCH as usize);
@@ -250,9 +250,8 @@ impl LedgerService for LedgerApi {
                     () = tokio::time::sleep(WATCH_POLL) => {}
                     () = sender.closed() => return,
                 }
-                let after = cursor.to_string();
                 match ledger
-                    .approval_events(&tenant, Some(after.as_str()), WATCH_BATCH)
+                    .approval_events(&tenant, Some(cursor), WATCH_BATCH)
                     .await
                 {
                     Ok((events, last)) => {

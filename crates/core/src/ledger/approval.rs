@@ -304,31 +304,20 @@ impl Ledger {
         Ok(expired)
     }
 
-    /// The tenant's approval events after `cursor` (from now when `None`), oldest first, at
-    /// most `limit`, each with its entry as it stands. With no event yet, an empty list and
-    /// the cursor to go on from.
+    /// The tenant's approval events after `cursor` (from now when `None`: see
+    /// [`approval_cursor`]), oldest first, at most `limit`, each with its entry as it stands.
+    /// With no event yet, an empty list and the cursor to go on from.
     ///
     /// # Errors
-    /// `InvalidArgument` for a cursor this server did not give; `Unavailable`/`Internal` from
-    /// the store.
+    /// `Unavailable`/`Internal` from the store.
     pub async fn approval_events(
         &self,
         tenant: &Tenant,
-        cursor: Option<&str>,
+        cursor: Option<i64>,
         limit: u32,
     ) -> Result<(Vec<ApprovalEvent>, i64), LedgerError> {
-        let after = match cursor {
-            None | Some("") => return Ok((Vec::new(), self.store.last_history_id(tenant).await?)),
-            Some(text) => text
-                .parse::<i64>()
-                .ok()
-                .filter(|c| *c >= 0)
-                .ok_or_else(|| {
-                    LedgerError::invalid(
-                        "after",
-                        "is not a cursor this server gave: pass an event's cursor as it is",
-                    )
-                })?,
+        let Some(after) = cursor else {
+            return Ok((Vec::new(), self.store.last_history_id(tenant).await?));
         };
         let now = self.clock.now();
         let mut events = Vec::new();
@@ -354,6 +343,28 @@ impl Ledger {
         }
         Ok((events, last))
     }
+}
+
+/// A watcher's cursor as it sends it (WatchApprovals' `after`): empty is none (from now), else
+/// an event's cursor as this server gave it.
+///
+/// # Errors
+/// `InvalidArgument` for field `after` when the text is no cursor this server gives (not a
+/// non-negative integer).
+pub fn approval_cursor(text: &str) -> Result<Option<i64>, LedgerError> {
+    if text.is_empty() {
+        return Ok(None);
+    }
+    text.parse::<i64>()
+        .ok()
+        .filter(|c| *c >= 0)
+        .map(Some)
+        .ok_or_else(|| {
+            LedgerError::invalid(
+                "after",
+                "is not a cursor this server gave: pass an event's cursor as it is",
+            )
+        })
 }
 
 /// Why a decision found nothing to decide, in words.
@@ -403,4 +414,28 @@ fn checked_decision(input: &DecideInput) -> Result<(), LedgerError> {
         ));
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_watchers_cursor_is_empty_or_a_cursor_this_server_gives() {
+        assert_eq!(approval_cursor("").expect("from now"), None);
+        assert_eq!(approval_cursor("0").expect("a cursor"), Some(0));
+        assert_eq!(approval_cursor("42").expect("a cursor"), Some(42));
+        for bad in ["-1", "x", " 42", "4.2", "99999999999999999999"] {
+            match approval_cursor(bad) {
+                Err(LedgerError::InvalidArgument { field, message, .. }) => {
+                    assert_eq!(field, "after", "{bad}");
+                    assert!(
+                        message.contains("not a cursor this server gave"),
+                        "{message}"
+                    );
+                }
+                other => panic!("{bad}: {other:?}"),
+            }
+        }
+    }
 }

@@ -25,7 +25,9 @@ mod replay_memory;
 mod retention;
 pub mod wait;
 
-pub use approval::{ApprovalEvent, Approvals, DecideInput, Decided, MAX_REASON_BYTES};
+pub use approval::{
+    ApprovalEvent, Approvals, DecideInput, Decided, MAX_REASON_BYTES, approval_cursor,
+};
 pub use claim::{ClaimInput, ClaimOutput, Outcome};
 pub use complete::{CompleteInput, CompleteOutput};
 pub use double_effect::{AcknowledgeInput, MAX_NOTE_BYTES};
