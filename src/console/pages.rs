@@ -19,7 +19,7 @@ use super::html::{
 use super::respond::{self, bad, good};
 use super::session::SignedIn;
 use super::{Answer, Console, Visit};
-use crate::domain::key::{ExplicitKey, HoldToken, Key, Principal};
+use crate::domain::key::{HoldToken, Key, Principal};
 use crate::domain::{Completion, Entry, FinalStatus, Micros, StaleReason, Status, Tenant};
 use crate::error::LedgerError;
 use crate::grpc::auth::{Credential, Identity};

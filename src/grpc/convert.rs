@@ -10,9 +10,7 @@ use crate::domain::{
     Approval, ApprovalState, Decision, FinalStatus, HistoryEvent, HoldToken, Micros,
 };
 use crate::error::LedgerError;
-use crate::ledger::{
-    ClaimOutput, CompleteInput, EntryView, Outcome, ResolutionOutcome, ResolutionResult,
-};
+use crate::ledger::{ClaimOutput, EntryView, Outcome, ResolutionOutcome, ResolutionResult};
 use crate::observe::replay_rate::{ReplayFigures, SeriesFigures};
 
 /// A refusal of `field`'s value, as the gRPC status the table gives it.
@@ -257,19 +255,6 @@ pub(super) fn entry(view: EntryView) -> pb::Entry {
         possible_double_effect: e.possible_double_effect,
         approval: approval(e.approval),
     }
-}
-
-/// A Complete's input, and the view it answers in.
-pub(super) fn complete_input(r: pb::CompleteRequest) -> Result<(CompleteInput, View), Status> {
-    let input = CompleteInput {
-        key: r.key,
-        claim_token: r.claim_token,
-        status: final_status("status", r.status)?,
-        result: r.result.to_vec(),
-        error: r.error,
-        retryable: r.retryable,
-    };
-    Ok((input, view(r.view)?))
 }
 
 /// The entry a Complete answers with in `view`: the basic view leaves out the result, which

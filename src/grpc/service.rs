@@ -1,6 +1,7 @@
-//! The `LedgerService` implementation: a thin shell over [`Ledger`]; each RPC converts, runs
-//! the use case on the call's own task bounded by the deadline (to its end, also when the call
-//! is abandoned: [`super::deadline`]), and converts back.
+//! The `LedgerService` implementation: a thin shell over [`Ledger`]; each RPC parses its
+//! request into the use case's typed input (`inputs`), runs the use case on the call's own
+//! task bounded by the deadline (to its end, also when the call is abandoned:
+//! [`super::deadline`]), and converts back.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -11,20 +12,23 @@ use tonic::{Request, Response, Status};
 use super::admission::{Admission, Admitted, HeldBytes};
 use super::auth::Approver;
 use super::convert::{
-    View, audited_entry, canonicalization, claim_response, complete_input, completed_entry,
-    decision, duration, entry, final_status, history_event, instant, pending_entry,
-    replay_rate_response, resolution_result, status_filter, timestamp, view,
+    View, audited_entry, claim_response, completed_entry, entry, history_event, instant,
+    pending_entry, replay_rate_response, resolution_result, status_filter, timestamp,
 };
 use super::deadline::{parse_grpc_timeout, run};
 use super::error::{CallError, status};
+use super::inputs::{
+    acknowledge_input, claim_input, complete_input, decide_input, extend_input, list_filters,
+    lookup_input, reconcile_input, renew_input,
+};
 use super::pb;
 use super::pb::ledger_service_server::LedgerService;
 use crate::domain::key::ToolName;
-use crate::domain::{FinalStatus, Principal, Tenant};
+use crate::domain::{FinalStatus, Principal, RunId, Tenant};
 use crate::error::LedgerError;
 use crate::ledger::{
     AcknowledgeInput, ClaimInput, CompleteInput, DecideInput, Ledger, ListInput, LookupInput,
-    ReconcileInput, RenewInput, ResolutionInput,
+    ReconcileInput, RenewInput, approval_cursor,
 };
 use crate::observe::{Metrics, telemetry};
 
@@ -174,13 +178,7 @@ impl LedgerService for LedgerApi {
                          approver role (the tokens file's third column, `approver`)",
                     )));
                 };
-                let input = DecideInput {
-                    key: r.key,
-                    fingerprint: r.fingerprint,
-                    decision: decision(r.decision)?,
-                    reason: r.reason,
-                };
-                Ok((input, approver))
+                Ok((decide_input(r)?, approver))
             },
             |ledger, tenant, (input, approver)| async move {
                 let choice = input.decision;
@@ -206,7 +204,7 @@ impl LedgerService for LedgerApi {
     ) -> Result<Response<pb::ExtendRunResponse>, Status> {
         self.unary(
             request,
-            |r, _| Ok(ExtendInput(r.run_id, duration("retention", r.retention)?)),
+            |r, _| extend_input(r).map(|(run_id, retention)| ExtendInput(run_id, retention)),
             |ledger, tenant, ExtendInput(run_id, retention)| async move {
                 ledger.extend_run(&tenant, &run_id, retention).await
             },
@@ -225,10 +223,10 @@ impl LedgerService for LedgerApi {
         // Admitted like any call, then released: a watch may last for hours and must not hold
         // a place among the calls running now.
         let Call { tenant, .. } = self.begin(&request)?;
-        let after = request.into_inner().after;
+        let after = approval_cursor(&request.into_inner().after).map_err(status)?;
         let ledger = self.ledger.clone();
         let (first, mut cursor) = ledger
-            .approval_events(&tenant, Some(after.as_str()), WATCH_BATCH)
+            .approval_events(&tenant, after, WATCH_BATCH)
             .await
             .map_err(status)?;
         let (sender, receiver) = tokio::sync::mpsc::channel(WATCH_BATCH as usize);
@@ -252,9 +250,8 @@ impl LedgerService for LedgerApi {
                     () = tokio::time::sleep(WATCH_POLL) => {}
                     () = sender.closed() => return,
                 }
-                let after = cursor.to_string();
                 match ledger
-                    .approval_events(&tenant, Some(after.as_str()), WATCH_BATCH)
+                    .approval_events(&tenant, Some(cursor), WATCH_BATCH)
                     .await
                 {
                     Ok((events, last)) => {
@@ -282,28 +279,11 @@ impl LedgerService for LedgerApi {
         let metrics = self.metrics.clone();
         self.unary(
             request,
-            |r, deadline| {
-                // Checked, then not needed: a Claim's basic view is its full one (its entry
-                // never carries arguments_json, and its stored result is what a replay needs).
-                view(r.view)?;
-                Ok(ClaimInput {
-                    run_id: r.run_id,
-                    tool: r.tool,
-                    arguments_json: r.arguments_json,
-                    key: r.key,
-                    canonicalization: canonicalization(r.canonicalization)?,
-                    lease: duration("lease", r.lease)?,
-                    retention: duration("retention", r.retention)?,
-                    wait: duration("wait", r.wait)?,
-                    answer_by: Some(deadline),
-                    principal: r.principal,
-                    require_approval: r.require_approval,
-                })
-            },
+            claim_input,
             |ledger, tenant, input| async move {
                 let tool = input.tool.clone();
                 let out = ledger.claim(&tenant, input).await;
-                metrics.claim(&tenant, &tool, &out);
+                metrics.claim(&tenant, tool.as_str(), &out);
                 out
             },
             |out| {
@@ -346,14 +326,8 @@ impl LedgerService for LedgerApi {
         self.unary(
             request,
             |r, _| {
-                let input = LookupInput {
-                    key: r.key,
-                    run_id: r.run_id,
-                    tool: r.tool,
-                    arguments_json: r.arguments_json,
-                    canonicalization: canonicalization(r.canonicalization)?,
-                };
-                Ok((input, r.include_history))
+                let with_history = r.include_history;
+                Ok((lookup_input(r)?, with_history))
             },
             |ledger, tenant, (input, with_history)| async move {
                 let view = ledger.lookup(&tenant, input).await?;
@@ -382,32 +356,7 @@ impl LedgerService for LedgerApi {
         let metrics = self.metrics.clone();
         self.unary(
             request,
-            |r, _| {
-                let resolutions = r
-                    .resolutions
-                    .into_iter()
-                    .map(|res| {
-                        Ok(ResolutionInput {
-                            key: res.key,
-                            status: final_status("resolutions", res.status)?,
-                            result: res.result.to_vec(),
-                            error: res.error,
-                            retryable: res.retryable,
-                            attempt: res.attempt,
-                            hold_token: res.hold_token,
-                        })
-                    })
-                    .collect::<Result<Vec<_>, Status>>()?;
-                Ok(ReconcileInput {
-                    older_than: duration("older_than", r.older_than)?,
-                    tool: r.tool,
-                    limit: r.limit,
-                    resolutions,
-                    resolve_only: r.resolve_only,
-                    keys: r.keys,
-                    principal: r.principal,
-                })
-            },
+            |r, _| reconcile_input(r),
             |ledger, tenant, input| async move {
                 let statuses: Vec<FinalStatus> =
                     input.resolutions.iter().map(|r| r.status).collect();
@@ -434,15 +383,20 @@ impl LedgerService for LedgerApi {
         self.unary(
             request,
             |r, _| {
+                let status_filter = status_filter(r.status)?;
+                let started_after = instant("started_after", r.started_after)?;
+                let started_before = instant("started_before", r.started_before)?;
+                let page_size = u32::try_from(r.page_size).map_err(|_| {
+                    status(LedgerError::invalid("page_size", "must not be negative"))
+                })?;
+                let (run_id, tool) = list_filters(&r.run_id, &r.tool)?;
                 Ok(ListInput {
-                    run_id: r.run_id,
-                    tool: r.tool,
-                    status: status_filter(r.status)?,
-                    started_after: instant("started_after", r.started_after)?,
-                    started_before: instant("started_before", r.started_before)?,
-                    page_size: u32::try_from(r.page_size).map_err(|_| {
-                        status(LedgerError::invalid("page_size", "must not be negative"))
-                    })?,
+                    run_id,
+                    tool,
+                    status: status_filter,
+                    started_after,
+                    started_before,
+                    page_size,
                     page_token: r.page_token,
                     possible_double_effect: r.possible_double_effect,
                 })
@@ -462,13 +416,7 @@ impl LedgerService for LedgerApi {
     ) -> Result<Response<pb::RenewLeaseResponse>, Status> {
         self.unary(
             request,
-            |r, _| {
-                Ok(RenewInput {
-                    key: r.key,
-                    claim_token: r.claim_token,
-                    lease: duration("lease", r.lease)?,
-                })
-            },
+            |r, _| renew_input(r),
             |ledger, tenant, input| async move { ledger.renew_lease(&tenant, input).await },
             |out| {
                 telemetry::record_entry(&out);
@@ -486,13 +434,7 @@ impl LedgerService for LedgerApi {
     ) -> Result<Response<pb::AcknowledgeDoubleEffectResponse>, Status> {
         self.unary(
             request,
-            |r, _| {
-                Ok(AcknowledgeInput {
-                    key: r.key,
-                    note: r.note,
-                    principal: r.principal,
-                })
-            },
+            |r, _| acknowledge_input(r),
             |ledger, tenant, input| async move {
                 ledger.acknowledge_double_effect(&tenant, input).await
             },
@@ -535,7 +477,7 @@ trait Labels {
 
 /// ExtendRun's input: the run and the retention its entries keep at least (the default when
 /// none).
-struct ExtendInput(String, Option<Duration>);
+struct ExtendInput(RunId, Option<Duration>);
 
 impl Labels for ExtendInput {
     fn labels(&self) -> (&str, &str) {
@@ -545,48 +487,52 @@ impl Labels for ExtendInput {
 
 impl Labels for (DecideInput, Principal) {
     fn labels(&self) -> (&str, &str) {
-        ("", &self.0.key)
+        ("", self.0.key.as_str())
     }
 }
 
 impl Labels for ClaimInput {
     fn labels(&self) -> (&str, &str) {
-        (&self.tool, &self.key)
+        let key = self.key.explicit().map_or("", |k| k.as_str());
+        (self.tool.as_str(), key)
     }
 }
 
 impl Labels for (CompleteInput, View) {
     fn labels(&self) -> (&str, &str) {
-        ("", &self.0.key)
+        ("", self.0.key.as_str())
     }
 }
 
 impl Labels for (LookupInput, bool) {
     fn labels(&self) -> (&str, &str) {
-        (&self.0.tool, &self.0.key)
+        match &self.0 {
+            LookupInput::ByKey(key) => ("", key.as_str()),
+            LookupInput::ByIntent { tool, .. } => (tool.as_str(), ""),
+        }
     }
 }
 
 impl Labels for ReconcileInput {
     fn labels(&self) -> (&str, &str) {
-        (&self.tool, "")
+        (self.tool.as_ref().map_or("", ToolName::as_str), "")
     }
 }
 
 impl Labels for ListInput {
     fn labels(&self) -> (&str, &str) {
-        (&self.tool, "")
+        (self.tool.as_ref().map_or("", ToolName::as_str), "")
     }
 }
 
 impl Labels for RenewInput {
     fn labels(&self) -> (&str, &str) {
-        ("", &self.key)
+        ("", self.key.as_str())
     }
 }
 
 impl Labels for AcknowledgeInput {
     fn labels(&self) -> (&str, &str) {
-        ("", &self.key)
+        ("", self.key.as_str())
     }
 }

@@ -8,7 +8,7 @@ use std::time::Duration;
 use idempotency_ledger::domain::FinalStatus;
 use idempotency_ledger::domain::Tenant;
 use idempotency_ledger::domain::time::SystemClock;
-use idempotency_ledger::ledger::{ClaimInput, CompleteInput, Ledger, Limits, Outcome};
+use idempotency_ledger::ledger::{CompleteInput, Ledger, Limits, Outcome};
 use idempotency_ledger::storage::Store as _;
 use tokio::sync::Barrier;
 
@@ -45,12 +45,11 @@ async fn one_winner_among_simultaneous_claims(backend: Backend) {
             let ledger = ledger.clone();
             let barrier = barrier.clone();
             tasks.push(tokio::spawn(async move {
-                let input = ClaimInput {
-                    run_id: format!("round-{round}"),
-                    tool: "issue_credit".into(),
-                    arguments_json: r#"{"amount":5}"#.into(),
-                    ..Default::default()
-                };
+                let input = crate::support::typed::claim_input(
+                    &format!("round-{round}"),
+                    "issue_credit",
+                    r#"{"amount":5}"#,
+                );
                 barrier.wait().await;
                 ledger.claim(&Tenant::default_tenant(), input).await
             }));
@@ -80,8 +79,8 @@ async fn one_winner_among_simultaneous_claims(backend: Backend) {
             .complete(
                 &Tenant::default_tenant(),
                 CompleteInput {
-                    key: winner.entry.entry.key.to_string(),
-                    claim_token: winner.claim_token.clone().expect("token").into(),
+                    key: winner.entry.entry.key.clone(),
+                    claim_token: winner.claim_token.clone().expect("token"),
                     status: FinalStatus::Succeeded,
                     result: b"ok".to_vec(),
                     error: String::new(),
@@ -211,12 +210,7 @@ async fn one_batcher_many_claimants(backend: Backend) {
             } else {
                 format!("{{\"own\":{i}}}")
             };
-            let input = ClaimInput {
-                run_id: "batch-run".into(),
-                tool: "issue_credit".into(),
-                arguments_json: args,
-                ..Default::default()
-            };
+            let input = crate::support::typed::claim_input("batch-run", "issue_credit", &args);
             barrier.wait().await;
             (i, ledger.claim(&Tenant::default_tenant(), input).await)
         }));
@@ -247,8 +241,8 @@ async fn one_batcher_many_claimants(backend: Backend) {
                 .complete(
                     &Tenant::default_tenant(),
                     CompleteInput {
-                        key: out.entry.entry.key.to_string(),
-                        claim_token: out.claim_token.clone().expect("token").into(),
+                        key: out.entry.entry.key.clone(),
+                        claim_token: out.claim_token.clone().expect("token"),
                         status: FinalStatus::Succeeded,
                         result: out.entry.entry.key.as_str().as_bytes().to_vec(),
                         error: String::new(),

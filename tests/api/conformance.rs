@@ -171,7 +171,7 @@ async fn concurrent_replays_are_numbered_one_by_one_and_lookup_and_listing_show_
     let listed = list_ok(
         &t.ledger,
         ListInput {
-            run_id: RUN.into(),
+            run_id: Some(run_id(RUN)),
             ..Default::default()
         },
     )
@@ -303,8 +303,8 @@ async fn a_retryable_failure_is_claimed_again_with_attempt_two_and_a_new_token(b
 
 async fn an_explicit_key_with_other_arguments_is_refused_and_changes_nothing(b: Backend) {
     let t = TestLedger::new(b).await;
-    let mut input = claim_input("", TOOL, ARGS);
-    input.key = "wf-7:step-3".into();
+    let mut input = claim_input(RUN, TOOL, ARGS);
+    input.key = claim_key("wf-7:step-3", "");
     let first = claim_ok(&t.ledger, input.clone()).await;
     assert_eq!(first.outcome, Outcome::Claimed);
     assert_eq!(first.entry.entry.key, "wf-7:step-3");
@@ -314,7 +314,7 @@ async fn an_explicit_key_with_other_arguments_is_refused_and_changes_nothing(b: 
     let refused = claim_result(&t.ledger, other).await;
     assert_matches!(refused, Err(LedgerError::KeyReused));
     let mut other_tool = input.clone();
-    other_tool.tool = "refund".into();
+    other_tool.tool = tool("refund");
     assert_matches!(
         claim_result(&t.ledger, other_tool).await,
         Err(LedgerError::KeyReused)
@@ -328,8 +328,8 @@ async fn an_explicit_key_with_other_arguments_is_refused_and_changes_nothing(b: 
 
 async fn an_explicit_key_with_the_same_arguments_replays(b: Backend) {
     let t = TestLedger::new(b).await;
-    let mut input = claim_input("", TOOL, ARGS);
-    input.key = "wf-7:step-4".into();
+    let mut input = claim_input(RUN, TOOL, ARGS);
+    input.key = claim_key("wf-7:step-4", "");
     let first = claim_ok(&t.ledger, input.clone()).await;
     complete_ok(
         &t.ledger,
@@ -392,21 +392,12 @@ async fn leases_and_retention_have_defaults_and_limits(b: Backend) {
         ),
         ("retention", with(None, Some(Duration::ZERO), "r-d")),
     ] {
-        let run = input.run_id.clone();
+        let run = input.key.run_id().expect("a run").to_string();
         match claim_result(&t.ledger, input).await {
             Err(LedgerError::InvalidArgument { field: f, .. }) => assert_eq!(f, field),
             other => panic!("{field} out of range should be refused: {other:?}"),
         }
-        let looked = lookup_result(
-            &t.ledger,
-            LookupInput {
-                run_id: run,
-                tool: TOOL.into(),
-                arguments_json: ARGS.into(),
-                ..Default::default()
-            },
-        )
-        .await;
+        let looked = lookup_result(&t.ledger, intent(&run, TOOL, ARGS)).await;
         assert!(
             matches!(looked, Err(LedgerError::NotFound)),
             "nothing stored: {looked:?}"
@@ -483,6 +474,9 @@ async fn unresolved_entries_never_expire(b: Backend) {
     );
 }
 
+/// Arguments a claim cannot canonicalize. (A malformed tool, run id, key or principal cannot
+/// be put in a [`ClaimInput`] any more: gRPC refuses those where the request arrives, tested in
+/// `grpc_api::fields_parsed_where_a_request_arrives_are_refused_and_store_nothing`.)
 async fn bad_input_is_refused_and_stores_nothing(b: Backend) {
     let t = TestLedger::new(b).await;
     let cases: Vec<(ClaimInput, &str, &str)> = vec![
@@ -507,38 +501,6 @@ async fn bad_input_is_refused_and_stores_nothing(b: Backend) {
             "LONE_SURROGATE",
         ),
         (claim_input(RUN, TOOL, ""), "arguments_json", "INVALID_JSON"),
-        (claim_input(RUN, "", ARGS), "tool", "INVALID_FIELD"),
-        (claim_input(RUN, "bad\ntool", ARGS), "tool", "INVALID_FIELD"),
-        (claim_input("", TOOL, ARGS), "run_id", "INVALID_FIELD"),
-        (
-            claim_input(&"r".repeat(257), TOOL, ARGS),
-            "run_id",
-            "INVALID_FIELD",
-        ),
-        (
-            ClaimInput {
-                key: "has space".into(),
-                ..claim_input("", TOOL, ARGS)
-            },
-            "key",
-            "INVALID_FIELD",
-        ),
-        (
-            ClaimInput {
-                key: "k".repeat(256),
-                ..claim_input("", TOOL, ARGS)
-            },
-            "key",
-            "INVALID_FIELD",
-        ),
-        (
-            ClaimInput {
-                principal: "a\u{7}b".into(),
-                ..claim_input(RUN, TOOL, ARGS)
-            },
-            "principal",
-            "INVALID_FIELD",
-        ),
     ];
     for (input, want_field, want_reason) in cases {
         match claim_result(&t.ledger, input.clone()).await {
@@ -585,14 +547,8 @@ async fn a_stale_or_wrong_token_cannot_complete(b: Backend) {
         Status::Attempting,
         "a refused complete changes nothing"
     );
-    let empty = complete(&t.ledger, done(&key, "", FinalStatus::Succeeded, b"x")).await;
-    assert!(matches!(
-        empty,
-        Err(LedgerError::InvalidArgument {
-            field: "claim_token",
-            ..
-        })
-    ));
+    // An empty token is no ClaimToken: gRPC refuses it where the request arrives (see
+    // `grpc_api::fields_parsed_where_a_request_arrives_are_refused_and_store_nothing`).
 }
 
 async fn a_claimant_may_complete_after_its_lease_expired_unless_resolved_since(b: Backend) {
@@ -653,13 +609,7 @@ async fn completing_an_absent_or_other_tenants_key_is_not_found(b: Backend) {
     assert_matches!(theirs, Err(LedgerError::NotFound));
     let looked = t
         .ledger
-        .lookup(
-            &other,
-            LookupInput {
-                key: key.clone(),
-                ..Default::default()
-            },
-        )
+        .lookup(&other, LookupInput::by_key(calls::key(&key)))
         .await;
     assert!(matches!(looked, Err(LedgerError::NotFound)));
     // The other tenant's own claim of the same intent is independent.
@@ -738,12 +688,11 @@ async fn lookup_by_key_and_by_derivation_agree_and_change_nothing(b: Backend) {
     let by_key = lookup_key(&t.ledger, &key).await.expect("by key");
     let derived = lookup_ok(
         &t.ledger,
-        LookupInput {
-            run_id: RUN.into(),
-            tool: TOOL.into(),
-            arguments_json: r#"{"currency":"EUR","amount":200,"customer":"c-42"}"#.into(),
-            ..Default::default()
-        },
+        intent(
+            RUN,
+            TOOL,
+            r#"{"currency":"EUR","amount":200,"customer":"c-42"}"#,
+        ),
     )
     .await;
     assert_eq!(
@@ -768,32 +717,11 @@ async fn lookup_by_key_and_by_derivation_agree_and_change_nothing(b: Backend) {
         by_key,
         "read-only"
     );
-    let missing = lookup_result(
-        &t.ledger,
-        LookupInput {
-            run_id: "run-9".into(),
-            tool: TOOL.into(),
-            arguments_json: ARGS.into(),
-            ..Default::default()
-        },
-    )
-    .await;
+    let missing = lookup_result(&t.ledger, intent("run-9", TOOL, ARGS)).await;
     assert!(matches!(missing, Err(LedgerError::NotFound)));
-    let both = lookup_result(
-        &t.ledger,
-        LookupInput {
-            key: key.clone(),
-            run_id: RUN.into(),
-            ..Default::default()
-        },
-    )
-    .await;
-    assert!(matches!(
-        both,
-        Err(LedgerError::InvalidArgument { field: "key", .. })
-    ));
-    let neither = lookup_result(&t.ledger, LookupInput::default()).await;
-    assert!(matches!(neither, Err(LedgerError::InvalidArgument { .. })));
+    // A request with both a key and the fields, or with neither, is no LookupInput: gRPC
+    // refuses it where it arrives (see
+    // `grpc_api::fields_parsed_where_a_request_arrives_are_refused_and_store_nothing`).
 }
 
 async fn a_waiting_claim_returns_the_result_once_the_attempt_completes(b: Backend) {
@@ -988,7 +916,7 @@ async fn reconcile_hands_out_only_unknown_entries_oldest_first_by_tool_and_age(b
     let all = reconcile(
         &t.ledger,
         ReconcileInput {
-            tool: TOOL.into(),
+            tool: Some(tool(TOOL)),
             ..Default::default()
         },
     )
@@ -1069,7 +997,7 @@ async fn reconcile_with_keys_hands_out_only_those_keys_when_unresolved_and_not_h
     let unknown = unknown_entries(&t, TOOL, 3).await;
     let ticket = unknown_entries(&t, "open_ticket", 1).await;
     let with_keys = |keys: &[&String]| ReconcileInput {
-        keys: keys.iter().map(|k| (*k).clone()).collect(),
+        keys: keys.iter().map(calls::key).collect(),
         ..Default::default()
     };
 
@@ -1099,7 +1027,7 @@ async fn reconcile_with_keys_hands_out_only_those_keys_when_unresolved_and_not_h
         reconcile(
             &t.ledger,
             ReconcileInput {
-                tool: "open_ticket".into(),
+                tool: Some(tool("open_ticket")),
                 ..with_keys(&[&unknown[2]])
             }
         )
@@ -1117,22 +1045,22 @@ async fn reconcile_with_keys_hands_out_only_those_keys_when_unresolved_and_not_h
         vec![unknown[1].clone()]
     );
 
-    // Malformed keys, or more than one call may take, are refused and hold nothing.
-    let too_many = vec!["k".to_string(); Limits::default().reconcile_max_limit as usize + 1];
-    for keys in [vec!["bad key".to_string()], vec![String::new()], too_many] {
-        let refused = reconcile_result(
-            &t.ledger,
-            ReconcileInput {
-                keys,
-                ..Default::default()
-            },
-        )
-        .await;
-        assert_matches!(
-            refused,
-            Err(LedgerError::InvalidArgument { field: "keys", .. })
-        );
-    }
+    // More keys than one call may take are refused and hold nothing. (A malformed key is no
+    // Key: gRPC refuses it where the request arrives, see
+    // `grpc_api::fields_parsed_where_a_request_arrives_are_refused_and_store_nothing`.)
+    let too_many = vec![calls::key("k"); Limits::default().reconcile_max_limit as usize + 1];
+    let refused = reconcile_result(
+        &t.ledger,
+        ReconcileInput {
+            keys: too_many,
+            ..Default::default()
+        },
+    )
+    .await;
+    assert_matches!(
+        refused,
+        Err(LedgerError::InvalidArgument { field: "keys", .. })
+    );
     assert_eq!(
         reconcile(&t.ledger, with_keys(&[&unknown[0]])).await,
         vec![unknown[0].clone()],
@@ -1144,7 +1072,7 @@ async fn a_resolution_records_its_principal_as_resolved_by_until_a_new_attempt(b
     let (t, keys) = unknown_on(b, 2).await;
     let by = |principal: &str, findings| ReconcileInput {
         resolutions: findings,
-        principal: principal.into(),
+        principal: calls::principal(principal),
         resolve_only: true,
         ..Default::default()
     };
@@ -1168,7 +1096,7 @@ async fn a_resolution_records_its_principal_as_resolved_by_until_a_new_attempt(b
     let listed = list_ok(
         &t.ledger,
         ListInput {
-            run_id: "run-0".into(),
+            run_id: Some(run_id("run-0")),
             ..Default::default()
         },
     )
@@ -1196,25 +1124,9 @@ async fn a_resolution_records_its_principal_as_resolved_by_until_a_new_attempt(b
         (Status::Succeeded, "")
     );
 
-    // A malformed principal is refused before anything is applied.
-    let more = unknown_entries(&t, "open_ticket", 1).await;
-    let findings = fenced(
-        &t,
-        vec![finding(&more[0], FinalStatus::Succeeded, b"x", false)],
-    )
-    .await;
-    let refused = reconcile_result(&t.ledger, by("bad\u{7}principal", findings)).await;
-    assert_matches!(
-        refused,
-        Err(LedgerError::InvalidArgument {
-            field: "principal",
-            ..
-        })
-    );
-    assert_eq!(
-        lookup_found(&t.ledger, &more[0]).await.status,
-        Status::Unknown
-    );
+    // A malformed principal is no Principal: gRPC refuses it where the request arrives, before
+    // anything is applied (see
+    // `grpc_api::fields_parsed_where_a_request_arrives_are_refused_and_store_nothing`).
 }
 
 async fn a_found_resolution_makes_the_next_claim_replay_it(b: Backend) {
@@ -1327,11 +1239,10 @@ async fn malformed_resolutions_are_refused_and_none_is_applied(b: Backend) {
                 false,
             ),
         ],
-        vec![
-            finding(&keys[0], FinalStatus::Succeeded, b"ok", false),
-            finding("bad key", FinalStatus::Succeeded, b"", false),
-        ],
     ];
+    // A finding with a malformed key is no ResolutionInput: gRPC refuses it where the request
+    // arrives (see
+    // `grpc_api::fields_parsed_where_a_request_arrives_are_refused_and_store_nothing`).
     for findings in bad_sets {
         let findings = fenced(&t, findings).await;
         let refused = reconcile_result(
@@ -1652,7 +1563,7 @@ async fn what_is_remembered_expires_on_the_ledgers_clock_and_a_reused_key_is_sti
     // An explicit key with other arguments is refused, remembered or not; with its own
     // arguments it replays.
     let explicit = ClaimInput {
-        key: "wf-1:step-1".into(),
+        key: claim_key("wf-1:step-1", RUN),
         ..claim_input(RUN, TOOL, ARGS)
     };
     let claimed = claim_ok(&t.ledger, explicit.clone()).await;

@@ -993,6 +993,21 @@ async fn entries_are_listed_by_filter_and_found_by_prefix_or_external_ref(backen
         "{}",
         bad.body
     );
+    // A malformed run or tool filter is refused as `field: message`, before the ledger is read.
+    for (query, refusal) in [
+        (
+            format!("run={}", "r".repeat(257)),
+            "run_id: must be at most 256 bytes, got 257",
+        ),
+        (
+            format!("tool={}", "t".repeat(257)),
+            "tool: must be at most 256 bytes, got 257",
+        ),
+    ] {
+        let refused = browser.get(&format!("/entries?{query}")).await;
+        assert_eq!(refused.status, 400, "{query}: {}", refused.body);
+        assert!(refused.body.contains(refusal), "{}", refused.body);
+    }
 
     // Found by whole key, prefix (with or without the table's …), or external_ref.
     let credit_page = format!("/entry?key={}", credit.key);

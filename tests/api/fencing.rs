@@ -7,7 +7,7 @@
 use std::time::Duration;
 
 use idempotency_ledger::domain::time::Clock as _;
-use idempotency_ledger::domain::{EventKind, FinalStatus, Status, Tenant};
+use idempotency_ledger::domain::{EventKind, FinalStatus, HoldToken, Principal, Status, Tenant};
 use idempotency_ledger::error::LedgerError;
 use idempotency_ledger::ledger::{
     AcknowledgeInput, ClaimInput, CompleteInput, EntryView, Ledger, ListInput, LookupInput,
@@ -15,6 +15,7 @@ use idempotency_ledger::ledger::{
 };
 use idempotency_ledger::reason::Reason;
 
+use crate::support::typed::{self, claim_input};
 use crate::support::{Backend, TestLedger, test_limits};
 
 on_every_store!(
@@ -48,15 +49,7 @@ async fn ledger(b: Backend) -> TestLedger {
 async fn unknown_attempt(t: &TestLedger, run: &str, want_attempt: u32) -> String {
     let out = t
         .ledger
-        .claim(
-            &tenant(),
-            ClaimInput {
-                run_id: run.into(),
-                tool: TOOL.into(),
-                arguments_json: ARGS.into(),
-                ..Default::default()
-            },
-        )
+        .claim(&tenant(), claim_input(run, TOOL, ARGS))
         .await
         .expect("claim");
     assert_eq!(out.entry.entry.attempt, want_attempt, "{out:?}");
@@ -65,8 +58,8 @@ async fn unknown_attempt(t: &TestLedger, run: &str, want_attempt: u32) -> String
         .complete(
             &tenant(),
             CompleteInput {
-                key: key.clone(),
-                claim_token: out.claim_token.expect("claimed").into(),
+                key: typed::key(&key),
+                claim_token: out.claim_token.expect("claimed"),
                 status: FinalStatus::Unknown,
                 result: Vec::new(),
                 error: "connection lost after sending the request".into(),
@@ -84,7 +77,7 @@ async fn take(ledger: &Ledger, key: &str) -> EntryView {
         .reconcile(
             &tenant(),
             ReconcileInput {
-                keys: vec![key.to_string()],
+                keys: vec![typed::key(key)],
                 ..Default::default()
             },
         )
@@ -102,7 +95,7 @@ async fn take(ledger: &Ledger, key: &str) -> EntryView {
 /// What a reconciler found about the entry it was handed (`held`).
 fn finding(held: &EntryView, found: bool) -> ResolutionInput {
     ResolutionInput {
-        key: held.entry.key.to_string(),
+        key: held.entry.key.clone(),
         status: if found {
             FinalStatus::Succeeded
         } else {
@@ -120,7 +113,7 @@ fn finding(held: &EntryView, found: bool) -> ResolutionInput {
         },
         retryable: !found,
         attempt: held.entry.attempt,
-        hold_token: held.entry.hold_token.to_string(),
+        hold_token: held.entry.hold_token.clone(),
     }
 }
 
@@ -131,7 +124,7 @@ async fn send(ledger: &Ledger, who: &str, findings: Vec<ResolutionInput>) -> Rec
             ReconcileInput {
                 resolutions: findings,
                 resolve_only: true,
-                principal: who.into(),
+                principal: typed::principal(who),
                 ..Default::default()
             },
         )
@@ -141,7 +134,7 @@ async fn send(ledger: &Ledger, who: &str, findings: Vec<ResolutionInput>) -> Rec
 
 async fn lookup(ledger: &Ledger, key: &str) -> EntryView {
     ledger
-        .lookup(&tenant(), LookupInput::by_key(key))
+        .lookup(&tenant(), LookupInput::by_key(typed::key(key)))
         .await
         .expect("lookup")
 }
@@ -189,15 +182,7 @@ async fn a_late_not_found_about_an_earlier_attempt_is_stale_and_the_intent_does_
     // So the intent does not act a third time: a repeat is IN_PROGRESS.
     let repeat = t
         .ledger
-        .claim(
-            &tenant(),
-            ClaimInput {
-                run_id: "run-1".into(),
-                tool: TOOL.into(),
-                arguments_json: ARGS.into(),
-                ..Default::default()
-            },
-        )
+        .claim(&tenant(), claim_input("run-1", TOOL, ARGS))
         .await
         .expect("claim");
     assert_eq!(
@@ -301,9 +286,9 @@ async fn a_late_found_about_an_earlier_attempt_marks_a_possible_double_effect_un
         .acknowledge_double_effect(
             &tenant(),
             AcknowledgeInput {
-                key: key.clone(),
+                key: typed::key(&key),
                 note: "x".repeat(1025),
-                principal: "alice".into(),
+                principal: typed::principal("alice"),
             },
         )
         .await;
@@ -320,9 +305,9 @@ async fn a_late_found_about_an_earlier_attempt_marks_a_possible_double_effect_un
         .acknowledge_double_effect(
             &tenant(),
             AcknowledgeInput {
-                key: key.clone(),
+                key: typed::key(&key),
                 note: "refunded the second credit".into(),
-                principal: "alice".into(),
+                principal: typed::principal("alice"),
             },
         )
         .await
@@ -357,9 +342,9 @@ async fn a_late_found_about_an_earlier_attempt_marks_a_possible_double_effect_un
         .acknowledge_double_effect(
             &tenant(),
             AcknowledgeInput {
-                key: key.clone(),
+                key: typed::key(&key),
                 note: "again".into(),
-                principal: String::new(),
+                principal: Principal::none(),
             },
         )
         .await;
@@ -370,9 +355,9 @@ async fn a_late_found_about_an_earlier_attempt_marks_a_possible_double_effect_un
         .acknowledge_double_effect(
             &tenant(),
             AcknowledgeInput {
-                key: "f".repeat(64),
+                key: typed::key("f".repeat(64)),
                 note: "n".into(),
-                principal: String::new(),
+                principal: Principal::none(),
             },
         )
         .await;
@@ -466,7 +451,7 @@ async fn a_resolution_without_its_attempt_or_hold_is_refused_and_changes_nothing
             ..good.clone()
         },
         ResolutionInput {
-            hold_token: String::new(),
+            hold_token: HoldToken::none(),
             ..good.clone()
         },
     ] {
@@ -520,7 +505,7 @@ async fn an_outcome_is_handed_out_only_once_it_has_been_unknown_for_the_grace(b:
             .reconcile(
                 &tenant(),
                 ReconcileInput {
-                    keys,
+                    keys: keys.iter().map(typed::key).collect(),
                     ..Default::default()
                 },
             )
@@ -541,11 +526,8 @@ async fn an_outcome_is_handed_out_only_once_it_has_been_unknown_for_the_grace(b:
         .claim(
             &tenant(),
             ClaimInput {
-                run_id: "run-lapsing".into(),
-                tool: TOOL.into(),
-                arguments_json: ARGS.into(),
                 lease: Some(Duration::from_secs(5)),
-                ..Default::default()
+                ..claim_input("run-lapsing", TOOL, ARGS)
             },
         )
         .await

@@ -21,6 +21,7 @@ use crate::support::{
 on_every_backend!(
     claim_complete_replay_and_lookup_work_end_to_end,
     every_malformed_field_is_invalid_argument_naming_the_field_and_changes_nothing,
+    fields_parsed_where_a_request_arrives_are_refused_and_store_nothing,
     a_reused_explicit_key_is_failed_precondition_key_reused_with_different_request,
     a_stale_or_wrong_token_is_failed_precondition_stale_claim_token,
     a_different_outcome_for_a_resolved_entry_is_failed_precondition_already_resolved,
@@ -489,6 +490,177 @@ async fn every_malformed_field_is_invalid_argument_naming_the_field_and_changes_
         stored,
         "bad input never changes an entry"
     );
+}
+
+/// The refusals of the fields gRPC parses where a request arrives (tool, run_id, key,
+/// principal, claim and hold tokens, which of Lookup's two forms a request means): the use cases
+/// take them parsed, so these cases moved here from the conformance suite (`conformance`'s
+/// `bad_input_is_refused_and_stores_nothing`, `a_stale_or_wrong_token_cannot_complete`,
+/// `lookup_by_key_and_by_derivation_agree_and_change_nothing`,
+/// `reconcile_with_keys_hands_out_only_those_keys_when_unresolved_and_not_held` and
+/// `malformed_resolutions_are_refused_and_none_is_applied`,
+/// `a_resolution_records_its_principal_as_resolved_by_until_a_new_attempt`; `approvals`'
+/// `an_approval_binds_to_the_arguments_the_person_was_shown` and
+/// `extend_run_keeps_a_runs_finished_entries`), each with its field and reason, and that
+/// nothing was stored or changed.
+async fn fields_parsed_where_a_request_arrives_are_refused_and_store_nothing(b: Backend) {
+    let app = spawn_app(b).await;
+    let mut client = app.client.clone();
+    let explicit = |key: &str| pb::ClaimRequest {
+        key: key.into(),
+        ..claim_req("", TOOL, ARGS)
+    };
+    let claims: Vec<(&str, pb::ClaimRequest, &str)> = vec![
+        ("empty tool", claim_req(RUN, "", ARGS), "tool"),
+        ("control in tool", claim_req(RUN, "bad\ntool", ARGS), "tool"),
+        ("no run and no key", claim_req("", TOOL, ARGS), "run_id"),
+        (
+            "run over 256 bytes",
+            claim_req(&"r".repeat(257), TOOL, ARGS),
+            "run_id",
+        ),
+        ("key with a space", explicit("has space"), "key"),
+        ("key over 255 bytes", explicit(&"k".repeat(256)), "key"),
+        (
+            "control in principal",
+            pb::ClaimRequest {
+                principal: "a\u{7}b".into(),
+                ..claim_req(RUN, TOOL, ARGS)
+            },
+            "principal",
+        ),
+    ];
+    for (what, req, field) in claims {
+        let err = client.claim(req).await.expect_err(what);
+        assert_error(&err, Code::InvalidArgument, "INVALID_FIELD", Some(field));
+    }
+    // Nothing was stored: the valid request still claims first.
+    let claimed = claim_ok(&app, claim_req(RUN, TOOL, ARGS)).await;
+    assert_eq!(claimed.outcome(), pb::Outcome::Claimed);
+    let stored = claimed.entry.expect("entry");
+
+    // Complete without a token; Lookup with both forms or neither.
+    let empty_token = client
+        .complete(success(ARGS_KEY, "", b"x"))
+        .await
+        .expect_err("no token");
+    assert_error(
+        &empty_token,
+        Code::InvalidArgument,
+        "INVALID_FIELD",
+        Some("claim_token"),
+    );
+    let both = pb::LookupRequest {
+        key: ARGS_KEY.into(),
+        run_id: RUN.into(),
+        ..Default::default()
+    };
+    for (what, req) in [("both", both), ("neither", pb::LookupRequest::default())] {
+        let err = client.lookup(req).await.expect_err(what);
+        assert_error(&err, Code::InvalidArgument, "INVALID_FIELD", Some("key"));
+    }
+    assert_eq!(
+        lookup_entry(&app, key_req(ARGS_KEY)).await,
+        stored,
+        "a refused call changes nothing"
+    );
+
+    // Decide about a malformed key; ExtendRun of no run.
+    let decide = pb::DecideRequest {
+        key: "bad key".into(),
+        fingerprint: stored.fingerprint.clone(),
+        decision: pb::Decision::Approve.into(),
+        ..Default::default()
+    };
+    let err = client.decide(decide).await.expect_err("bad key");
+    assert_error(&err, Code::InvalidArgument, "INVALID_FIELD", Some("key"));
+    let err = client
+        .extend_run(pb::ExtendRunRequest::default())
+        .await
+        .expect_err("no run");
+    assert_error(&err, Code::InvalidArgument, "INVALID_FIELD", Some("run_id"));
+
+    // Reconcile: malformed keys, and a malformed finding beside a good one, hold and apply
+    // nothing.
+    client
+        .complete(pb::CompleteRequest {
+            key: ARGS_KEY.into(),
+            claim_token: claimed.claim_token.clone(),
+            status: pb::Status::Unknown.into(),
+            error: "timeout".into(),
+            ..Default::default()
+        })
+        .await
+        .expect("report unknown");
+    for keys in [vec!["bad key".to_string()], vec![String::new()]] {
+        let err = client
+            .reconcile(pb::ReconcileRequest {
+                keys,
+                ..Default::default()
+            })
+            .await
+            .expect_err("malformed key");
+        assert_error(&err, Code::InvalidArgument, "INVALID_FIELD", Some("keys"));
+        assert!(err.message().contains("[0]: "), "{err:?}");
+    }
+    let handed = client
+        .reconcile(pb::ReconcileRequest {
+            keys: vec![ARGS_KEY.into()],
+            ..Default::default()
+        })
+        .await
+        .expect("reconcile")
+        .into_inner()
+        .pending;
+    assert_eq!(handed.len(), 1, "a refused call held nothing: {handed:?}");
+    let good = pb::Resolution {
+        key: ARGS_KEY.into(),
+        status: pb::Status::Succeeded.into(),
+        result: b"found".to_vec().into(),
+        attempt: handed[0].attempt,
+        hold_token: handed[0].hold_token.clone(),
+        ..Default::default()
+    };
+    let bad_key = pb::Resolution {
+        key: "bad key".into(),
+        ..good.clone()
+    };
+    let no_hold = pb::Resolution {
+        hold_token: String::new(),
+        ..good.clone()
+    };
+    for (what, bad, reason) in [
+        ("bad key", bad_key, "INVALID_FIELD"),
+        ("no hold token", no_hold, "UNFENCED_RESOLUTION"),
+    ] {
+        let err = client
+            .reconcile(pb::ReconcileRequest {
+                resolutions: vec![good.clone(), bad],
+                resolve_only: true,
+                ..Default::default()
+            })
+            .await
+            .expect_err(what);
+        assert_error(&err, Code::InvalidArgument, reason, Some("resolutions"));
+        assert!(err.message().contains("[1]"), "{what}: {err:?}");
+    }
+    let bad_principal = client
+        .reconcile(pb::ReconcileRequest {
+            resolutions: vec![good.clone()],
+            resolve_only: true,
+            principal: "bad\u{7}principal".into(),
+            ..Default::default()
+        })
+        .await
+        .expect_err("bad principal");
+    assert_error(
+        &bad_principal,
+        Code::InvalidArgument,
+        "INVALID_FIELD",
+        Some("principal"),
+    );
+    let after = lookup_entry(&app, key_req(ARGS_KEY)).await;
+    assert_eq!(after.status(), pb::Status::Unknown, "none applied");
 }
 
 async fn a_reused_explicit_key_is_failed_precondition_key_reused_with_different_request(

@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use idempotency_ledger::domain::{FinalStatus, Key, Tenant};
 use idempotency_ledger::grpc::pb;
 use idempotency_ledger::grpc::pb::ledger_service_client::LedgerServiceClient;
-use idempotency_ledger::ledger::{ClaimInput, CompleteInput, Ledger, Limits, Outcome};
+use idempotency_ledger::ledger::{CompleteInput, Ledger, Limits, Outcome};
 use idempotency_ledger::storage::{self, PoolOptions, Pooler};
 use tonic::transport::Channel;
 
@@ -83,12 +83,7 @@ async fn a_replay_commits_without_waiting_for_the_wal_flush(b: Backend) {
         },
     );
     let tenant = Tenant::default_tenant();
-    let input = ClaimInput {
-        run_id: "run-1".into(),
-        tool: TOOL.into(),
-        arguments_json: ARGS.into(),
-        ..Default::default()
-    };
+    let input = crate::support::typed::claim_input("run-1", TOOL, ARGS);
 
     let started = Instant::now();
     let first = ledger.claim(&tenant, input.clone()).await.expect("claim");
@@ -97,8 +92,8 @@ async fn a_replay_commits_without_waiting_for_the_wal_flush(b: Backend) {
         .complete(
             &tenant,
             CompleteInput {
-                key: first.entry.entry.key.to_string(),
-                claim_token: first.claim_token.clone().expect("token").into(),
+                key: first.entry.entry.key.clone(),
+                claim_token: first.claim_token.clone().expect("token"),
                 status: FinalStatus::Succeeded,
                 result: b"cr-1".to_vec(),
                 error: String::new(),
@@ -160,10 +155,7 @@ async fn a_replay_commits_without_waiting_for_the_wal_flush(b: Backend) {
     let stored = remembering
         .lookup(
             &tenant,
-            idempotency_ledger::ledger::LookupInput {
-                key: first.entry.entry.key.to_string(),
-                ..Default::default()
-            },
+            idempotency_ledger::ledger::LookupInput::by_key(first.entry.entry.key.clone()),
         )
         .await
         .expect("lookup");

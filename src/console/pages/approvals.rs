@@ -154,19 +154,25 @@ pub(super) async fn decide(who: Who, Form(form): Form<DecideForm>) -> PageResult
             return Err(bad_request("Choose approve or deny. Nothing was changed."));
         }
     };
-    let input = DecideInput {
-        key: key.clone(),
-        fingerprint: form.fingerprint,
-        decision,
-        reason: form.reason.trim().to_string(),
+    // The key parsed here; refused as the ledger's refusals are, below.
+    let out = match Key::parse(&key) {
+        Err(e) => Err(LedgerError::from(e)),
+        Ok(parsed) => {
+            let input = DecideInput {
+                key: parsed,
+                fingerprint: form.fingerprint,
+                decision,
+                reason: form.reason.trim().to_string(),
+            };
+            let ledger = console.ledger().clone();
+            let tenant = who.tenant.clone();
+            let by = approver.clone();
+            // In a task of its own: a browser that goes away does not abandon the write halfway.
+            tokio::spawn(async move { ledger.decide(&tenant, input, &by).await })
+                .await
+                .map_err(|e| failure(&LedgerError::Internal(format!("decision task: {e}"))))?
+        }
     };
-    let ledger = console.ledger().clone();
-    let tenant = who.tenant.clone();
-    let by = approver.clone();
-    // In a task of its own: a browser that goes away does not abandon the write halfway.
-    let out = tokio::spawn(async move { ledger.decide(&tenant, input, &by).await })
-        .await
-        .map_err(|e| failure(&LedgerError::Internal(format!("decision task: {e}"))))?;
     let short = shorten(&key, 17);
     let flash = match out {
         Ok(decided) => {

@@ -169,14 +169,13 @@ pub(super) async fn resolve(who: Who, Form(form): Form<ResolveForm>) -> PageResu
         let note = if note.is_empty() { default_error } else { note };
         (Vec::new(), note.to_string())
     };
-    let key = Key::from(ExplicitKey::parse(&key).map_err(|e| bad_request(&e.message))?);
+    let key = Key::parse(&key).map_err(|e| bad_request(&e.message))?;
     let completion = Completion::new(status, result, error, retryable)
         .map_err(|e| bad_request(&format!("{}: {}", e.field, e.message)))?;
     let finding = Finding {
         key: key.clone(),
         attempt,
-        // The hold the page showed: none when no reconciler had been handed the entry.
-        hold: HoldToken::from_stored(form.hold.clone()),
+        hold: shown_hold(&form.hold).map_err(|p| bad_request(&p))?,
         completion,
     };
     let ledger = console.ledger().clone();
@@ -195,6 +194,21 @@ pub(super) async fn resolve(who: Who, Form(form): Form<ResolveForm>) -> PageResu
         .ok_or_else(|| failure(&LedgerError::NotFound))?;
     console.sessions().flash(&who.id, flash);
     Ok(respond::redirect(&back_to(&form.back, &form.key)))
+}
+
+/// The hold the page showed, as its form sends it back: empty when no reconciler had been
+/// handed the entry (no hold: the finding then applies only while none is handed it out),
+/// else a token parsed as any caller's ([`HoldToken::parse`]), refused when it is not one.
+fn shown_hold(text: &str) -> Result<HoldToken, String> {
+    if text.is_empty() {
+        return Ok(HoldToken::none());
+    }
+    HoldToken::parse(text).map_err(|e| {
+        format!(
+            "The form's hold token is not one ({e}): reload the page and resolve from there. \
+             Nothing was changed."
+        )
+    })
 }
 
 /// What the operator is told after resolving `key` at `attempt`: applied (and logged), the
@@ -317,16 +331,26 @@ pub(super) async fn acknowledge(who: Who, Form(form): Form<AcknowledgeForm>) -> 
              changed.",
         ));
     }
-    let input = AcknowledgeInput {
-        key: key.clone(),
-        note,
-        principal: principal.clone(),
+    // The key and principal parsed here; refused as the ledger's refusals are, below.
+    let input = Key::parse(&key).and_then(|parsed| {
+        Ok(AcknowledgeInput {
+            key: parsed,
+            note,
+            principal: Principal::parse(&principal)?,
+        })
+    });
+    let out = match input {
+        Err(e) => Err(LedgerError::from(e)),
+        Ok(input) => {
+            let ledger = who.console.ledger().clone();
+            let tenant = who.tenant.clone();
+            tokio::spawn(async move { ledger.acknowledge_double_effect(&tenant, input).await })
+                .await
+                .map_err(|e| {
+                    failure(&LedgerError::Internal(format!("acknowledgement task: {e}")))
+                })?
+        }
     };
-    let ledger = who.console.ledger().clone();
-    let tenant = who.tenant.clone();
-    let out = tokio::spawn(async move { ledger.acknowledge_double_effect(&tenant, input).await })
-        .await
-        .map_err(|e| failure(&LedgerError::Internal(format!("acknowledgement task: {e}"))))?;
     who.console.sessions().set_operator(&who.id, &operator);
     let short = shorten(&key, 17);
     let flash = match out {

@@ -2,6 +2,7 @@
 //! or `external_ref`.
 
 use super::*;
+use crate::domain::key::{InvalidField, RunId, ToolName};
 
 /// A time bound of a filter: RFC 3339, or a duration before now (`15m`, `24h`, `7d`).
 fn time_bound(field: &'static str, text: &str, now: Micros) -> Result<Option<Micros>, String> {
@@ -80,12 +81,24 @@ pub(super) async fn entries(who: Who, Query(q): Query<Params>) -> PageResult {
         )
     };
     let parsed = (|| {
+        let status = status_of(&q.status)?;
+        let started_after = time_bound("since", &q.since, who.now)?;
+        let started_before = time_bound("until", &q.until, who.now)?;
+        // Empty is no filter; a malformed one is refused as `field: message`, as the ledger's
+        // refusals below.
+        let field = |e: InvalidField| e.to_string();
+        let run_id = (!run.is_empty())
+            .then(|| RunId::parse(run).map_err(field))
+            .transpose()?;
+        let tool = (!tool.is_empty())
+            .then(|| ToolName::parse(tool).map_err(field))
+            .transpose()?;
         Ok::<_, String>(ListInput {
-            run_id: run.to_string(),
-            tool: tool.to_string(),
-            status: status_of(&q.status)?,
-            started_after: time_bound("since", &q.since, who.now)?,
-            started_before: time_bound("until", &q.until, who.now)?,
+            run_id,
+            tool,
+            status,
+            started_after,
+            started_before,
             page_size: PAGE_SIZE,
             page_token: q.page_token.clone(),
             // The possible double effects have their own section on the first page.

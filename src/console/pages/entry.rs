@@ -7,11 +7,17 @@ use crate::domain::{EventKind, HistoryEvent};
 
 pub(super) async fn entry(who: Who, Query(Params { key, .. }): Query<Params>) -> PageResult {
     let console = &who.console;
-    let view = match console
-        .ledger()
-        .lookup(&who.tenant, LookupInput::by_key(&key))
-        .await
-    {
+    // A text that is no key names no entry, as one the ledger does not find.
+    let found = match Key::parse(&key) {
+        Ok(parsed) => {
+            console
+                .ledger()
+                .lookup(&who.tenant, LookupInput::by_key(parsed))
+                .await
+        }
+        Err(e) => Err(LedgerError::from(e)),
+    };
+    let view = match found {
         Ok(view) => view,
         Err(LedgerError::NotFound | LedgerError::InvalidArgument { .. }) => {
             let body = html! {

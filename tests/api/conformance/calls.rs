@@ -7,13 +7,16 @@
 
 use std::time::Duration;
 
-use idempotency_ledger::domain::{FinalStatus, Status, Tenant};
+use idempotency_ledger::domain::{FinalStatus, HoldToken, Key, Status, Tenant};
 use idempotency_ledger::error::LedgerError;
 use idempotency_ledger::ledger::{
     ClaimInput, ClaimOutput, CompleteInput, CompleteOutput, EntryView, Ledger, ListInput,
     ListOutput, LookupInput, ReconcileInput, ReconcileOutput, RenewInput, ResolutionInput,
 };
 
+pub(super) use crate::support::typed::{
+    claim_input, claim_key, claim_token, intent, key, principal, run_id, tool,
+};
 use crate::support::{Backend, TestLedger, test_limits};
 
 pub(super) const RUN: &str = "run-1";
@@ -24,15 +27,6 @@ pub(super) const ARGS: &str = r#"{"customer":"c-42","amount":200,"currency":"EUR
 
 pub(super) fn tenant() -> Tenant {
     Tenant::default_tenant()
-}
-
-pub(super) fn claim_input(run: &str, tool: &str, args: &str) -> ClaimInput {
-    ClaimInput {
-        run_id: run.into(),
-        tool: tool.into(),
-        arguments_json: args.into(),
-        ..Default::default()
-    }
 }
 
 pub(super) async fn claim(ledger: &Ledger, run: &str, tool: &str, args: &str) -> ClaimOutput {
@@ -46,8 +40,8 @@ pub(super) fn done(
     result: &[u8],
 ) -> CompleteInput {
     CompleteInput {
-        key: key.as_ref().into(),
-        claim_token: token.into(),
+        key: self::key(key),
+        claim_token: claim_token(token),
         status,
         result: result.to_vec(),
         error: String::new(),
@@ -62,8 +56,8 @@ pub(super) fn failed(
     retryable: bool,
 ) -> CompleteInput {
     CompleteInput {
-        key: key.as_ref().into(),
-        claim_token: token.into(),
+        key: self::key(key),
+        claim_token: claim_token(token),
         status: FinalStatus::Failed,
         result: Vec::new(),
         error: error.into(),
@@ -238,14 +232,7 @@ pub(super) async fn lookup_key(
     ledger: &Ledger,
     key: impl AsRef<str>,
 ) -> Result<idempotency_ledger::ledger::EntryView, LedgerError> {
-    let mut view = lookup_result(
-        ledger,
-        LookupInput {
-            key: key.as_ref().into(),
-            ..Default::default()
-        },
-    )
-    .await?;
+    let mut view = lookup_result(ledger, LookupInput::by_key(self::key(key))).await?;
     let arguments = view.entry.arguments.take();
     assert!(
         arguments.as_deref().is_some_and(|a| a.starts_with('{')),
@@ -306,7 +293,7 @@ pub(super) fn finding(
     retryable: bool,
 ) -> ResolutionInput {
     ResolutionInput {
-        key: key.as_ref().into(),
+        key: self::key(key),
         status,
         result: result.to_vec(),
         error: if status == FinalStatus::Failed {
@@ -316,7 +303,7 @@ pub(super) fn finding(
         },
         retryable,
         attempt: 0,
-        hold_token: String::new(),
+        hold_token: HoldToken::none(),
     }
 }
 
@@ -325,11 +312,7 @@ pub(super) fn finding(
 /// handed out (resolved, in its lease, absent, held by another) gets attempt 1 under a hold
 /// nobody was given.
 pub(super) async fn fenced(t: &TestLedger, findings: Vec<ResolutionInput>) -> Vec<ResolutionInput> {
-    let keys: Vec<String> = findings
-        .iter()
-        .map(|f| f.key.clone())
-        .filter(|k| idempotency_ledger::domain::key::ExplicitKey::parse(k).is_ok())
-        .collect();
+    let keys: Vec<Key> = findings.iter().map(|f| f.key.clone()).collect();
     let pending = if keys.is_empty() {
         Vec::new()
     } else {
@@ -349,11 +332,11 @@ pub(super) async fn fenced(t: &TestLedger, findings: Vec<ResolutionInput>) -> Ve
             match pending.iter().find(|v| v.entry.key == f.key) {
                 Some(v) => {
                     f.attempt = v.entry.attempt;
-                    f.hold_token = v.entry.hold_token.to_string();
+                    f.hold_token = v.entry.hold_token.clone();
                 }
                 None => {
                     f.attempt = 1;
-                    f.hold_token = "a-hold-nobody-was-given".into();
+                    f.hold_token = HoldToken::parse("a-hold-nobody-was-given").expect("a hold");
                 }
             }
             f
@@ -382,8 +365,8 @@ pub(super) async fn resolve(
 
 pub(super) fn renewal(key: impl AsRef<str>, token: &str, lease: Option<Duration>) -> RenewInput {
     RenewInput {
-        key: key.as_ref().into(),
-        claim_token: token.into(),
+        key: self::key(key),
+        claim_token: claim_token(token),
         lease,
     }
 }

@@ -35,5 +35,6 @@ pub mod clusters;
 pub mod pgbouncer;
 pub mod postgres;
 pub mod proxy;
+pub mod typed;
 
 pub use app::*;

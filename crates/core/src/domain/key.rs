@@ -203,6 +203,86 @@ impl Key {
     }
 }
 
+impl Key {
+    /// A key as a caller names an entry (Complete, RenewLease, Lookup, Decide, ...): any key
+    /// it could have been given, so the rules of an [`ExplicitKey`] (a derived key, 64
+    /// lowercase hex, meets them).
+    ///
+    /// # Errors
+    /// [`InvalidField`] for field `key`, as [`ExplicitKey::parse`] refuses it.
+    pub fn parse(s: &str) -> Result<Key, InvalidField> {
+        ExplicitKey::parse(s).map(Key::from)
+    }
+}
+
+/// Which key a Claim is about, in a form that cannot hold the invalid combination: a key
+/// derived from the run (the run id is then required), or a key the caller chose, with the
+/// run it belongs to when the caller named one.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ClaimKey {
+    /// Derive the key from this run, the tool and the canonical arguments ([`Key::derive`]).
+    Derived(RunId),
+    /// The caller's own key, and the run when given (kept on the entry, not hashed).
+    Explicit {
+        /// The key.
+        key: ExplicitKey,
+        /// The run, when the caller named one.
+        run_id: Option<RunId>,
+    },
+}
+
+impl ClaimKey {
+    /// A Claim's `key` and `run_id` as sent, empty meaning unset: without a key the run id is
+    /// required and the key is derived from it; with a key a run id is optional and kept
+    /// when given. The run id is checked first, then the key.
+    ///
+    /// # Errors
+    /// [`InvalidField`] for field `run_id` when it is malformed, or missing without a key;
+    /// for field `key` when the key is malformed.
+    pub fn parse(key: &str, run_id: &str) -> Result<ClaimKey, InvalidField> {
+        if key.is_empty() {
+            return RunId::parse(run_id).map(ClaimKey::Derived);
+        }
+        let run_id = if run_id.is_empty() {
+            None
+        } else {
+            Some(RunId::parse(run_id)?)
+        };
+        Ok(ClaimKey::Explicit {
+            key: ExplicitKey::parse(key)?,
+            run_id,
+        })
+    }
+
+    /// The run the entry belongs to, when there is one.
+    #[must_use]
+    pub fn run_id(&self) -> Option<&RunId> {
+        match self {
+            ClaimKey::Derived(run_id) => Some(run_id),
+            ClaimKey::Explicit { run_id, .. } => run_id.as_ref(),
+        }
+    }
+
+    /// The caller's own key, or `None` when the key is derived.
+    #[must_use]
+    pub fn explicit(&self) -> Option<&ExplicitKey> {
+        match self {
+            ClaimKey::Derived(_) => None,
+            ClaimKey::Explicit { key, .. } => Some(key),
+        }
+    }
+
+    /// The entry's key: the caller's own, or the one derived from the run, `tool` and the
+    /// `canonical` arguments under `mode`.
+    #[must_use]
+    pub fn key(&self, tool: &ToolName, canonical: &str, mode: Canonicalization) -> Key {
+        match self {
+            ClaimKey::Derived(run_id) => Key::derive(run_id, tool, canonical, mode),
+            ClaimKey::Explicit { key, .. } => Key::from(key.clone()),
+        }
+    }
+}
+
 impl From<ExplicitKey> for Key {
     fn from(key: ExplicitKey) -> Key {
         Key(key.0)
@@ -669,6 +749,71 @@ mod tests {
         assert!(ExplicitKey::parse("order 42").is_err());
         assert_eq!(Key::from_stored("order 42".into()).as_str(), "order 42");
         assert_eq!(RunId::from_stored(String::new()).as_str(), "");
+    }
+
+    #[test]
+    fn a_key_a_caller_names_follows_the_explicit_key_rules() {
+        let derived = derive_key(&run("r"), &tool("t"), "{}", Canonicalization::Jcs);
+        assert_eq!(Key::parse(&derived).expect("a derived key"), derived);
+        assert_eq!(Key::parse("wf-7:step-3").expect("a key"), "wf-7:step-3");
+        for bad in ["", "order 42", "clé", &"k".repeat(256)] {
+            let err = Key::parse(bad).expect_err(bad);
+            assert_eq!(err, ExplicitKey::parse(bad).expect_err(bad));
+            assert_eq!(err.field, "key");
+        }
+    }
+
+    #[test]
+    fn a_claim_without_a_key_derives_it_from_its_required_run() {
+        let derived = ClaimKey::parse("", "run-1").expect("a run");
+        assert_eq!(derived, ClaimKey::Derived(run("run-1")));
+        assert_eq!(derived.run_id(), Some(&run("run-1")));
+        assert_eq!(derived.explicit(), None);
+        assert_eq!(
+            derived.key(&tool("issue_credit"), AMOUNT_200, Canonicalization::Jcs),
+            derive_key(
+                &run("run-1"),
+                &tool("issue_credit"),
+                AMOUNT_200,
+                Canonicalization::Jcs
+            )
+        );
+        let missing = ClaimKey::parse("", "").expect_err("no key, no run");
+        assert_eq!(missing.to_string(), "run_id: must not be empty");
+        assert_eq!(ClaimKey::parse("", "a\nb").expect_err("CR").field, "run_id");
+    }
+
+    #[test]
+    fn a_claim_with_a_key_keeps_a_run_only_when_given() {
+        let alone = ClaimKey::parse("wf-7:step-3", "").expect("a key alone");
+        assert_eq!(alone.run_id(), None);
+        assert_eq!(
+            alone.explicit().map(ExplicitKey::as_str),
+            Some("wf-7:step-3")
+        );
+        assert_eq!(
+            alone.key(&tool("t"), "{}", Canonicalization::Jcs),
+            "wf-7:step-3"
+        );
+        let with_run = ClaimKey::parse("wf-7:step-3", "run-1").expect("a key and a run");
+        assert_eq!(with_run.run_id(), Some(&run("run-1")));
+        assert_eq!(
+            with_run.key(&tool("t"), "{}", Canonicalization::Jcs),
+            "wf-7:step-3"
+        );
+        // The run is checked first, then the key.
+        assert_eq!(
+            ClaimKey::parse("bad key", "a\0b").expect_err("both").field,
+            "run_id"
+        );
+        assert_eq!(
+            ClaimKey::parse("bad key", "run-1").expect_err("key").field,
+            "key"
+        );
+        assert_eq!(
+            ClaimKey::parse("bad key", "").expect_err("key").field,
+            "key"
+        );
     }
 
     #[test]

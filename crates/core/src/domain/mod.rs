@@ -19,6 +19,6 @@ pub use entry::{
     decide_renew, marks_double_effect,
 };
 pub use history::{EventKind, HistoryEvent};
-pub use key::{ClaimToken, HoldToken, Key, Principal, RunId, ToolName};
+pub use key::{ClaimKey, ClaimToken, HoldToken, Key, Principal, RunId, ToolName};
 pub use tenant::Tenant;
 pub use time::Micros;

@@ -12,7 +12,7 @@ use arc_swap::ArcSwap;
 use super::claim::lapsed_words;
 use super::{EntryView, Ledger, bounded};
 use crate::domain::approval::{DecideOutcome, decide_decision};
-use crate::domain::key::{ExplicitKey, Key, Principal, RunId};
+use crate::domain::key::{Key, Principal, RunId};
 use crate::domain::{
     Approval, ApprovalState, Decision, EventKind, HistoryEvent, Micros, Policy, Tenant,
 };
@@ -77,11 +77,11 @@ impl Approvals {
     }
 }
 
-/// A person's decision, as a request states it.
+/// A person's decision, as a request states it (its key parsed where it arrived).
 #[derive(Clone, Debug)]
 pub struct DecideInput {
     /// The entry's key.
-    pub key: String,
+    pub key: Key,
     /// The fingerprint of the arguments the person was shown.
     pub fingerprint: String,
     /// Approve or deny.
@@ -129,7 +129,7 @@ impl Ledger {
     /// from now) and lets the next claim act, once; denying finishes the entry as DENIED.
     ///
     /// # Errors
-    /// `InvalidArgument` for a malformed key or fingerprint or a reason over 1 KiB; `NotFound`;
+    /// `InvalidArgument` for a malformed fingerprint or a reason over 1 KiB; `NotFound`;
     /// `ApprovalMismatch` when the fingerprint is not the entry's; `NotAwaitingApproval` when
     /// the entry awaits no decision (or its request lapsed); `AlreadyDecided` for the other
     /// decision than the one taken. None of them changes anything.
@@ -139,12 +139,13 @@ impl Ledger {
         input: DecideInput,
         approver: &Principal,
     ) -> Result<Decided, LedgerError> {
-        let key = checked_decision(&input)?;
+        checked_decision(&input)?;
+        let key = &input.key;
         let fingerprint = input.fingerprint.as_str();
         let now = self.clock.now();
         let existing = self
             .store
-            .get(tenant, &key)
+            .get(tenant, key)
             .await?
             .filter(|e| !e.is_expired(now));
         let found = existing
@@ -203,7 +204,7 @@ impl Ledger {
         };
         let Some(done) = self
             .store
-            .decide(tenant, &key, fingerprint, &decision, &note)
+            .decide(tenant, key, fingerprint, &decision, &note)
             .await?
         else {
             // Changed since the read (decided by someone else, lapsed): say what stands now.
@@ -221,7 +222,7 @@ impl Ledger {
         {
             tracing::warn!(error = %e, "could not keep the decided run's entries");
         }
-        self.changed(tenant, &key, done.has_waiters).await;
+        self.changed(tenant, key, done.has_waiters).await;
         self.approvals.notify();
         Ok(Decided {
             entry: self.audit_view(done.entry, now),
@@ -235,15 +236,14 @@ impl Ledger {
     /// and the earliest expiry among the run's finished entries.
     ///
     /// # Errors
-    /// `InvalidArgument` for a malformed run id or retention; `Unavailable`/`Internal` from the
-    /// store.
+    /// `InvalidArgument` for a retention above `--max-retention`; `Unavailable`/`Internal` from
+    /// the store.
     pub async fn extend_run(
         &self,
         tenant: &Tenant,
-        run_id: &str,
+        run_id: &RunId,
         retention: Option<Duration>,
     ) -> Result<(u64, Option<Micros>), LedgerError> {
-        let run_id = RunId::parse(run_id)?;
         let retention = bounded(
             "retention",
             retention,
@@ -251,8 +251,8 @@ impl Ledger {
             self.limits.max_retention,
         )?;
         let until = self.clock.now().plus(Micros::from_duration(retention));
-        let extended = self.store.extend_run(tenant, &run_id, until, false).await?;
-        let kept_until = self.store.run_kept_until(tenant, &run_id).await?;
+        let extended = self.store.extend_run(tenant, run_id, until, false).await?;
+        let kept_until = self.store.run_kept_until(tenant, run_id).await?;
         tracing::info!(
             run_id = run_id.as_str(),
             extended,
@@ -304,31 +304,20 @@ impl Ledger {
         Ok(expired)
     }
 
-    /// The tenant's approval events after `cursor` (from now when `None`), oldest first, at
-    /// most `limit`, each with its entry as it stands. With no event yet, an empty list and
-    /// the cursor to go on from.
+    /// The tenant's approval events after `cursor` (from now when `None`: see
+    /// [`approval_cursor`]), oldest first, at most `limit`, each with its entry as it stands.
+    /// With no event yet, an empty list and the cursor to go on from.
     ///
     /// # Errors
-    /// `InvalidArgument` for a cursor this server did not give; `Unavailable`/`Internal` from
-    /// the store.
+    /// `Unavailable`/`Internal` from the store.
     pub async fn approval_events(
         &self,
         tenant: &Tenant,
-        cursor: Option<&str>,
+        cursor: Option<i64>,
         limit: u32,
     ) -> Result<(Vec<ApprovalEvent>, i64), LedgerError> {
-        let after = match cursor {
-            None | Some("") => return Ok((Vec::new(), self.store.last_history_id(tenant).await?)),
-            Some(text) => text
-                .parse::<i64>()
-                .ok()
-                .filter(|c| *c >= 0)
-                .ok_or_else(|| {
-                    LedgerError::invalid(
-                        "after",
-                        "is not a cursor this server gave: pass an event's cursor as it is",
-                    )
-                })?,
+        let Some(after) = cursor else {
+            return Ok((Vec::new(), self.store.last_history_id(tenant).await?));
         };
         let now = self.clock.now();
         let mut events = Vec::new();
@@ -356,6 +345,28 @@ impl Ledger {
     }
 }
 
+/// A watcher's cursor as it sends it (WatchApprovals' `after`): empty is none (from now), else
+/// an event's cursor as this server gave it.
+///
+/// # Errors
+/// `InvalidArgument` for field `after` when the text is no cursor this server gives (not a
+/// non-negative integer).
+pub fn approval_cursor(text: &str) -> Result<Option<i64>, LedgerError> {
+    if text.is_empty() {
+        return Ok(None);
+    }
+    text.parse::<i64>()
+        .ok()
+        .filter(|c| *c >= 0)
+        .map(Some)
+        .ok_or_else(|| {
+            LedgerError::invalid(
+                "after",
+                "is not a cursor this server gave: pass an event's cursor as it is",
+            )
+        })
+}
+
 /// Why a decision found nothing to decide, in words.
 fn not_awaiting_why(approval: Option<&Approval>, now: Micros) -> String {
     let at = |m: Option<Micros>| m.map(crate::domain::time::rfc3339).unwrap_or_default();
@@ -371,11 +382,10 @@ fn not_awaiting_why(approval: Option<&Approval>, now: Micros) -> String {
     }
 }
 
-/// The key a decision names, once its fields are checked: the key as any key, the fingerprint
-/// as 64 lowercase hex characters, the reason at most [`MAX_REASON_BYTES`] without control
+/// Checks a decision's fields (its key was parsed where it arrived): the fingerprint as 64
+/// lowercase hex characters, the reason at most [`MAX_REASON_BYTES`] without control
 /// characters (a line break allowed).
-fn checked_decision(input: &DecideInput) -> Result<Key, LedgerError> {
-    let key = Key::from(ExplicitKey::parse(&input.key)?);
+fn checked_decision(input: &DecideInput) -> Result<(), LedgerError> {
     let fingerprint = input.fingerprint.as_str();
     if fingerprint.len() != 64
         || !fingerprint
@@ -403,5 +413,29 @@ fn checked_decision(input: &DecideInput) -> Result<Key, LedgerError> {
             "must not hold control characters",
         ));
     }
-    Ok(key)
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_watchers_cursor_is_empty_or_a_cursor_this_server_gives() {
+        assert_eq!(approval_cursor("").expect("from now"), None);
+        assert_eq!(approval_cursor("0").expect("a cursor"), Some(0));
+        assert_eq!(approval_cursor("42").expect("a cursor"), Some(42));
+        for bad in ["-1", "x", " 42", "4.2", "99999999999999999999"] {
+            match approval_cursor(bad) {
+                Err(LedgerError::InvalidArgument { field, message, .. }) => {
+                    assert_eq!(field, "after", "{bad}");
+                    assert!(
+                        message.contains("not a cursor this server gave"),
+                        "{message}"
+                    );
+                }
+                other => panic!("{bad}: {other:?}"),
+            }
+        }
+    }
 }

@@ -1,6 +1,6 @@
-//! Claim: validate the request, derive the key, insert the entry (the primary key decides
-//! among concurrent claimants), or read what the key holds and answer from it; with a wait,
-//! hold the call while an attempt is in flight.
+//! Claim: canonicalize the arguments (its other fields come parsed), derive the key, insert
+//! the entry (the primary key decides among concurrent claimants), or read what the key holds
+//! and answer from it; with a wait, hold the call while an attempt is in flight.
 
 use crate::reason::Reason;
 use std::time::Duration;
@@ -13,9 +13,7 @@ use super::replay_memory::Recalled;
 use super::{EntryView, Ledger, MAX_RACES, UNKNOWN_RETRY_AFTER, bounded, new_claim_token};
 use crate::domain::Tenant;
 use crate::domain::canonical::{self, Canonicalization};
-use crate::domain::key::{
-    self, ClaimToken, ExplicitKey, HoldToken, Key, Principal, RunId, ToolName,
-};
+use crate::domain::key::{self, ClaimKey, ClaimToken, HoldToken, Key, Principal, RunId, ToolName};
 use crate::domain::{Approval, ClaimDecision, Entry, Micros, Status, decide_claim};
 use crate::error::LedgerError;
 
@@ -23,17 +21,16 @@ mod gated;
 
 pub(super) use gated::lapsed_words;
 
-/// A Claim as the caller sent it (durations already converted; `None` means unset).
-#[derive(Clone, Debug, Default)]
+/// A Claim, its fields parsed where it arrived (durations converted; `None` means unset).
+/// The arguments stay text: the claim canonicalizes them under the ledger's JSON limits.
+#[derive(Clone, Debug)]
 pub struct ClaimInput {
-    /// The run; required unless `key` is set.
-    pub run_id: String,
-    /// The tool; always required.
-    pub tool: String,
+    /// The tool.
+    pub tool: ToolName,
     /// The arguments as JSON text; always required.
     pub arguments_json: String,
-    /// An explicit key, or empty to derive one.
-    pub key: String,
+    /// The key, explicit or derived from the run, and the run.
+    pub key: ClaimKey,
     /// How the arguments are canonicalized.
     pub canonicalization: Canonicalization,
     /// The lease asked for.
@@ -46,7 +43,7 @@ pub struct ClaimInput {
     /// When the caller stops listening (its deadline): a wait ends in time to answer before.
     pub answer_by: Option<Instant>,
     /// Who asks.
-    pub principal: String,
+    pub principal: Principal,
     /// Ask a person first, whatever the server's approval policy says.
     pub require_approval: bool,
 }
@@ -114,8 +111,9 @@ impl Ledger {
     /// Claims a key before acting. With a wait, holds the call while the entry is in flight.
     ///
     /// # Errors
-    /// `InvalidArgument` for malformed input (nothing is written); `KeyReused` for an explicit
-    /// key with other arguments; `Unavailable`/`Internal` from the store.
+    /// `InvalidArgument` for malformed arguments or a duration out of bounds (nothing is
+    /// written); `KeyReused` for an explicit key with other arguments; `Unavailable`/`Internal`
+    /// from the store.
     pub async fn claim(
         &self,
         tenant: &Tenant,
@@ -172,26 +170,22 @@ impl Ledger {
         }
     }
 
-    /// Validates a claim, derives its key and fingerprint, and says whether a new entry of it
-    /// needs a person's decision; nothing is written on error.
+    /// Canonicalizes a claim's arguments, derives its key and fingerprint, checks its
+    /// durations, and says whether a new entry of it needs a person's decision; nothing is
+    /// written on error.
     fn prepare_claim(
         &self,
         tenant: &Tenant,
         input: ClaimInput,
     ) -> Result<PreparedClaim, LedgerError> {
-        let (fingerprint, canonical, tool, value) =
-            self.canonical_request(&input.tool, &input.arguments_json, input.canonicalization)?;
+        let ClaimInput {
+            tool, principal, ..
+        } = input;
+        let (fingerprint, canonical, value) =
+            self.canonical_request(&tool, &input.arguments_json, input.canonicalization)?;
         let arguments = self.limits.arguments.stored(&value, &canonical);
-        let run_id = if input.key.is_empty() || !input.run_id.is_empty() {
-            Some(RunId::parse(&input.run_id)?)
-        } else {
-            None
-        };
-        let key = match (&run_id, input.key.is_empty()) {
-            (Some(run_id), true) => Key::derive(run_id, &tool, &canonical, input.canonicalization),
-            _ => Key::from(ExplicitKey::parse(&input.key)?),
-        };
-        let principal = Principal::parse(&input.principal)?;
+        let key = input.key.key(&tool, &canonical, input.canonicalization);
+        let run_id = input.key.run_id().cloned();
         let lease = bounded(
             "lease",
             input.lease,
@@ -234,15 +228,14 @@ impl Ledger {
         })
     }
 
-    /// Canonicalizes the arguments and returns (fingerprint, canonical text, tool, the value
-    /// the text was written from).
+    /// Canonicalizes the arguments and returns (fingerprint, canonical text, the value the
+    /// text was written from).
     pub(super) fn canonical_request(
         &self,
-        tool: &str,
+        tool: &ToolName,
         arguments_json: &str,
         mode: Canonicalization,
-    ) -> Result<(String, String, ToolName, canonical::Value), LedgerError> {
-        let tool = ToolName::parse(tool)?;
+    ) -> Result<(String, String, canonical::Value), LedgerError> {
         if arguments_json.is_empty() {
             // The same reason as the shared key vectors give for empty text, with a hint.
             return Err(LedgerError::InvalidArgument {
@@ -255,12 +248,7 @@ impl Ledger {
         let (value, canonical) =
             canonical::canonical_value(arguments_json, mode, &self.limits.json)
                 .map_err(|e| LedgerError::from_canonical("arguments_json", e))?;
-        Ok((
-            key::fingerprint(&tool, &canonical, mode),
-            canonical,
-            tool,
-            value,
-        ))
+        Ok((key::fingerprint(tool, &canonical, mode), canonical, value))
     }
 
     /// One pass of the claim: insert, or read and act on what is there.

@@ -3,19 +3,19 @@
 
 use super::{EntryView, Ledger, MAX_RACES};
 use crate::domain::Tenant;
-use crate::domain::key::{ClaimToken, ExplicitKey, Key};
+use crate::domain::key::{ClaimToken, Key};
 use crate::domain::{CompleteDecision, Completion, FinalStatus, Micros, Status, decide_complete};
 use crate::error::LedgerError;
 use crate::reason::Reason;
 use crate::storage::{Finish, Finished};
 
-/// A Complete as the caller sent it.
+/// A Complete, its key and token parsed where it arrived.
 #[derive(Clone, Debug)]
 pub struct CompleteInput {
     /// The entry's key.
-    pub key: String,
+    pub key: Key,
     /// The token from the claim.
-    pub claim_token: String,
+    pub claim_token: ClaimToken,
     /// The reported outcome.
     pub status: FinalStatus,
     /// The result, only with success.
@@ -39,7 +39,7 @@ impl Ledger {
     /// Records the outcome of a claimed attempt; answers after it is committed.
     ///
     /// # Errors
-    /// `InvalidArgument` for malformed input; `NotFound`, `StaleClaimToken` or
+    /// `InvalidArgument` for a malformed or oversized outcome; `NotFound`, `StaleClaimToken` or
     /// `AlreadyResolved` as the entry stands (nothing changes); `Unavailable`/`Internal` from
     /// the store.
     pub async fn complete(
@@ -47,8 +47,9 @@ impl Ledger {
         tenant: &Tenant,
         input: CompleteInput,
     ) -> Result<CompleteOutput, LedgerError> {
-        let key = Key::from(ExplicitKey::parse(&input.key)?);
-        let claim_token = ClaimToken::parse(&input.claim_token)?;
+        let CompleteInput {
+            key, claim_token, ..
+        } = input;
         let completion = Completion::new(input.status, input.result, input.error, input.retryable)?;
         self.check_size(&completion)?;
         let mut finish = Finish {

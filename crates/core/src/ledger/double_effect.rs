@@ -3,22 +3,23 @@
 
 use super::{EntryView, Ledger};
 use crate::domain::Tenant;
-use crate::domain::key::{ExplicitKey, Key, Principal};
+use crate::domain::key::{Key, Principal};
 use crate::domain::{EventKind, HistoryEvent};
 use crate::error::LedgerError;
 
 /// The longest note a person may leave with an acknowledgement.
 pub const MAX_NOTE_BYTES: usize = 1024;
 
-/// An acknowledgement of a possible double effect.
-#[derive(Clone, Debug, Default)]
+/// An acknowledgement of a possible double effect, its key and principal parsed where it
+/// arrived.
+#[derive(Clone, Debug)]
 pub struct AcknowledgeInput {
     /// The entry's key.
-    pub key: String,
+    pub key: Key,
     /// What the person found or did; kept in the history.
     pub note: String,
     /// Who acknowledges.
-    pub principal: String,
+    pub principal: Principal,
 }
 
 impl Ledger {
@@ -56,7 +57,7 @@ impl Ledger {
     /// when, the note) in its history, in one transaction.
     ///
     /// # Errors
-    /// `InvalidArgument` for a malformed key, principal or a note over 1 KiB; `NotFound` when
+    /// `InvalidArgument` for a note over 1 KiB or with control characters; `NotFound` when
     /// there is no entry; `NotMarked` when it carries no mark; `Unavailable`/`Internal` from
     /// the store. None of them changes anything.
     pub async fn acknowledge_double_effect(
@@ -64,8 +65,7 @@ impl Ledger {
         tenant: &Tenant,
         input: AcknowledgeInput,
     ) -> Result<EntryView, LedgerError> {
-        let key = Key::from(ExplicitKey::parse(&input.key)?);
-        let principal = Principal::parse(&input.principal)?;
+        let AcknowledgeInput { key, principal, .. } = input;
         if input.note.len() > MAX_NOTE_BYTES {
             return Err(LedgerError::invalid(
                 "note",

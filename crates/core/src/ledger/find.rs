@@ -12,6 +12,7 @@
 
 use super::{EntryView, Ledger, ListInput, LookupInput};
 use crate::domain::Tenant;
+use crate::domain::key::Key;
 use crate::error::LedgerError;
 
 /// Fewest characters a key prefix may have: shorter ones would match too much to be meant.
@@ -286,10 +287,13 @@ impl Ledger {
         tenant: &Tenant,
         key: &str,
     ) -> Result<Option<EntryView>, LedgerError> {
+        // Not a key at all (too long, spaces): then it names no entry by key.
+        let Ok(key) = Key::parse(key) else {
+            return Ok(None);
+        };
         match self.lookup(tenant, LookupInput::by_key(key)).await {
             Ok(view) => Ok(Some(view)),
-            // Not a key at all (too long, spaces): then it names no entry by key.
-            Err(LedgerError::NotFound | LedgerError::InvalidArgument { .. }) => Ok(None),
+            Err(LedgerError::NotFound) => Ok(None),
             Err(other) => Err(other),
         }
     }

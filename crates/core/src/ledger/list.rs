@@ -9,13 +9,13 @@ use crate::error::LedgerError;
 use crate::reason::Reason;
 use crate::storage::ListQuery;
 
-/// A ListEntries request, converted.
+/// A ListEntries request, its filters parsed where it arrived.
 #[derive(Clone, Debug, Default)]
 pub struct ListInput {
-    /// Only this run's entries; any run when empty.
-    pub run_id: String,
-    /// Only this tool's entries; any tool when empty.
-    pub tool: String,
+    /// Only this run's entries; any run when `None`.
+    pub run_id: Option<RunId>,
+    /// Only this tool's entries; any tool when `None`.
+    pub tool: Option<ToolName>,
     /// Only entries in this state as Lookup reports it.
     pub status: Option<Status>,
     /// Only entries whose current attempt started at or after this.
@@ -47,23 +47,13 @@ impl Ledger {
     /// retried meanwhile moves to its new attempt's start.
     ///
     /// # Errors
-    /// `InvalidArgument` for a malformed filter, a page token of another listing, or an empty
+    /// `InvalidArgument` for a page token of another listing, or an empty
     /// time range; `Unavailable`/`Internal` from the store.
     pub async fn list_entries(
         &self,
         tenant: &Tenant,
         input: ListInput,
     ) -> Result<ListOutput, LedgerError> {
-        let run_id = if input.run_id.is_empty() {
-            None
-        } else {
-            Some(RunId::parse(&input.run_id)?)
-        };
-        let tool = if input.tool.is_empty() {
-            None
-        } else {
-            Some(ToolName::parse(&input.tool)?)
-        };
         if let (Some(from), Some(before)) = (input.started_after, input.started_before)
             && from >= before
         {
@@ -72,7 +62,7 @@ impl Ledger {
                 "must be later than started_after",
             ));
         }
-        let filters = list_filters_digest(run_id.as_ref(), tool.as_ref(), input.status, &input);
+        let filters = list_filters_digest(&input);
         let after = if input.page_token.is_empty() {
             None
         } else {
@@ -85,8 +75,8 @@ impl Ledger {
         };
         let now = self.clock.now();
         let query = ListQuery {
-            run_id,
-            tool,
+            run_id: input.run_id,
+            tool: input.tool,
             status: input.status,
             started_from: input.started_after.unwrap_or(Micros(i64::MIN)),
             started_before: input.started_before.unwrap_or(Micros(i64::MAX)),
@@ -123,18 +113,13 @@ impl Ledger {
 
 /// What a page token is bound to: the listing's filters, so that a token cannot continue a
 /// different listing (its cursor would skip or repeat entries there).
-fn list_filters_digest(
-    run_id: Option<&RunId>,
-    tool: Option<&ToolName>,
-    status: Option<Status>,
-    input: &ListInput,
-) -> String {
+fn list_filters_digest(input: &ListInput) -> String {
     use sha2::{Digest, Sha256};
     let bound = |m: Option<Micros>| m.map_or_else(String::new, |m| m.0.to_string());
     let mut text = [
-        run_id.map_or("", RunId::as_str),
-        tool.map_or("", ToolName::as_str),
-        status.map_or("", Status::as_str),
+        input.run_id.as_ref().map_or("", RunId::as_str),
+        input.tool.as_ref().map_or("", ToolName::as_str),
+        input.status.map_or("", Status::as_str),
         &bound(input.started_after),
         &bound(input.started_before),
     ]

@@ -1,7 +1,9 @@
 //! The ledger's use cases, driven over a [`Store`], one file each and each a method of
 //! [`Ledger`]: `claim`, `complete`, `renew` (RenewLease), `lookup`, `list` (ListEntries),
 //! `reconcile`, `retention` (pruning), and `find` (an entry by key, key prefix or
-//! `external_ref`, for operators). Each validates its input, lets the domain decide, applies
+//! `external_ref`, for operators). Each takes its input typed (run ids, tools, keys, principals
+//! and tokens parsed where the request arrived: gRPC, the console), checks what depends on the
+//! ledger's settings (the arguments' JSON, durations, counts), lets the domain decide, applies
 //! the store's compare-and-set write, and starts over from a fresh read when a concurrent
 //! writer won the race. [`wait`] holds claims that wait for an attempt in flight; `notes` are
 //! the sentences for the model; `recent` is a hint cache for the claim path.
@@ -23,7 +25,9 @@ mod replay_memory;
 mod retention;
 pub mod wait;
 
-pub use approval::{ApprovalEvent, Approvals, DecideInput, Decided, MAX_REASON_BYTES};
+pub use approval::{
+    ApprovalEvent, Approvals, DecideInput, Decided, MAX_REASON_BYTES, approval_cursor,
+};
 pub use claim::{ClaimInput, ClaimOutput, Outcome};
 pub use complete::{CompleteInput, CompleteOutput};
 pub use double_effect::{AcknowledgeInput, MAX_NOTE_BYTES};
@@ -31,6 +35,7 @@ pub use list::{ListInput, ListOutput};
 pub use lookup::LookupInput;
 pub use reconcile::{
     Finding, ReconcileInput, ReconcileOutput, ResolutionInput, ResolutionOutcome, ResolutionResult,
+    resolution_not_final, unfenced_resolution,
 };
 pub use renew::RenewInput;
 

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use super::{EntryView, Ledger, MAX_RACES};
 use crate::domain::Tenant;
-use crate::domain::key::{ExplicitKey, HoldToken, Key, Principal, ToolName};
+use crate::domain::key::{HoldToken, Key, Principal, ToolName};
 use crate::domain::{
     Completion, Entry, EventKind, FinalStatus, FindingDecision, HistoryEvent, Micros, StaleReason,
     decide_finding, marks_double_effect,
@@ -15,11 +15,12 @@ use crate::error::LedgerError;
 use crate::reason::Reason;
 use crate::storage::UnresolvedQuery;
 
-/// What a reconciler found out about one entry, as a request states it.
+/// What a reconciler found out about one entry, as a request states it (its key and hold
+/// token parsed where it arrived).
 #[derive(Clone, Debug)]
 pub struct ResolutionInput {
     /// The entry's key.
-    pub key: String,
+    pub key: Key,
     /// `Succeeded` when the effect was found, `Failed` when it was not.
     pub status: FinalStatus,
     /// The result found, with `Succeeded`.
@@ -30,17 +31,19 @@ pub struct ResolutionInput {
     pub retryable: bool,
     /// The attempt the read was about (the pending entry's); 0 is none, refused.
     pub attempt: u32,
-    /// The hold the entry was handed out under; empty is none, refused.
-    pub hold_token: String,
+    /// The hold the entry was handed out under; [`HoldToken::none`] is none, refused.
+    pub hold_token: HoldToken,
 }
 
-/// A Reconcile: which unresolved entries to hand out, and the answers about earlier ones.
+/// A Reconcile: which unresolved entries to hand out, and the answers about earlier ones (its
+/// tool, keys and principal parsed where it arrived; how many of them a call may send is the
+/// ledger's limit, checked here).
 #[derive(Clone, Debug, Default)]
 pub struct ReconcileInput {
     /// Only entries whose attempt started at least this long ago.
     pub older_than: Option<Duration>,
-    /// Only entries of this tool; empty for all.
-    pub tool: String,
+    /// Only entries of this tool; `None` for all.
+    pub tool: Option<ToolName>,
     /// How many to hand out; 0 for the server's default.
     pub limit: u32,
     /// Findings to apply first.
@@ -49,9 +52,9 @@ pub struct ReconcileInput {
     pub resolve_only: bool,
     /// Hand out only these keys (each if unresolved and not held by another reconciler);
     /// empty for any unresolved entry.
-    pub keys: Vec<String>,
+    pub keys: Vec<Key>,
     /// Who reconciles: recorded as `resolved_by` on every entry a resolution settles.
-    pub principal: String,
+    pub principal: Principal,
 }
 
 /// A finding, checked: about which attempt of which entry, under which hold, and what it
@@ -151,12 +154,9 @@ impl Ledger {
                 ),
             ));
         }
-        let tool = if input.tool.is_empty() {
-            None
-        } else {
-            Some(ToolName::parse(&input.tool)?)
-        };
-        let principal = Principal::parse(&input.principal)?;
+        let ReconcileInput {
+            tool, principal, ..
+        } = input;
         if input.keys.len() > max as usize {
             return Err(LedgerError::invalid(
                 "keys",
@@ -164,10 +164,7 @@ impl Ledger {
             ));
         }
         let mut keys = Vec::with_capacity(input.keys.len());
-        for (i, k) in input.keys.iter().enumerate() {
-            let key = ExplicitKey::parse(k)
-                .map_err(|e| LedgerError::invalid("keys", format!("[{i}]: {}", e.message)))?;
-            let key = Key::from(key);
+        for key in input.keys {
             if !keys.contains(&key) {
                 keys.push(key);
             }
@@ -233,29 +230,14 @@ impl Ledger {
         })
     }
 
-    /// Checks resolution `i` of a request whole: its key, a final status with the fields that
-    /// go with it, and its fence (attempt and hold token).
+    /// Checks resolution `i` of a request whole (its key was parsed where it arrived): a final
+    /// status with the fields that go with it, and its fence (attempt and hold token).
     fn check_resolution(&self, i: usize, r: ResolutionInput) -> Result<Finding, LedgerError> {
-        let key = ExplicitKey::parse(&r.key).map_err(|e| {
-            LedgerError::invalid("resolutions", format!("[{i}].key: {}", e.message))
-        })?;
         if r.status == FinalStatus::Unknown {
-            return Err(LedgerError::invalid(
-                "resolutions",
-                format!("[{i}].status must be STATUS_SUCCEEDED or STATUS_FAILED"),
-            ));
+            return Err(resolution_not_final(i));
         }
-        if r.attempt == 0 || r.hold_token.is_empty() {
-            return Err(LedgerError::InvalidArgument {
-                field: "resolutions",
-                reason: Reason::UnfencedResolution,
-                message: format!(
-                    "[{i}] names no attempt or no hold_token: send the attempt and the \
-                     hold_token of the pending entry the finding is about (as Reconcile handed \
-                     it out), so that a late finding about an earlier attempt cannot settle a \
-                     later one"
-                ),
-            });
+        if r.attempt == 0 || r.hold_token.is_none() {
+            return Err(unfenced_resolution(i));
         }
         let completion = Completion::new(r.status, r.result, r.error, r.retryable)
             .map_err(LedgerError::from)
@@ -273,9 +255,9 @@ impl Ledger {
                 other => other,
             })?;
         Ok(Finding {
-            key: Key::from(key),
+            key: r.key,
             attempt: r.attempt,
-            hold: HoldToken::from_stored(r.hold_token),
+            hold: r.hold_token,
             completion,
         })
     }
@@ -424,6 +406,30 @@ impl Ledger {
             note: why,
             marked_double_effect: marked,
         })
+    }
+}
+
+/// The refusal of resolution `i` reporting UNKNOWN, which is no finding.
+#[must_use]
+pub fn resolution_not_final(i: usize) -> LedgerError {
+    LedgerError::invalid(
+        "resolutions",
+        format!("[{i}].status must be STATUS_SUCCEEDED or STATUS_FAILED"),
+    )
+}
+
+/// The refusal of resolution `i` without its fence: no attempt, or no hold token (an empty
+/// one, refused where the request arrived, or [`HoldToken::none`]).
+#[must_use]
+pub fn unfenced_resolution(i: usize) -> LedgerError {
+    LedgerError::InvalidArgument {
+        field: "resolutions",
+        reason: Reason::UnfencedResolution,
+        message: format!(
+            "[{i}] names no attempt or no hold_token: send the attempt and the hold_token of \
+             the pending entry the finding is about (as Reconcile handed it out), so that a \
+             late finding about an earlier attempt cannot settle a later one"
+        ),
     }
 }
 

@@ -4,17 +4,17 @@ use std::time::Duration;
 
 use super::{EntryView, Ledger, bounded};
 use crate::domain::Tenant;
-use crate::domain::key::{ClaimToken, ExplicitKey, Key};
+use crate::domain::key::{ClaimToken, Key};
 use crate::domain::{Micros, RenewDecision, decide_renew};
 use crate::error::LedgerError;
 
-/// A RenewLease as the caller sent it.
+/// A RenewLease, its key and token parsed where it arrived.
 #[derive(Clone, Debug)]
 pub struct RenewInput {
     /// The entry's key.
-    pub key: String,
+    pub key: Key,
     /// The token of the claim that holds the attempt.
-    pub claim_token: String,
+    pub claim_token: ClaimToken,
     /// The new lease, from now; `None` for the server's default.
     pub lease: Option<Duration>,
 }
@@ -24,7 +24,7 @@ impl Ledger {
     /// not ended.
     ///
     /// # Errors
-    /// `InvalidArgument` for malformed input or a lease above `--max-lease`; `NotFound`;
+    /// `InvalidArgument` for a lease above `--max-lease`; `NotFound`;
     /// `StaleClaimToken` when the token is not the current attempt's; `LeaseEnded` when the
     /// entry is resolved, reported UNKNOWN or past its lease (nothing changes); store errors.
     pub async fn renew_lease(
@@ -32,8 +32,11 @@ impl Ledger {
         tenant: &Tenant,
         input: RenewInput,
     ) -> Result<EntryView, LedgerError> {
-        let key = Key::from(ExplicitKey::parse(&input.key)?);
-        let token = ClaimToken::parse(&input.claim_token)?;
+        let RenewInput {
+            key,
+            claim_token: token,
+            ..
+        } = input;
         let lease = bounded(
             "lease",
             input.lease,
