@@ -286,28 +286,29 @@ mod tests {
         5 AS approval_requested_at, 6 AS approval_decide_by, NULL AS approval_decided_at, \
         'a' AS approval_decided_by, 'why' AS approval_reason, NULL AS approval_execute_by";
 
-    async fn read(
-        db: &mut sqlx::SqliteConnection,
-        sql: &'static str,
-    ) -> Result<EntryRow, sqlx::Error> {
-        sqlx::query_as::<_, EntryRow>(sql).fetch_one(db).await
-    }
-
     #[tokio::test]
     async fn a_row_is_read_by_its_column_names_in_any_order() {
         use sqlx::{Column as _, Connection as _, Row as _};
         let mut db = sqlx::SqliteConnection::connect("sqlite::memory:")
             .await
             .expect("in-memory SQLite");
-        let row = sqlx::query(IN_ORDER).fetch_one(&mut db).await.expect("row");
+        let row = sqlx::query(self::IN_ORDER)
+            .fetch_one(&mut db)
+            .await
+            .expect("row");
         let names: Vec<&str> = row.columns().iter().map(|c| c.name()).collect();
         assert_eq!(
             names.join(", "),
             crate::sql::ENTRY_COLUMNS,
             "the statements' order"
         );
-        let in_order =
-            Entry::try_from(read(&mut db, IN_ORDER).await.expect("in order")).expect("entry");
+        let in_order = Entry::try_from(
+            sqlx::query_as::<_, EntryRow>(self::IN_ORDER)
+                .fetch_one(&mut db)
+                .await
+                .expect("in order"),
+        )
+        .expect("entry");
         assert_eq!(
             (
                 in_order.key.as_str(),
@@ -325,8 +326,13 @@ mod tests {
             (3, 12, "h")
         );
         assert_eq!(in_order.arguments, None, "not selected");
-        let reordered =
-            Entry::try_from(read(&mut db, REORDERED).await.expect("reordered")).expect("entry");
+        let reordered = Entry::try_from(
+            sqlx::query_as::<_, EntryRow>(self::REORDERED)
+                .fetch_one(&mut db)
+                .await
+                .expect("reordered"),
+        )
+        .expect("entry");
         assert_eq!(reordered.arguments.as_deref(), Some(r#"{"a":1}"#));
         assert_eq!(
             Entry {
@@ -336,7 +342,10 @@ mod tests {
             in_order,
             "the same fields, wherever listed"
         );
-        match read(&mut db, MISSING).await {
+        match sqlx::query_as::<_, EntryRow>(self::MISSING)
+            .fetch_one(&mut db)
+            .await
+        {
             Err(sqlx::Error::ColumnNotFound(name)) => assert_eq!(name, "hold_token"),
             other => panic!("a missing column is an error: {:?}", other.map(|_| ())),
         }
