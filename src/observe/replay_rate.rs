@@ -92,8 +92,7 @@ impl ReplayWindow {
         }
     }
 
-    /// Whether a replay was counted in the window that ends at `now`: then the alarm is off,
-    /// which a claim's hot path learns without adding the window up.
+    /// Whether a replay was counted in the window that ends at `now` (the alarm is then off).
     pub fn has_replay(&self, now: Micros) -> bool {
         let n = now.0.div_euclid(self.slice);
         (n - WINDOW_SLICES as i64 + 1..=n).contains(&self.latest_replay)
@@ -364,8 +363,7 @@ impl Series {
         match event {
             ClaimEvent::Answered { replayed } => {
                 self.window.record(now, replayed);
-                // Adding the window up is the costly part of a claim's count: only while the
-                // minute is not marked yet and no replay in the window rules the alarm out.
+                // Added up (the costly part) only while the alarm could still mark this minute.
                 let marked = self.slot(minute).alarm;
                 let on = !marked
                     && min_claims > 0
