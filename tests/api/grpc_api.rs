@@ -129,6 +129,21 @@ pub(crate) async fn claim_ok(app: &TestApp, req: pb::ClaimRequest) -> pb::ClaimR
         .into_inner()
 }
 
+/// Reports the attempt `claimed` holds as UNKNOWN (its call timed out), as a claimant does.
+pub(crate) async fn report_unknown(app: &TestApp, key: &str, claimed: &pb::ClaimResponse) {
+    app.client
+        .clone()
+        .complete(pb::CompleteRequest {
+            key: key.into(),
+            claim_token: claimed.claim_token.clone(),
+            status: pb::Status::Unknown.into(),
+            error: "timeout".into(),
+            ..Default::default()
+        })
+        .await
+        .expect("report unknown");
+}
+
 /// The entry Lookup returns, without the arguments kept for audit (which Claim and Complete
 /// answers leave out), so it compares equal to theirs; the arguments must be there.
 pub(crate) async fn lookup_entry(app: &TestApp, req: pb::LookupRequest) -> pb::Entry {
@@ -537,7 +552,7 @@ async fn fields_parsed_where_a_request_arrives_are_refused_and_store_nothing(b: 
     // Nothing was stored: the valid request still claims first.
     let claimed = claim_ok(&app, claim_req(RUN, TOOL, ARGS)).await;
     assert_eq!(claimed.outcome(), pb::Outcome::Claimed);
-    let stored = claimed.entry.expect("entry");
+    let stored = claimed.entry.clone().expect("entry");
 
     // Complete without a token; Lookup with both forms or neither.
     let empty_token = client
@@ -582,16 +597,7 @@ async fn fields_parsed_where_a_request_arrives_are_refused_and_store_nothing(b: 
 
     // Reconcile: malformed keys, and a malformed finding beside a good one, hold and apply
     // nothing.
-    client
-        .complete(pb::CompleteRequest {
-            key: ARGS_KEY.into(),
-            claim_token: claimed.claim_token.clone(),
-            status: pb::Status::Unknown.into(),
-            error: "timeout".into(),
-            ..Default::default()
-        })
-        .await
-        .expect("report unknown");
+    report_unknown(&app, ARGS_KEY, &claimed).await;
     for keys in [vec!["bad key".to_string()], vec![String::new()]] {
         let err = client
             .reconcile(pb::ReconcileRequest {
@@ -917,16 +923,7 @@ async fn reconcile_hands_out_unknown_entries_and_applies_resolutions_over_grpc()
         )
         .await;
         let key = claimed.entry.as_ref().expect("entry").key.clone();
-        client
-            .complete(pb::CompleteRequest {
-                key: key.clone(),
-                claim_token: claimed.claim_token.clone(),
-                status: pb::Status::Unknown.into(),
-                error: "timeout".into(),
-                ..Default::default()
-            })
-            .await
-            .expect("report unknown");
+        report_unknown(&app, &key, &claimed).await;
         keys.push(key);
     }
     let first = client
@@ -1087,16 +1084,7 @@ async fn reconcile_hands_out_unknown_entries_and_applies_resolutions_over_grpc()
         )
         .await;
         let key = claimed.entry.as_ref().expect("entry").key.clone();
-        client
-            .complete(pb::CompleteRequest {
-                key: key.clone(),
-                claim_token: claimed.claim_token.clone(),
-                status: pb::Status::Unknown.into(),
-                error: "timeout".into(),
-                ..Default::default()
-            })
-            .await
-            .expect("report unknown");
+        report_unknown(&app, &key, &claimed).await;
         more.push(key);
     }
     let one = client
