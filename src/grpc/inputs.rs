@@ -14,15 +14,17 @@ use std::time::Duration;
 use tokio::time::Instant;
 use tonic::Status;
 
-use super::convert::{View, canonicalization, decision, duration, final_status, view};
+use super::convert::{
+    View, canonicalization, decision, duration, final_status, instant, status_filter, view,
+};
 use super::error::status;
 use super::pb;
-use crate::domain::key::{ClaimKey, InvalidField};
+use crate::domain::key::{ClaimKey, InvalidField, optional};
 use crate::domain::{ClaimToken, FinalStatus, HoldToken, Key, Principal, RunId, ToolName};
 use crate::error::LedgerError;
 use crate::ledger::{
-    AcknowledgeInput, ClaimInput, CompleteInput, DecideInput, LookupInput, ReconcileInput,
-    RenewInput, ResolutionInput, resolution_not_final, unfenced_resolution,
+    AcknowledgeInput, ClaimInput, CompleteInput, DecideInput, ListInput, LookupInput,
+    ReconcileInput, RenewInput, ResolutionInput, resolution_not_final, unfenced_resolution,
 };
 
 /// A field parsed, or its refusal as the status sent.
@@ -30,24 +32,11 @@ fn parsed<T>(result: Result<T, InvalidField>) -> Result<T, Status> {
     result.map_err(|e| status(LedgerError::from(e)))
 }
 
-/// An optional field: empty text is unset (no filter), any other is parsed.
-fn optional<T>(
-    text: &str,
-    parse: fn(&str) -> Result<T, InvalidField>,
-) -> Result<Option<T>, Status> {
-    if text.is_empty() {
-        Ok(None)
-    } else {
-        parsed(parse(text)).map(Some)
-    }
-}
-
 /// A Claim's input, `deadline` being when the caller stops listening. Checked in this order:
 /// `view`, `canonicalization`, the durations, then the fields `tool`, `run_id` and `key` (see
 /// [`ClaimKey::parse`]: without a key the run id is required; with one it is optional) and
-/// `principal`; the use case then checks `arguments_json`. The field checks now come before
-/// the arguments' JSON checks (the use case used to check the tool, then the arguments, then
-/// the run id, key and principal): a request wrong in both is refused for its field.
+/// `principal`; the use case then checks `arguments_json`, so a request wrong in a field and in
+/// its arguments is refused for the field.
 pub(super) fn claim_input(r: pb::ClaimRequest, deadline: Instant) -> Result<ClaimInput, Status> {
     // Checked, then not needed: a Claim's basic view is its full one (its entry never carries
     // arguments_json, and its stored result is what a replay needs).
@@ -155,15 +144,24 @@ pub(super) fn extend_input(r: pb::ExtendRunRequest) -> Result<(RunId, Option<Dur
     Ok((parsed(RunId::parse(&r.run_id))?, retention))
 }
 
-/// ListEntries' filters of run and tool: empty is no filter.
-pub(super) fn list_filters(
-    run_id: &str,
-    tool: &str,
-) -> Result<(Option<RunId>, Option<ToolName>), Status> {
-    Ok((
-        optional(run_id, RunId::parse)?,
-        optional(tool, ToolName::parse)?,
-    ))
+/// A ListEntries' input: the status and time filters, the page size, then the run and tool
+/// filters (empty: no filter). The page token is the use case's (it is bound to the filters).
+pub(super) fn list_input(r: pb::ListEntriesRequest) -> Result<ListInput, Status> {
+    let status_filter = status_filter(r.status)?;
+    let started_after = instant("started_after", r.started_after)?;
+    let started_before = instant("started_before", r.started_before)?;
+    let page_size = u32::try_from(r.page_size)
+        .map_err(|_| status(LedgerError::invalid("page_size", "must not be negative")))?;
+    Ok(ListInput {
+        run_id: parsed(optional(&r.run_id, RunId::parse))?,
+        tool: parsed(optional(&r.tool, ToolName::parse))?,
+        status: status_filter,
+        started_after,
+        started_before,
+        page_size,
+        page_token: r.page_token,
+        possible_double_effect: r.possible_double_effect,
+    })
 }
 
 /// A Reconcile's input. Checked in this order: each resolution's status, `older_than`, `tool`
@@ -172,9 +170,7 @@ pub(super) fn list_filters(
 /// UNKNOWN), and its hold token (an empty one is refused as unfenced, reason
 /// `UNFENCED_RESOLUTION`, as the use case refuses a resolution without its attempt). The use
 /// case then checks how many keys and resolutions one call may send, and each resolution's
-/// attempt and outcome. Those counts used to be checked before the tool, principal and keys,
-/// and each resolution whole before the next one's key: a request wrong in several ways may now
-/// be refused for another of them.
+/// attempt and outcome.
 pub(super) fn reconcile_input(r: pb::ReconcileRequest) -> Result<ReconcileInput, Status> {
     let statuses = r
         .resolutions
@@ -182,7 +178,7 @@ pub(super) fn reconcile_input(r: pb::ReconcileRequest) -> Result<ReconcileInput,
         .map(|res| final_status("resolutions", res.status))
         .collect::<Result<Vec<_>, Status>>()?;
     let older_than = duration("older_than", r.older_than)?;
-    let tool = optional(&r.tool, ToolName::parse)?;
+    let tool = parsed(optional(&r.tool, ToolName::parse))?;
     let principal = parsed(Principal::parse(&r.principal))?;
     let keys = r
         .keys

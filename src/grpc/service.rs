@@ -12,13 +12,13 @@ use tonic::{Request, Response, Status};
 use super::admission::{Admission, Admitted, HeldBytes};
 use super::auth::Approver;
 use super::convert::{
-    View, audited_entry, claim_response, completed_entry, entry, history_event, instant,
-    pending_entry, replay_rate_response, resolution_result, status_filter, timestamp,
+    View, audited_entry, claim_response, completed_entry, entry, history_event, pending_entry,
+    replay_rate_response, resolution_result, timestamp,
 };
 use super::deadline::{parse_grpc_timeout, run};
 use super::error::{CallError, status};
 use super::inputs::{
-    acknowledge_input, claim_input, complete_input, decide_input, extend_input, list_filters,
+    acknowledge_input, claim_input, complete_input, decide_input, extend_input, list_input,
     lookup_input, reconcile_input, renew_input,
 };
 use super::pb;
@@ -382,25 +382,7 @@ impl LedgerService for LedgerApi {
     ) -> Result<Response<pb::ListEntriesResponse>, Status> {
         self.unary(
             request,
-            |r, _| {
-                let status_filter = status_filter(r.status)?;
-                let started_after = instant("started_after", r.started_after)?;
-                let started_before = instant("started_before", r.started_before)?;
-                let page_size = u32::try_from(r.page_size).map_err(|_| {
-                    status(LedgerError::invalid("page_size", "must not be negative"))
-                })?;
-                let (run_id, tool) = list_filters(&r.run_id, &r.tool)?;
-                Ok(ListInput {
-                    run_id,
-                    tool,
-                    status: status_filter,
-                    started_after,
-                    started_before,
-                    page_size,
-                    page_token: r.page_token,
-                    possible_double_effect: r.possible_double_effect,
-                })
-            },
+            |r, _| list_input(r),
             |ledger, tenant, input| async move { ledger.list_entries(&tenant, input).await },
             |out| pb::ListEntriesResponse {
                 entries: out.entries.into_iter().map(audited_entry).collect(),

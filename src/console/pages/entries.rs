@@ -2,7 +2,7 @@
 //! or `external_ref`.
 
 use super::*;
-use crate::domain::key::{InvalidField, RunId, ToolName};
+use crate::domain::key::{InvalidField, RunId, ToolName, optional};
 
 /// A time bound of a filter: RFC 3339, or a duration before now (`15m`, `24h`, `7d`).
 fn time_bound(field: &'static str, text: &str, now: Micros) -> Result<Option<Micros>, String> {
@@ -87,12 +87,8 @@ pub(super) async fn entries(who: Who, Query(q): Query<Params>) -> PageResult {
         // Empty is no filter; a malformed one is refused as `field: message`, as the ledger's
         // refusals below.
         let field = |e: InvalidField| e.to_string();
-        let run_id = (!run.is_empty())
-            .then(|| RunId::parse(run).map_err(field))
-            .transpose()?;
-        let tool = (!tool.is_empty())
-            .then(|| ToolName::parse(tool).map_err(field))
-            .transpose()?;
+        let run_id = optional(run, RunId::parse).map_err(field)?;
+        let tool = optional(tool, ToolName::parse).map_err(field)?;
         Ok::<_, String>(ListInput {
             run_id,
             tool,

@@ -272,14 +272,37 @@ impl ClaimKey {
         }
     }
 
-    /// The entry's key: the caller's own, or the one derived from the run, `tool` and the
-    /// `canonical` arguments under `mode`.
+    /// The entry's key (the caller's own, or the one derived from the run, `tool` and the
+    /// `canonical` arguments under `mode`) and its run, taken apart without a copy.
     #[must_use]
-    pub fn key(&self, tool: &ToolName, canonical: &str, mode: Canonicalization) -> Key {
+    pub fn into_key(
+        self,
+        tool: &ToolName,
+        canonical: &str,
+        mode: Canonicalization,
+    ) -> (Key, Option<RunId>) {
         match self {
-            ClaimKey::Derived(run_id) => Key::derive(run_id, tool, canonical, mode),
-            ClaimKey::Explicit { key, .. } => Key::from(key.clone()),
+            ClaimKey::Derived(run_id) => {
+                (Key::derive(&run_id, tool, canonical, mode), Some(run_id))
+            }
+            ClaimKey::Explicit { key, run_id } => (Key::from(key), run_id),
         }
+    }
+}
+
+/// An optional field's text parsed with `parse`: empty is unset (`None`), any other text must
+/// be one.
+///
+/// # Errors
+/// What `parse` refuses.
+pub fn optional<T>(
+    text: &str,
+    parse: fn(&str) -> Result<T, InvalidField>,
+) -> Result<Option<T>, InvalidField> {
+    if text.is_empty() {
+        Ok(None)
+    } else {
+        parse(text).map(Some)
     }
 }
 
@@ -764,18 +787,29 @@ mod tests {
     }
 
     #[test]
+    fn an_optional_field_is_unset_when_empty_and_parsed_otherwise() {
+        assert_eq!(optional("", RunId::parse), Ok(None));
+        assert_eq!(optional("r-1", RunId::parse), Ok(Some(run("r-1"))));
+        let refused = optional("a\nb", ToolName::parse).expect_err("a control character");
+        assert_eq!(refused.field, "tool");
+    }
+
+    #[test]
     fn a_claim_without_a_key_derives_it_from_its_required_run() {
         let derived = ClaimKey::parse("", "run-1").expect("a run");
         assert_eq!(derived, ClaimKey::Derived(run("run-1")));
         assert_eq!(derived.run_id(), Some(&run("run-1")));
         assert_eq!(derived.explicit(), None);
         assert_eq!(
-            derived.key(&tool("issue_credit"), AMOUNT_200, Canonicalization::Jcs),
-            derive_key(
-                &run("run-1"),
-                &tool("issue_credit"),
-                AMOUNT_200,
-                Canonicalization::Jcs
+            derived.into_key(&tool("issue_credit"), AMOUNT_200, Canonicalization::Jcs),
+            (
+                Key::from_stored(derive_key(
+                    &run("run-1"),
+                    &tool("issue_credit"),
+                    AMOUNT_200,
+                    Canonicalization::Jcs
+                )),
+                Some(run("run-1"))
             )
         );
         let missing = ClaimKey::parse("", "").expect_err("no key, no run");
@@ -792,14 +826,14 @@ mod tests {
             Some("wf-7:step-3")
         );
         assert_eq!(
-            alone.key(&tool("t"), "{}", Canonicalization::Jcs),
-            "wf-7:step-3"
+            alone.into_key(&tool("t"), "{}", Canonicalization::Jcs),
+            (Key::from_stored("wf-7:step-3".into()), None)
         );
         let with_run = ClaimKey::parse("wf-7:step-3", "run-1").expect("a key and a run");
         assert_eq!(with_run.run_id(), Some(&run("run-1")));
         assert_eq!(
-            with_run.key(&tool("t"), "{}", Canonicalization::Jcs),
-            "wf-7:step-3"
+            with_run.into_key(&tool("t"), "{}", Canonicalization::Jcs),
+            (Key::from_stored("wf-7:step-3".into()), Some(run("run-1")))
         );
         // The run is checked first, then the key.
         assert_eq!(

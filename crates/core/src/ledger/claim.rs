@@ -179,13 +179,15 @@ impl Ledger {
         input: ClaimInput,
     ) -> Result<PreparedClaim, LedgerError> {
         let ClaimInput {
-            tool, principal, ..
+            tool,
+            principal,
+            key,
+            ..
         } = input;
         let (fingerprint, canonical, value) =
             self.canonical_request(&tool, &input.arguments_json, input.canonicalization)?;
         let arguments = self.limits.arguments.stored(&value, &canonical);
-        let key = input.key.key(&tool, &canonical, input.canonicalization);
-        let run_id = input.key.run_id().cloned();
+        let (key, run_id) = key.into_key(&tool, &canonical, input.canonicalization);
         let lease = bounded(
             "lease",
             input.lease,
