@@ -10,7 +10,9 @@ use crate::domain::{
     Approval, ApprovalState, Decision, FinalStatus, HistoryEvent, HoldToken, Micros,
 };
 use crate::error::LedgerError;
-use crate::ledger::{ClaimOutput, EntryView, Outcome, ResolutionOutcome, ResolutionResult};
+use crate::ledger::{
+    ClaimOutput, EntryView, Outcome, ResolutionOutcome, ResolutionResult, WaitFor,
+};
 use crate::observe::replay_rate::{ReplayFigures, SeriesFigures};
 
 /// A refusal of `field`'s value, as the gRPC status the table gives it.
@@ -48,6 +50,24 @@ pub(super) fn view(value: i32) -> Result<View, Status> {
         Err(_) => Err(invalid(
             "view",
             format!("{value} is not an EntryView value (ENTRY_VIEW_BASIC or ENTRY_VIEW_FULL)"),
+        )),
+    }
+}
+
+/// A Claim's `wait_for`; unset waits for attempts and decisions, as a wait always did; a
+/// number that is no `WaitFor` is refused.
+pub(super) fn wait_for(value: i32) -> Result<WaitFor, Status> {
+    match pb::WaitFor::try_from(value) {
+        Ok(pb::WaitFor::Unspecified | pb::WaitFor::AttemptOrDecision) => {
+            Ok(WaitFor::AttemptOrDecision)
+        }
+        Ok(pb::WaitFor::Attempt) => Ok(WaitFor::Attempt),
+        Err(_) => Err(invalid(
+            "wait_for",
+            format!(
+                "{value} is not a WaitFor value (WAIT_FOR_ATTEMPT or \
+                 WAIT_FOR_ATTEMPT_OR_DECISION)"
+            ),
         )),
     }
 }

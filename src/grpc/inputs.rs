@@ -16,6 +16,7 @@ use tonic::Status;
 
 use super::convert::{
     View, canonicalization, decision, duration, final_status, instant, status_filter, view,
+    wait_for,
 };
 use super::error::status;
 use super::pb;
@@ -45,6 +46,7 @@ pub(super) fn claim_input(r: pb::ClaimRequest, deadline: Instant) -> Result<Clai
     let lease = duration("lease", r.lease)?;
     let retention = duration("retention", r.retention)?;
     let wait = duration("wait", r.wait)?;
+    let wait_for = wait_for(r.wait_for)?;
     Ok(ClaimInput {
         tool: parsed(ToolName::parse(&r.tool))?,
         key: parsed(ClaimKey::parse(&r.key, &r.run_id))?,
@@ -54,6 +56,7 @@ pub(super) fn claim_input(r: pb::ClaimRequest, deadline: Instant) -> Result<Clai
         lease,
         retention,
         wait,
+        wait_for,
         answer_by: Some(deadline),
         require_approval: r.require_approval,
     })

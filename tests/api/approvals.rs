@@ -10,7 +10,7 @@ use idempotency_ledger::domain::{
 };
 use idempotency_ledger::error::LedgerError;
 use idempotency_ledger::ledger::{
-    ClaimInput, ClaimOutput, CompleteInput, DecideInput, Ledger, LookupInput, Outcome,
+    ClaimInput, ClaimOutput, CompleteInput, DecideInput, Ledger, LookupInput, Outcome, WaitFor,
 };
 use idempotency_ledger::reason::Reason;
 
@@ -30,6 +30,7 @@ on_every_store!(
     a_paused_run_keeps_its_keys_and_the_decision_keeps_them_again,
     extend_run_keeps_a_runs_finished_entries,
     a_waiting_claim_wakes_on_the_decision,
+    a_claim_waiting_for_attempts_answers_a_gated_repeat_at_once,
 );
 
 const RUN: &str = "run-approvals";
@@ -687,4 +688,62 @@ async fn a_waiting_claim_wakes_on_the_decision(b: Backend) {
         "woken by the decision, not the end of its wait: {:?}",
         started.elapsed()
     );
+}
+
+async fn a_claim_waiting_for_attempts_answers_a_gated_repeat_at_once(b: Backend) {
+    let t = TestLedger::new(b).await;
+    let waiting_for_attempts = |input: ClaimInput| ClaimInput {
+        wait: Some(Duration::from_secs(20)),
+        wait_for: WaitFor::Attempt,
+        ..input
+    };
+    // A repeat of a call awaiting a decision: answered at once, in one call, whatever its wait.
+    let asked = claim(&t.ledger, gated(RUN, ARGS)).await;
+    assert_eq!(asked.outcome, Outcome::AwaitingApproval);
+    let since = tokio::time::Instant::now();
+    let repeat = claim(&t.ledger, waiting_for_attempts(gated(RUN, ARGS))).await;
+    assert_eq!(repeat.outcome, Outcome::AwaitingApproval);
+    assert!(
+        since.elapsed() < Duration::from_secs(5),
+        "a gated repeat waited {:?} for a decision it did not ask to wait for",
+        since.elapsed()
+    );
+    // A duplicate of an attempt in flight still waits for its result.
+    let first = claim(
+        &t.ledger,
+        claim_input(RUN, "lookup_order", r#"{"order":"o-1"}"#),
+    )
+    .await;
+    assert_eq!(first.outcome, Outcome::Claimed);
+    let duplicate = {
+        let ledger = t.ledger.clone();
+        let input = waiting_for_attempts(claim_input(RUN, "lookup_order", r#"{"order":"o-1"}"#));
+        tokio::spawn(async move { ledger.claim(&tenant(), input).await })
+    };
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(
+        !duplicate.is_finished(),
+        "the duplicate waits for the attempt"
+    );
+    t.ledger
+        .complete(
+            &tenant(),
+            CompleteInput {
+                key: first.entry.entry.key.clone(),
+                claim_token: first.claim_token.clone().expect("token"),
+                status: FinalStatus::Succeeded,
+                result: b"order o-1".to_vec(),
+                error: String::new(),
+                retryable: false,
+            },
+        )
+        .await
+        .expect("complete");
+    let out = duplicate.await.expect("join").expect("claim");
+    assert_eq!(
+        out.outcome,
+        Outcome::Replayed,
+        "woken with the attempt's result"
+    );
+    assert_eq!(out.entry.entry.result, b"order o-1");
 }

@@ -222,6 +222,42 @@ async fn watch_approvals_streams_requests_and_decisions_and_resumes_from_a_curso
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_claim_that_waits_for_attempts_only_answers_a_gated_repeat_at_once() {
+    let (server, _dir) = server(&[]).await;
+    let mut client = server.client().await;
+    let first = claim(&mut client, claim_req("run-w", "issue_refund", ARGS, true)).await;
+    assert_eq!(first.outcome(), pb::Outcome::AwaitingApproval);
+    let waiting = |wait_for: i32| pb::ClaimRequest {
+        wait: Some(prost_types::Duration {
+            seconds: 20,
+            nanos: 0,
+        }),
+        wait_for,
+        ..claim_req("run-w", "issue_refund", ARGS, true)
+    };
+    let since = std::time::Instant::now();
+    let repeat = claim(&mut client, waiting(pb::WaitFor::Attempt.into())).await;
+    assert_eq!(repeat.outcome(), pb::Outcome::AwaitingApproval);
+    assert!(
+        since.elapsed() < Duration::from_secs(5),
+        "answered after {:?}",
+        since.elapsed()
+    );
+    // A value that is no WaitFor is refused, naming the field.
+    let refused = client
+        .claim(bearer(waiting(9), AGENT))
+        .await
+        .expect_err("wait_for 9");
+    assert_eq!(refused.code(), Code::InvalidArgument);
+    assert_eq!(reason(&refused), "INVALID_FIELD");
+    assert!(
+        refused.message().contains("wait_for"),
+        "{}",
+        refused.message()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_policy_gates_what_it_says_and_sighup_swaps_it() {
     let dir = tempfile::tempdir().expect("dir");
     let policy = dir.path().join("policy");

@@ -379,11 +379,13 @@ fn claim() -> impl Strategy<Value = pb::ClaimRequest> {
         prop::bool::weighted(0.5),
         // The answer's view (AIP-157), or an odd value.
         spoiled(0..3, odd_enum()),
+        // What a wait waits for, or an odd value.
+        spoiled(0..3, odd_enum()),
     );
     (names, times).prop_map(
         |(
             (run_id, tool, arguments_json, key, canonicalization, principal),
-            (lease, retention, wait, require_approval, runless, view),
+            (lease, retention, wait, require_approval, runless, view, wait_for),
         )| pb::ClaimRequest {
             run_id: if runless && !key.is_empty() {
                 String::new()
@@ -400,6 +402,7 @@ fn claim() -> impl Strategy<Value = pb::ClaimRequest> {
             principal,
             require_approval,
             view,
+            wait_for,
         },
     )
 }

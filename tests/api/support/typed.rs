@@ -46,6 +46,7 @@ pub fn claim_input(run: &str, tool: &str, args: &str) -> ClaimInput {
         lease: None,
         retention: None,
         wait: None,
+        wait_for: Default::default(),
         answer_by: None,
         principal: Principal::none(),
         require_approval: false,

@@ -40,12 +40,26 @@ pub struct ClaimInput {
     /// How long to wait for an attempt in flight, as asked (bounded here by `--max-wait` and by
     /// `answer_by`).
     pub wait: Option<Duration>,
+    /// What the wait waits for: an attempt in flight, and a decision due unless the caller
+    /// asked for the attempt only.
+    pub wait_for: WaitFor,
     /// When the caller stops listening (its deadline): a wait ends in time to answer before.
     pub answer_by: Option<Instant>,
     /// Who asks.
     pub principal: Principal,
     /// Ask a person first, whatever the server's approval policy says.
     pub require_approval: bool,
+}
+
+/// What a claim with a wait waits for.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum WaitFor {
+    /// An attempt in flight, and a person's decision that an earlier claim asked for.
+    #[default]
+    AttemptOrDecision,
+    /// Only an attempt in flight: a call awaiting a decision is answered at once (a decision
+    /// may take days), so that a client's repeat costs one call whatever it meets.
+    Attempt,
 }
 
 /// What a Claim found.
@@ -122,7 +136,9 @@ impl Ledger {
         let request = self.prepare_claim(tenant, input)?;
         let output = self.claim_once(tenant, &request).await?;
         let until = match request.wait {
-            Some(wait) if !wait.is_zero() && in_flight(&output) => Instant::now() + wait,
+            Some(wait) if !wait.is_zero() && in_flight(&output, request.wait_for) => {
+                Instant::now() + wait
+            }
             _ => return Ok(output),
         };
         // The wait is a span of its own in the call's trace; its target is
@@ -151,7 +167,7 @@ impl Ledger {
         loop {
             let changed = watch.notified();
             let output = self.claim_once(tenant, request).await?;
-            if !in_flight(&output) || Instant::now() >= until {
+            if !in_flight(&output, request.wait_for) || Instant::now() >= until {
                 return Ok(output);
             }
             // The lease ending turns the attempt unknown: answer then too.
@@ -226,6 +242,7 @@ impl Ledger {
             wait: input
                 .wait
                 .map(|w| bounded_wait(w, self.limits.max_wait, input.answer_by)),
+            wait_for: input.wait_for,
             arguments,
         })
     }
@@ -497,11 +514,13 @@ fn bounded_wait(asked: Duration, max_wait: Duration, answer_by: Option<Instant>)
     }
 }
 
-/// Whether a claim found an attempt still in flight, or a decision still to come that an
-/// earlier claim asked for (what a waiting claim waits out).
-fn in_flight(output: &ClaimOutput) -> bool {
+/// Whether a claim found an attempt still in flight, or (when it waits for decisions too) a
+/// decision still to come that an earlier claim asked for: what a waiting claim waits out.
+fn in_flight(output: &ClaimOutput, wait_for: WaitFor) -> bool {
     (output.outcome == Outcome::InProgress && output.entry.status == Status::Attempting)
-        || (output.outcome == Outcome::AwaitingApproval && !output.asked)
+        || (wait_for == WaitFor::AttemptOrDecision
+            && output.outcome == Outcome::AwaitingApproval
+            && !output.asked)
 }
 
 /// A validated claim with its derived key.
@@ -515,6 +534,7 @@ struct PreparedClaim {
     lease: Micros,
     retention: Micros,
     wait: Option<Duration>,
+    wait_for: WaitFor,
     /// What is stored of the arguments (see [`ArgumentsPolicy`]).
     arguments: Option<String>,
     /// Why a new entry of this call needs a person's decision; `None` when it does not.

@@ -28,7 +28,7 @@ pub mod wait;
 pub use approval::{
     ApprovalEvent, Approvals, DecideInput, Decided, MAX_REASON_BYTES, approval_cursor,
 };
-pub use claim::{ClaimInput, ClaimOutput, Outcome};
+pub use claim::{ClaimInput, ClaimOutput, Outcome, WaitFor};
 pub use complete::{CompleteInput, CompleteOutput};
 pub use double_effect::{AcknowledgeInput, MAX_NOTE_BYTES};
 pub use list::{ListInput, ListOutput};
