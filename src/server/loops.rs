@@ -1,6 +1,6 @@
 //! The server's background tasks: writing the replay counts answered from memory, recording
-//! lapsed approvals and pruning expired entries, and re-reading the credentials and the
-//! approval policy on request (SIGHUP).
+//! lapsed approvals when they happen, pruning expired entries, and re-reading the credentials
+//! and the approval policy on request (SIGHUP).
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -16,8 +16,8 @@ use crate::ledger::Ledger;
 use crate::observe::Metrics;
 
 /// Starts the server's background tasks: the relay of other servers' announcements (when
-/// waiters are woken by LISTEN), the re-reading on `reloads`, the replay counts' writer, and
-/// the sweep of lapsed approvals and expired entries.
+/// waiters are woken by LISTEN), the re-reading on `reloads`, the replay counts' writer, the
+/// recording of lapsed approvals, and the sweep of expired entries.
 pub(super) fn start(
     settings: &Settings,
     ledger: &Ledger,
@@ -44,6 +44,13 @@ pub(super) fn start(
         policy,
     )));
     tasks.push(tokio::spawn(replay_count_loop(ledger.clone())));
+    tasks.push(tokio::spawn(lapse_loop(
+        ledger.clone(),
+        state.clone(),
+        metrics.clone(),
+        settings.prune_interval,
+        settings.prune_batch_size,
+    )));
     tasks.push(tokio::spawn(prune_loop(
         ledger.clone(),
         state.clone(),
@@ -52,6 +59,49 @@ pub(super) fn start(
         settings.prune_batch_size,
     )));
     tasks
+}
+
+/// Records each lapse of a request or an approval when it happens: sleeps until the earliest
+/// deadline among the calls awaiting a decision (every server sharing the store does; the
+/// write is fenced, so one records it), waking early on this server's approval events (a new
+/// request or approval may be due sooner), and at least every `interval` (other servers'
+/// events). Reads say a lapse from its moment whatever this loop does; this records it, with
+/// its history event, log line and count.
+async fn lapse_loop(
+    ledger: Ledger,
+    state: Arc<Readiness>,
+    metrics: Arc<Metrics>,
+    interval: std::time::Duration,
+    batch: u32,
+) {
+    // A little after the deadline, so that the database's clock has passed it too.
+    const MARGIN: std::time::Duration = std::time::Duration::from_millis(5);
+    loop {
+        let changed = ledger.approvals().changed();
+        let next = if state.migrated.load(Ordering::Acquire) {
+            ledger.next_lapse().await.unwrap_or_else(|e| {
+                tracing::debug!(error = %e, "the next lapse could not be read; polling");
+                None
+            })
+        } else {
+            None
+        };
+        let sleep = next.map_or(interval, |left| (left + MARGIN).min(interval));
+        tokio::select! {
+            () = tokio::time::sleep(sleep) => {}
+            () = changed => continue,
+        }
+        if !state.migrated.load(Ordering::Acquire) {
+            continue;
+        }
+        match ledger.expire_lapsed_approvals(batch).await {
+            Ok(_) => metrics.approvals_expired(ledger.approvals().take_expired()),
+            Err(e) => {
+                metrics.call_failed(&e);
+                tracing::warn!(error = %e, "recording lapsed approvals failed; retrying next interval");
+            }
+        }
+    }
 }
 
 /// Writes the replay counts of repeats answered from memory every
@@ -72,7 +122,8 @@ async fn replay_count_loop(ledger: Ledger) {
     }
 }
 
-/// Deletes expired finished entries every `interval`, once migrations ran.
+/// Deletes expired finished entries every `interval`, once migrations ran (keeping paused
+/// runs' entries first: [`Ledger::prune`]).
 async fn prune_loop(
     ledger: Ledger,
     state: Arc<Readiness>,
@@ -84,14 +135,6 @@ async fn prune_loop(
         tokio::time::sleep(interval).await;
         if !state.migrated.load(Ordering::Acquire) {
             continue;
-        }
-        // First the approvals that lapsed (recorded, and counted), then the expired entries.
-        match ledger.expire_lapsed_approvals(batch).await {
-            Ok(_) => metrics.approvals_expired(ledger.approvals().take_expired()),
-            Err(e) => {
-                metrics.call_failed(&e);
-                tracing::warn!(error = %e, "recording lapsed approvals failed; retrying next interval");
-            }
         }
         match ledger.prune(batch).await {
             Ok(0) => {}

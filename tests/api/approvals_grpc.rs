@@ -258,6 +258,59 @@ async fn a_claim_that_waits_for_attempts_only_answers_a_gated_repeat_at_once() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lapse_is_recorded_when_it_happens_with_no_claim_and_counted_once() {
+    // The sweep of expired entries runs every minute (the default): a lapse recorded within
+    // seconds of its deadline was recorded by the loop that waits for it.
+    let (server, _dir) = server(&[
+        "--approval-timeout",
+        "2s",
+        "--metrics-listen",
+        "127.0.0.1:0",
+    ])
+    .await;
+    let mut client = server.client().await;
+    let asked = claim(&mut client, claim_req("run-l", "issue_refund", ARGS, true)).await;
+    let entry = asked.entry.expect("entry");
+    let lookup = pb::LookupRequest {
+        key: entry.key.clone(),
+        include_history: true,
+        ..Default::default()
+    };
+    let since = std::time::Instant::now();
+    let recorded = loop {
+        let found = client
+            .lookup(bearer(lookup.clone(), AGENT))
+            .await
+            .expect("lookup")
+            .into_inner();
+        if found.history.iter().any(|e| e.kind == "approval_expired") {
+            break found;
+        }
+        assert!(
+            since.elapsed() < Duration::from_secs(20),
+            "no lapse recorded 20 s after a 2 s deadline: {found:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    let lapsed = recorded.entry.expect("entry");
+    assert_eq!(lapsed.status(), pb::Status::Failed);
+    assert_eq!(
+        lapsed.approval.expect("approval").state(),
+        pb::ApprovalState::Expired
+    );
+    let scraped = crate::metrics::scrape(server.metrics_addr()).await;
+    assert!(
+        scraped.contains("ledger_approvals_expired_total 1\n"),
+        "counted once: {scraped}"
+    );
+    let log = server.log.lock().expect("log").clone();
+    assert!(
+        log.contains("an approval lapsed"),
+        "the lapse's log line: {log}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_policy_gates_what_it_says_and_sighup_swaps_it() {
     let dir = tempfile::tempdir().expect("dir");
     let policy = dir.path().join("policy");

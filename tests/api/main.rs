@@ -7,6 +7,7 @@
 #[macro_use]
 mod support;
 
+mod approval_time;
 mod approvals;
 mod approvals_grpc;
 mod audit;

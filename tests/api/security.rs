@@ -237,6 +237,23 @@ fn the_sql_check_sees_every_way_to_run_text_built_at_run_time() {
 const REVIEWED: &[(&str, &str, &str)] = &[
     (
         "stores/src/postgres.rs",
+        "sqlx::query_as_with(w.statement, args)",
+        "write_noted's statement (`Written::statement`, a `&'static str`), checked at each call \
+         of write_noted as the store's own `execute` is",
+    ),
+    (
+        "stores/src/postgres.rs",
+        "sqlx::query_with(also.statement, args)",
+        "an `Also`'s statement, a `&'static str` field that only `keep_run` in \
+         sql_store/methods.rs sets, to sql::EXTEND_RUN_OF_KEY",
+    ),
+    (
+        "stores/src/sqlite.rs",
+        "sqlx::query_with(also.statement, args)",
+        "as the line above",
+    ),
+    (
+        "stores/src/postgres.rs",
         "sqlx::raw_sql(sqlx::AssertSqlSafe(self.begin.clone()))",
         "the BEGIN built once in PgStore::connect from an integer (the statement timeout's \
          milliseconds), or the literal \"BEGIN\"",
@@ -311,9 +328,11 @@ fn constant_sql(arg: &str) -> bool {
     arg.starts_with('"')
         || arg.starts_with("r#\"")
         || arg.starts_with("r\"")
-        || ["sql::", "Self::", "self::", "D::"].iter().any(|p| {
-            arg.starts_with(p) && arg[p.len()..].starts_with(|c: char| c.is_ascii_uppercase())
-        })
+        || ["sql::", "Self::", "self::", "D::", "PgStore::"]
+            .iter()
+            .any(|p| {
+                arg.starts_with(p) && arg[p.len()..].starts_with(|c: char| c.is_ascii_uppercase())
+            })
 }
 
 /// Whether `before` ends with a call (`….bind(x)`, `query::<T>(…)`, `bind_entry!(…)`), rather

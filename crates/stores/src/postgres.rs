@@ -10,7 +10,7 @@ use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
 
 use const_format::concatcp;
 
-use super::sql::{self, Param};
+use super::sql::{self, Also, Param};
 use super::sql_store::{Dialect, On, Row, at_most_one, run_on};
 use super::{
     Finish, Finished, PoolOptions, ReplayCount, StoreError, StoreMarks, StoreResult,
@@ -157,6 +157,16 @@ impl PgStore {
         sql::REPLAY_WHERE
     );
 
+    /// Takes the tenant `$1`'s history lock until the transaction ends, before its history rows
+    /// take their ids: so those ids are taken in the order their transactions commit, and a
+    /// watcher reading the history by id (WatchApprovals' cursor) never passes an id that a
+    /// transaction still open could take (an identity's next value is taken before the commit,
+    /// so without it a later id can become visible first). Transaction-scoped: it holds behind
+    /// a transaction pooler, and only writers of one tenant's history wait for each other, for
+    /// the time of their commit.
+    pub const HISTORY_IN_COMMIT_ORDER: &str =
+        "SELECT pg_advisory_xact_lock(hashtext('ledger_history'), hashtext($1))";
+
     /// Whether the server reached a standby: it accepts no writes.
     const IN_RECOVERY: &str = "SELECT pg_is_in_recovery()";
 
@@ -189,8 +199,9 @@ impl PgStore {
         "UPDATE ledger_entries AS e SET status = v.status, result = v.result, \
          error = v.error, retryable = v.retryable, \
          finished_at = CASE WHEN v.status IN ('SUCCEEDED', 'FAILED') THEN v.now END, \
-         expires_at = CASE WHEN v.status IN ('SUCCEEDED', 'FAILED') \
-         THEN v.now + e.retention_us END, \
+         expires_at = CASE WHEN v.status IN ('SUCCEEDED', 'FAILED') THEN ",
+        sql::kept!("v.now + e.retention_us"),
+        " END, \
          lease_expires_at = CASE WHEN v.status = 'UNKNOWN' AND e.lease_expires_at > v.now \
          THEN v.now ELSE e.lease_expires_at END, reconcile_until = NULL \
          FROM UNNEST($1::text[], $2::text[], $3::text[], $4::text[], $5::bytea[], $6::text[], \
@@ -307,17 +318,25 @@ impl Dialect for PgStore {
         &self,
         statement: &'static str,
         params: &[Param<'_>],
+        also: &[Also<'_>],
         notes: &[[Param<'_>; 7]],
     ) -> StoreResult<Vec<R>> {
         let persistent = self.persistent();
+        let written = Written {
+            statement,
+            params,
+            also,
+            notes,
+            persistent,
+        };
+        let written = &written;
         run_on(self, &self.pool, move |mut conn| async move {
             let result: Result<_, sqlx::Error> = async {
                 if self.pooled {
-                    write_then_note(&mut conn, statement, params, notes, persistent).await
+                    write_then_note(&mut conn, written).await
                 } else {
                     let mut tx = sqlx::Connection::begin(&mut *conn).await?;
-                    let rows =
-                        write_then_note(&mut tx, statement, params, notes, persistent).await?;
+                    let rows = write_then_note(&mut tx, written).await?;
                     tx.commit().await?;
                     Ok(rows)
                 }
@@ -453,27 +472,51 @@ impl Dialect for PgStore {
     }
 }
 
-/// [`Dialect::write_noted`]'s two statements, on a connection already in a transaction.
+/// What [`Dialect::write_noted`] writes, borrowed by each try.
+struct Written<'a, 'p> {
+    statement: &'static str,
+    params: &'a [Param<'p>],
+    also: &'a [Also<'p>],
+    notes: &'a [[Param<'p>; 7]],
+    persistent: bool,
+}
+
+/// [`Dialect::write_noted`]'s statements, on a connection already in a transaction: the write,
+/// then (when it applied) what goes with it, then the history rows, their ids taken under
+/// [`PgStore::HISTORY_IN_COMMIT_ORDER`].
 async fn write_then_note<R: Row>(
     conn: &mut sqlx::PgConnection,
-    statement: &'static str,
-    params: &[Param<'_>],
-    notes: &[[Param<'_>; 7]],
-    persistent: bool,
+    w: &Written<'_, '_>,
 ) -> Result<Vec<R>, sqlx::Error> {
-    let args = sql::arguments::<sqlx::Postgres>(params.iter().copied())?;
-    let rows: Vec<R> = sqlx::query_as_with(statement, args)
-        .persistent(persistent)
+    let args = sql::arguments::<sqlx::Postgres>(w.params.iter().copied())?;
+    let rows: Vec<R> = sqlx::query_as_with(w.statement, args)
+        .persistent(w.persistent)
         .fetch_all(&mut *conn)
         .await?;
-    if !rows.is_empty() {
-        for note in notes {
-            let args = sql::arguments::<sqlx::Postgres>(note.iter().copied())?;
-            sqlx::query_with(sql::APPEND_HISTORY, args)
-                .persistent(persistent)
-                .execute(&mut *conn)
-                .await?;
-        }
+    if rows.is_empty() {
+        return Ok(rows);
+    }
+    for also in w.also {
+        let args = sql::arguments::<sqlx::Postgres>(also.params.iter().copied())?;
+        sqlx::query_with(also.statement, args)
+            .persistent(w.persistent)
+            .execute(&mut *conn)
+            .await?;
+    }
+    if let Some(first) = w.notes.first() {
+        // The tenant is every note's first parameter.
+        let args = sql::arguments::<sqlx::Postgres>([first[0]])?;
+        sqlx::query_with(PgStore::HISTORY_IN_COMMIT_ORDER, args)
+            .persistent(w.persistent)
+            .execute(&mut *conn)
+            .await?;
+    }
+    for note in w.notes {
+        let args = sql::arguments::<sqlx::Postgres>(note.iter().copied())?;
+        sqlx::query_with(sql::APPEND_HISTORY, args)
+            .persistent(w.persistent)
+            .execute(&mut *conn)
+            .await?;
     }
     Ok(rows)
 }

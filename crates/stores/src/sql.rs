@@ -7,7 +7,11 @@ use const_format::{concatcp, str_replace};
 
 use crate::domain::{Entry, Tenant};
 
+mod approvals;
 mod text;
+
+pub use approvals::*;
+pub(crate) use approvals::{PAUSE_END_PLUS_RETENTION, kept};
 
 pub(crate) use text::Text;
 
@@ -102,25 +106,25 @@ pub const INSERT_COLUMNS: &str = INSERT_COLUMNS_TEXT.as_str();
 
 static INSERT_VALUES_TEXT: Text = Text::new().placeholders(1, CLAIM_WIDTH);
 /// [`INSERT`]'s placeholders: `$1, $2, …` one per column of [`CLAIM`].
-const INSERT_VALUES: &str = INSERT_VALUES_TEXT.as_str();
+pub(crate) const INSERT_VALUES: &str = INSERT_VALUES_TEXT.as_str();
 
 static IN_PLACE_NAMES_TEXT: Text = Text::new().names(IN_PLACE, "");
 /// The columns of [`IN_PLACE`].
-const IN_PLACE_NAMES: &str = IN_PLACE_NAMES_TEXT.as_str();
+pub(crate) const IN_PLACE_NAMES: &str = IN_PLACE_NAMES_TEXT.as_str();
 
 static IN_PLACE_VALUES_TEXT: Text = Text::new().placeholders(3, IN_PLACE.len());
 /// The placeholders of [`IN_PLACE`] (`$3`..), each bound as [`INSERT`] binds it.
-const IN_PLACE_VALUES: &str = IN_PLACE_VALUES_TEXT.as_str();
+pub(crate) const IN_PLACE_VALUES: &str = IN_PLACE_VALUES_TEXT.as_str();
 
 static NEXT1_TEXT: Text = Text::new().placeholder(CLAIM_WIDTH + 1);
 /// The first placeholder after a claim's, for the statements that bind more than a claim.
-const NEXT1: &str = NEXT1_TEXT.as_str();
+pub(crate) const NEXT1: &str = NEXT1_TEXT.as_str();
 static NEXT2_TEXT: Text = Text::new().placeholder(CLAIM_WIDTH + 2);
 /// The second.
-const NEXT2: &str = NEXT2_TEXT.as_str();
+pub(crate) const NEXT2: &str = NEXT2_TEXT.as_str();
 static NEXT3_TEXT: Text = Text::new().placeholder(CLAIM_WIDTH + 3);
 /// The third.
-const NEXT3: &str = NEXT3_TEXT.as_str();
+pub(crate) const NEXT3: &str = NEXT3_TEXT.as_str();
 
 /// The columns of `EntryRow`, for `RETURNING` clauses: the claim's columns and those that
 /// only reconciliation writes (a claim leaves them at their defaults).
@@ -173,15 +177,18 @@ pub const RESTART: &str = concatcp!(
 
 /// Records a claimant's outcome `$4` at `$8`, fenced by the claim token and the entry being
 /// ATTEMPTING (or also UNKNOWN when `$9`). A resolved outcome sets `finished_at` and
-/// `expires_at` from the entry's own retention, so the statement needs no prior read. An
+/// `expires_at` from the entry's own retention (kept longer while its run is paused: `kept!`),
+/// so the statement needs no prior read. An
 /// UNKNOWN report ends the lease at `$8` if it had not ended yet: from then on the outcome is
 /// unknown, and the reconcile grace counts from there (see `TAKABLE`). Returns the entry as
 /// written and whether a claim waits for it. Applies as
 /// [`cas::finishes`](crate::domain::entry::cas::finishes) says.
 pub const FINISH: &str = concatcp!(
-    "UPDATE ledger_entries SET status = $4, result = $5, error = $6, retryable = $7, \
+    "UPDATE ledger_entries AS e SET status = $4, result = $5, error = $6, retryable = $7, \
      finished_at = CASE WHEN $4 IN ('SUCCEEDED', 'FAILED') THEN $8 END, \
-     expires_at = CASE WHEN $4 IN ('SUCCEEDED', 'FAILED') THEN $8 + retention_us END, \
+     expires_at = CASE WHEN $4 IN ('SUCCEEDED', 'FAILED') THEN ",
+    kept!("$8 + e.retention_us"),
+    " END, \
      lease_expires_at = CASE WHEN $4 = 'UNKNOWN' AND lease_expires_at > $8 THEN $8 \
      ELSE lease_expires_at END, \
      reconcile_until = NULL \
@@ -231,14 +238,19 @@ pub const RENEW: &str = concatcp!(
 /// still being at that attempt, and that hold still being its newest
 /// ([`cas::resolves`](crate::domain::entry::cas::resolves)): a late finding about an earlier
 /// attempt, or from a holder whose entry was handed out again since, changes nothing. `$10`
-/// is who resolved it (the Reconcile's principal). Returns whether a claim waits for it.
-pub const RESOLVE: &str = "UPDATE ledger_entries SET status = $3, result = $4, \
-    error = $5, retryable = $6, finished_at = $7, expires_at = $8, reconcile_until = NULL, \
+/// is who resolved it (the Reconcile's principal); `$8` its expiry, kept longer while its run is
+/// paused (`kept!`). Returns whether a claim waits for it.
+pub const RESOLVE: &str = concatcp!(
+    "UPDATE ledger_entries AS e SET status = $3, result = $4, \
+    error = $5, retryable = $6, finished_at = $7, expires_at = ",
+    kept!("$8"),
+    ", reconcile_until = NULL, \
     resolved_by = $10 \
     WHERE tenant = $1 AND key = $2 \
     AND (status = 'UNKNOWN' OR (status = 'ATTEMPTING' AND lease_expires_at <= $9)) \
     AND attempt = $11 AND hold_token = $12 \
-    RETURNING has_waiters";
+    RETURNING has_waiters"
+);
 
 /// Appends an event to an entry's history ([`HistoryEvent`](crate::domain::HistoryEvent)):
 /// tenant `$1`, key `$2`, at `$3`, attempt `$4`, kind `$5`, principal `$6`, detail `$7`.
@@ -278,139 +290,6 @@ pub const MARK_WAITING: &str = "UPDATE ledger_entries SET has_waiters = TRUE \
     WHERE tenant = $1 AND key = $2 AND status IN ('ATTEMPTING', 'AWAITING_APPROVAL') \
     AND NOT has_waiters";
 
-/// Creates a call that awaits a person's decision: the columns of [`INSERT`] (status
-/// AWAITING_APPROVAL) and its request, asked at the first parameter after the claim's, to be
-/// decided by the second. The primary key
-/// decides among concurrent claimants, as for a claim. Returns the key when it inserted.
-pub const INSERT_REQUEST: &str = concatcp!(
-    "INSERT INTO ledger_entries (",
-    INSERT_COLUMNS,
-    ", approval_state, approval_requested_at, approval_decide_by) VALUES (",
-    INSERT_VALUES,
-    ", 'REQUESTED', ",
-    NEXT1,
-    ", ",
-    NEXT2,
-    ") ON CONFLICT (tenant, key) DO NOTHING RETURNING key"
-);
-
-/// Asks a person again about an entry whose request (or approval) lapsed, or that an expired
-/// request left FAILED retryable, or that expired and starts over gated: the columns of
-/// [`INSERT`] but the key (from `$3`, the entry as it now awaits), a fresh request asked at
-/// the second parameter after the claim's, to be decided by the third, only if the entry
-/// still carries the token of the first it was read
-/// with. Returns the key when it applied.
-pub const REQUEST_AGAIN: &str = concatcp!(
-    "UPDATE ledger_entries SET (",
-    IN_PLACE_NAMES,
-    ", has_waiters, resolved_by, hold_token, ",
-    APPROVAL_COLUMNS,
-    ") = (",
-    IN_PLACE_VALUES,
-    ", FALSE, '', '', 'REQUESTED', ",
-    NEXT2,
-    ", ",
-    NEXT3,
-    ", NULL, '', '', NULL) WHERE tenant = $1 AND key = $2 AND claim_token = ",
-    NEXT1,
-    " AND status IN ('AWAITING_APPROVAL', 'FAILED', 'SUCCEEDED', 'DENIED') RETURNING key"
-);
-
-/// Takes an approval to act, once: the entry awaiting a decision becomes the attempt of the
-/// claim holding token `$3`, started at `$4` with its lease until `$5`, by principal `$6`,
-/// only while it is APPROVED and the approval's `execute_by` is after `$4`. Returns the entry
-/// as written.
-pub const USE_APPROVAL: &str = concatcp!(
-    "UPDATE ledger_entries SET status = 'ATTEMPTING', claim_token = $3, started_at = $4, \
-     lease_expires_at = $5, principal = $6, approval_state = 'USED' \
-     WHERE tenant = $1 AND key = $2 AND status = 'AWAITING_APPROVAL' \
-     AND approval_state = 'APPROVED' AND approval_execute_by > $4 RETURNING ",
-    ENTRY_COLUMNS
-);
-
-/// Which entry a decision applies to: tenant `$1`, key `$2`, fingerprint `$3` (the arguments
-/// the person was shown), awaiting a decision on a request still open at `$4`.
-const DECIDABLE: &str = " WHERE tenant = $1 AND key = $2 AND fingerprint = $3 \
-    AND status = 'AWAITING_APPROVAL' AND approval_state = 'REQUESTED' \
-    AND approval_decide_by > $4 RETURNING ";
-
-/// Records an approval at `$4` by `$5` with reason `$6`, to be used by `$7`. Returns the entry
-/// as written and whether a claim waits for it.
-pub const APPROVE: &str = concatcp!(
-    "UPDATE ledger_entries SET approval_state = 'APPROVED', approval_decided_at = $4, \
-     approval_decided_by = $5, approval_reason = $6, approval_execute_by = $7",
-    DECIDABLE,
-    ENTRY_COLUMNS,
-    ", has_waiters"
-);
-
-/// Records a denial at `$4` by `$5` with reason `$6`: the entry is DENIED, finished, with the
-/// reason as its error, kept for its retention. Returns the entry as written and whether a
-/// claim waits for it.
-pub const DENY: &str = concatcp!(
-    "UPDATE ledger_entries SET status = 'DENIED', approval_state = 'DENIED', \
-     approval_decided_at = $4, approval_decided_by = $5, approval_reason = $6, error = $6, \
-     finished_at = $4, expires_at = $4 + retention_us, reconcile_until = NULL",
-    DECIDABLE,
-    ENTRY_COLUMNS,
-    ", has_waiters"
-);
-
-/// Up to `$2` entries of any tenant whose request went undecided, or whose approval went
-/// unused, past its deadline at `$1` (the sweeper's pick; the partial index of awaiting
-/// entries).
-pub const LAPSED_APPROVALS: &str = "SELECT tenant, key FROM ledger_entries \
-    WHERE status = 'AWAITING_APPROVAL' AND ((approval_state = 'REQUESTED' \
-    AND approval_decide_by <= $1) OR (approval_state = 'APPROVED' AND approval_execute_by <= $1)) \
-    LIMIT $2";
-
-/// Records that the request (or approval) of tenant `$1`'s key `$2` lapsed at `$4`: nothing was
-/// done, so the entry is FAILED, retryable, with error `$3` and its approval EXPIRED (the next
-/// claim asks again), kept for its retention. Returns the entry as written and whether a claim
-/// waits for it.
-pub const EXPIRE_APPROVAL: &str = concatcp!(
-    "UPDATE ledger_entries SET status = 'FAILED', retryable = TRUE, error = $3, \
-     finished_at = $4, expires_at = $4 + retention_us, approval_state = 'EXPIRED' \
-     WHERE tenant = $1 AND key = $2 AND status = 'AWAITING_APPROVAL' \
-     AND ((approval_state = 'REQUESTED' AND approval_decide_by <= $4) \
-     OR (approval_state = 'APPROVED' AND approval_execute_by <= $4)) RETURNING ",
-    ENTRY_COLUMNS,
-    ", has_waiters"
-);
-
-/// Keeps every finished entry of tenant `$1`'s run `$2` until at least `$3` plus its own
-/// retention (a decision, a request: the run's retries after it resumes still replay).
-/// Returns how many it extended.
-pub const EXTEND_RUN_BY_RETENTION: &str = "UPDATE ledger_entries \
-    SET expires_at = $3 + retention_us \
-    WHERE run_id = $2 AND tenant = $1 AND $2 <> '' AND expires_at IS NOT NULL \
-    AND expires_at < $3 + retention_us";
-
-/// Keeps every finished entry of tenant `$1`'s run `$2` until at least `$3` (ExtendRun).
-pub const EXTEND_RUN_UNTIL: &str = "UPDATE ledger_entries SET expires_at = $3 \
-    WHERE run_id = $2 AND tenant = $1 AND $2 <> '' AND expires_at IS NOT NULL \
-    AND expires_at < $3";
-
-/// The earliest expiry of tenant `$1`'s run `$2`'s finished entries (NULL without any).
-pub const RUN_KEPT_UNTIL: &str = "SELECT MIN(expires_at) FROM ledger_entries \
-    WHERE run_id = $2 AND tenant = $1 AND expires_at IS NOT NULL";
-
-/// An entry (aliased `e`) whose run does not await a person's decision: a paused run keeps
-/// its keys, whatever their expiry, so that its retries after the decision still replay. (The
-/// run index finds the run's other entries.)
-pub const NOT_PAUSED: &str = "NOT EXISTS (SELECT 1 FROM ledger_entries AS p \
-    WHERE p.run_id = e.run_id AND p.tenant = e.tenant AND e.run_id <> '' \
-    AND p.status = 'AWAITING_APPROVAL')";
-
-/// Tenant `$1`'s approval events after id `$2`, oldest first, at most `$3` (WatchApprovals).
-pub const APPROVAL_EVENTS: &str = "SELECT id, at, kind, principal, key FROM ledger_history \
-    WHERE tenant = $1 AND id > $2 AND kind IN ('approval_requested', 'approval_approved', \
-    'approval_denied', 'approval_expired', 'approval_used') ORDER BY id LIMIT $3";
-
-/// The newest history id of tenant `$1` (0 without any): where a watch from now starts.
-pub const LAST_HISTORY_ID: &str =
-    "SELECT COALESCE(MAX(id), 0) FROM ledger_history WHERE tenant = $1";
-
 /// Upserts the write probe's row (see migration 0005).
 pub const PROBE_WRITE: &str = "INSERT INTO ledger_write_probe (id, filler) VALUES (1, $1) \
     ON CONFLICT (id) DO UPDATE SET filler = excluded.filler";
@@ -420,7 +299,8 @@ pub const PROBE_DELETE: &str = "DELETE FROM ledger_write_probe WHERE id = 1";
 
 /// Counts every tenant's unresolved entries at `$1`, split by what callers are told: UNKNOWN
 /// (reported, or an attempt past its lease), ATTEMPTING (in its lease) and AWAITING_APPROVAL
-/// (a person has been asked). `expires_at IS NULL`
+/// (a person has been asked, and the request or approval has not lapsed: a lapsed one reads as
+/// a retryable failure, recorded or not). `expires_at IS NULL`
 /// is exactly "unresolved" (the CHECK constraint resolved_entries_expire) and matches the
 /// partial index `ledger_entries_unresolved_by_start`, so the count reads only the backlog.
 /// SUM over CASE rather than FILTER: the same text runs on both backends. Also the entries
@@ -430,7 +310,8 @@ pub const COUNT_UNRESOLVED: &str = "SELECT \
         THEN 1 ELSE 0 END), 0) AS unknown, \
     COALESCE(SUM(CASE WHEN status = 'ATTEMPTING' AND lease_expires_at > $1 THEN 1 ELSE 0 END), 0) \
         AS attempting, \
-    COALESCE(SUM(CASE WHEN status = 'AWAITING_APPROVAL' THEN 1 ELSE 0 END), 0) \
+    COALESCE(SUM(CASE WHEN status = 'AWAITING_APPROVAL' \
+        AND COALESCE(approval_execute_by, approval_decide_by) > $1 THEN 1 ELSE 0 END), 0) \
         AS awaiting_approval, \
     (SELECT COUNT(*) FROM ledger_entries WHERE possible_double_effect) \
         AS possible_double_effect \
@@ -467,14 +348,19 @@ pub const TAKE_KEY: &str = concatcp!(
 );
 
 /// The filters and cursor of a listing (see [`LIST`]): tool `$3` (any when empty), status `$4`
-/// as Lookup reports it at `$10` (any when empty; an attempt past its lease is UNKNOWN),
+/// as Lookup reports it at `$10` (any when empty; an attempt past its lease is UNKNOWN, a call
+/// whose request or approval lapsed is FAILED),
 /// started in [`$5`, `$6`), marked as a possible double effect when `$11`, and after the
 /// cursor (`$7` started_at, `$8` key) in the listing's order, by started_at and then key.
 const LIST_FILTER: &str = "($3 = '' OR tool = $3) \
      AND (NOT $11 OR possible_double_effect) \
      AND ($4 = '' \
-          OR (status = $4 AND (status <> 'ATTEMPTING' OR lease_expires_at > $10)) \
-          OR ($4 = 'UNKNOWN' AND status = 'ATTEMPTING' AND lease_expires_at <= $10)) \
+          OR (status = $4 AND (status <> 'ATTEMPTING' OR lease_expires_at > $10) \
+              AND (status <> 'AWAITING_APPROVAL' \
+                   OR COALESCE(approval_execute_by, approval_decide_by) > $10)) \
+          OR ($4 = 'UNKNOWN' AND status = 'ATTEMPTING' AND lease_expires_at <= $10) \
+          OR ($4 = 'FAILED' AND status = 'AWAITING_APPROVAL' \
+              AND COALESCE(approval_execute_by, approval_decide_by) <= $10)) \
      AND started_at >= $5 AND started_at < $6 \
      AND (started_at > $7 OR (started_at = $7 AND key > $8)) \
      ORDER BY started_at, key LIMIT $9";
@@ -497,6 +383,15 @@ pub const LIST: &str = concatcp!(
     ", arguments FROM ledger_entries WHERE tenant = $1 AND $2 = '' AND ",
     LIST_FILTER
 );
+
+/// A statement a write runs after it, in its transaction, when the write applied (see
+/// `Dialect::write_noted`): its text and parameters.
+pub(crate) struct Also<'a> {
+    /// The statement.
+    pub statement: &'static str,
+    /// Its parameters, `$1`…
+    pub params: Vec<Param<'a>>,
+}
 
 /// A database that takes every type an entry's columns bind as (both backends), borrowed
 /// for `'a`.

@@ -8,7 +8,7 @@ mod methods;
 use crate::Classify as _;
 use sqlx::pool::PoolConnection;
 
-use super::sql::Param;
+use super::sql::{Also, Param};
 use super::{Finish, Finished, ReplayCount, StoreError, StoreMarks, StoreResult, kept_connections};
 use crate::domain::{Entry, Key, Micros, Tenant};
 
@@ -110,14 +110,18 @@ pub(crate) trait Dialect: Send + Sync + 'static {
         on: On,
     ) -> impl Future<Output = StoreResult<Vec<R>>> + Send;
 
-    /// Runs `statement` with `params` and, when it returned a row, appends the history events
-    /// `notes` (each [`sql::APPEND_HISTORY`]'s parameters) in the same transaction: a write
-    /// and the record of why it was made commit together or not at all. Every row the
-    /// statement returned.
+    /// Runs `statement` with `params` and, when it returned a row, the statements `also`, then
+    /// appends the history events `notes` (each [`sql::APPEND_HISTORY`]'s parameters), all in
+    /// the same transaction: a write, what goes with it and the record of why it was made commit
+    /// together or not at all. The history's ids are taken in commit order (PostgreSQL: under a
+    /// lock per tenant held until the commit), so that a reader by id ([`sql::APPROVAL_EVENTS`])
+    /// never passes an id that a transaction still open can take. Every row the statement
+    /// returned.
     fn write_noted<R: Row>(
         &self,
         statement: &'static str,
         params: &[Param<'_>],
+        also: &[Also<'_>],
         notes: &[[Param<'_>; 7]],
     ) -> impl Future<Output = StoreResult<Vec<R>>> + Send;
 

@@ -16,7 +16,7 @@ use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, S
 
 use const_format::concatcp;
 
-use super::sql::{self, Param};
+use super::sql::{self, Also, Param};
 use super::sql_store::{Dialect, On, Row, at_most_one, run_on};
 use super::{
     Finish, Finished, FinishedRow, PoolOptions, ReplayCount, StoreError, StoreMarks, StoreResult,
@@ -152,12 +152,14 @@ impl Dialect for SqliteStore {
         .await
     }
 
-    /// The statement and the history row in one transaction, which takes the write lock up
-    /// front (`IMMEDIATE`), as the batches' do.
+    /// The statement, what goes with it and the history rows in one transaction, which takes
+    /// the write lock up front (`IMMEDIATE`), as the batches' do: one writer at a time, so the
+    /// history's ids are taken in commit order.
     async fn write_noted<R: Row>(
         &self,
         statement: &'static str,
         params: &[Param<'_>],
+        also: &[Also<'_>],
         notes: &[[Param<'_>; 7]],
     ) -> StoreResult<Vec<R>> {
         run_on(self, &self.pool, move |mut conn| async move {
@@ -168,6 +170,12 @@ impl Dialect for SqliteStore {
                     .fetch_all(&mut *tx)
                     .await?;
                 if !rows.is_empty() {
+                    for also in also {
+                        let args = sql::arguments::<sqlx::Sqlite>(also.params.iter().copied())?;
+                        sqlx::query_with(also.statement, args)
+                            .execute(&mut *tx)
+                            .await?;
+                    }
                     for note in notes {
                         let args = sql::arguments::<sqlx::Sqlite>(note.iter().copied())?;
                         sqlx::query_with(sql::APPEND_HISTORY, args)

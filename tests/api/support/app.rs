@@ -114,6 +114,33 @@ impl TestDb {
         }
     }
 
+    /// Runs `statement` on the database itself, as an operator (or a race the test cannot
+    /// time) would leave it.
+    pub async fn execute(&self, statement: &'static str) {
+        match self.backend {
+            Backend::Postgres | Backend::PgBouncer => {
+                let pool = sqlx::PgPool::connect(&self.direct_url)
+                    .await
+                    .expect("connect");
+                sqlx::raw_sql(statement)
+                    .execute(&pool)
+                    .await
+                    .expect(statement);
+                pool.close().await;
+            }
+            Backend::Sqlite => {
+                let pool = sqlx::SqlitePool::connect(&self.direct_url)
+                    .await
+                    .expect("connect");
+                sqlx::raw_sql(statement)
+                    .execute(&pool)
+                    .await
+                    .expect(statement);
+                pool.close().await;
+            }
+        }
+    }
+
     /// A new, migrated store over this database, with its own connection pool.
     pub async fn store(&self, max_connections: u32) -> Arc<dyn Store> {
         let store = storage::open(&self.url, &self.pool_options(max_connections))

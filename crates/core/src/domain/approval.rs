@@ -91,10 +91,44 @@ impl Approval {
     /// or approved and unused past `execute_by`.
     #[must_use]
     pub fn lapsed(&self, now: Micros) -> bool {
+        self.runs_until().is_some_and(|by| now >= by)
+    }
+
+    /// Until when an open request may be decided (`decide_by`), or an approval given may be
+    /// used (`execute_by`); `None` once it was used, denied or lapsed. What the stores write
+    /// as `COALESCE(approval_execute_by, approval_decide_by)` of an entry awaiting a decision.
+    #[must_use]
+    pub fn runs_until(&self) -> Option<Micros> {
         match self.state {
-            ApprovalState::Requested => self.decide_by.is_some_and(|by| now >= by),
-            ApprovalState::Approved => self.execute_by.is_some_and(|by| now >= by),
-            _ => false,
+            ApprovalState::Requested => self.decide_by,
+            ApprovalState::Approved => self.execute_by,
+            _ => None,
+        }
+    }
+
+    /// Whether an approval used by an attempt still covers a retry at `now`: it covers the
+    /// attempts made before its `execute_by`; a retry after it must be approved again, so that
+    /// nothing acts on a stale yes.
+    #[must_use]
+    pub fn covers_retry_at(&self, now: Micros) -> bool {
+        self.state != ApprovalState::Used || self.execute_by.is_some_and(|by| now < by)
+    }
+
+    /// Why the request or approval lapsed, in words (the lapse's error and history detail).
+    #[must_use]
+    pub fn lapsed_words(&self) -> String {
+        let at = |m: Option<Micros>| m.map(super::time::rfc3339).unwrap_or_default();
+        if self.state == ApprovalState::Approved {
+            format!(
+                "approved by {} but not used by {}: nothing was done; the next claim asks again",
+                self.decided_by,
+                at(self.execute_by)
+            )
+        } else {
+            format!(
+                "not decided by {}: nothing was done; the next claim asks again",
+                at(self.decide_by)
+            )
         }
     }
 }

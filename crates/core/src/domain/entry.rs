@@ -132,6 +132,38 @@ impl Entry {
     pub fn is_expired(&self, now: Micros) -> bool {
         self.status.is_resolved() && self.expires_at.is_some_and(|at| now >= at)
     }
+
+    /// When the call stopped awaiting a decision, if it awaits one whose request or approval
+    /// lapsed by `now`: its `decide_by` or `execute_by`.
+    pub fn lapsed_at(&self, now: Micros) -> Option<Micros> {
+        let until = self.approval.runs_until()?;
+        (self.status == Status::AwaitingApproval && now >= until).then_some(until)
+    }
+
+    /// The entry as its lapse at `at` records it (the stores' `EXPIRE_APPROVAL` writes the
+    /// same): nothing was done, so FAILED and retryable, the approval EXPIRED, finished at the
+    /// deadline and kept for its retention from then.
+    #[must_use]
+    pub fn lapsed(mut self, at: Micros) -> Entry {
+        self.error = format!("the approval lapsed: {}", self.approval.lapsed_words());
+        self.status = Status::Failed;
+        self.retryable = true;
+        self.approval.state = ApprovalState::Expired;
+        self.finished_at = Some(at);
+        self.expires_at = Some(at.plus(self.retention));
+        self
+    }
+
+    /// The entry as it reads at `now`: a call whose request or approval lapsed reads lapsed
+    /// from that moment, as [`Entry::lapsed`] will record it, before the sweep or a claim
+    /// writes it (as an attempt past its lease reads UNKNOWN without a write).
+    #[must_use]
+    pub fn as_of(self, now: Micros) -> Entry {
+        match self.lapsed_at(now) {
+            Some(at) => self.lapsed(at),
+            None => self,
+        }
+    }
 }
 
 /// The outcome a claimant (or a reconciler) reports.
@@ -385,6 +417,11 @@ pub fn decide_claim(existing: &Entry, fingerprint: &str, now: Micros) -> ClaimDe
         Status::Failed
             if existing.retryable && existing.approval.state == ApprovalState::Expired =>
         {
+            ClaimDecision::RequestAgain
+        }
+        // An approved attempt that failed retryably: its approval covers a retry before its
+        // `execute_by`; after it, a person is asked again.
+        Status::Failed if existing.retryable && !existing.approval.covers_retry_at(now) => {
             ClaimDecision::RequestAgain
         }
         Status::Failed if existing.retryable => ClaimDecision::Retry,

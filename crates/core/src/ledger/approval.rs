@@ -9,7 +9,9 @@ use std::time::Duration;
 
 use arc_swap::ArcSwap;
 
-use super::claim::lapsed_words;
+use tracing::Instrument as _;
+
+use super::claim::lapsed_note;
 use super::{EntryView, Ledger, bounded};
 use crate::domain::approval::{DecideOutcome, decide_decision};
 use crate::domain::key::{Key, Principal, RunId};
@@ -125,8 +127,9 @@ impl Ledger {
     /// Records a person's decision about a call awaiting one. `approver` is the principal of
     /// the credential that decides (the approver role is checked before: see the gRPC and
     /// console layers); the decision binds to `input.fingerprint`, the arguments the person was
-    /// shown. Approving keeps the call's run (its finished entries get their retention again
-    /// from now) and lets the next claim act, once; denying finishes the entry as DENIED.
+    /// shown. Either decision keeps the call's run (its finished entries get their retention
+    /// again from now, in the decision's own transaction); approving lets the next claim act,
+    /// once; denying finishes the entry as DENIED.
     ///
     /// # Errors
     /// `InvalidArgument` for a malformed fingerprint or a reason over 1 KiB; `NotFound`;
@@ -217,11 +220,6 @@ impl Ledger {
             outcome = input.decision.as_str(),
             "a person decided about a call"
         );
-        if let Some(run_id) = &done.entry.run_id
-            && let Err(e) = self.store.extend_run(tenant, run_id, now, true).await
-        {
-            tracing::warn!(error = %e, "could not keep the decided run's entries");
-        }
         self.changed(tenant, key, done.has_waiters).await;
         self.approvals.notify();
         Ok(Decided {
@@ -251,7 +249,7 @@ impl Ledger {
             self.limits.max_retention,
         )?;
         let until = self.clock.now().plus(Micros::from_duration(retention));
-        let extended = self.store.extend_run(tenant, run_id, until, false).await?;
+        let extended = self.store.extend_run(tenant, run_id, until).await?;
         let kept_until = self.store.run_kept_until(tenant, run_id).await?;
         tracing::info!(
             run_id = run_id.as_str(),
@@ -263,8 +261,10 @@ impl Ledger {
 
     /// Records, up to `batch` at a time, the requests that went undecided past `decide_by`
     /// and the approvals unused past `execute_by` (the claims that meet them record it too):
-    /// each entry becomes FAILED retryable, approval EXPIRED, so that its next claim asks
-    /// again. Returns how many it recorded.
+    /// each entry becomes FAILED retryable, approval EXPIRED, finished at its deadline, so that
+    /// its next claim asks again. Each lapse recorded is logged, counted once (the write is
+    /// fenced on the entry still awaiting), and exported as a span with an event when traces
+    /// are on. Returns how many it recorded.
     ///
     /// # Errors
     /// `Unavailable`/`Internal` from the store.
@@ -275,25 +275,34 @@ impl Ledger {
             let Some(existing) = self.store.get(&tenant, &key).await? else {
                 continue;
             };
-            let why = lapsed_words(&existing.approval);
-            let note = HistoryEvent {
-                at: now,
-                attempt: existing.attempt,
-                kind: EventKind::ApprovalExpired,
-                principal: Principal::none(),
-                detail: why.clone(),
+            let Some(at) = existing.lapsed_at(now) else {
+                continue; // decided or used since the pick
             };
-            let error = format!("the approval lapsed: {why}");
-            if let Some(done) = self
+            let note = lapsed_note(&existing, now);
+            let error = existing.clone().lapsed(at).error;
+            let span = tracing::info_span!(
+                target: crate::TRACE_TARGET,
+                "ledger.approval_lapsed",
+                ledger.tool = existing.tool.as_str(),
+                ledger.attempt = existing.attempt,
+                ledger.key_prefix = key.log_prefix(),
+            );
+            let recorded = self
                 .store
-                .expire_approval(&tenant, &key, &error, now, &note)
-                .await?
-            {
+                .expire_approval(&tenant, &key, &error, at, now, &note)
+                .instrument(span.clone())
+                .await?;
+            if let Some(done) = recorded {
                 expired += 1;
+                span.in_scope(|| {
+                    tracing::info!(target: crate::TRACE_TARGET, detail = %note.detail, "approval lapsed");
+                });
                 tracing::info!(
                     key = key.log_prefix(),
                     tool = done.entry.tool.as_str(),
-                    "an approval lapsed: {why}"
+                    lapsed_at = %crate::domain::time::rfc3339(at),
+                    "an approval lapsed: {}",
+                    note.detail
                 );
                 self.changed(&tenant, &key, done.has_waiters).await;
             }
@@ -302,6 +311,22 @@ impl Ledger {
             self.approvals.expired(expired);
         }
         Ok(expired)
+    }
+
+    /// When the next request or approval lapses, if any call awaits a decision: what the
+    /// sweep that records lapses as they happen waits for.
+    ///
+    /// # Errors
+    /// `Unavailable`/`Internal` from the store.
+    pub async fn next_lapse(&self) -> Result<Option<Duration>, LedgerError> {
+        let now = self.clock.now();
+        Ok(self.store.next_lapse().await?.map(|at| {
+            if at > now {
+                at.minus(now).to_duration()
+            } else {
+                Duration::ZERO
+            }
+        }))
     }
 
     /// The tenant's approval events after `cursor` (from now when `None`: see

@@ -19,7 +19,7 @@ use crate::error::LedgerError;
 
 mod gated;
 
-pub(super) use gated::lapsed_words;
+pub(super) use gated::lapsed_note;
 
 /// A Claim, its fields parsed where it arrived (durations converted; `None` means unset).
 /// The arguments stay text: the claim canonicalizes them under the ledger's JSON limits.
@@ -296,7 +296,7 @@ impl Ledger {
                 let asked = self.awaiting(request, &fresh, now);
                 let note = self.requested_note(&asked, why);
                 if self.store.insert_request(tenant, &asked, &note).await? {
-                    return Ok(self.requested(tenant, asked, now).await);
+                    return Ok(self.requested(asked, now));
                 }
             } else if self.store.insert(tenant, &fresh).await? {
                 return Ok(self.claimed(fresh, now));

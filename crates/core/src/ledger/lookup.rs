@@ -59,7 +59,8 @@ impl Ledger {
         };
         let now = self.clock.now();
         let _counting = self.counts_in_flight.read().await;
-        match self.store.get(tenant, &key).await? {
+        // Judged as it reads now: a lapse not yet recorded has already finished the entry.
+        match self.store.get(tenant, &key).await?.map(|e| e.as_of(now)) {
             Some(entry) if !entry.is_expired(now) => {
                 Ok(self.audit_view(self.with_unwritten_replays(tenant, entry), now))
             }

@@ -291,8 +291,10 @@ impl Ledger {
         entry
     }
 
-    /// An entry as Lookup and ListEntries show it: with the arguments kept for audit.
+    /// An entry as Lookup and ListEntries show it: with the arguments kept for audit, and as
+    /// it reads at `now` (a lapsed request reads lapsed before the lapse is recorded).
     fn audit_view(&self, entry: Entry, now: Micros) -> EntryView {
+        let entry = entry.as_of(now);
         EntryView {
             status: entry.effective_status(now),
             external_ref: self.external_ref(&entry.key),

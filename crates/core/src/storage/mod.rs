@@ -109,7 +109,8 @@ pub trait Store: Send + Sync + 'static {
         note: &HistoryEvent,
     ) -> StoreResult<Option<bool>>;
 
-    /// Appends `event` to the history of (tenant, key), committed before it returns.
+    /// Appends `event` to the history of (tenant, key), if it has an entry, committed before it
+    /// returns.
     ///
     /// # Errors
     /// `Unavailable` or `Internal` as the database fails.
@@ -152,7 +153,9 @@ pub trait Store: Send + Sync + 'static {
     ) -> StoreResult<Option<Entry>>;
 
     /// Creates `entry` (AWAITING_APPROVAL, its approval requested) unless (tenant, key) exists,
-    /// with `note` in its history, in one transaction. `true` when this call created it.
+    /// with `note` in its history and every finished entry of its run kept until at least its
+    /// `decide_by` plus their retention (a paused run keeps its keys), in one transaction.
+    /// `true` when this call created it.
     ///
     /// # Errors
     /// `Unavailable` or `Internal` as the database fails.
@@ -164,8 +167,9 @@ pub trait Store: Send + Sync + 'static {
     ) -> StoreResult<bool>;
 
     /// Replaces the entry with `next` (AWAITING_APPROVAL, a fresh request), only if it still
-    /// carries `expected_token` and is awaiting, finished or failed, with `notes` in its history,
-    /// in one transaction. `true` when it applied.
+    /// carries `expected_token` and is awaiting, finished or failed, with `notes` in its history
+    /// and its run's finished entries kept as [`Store::insert_request`] keeps them, in one
+    /// transaction. `true` when it applied.
     ///
     /// # Errors
     /// `Unavailable` or `Internal` as the database fails.
@@ -192,8 +196,9 @@ pub trait Store: Send + Sync + 'static {
 
     /// Records a person's decision about the entry `key` with `fingerprint`, only while its
     /// request is open at `approval.decided_at`: approval (its `execute_by`), or denial (the
-    /// entry DENIED and finished), with `note`. The entry as written and whether a claim waits
-    /// for it.
+    /// entry DENIED and finished), with `note`, and every finished entry of its run kept at
+    /// least its retention from the decision, in one transaction. The entry as written and
+    /// whether a claim waits for it.
     ///
     /// # Errors
     /// `Unavailable` or `Internal` as the database fails.
@@ -206,14 +211,23 @@ pub trait Store: Send + Sync + 'static {
         note: &HistoryEvent,
     ) -> StoreResult<Option<Finished>>;
 
+    /// The earliest deadline among the calls of any tenant awaiting a decision (a request's
+    /// `decide_by`, an approval's `execute_by`): when the next lapse happens, if any is due.
+    ///
+    /// # Errors
+    /// `Unavailable` or `Internal` as the database fails.
+    async fn next_lapse(&self) -> StoreResult<Option<Micros>>;
+
     /// Up to `limit` entries of any tenant whose request or approval lapsed at `now`.
     ///
     /// # Errors
     /// `Unavailable` or `Internal` as the database fails.
     async fn lapsed_approvals(&self, now: Micros, limit: u32) -> StoreResult<Vec<(Tenant, Key)>>;
 
-    /// Records that the request (or approval) of (tenant, key) lapsed at `now`, only if it
-    /// still has: FAILED retryable with `error`, approval EXPIRED, with `note`.
+    /// Records that the request (or approval) of (tenant, key) lapsed at `at`, its deadline,
+    /// only if it still awaits and has lapsed at `now`: FAILED retryable with `error`, approval
+    /// EXPIRED, finished at `at` and kept for its retention from then (longer while its run
+    /// is paused), with `note`, in one transaction.
     ///
     /// # Errors
     /// `Unavailable` or `Internal` as the database fails.
@@ -222,22 +236,28 @@ pub trait Store: Send + Sync + 'static {
         tenant: &Tenant,
         key: &Key,
         error: &str,
+        at: Micros,
         now: Micros,
         note: &HistoryEvent,
     ) -> StoreResult<Option<Finished>>;
 
-    /// Keeps every finished entry of the run until at least `from` plus its retention (with
-    /// `own_retention`), or until `from` (without); returns how many it extended.
+    /// Keeps every finished entry of the run until at least `until` (ExtendRun); returns how
+    /// many it extended. (A request and a decision keep their run's entries in their own
+    /// transaction: see [`Store::insert_request`], [`Store::request_again`], [`Store::decide`].)
     ///
     /// # Errors
     /// `Unavailable` or `Internal` as the database fails.
-    async fn extend_run(
-        &self,
-        tenant: &Tenant,
-        run_id: &RunId,
-        from: Micros,
-        own_retention: bool,
-    ) -> StoreResult<u64>;
+    async fn extend_run(&self, tenant: &Tenant, run_id: &RunId, until: Micros) -> StoreResult<u64>;
+
+    /// Keeps every finished entry of every paused run (one of whose calls awaits a decision)
+    /// until at least the run's latest deadline plus the entry's retention; returns how many it
+    /// extended. The sweep's pass: every write that finishes an entry keeps it so by itself,
+    /// but on a store several servers share, an entry finished in the same instant as the
+    /// request that paused its run sees neither the other's write.
+    ///
+    /// # Errors
+    /// `Unavailable` or `Internal` as the database fails.
+    async fn keep_paused_runs(&self) -> StoreResult<u64>;
 
     /// The earliest expiry of the run's finished entries, if it has any.
     ///

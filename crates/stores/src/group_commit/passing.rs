@@ -151,24 +151,25 @@ impl Store for GroupCommit {
         tenant: &Tenant,
         key: &Key,
         error: &str,
+        at: Micros,
         now: Micros,
         note: &HistoryEvent,
     ) -> StoreResult<Option<Finished>> {
         self.inner
-            .expire_approval(tenant, key, error, now, note)
+            .expire_approval(tenant, key, error, at, now, note)
             .await
     }
 
-    async fn extend_run(
-        &self,
-        tenant: &Tenant,
-        run_id: &RunId,
-        from: Micros,
-        own_retention: bool,
-    ) -> StoreResult<u64> {
-        self.inner
-            .extend_run(tenant, run_id, from, own_retention)
-            .await
+    async fn extend_run(&self, tenant: &Tenant, run_id: &RunId, until: Micros) -> StoreResult<u64> {
+        self.inner.extend_run(tenant, run_id, until).await
+    }
+
+    async fn next_lapse(&self) -> StoreResult<Option<Micros>> {
+        self.inner.next_lapse().await
+    }
+
+    async fn keep_paused_runs(&self) -> StoreResult<u64> {
+        self.inner.keep_paused_runs().await
     }
 
     async fn run_kept_until(&self, tenant: &Tenant, run_id: &RunId) -> StoreResult<Option<Micros>> {

@@ -4,7 +4,7 @@
 
 use async_trait::async_trait;
 
-use super::super::sql::{self, Param};
+use super::super::sql::{self, Also, Param};
 use super::super::{
     EntryRow, Finish, Finished, FinishedRow, HistoryRow, ListQuery, PoolStats, ReplayCount, Store,
     StoreError, StoreResult, UnresolvedCount, UnresolvedCountRow, UnresolvedQuery,
@@ -112,7 +112,7 @@ impl<D: Dialect> Store for SqlStore<D> {
             Param::Text(done.hold_token.as_str()),
         ];
         let note = [sql::history_params(tenant, &done.key, note)];
-        let rows: Vec<(bool,)> = self.write_noted(sql::RESOLVE, &params, &note).await?;
+        let rows: Vec<(bool,)> = self.write_noted(sql::RESOLVE, &params, &[], &note).await?;
         Ok(at_most_one(rows, "RESOLVE")?.map(|(has_waiters,)| has_waiters))
     }
 
@@ -122,8 +122,12 @@ impl<D: Dialect> Store for SqlStore<D> {
         key: &Key,
         event: &HistoryEvent,
     ) -> StoreResult<()> {
-        let params = sql::history_params(tenant, key, event);
-        self.execute(sql::APPEND_HISTORY, &params, On::Pool).await?;
+        // Through write_noted, so that its id is taken in commit order like every other.
+        let params = [Param::Text(tenant.as_str()), Param::Text(key.as_str())];
+        let note = [sql::history_params(tenant, key, event)];
+        let _: Vec<(String,)> = self
+            .write_noted(sql::ENTRY_KEY, &params, &[], &note)
+            .await?;
         Ok(())
     }
 
@@ -146,7 +150,7 @@ impl<D: Dialect> Store for SqlStore<D> {
         ];
         let history = [sql::history_params(tenant, key, note)];
         let rows: Vec<(String,)> = self
-            .write_noted(sql::MARK_DOUBLE_EFFECT, &params, &history)
+            .write_noted(sql::MARK_DOUBLE_EFFECT, &params, &[], &history)
             .await?;
         Ok(at_most_one(rows, "MARK_DOUBLE_EFFECT")?.is_some())
     }
@@ -160,7 +164,7 @@ impl<D: Dialect> Store for SqlStore<D> {
         let params = [Param::Text(tenant.as_str()), Param::Text(key.as_str())];
         let history = [sql::history_params(tenant, key, note)];
         let rows: Vec<EntryRow> = self
-            .write_noted(sql::ACKNOWLEDGE_DOUBLE_EFFECT, &params, &history)
+            .write_noted(sql::ACKNOWLEDGE_DOUBLE_EFFECT, &params, &[], &history)
             .await?;
         at_most_one(rows, "ACKNOWLEDGE_DOUBLE_EFFECT")?
             .map(Entry::try_from)
@@ -177,8 +181,9 @@ impl<D: Dialect> Store for SqlStore<D> {
         params.push(Param::MaybeInt(entry.approval.requested_at.map(|m| m.0)));
         params.push(Param::MaybeInt(entry.approval.decide_by.map(|m| m.0)));
         let notes = [sql::history_params(tenant, &entry.key, note)];
+        let keep = [keep_run(tenant, &entry.key, entry.approval.decide_by)];
         let rows: Vec<(String,)> = self
-            .write_noted(sql::INSERT_REQUEST, &params, &notes)
+            .write_noted(sql::INSERT_REQUEST, &params, &keep, &notes)
             .await?;
         Ok(at_most_one(rows, "INSERT_REQUEST")?.is_some())
     }
@@ -198,8 +203,9 @@ impl<D: Dialect> Store for SqlStore<D> {
             .iter()
             .map(|n| sql::history_params(tenant, &next.key, n))
             .collect();
+        let keep = [keep_run(tenant, &next.key, next.approval.decide_by)];
         let rows: Vec<(String,)> = self
-            .write_noted(sql::REQUEST_AGAIN, &params, &notes)
+            .write_noted(sql::REQUEST_AGAIN, &params, &keep, &notes)
             .await?;
         Ok(at_most_one(rows, "REQUEST_AGAIN")?.is_some())
     }
@@ -219,7 +225,9 @@ impl<D: Dialect> Store for SqlStore<D> {
             Param::Text(claimed.principal.as_str()),
         ];
         let notes = [sql::history_params(tenant, &claimed.key, note)];
-        let rows: Vec<EntryRow> = self.write_noted(sql::USE_APPROVAL, &params, &notes).await?;
+        let rows: Vec<EntryRow> = self
+            .write_noted(sql::USE_APPROVAL, &params, &[], &notes)
+            .await?;
         at_most_one(rows, "USE_APPROVAL")?
             .map(Entry::try_from)
             .transpose()
@@ -249,7 +257,8 @@ impl<D: Dialect> Store for SqlStore<D> {
             sql::DENY
         };
         let notes = [sql::history_params(tenant, key, note)];
-        let rows: Vec<FinishedRow> = self.write_noted(statement, &params, &notes).await?;
+        let keep = [keep_run(tenant, key, Some(decided_at))];
+        let rows: Vec<FinishedRow> = self.write_noted(statement, &params, &keep, &notes).await?;
         at_most_one(rows, "DECIDE")?
             .map(Finished::try_from)
             .transpose()
@@ -271,6 +280,7 @@ impl<D: Dialect> Store for SqlStore<D> {
         tenant: &Tenant,
         key: &Key,
         error: &str,
+        at: Micros,
         now: Micros,
         note: &HistoryEvent,
     ) -> StoreResult<Option<Finished>> {
@@ -279,34 +289,33 @@ impl<D: Dialect> Store for SqlStore<D> {
             Param::Text(key.as_str()),
             Param::Text(error),
             Param::Int(now.0),
+            Param::Int(at.0),
         ];
         let notes = [sql::history_params(tenant, key, note)];
         let rows: Vec<FinishedRow> = self
-            .write_noted(sql::EXPIRE_APPROVAL, &params, &notes)
+            .write_noted(sql::EXPIRE_APPROVAL, &params, &[], &notes)
             .await?;
         at_most_one(rows, "EXPIRE_APPROVAL")?
             .map(Finished::try_from)
             .transpose()
     }
 
-    async fn extend_run(
-        &self,
-        tenant: &Tenant,
-        run_id: &RunId,
-        from: Micros,
-        own_retention: bool,
-    ) -> StoreResult<u64> {
+    async fn extend_run(&self, tenant: &Tenant, run_id: &RunId, until: Micros) -> StoreResult<u64> {
         let params = [
             Param::Text(tenant.as_str()),
             Param::Text(run_id.as_str()),
-            Param::Int(from.0),
+            Param::Int(until.0),
         ];
-        if own_retention {
-            self.execute(sql::EXTEND_RUN_BY_RETENTION, &params, On::Pool)
-                .await
-        } else {
-            self.execute(sql::EXTEND_RUN_UNTIL, &params, On::Pool).await
-        }
+        self.execute(sql::EXTEND_RUN_UNTIL, &params, On::Pool).await
+    }
+
+    async fn next_lapse(&self) -> StoreResult<Option<Micros>> {
+        let rows: Vec<(Option<i64>,)> = self.fetch_all(sql::NEXT_LAPSE, &[], On::Pool).await?;
+        Ok(at_most_one(rows, "NEXT_LAPSE")?.and_then(|(at,)| at.map(Micros)))
+    }
+
+    async fn keep_paused_runs(&self) -> StoreResult<u64> {
+        self.execute(sql::KEEP_PAUSED_RUNS, &[], On::Pool).await
     }
 
     async fn run_kept_until(&self, tenant: &Tenant, run_id: &RunId) -> StoreResult<Option<Micros>> {
@@ -532,5 +541,18 @@ impl<D: Dialect> Store for SqlStore<D> {
 
     fn location(&self) -> String {
         Dialect::location(&self.0)
+    }
+}
+
+/// [`sql::EXTEND_RUN_OF_KEY`] for the run of tenant's `key`, from `from` (a request's
+/// `decide_by`, a decision's time): what a request or a decision runs in its own transaction.
+fn keep_run<'a>(tenant: &'a Tenant, key: &'a Key, from: Option<Micros>) -> Also<'a> {
+    Also {
+        statement: sql::EXTEND_RUN_OF_KEY,
+        params: vec![
+            Param::Text(tenant.as_str()),
+            Param::Text(key.as_str()),
+            Param::MaybeInt(from.map(|m| m.0)),
+        ],
     }
 }

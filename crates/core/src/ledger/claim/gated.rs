@@ -6,7 +6,7 @@ use std::time::Duration;
 use super::{ClaimOutput, Outcome, PreparedClaim};
 use crate::domain::Tenant;
 use crate::domain::key::Principal;
-use crate::domain::{Approval, ApprovalState, Entry, EventKind, HistoryEvent, Micros, Status};
+use crate::domain::{Approval, Entry, EventKind, HistoryEvent, Micros, Status};
 use crate::error::LedgerError;
 use crate::ledger::Ledger;
 use crate::ledger::notes::awaiting_note;
@@ -46,15 +46,10 @@ impl Ledger {
         }
     }
 
-    /// A request was made: the run's finished entries are kept at least until a decision is
-    /// due plus their retention (a paused run keeps its keys), watchers are told, and the
-    /// caller is answered AWAITING_APPROVAL.
-    pub(super) async fn requested(
-        &self,
-        tenant: &Tenant,
-        asked: Entry,
-        now: Micros,
-    ) -> ClaimOutput {
+    /// A request was made (and, in its transaction, the run's finished entries kept at least
+    /// until a decision is due plus their retention: a paused run keeps its keys): watchers are
+    /// told, and the caller is answered AWAITING_APPROVAL.
+    pub(super) fn requested(&self, asked: Entry, now: Micros) -> ClaimOutput {
         tracing::info!(
             target: LOG_TARGET,
             key = asked.key.log_prefix(),
@@ -62,16 +57,6 @@ impl Ledger {
             principal = %asked.principal,
             "a person was asked to approve a call"
         );
-        if let (Some(run_id), Some(decide_by)) = (&asked.run_id, asked.approval.decide_by)
-            && let Err(e) = self.store.extend_run(tenant, run_id, decide_by, true).await
-        {
-            // The sweeper and the decision extend it again; the request stands.
-            tracing::warn!(
-                target: LOG_TARGET,
-                error = %e,
-                "could not keep the paused run's entries"
-            );
-        }
         self.approvals.notify();
         ClaimOutput {
             asked: true,
@@ -143,11 +128,12 @@ impl Ledger {
             .gate
             .clone()
             .unwrap_or_else(|| "the call needed approval before, and it lapsed".to_string());
-        // A new attempt of a call that ended; the same attempt of one that waited.
-        let attempt = match existing.status {
-            Status::AwaitingApproval => existing.attempt,
-            _ if existing.is_expired(now) => 1,
-            _ => existing.attempt.saturating_add(1),
+        // A new request is a new attempt (its lapse, recorded or not, ended the last one); an
+        // expired entry starts over.
+        let attempt = if existing.is_expired(now) {
+            1
+        } else {
+            existing.attempt.saturating_add(1)
         };
         let fresh_attempt = Entry {
             possible_double_effect: existing.possible_double_effect && !existing.is_expired(now),
@@ -168,7 +154,7 @@ impl Ledger {
             if existing.status == Status::AwaitingApproval {
                 self.approvals.expired(1);
             }
-            return Ok(Some(self.requested(tenant, asked, now).await));
+            return Ok(Some(self.requested(asked, now)));
         }
         Ok(None)
     }
@@ -184,30 +170,14 @@ fn approval_retry_after(entry: &Entry, now: Micros) -> Duration {
     left.clamp(Duration::from_secs(1), Duration::from_secs(60))
 }
 
-/// The history event of a request or approval found lapsed at `now`.
-fn lapsed_note(existing: &Entry, now: Micros) -> HistoryEvent {
+/// The history event of a request or approval that lapsed: at its deadline (`now` when it
+/// has none, which an entry awaiting a decision always has).
+pub(in crate::ledger) fn lapsed_note(existing: &Entry, now: Micros) -> HistoryEvent {
     HistoryEvent {
-        at: now,
+        at: existing.approval.runs_until().unwrap_or(now),
         attempt: existing.attempt,
         kind: EventKind::ApprovalExpired,
         principal: Principal::none(),
-        detail: lapsed_words(&existing.approval),
-    }
-}
-
-/// Why a request or approval lapsed, in words.
-pub(in crate::ledger) fn lapsed_words(approval: &Approval) -> String {
-    let at = |m: Option<Micros>| m.map(crate::domain::time::rfc3339).unwrap_or_default();
-    if approval.state == ApprovalState::Approved {
-        format!(
-            "approved by {} but not used by {}: nothing was done; the next claim asks again",
-            approval.decided_by,
-            at(approval.execute_by)
-        )
-    } else {
-        format!(
-            "not decided by {}: nothing was done; the next claim asks again",
-            at(approval.decide_by)
-        )
+        detail: existing.approval.lapsed_words(),
     }
 }
