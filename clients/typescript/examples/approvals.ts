@@ -184,7 +184,6 @@ export async function mcpApproval(
     "issue_refund",
     { description: "Refund an order.", inputSchema: { order: z.string(), amount: z.number() } },
     async ({ order, amount }) => ({ content: [{ type: "text", text: JSON.stringify(refundOrder(refunds, order, amount)) }] }),
-    { waitMs: 0 }, // a repeat of a gated call answers at once too, instead of waiting up to 10 s for the decision
   );
   // --- you write: where people decide: new requests as they happen (post them to a chat), and the button
   const watching = new AbortController();

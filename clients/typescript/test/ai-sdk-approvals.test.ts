@@ -86,8 +86,7 @@ describe("Vercel AI SDK 6 approvals (needsApproval, tool-approval-request/respon
         inputSchema: z.object({ customer: z.string(), amount: z.number(), currency: z.string() }),
         execute: async (input) => world.issue(input, currentAttempt()!.externalRef),
       }),
-      // A call resumed with an approval the ledger never gave waits this long for a decision.
-      { name: "issue_credit", waitMs: 200 },
+      { name: "issue_credit" },
     );
     const sendWire = ledgerTool(
       ledger,
@@ -98,7 +97,7 @@ describe("Vercel AI SDK 6 approvals (needsApproval, tool-approval-request/respon
         needsApproval: true,
         execute: async (input) => world.issue({ customer: input.to, amount: input.amount }, currentAttempt()!.externalRef),
       }),
-      { name: "send_wire", waitMs: 200 },
+      { name: "send_wire" },
     );
     return { world, tools: { issue_credit: issueCredit, send_wire: sendWire } };
   }

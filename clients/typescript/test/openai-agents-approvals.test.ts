@@ -68,10 +68,9 @@ describe("OpenAI Agents JS SDK approvals (needsApproval, interruptions, RunState
           parameters: z.object({ customer: z.string(), amount: z.number(), currency: z.string() }),
           execute: async (input) => world.issue(input, currentAttempt()!.externalRef),
         },
-        // A resumed call whose approval the ledger never gave waits this long for a decision;
-        // a run interrupted for a person keeps its entries at least 10 days (ExtendRun; the server
+        // A run interrupted for a person keeps its entries at least 10 days (ExtendRun; the server
         // itself keeps them until the request's decide_by, 72 h).
-        { waitMs: 200, pauseRetentionMs: 10 * 86_400_000 },
+        { pauseRetentionMs: 10 * 86_400_000 },
       ),
     );
     const sendWire = tool(
@@ -85,7 +84,6 @@ describe("OpenAI Agents JS SDK approvals (needsApproval, interruptions, RunState
           needsApproval: options.ownGate ?? true,
           execute: async (input) => world.issue({ customer: input.to, amount: input.amount }, currentAttempt()!.externalRef),
         },
-        { waitMs: 200 },
       ),
     );
     const model = new ScriptedModel(turns);
