@@ -5,9 +5,10 @@
 // option. Only types are imported from "ai" (an optional peer dependency, 5 or 6): the wrapped
 // tool is the same object, with its execute, onInputAvailable, toModelOutput and needsApproval
 // replaced. Approvals (AI SDK 6): needsApproval asks the ledger, so a gated call ends the step
-// with a tool-approval-request; decideApproval is the app's button (Decide with an approver's
-// credential, and the tool-approval-response to send back); the tool acts only on the ledger's
-// CLAIMED, whatever the history says was approved.
+// with a tool-approval-request; decideApprovals is the app's buttons for every request of a step
+// (Decide with an approver's credential, and the one tool message answering them all, since the
+// SDK reads only the last); the tool acts only on the ledger's CLAIMED, whatever the history says
+// was approved.
 
 import type { Tool, ToolCallOptions } from "ai";
 import type { Confirm } from "../confirm.js";
