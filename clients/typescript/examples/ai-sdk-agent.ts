@@ -1,3 +1,6 @@
+// Runs without a model key: the model is the AI SDK's offline test model, and nothing leaves the
+// machine but the calls to the ledger.
+//
 // An agent on the Vercel AI SDK whose side-effecting tools go through the ledger: the ledger
 // wraps each tool (`ledgerTool(ledger, tool({ … }), { name, confirm })`, with its paired read
 // from examples/paired-reads.ts) and the run id is in `experimental_context`. A Reconciler runs

@@ -1,3 +1,5 @@
+// Runs without a model key: it plays a scripted model turn, with no model at all.
+//
 // An agent's tool dispatcher: every call of a side-effecting tool goes through the ledger, so a
 // network retry, a runtime retry or the model calling the same tool twice in one run has one
 // effect, and the model is told honestly when a result is a replay.

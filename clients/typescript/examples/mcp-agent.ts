@@ -1,3 +1,6 @@
+// Runs without a model key: the agent host plays the model's calls itself, and nothing leaves the
+// machine but the calls to the ledger.
+//
 // An MCP server whose side-effecting tools go through the ledger (one line per tool, with its
 // paired read from examples/paired-reads.ts: `registerLedgerTool(server, ledger, name, config,
 // callback, { confirm })`), and an agent host that calls

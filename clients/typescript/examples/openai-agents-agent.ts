@@ -1,3 +1,6 @@
+// Runs without a model key: the model is an offline Model implementation (no OpenAI call, tracing
+// off), and nothing leaves the machine but the calls to the ledger.
+//
 // An agent on the OpenAI Agents JS SDK whose side-effecting tools go through the ledger: the
 // ledger wraps each tool's definition with its paired read from examples/paired-reads.ts
 // (`tool(ledgerTool(ledger, { name, parameters, execute }, { confirm }))`) and the run id is in

@@ -3,6 +3,7 @@
 
 import { InvalidArgumentError } from "./error-base.js";
 import type { Canonicalization } from "./keys.js";
+import type { WaitFor } from "./types.js";
 
 /** The default deadline of every call, unless the Ledger or the call sets another. */
 export const DEFAULT_DEADLINE_MS = 10_000;
@@ -14,6 +15,14 @@ export const DEFAULT_DEADLINE_MS = 10_000;
  * first and gets its result as a replay instead of "already being performed".
  */
 export const DEFAULT_WAIT_MS = 10_000;
+
+/**
+ * What runOnce's wait waits for (the Claim's `wait_for`): an attempt in flight only. A call
+ * awaiting a person's decision is answered at once, since a decision may take days and the
+ * caller has a model or a person to tell meanwhile; so a repeat costs one Claim whatever it
+ * meets.
+ */
+export const RUN_ONCE_WAIT_FOR: WaitFor = "ATTEMPT";
 
 /**
  * runOnce renews the lease of its claim every this fraction of the lease while the action runs,
@@ -51,6 +60,7 @@ export const ADDRESS_FORMS = ["host:port", "http://host:port", "https://host:por
 /** The shared defaults, in one object (the names of clients/parity.json's "defaults"). */
 export const DEFAULTS = Object.freeze({
   waitMs: DEFAULT_WAIT_MS,
+  runOnceWaitFor: RUN_ONCE_WAIT_FOR,
   retryBudgetMs: DEFAULT_RETRY_BUDGET_MS,
   confirmDelayMs: DEFAULT_CONFIRM_DELAY_MS,
   settlingPollMs: SETTLING_POLL_MS,

@@ -42,6 +42,7 @@ export {
   DEFAULT_RETRY_BUDGET_MS,
   DEFAULT_WAIT_MS,
   RENEW_EVERY_FRACTION_OF_LEASE,
+  RUN_ONCE_WAIT_FOR,
   SETTLING_POLL_MS,
   ledgerUrl,
 } from "./defaults.js";
@@ -124,4 +125,5 @@ export type {
   Outcome,
   ResolutionOutcome,
   ResolutionResult,
+  WaitFor,
 } from "./types.js";

@@ -4,7 +4,7 @@
 
 import type { Transport } from "@connectrpc/connect";
 import type { ArgumentsInput, Canonicalization } from "./keys.js";
-import type { EntryStatus, LedgerEntry, Outcome, ResolutionResult } from "./types.js";
+import type { EntryStatus, LedgerEntry, Outcome, ResolutionResult, WaitFor } from "./types.js";
 
 /** TLS settings of the connection to the ledger. */
 export interface TlsOptions {
@@ -63,6 +63,12 @@ export interface ClaimParams {
   retentionMs?: number;
   /** Hold the call up to this long while another attempt is in flight (server-side wait). */
   waitMs?: number;
+  /**
+   * What the wait waits for besides an attempt in flight. Unset (the server's default,
+   * "ATTEMPT_OR_DECISION"): a repeat of a call awaiting a person's decision waits for the
+   * decision too. "ATTEMPT": such a call is answered at once (AWAITING_APPROVAL); runOnce sends it.
+   */
+  waitFor?: WaitFor;
   principal?: string;
   /**
    * Ask a person first, whatever the server's approval policy says: a new entry awaits a

@@ -54,6 +54,7 @@ import {
   outcomeName,
   resolutionResultFrom,
   statusValue,
+  waitForValue,
   type Decision,
   type LedgerEntry,
 } from "./types.js";
@@ -186,6 +187,7 @@ export class LedgerRpc {
       lease: durationOf(params.leaseMs, "leaseMs"),
       retention: durationOf(params.retentionMs, "retentionMs"),
       wait: params.waitMs ? durationOf(params.waitMs, "waitMs") : undefined,
+      waitFor: waitForValue(params.waitFor),
       principal: params.principal ?? this.principal ?? "",
       requireApproval: params.requireApproval ?? false,
     });

@@ -5,6 +5,7 @@
 
 import type { Codec } from "./codec.js";
 import type { Confirm } from "./confirm.js";
+import { RUN_ONCE_WAIT_FOR } from "./defaults.js";
 import type { ArgumentsInput, Canonicalization } from "./keys.js";
 import type { ClaimParams } from "./rpc-types.js";
 import type { LedgerEntry } from "./types.js";
@@ -47,7 +48,8 @@ export interface RunOnceOptions<T> {
   /**
    * When another attempt of the same intent is in flight: wait up to this long for it (the
    * server's `wait`), then replay its result, or run if it failed retryably. Default
-   * DEFAULT_WAIT_MS (10 s); 0 throws InProgressError at once.
+   * DEFAULT_WAIT_MS (10 s); 0 throws InProgressError at once. It never waits for a person's
+   * decision: a call awaiting one is answered at once (AwaitingApprovalError), in one Claim.
    */
   waitMs?: number;
   /** The action's time limit: past it, the entry is completed UNKNOWN and ActionTimeoutError thrown. */
@@ -137,7 +139,11 @@ export interface RunOnceResult<T> {
 /** The options of runTool: runOnce's. The default codec is toolResultCodec. */
 export type RunToolOptions<T> = RunOnceOptions<T>;
 
-/** The Claim of a call, from its options (runOnce's, or its approval check's, which does not wait). */
+/**
+ * The Claim of a call, from its options (runOnce's, or its approval check's, which does not
+ * wait). Its wait is for an attempt in flight only (RUN_ONCE_WAIT_FOR): one Claim answers a
+ * repeat whatever it meets, and a call awaiting a person is answered at once.
+ */
 export function claimOf(
   runId: string,
   tool: string,
@@ -146,5 +152,5 @@ export function claimOf(
   waitMs?: number,
 ): ClaimParams {
   const { key, canonicalization, leaseMs, retentionMs, principal, requireApproval } = options;
-  return { runId, tool, args, key, canonicalization, leaseMs, retentionMs, waitMs, principal, requireApproval };
+  return { runId, tool, args, key, canonicalization, leaseMs, retentionMs, waitMs, waitFor: RUN_ONCE_WAIT_FOR, principal, requireApproval };
 }

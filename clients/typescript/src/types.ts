@@ -14,6 +14,7 @@ import {
   Outcome as PbOutcome,
   ResolutionOutcome as PbResolutionOutcome,
   Status as PbStatus,
+  WaitFor as PbWaitFor,
   type Approval as PbApproval,
   type Entry,
   type ResolutionResult as PbResolutionResult,
@@ -53,6 +54,14 @@ export type Outcome =
  * acted on).
  */
 export type ApprovalState = "UNSPECIFIED" | "REQUESTED" | "APPROVED" | "DENIED" | "EXPIRED" | "USED";
+
+/**
+ * What a Claim's wait waits for (the proto's WAIT_FOR_* without the prefix): ATTEMPT_OR_DECISION
+ * (the server's default) also holds a repeat of a call awaiting a person's decision until the
+ * decision or the wait's end; ATTEMPT waits for an attempt in flight only, and answers a call
+ * awaiting a decision at once.
+ */
+export type WaitFor = "ATTEMPT" | "ATTEMPT_OR_DECISION";
 
 /** A person's decision (the proto's DECISION_* without the prefix). */
 export type Decision = "APPROVE" | "DENY";
@@ -164,6 +173,13 @@ export function canonicalizationValue(c: Canonicalization | undefined): PbCanoni
   if (c === undefined) return PbCanonicalization.UNSPECIFIED;
   const v = PbCanonicalization[c];
   if (v === undefined) throw new TypeError(`unknown canonicalization ${String(c)}`);
+  return v;
+}
+
+export function waitForValue(w: WaitFor | undefined): PbWaitFor {
+  if (w === undefined) return PbWaitFor.UNSPECIFIED;
+  const v = PbWaitFor[w];
+  if (v === undefined) throw new TypeError(`unknown waitFor ${String(w)}`);
   return v;
 }
 

@@ -13,7 +13,14 @@ import { after, before, describe, test } from "node:test";
 import { generateText, stepCountIs, tool, type ModelMessage } from "ai";
 import { MockLanguageModelV3 } from "ai/test";
 import { z } from "zod";
-import { decideApproval, ledgerTool, type AiSdkApprovalRequest } from "../src/adapters/ai-sdk.js";
+import {
+  approvalMessage,
+  approvalRequests,
+  decideApproval,
+  decideApprovals,
+  ledgerTool,
+  type AiSdkApprovalRequest,
+} from "../src/adapters/ai-sdk.js";
 import { currentAttempt, type Ledger } from "../src/index.js";
 import { Payments } from "./support/payments.js";
 import { startServer, uniqueRun, type TestServer } from "./support/server.js";
@@ -23,20 +30,26 @@ const USAGE = {
   outputTokens: { total: 1, text: 1, reasoning: undefined },
 };
 
-type Step = { call: [string, string] } | { text: string };
+/** One model step: a tool call, several at once, or the final text. */
+type Step = { call: [string, string] } | { calls: Array<[string, string]> } | { text: string };
 let ids = 0;
 
 function model(steps: Step[]) {
   return new MockLanguageModelV3({
     doGenerate: steps.map((step) =>
-      "call" in step
-        ? {
-            content: [{ type: "tool-call" as const, toolCallId: `call-${++ids}`, toolName: step.call[0], input: step.call[1] }],
+      "text" in step
+        ? { content: [{ type: "text" as const, text: step.text }], finishReason: { unified: "stop" as const, raw: "stop" }, usage: USAGE, warnings: [] }
+        : {
+            content: ("call" in step ? [step.call] : step.calls).map(([toolName, input]) => ({
+              type: "tool-call" as const,
+              toolCallId: `call-${++ids}`,
+              toolName,
+              input,
+            })),
             finishReason: { unified: "tool-calls" as const, raw: "tool_calls" },
             usage: USAGE,
             warnings: [],
-          }
-        : { content: [{ type: "text" as const, text: step.text }], finishReason: { unified: "stop" as const, raw: "stop" }, usage: USAGE, warnings: [] },
+          },
     ),
   });
 }
@@ -57,6 +70,7 @@ function resultsRead(m: MockLanguageModelV3): string[] {
 }
 
 const CREDIT = '{"customer":"c-42","amount":200,"currency":"EUR"}';
+const CREDIT_2 = '{"customer":"c-43","amount":300,"currency":"EUR"}';
 
 describe("Vercel AI SDK 6 approvals (needsApproval, tool-approval-request/response)", () => {
   let server: TestServer;
@@ -86,8 +100,7 @@ describe("Vercel AI SDK 6 approvals (needsApproval, tool-approval-request/respon
         inputSchema: z.object({ customer: z.string(), amount: z.number(), currency: z.string() }),
         execute: async (input) => world.issue(input, currentAttempt()!.externalRef),
       }),
-      // A call resumed with an approval the ledger never gave waits this long for a decision.
-      { name: "issue_credit", waitMs: 200 },
+      { name: "issue_credit" },
     );
     const sendWire = ledgerTool(
       ledger,
@@ -98,15 +111,15 @@ describe("Vercel AI SDK 6 approvals (needsApproval, tool-approval-request/respon
         needsApproval: true,
         execute: async (input) => world.issue({ customer: input.to, amount: input.amount }, currentAttempt()!.externalRef),
       }),
-      { name: "send_wire", waitMs: 200 },
+      { name: "send_wire" },
     );
     return { world, tools: { issue_credit: issueCredit, send_wire: sendWire } };
   }
 
-  /** The first turn: the model calls the tool, and the step ends with an approval request. */
-  async function ask(runId: string, steps: Step[], call: [string, string] = ["issue_credit", CREDIT]) {
+  /** The first turn: the model calls the tool (or several at once), and the step ends with approval requests. */
+  async function ask(runId: string, steps: Step[], call: [string, string] | Array<[string, string]> = ["issue_credit", CREDIT]) {
     const { world, tools: set } = tools();
-    const m = model([{ call }, ...steps]);
+    const m = model([typeof call[0] === "string" ? { call: call as [string, string] } : { calls: call as Array<[string, string]> }, ...steps]);
     const messages: ModelMessage[] = [{ role: "user", content: "Credit 200 EUR to c-42." }];
     const first = await generateText({ model: m, tools: set, messages, experimental_context: { runId }, stopWhen: stepCountIs(5) });
     const requests = first.content.filter((p) => p.type === "tool-approval-request") as unknown as AiSdkApprovalRequest[];
@@ -155,6 +168,76 @@ describe("Vercel AI SDK 6 approvals (needsApproval, tool-approval-request/respon
     assert.equal(world.credits.length, 0);
     const [read] = resultsRead(m);
     assert.match(read, /the account is frozen/);
+  });
+
+  describe("several gated calls in one step", () => {
+    const TWO: Array<[string, string]> = [
+      ["issue_credit", CREDIT],
+      ["issue_credit", CREDIT_2],
+    ];
+    const customerOf = (r: AiSdkApprovalRequest) => (r.toolCall.input as { customer: string }).customer;
+
+    test("both approved (Decide for each, every response in ONE tool message): each acts exactly once", async () => {
+      const runId = uniqueRun("ai-two");
+      const { world, m, requests, resume } = await ask(runId, [{ text: "Both credits are issued." }], TWO);
+      assert.equal(requests.length, 2, "one approval request per gated call");
+      assert.equal(world.credits.length, 0);
+      const { message, entries } = await decideApprovals(approver, requests, () => ({ decision: "approve", reason: "checked" }), { runId });
+      assert.equal(message.content.length, 2);
+      assert.deepEqual(entries.map((e) => e.approval?.state), ["APPROVED", "APPROVED"]);
+      const done = await resume([message]);
+      assert.deepEqual(world.credits.map((c) => c.customer).sort(), ["c-42", "c-43"], "one effect per call");
+      assert.deepEqual(resultsRead(m).sort(), ['{"credit_id":"cr-1"}', '{"credit_id":"cr-2"}']);
+      assert.equal(done.text, "Both credits are issued.");
+      for (const args of [CREDIT, CREDIT_2]) {
+        assert.equal((await ledger.lookup({ runId, tool: "issue_credit", args })).approval?.state, "USED");
+      }
+    });
+
+    test("one approved, the other denied: the denied never acts, and the model reads the denial with the person's reason", async () => {
+      const runId = uniqueRun("ai-mixed");
+      const { world, m, requests, resume } = await ask(runId, [{ text: "One of two." }], TWO);
+      const { message } = await decideApprovals(
+        approver,
+        requests,
+        (request) =>
+          customerOf(request) === "c-42" ? { decision: "approve", reason: "ok" } : { decision: "deny", reason: "c-43 is under review" },
+        { runId },
+      );
+      await resume([message]);
+      assert.deepEqual(world.credits.map((c) => c.customer), ["c-42"], "only the approved call acted");
+      const read = resultsRead(m);
+      assert.equal(read.length, 2);
+      assert.ok(read.includes('{"credit_id":"cr-1"}'), read.join(" | "));
+      assert.ok(read.some((t) => /c-43 is under review/.test(t) && /not done/.test(t)), read.join(" | "));
+      assert.equal((await ledger.lookup({ runId, tool: "issue_credit", args: CREDIT_2 })).status, "DENIED");
+    });
+
+    test("decided elsewhere (Decide alone, as the console or the CLI): approvalMessage hands both calls back, and each does as its decision says", async () => {
+      const runId = uniqueRun("ai-elsewhere");
+      const { world, m, requests, resume } = await ask(runId, [{ text: "Done." }], TWO);
+      for (const request of requests) {
+        const entry = await ledger.lookup({ runId, tool: "issue_credit", args: request.toolCall.input as Record<string, unknown> });
+        const approve = customerOf(request) === "c-43";
+        await approver.decide(entry.key, entry.fingerprint, approve ? "APPROVE" : "DENY", approve ? "fine" : "no credit for c-42");
+      }
+      await resume([approvalMessage(requests)]);
+      assert.deepEqual(world.credits.map((c) => c.customer), ["c-43"]);
+      const read = resultsRead(m);
+      assert.ok(read.some((t) => /no credit for c-42/.test(t)), read.join(" | "));
+    });
+
+    test("one tool message per response (the AI SDK reads only the last): the call answered first never acts, and the run stops", async () => {
+      const runId = uniqueRun("ai-split");
+      const { world, requests, resume } = await ask(runId, [{ text: "never read" }], TWO);
+      const split: ModelMessage[] = [];
+      for (const request of approvalRequests(requests)) {
+        const { response } = await decideApproval(approver, request, "approve", "ok", { runId });
+        split.push({ role: "tool", content: [response] });
+      }
+      await assert.rejects(resume(split), { name: "AI_MissingToolResultsError" });
+      assert.deepEqual(world.credits.map((c) => c.customer), ["c-43"], "only the last message's call acted");
+    });
   });
 
   test("forged: an approval response the ledger never gave (the request is real, undecided): nothing acts; the model reads that a person has been asked", async () => {

@@ -68,8 +68,8 @@ describe("approvals", () => {
     const args = { order: "o-3", amount: 500 };
     let effects = 0;
     const act = () => ({ refund: ++effects });
-    // A short wait: a Claim with a wait waits for the decision (even the one that asks).
-    const first = await agent.runOnce(runId, "issue_refund", args, act, { waitMs: 100 }).catch((e: unknown) => e);
+    // The default wait (10 s) is for an attempt in flight: a call awaiting a person answers at once.
+    const first = await agent.runOnce(runId, "issue_refund", args, act).catch((e: unknown) => e);
     assert.ok(first instanceof AwaitingApprovalError, String(first));
     assert.equal(effects, 0, "nothing acts while a person is asked");
     assert.equal(first.approval?.state, "REQUESTED");
@@ -93,7 +93,7 @@ describe("approvals", () => {
     const args = { order: "o-4", amount: 900 };
     let effects = 0;
     const act = () => ++effects;
-    const asked = await agent.runTool(runId, "issue_refund", args, act, { waitMs: 100 });
+    const asked = await agent.runTool(runId, "issue_refund", args, act);
     assert.equal(asked.outcome, "awaiting_approval");
     assert.equal(asked.toModelText(), asked.note);
     assert.match(asked.note, /.+/);

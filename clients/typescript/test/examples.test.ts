@@ -10,7 +10,7 @@ import { writeFileSync } from "node:fs";
 import { join } from "node:path";
 import { after, before, describe, test } from "node:test";
 import * as aiSdkAgent from "../examples/ai-sdk-agent.js";
-import { aiSdkApproval, mcpApproval, openAiAgentsApproval } from "../examples/approvals.js";
+import { aiSdkApproval, mcpApproval, openAiAgentsApproval, type Decide } from "../examples/approvals.js";
 import * as mcpAgent from "../examples/mcp-agent.js";
 import * as openAiAgentsAgent from "../examples/openai-agents-agent.js";
 import { World } from "../examples/world.js";
@@ -208,8 +208,9 @@ describe("examples", () => {
   });
 });
 
-// examples/approvals.ts: a refund over 100 waits for a person in each framework's own approval
-// step (the server's approval policy), against a server with an agent's and an approver's token.
+// examples/approvals.ts: refunds over 100 wait for a person in each framework's own approval
+// step (the server's approval policy), against a server with an agent's and an approver's token;
+// the model asks for two refunds in one step.
 describe("examples/approvals.ts (a person in the loop)", () => {
   let server: TestServer;
   let ledger: Ledger;
@@ -229,29 +230,46 @@ describe("examples/approvals.ts (a person in the loop)", () => {
     await server.stop();
   });
 
+  const all = (decision: "approve" | "deny", reason: string): Decide => () => ({ decision, reason });
   const plays = { "openai-agents": openAiAgentsApproval, "ai-sdk": aiSdkApproval, mcp: mcpApproval };
   for (const [name, play] of Object.entries(plays)) {
-    test(`${name}: approved, the refund happens once; denied, the model reads the person's reason and nothing happens`, async () => {
-      const approved = await play(ledger, approver, uniqueRun(`${name}-yes`), "approve", "checked the order");
-      assert.deepEqual(approved.refunds, ["o-1:250"]);
-      assert.equal(approved.read, '{"refund_id":"rf-o-1"}');
-      const denied = await play(ledger, approver, uniqueRun(`${name}-no`), "deny", "the order was not returned");
+    test(`${name}: two refunds in one step, decided in the app: approved, each happens once; denied, the model reads the person's reason and nothing happens`, async () => {
+      const approved = await play(ledger, approver, uniqueRun(`${name}-yes`), all("approve", "checked the order"));
+      assert.deepEqual(approved.refunds.sort(), ["o-1:250", "o-2:400"]);
+      assert.deepEqual(approved.read.sort(), ['{"refund_id":"rf-o-1"}', '{"refund_id":"rf-o-2"}']);
+      const denied = await play(ledger, approver, uniqueRun(`${name}-no`), all("deny", "the order was not returned"));
       assert.deepEqual(denied.refunds, []);
-      assert.match(denied.read, /the order was not returned/);
+      assert.equal(denied.read.length, 2);
+      for (const read of denied.read) assert.match(read, /the order was not returned/);
+    });
+
+    test(`${name}: one approved and one denied, decided in the console: the app answers both "approved" in the framework, and only the approved one happens`, async () => {
+      const decide: Decide = ({ order }) =>
+        order === "o-2" ? { decision: "approve", reason: "ok" } : { decision: "deny", reason: "o-1 was refunded by hand" };
+      const out = await play(ledger, approver, uniqueRun(`${name}-console`), decide, "console");
+      assert.deepEqual(out.refunds, ["o-2:400"]);
+      assert.equal(out.read.length, 2);
+      assert.ok(out.read.includes('{"refund_id":"rf-o-2"}'), out.read.join(" | "));
+      assert.ok(out.read.some((r) => /o-1 was refunded by hand/.test(r)), out.read.join(" | "));
     });
   }
 
-  test("the program: each framework, approved, then denied", async () => {
-    const env = { LEDGER_ADDRESS: server.address, LEDGER_TOKEN: "tok-agent", APPROVER_TOKEN: "tok-dana" };
+  test("the program runs without a model key: each framework, approved, then denied, then decided in the console", async () => {
+    const env = { LEDGER_ADDRESS: server.address, LEDGER_TOKEN: "tok-agent", APPROVER_TOKEN: "tok-dana", OPENAI_API_KEY: "" };
     const yes = await runExample("approvals", env);
     assert.equal(yes.code, 0, yes.stderr);
     for (const name of ["openai-agents", "ai-sdk", "mcp"]) {
-      assert.match(yes.stdout, new RegExp(`^${name}: approve -> 1 refund\\(s\\); the model read: \\{"refund_id":"rf-o-1"\\}$`, "m"));
+      assert.match(yes.stdout, new RegExp(`^${name}: approve -> 2 refund\\(s\\); the model read: \\{"refund_id":"rf-o-\\d"\\} \\| \\{"refund_id":"rf-o-\\d"\\}$`, "m"));
     }
     const no = await runExample("approvals", { ...env, DECISION: "deny", REASON: "not returned yet" });
     assert.equal(no.code, 0, no.stderr);
     for (const name of ["openai-agents", "ai-sdk", "mcp"]) {
-      assert.match(no.stdout, new RegExp(`^${name}: deny -> 0 refund\\(s\\); the model read: .*not returned yet`, "m"));
+      assert.match(no.stdout, new RegExp(`^${name}: deny -> 0 refund\\(s\\); the model read: .*not returned yet.* \\| .*not returned yet`, "m"));
+    }
+    const console = await runExample("approvals", { ...env, DECIDED_IN: "console" });
+    assert.equal(console.code, 0, console.stderr);
+    for (const name of ["openai-agents", "ai-sdk", "mcp"]) {
+      assert.match(console.stdout, new RegExp(`^${name}: approve -> 2 refund\\(s\\)`, "m"));
     }
   });
 });

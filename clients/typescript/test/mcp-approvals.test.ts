@@ -54,7 +54,6 @@ describe("MCP approvals (the awaiting and denied notes)", () => {
       "issue_credit",
       { description: "Issue a credit.", inputSchema: { customer: z.string(), amount: z.number(), currency: z.string() } },
       issue,
-      { waitMs: 100 },
     );
     registerLedgerTool(
       mcp,
@@ -62,7 +61,7 @@ describe("MCP approvals (the awaiting and denied notes)", () => {
       "close_account",
       { description: "Close an account.", inputSchema: { customer: z.string() } },
       async ({ customer }) => issue({ customer, amount: 0 }),
-      { waitMs: 100, requireApproval: true },
+      { requireApproval: true },
     );
     const [clientSide, serverSide] = InMemoryTransport.createLinkedPair();
     const client = new Client({ name: "agent-host", version: "1.0.0" });

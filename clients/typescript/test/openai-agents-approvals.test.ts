@@ -15,6 +15,7 @@ import {
   setTracingDisabled,
   tool,
   type AgentOutputItem,
+  type RunToolApprovalItem,
 } from "@openai/agents";
 import { z } from "zod";
 import { decideInterruption, interruptionKey, ledgerTool } from "../src/adapters/openai-agents.js";
@@ -35,6 +36,7 @@ function say(text: string): AgentOutputItem[] {
 }
 
 const CREDIT = '{"customer":"c-42","amount":200,"currency":"EUR"}';
+const CREDIT_2 = '{"customer":"c-43","amount":300,"currency":"EUR"}';
 
 describe("OpenAI Agents JS SDK approvals (needsApproval, interruptions, RunState)", () => {
   let server: TestServer;
@@ -68,10 +70,9 @@ describe("OpenAI Agents JS SDK approvals (needsApproval, interruptions, RunState
           parameters: z.object({ customer: z.string(), amount: z.number(), currency: z.string() }),
           execute: async (input) => world.issue(input, currentAttempt()!.externalRef),
         },
-        // A resumed call whose approval the ledger never gave waits this long for a decision;
-        // a run interrupted for a person keeps its entries at least 10 days (ExtendRun; the server
+        // A run interrupted for a person keeps its entries at least 10 days (ExtendRun; the server
         // itself keeps them until the request's decide_by, 72 h).
-        { waitMs: 200, pauseRetentionMs: 10 * 86_400_000 },
+        { pauseRetentionMs: 10 * 86_400_000 },
       ),
     );
     const sendWire = tool(
@@ -85,7 +86,6 @@ describe("OpenAI Agents JS SDK approvals (needsApproval, interruptions, RunState
           needsApproval: options.ownGate ?? true,
           execute: async (input) => world.issue({ customer: input.to, amount: input.amount }, currentAttempt()!.externalRef),
         },
-        { waitMs: 200 },
       ),
     );
     const model = new ScriptedModel(turns);
@@ -143,6 +143,70 @@ describe("OpenAI Agents JS SDK approvals (needsApproval, interruptions, RunState
     assert.match(read, /the customer has an open dispute/);
     assert.doesNotMatch(read, /credit_id/);
     assert.equal(result.finalOutput, "I could not issue it.");
+  });
+
+  describe("several gated calls in one step", () => {
+    /** The model asks for two gated credits in one turn. */
+    const two = () => [...call("issue_credit", CREDIT), ...call("issue_credit", CREDIT_2)];
+    const customerOf = (i: RunToolApprovalItem) => (JSON.parse(i.arguments ?? "{}") as { customer: string }).customer;
+
+    test("both approved: each interruption of the saved RunState decided and approved; each call acts exactly once", async () => {
+      const runId = uniqueRun("agents-two");
+      const { world, model, agent } = setup([two(), say("Both credits are issued.")]);
+      const paused = await run(agent, "Credit c-42 and c-43.", { context: { runId } });
+      assert.equal(paused.interruptions.length, 2, "one interruption per gated call");
+      assert.equal(world.credits.length, 0);
+      const state = await RunState.fromString(agent, paused.state.toString());
+      for (const interruption of state.getInterruptions()) {
+        await decideInterruption(approver, state, interruption, "approve", "checked");
+      }
+      const result = await run(agent, state);
+      assert.deepEqual(world.credits.map((c) => c.customer).sort(), ["c-42", "c-43"], "one effect per call");
+      assert.deepEqual(model.resultsRead().sort(), ['{"credit_id":"cr-1"}', '{"credit_id":"cr-2"}']);
+      assert.equal(result.finalOutput, "Both credits are issued.");
+    });
+
+    test("one approved, the other denied: the denied never acts, and the model reads the denial with the person's reason", async () => {
+      const runId = uniqueRun("agents-mixed");
+      const { world, model, agent } = setup([two(), say("One of two.")]);
+      const paused = await run(agent, "Credit c-42 and c-43.", { context: { runId } });
+      for (const interruption of paused.state.getInterruptions()) {
+        const yes = customerOf(interruption) === "c-42";
+        await decideInterruption(approver, paused.state, interruption, yes ? "approve" : "deny", yes ? "ok" : "c-43 is under review");
+      }
+      await run(agent, paused.state);
+      assert.deepEqual(world.credits.map((c) => c.customer), ["c-42"], "only the approved call acted");
+      const read = model.resultsRead();
+      assert.equal(read.length, 2);
+      assert.ok(read.includes('{"credit_id":"cr-1"}'), read.join(" | "));
+      assert.ok(read.some((t) => /c-43 is under review/.test(t) && /not done/.test(t)), read.join(" | "));
+    });
+
+    test("decided elsewhere (Decide alone, as the console or the CLI): the app approves each interruption in the RunState, and each call does as its decision says", async () => {
+      const runId = uniqueRun("agents-elsewhere");
+      const { world, model, agent } = setup([two(), say("Done.")]);
+      const paused = await run(agent, "Credit c-42 and c-43.", { context: { runId } });
+      for (const interruption of paused.interruptions) {
+        const { key, fingerprint } = interruptionKey(paused.state, interruption);
+        const yes = customerOf(interruption) === "c-43";
+        await approver.decide(key, fingerprint, yes ? "APPROVE" : "DENY", yes ? "fine" : "no credit for c-42");
+      }
+      for (const interruption of paused.state.getInterruptions()) paused.state.approve(interruption);
+      await run(agent, paused.state);
+      assert.deepEqual(world.credits.map((c) => c.customer), ["c-43"]);
+      assert.ok(model.resultsRead().some((t) => /no credit for c-42/.test(t)), model.resultsRead().join(" | "));
+    });
+
+    test("only one of the two decided and approved: the run stays interrupted for the other, which never acts", async () => {
+      const runId = uniqueRun("agents-one-of-two");
+      const { world, agent } = setup([two(), say("Done.")]);
+      const paused = await run(agent, "Credit c-42 and c-43.", { context: { runId } });
+      const [first, second] = paused.state.getInterruptions();
+      await decideInterruption(approver, paused.state, first, "approve", "ok");
+      const again = await run(agent, paused.state);
+      assert.deepEqual(again.interruptions.map(customerOf), [customerOf(second)]);
+      assert.deepEqual(world.credits.map((c) => c.customer), [customerOf(first)]);
+    });
   });
 
   test("a RunState serialized after the approval and resumed twice (RunState.fromString, at once): one effect, the other reads the replay", async () => {

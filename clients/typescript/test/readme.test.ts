@@ -1,72 +1,62 @@
-// Every ```ts / ```typescript snippet of the README is compiled with `tsc --strict` in a temp
-// project that imports the package by its name ("idempotency-ledger", its subpaths, and the
-// frameworks the snippets use), each snippet a module of its own. A snippet that is a fragment
-// (it uses a `ledger`, a `runId`, a payments API it does not define) gets the names it uses as
-// ambient declarations (`declare const …`, `import type`) before it, and nothing else: what it
-// does with them is type-checked. The snippets that are cheap to run are then run with node
-// against the real server, their names defined by a prelude (`node --import`), and what they
-// print is checked.
+// Every ```ts / ```typescript snippet of the docs (docs/*.md at the repository's root, and this
+// README) is compiled with `tsc --strict` in a temp project that imports the built package by its
+// name ("idempotency-ledger" and its subpaths: dist/) and the real frameworks the snippets use,
+// each snippet a module of its own. The names a snippet assumes rather than makes (the agent's
+// `ledger`, the person's `approver`, the `runId`, a `model`, the payments API) are declared once,
+// for all, in one prelude, each with why (test/support/snippet-prelude.ts); anything else a
+// snippet uses it must import or make, as a reader copying it would. The snippets that are cheap
+// to run are then run with node against the real server, what they assume defined by a module
+// run first (`node --import`), and what they print is checked.
 
 import assert from "node:assert/strict";
 import { execFile } from "node:child_process";
 import { mkdirSync, mkdtempSync, readdirSync, readFileSync, rmSync, symlinkSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
-import { join } from "node:path";
+import { join, relative } from "node:path";
 import { after, before, describe, test } from "node:test";
 import { promisify } from "node:util";
-import { PACKAGE_ROOT, startServer, uniqueRun, type TestServer } from "./support/server.js";
+import { SNIPPET_PRELUDE, preludeNames } from "./support/snippet-prelude.js";
+import { PACKAGE_ROOT, REPO_ROOT, startServer, uniqueRun, type TestServer } from "./support/server.js";
 
 const exec = promisify(execFile);
 
 interface Snippet {
-  /** 1-based line of the README where the snippet's code starts. */
+  /** The Markdown file, relative to the repository's root. */
+  file: string;
+  /** 1-based line of the file where the snippet's code starts. */
   line: number;
   code: string;
 }
 
-/** The README's ```ts and ```typescript blocks, in order. */
-export function tsSnippets(markdown: string): Snippet[] {
+/** The ```ts and ```typescript blocks of a Markdown text, in order. */
+export function tsSnippets(markdown: string, file = "README.md"): Snippet[] {
   const out: Snippet[] = [];
   const lines = markdown.split("\n");
   for (let i = 0; i < lines.length; i++) {
     const fence = /^```(\S*)\s*$/.exec(lines[i]);
     if (!fence) continue;
     const end = lines.findIndex((l, j) => j > i && /^```\s*$/.test(l));
-    assert.ok(end > i, `README.md line ${i + 1}: a code block that never ends`);
-    if (fence[1] === "ts" || fence[1] === "typescript") out.push({ line: i + 2, code: lines.slice(i + 1, end).join("\n") });
+    assert.ok(end > i, `${file} line ${i + 1}: a code block that never ends`);
+    if (fence[1] === "ts" || fence[1] === "typescript") out.push({ file, line: i + 2, code: lines.slice(i + 1, end).join("\n") });
     i = end;
   }
   return out;
 }
 
-/** A payments API, as the snippets use it (declared for the compiler). */
-const PAYMENTS = `declare const payments: {
-  issueCredit(request: { customer: string; amount: number; currency: string; idempotencyKey: string }): Promise<{ credit_id: string }>;
-  findCredit(query: { idempotencyKey: string }): Promise<{ id: string } | undefined>;
-};`;
-
-/** What the per-framework snippets use from the snippet before them, and the tool's own parts. */
-const LEDGER_AND_READ = `import type * as __ledger from "idempotency-ledger";
-declare const ledger: __ledger.Ledger;
-declare const findCredit: __ledger.Confirm<{ credit_id: string }>;
-declare const runId: string;
-declare const description: string;
-declare const execute: (input: { customer: string; amount: number; currency: string }) => Promise<{ credit_id: string }>;`;
-
-/** What the approval snippets use: the agent's ledger, the person's, the run, the refund tool's parts. */
-const APPROVALS = `import type * as __ledger from "idempotency-ledger";
-declare const ledger: __ledger.Ledger;
-declare const approver: __ledger.Ledger;
-declare const runId: string;
-declare const description: string;
-declare const execute: (input: { order: string; amount: number }) => Promise<{ refund_id: string }>;`;
-
-const REFUND_SHAPE = `{ order: import("zod").ZodString; amount: import("zod").ZodNumber }`;
-
-const CREDIT_SHAPE = `{ customer: import("zod").ZodString; amount: import("zod").ZodNumber; currency: import("zod").ZodString }`;
+/** The Markdown files whose snippets are checked: every docs/*.md, and this README. */
+function markdownFiles(): string[] {
+  const docs = join(REPO_ROOT, "docs");
+  return [
+    ...readdirSync(docs)
+      .filter((f) => f.endsWith(".md"))
+      .sort()
+      .map((f) => join(docs, f)),
+    join(PACKAGE_ROOT, "README.md"),
+  ];
+}
 
 interface Run {
-  /** A module run before the snippet (node --import): defines, on globalThis, what the snippet only declares. */
+  /** A module run before the snippet (node --import): defines, on globalThis, what the prelude only declares. */
   prelude: string;
   /** Appended to the snippet (type-checked with it) when it is run: prints what the test checks. */
   epilogue: string;
@@ -76,11 +66,10 @@ interface Run {
   times?: number;
 }
 
-/** Each snippet is found by a line only it has. */
-const CONTEXTS: Array<{ find: string; declare: string; run?: Run }> = [
+/** The snippets that are run, each found by a line only it has. */
+const RUNS: Array<{ find: string; run: Run }> = [
   {
     find: 'ledger.runTool(runId, "issue_credit", args',
-    declare: `declare const runId: string;\n${PAYMENTS}`,
     run: {
       prelude: `globalThis.runId = process.env.RUN_ID;
 globalThis.payments = { issueCredit: async ({ idempotencyKey }) => ({ credit_id: "cr-" + idempotencyKey.slice(-8) }) };`,
@@ -93,60 +82,8 @@ globalThis.payments = { issueCredit: async ({ idempotencyKey }) => ({ credit_id:
       times: 2,
     },
   },
-  { find: "const findCredit: Confirm<{ credit_id: string }> = async ({ externalRef })", declare: PAYMENTS },
-  {
-    find: 'import { ledgerTool } from "idempotency-ledger/ai-sdk";',
-    declare: `${LEDGER_AND_READ}
-declare const inputSchema: import("zod").ZodType<{ customer: string; amount: number; currency: string }>;
-declare const model: import("ai").LanguageModel;
-declare const prompt: string;`,
-  },
-  {
-    find: 'import { ledgerTool } from "idempotency-ledger/openai-agents";',
-    declare: `${LEDGER_AND_READ}
-declare const parameters: import("zod").ZodObject<${CREDIT_SHAPE}>;
-declare const instructions: string;
-declare const input: string;`,
-  },
-  {
-    find: 'import { registerLedgerTool } from "idempotency-ledger/mcp";',
-    declare: `${LEDGER_AND_READ}
-declare const server: import("@modelcontextprotocol/sdk/server/mcp.js").McpServer;
-declare const inputSchema: ${CREDIT_SHAPE};
-declare const callback: import("@modelcontextprotocol/sdk/server/mcp.js").ToolCallback<typeof inputSchema>;`,
-  },
-  {
-    find: "decideInterruption(approver, state, interruption",
-    declare: `${APPROVALS}
-declare const parameters: import("zod").ZodObject<${REFUND_SHAPE}>;
-declare const instructions: string;
-declare const input: string;`,
-  },
-  {
-    find: "decideApproval(approver, part",
-    declare: `${APPROVALS}
-declare const inputSchema: import("zod").ZodType<{ order: string; amount: number }>;
-declare const model: import("ai").LanguageModel;
-declare const prompt: string;`,
-  },
-  {
-    find: "approver.watchApprovals({ cursor })",
-    declare: `import type * as __ledger from "idempotency-ledger";
-declare const ledger: __ledger.Ledger;
-declare const runId: string;
-declare const key: string;
-declare const fingerprint: string;
-declare const args: Record<string, unknown>;
-declare const act: () => Promise<{ refund_id: string }>;
-declare const loadCursor: () => string;
-declare const postToChat: (entry: __ledger.LedgerEntry) => Promise<void>;`,
-  },
-  { find: "const confirm: Confirm<{ credit_id: string }> = async ({ externalRef })", declare: PAYMENTS },
   {
     find: "new Reconciler(ledger, tools",
-    declare: `import type * as __ledger from "idempotency-ledger";
-declare const ledger: __ledger.Ledger;
-declare const tools: __ledger.ReconcilerTools;`,
     run: {
       prelude: `import { Ledger, notFound } from "idempotency-ledger";
 globalThis.ledger = new Ledger({ address: process.env.LEDGER_ADDRESS });
@@ -156,14 +93,7 @@ globalThis.tools = [{ name: "issue_credit", confirm: () => notFound }];`,
     },
   },
   {
-    find: "retryBudgetMs: 30_000,",
-    declare: `declare const runId: string;
-declare const args: Record<string, unknown>;
-declare const result: Uint8Array;`,
-  },
-  {
     find: 'import { deriveKey, fingerprint, canonicalize } from "idempotency-ledger";',
-    declare: "",
     run: {
       prelude: "",
       epilogue: [
@@ -184,20 +114,56 @@ declare const result: Uint8Array;`,
   },
 ];
 
-describe("README: every TypeScript snippet compiles under tsc --strict, and the cheap ones run", () => {
-  const readme = readFileSync(join(PACKAGE_ROOT, "README.md"), "utf8");
-  const snippets = tsSnippets(readme);
+/** Controls that must fail, each with the compiler's error codes it must get. */
+const CONTROLS: Array<{ file: string; why: string; code: string; errors: string[] }> = [
+  {
+    file: "control-types.ts",
+    why: "the README's first findCredit as it was (an implicit any: TS7031) and a name the package lacks (TS2724)",
+    code: [
+      'import { found, notFound, currentAttemptt } from "idempotency-ledger";',
+      "const findCredit = async ({ externalRef }) => {",
+      "  const credit = await payments.findCredit({ idempotencyKey: externalRef });",
+      "  return credit ? found({ credit_id: credit.id }) : notFound;",
+      "};",
+      "export { findCredit, currentAttemptt };",
+    ].join("\n"),
+    errors: ["TS2724", "TS7031"],
+  },
+  {
+    file: "control-imports.ts",
+    why: "docs/approvals.md's Vercel AI SDK snippet as it was, shortened: z and stepCountIs used, never imported (TS2304)",
+    code: [
+      'import { generateText, tool, type ModelMessage } from "ai";',
+      'import { ledgerTool } from "idempotency-ledger/ai-sdk";',
+      "const tools = {",
+      "  issue_refund: ledgerTool(",
+      "    ledger,",
+      '    tool({ description: "Refund an order.", inputSchema: z.object({ order: z.string(), amount: z.number() }),',
+      "      execute: async ({ order, amount }) => refundOrder(order, amount) }),",
+      '    { name: "issue_refund" },',
+      "  ),",
+      "};",
+      'const messages: ModelMessage[] = [{ role: "user", content: "Refund order o-1." }];',
+      "await generateText({ model, tools, messages, experimental_context: { runId }, stopWhen: stepCountIs(5) });",
+      "export {};",
+    ].join("\n"),
+    // Cannot find name 'z' (three times), then 'stepCountIs'.
+    errors: ["TS2304", "TS2304", "TS2304", "TS2304"],
+  },
+];
+
+describe("docs and README: every TypeScript snippet compiles under tsc --strict, and the cheap ones run", () => {
+  const snippets = markdownFiles().flatMap((path) => tsSnippets(readFileSync(path, "utf8"), relative(REPO_ROOT, path)));
   let dir: string;
   let server: TestServer;
-  /** tsc's diagnostics per snippet file. */
+  /** tsc's diagnostics per file of the temp project. */
   let diagnostics: Map<string, string[]>;
-  const CONTROL = "control.ts";
   const fileOf = (i: number) => `snippet-${String(i + 1).padStart(2, "0")}.ts`;
-  const contextOf = (s: Snippet) => CONTEXTS.filter((c) => s.code.includes(c.find));
+  const runsOf = (s: Snippet) => RUNS.filter((r) => s.code.includes(r.find));
 
   before(async () => {
     server = await startServer();
-    dir = mkdtempSync(join(tmpdir(), "ledger-ts-readme-"));
+    dir = mkdtempSync(join(tmpdir(), "ledger-ts-snippets-"));
     // The temp project: the package under its name, and the frameworks and types it was tested with.
     const modules = join(dir, "node_modules");
     mkdirSync(modules);
@@ -205,7 +171,7 @@ describe("README: every TypeScript snippet compiles under tsc --strict, and the 
       if (!name.startsWith(".")) symlinkSync(join(PACKAGE_ROOT, "node_modules", name), join(modules, name));
     }
     symlinkSync(PACKAGE_ROOT, join(modules, "idempotency-ledger"));
-    writeFileSync(join(dir, "package.json"), JSON.stringify({ name: "readme-snippets", private: true, type: "module" }));
+    writeFileSync(join(dir, "package.json"), JSON.stringify({ name: "doc-snippets", private: true, type: "module" }));
     writeFileSync(
       join(dir, "tsconfig.json"),
       JSON.stringify({
@@ -222,43 +188,38 @@ describe("README: every TypeScript snippet compiles under tsc --strict, and the 
         include: ["*.ts"],
       }),
     );
+    writeFileSync(join(dir, "prelude.d.ts"), SNIPPET_PRELUDE);
     snippets.forEach((s, i) => {
-      const [context] = contextOf(s);
+      const [run] = runsOf(s);
       const parts = [
-        `// README.md, the snippet at line ${s.line}${context?.declare ? ", after what it uses, declared" : ""}`,
-        context?.declare ?? "",
+        `// ${s.file}, the snippet at line ${s.line}`,
         s.code,
-        context?.run?.epilogue ?? "",
+        run?.run.epilogue ?? "",
         // A snippet without an import or export would be a script, and top-level await needs a module.
         "export {};",
       ];
       writeFileSync(join(dir, fileOf(i)), `${parts.join("\n")}\n`);
-      if (context?.run) writeFileSync(join(dir, `prelude-${i + 1}.mjs`), `${context.run.prelude}\n`);
+      if (run) writeFileSync(join(dir, `prelude-${i + 1}.mjs`), `${run.run.prelude}\n`);
     });
-    // A control that must fail: the README's first findCredit as it was, and a name the package lacks.
-    writeFileSync(
-      join(dir, CONTROL),
-      [
-        'import { found, notFound, currentAttemptt } from "idempotency-ledger";',
-        PAYMENTS,
-        "const findCredit = async ({ externalRef }) => {",
-        "  const credit = await payments.findCredit({ idempotencyKey: externalRef });",
-        "  return credit ? found({ credit_id: credit.id }) : notFound;",
-        "};",
-        "export { findCredit, currentAttemptt };",
-      ].join("\n"),
-    );
+    for (const control of CONTROLS) writeFileSync(join(dir, control.file), `${control.code}\n`);
     // One tsc run for all (its diagnostics name the file); it emits even when a snippet has errors.
-    diagnostics = new Map([...snippets.map((_, i): [string, string[]] => [fileOf(i), []]), [CONTROL, []]]);
+    diagnostics = new Map([...snippets.map((_, i) => fileOf(i)), ...CONTROLS.map((c) => c.file), "prelude.d.ts"].map((f) => [f, []]));
     const tsc = join(PACKAGE_ROOT, "node_modules/.bin/tsc");
     const out = await exec(tsc, ["-p", dir, "--pretty", "false"], { cwd: dir, timeout: 300_000 }).then(
       (r) => r.stdout,
       (err: { stdout?: string; message: string }) => err.stdout || err.message,
     );
+    let last: string[] | undefined;
     for (const line of out.split("\n").filter((l) => l.trim())) {
-      const file = /^((?:snippet-\d+|control)\.ts)\(/.exec(line)?.[1];
+      // An indented line goes on with the diagnostic before it (the chain of why a type does not fit).
+      if (/^\s/.test(line) && last) {
+        last[last.length - 1] += `\n${line}`;
+        continue;
+      }
+      const file = /^((?:snippet-\d+|control-\w+|prelude)\.(?:d\.)?ts)\(/.exec(line)?.[1];
       assert.ok(file && diagnostics.has(file), `tsc: ${line}`);
-      diagnostics.get(file)!.push(line);
+      last = diagnostics.get(file)!;
+      last.push(line);
     }
   });
   after(async () => {
@@ -266,36 +227,48 @@ describe("README: every TypeScript snippet compiles under tsc --strict, and the 
     if (dir) rmSync(dir, { recursive: true, force: true });
   });
 
-  test("the README has its snippets, and each is found by exactly one context (none is left over)", () => {
-    assert.ok(snippets.length >= 9, `${snippets.length} snippets`);
-    for (const s of snippets) assert.equal(contextOf(s).length, 1, `README.md line ${s.line}: ${contextOf(s).length} contexts`);
-    for (const c of CONTEXTS) {
-      assert.equal(snippets.filter((s) => s.code.includes(c.find)).length, 1, `the context for ${JSON.stringify(c.find)}`);
-    }
-    // Declared context only: declarations, never code that would do the snippet's work.
-    for (const c of CONTEXTS) {
-      for (const l of c.declare.split("\n").filter((x) => /^\S/.test(x))) {
-        assert.match(l, /^(declare const |import type |\};$)/, l);
-      }
-    }
+  test("the docs have their snippets: the README's, docs/approvals.md's two frameworks and docs/agents.md's", () => {
+    const per = (file: string) => snippets.filter((s) => s.file === file).length;
+    assert.ok(per("clients/typescript/README.md") >= 9, `${per("clients/typescript/README.md")} README snippets`);
+    assert.ok(per("docs/approvals.md") >= 2);
+    assert.ok(per("docs/agents.md") >= 1);
+    for (const r of RUNS) assert.equal(snippets.filter((s) => s.code.includes(r.find)).length, 1, `the run for ${JSON.stringify(r.find)}`);
   });
 
-  test("the harness fails a snippet that does not type-check: the README's old findCredit (TS7031), a wrong import", () => {
-    assert.deepEqual(
-      diagnostics.get(CONTROL)!.map((l) => /error (TS\d+)/.exec(l)?.[1]),
-      ["TS2724", "TS7031"],
-      diagnostics.get(CONTROL)!.join("\n"),
-    );
+  test("the prelude declares only names of the app's own: declarations, no code, nothing a snippet should import, each name used", async () => {
+    assert.deepEqual(diagnostics.get("prelude.d.ts"), []);
+    for (const l of SNIPPET_PRELUDE.split("\n").filter((x) => /^\S/.test(x))) {
+      assert.match(l, /^(\/\/|\/\*\*|declare (const|function) |type \w+ = \{$|\};$)/, l);
+    }
+    const names = preludeNames();
+    assert.ok(names.includes("ledger") && names.includes("approver") && names.includes("refundOrder"));
+    const modules = ["idempotency-ledger", "idempotency-ledger/ai-sdk", "idempotency-ledger/openai-agents", "idempotency-ledger/mcp", "ai", "@openai/agents", "zod"];
+    for (const spec of modules) {
+      const exported = Object.keys((await import(spec)) as object);
+      assert.deepEqual(names.filter((n) => exported.includes(n)), [], `the prelude declares what ${spec} exports`);
+    }
+    const unused = names.filter((n) => !snippets.some((s) => new RegExp(`\\b${n}\\b`).test(s.code)));
+    assert.deepEqual(unused, [], "declared, used by no snippet");
   });
+
+  for (const control of CONTROLS) {
+    test(`the check fails a snippet that does not compile: ${control.why}`, () => {
+      assert.deepEqual(
+        diagnostics.get(control.file)!.map((l) => /error (TS\d+)/.exec(l)?.[1]),
+        control.errors,
+        diagnostics.get(control.file)!.join("\n"),
+      );
+    });
+  }
 
   snippets.forEach((s, i) => {
     const first = s.code.split("\n").find((l) => l.trim() && !l.startsWith("//")) ?? "";
-    test(`README.md line ${s.line} compiles under --strict: ${first.slice(0, 70)}`, () => {
+    test(`${s.file} line ${s.line} compiles under --strict: ${first.slice(0, 70)}`, () => {
       assert.deepEqual(diagnostics.get(fileOf(i)), [], readFileSync(join(dir, fileOf(i)), "utf8"));
     });
-    const run = contextOf(s)[0]?.run;
+    const run = runsOf(s)[0]?.run;
     if (run) {
-      test(`README.md line ${s.line} runs against the server and prints what it says`, async () => {
+      test(`${s.file} line ${s.line} runs against the server and prints what it says`, async () => {
         const env = { ...process.env, LEDGER_ADDRESS: server.address, RUN_ID: uniqueRun("readme") };
         // The snippets' ledger is at 127.0.0.1:50051: the test's is wherever it started.
         const js = join(dir, "out", fileOf(i).replace(/\.ts$/, ".js"));

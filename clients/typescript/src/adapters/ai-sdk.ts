@@ -5,9 +5,10 @@
 // option. Only types are imported from "ai" (an optional peer dependency, 5 or 6): the wrapped
 // tool is the same object, with its execute, onInputAvailable, toModelOutput and needsApproval
 // replaced. Approvals (AI SDK 6): needsApproval asks the ledger, so a gated call ends the step
-// with a tool-approval-request; decideApproval is the app's button (Decide with an approver's
-// credential, and the tool-approval-response to send back); the tool acts only on the ledger's
-// CLAIMED, whatever the history says was approved.
+// with a tool-approval-request; decideApprovals is the app's buttons for every request of a step
+// (Decide with an approver's credential, and the one tool message answering them all, since the
+// SDK reads only the last); the tool acts only on the ledger's CLAIMED, whatever the history says
+// was approved.
 
 import type { Tool, ToolCallOptions } from "ai";
 import type { Confirm } from "../confirm.js";
@@ -200,12 +201,13 @@ export interface DecideApprovalOptions {
  * The app's approve (or deny) button for a tool-approval-request of a ledger tool: records the
  * person's decision in the ledger with the approver's credential (`approver`: a Ledger made with
  * a token of the approver role), bound to the arguments the request shows (their fingerprint),
- * and returns the tool-approval-response to send back (`{ role: "tool", content: [response] }`)
- * with the next generateText. The response hands the call back to the tool (`approved: true`
- * whatever the decision, `reason` the person's), and the tool asks the ledger: after an approval
- * it acts, once; after a denial the model reads the ledger's note with the person's reason, and
- * nothing acts. A response the ledger never saw (a client that sends both the request and the
- * response) lets nothing act: the tool answers that a person has been asked.
+ * and returns the tool-approval-response to send back with the next generateText. The response
+ * hands the call back to the tool (`approved: true` whatever the decision, `reason` the
+ * person's), and the tool asks the ledger: after an approval it acts, once; after a denial the
+ * model reads the ledger's note with the person's reason, and nothing acts. A response the
+ * ledger never saw (a client that sends both the request and the response) lets nothing act:
+ * the tool answers that a person has been asked. The responses to every request of a step go in
+ * one tool message (decideApprovals makes it): the SDK reads only the last one.
  */
 export async function decideApproval(
   approver: LedgerRpc,
@@ -236,4 +238,64 @@ function toModelOutput(arg: unknown): { type: "text"; value: string } {
       ? arg
       : (arg as { output: unknown }).output;
   return { type: "text", value: modelTextOf(output) };
+}
+
+/** A tool message that answers a step's approval requests (a ModelMessage of AI SDK 6). */
+export interface AiSdkApprovalMessage {
+  role: "tool";
+  content: AiSdkApprovalResponse[];
+}
+
+/** A person's decision about one request, as decideApprovals asks it of the app. */
+export interface AiSdkDecision {
+  decision: Decision | Lowercase<Decision>;
+  reason: string;
+}
+
+/** The tool-approval-request parts of a step's content (generateText's `content`, a step's, or the requests). */
+export function approvalRequests(content: ReadonlyArray<{ type?: string }>): AiSdkApprovalRequest[] {
+  return content.filter((part) => part.type === "tool-approval-request") as AiSdkApprovalRequest[];
+}
+
+/**
+ * The approve and deny buttons for every tool-approval-request of a step at once (a model may ask
+ * for several gated calls in one step): asks `decide` for the person's decision about each
+ * request (shown `request.toolCall`: the tool's name and arguments), records each in the ledger
+ * as decideApproval does, and returns ONE tool message answering them all, to push onto the
+ * messages of the next generateText. The SDK reads the approval responses of the last tool
+ * message only, and a call left without an answer stops the next call (MissingToolResultsError):
+ * one message per response would lose all but the last. Each request must be a ledger tool's, the
+ * tool's ledger name its key in the tools object. A Decide the ledger refuses (another decision
+ * was taken elsewhere: AlreadyDecidedError) throws; the decisions recorded before it stand, and
+ * the same decision again is a success, so the call may be made again.
+ */
+export async function decideApprovals(
+  approver: LedgerRpc,
+  content: ReadonlyArray<{ type?: string }>,
+  decide: (request: AiSdkApprovalRequest) => AiSdkDecision | Promise<AiSdkDecision>,
+  options: Omit<DecideApprovalOptions, "name">,
+): Promise<{ message: AiSdkApprovalMessage; entries: LedgerEntry[] }> {
+  const responses: AiSdkApprovalResponse[] = [];
+  const entries: LedgerEntry[] = [];
+  for (const request of approvalRequests(content)) {
+    const { decision, reason } = await decide(request);
+    const { response, entry } = await decideApproval(approver, request, decision, reason, options);
+    responses.push(response);
+    entries.push(entry);
+  }
+  return { message: { role: "tool", content: responses }, entries };
+}
+
+/**
+ * The one tool message that hands every call of a step back to its tool when the person decided
+ * elsewhere (the console, the CLI, another app): `approved: true` for each request, whatever the
+ * decision, since the ledger holds it. Each tool asks the ledger: approved, it acts once; denied,
+ * the model reads the ledger's note with the person's reason; still undecided, the model reads
+ * that a person has been asked, and nothing acts.
+ */
+export function approvalMessage(content: ReadonlyArray<{ type?: string }>): AiSdkApprovalMessage {
+  return {
+    role: "tool",
+    content: approvalRequests(content).map((request) => ({ type: "tool-approval-response", approvalId: request.approvalId, approved: true })),
+  };
 }
