@@ -51,3 +51,4 @@ mod tenants;
 mod traces;
 mod views;
 mod waiting;
+mod watch;

@@ -773,3 +773,49 @@ async fn http_protobuf_delivers_the_same_spans_to_the_traces_path() {
     assert_eq!(text(&claim, "ledger.outcome"), Some("CLAIMED"));
     drop(stop(server, Duration::from_secs(20)).await);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lapse_recorded_when_it_happens_exports_a_span_with_its_event() {
+    let collector = Collector::start().await;
+    let db = TestDb::new(Backend::Sqlite);
+    let endpoint = collector.endpoint();
+    let server = ServerProcess::start_with(
+        &db.url,
+        0,
+        &["--log-format", "json", "--approval-timeout", "1s"],
+        move |command| {
+            command.envs([
+                ("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", endpoint.as_str()),
+                ("OTEL_BSP_SCHEDULE_DELAY", "100"),
+            ]);
+        },
+    )
+    .await;
+    let mut client = client(&server).await;
+    client
+        .claim(pb::ClaimRequest {
+            require_approval: true,
+            ..claim_req("run-lapse", "issue_refund", r#"{"order":"o-1"}"#)
+        })
+        .await
+        .expect("claim");
+    // No claim comes again: only the task that waits for the deadline records the lapse.
+    let spans = collector
+        .wait_for("lapse span", |spans| {
+            named(spans, "ledger.approval_lapsed")
+                .iter()
+                .any(|s| s.events.iter().any(|e| e.name == "approval lapsed"))
+        })
+        .await;
+    let lapsed = named(&spans, "ledger.approval_lapsed")
+        .into_iter()
+        .find(|s| !s.events.is_empty())
+        .expect("the recording span");
+    assert_eq!(text(lapsed, "ledger.tool"), Some("issue_refund"));
+    assert_eq!(int(lapsed, "ledger.attempt"), Some(1));
+    assert_eq!(
+        text(lapsed, "ledger.key_prefix").map(str::len),
+        Some(12),
+        "a key prefix, never the arguments"
+    );
+}

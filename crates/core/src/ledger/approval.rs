@@ -284,7 +284,7 @@ impl Ledger {
                 target: crate::TRACE_TARGET,
                 "ledger.approval_lapsed",
                 ledger.tool = existing.tool.as_str(),
-                ledger.attempt = existing.attempt,
+                ledger.attempt = i64::from(existing.attempt),
                 ledger.key_prefix = key.log_prefix(),
             );
             let recorded = self
