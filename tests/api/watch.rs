@@ -75,7 +75,7 @@ async fn a_watcher_resuming_from_its_cursor_sees_every_event_two_servers_and_six
 /// approved (and used) or denied on the other.
 async fn write(mut clients: [LedgerServiceClient<Channel>; 2], round: usize, writer: usize) {
     for n in 0..REQUESTS_PER_WRITER {
-        let (asker, decider) = if n % 2 == 0 { (0, 1) } else { (1, 0) };
+        let (asker, decider) = if n.is_multiple_of(2) { (0, 1) } else { (1, 0) };
         let request = pb::ClaimRequest {
             run_id: format!("round-{round}-writer-{writer}"),
             tool: "issue_refund".into(),
@@ -90,7 +90,7 @@ async fn write(mut clients: [LedgerServiceClient<Channel>; 2], round: usize, wri
             .into_inner();
         assert_eq!(asked.outcome(), pb::Outcome::AwaitingApproval);
         let entry = asked.entry.expect("entry");
-        let approve = (writer + n) % 3 != 0;
+        let approve = !(writer + n).is_multiple_of(3);
         clients[decider]
             .decide(pb::DecideRequest {
                 key: entry.key.clone(),
