@@ -12,8 +12,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use idempotency_ledger::domain::{
-    ClaimToken, Completion, Entry, FinalStatus, Key, Micros, Principal, RunId, Status, Tenant,
-    ToolName,
+    Approval, ApprovalState, ClaimToken, Completion, Entry, FinalStatus, Key, Micros, Principal,
+    RunId, Status, Tenant, ToolName,
 };
 use idempotency_ledger::storage::{self, Finish, StoreError, UnresolvedQuery};
 
@@ -425,4 +425,110 @@ async fn every_write_reports_a_commit_that_fails_and_leaves_nothing_behind(b: Ba
         "k-1 is pruned once commits succeed"
     );
     store.probe_write().await.expect("probe");
+
+    // Approvals, on run-1 with one finished entry (k-5): a request (which keeps its run's
+    // finished entries in its own transaction), a decision (likewise), a lapse, and the sweep
+    // that keeps paused runs.
+    assert!(
+        store
+            .insert(&tenant(), &attempt("k-5", "t-5", now))
+            .await
+            .expect("set up")
+    );
+    store
+        .finish(
+            &tenant(),
+            &finish("k-5", "t-5", FinalStatus::Succeeded, now),
+        )
+        .await
+        .expect("set up")
+        .expect("applied");
+    let minutes = |n: u64| Micros::from_duration(Duration::from_secs(60 * n));
+    let asked = |key: &str, token: &str, decide_by: Micros| {
+        let mut e = attempt(key, token, now);
+        e.status = Status::AwaitingApproval;
+        e.lease_expires_at = decide_by;
+        e.approval = Approval::requested(now, decide_by);
+        e
+    };
+    let request_note = |key: &str| idempotency_ledger::domain::HistoryEvent {
+        at: now,
+        attempt: 1,
+        kind: idempotency_ledger::domain::EventKind::ApprovalRequested,
+        principal: Principal::none(),
+        detail: format!("asked about {key}"),
+    };
+    let a = asked("k-a", "t-a", now.plus(minutes(90)));
+    fails_cleanly(
+        &store,
+        &inject,
+        "INSERT_REQUEST",
+        &["k-a", "k-5"],
+        store.insert_request(&tenant(), &a, &request_note("k-a")),
+    )
+    .await;
+    assert!(
+        store
+            .insert_request(&tenant(), &a, &request_note("k-a"))
+            .await
+            .expect("set up")
+    );
+    let approval = Approval {
+        state: ApprovalState::Approved,
+        decided_at: Some(now.plus(minutes(1))),
+        decided_by: Principal::parse("alice").expect("principal"),
+        reason: "ok".into(),
+        execute_by: Some(now.plus(minutes(60))),
+        ..Approval::default()
+    };
+    fails_cleanly(
+        &store,
+        &inject,
+        "DECIDE",
+        &["k-a", "k-5"],
+        store.decide(
+            &tenant(),
+            &k("k-a"),
+            &a.fingerprint,
+            &approval,
+            &request_note("k-a"),
+        ),
+    )
+    .await;
+    let lapsing = asked("k-l", "t-l", now.plus(minutes(1)));
+    assert!(
+        store
+            .insert_request(&tenant(), &lapsing, &request_note("k-l"))
+            .await
+            .expect("set up")
+    );
+    let lapsed_at = now.plus(minutes(1));
+    fails_cleanly(
+        &store,
+        &inject,
+        "EXPIRE_APPROVAL",
+        &["k-l", "k-5"],
+        store.expire_approval(
+            &tenant(),
+            &k("k-l"),
+            "the approval lapsed",
+            lapsed_at,
+            lapsed_at.plus(minutes(1)),
+            &request_note("k-l"),
+        ),
+    )
+    .await;
+    // What a finish racing the request would leave: k-5 kept only for its own retention.
+    db.execute(
+        "UPDATE ledger_entries SET expires_at = finished_at + retention_us WHERE key = 'k-5'",
+    )
+    .await;
+    fails_cleanly(
+        &store,
+        &inject,
+        "KEEP_PAUSED_RUNS",
+        &["k-5"],
+        store.keep_paused_runs(),
+    )
+    .await;
 }
