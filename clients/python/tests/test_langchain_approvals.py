@@ -264,3 +264,27 @@ def test_an_undecided_call_resumed_by_id_with_a_decided_one_stays_paused(
         (still,) = state["__interrupt__"]
         assert still.value["tool_call"]["args"]["order"] == "o-22"
         assert [r["order"] for r in refunds] == ["o-21"]
+
+
+def test_two_gated_calls_of_an_async_agent_act_once_each_after_approval(
+        approval_server: LedgerServer) -> None:
+    refunds: list[dict] = []
+    saver = InMemorySaver()
+    config = {"configurable": {"thread_id": f"thread-{uuid.uuid4().hex[:8]}"}}
+
+    async def main() -> dict:
+        async with AsyncLedger(approval_server.address, token=AGENT_TOKEN) as ledger, \
+                AsyncLedger(approval_server.address, token=APPROVER_TOKEN) as approver:
+            state = await agent(ledger, refunds, asking_two(), saver).ainvoke(
+                {"messages": [{"role": "user", "content": "refund o-21 and o-22"}]}, config)
+            paused = state["__interrupt__"]
+            assert len(paused) == 2 and refunds == []
+            for p in paused:
+                meta = p.value["idempotency_ledger"]
+                await approver.decide(meta["key"], meta["fingerprint"], "approve", "checked")
+            return await agent(ledger, refunds, resuming(), saver).ainvoke(
+                _resume_each(paused), config)
+
+    state = asyncio.run(main())
+    assert "__interrupt__" not in state
+    assert sorted(r["order"] for r in refunds) == ["o-21", "o-22"]
