@@ -1,17 +1,27 @@
 #!/usr/bin/env python3
-"""A person in the loop, in each framework: a refund over 100 waits for a person's approval.
+"""A person in the loop, in each framework: refunds over 100 wait for a person's decision.
 
 The ledger server gates the refunds by its approval policy (``* issue_refund /amount > 100``);
 the agent's token may not decide, the approver's token (the tokens file's third column,
 ``approver``) may. For each framework (OpenAI Agents SDK, pydantic-ai, LangChain v1 / LangGraph,
-MCP) the agent asks for a refund of 250, the framework's own approval step stops the run, the
-app's approve button calls ``decide`` with the person's token and resumes the run, and the refund
-happens once. Offline: each framework's own test model plays the model.
+MCP) the model asks for two refunds in one step, the framework's own approval step stops the run
+on both, the person approves one and denies the other (the app's approve button calls
+``decide`` with the person's token), and the run resumes once: the approved refund happens once,
+and the model reads the person's reason for the other.
+
+Offline, no model key needed: each framework's own test model plays the model (``ScriptedModel``,
+``FunctionModel``, langchain_core's fake chat model; FastMCP's in-memory client plays the MCP
+host).
 
     python approvals.py --target 127.0.0.1:50051 --agent-token tok-agent \
         --approver-token tok-dana --run-id run-7f3a
 
-prints what the model read from the refund in each framework, one JSON line each.
+prints, one JSON line per framework, how many refunds happened and what the model read of each
+call.
+
+A decision made elsewhere (the console, ``idempotency-ledger approve|deny``) needs no Decide
+here, and still needs the resume in the framework, as each function below says where it
+resumes: the tool claims again and only the ledger's answer counts.
 """
 
 from __future__ import annotations
@@ -24,7 +34,7 @@ import uuid
 from typing import Any
 
 from agents import Agent as OpenAIAgent
-from agents import Runner, function_tool
+from agents import Runner, function_tool, set_trace_processors
 from agents.testing import ScriptedModel, assistant_message, function_call
 from agents.tool_context import ToolContext
 from fastmcp import Client, FastMCP
@@ -43,7 +53,17 @@ from idempotency_ledger.langchain import LedgerMiddleware
 from idempotency_ledger.mcp import RUN_ID_META_KEY, LedgerMiddleware as McpLedgerMiddleware
 from idempotency_ledger.openai_agents import awaiting_entry, decide, gated
 
-REFUND = {"order": "o-1001", "amount": 250}
+#: The two refunds the model asks for in one step, both over the policy's limit.
+REFUNDS = [{"order": "o-1001", "amount": 250}, {"order": "o-1002", "amount": 300}]
+#: Why the person declines the second.
+DENIAL = "o-1002 was refunded by hand already"
+
+
+def the_person(arguments: dict[str, Any]) -> tuple[str, str]:
+    """What the person shown the call decides, with the reason the model reads on a denial."""
+    if arguments["order"] == "o-1002":
+        return "deny", DENIAL
+    return "approve", "checked the order"
 
 
 class Payments:
@@ -62,8 +82,10 @@ class Payments:
 
 async def openai_agents(target: str, agent_token: str, approver_token: str, run_id: str,
                         payments: Payments) -> Any:
-    model = ScriptedModel([[function_call("issue_refund", REFUND, call_id="call-1")],
-                           [assistant_message("Refunded.")]])
+    set_trace_processors([])  # offline: the traces are not exported
+    model = ScriptedModel([[function_call("issue_refund", args, call_id=f"call-{n}")
+                            for n, args in enumerate(REFUNDS, 1)],
+                           [assistant_message("One refunded, one declined.")]])
     async with AsyncLedger(target, token=agent_token) as ledger, \
             AsyncLedger(target, token=approver_token) as approver:
         # The tool: the ledger's, and gated() so that the SDK asks the ledger for approval.
@@ -74,16 +96,19 @@ async def openai_agents(target: str, agent_token: str, approver_token: str, run_
             return payments.refund(order, amount, current_attempt().external_ref)
 
         agent = OpenAIAgent(name="support", model=model, tools=[gated(issue_refund, ledger)])
-        result = await Runner.run(agent, "refund o-1001", context={"run_id": run_id})
-        state = result.to_state()
-        for interruption in result.interruptions:
-            # The approve button: show the person the call, decide with their token, resume.
-            entry = await awaiting_entry(approver, state, interruption)
-            await decide(approver, state, interruption, entry.fingerprint, "approve",
-                         "checked the order")
-        result = await Runner.run(agent, state)
+        result = await Runner.run(agent, "refund o-1001 and o-1002", context={"run_id": run_id})
+        while result.interruptions:  # one per gated call of the step, however many
+            state = result.to_state()
+            for interruption in result.interruptions:
+                # The approve button: show the person the call, decide with their token. decide()
+                # approves the call in the RunState whatever the decision, so that a denied call
+                # reads the person's reason. Decided elsewhere: state.approve(interruption) alone.
+                entry = await awaiting_entry(approver, state, interruption)
+                decision, reason = the_person(json.loads(entry.arguments_json))
+                await decide(approver, state, interruption, entry.fingerprint, decision, reason)
+            result = await Runner.run(agent, state)
         return [item["output"] for item in result.to_input_list()
-                if item.get("type") == "function_call_output"][-1]
+                if item.get("type") == "function_call_output"]
 
 
 # --- pydantic-ai: ApprovalRequired from the ledger, DeferredToolResults after decide ----------
@@ -93,8 +118,8 @@ def pydantic_ai(target: str, agent_token: str, approver_token: str, run_id: str,
                 payments: Payments) -> Any:
     def respond(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
         if not any(isinstance(m, ModelResponse) for m in messages):
-            return ModelResponse(parts=[ToolCallPart("issue_refund", REFUND)])
-        return ModelResponse(parts=[TextPart("Refunded.")])
+            return ModelResponse(parts=[ToolCallPart("issue_refund", args) for args in REFUNDS])
+        return ModelResponse(parts=[TextPart("One refunded, one declined.")])
 
     with Ledger(target, token=agent_token) as ledger, \
             Ledger(target, token=approver_token) as approver:
@@ -107,18 +132,21 @@ def pydantic_ai(target: str, agent_token: str, approver_token: str, run_id: str,
             """Refund an order."""
             return payments.refund(order, amount, current_attempt().external_ref)
 
-        result = agent.run_sync("refund o-1001", run_id=run_id)
-        if isinstance(result.output, DeferredToolRequests):
-            # The approve button: decide with the person's token, resume with the approval.
-            approvals = {}
-            for call in result.output.approvals:
-                meta = result.output.metadata[call.tool_call_id]["idempotency_ledger"]
-                approver.decide(meta["key"], meta["fingerprint"], "approve", "checked the order")
-                approvals[call.tool_call_id] = True
+        result = agent.run_sync("refund o-1001 and o-1002", run_id=run_id)
+        while isinstance(result.output, DeferredToolRequests):  # every gated call of the step
+            requests = result.output
+            for call in requests.approvals:
+                # The approve button: decide with the person's token (decided elsewhere: skip).
+                meta = requests.metadata[call.tool_call_id]["idempotency_ledger"]
+                decision, reason = the_person(call.args_as_dict())
+                approver.decide(meta["key"], meta["fingerprint"], decision, reason)
+            # True for every call, the denied one too: its claim hands the model the reason.
+            answers = DeferredToolResults(
+                approvals={call.tool_call_id: True for call in requests.approvals})
             result = agent.run_sync(message_history=result.all_messages(),
-                                    deferred_tool_results=DeferredToolResults(approvals=approvals))
-        return [part.content for m in result.new_messages() for part in m.parts
-                if isinstance(part, ToolReturnPart)][-1]
+                                    deferred_tool_results=answers)
+        return [part.content for m in result.all_messages() for part in m.parts
+                if isinstance(part, ToolReturnPart)]
 
 
 # --- LangChain v1 / LangGraph: interrupt() from the middleware, Command(resume=...) -----------
@@ -131,8 +159,9 @@ def langchain(target: str, agent_token: str, approver_token: str, run_id: str,
             return self
 
     model = Model(responses=[
-        AIMessage("", tool_calls=[{"name": "issue_refund", "args": REFUND, "id": "call-1"}]),
-        AIMessage("Refunded.")])
+        AIMessage("", tool_calls=[{"name": "issue_refund", "args": args, "id": f"call-{n}"}
+                                  for n, args in enumerate(REFUNDS, 1)]),
+        AIMessage("One refunded, one declined.")])
 
     @tool
     def issue_refund(order: str, amount: int) -> dict:
@@ -145,15 +174,18 @@ def langchain(target: str, agent_token: str, approver_token: str, run_id: str,
         agent = create_agent(model, tools=[issue_refund], checkpointer=InMemorySaver(),
                              middleware=[LedgerMiddleware(ledger, run_id="thread")])
         config = {"configurable": {"thread_id": run_id}}
-        state = agent.invoke({"messages": [{"role": "user", "content": "refund o-1001"}]},
+        state = agent.invoke({"messages": [{"role": "user", "content": "refund both"}]},
                              config)
-        for paused in state.get("__interrupt__", []):
-            # The approve button: decide with the person's token, resume the thread.
-            meta = paused.value["idempotency_ledger"]
-            approver.decide(meta["key"], meta["fingerprint"], "approve", "checked the order")
-            state = agent.invoke(Command(resume=True), config)
-        return json.loads([m.content for m in state["messages"]
-                           if isinstance(m, ToolMessage)][-1])
+        while paused := state.get("__interrupt__"):  # one per gated call of the step
+            for asked in paused:
+                # The approve button: decide with the person's token (decided elsewhere: skip).
+                meta = asked.value["idempotency_ledger"]
+                decision, reason = the_person(asked.value["tool_call"]["args"])
+                approver.decide(meta["key"], meta["fingerprint"], decision, reason)
+            # Each interrupt resumed by its id, the denied one too (LangGraph refuses a plain
+            # Command(resume=...) while several are pending); the value is never trusted.
+            state = agent.invoke(Command(resume={asked.id: True for asked in paused}), config)
+        return [json.loads(m.content) for m in state["messages"] if isinstance(m, ToolMessage)]
 
 
 # --- MCP: no approval step; the tool reads the awaiting note until a person decides ----------
@@ -172,14 +204,19 @@ async def mcp(target: str, agent_token: str, approver_token: str, run_id: str,
 
         async with Client(server) as client:
             meta = {RUN_ID_META_KEY: run_id}
-            first = await client.call_tool_mcp("issue_refund", REFUND, meta=meta)
-            waiting = json.loads(first.content[0].text)  # {"status": "awaiting_approval", ...}
-            assert waiting["status"] == "awaiting_approval"
-            # The approve button: the call as the ledger holds it, decided with the person's token.
-            entry = await ledger.lookup(run_id=run_id, tool="issue_refund", arguments=REFUND)
-            await approver.decide(entry.key, entry.fingerprint, "approve", "checked the order")
-            again = await client.call_tool_mcp("issue_refund", REFUND, meta=meta)
-            return json.loads(again.content[0].text)
+            reads = []
+            for args in REFUNDS:
+                first = await client.call_tool_mcp("issue_refund", args, meta=meta)
+                waiting = json.loads(first.content[0].text)
+                assert waiting["status"] == "awaiting_approval"
+                # The approve button: the call as the ledger holds it, decided with the
+                # person's token (decided elsewhere: skip); then the host calls again.
+                entry = await ledger.lookup(run_id=run_id, tool="issue_refund", arguments=args)
+                decision, reason = the_person(args)
+                await approver.decide(entry.key, entry.fingerprint, decision, reason)
+                again = await client.call_tool_mcp("issue_refund", args, meta=meta)
+                reads.append(json.loads(again.content[0].text))
+            return reads
 
 
 def main(argv: list[str] | None = None) -> int:

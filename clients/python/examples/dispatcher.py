@@ -10,6 +10,7 @@ replayed the ledger's note, so the model knows nothing new happened.
         issue_credit '{"customer":"c-42","amount":200,"currency":"EUR"}'
 
 prints the message for the model as JSON. ``--fault`` simulates a failing API (see world.py).
+No model is called, so no model key is needed: the command line plays the model's tool call.
 """
 
 from __future__ import annotations

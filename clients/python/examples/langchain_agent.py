@@ -1,11 +1,12 @@
 #!/usr/bin/env python3
 """A LangChain v1 support agent whose tool calls happen once per run, through the ledger.
 
-Offline: the model is langchain_core's fake chat model (``FakeMessagesListChatModel``) playing a
-model that calls ``issue_credit`` twice at once, then again with the arguments reordered and the
-amount spelled ``2e2``, then replies to the ticket. The world is the examples' fake payments API
-and mailbox (world.py). The one line is ``middleware=[LedgerMiddleware(ledger)]``; the run id is
-the ``run_id`` of the invocation's config.
+Offline, no model key needed: the model is langchain_core's fake chat model
+(``FakeMessagesListChatModel``) playing a model that calls ``issue_credit`` twice at once, then
+again with the arguments reordered and the amount spelled ``2e2``, then replies to the ticket.
+The world is the examples' fake payments API and mailbox (world.py). The one line is
+``middleware=[LedgerMiddleware(ledger)]``; the run id is the ``run_id`` of the invocation's
+config.
 
     python langchain_agent.py --target 127.0.0.1:50051 --world world.json --run-id run-7f3a
 

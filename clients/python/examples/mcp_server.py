@@ -2,10 +2,10 @@
 """An MCP server (FastMCP) whose write tools happen once per agent run, by configuration: one
 middleware, and the MCP client sends its run's id in each call's ``_meta``.
 
-Offline: the agent is played by FastMCP's in-memory client, calling ``issue_credit`` twice at
-once, then again with the arguments reordered and the amount spelled ``2e2``, then
-``send_reply``, as a model's runtime would. The world is the examples' fake payments API and
-mailbox (world.py); ``find_credit`` is read-only and left alone.
+Offline, no model key needed: the agent is played by FastMCP's in-memory client, calling
+``issue_credit`` twice at once, then again with the arguments reordered and the amount spelled
+``2e2``, then ``send_reply``, as a model's runtime would. The world is the examples' fake
+payments API and mailbox (world.py); ``find_credit`` is read-only and left alone.
 
     python mcp_server.py --target 127.0.0.1:50051 --world world.json --run-id run-7f3a
 

@@ -1,11 +1,12 @@
 #!/usr/bin/env python3
 """An OpenAI Agents SDK support agent whose write tools happen once per run, through the ledger.
 
-Offline: the model is the SDK's own ``ScriptedModel`` (an implementation of its ``Model``
-interface) playing a model that calls ``issue_credit`` twice at once, then again with the
-arguments reordered and the amount spelled ``2e2``, then replies to the ticket. The world is the
-examples' fake payments API and mailbox (world.py). The one line per tool is ``@ledger.tool()``,
-under ``@function_tool``; the run id is the ``run_id`` of the context passed to ``Runner.run``.
+Offline, no model key needed: the model is the SDK's own ``ScriptedModel`` (an implementation of
+its ``Model`` interface) playing a model that calls ``issue_credit`` twice at once, then again
+with the arguments reordered and the amount spelled ``2e2``, then replies to the ticket. The
+world is the examples' fake payments API and mailbox (world.py). The one line per tool is
+``@ledger.tool()``, under ``@function_tool``; the run id is the ``run_id`` of the context passed
+to ``Runner.run``.
 
     python openai_agents_agent.py --target 127.0.0.1:50051 --world world.json --run-id run-7f3a
 

@@ -1,10 +1,11 @@
 #!/usr/bin/env python3
 """A pydantic-ai support agent whose write tools happen once per run, through the ledger.
 
-Offline: the model is pydantic-ai's own ``FunctionModel`` playing a model that calls
-``issue_credit`` twice at once, then again with the arguments reordered and the amount spelled
-``2e2``, then replies to the ticket. The world is the examples' fake payments API and mailbox
-(world.py). The one line per tool is ``@ledger.tool()``, under the agent's own decorator.
+Offline, no model key needed: the model is pydantic-ai's own ``FunctionModel`` playing a model
+that calls ``issue_credit`` twice at once, then again with the arguments reordered and the
+amount spelled ``2e2``, then replies to the ticket. The world is the examples' fake payments API
+and mailbox (world.py). The one line per tool is ``@ledger.tool()``, under the agent's own
+decorator.
 
     python pydantic_ai_agent.py --target 127.0.0.1:50051 --world world.json --run-id run-7f3a
 

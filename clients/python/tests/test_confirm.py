@@ -16,7 +16,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from pydantic_ai.toolsets import FunctionToolset
 from scenario import CREDIT, Payments
 
 from idempotency_ledger import (
@@ -25,11 +24,9 @@ from idempotency_ledger import (
     Confirmation,
     Entry,
     Ledger,
-    LedgerTool,
     NotExecuted,
     NotFound,
     OutcomeUnknownError,
-    Reconciler,
     Resolution,
     Status,
     UnknownAttempt,
@@ -37,7 +34,6 @@ from idempotency_ledger import (
     found,
     not_found,
 )
-from idempotency_ledger.pydantic_ai import LedgerToolset
 from idempotency_ledger.testing import LedgerServer
 
 PARITY = json.loads(
@@ -508,88 +504,3 @@ def test_strict_mode_refuses_run_once_without_a_confirm_before_claiming(server: 
             strict.lookup(run_id=run_id, tool="t", arguments={})
         done = strict.run_once(run_id, "t", {}, lambda a: 1, confirm=lambda a: not_found())
         assert done.value == 1
-
-
-# --- the read's signature, checked when it is registered ----------------------------------------
-
-
-def find_by_reference(reference: str) -> Confirmation:
-    """The mistake of issue 27: a read written to take the reference, called with the attempt,
-    would look up the attempt object, find nothing, and let the tool act again."""
-    return not_found()
-
-
-def find_by_number(attempt: UnknownAttempt, number: int) -> Confirmation:
-    return not_found()
-
-
-def find_nothing() -> Confirmation:
-    return not_found()
-
-
-def find_by_keyword(*, attempt: UnknownAttempt) -> Confirmation:
-    return not_found()
-
-
-def find_by_attempt_number(number: "int") -> Confirmation:  # noqa: UP037 (a string annotation)
-    return not_found()
-
-
-WRONG_READS = [(find_by_reference, "takes 'reference' as str"),
-               (find_by_number, "cannot be called with one argument"),
-               (find_nothing, "cannot be called with one argument"),
-               (find_by_keyword, "cannot be called with one argument"),
-               (find_by_attempt_number, "takes 'number' as int"),
-               (lambda: not_found(), "cannot be called with one argument"),
-               ("not a function", "must be a function of the attempt")]
-
-
-class CallableRead:
-    def __call__(self, attempt: UnknownAttempt) -> Confirmation:
-        return not_found()
-
-
-async def async_read(attempt: UnknownAttempt | None) -> Confirmation:
-    return not_found()
-
-
-def read_with_default(attempt: "UnknownAttempt", *, verbose: bool = False) -> Confirmation:
-    return not_found()
-
-
-RIGHT_READS = [lambda a: not_found(), CallableRead(), async_read, read_with_default,
-               lambda *args: not_found(), lambda attempt, extra=None: not_found()]
-
-
-@pytest.mark.parametrize(("read", "why"), WRONG_READS,
-                         ids=[str(i) for i in range(len(WRONG_READS))])
-def test_a_read_that_cannot_take_the_attempt_is_refused_when_registered(
-        server: LedgerServer, run_id: str, read: Any, why: str) -> None:
-    with Ledger(server.address) as ledger:
-        with pytest.raises(TypeError, match=f"the confirm of tool issue_credit.*{why}"):
-            @ledger.tool(run_id=run_id, confirm=read)
-            def issue_credit(customer: str) -> dict:
-                raise AssertionError("never called")
-        with pytest.raises(TypeError, match=why):
-            ledger.run_once(run_id, "issue_credit", CREDIT, lambda a: pytest.fail("acted"),
-                            confirm=read)
-        with pytest.raises(NotFound):  # refused before anything was claimed
-            ledger.lookup(run_id=run_id, tool="issue_credit", arguments=CREDIT)
-        with pytest.raises(TypeError, match=why):
-            LedgerTool("issue_credit", read)
-        with pytest.raises(TypeError, match=why):
-            Reconciler(ledger, {"issue_credit": read})
-        with pytest.raises(TypeError, match=why):
-            LedgerToolset(FunctionToolset(), ledger, confirm={"issue_credit": read})
-
-
-@pytest.mark.parametrize("read", RIGHT_READS, ids=[str(i) for i in range(len(RIGHT_READS))])
-def test_a_read_that_takes_the_attempt_is_accepted(server: LedgerServer, run_id: str,
-                                                   read: Any) -> None:
-    with Ledger(server.address) as ledger:
-        @ledger.tool(run_id=run_id, confirm=read)
-        def issue_credit(customer: str) -> dict:
-            return {"credit_id": "cr-1"}
-
-        assert issue_credit("c-42") == {"credit_id": "cr-1"}
-        assert ledger.run_once(f"{run_id}-2", "t", {}, lambda a: 1, confirm=read).value == 1

@@ -180,7 +180,7 @@ def test_each_framework_agent_acts_once_per_run(fresh_server: LedgerServer, tmp_
     assert len(json.loads(world.read_text())["credits"]) == 2
 
 
-def test_the_approvals_example_acts_once_after_the_persons_decision_in_each_framework(
+def test_the_approvals_example_acts_once_per_approved_call_of_a_step_in_each_framework(
         approval_server: LedgerServer, capsys: pytest.CaptureFixture[str]) -> None:
     from conftest import AGENT_TOKEN, APPROVER_TOKEN
 
@@ -193,8 +193,14 @@ def test_the_approvals_example_acts_once_after_the_persons_decision_in_each_fram
     assert [line["framework"] for line in lines] == ["openai_agents", "pydantic_ai",
                                                      "langchain", "mcp"]
     for line in lines:
+        # Two gated calls in one step: the approved one acted once, the denied one never, and
+        # the model read the person's reason for it.
         assert line["refunds"] == 1, line
-        assert "rf-001" in json.dumps(line["model_read"]), line
+        reads = [json.dumps(read) for read in line["model_read"]]
+        (refunded,) = [read for read in reads if "rf-001" in read]
+        (declined,) = [read for read in reads if "denied" in read]
+        assert len(reads) == 2 and "o-1001" in refunded, line
+        assert "o-1002 was refunded by hand already" in declined, line
 
 
 # --- the programs' own help --------------------------------------------------------------------

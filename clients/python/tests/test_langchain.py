@@ -324,3 +324,49 @@ def test_a_missing_run_id_reaches_the_developer(server: LedgerServer,
               and r.name == "idempotency_ledger"]
     assert len(errors) == 1 and "refund_order" in errors[0].getMessage()  # once per tool
     assert refunded == []
+
+
+def test_a_missing_run_id_advises_a_key_a_resumed_invocation_keeps(server: LedgerServer) -> None:
+    # A fresh run_id per invocation would make the invocation that resumes a paused thread a
+    # new intent, which never finds the approval a person gave: the advice keys by the thread.
+    refunded: list[str] = []
+
+    @tool
+    def refund_order(order: str) -> str:
+        """Refund an order."""
+        refunded.append(order)
+        return "refunded"
+
+    with Ledger(server.address) as ledger:
+        @tool
+        @ledger.tool()
+        def refund_with_runtime(order: str, runtime: ToolRuntime) -> str:
+            """Refund an order."""
+            refunded.append(order)
+            return "refunded"
+
+        def invoke(model: Any, tools: list[Any], middleware: list[Any], config: Any) -> Any:
+            return create_agent(model, tools=tools, middleware=middleware).invoke(
+                {"messages": [{"role": "user", "content": "refund"}]}, config)
+
+        with pytest.raises(NoRunId) as by_run:
+            invoke(twice("refund_order", {"order": "o-1"}), [refund_order],
+                   [LedgerMiddleware(ledger)], None)
+        advice = str(by_run.value)
+        assert 'LedgerMiddleware(ledger, run_id="thread")' in advice
+        assert 'config={"configurable": {"thread_id": ...}}' in advice
+        assert "the same thread_id when you resume it" in advice and "uuid" not in advice
+        with pytest.raises(NoRunId, match="the same thread_id when you resume it"):
+            invoke(twice("refund_order", {"order": "o-1"}), [refund_order],
+                   [LedgerMiddleware(ledger, run_id="thread")], None)
+        with pytest.raises(NoRunId) as by_runtime:
+            invoke(twice("refund_with_runtime", {"order": "o-1"}), [refund_with_runtime], [],
+                   None)
+        assert "the same run_id again whenever you resume it" in str(by_runtime.value)
+        assert "uuid" not in str(by_runtime.value)
+        assert refunded == []
+        # The advice followed: the thread keys the call, and a repeat in it replays.
+        thread = {"configurable": {"thread_id": f"thread-{uuid.uuid4().hex[:8]}"}}
+        invoke(twice("refund_order", {"order": "o-1"}), [refund_order],
+               [LedgerMiddleware(ledger, run_id="thread")], thread)
+        assert refunded == ["o-1"]

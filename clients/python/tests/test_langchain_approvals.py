@@ -173,3 +173,118 @@ def test_a_tool_runtime_tool_interrupts_too(approval_server: LedgerServer) -> No
         assert len(refunds) == 1
         assert any(isinstance(m, ToolMessage) and "rf-1" in str(m.content)
                    for m in state["messages"])
+
+
+# --- several gated calls in one model step -------------------------------------------------------
+
+TWO = [{"order": "o-21", "amount": 300}, {"order": "o-22", "amount": 400}]
+
+
+def asking_two() -> ToolCallingFakeModel:
+    return ToolCallingFakeModel(responses=[
+        AIMessage("", tool_calls=[{"name": "issue_refund", "args": args, "id": f"call-{n}"}
+                                  for n, args in enumerate(TWO, 1)]),
+        AIMessage("done")])
+
+
+def _two_paused(ledger: Ledger, refunds: list[dict], saver: InMemorySaver,
+                config: dict) -> list[Any]:
+    state = agent(ledger, refunds, asking_two(), saver).invoke(
+        {"messages": [{"role": "user", "content": "refund o-21 and o-22"}]}, config)
+    paused = state["__interrupt__"]
+    assert sorted(p.value["tool_call"]["args"]["order"] for p in paused) == ["o-21", "o-22"]
+    assert refunds == []
+    return paused
+
+
+def _resume_each(paused: list[Any]) -> Command:
+    # LangGraph refuses a plain Command(resume=...) while several interrupts are pending:
+    # each is resumed by its id.
+    return Command(resume={p.id: True for p in paused})
+
+
+def test_two_gated_calls_in_one_step_act_once_each_after_approval(
+        approval_server: LedgerServer) -> None:
+    refunds: list[dict] = []
+    saver = InMemorySaver()
+    config = {"configurable": {"thread_id": f"thread-{uuid.uuid4().hex[:8]}"}}
+    with Ledger(approval_server.address, token=AGENT_TOKEN) as ledger, \
+            Ledger(approval_server.address, token=APPROVER_TOKEN) as approver:
+        paused = _two_paused(ledger, refunds, saver, config)
+        for p in paused:
+            meta = p.value["idempotency_ledger"]
+            approver.decide(meta["key"], meta["fingerprint"], "approve", "checked")
+        state = agent(ledger, refunds, resuming(), saver).invoke(_resume_each(paused), config)
+        assert "__interrupt__" not in state
+        assert sorted(r["order"] for r in refunds) == ["o-21", "o-22"]  # once each
+        assert sorted(json.dumps(r) for r in tool_reads(state)) == [
+            '{"refund_id": "rf-1"}', '{"refund_id": "rf-2"}']
+        # The thread resumed again from its checkpoint: replays, nothing acts again.
+        again = agent(ledger, refunds, asking_two(), saver).invoke(
+            {"messages": [{"role": "user", "content": "again"}]}, config)
+        assert len(refunds) == 2 and again["messages"]
+
+
+def test_of_two_gated_calls_the_denied_one_never_acts_and_the_model_reads_why(
+        approval_server: LedgerServer) -> None:
+    refunds: list[dict] = []
+    saver = InMemorySaver()
+    config = {"configurable": {"thread_id": f"thread-{uuid.uuid4().hex[:8]}"}}
+    with Ledger(approval_server.address, token=AGENT_TOKEN) as ledger, \
+            Ledger(approval_server.address, token=APPROVER_TOKEN) as approver:
+        paused = _two_paused(ledger, refunds, saver, config)
+        # Decided elsewhere (the console, the CLI): the app only resumes the thread.
+        for p in paused:
+            meta = p.value["idempotency_ledger"]
+            if p.value["tool_call"]["args"]["order"] == "o-21":
+                approver.decide(meta["key"], meta["fingerprint"], "approve", "checked")
+            else:
+                approver.decide(meta["key"], meta["fingerprint"], "deny", "o-22 was never paid")
+        state = agent(ledger, refunds, resuming(), saver).invoke(_resume_each(paused), config)
+        assert [r["order"] for r in refunds] == ["o-21"]
+        reads = {m.tool_call_id: json.loads(m.content) for m in state["messages"]
+                 if isinstance(m, ToolMessage)}
+        assert reads["call-1"] == {"refund_id": "rf-1"}
+        assert reads["call-2"]["status"] == "denied"
+        assert "o-22 was never paid" in reads["call-2"]["note"]
+
+
+def test_an_undecided_call_resumed_by_id_with_a_decided_one_stays_paused(
+        approval_server: LedgerServer) -> None:
+    refunds: list[dict] = []
+    saver = InMemorySaver()
+    config = {"configurable": {"thread_id": f"thread-{uuid.uuid4().hex[:8]}"}}
+    with Ledger(approval_server.address, token=AGENT_TOKEN) as ledger, \
+            Ledger(approval_server.address, token=APPROVER_TOKEN) as approver:
+        paused = _two_paused(ledger, refunds, saver, config)
+        first = next(p for p in paused if p.value["tool_call"]["args"]["order"] == "o-21")
+        meta = first.value["idempotency_ledger"]
+        approver.decide(meta["key"], meta["fingerprint"], "approve", "checked")
+        state = agent(ledger, refunds, resuming(), saver).invoke(_resume_each([first]), config)
+        (still,) = state["__interrupt__"]
+        assert still.value["tool_call"]["args"]["order"] == "o-22"
+        assert [r["order"] for r in refunds] == ["o-21"]
+
+
+def test_two_gated_calls_of_an_async_agent_act_once_each_after_approval(
+        approval_server: LedgerServer) -> None:
+    refunds: list[dict] = []
+    saver = InMemorySaver()
+    config = {"configurable": {"thread_id": f"thread-{uuid.uuid4().hex[:8]}"}}
+
+    async def main() -> dict:
+        async with AsyncLedger(approval_server.address, token=AGENT_TOKEN) as ledger, \
+                AsyncLedger(approval_server.address, token=APPROVER_TOKEN) as approver:
+            state = await agent(ledger, refunds, asking_two(), saver).ainvoke(
+                {"messages": [{"role": "user", "content": "refund o-21 and o-22"}]}, config)
+            paused = state["__interrupt__"]
+            assert len(paused) == 2 and refunds == []
+            for p in paused:
+                meta = p.value["idempotency_ledger"]
+                await approver.decide(meta["key"], meta["fingerprint"], "approve", "checked")
+            return await agent(ledger, refunds, resuming(), saver).ainvoke(
+                _resume_each(paused), config)
+
+    state = asyncio.run(main())
+    assert "__interrupt__" not in state
+    assert sorted(r["order"] for r in refunds) == ["o-21", "o-22"]

@@ -208,3 +208,73 @@ def test_a_claim_needs_approval_won_that_no_tool_call_takes_is_given_back(
             assert refunds == []
 
     asyncio.run(main())
+
+
+# --- several gated calls in one model step -------------------------------------------------------
+
+TWO = [{"order": "o-21", "amount": 300}, {"order": "o-22", "amount": 400}]
+
+
+def refund_agent_asking_two(ledger: AsyncLedger, refunds: list[dict]) -> Agent[Any]:
+    agent = refund_agent(ledger, refunds)
+    agent.model = ScriptedModel([[function_call("issue_refund", args, call_id=f"call-{n}")
+                                  for n, args in enumerate(TWO, 1)],
+                                 [assistant_message("done")]])
+    return agent
+
+
+def outputs_by_call(result: Any) -> dict[str, Any]:
+    return {item["call_id"]: ast.literal_eval(item["output"])
+            for item in result.to_input_list() if item.get("type") == "function_call_output"}
+
+
+def test_two_gated_calls_in_one_step_act_once_each_after_approval(
+        approval_server: LedgerServer, run_id: str) -> None:
+    refunds: list[dict] = []
+
+    async def main() -> None:
+        async with AsyncLedger(approval_server.address, token=AGENT_TOKEN) as ledger, \
+                AsyncLedger(approval_server.address, token=APPROVER_TOKEN) as approver:
+            agent = refund_agent_asking_two(ledger, refunds)
+            result = await Runner.run(agent, "refund o-21 and o-22", context={"run_id": run_id})
+            assert len(result.interruptions) == 2 and refunds == []
+            state = result.to_state()
+            for interruption in result.interruptions:
+                entry = await awaiting_entry(approver, state, interruption)
+                await decide(approver, state, interruption, entry.fingerprint, "approve", "ok")
+            resumed = await Runner.run(agent, state)
+            assert resumed.interruptions == []
+            assert sorted(r["order"] for r in refunds) == ["o-21", "o-22"]  # once each
+            assert sorted(str(o) for o in outputs_by_call(resumed).values()) == [
+                "{'refund_id': 'rf-1'}", "{'refund_id': 'rf-2'}"]
+
+    asyncio.run(main())
+
+
+def test_of_two_gated_calls_the_denied_one_never_acts_and_the_model_reads_why(
+        approval_server: LedgerServer, run_id: str) -> None:
+    refunds: list[dict] = []
+
+    async def main() -> None:
+        async with AsyncLedger(approval_server.address, token=AGENT_TOKEN) as ledger, \
+                AsyncLedger(approval_server.address, token=APPROVER_TOKEN) as approver:
+            agent = refund_agent_asking_two(ledger, refunds)
+            result = await Runner.run(agent, "refund o-21 and o-22", context={"run_id": run_id})
+            # Decided elsewhere (the console, the CLI), as the ledger holds each call.
+            for args, decision, reason in ((TWO[0], "approve", "checked"),
+                                           (TWO[1], "deny", "o-22 was never paid")):
+                held = await ledger.lookup(run_id=run_id, tool="issue_refund", arguments=args)
+                await approver.decide(held.key, held.fingerprint, decision, reason)
+            # The app still lets each call through the SDK's gate, the denied one too: its
+            # claim answers DENIED, and the model reads the person's reason.
+            state = result.to_state()
+            for interruption in result.interruptions:
+                state.approve(interruption)
+            resumed = await Runner.run(agent, state)
+            assert [r["order"] for r in refunds] == ["o-21"]
+            reads = outputs_by_call(resumed)
+            assert reads["call-1"] == {"refund_id": "rf-1"}
+            assert reads["call-2"]["status"] == "denied"
+            assert "o-22 was never paid" in reads["call-2"]["note"]
+
+    asyncio.run(main())

@@ -328,13 +328,14 @@ TOP_README = Path(__file__).resolve().parents[3] / "README.md"
 
 def test_the_top_level_readmes_snippet_works_without_importing_the_adapter(
         server: LedgerServer, run_id: str) -> None:
-    """``@agent.tool`` over ``@ledger.tool()`` on a ``RunContext`` tool, and no other import
-    (the repository's README, "Inside your agent framework"): the wrapper knows pydantic-ai's
-    RunContext by itself and keys the call by ``ctx.run_id``. Run in a fresh interpreter that
-    never imports idempotency_ledger.pydantic_ai, with pydantic-ai's own TestModel."""
+    """``@agent.tool`` over ``@ledger.tool()`` on a ``RunContext`` tool, with pydantic-ai's own
+    import and no adapter's (the repository's README, "Inside your agent framework"): the
+    wrapper knows pydantic-ai's RunContext by itself and keys the call by ``ctx.run_id``. Run in
+    a fresh interpreter that never imports idempotency_ledger.pydantic_ai, with pydantic-ai's
+    own TestModel."""
     section = TOP_README.read_text(encoding="utf-8").split("## Inside your agent framework")[1]
     snippet = section.split("```python\n", 1)[1].split("```", 1)[0]
-    assert "@ledger.tool()" in snippet and "import" not in snippet
+    assert "@ledger.tool()" in snippet and "idempotency_ledger" not in snippet
     program = "\n".join([
         "import json, sys",
         "from pydantic_ai import Agent, RunContext",

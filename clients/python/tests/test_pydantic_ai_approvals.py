@@ -149,3 +149,68 @@ def test_the_toolset_defers_a_gated_call_too(approval_server: LedgerServer, run_
             deferred_tool_results=DeferredToolResults(approvals={call.tool_call_id: True}))
         assert tool_outputs(resumed.new_messages()) == [{"refund_id": "rf-1"}]
         assert len(refunds) == 1
+
+
+# --- several gated calls in one model step -------------------------------------------------------
+
+TWO = [{"order": "o-21", "amount": 300}, {"order": "o-22", "amount": 400}]
+
+
+def asking_two(read: list[Any]) -> FunctionModel:
+    """Asks for both refunds at once, then keeps what it reads of them (`read`)."""
+    def respond(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
+        if not any(isinstance(m, ModelResponse) for m in messages):
+            return ModelResponse(parts=[ToolCallPart("issue_refund", args, tool_call_id=f"call-{n}")
+                                        for n, args in enumerate(TWO, 1)])
+        read.extend(tool_outputs(messages))
+        return ModelResponse(parts=[TextPart("done")])
+
+    return FunctionModel(respond)
+
+
+def test_two_gated_calls_in_one_step_act_once_each_after_approval(
+        approval_server: LedgerServer, run_id: str) -> None:
+    refunds: list[dict] = []
+    read: list[Any] = []
+    with Ledger(approval_server.address, token=AGENT_TOKEN) as ledger, \
+            Ledger(approval_server.address, token=APPROVER_TOKEN) as approver:
+        agent = refund_agent(ledger, refunds)
+        result = agent.run_sync("refund o-21 and o-22", run_id=run_id, model=asking_two(read))
+        requests = result.output
+        assert isinstance(requests, DeferredToolRequests) and len(requests.approvals) == 2
+        approvals = {}
+        for call in requests.approvals:
+            meta = requests.metadata[call.tool_call_id]["idempotency_ledger"]
+            approver.decide(meta["key"], meta["fingerprint"], "approve", "checked")
+            approvals[call.tool_call_id] = True
+        resumed = agent.run_sync(message_history=result.all_messages(), model=asking_two(read),
+                                 deferred_tool_results=DeferredToolResults(approvals=approvals))
+        assert resumed.output == "done"
+        assert sorted(r["order"] for r in refunds) == ["o-21", "o-22"]  # once each
+        assert sorted(r["refund_id"] for r in read) == ["rf-1", "rf-2"]
+
+
+def test_of_two_gated_calls_the_denied_one_never_acts_and_the_model_reads_why(
+        approval_server: LedgerServer, run_id: str) -> None:
+    refunds: list[dict] = []
+    read: list[Any] = []
+    with Ledger(approval_server.address, token=AGENT_TOKEN) as ledger, \
+            Ledger(approval_server.address, token=APPROVER_TOKEN) as approver:
+        agent = refund_agent(ledger, refunds)
+        result = agent.run_sync("refund o-21 and o-22", run_id=run_id, model=asking_two(read))
+        requests = result.output
+        assert isinstance(requests, DeferredToolRequests)
+        # Decided elsewhere (the console, the CLI), as the ledger holds each call.
+        for args, decision, reason in ((TWO[0], "approve", "checked"),
+                                       (TWO[1], "deny", "o-22 was never paid")):
+            held = ledger.lookup(run_id=run_id, tool="issue_refund", arguments=args)
+            approver.decide(held.key, held.fingerprint, decision, reason)
+        # The app answers every deferred call True, the denied one too: its claim answers
+        # DENIED, and the model reads the person's reason.
+        approved = DeferredToolResults(approvals={c.tool_call_id: True for c in requests.approvals})
+        agent.run_sync(message_history=result.all_messages(), model=asking_two(read),
+                       deferred_tool_results=approved)
+        assert [r["order"] for r in refunds] == ["o-21"]
+        (denied,) = [r for r in read if r.get("status") == "denied"]
+        assert "o-22 was never paid" in denied["note"]
+        assert [r for r in read if "refund_id" in r] == [{"refund_id": "rf-1"}]

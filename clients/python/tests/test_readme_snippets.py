@@ -2,8 +2,8 @@
 in an asyncio REPL), and each one that can run on its own runs against the real server, with
 stand-ins for the names a snippet leaves to the reader (``payments``, ``run_id``, ``args``); the
 address a snippet names is the test server's. A block the suite cannot run (the adapters' lines
-side by side, which name each framework's objects without defining them) is listed with why, and
-a new block must be one or the other."""
+side by side, each on the app's own model and agent) is listed with why, and a new block must be
+one or the other. (test_doc_blocks.py checks every block's imports and names, as written.)"""
 
 from __future__ import annotations
 
@@ -87,13 +87,14 @@ def run(line: int, code: str, address: str, **names: Any) -> tuple[dict[str, Any
 #: Blocks compiled but not run, by a line of theirs, and why.
 COMPILED_ONLY = {
     "# OpenAI Agents SDK: needs_approval asks the ledger":
-        "the four frameworks' approval lines side by side, each naming its framework's objects "
-        "(model, agent, tools, config) without defining them; examples/approvals.py runs each "
-        "whole against a server with an approval policy (test_examples.py)",
+        "the four frameworks' approval loops side by side, one after the other in one block, "
+        "each on the app's own model and gated tool (issue_refund); docs/approvals.md's loops "
+        "run as written (test_approvals_guide.py) and examples/approvals.py runs each whole "
+        "against a server with an approval policy (test_examples.py)",
     "# pydantic-ai                                  examples/pydantic_ai_agent.py":
-        "the four adapters' lines side by side, each naming its framework's objects (agent, "
-        "model, toolset, client) without defining them; examples/ runs each adapter's agent "
-        "whole (test_examples.py)",
+        "the four adapters' lines side by side, one after the other in one block, each on the "
+        "app's own model and agent; examples/ runs each adapter's agent whole "
+        "(test_examples.py)",
 }
 
 

@@ -4,6 +4,7 @@ logged with (who settled it being what the entry says)."""
 
 from __future__ import annotations
 
+import ast
 import inspect
 import logging
 import types
@@ -42,19 +43,25 @@ def confirm_required(tool: str) -> ValueError:
 
 # Annotations of the one parameter of a confirm that cannot be the attempt: the reference string,
 # the attempt's number, ... (a read written for them answers "not found" about every attempt).
-_NOT_AN_ATTEMPT = frozenset({"str", "int", "float", "bytes", "bool", "dict", "list", "tuple"})
+_NOT_AN_ATTEMPT = frozenset({"str", "int", "float", "bytes", "bool", "dict", "list", "tuple",
+                             "set", "frozenset", "None", "NoneType"})
+# The fix every refusal names: what the read is given, and how to take it.
+_FIX = ("confirm receives the attempt (UnknownAttempt: .key, .external_ref, .arguments, .number, "
+        ".tool, .run_id); take it and read attempt.external_ref (the reference the action passed "
+        "on), as in def find_it(attempt: UnknownAttempt) -> Confirmation")
 
 
 def check_confirm(confirm: Any, tool: str) -> None:
     """Refuses, when a tool's paired read is registered, one that cannot be the read: not
     callable, or that cannot be called with one argument (the :class:`UnknownAttempt`), or whose
     parameter taking it is annotated as something an attempt is not (``ref: str``,
-    ``number: int``). "Not found" is the one answer that lets a tool act again, and a read
-    given what it did not expect looks up the wrong thing and finds nothing."""
+    ``number: int``, ``list[str]``). "Not found" is the one answer that lets a tool act again,
+    and a read given what it did not expect looks up the wrong thing and finds nothing. An
+    unannotated parameter is accepted."""
     name = getattr(confirm, "__qualname__", None) or repr(confirm)
     if not callable(confirm):
         raise TypeError(f"the confirm of tool {tool} must be a function of the attempt, not "
-                        f"{confirm!r}")
+                        f"{confirm!r}: {_FIX}")
     try:
         signature = inspect.signature(confirm, eval_str=True)
     except (NameError, SyntaxError, TypeError, ValueError):
@@ -67,34 +74,64 @@ def check_confirm(confirm: Any, tool: str) -> None:
     except TypeError as e:
         raise TypeError(
             f"the confirm of tool {tool}, {name}{signature}, cannot be called with one "
-            f"argument ({e}): it is called as confirm(attempt) with the UnknownAttempt "
-            "(.external_ref, .key, .arguments, .number) and must take exactly that") from None
+            f"argument ({e}): it is called as confirm(attempt); {_FIX}") from None
     (parameter,) = bound.arguments
     annotation = signature.parameters[parameter].annotation
     if not _may_be_attempt(annotation):
-        shown = annotation if isinstance(annotation, str) else getattr(
-            annotation, "__name__", repr(annotation))
+        shown = (annotation if isinstance(annotation, str) else annotation.__name__
+                 if isinstance(annotation, type) else repr(annotation))
         raise TypeError(
             f"the confirm of tool {tool}, {name}{signature}, takes {parameter!r} as {shown}, but "
-            "it is called with the UnknownAttempt: read attempt.external_ref (the reference "
-            "the action passed on), attempt.arguments or attempt.number from it. A read that "
-            "looks up the wrong thing answers not found, and the tool acts again")
+            f"{_FIX}. A read that looks up the wrong thing answers not found, and the tool acts "
+            "again")
 
 
 def _may_be_attempt(annotation: Any) -> bool:
     if annotation is inspect.Parameter.empty or annotation is Any:
         return True
+    if annotation is None:
+        return False
     if isinstance(annotation, str):
-        return annotation.strip() not in _NOT_AN_ATTEMPT
+        return _text_may_be_attempt(annotation)
     if isinstance(annotation, type):
         try:
             return issubclass(UnknownAttempt, annotation)
         except TypeError:  # a protocol that cannot be checked at run time
             return True
-    members = typing.get_args(annotation)
-    if members and typing.get_origin(annotation) in (typing.Union, types.UnionType):
+    origin, members = typing.get_origin(annotation), typing.get_args(annotation)
+    if members and origin in (typing.Union, types.UnionType):
         return any(_may_be_attempt(member) for member in members)
-    return True  # a generic, a TypeVar, ...: not ours to judge
+    if origin is typing.Annotated and members:
+        return _may_be_attempt(members[0])
+    if isinstance(origin, type):  # list[str], dict[str, Any], type[UnknownAttempt]: the class
+        return _may_be_attempt(origin)
+    return True  # a TypeVar, a Literal, ...: not ours to judge
+
+
+def _text_may_be_attempt(text: str) -> bool:
+    """An annotation left as text (a name that could not be resolved): judged by its shape,
+    ``str``, ``str | None``, ``list[str]`` refused, any other name accepted."""
+    try:
+        node = ast.parse(text.strip(), mode="eval").body
+    except SyntaxError:
+        return True
+    return _node_may_be_attempt(node)
+
+
+def _node_may_be_attempt(node: ast.expr) -> bool:
+    if isinstance(node, ast.Name):
+        return node.id not in _NOT_AN_ATTEMPT
+    if isinstance(node, ast.Constant):
+        return (_text_may_be_attempt(node.value) if isinstance(node.value, str)
+                else node.value is not None)
+    if isinstance(node, ast.BinOp) and isinstance(node.op, ast.BitOr):
+        return _node_may_be_attempt(node.left) or _node_may_be_attempt(node.right)
+    if isinstance(node, ast.Subscript):
+        inner = node.slice.elts if isinstance(node.slice, ast.Tuple) else [node.slice]
+        if ast.unparse(node.value).rpartition(".")[2] in ("Optional", "Union"):
+            return any(_node_may_be_attempt(member) for member in inner)
+        return _node_may_be_attempt(node.value)
+    return True
 
 
 def said(answer: Any) -> str:

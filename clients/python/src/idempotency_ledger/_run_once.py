@@ -84,7 +84,7 @@ def attempt(policy: Policy, call: Call) -> Steps[CallOutcome[Any]]:
         call.run_id, call.tool, call.arguments, key=call.key,
         canonicalization=call.canonicalization, lease=call.lease, retention=call.retention,
         wait=call.wait, principal=policy.principal if call.principal is None else call.principal,
-        require_approval=call.require_approval)
+        require_approval=call.require_approval, wait_for_attempt_only=True)
     if call.claimed is not None and call.claimed.outcome == Outcome.CLAIMED:
         claimed = call.claimed
     else:
@@ -107,17 +107,9 @@ def attempt(policy: Policy, call: Call) -> Steps[CallOutcome[Any]]:
 
 
 def claim_waiting_for_attempts(policy: Policy, request: Any, call: Call) -> Steps[ClaimResult]:
-    """Claims without waiting first, then, only when an attempt is in flight (``ATTEMPTING``),
-    again with the call's `wait`: a call awaiting a person's decision answers at once (a
-    waiting claim would wait for the decision, which may take days), while a duplicate of an
-    attempt in flight still waits for its result."""
-    if not wire.seconds(call.wait):
-        return (yield from claim(policy, request, call.timeout, None))
-    request.ClearField("wait")
-    claimed = yield from claim(policy, request, call.timeout, None)
-    if claimed.outcome != Outcome.IN_PROGRESS or claimed.entry.status != Status.ATTEMPTING:
-        return claimed
-    request.wait.CopyFrom(wire.duration(call.wait))
+    """One Claim, with the call's `wait` for an attempt in flight only (``WAIT_FOR_ATTEMPT``,
+    set by :func:`attempt`): a duplicate of an attempt in flight waits for its result, while a
+    call awaiting a person's decision is answered at once, since the decision may take days."""
     return (yield from claim(policy, request, call.timeout, call.wait))
 
 

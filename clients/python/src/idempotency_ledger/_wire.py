@@ -115,7 +115,10 @@ def claim_request(
     wait: Seconds | None,
     principal: str,
     require_approval: bool = False,
+    wait_for_attempt_only: bool = False,
 ) -> Any:
+    """A Claim. `wait_for_attempt_only`: the `wait` holds the call for an attempt in flight only
+    (``WAIT_FOR_ATTEMPT``), while a call awaiting a person's decision is answered at once."""
     return pb.ClaimRequest(
         run_id=run_id or "",
         tool=tool,
@@ -127,6 +130,7 @@ def claim_request(
         wait=duration(wait) if seconds(wait) else None,
         principal=principal,
         require_approval=require_approval,
+        wait_for=pb.WAIT_FOR_ATTEMPT if wait_for_attempt_only else pb.WAIT_FOR_UNSPECIFIED,
     )
 
 

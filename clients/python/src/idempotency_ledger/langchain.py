@@ -3,9 +3,10 @@
 
 One line per agent::
 
-    agent = create_agent(model, tools=[issue_credit, send_reply], middleware=[
-        LedgerMiddleware(ledger, confirm={"issue_credit": find_credit})])
-    agent.invoke({"messages": [...]}, config={"run_id": uuid.uuid4()})
+    agent = create_agent(model, tools=[issue_credit, send_reply], checkpointer=saver,
+                         middleware=[LedgerMiddleware(ledger, run_id="thread",
+                                                      confirm={"issue_credit": find_credit})])
+    agent.invoke({"messages": [...]}, config={"configurable": {"thread_id": conversation}})
 
 ``LedgerMiddleware.wrap_tool_call`` / ``awrap_tool_call`` claim each tool call (the model's tool
 name and arguments, as it sent them) before the tool runs, and answer the model with a
@@ -48,16 +49,21 @@ tool runs from its start). Tools that return a ``Command`` cannot be replayed: l
 checkpointer), its value the entry's ``key``, ``fingerprint``, ``decide_by`` and note under
 ``"idempotency_ledger"``, and the tool call; the run's entries are extended meanwhile. Key the
 calls by the thread (``run_id="thread"``), so that the resumed invocation is the same intent. The
-app's approve button decides with the person's token, then resumes the thread::
+app's approve button decides with the person's token, then resumes the thread, each pending
+interrupt by its id (LangGraph refuses a plain ``Command(resume=...)`` while several are
+pending, as when the model asked for two gated calls in one step)::
 
-    meta = state["__interrupt__"][0].value["idempotency_ledger"]
-    approver.decide(meta["key"], meta["fingerprint"], "approve", "checked")
-    agent.invoke(Command(resume=True), config)
+    paused = state["__interrupt__"]
+    for interrupt in paused:
+        meta = interrupt.value["idempotency_ledger"]
+        approver.decide(meta["key"], meta["fingerprint"], "approve", "checked")
+    agent.invoke(Command(resume={interrupt.id: True for interrupt in paused}), config)
 
-The resumed tool node claims again, and only the ledger's answer counts: approved, the tool acts
-once (a thread resumed twice replays the one result); denied, the model reads ``{"status":
-"denied", "note": ...}`` with the person's reason; a resume without a Decide (whatever its
-value) reads ``{"status": "awaiting_approval", "note": ...}`` and nothing acts.
+The resumed tool node claims again, and only the ledger's answer counts, whatever the resume
+value: approved, the tool acts once (a thread resumed twice replays the one result); denied,
+the model reads ``{"status": "denied", "note": ...}`` with the person's reason; a resume without
+a Decide reads ``{"status": "awaiting_approval", "note": ...}`` and nothing acts. An interrupt
+left out of the resume stays pending: the thread pauses again on it alone.
 """
 
 from __future__ import annotations
@@ -130,7 +136,9 @@ def ask_a_person(request: Any, outcome: CallOutcome[Any]) -> Any:
 register_context(FrameworkContext(
     framework="langchain", context_type=ToolRuntime, run_id=run_id_of_context,
     not_executed=NOT_EXECUTED, on_awaiting=ask_a_person,
-    run_id_hint='invoke the agent with config={"run_id": uuid.uuid4()}'))
+    run_id_hint=('invoke the agent with config={"run_id": ...} and pass the same run_id again '
+                 'whenever you resume it (after an approval or a crash): a new run_id per '
+                 'invocation makes the resumed call a new intent')))
 
 
 class _ErrorMessage(Exception):  # noqa: N818 (carries a message, is not an error of ours)
@@ -168,6 +176,20 @@ def _refuses_arguments(tool: BaseTool | None, arguments: Mapping[str, Any]) -> b
     except Exception:
         return True
     return False
+
+
+# What a call without a run id is told to do. Never a fresh run_id per invocation: the
+# invocation that resumes a paused thread would then be a new intent, which claims anew and never
+# finds the approval a person gave (or acts again after a crash).
+_RUN_ID_FIX = {
+    False: ('Key the calls by the conversation: LedgerMiddleware(ledger, run_id="thread"), and '
+            'invoke the agent with config={"configurable": {"thread_id": ...}}, the same '
+            'thread_id when you resume it (after an approval, an interrupt or a crash), so that '
+            'the resumed call is the same intent. Or put a run_id in the config and pass the '
+            'same one again on every resume'),
+    True: ('Invoke the agent with config={"configurable": {"thread_id": ...}}, the same '
+           'thread_id when you resume it'),
+}
 
 
 def _as_is(outcome: CallOutcome[Any]) -> CallOutcome[Any]:
@@ -241,9 +263,7 @@ class LedgerMiddleware(AgentMiddleware[Any, Any]):
             else:
                 run_id = (info.run_id if info is not None else None) or _config_run_id(config)
         if not run_id:
-            where = ('config={"configurable": {"thread_id": ...}}' if self.run_id == "thread"
-                     else 'config={"run_id": uuid.uuid4()}')
-            raise missing_run_id(request.tool_call["name"], f"Invoke the agent with {where}")
+            raise missing_run_id(request.tool_call["name"], _RUN_ID_FIX[self.run_id == "thread"])
         return str(run_id)
 
     def _request(self, request: ToolCallRequest, handled: _Handled) -> ToolCallRequest:

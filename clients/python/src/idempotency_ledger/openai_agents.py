@@ -50,11 +50,12 @@ authority::
 ``AWAITING_APPROVAL`` means a person must decide, and the run stops with an interruption (the
 run's entries are kept meanwhile, :meth:`~idempotency_ledger.Ledger.extend_run`); a Claim that
 answers ``CLAIMED`` is handed to the tool call that follows, which acts on it. The app's approve
-button decides with the person's credential, then approves the interruption in the run state
-and resumes::
+button decides with the person's credential, then approves each interruption in the run state
+(one per gated call of the step) and resumes::
 
-    entry = await awaiting_entry(approver, state, interruption)   # show the person this
-    await decide(approver, state, interruption, entry.fingerprint, "approve", "checked")
+    for interruption in result.interruptions:
+        entry = await awaiting_entry(approver, state, interruption)   # show the person this
+        await decide(approver, state, interruption, entry.fingerprint, "approve", "checked")
     result = await Runner.run(agent, state)
 
 :func:`decide` records the decision in the ledger, then lets the call through the SDK's gate

@@ -39,12 +39,15 @@ runs. ``CallDeferred`` and ``ApprovalRequired`` ask before the tool acts: record
 ``fingerprint``, ``decide_by`` and the ledger's note), so the run ends with the call in
 ``DeferredToolRequests.approvals`` (give the agent ``output_type=[str, DeferredToolRequests]``),
 and the run's entries are extended meanwhile. The app's approve button decides with the
-person's token, then resumes the run with the call answered::
+person's token, then resumes the run with every call answered (pydantic-ai wants them all at
+once: several gated calls of one step end the run together), ``True`` for a denied call too, so
+that its claim hands the model the person's reason::
 
-    meta = requests.metadata[call.tool_call_id]["idempotency_ledger"]
-    approver.decide(meta["key"], meta["fingerprint"], "approve", "checked")
-    agent.run_sync(message_history=result.all_messages(), run_id=run_id,
-                   deferred_tool_results=DeferredToolResults(approvals={call.tool_call_id: True}))
+    for call in requests.approvals:
+        meta = requests.metadata[call.tool_call_id]["idempotency_ledger"]
+        approver.decide(meta["key"], meta["fingerprint"], "approve", "checked")
+    answers = DeferredToolResults(approvals={c.tool_call_id: True for c in requests.approvals})
+    agent.run_sync(message_history=result.all_messages(), deferred_tool_results=answers)
 
 pydantic-ai runs the resumed call in a new run (a new ``run_id``): the wrapper keys it by the
 id of the run whose model asked for it (the message history's response holding the call), so it
