@@ -28,6 +28,7 @@ on_every_backend!(
     a_possible_double_effect_is_shown_first_with_its_evidence_until_acknowledged,
     an_approver_approves_and_denies_through_the_console_and_the_agent_hears_of_it,
     a_member_without_the_approver_role_sees_requests_but_cannot_decide,
+    a_lapsed_request_leaves_the_approvals_page_and_reads_lapsed_before_anything_records_it,
 );
 
 // ---- a small HTTP/1.1 client -------------------------------------------------------------
@@ -1830,4 +1831,44 @@ async fn a_member_without_the_approver_role_sees_requests_but_cannot_decide(back
         .await
         .expect("lookup");
     assert_eq!(now.status(), pb::Status::AwaitingApproval);
+}
+
+async fn a_lapsed_request_leaves_the_approvals_page_and_reads_lapsed_before_anything_records_it(
+    backend: Backend,
+) {
+    let (app, addr, _dir) = approvers_console(backend).await;
+    let refund = awaiting(&app, "run-l", "issue_refund", r#"{"amount":125}"#).await;
+    let mut browser = Browser::new(addr);
+    sign_in(&mut browser, "token-boss", "").await;
+    assert!(
+        browser
+            .get("/approvals")
+            .await
+            .body
+            .contains("issue_refund")
+    );
+    // Past decide_by (72 h), with no claim and no sweep in between (the test's clock).
+    app.clock.advance(Duration::from_secs(73 * 3600));
+    // The session lapsed too: sign in again.
+    let mut browser = Browser::new(addr);
+    sign_in(&mut browser, "token-boss", "").await;
+    let listed = browser.get("/approvals").await;
+    assert!(
+        !listed.body.contains("issue_refund") && listed.body.contains("No call awaits a decision."),
+        "a lapsed request is no longer listed as awaiting:\n{}",
+        listed.body
+    );
+    let entry = browser.get(&format!("/entry?key={}", refund.key)).await;
+    assert_eq!(entry.status, 200, "{}", entry.body);
+    assert!(
+        entry
+            .body
+            .contains("FAILED (retryable) as its approval lapsed")
+            && entry
+                .body
+                .contains("the request lapsed undecided: nothing was done"),
+        "the entry reads lapsed:\n{}",
+        entry.body
+    );
+    assert!(!entry.body.contains("AWAITING_APPROVAL"), "{}", entry.body);
 }

@@ -294,21 +294,13 @@ PARITY_ROWS = (
     + ["errors"])
 
 
-#: Issue 35's row, added by this branch with this README's row and by the TypeScript client's
-#: branch with its own: until both branches are merged, the TypeScript README in this checkout
-#: lacks it. Drop this once both are in.
-NOT_YET_IN_TYPESCRIPT_README = {"defaults.run_once_wait_for"}
-
-
 @pytest.mark.parametrize("readme", ["python", "typescript"])
 def test_every_row_of_the_list_is_documented_in_the_readmes_parity_table(readme: str) -> None:
     text = (Path(__file__).resolve().parents[2] / readme / "README.md").read_text(
         encoding="utf-8")
     rows = [line for line in text.splitlines() if line.startswith("| `")]
-    missing = [row for row in PARITY_ROWS if not any(f"| `{row}`" in line for line in rows)
-               and not (readme == "typescript" and row in NOT_YET_IN_TYPESCRIPT_README)]
+    missing = [row for row in PARITY_ROWS if not any(f"| `{row}`" in line for line in rows)]
     assert missing == [], f"clients/{readme}/README.md has no parity row for {missing}"
-
 
 
 def test_a_tool_without_confirm_is_refused_as_the_list_says() -> None:

@@ -349,17 +349,11 @@ describe("parity.json: what the model reads, and the paired read", () => {
     ];
     assert.ok(rows.includes("confirm.answers") && rows.includes("reconciler_tools.without_confirm"));
     assert.ok(rows.includes("approvals.methods") && rows.includes("model_reads.denied"));
-    // Issue 35's row, added here with this README's row and by the Python client's branch with
-    // its own: until both branches are merged, the Python README in this checkout lacks it.
-    // Drop this once both are in.
-    const notYetInPythonReadme = new Set(["defaults.run_once_wait_for"]);
     for (const readme of ["python", "typescript"]) {
       const lines = readFileSync(join(REPO_ROOT, "clients", readme, "README.md"), "utf8")
         .split("\n")
         .filter((l) => l.startsWith("| `"));
-      const missing = rows
-        .filter((row) => readme === "typescript" || !notYetInPythonReadme.has(row))
-        .filter((row) => !lines.some((l) => l.includes(`| \`${row}\``)));
+      const missing = rows.filter((row) => !lines.some((l) => l.includes(`| \`${row}\``)));
       assert.deepEqual(missing, [], `clients/${readme}/README.md has no parity row for ${missing.join(", ")}`);
     }
   });

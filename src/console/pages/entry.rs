@@ -159,7 +159,9 @@ pub(super) fn timeline(view: &EntryView, now: Micros) -> Vec<String> {
         // A denial is said with the approval's lines below.
         (Status::Denied, _) => {}
         (_, Some(finished)) => {
-            let by = if e.resolved_by.is_empty() {
+            let by = if e.approval.state == crate::domain::ApprovalState::Expired {
+                "as its approval lapsed".to_string()
+            } else if e.resolved_by.is_empty() {
                 "by its claimant's Complete".to_string()
             } else {
                 format!("by {}", e.resolved_by)
@@ -233,8 +235,11 @@ fn approval_lines(a: &crate::domain::Approval) -> Vec<String> {
         crate::domain::ApprovalState::Used => {
             lines.push("the approval was used: the call acted".to_string());
         }
+        crate::domain::ApprovalState::Expired if a.decided_at.is_none() => {
+            lines.push("the request lapsed undecided: nothing was done".to_string());
+        }
         crate::domain::ApprovalState::Expired => {
-            lines.push("the request (or the approval) lapsed: nothing was done".to_string());
+            lines.push("the approval lapsed unused: nothing was done".to_string());
         }
         _ => {}
     }
