@@ -67,8 +67,9 @@
 //!
 //! # Running it
 //!
-//! Each store's test loads for 12 s by default (`HISTORY_SECONDS` changes that) and must end
-//! within 90 s. `HISTORY_SEED=<n>` replays the random choices of a run (the clients', the
+//! Each store's test loads for 12 s by default (`HISTORY_SECONDS` changes that), longer (up to
+//! three times that) while the run has not yet done what the floors ask, as on a loaded machine
+//! that does less in the same time, and must end within 90 s. `HISTORY_SEED=<n>` replays the random choices of a run (the clients', the
 //! nemesis's; the interleaving is the machine's); a failure prints its seed and the command:
 //!
 //! ```sh
@@ -113,6 +114,9 @@ const HOT: u64 = 3;
 const SLIDE: Duration = Duration::from_millis(250);
 /// The longest a store's whole run may take.
 const BUDGET: Duration = Duration::from_secs(90);
+/// How much longer than asked the load may go on for a run that has not yet done enough to be
+/// judged (a loaded machine): within [`BUDGET`] at the default load.
+const MAX_LOAD_FACTOR: u32 = 3;
 const TOOL: &str = "issue_credit";
 const RUN: &str = "history";
 
@@ -361,24 +365,30 @@ async fn carry_out(
         complete(ctx, actor, rng, failure, claim_sent + ACT_WITHIN).await;
         return;
     }
-    if claim_sent.elapsed() >= ACT_WITHIN {
+    // A receipt of its own per attempt, with bytes of every value (NUL included).
+    let mut receipt = format!("receipt {key} attempt {} ", entry.attempt).into_bytes();
+    let extra = 1 + rng.random_range(0..300);
+    receipt.extend((0..extra).map(|_| (rng.next_u64() & 0xff) as u8));
+    // The time limit is checked in the same step as the act: checked before it, a worker
+    // descheduled in between (a loaded machine) could act after its lease ended and a
+    // reconciler had read "not found", which is the client breaking its rule, not the ledger.
+    let acted = ctx.world.act_if(
+        || claim_sent.elapsed() < ACT_WITHIN,
+        || Effect {
+            key: key.clone(),
+            external_ref: entry.external_ref.clone(),
+            attempt: entry.attempt,
+            receipt: receipt.clone(),
+            by: actor.to_string(),
+            at: ctx.history.started.elapsed(),
+        },
+    );
+    if !acted {
         bump(&ctx.counts.too_late);
         ctx.history
             .did(actor, key, "too late to act: left it".to_string());
         return;
     }
-    // A receipt of its own per attempt, with bytes of every value (NUL included).
-    let mut receipt = format!("receipt {key} attempt {} ", entry.attempt).into_bytes();
-    let extra = 1 + rng.random_range(0..300);
-    receipt.extend((0..extra).map(|_| (rng.next_u64() & 0xff) as u8));
-    ctx.world.act(Effect {
-        key: key.clone(),
-        external_ref: entry.external_ref.clone(),
-        attempt: entry.attempt,
-        receipt: receipt.clone(),
-        by: actor.to_string(),
-        at: ctx.history.started.elapsed(),
-    });
     ctx.history.did(
         actor,
         key,
@@ -764,7 +774,9 @@ struct Postgres {
     proxies: Vec<Proxy>,
 }
 
-/// Faults, one at a time, until `load` has passed since `started`; returns how many of each.
+/// Faults, one at a time, until `load` has passed since `started` and the run did `enough`
+/// to be judged (a loaded machine does less in the same time), or [`MAX_LOAD_FACTOR`] times
+/// `load` passed; returns how many of each.
 async fn nemesis(
     fleet: &mut Fleet,
     postgres: Option<&Postgres>,
@@ -772,6 +784,7 @@ async fn nemesis(
     started: Instant,
     load: Duration,
     every: (u64, u64),
+    enough: impl Fn(&BTreeMap<Fault, u32>) -> bool,
 ) -> BTreeMap<Fault, u32> {
     let kinds: Vec<Fault> = if postgres.is_some() {
         vec![
@@ -789,7 +802,8 @@ async fn nemesis(
     let mut cycle = Vec::new();
     loop {
         pause(rng, every.0, every.1).await;
-        if started.elapsed() >= load {
+        let loaded = started.elapsed();
+        if loaded >= load && (loaded >= load * MAX_LOAD_FACTOR || enough(&done)) {
             break;
         }
         if cycle.is_empty() {
@@ -978,6 +992,7 @@ async fn run(plan: Plan, seed: u64, mut fleet: Fleet, postgres: Option<Postgres>
         ctx.history.started,
         load,
         plan.odds.fault_every,
+        |faults| enough_to_judge(&ctx, faults),
     )
     .await;
     ctx.stop.store(true, Ordering::SeqCst);
@@ -1118,6 +1133,61 @@ where
 // ---------------------------------------------------------------------------------------------
 // The check
 
+/// What the run has not done yet that it must to be judged, one line each (nothing when it
+/// has): floors on the claims answered and claimed, the effects, the calls the faults failed,
+/// the faults themselves, and in the late-findings run the late findings answered stale. A
+/// loaded machine does less in the same time: the load goes on until these are met (see
+/// [`enough_to_judge`]) rather than the run failing them, so a floor that is still not met at
+/// the end means the run did too little whatever the machine.
+fn too_little(
+    figures: &Figures,
+    faults: &BTreeMap<Fault, u32>,
+    odds: Odds,
+    redelivered: u64,
+    stale: u64,
+) -> Vec<String> {
+    let mut problems = Vec::new();
+    let claimed = figures.outcomes.get("CLAIMED").copied().unwrap_or(0);
+    let answered_claims = figures.outcomes.values().sum::<u64>();
+    if answered_claims < 50 || claimed < 10 || figures.effects < 10 {
+        problems.push(format!(
+            "too little happened to judge: {answered_claims} claims answered, {claimed} \
+             claimed, {} effects",
+            figures.effects
+        ));
+    }
+    if figures.errors.values().sum::<u64>() == 0 {
+        problems.push("no call failed: the faults hit nothing".to_string());
+    }
+    if faults.values().sum::<u32>() < if odds.late_mail == 1 { 2 } else { 3 } {
+        problems.push(format!("only {faults:?} faults were injected"));
+    }
+    // The late-findings run must have sent late findings, and seen them refused.
+    if odds.late_mail == 1 && stale < 2 {
+        problems.push(format!(
+            "too few late findings to judge: {redelivered} delivered again, {stale} answered \
+             stale"
+        ));
+    }
+    problems
+}
+
+/// Whether the run so far has done what [`too_little`] asks: the history and the world as
+/// they stand, tallied by the check (no key judged yet).
+fn enough_to_judge(ctx: &Ctx, faults: &BTreeMap<Fault, u32>) -> bool {
+    let figures =
+        testkit::history::check(&ctx.history.ops(), &ctx.world.effects(), &Finals::default())
+            .figures;
+    too_little(
+        &figures,
+        faults,
+        ctx.odds,
+        ctx.counts.redelivered.load(Ordering::Relaxed),
+        ctx.counts.stale.load(Ordering::Relaxed),
+    )
+    .is_empty()
+}
+
 struct Report {
     problems: Vec<String>,
     /// The history of the keys with problems, and the server log lines that explain them.
@@ -1191,37 +1261,13 @@ fn check(
     }
     let figures = verdict.figures;
 
-    // Floors: the run did something, and the faults hit it.
-    let claimed = figures.outcomes.get("CLAIMED").copied().unwrap_or(0);
-    let answered_claims = figures.outcomes.values().sum::<u64>();
-    // Low enough for a loaded machine, where a killed server takes seconds to come back.
-    if answered_claims < 50 || claimed < 10 || figures.effects < 10 {
-        problems.push(format!(
-            "too little happened to judge: {answered_claims} claims answered, {claimed} \
-             claimed, {} effects",
-            figures.effects
-        ));
-    }
-    let failed_calls: u64 = figures.errors.values().sum();
-    if failed_calls == 0 {
-        problems.push("no call failed: the faults hit nothing".to_string());
-    }
-    if faults.values().sum::<u32>() < if ctx.odds.late_mail == 1 { 2 } else { 3 } {
-        problems.push(format!("only {faults:?} faults were injected"));
-    }
-    if ctx.odds.late_mail == 1 {
-        // The late-findings run must have sent late findings, and seen them refused.
-        let (redelivered, stale) = (
-            ctx.counts.redelivered.load(Ordering::Relaxed),
-            ctx.counts.stale.load(Ordering::Relaxed),
-        );
-        if stale < 2 {
-            problems.push(format!(
-                "too few late findings to judge: {redelivered} delivered again, {stale} \
-                 answered stale"
-            ));
-        }
-    }
+    problems.extend(too_little(
+        &figures,
+        faults,
+        ctx.odds,
+        ctx.counts.redelivered.load(Ordering::Relaxed),
+        ctx.counts.stale.load(Ordering::Relaxed),
+    ));
 
     let mut evidence = testkit::history::evidence(&ops, &effects, &verdict.suspects);
     let internal = fleet.lines_with(&["ERROR", "internal"]);

@@ -90,6 +90,20 @@ impl World {
         lock(&self.effects).push(effect);
     }
 
+    /// Records the effect `make` gives only if `in_time()` still holds, both in one step that
+    /// no [`World::did_it_happen`] can pass: an actor bound to act within a deadline checks it
+    /// here, not before, so that a pause between its check and its act (a thread descheduled
+    /// on a loaded machine) can never land the effect after a reader was told it did not
+    /// happen. Whether it acted.
+    pub fn act_if(&self, in_time: impl FnOnce() -> bool, make: impl FnOnce() -> Effect) -> bool {
+        let mut effects = lock(&self.effects);
+        if !in_time() {
+            return false;
+        }
+        effects.push(make());
+        true
+    }
+
     /// "Did this happen?", by the reference the tool was given: the receipt if it did.
     pub fn did_it_happen(&self, external_ref: &str) -> Option<Vec<u8>> {
         lock(&self.effects)
