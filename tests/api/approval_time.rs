@@ -23,6 +23,7 @@ on_every_store!(
     an_entry_finished_while_its_run_awaits_a_decision_replays_after_its_retention,
     an_entry_finished_while_another_call_of_its_run_awaits_keeps_its_key_through_a_denial,
     the_sweep_keeps_an_entry_whose_finish_did_not_see_its_run_pause,
+    a_watchers_cursor_never_passes_an_event_after_the_history_was_pruned,
 );
 
 const RUN: &str = "run-paused";
@@ -352,5 +353,40 @@ async fn the_sweep_keeps_an_entry_whose_finish_did_not_see_its_run_pause(b: Back
         claim(&other, lookup_order()).await.outcome,
         Outcome::Replayed,
         "the sweep kept the paused run's entry before pruning"
+    );
+}
+
+async fn a_watchers_cursor_never_passes_an_event_after_the_history_was_pruned(b: Backend) {
+    let t = TestLedger::new(b).await;
+    let asked = claim(&t.ledger, gated(ARGS)).await;
+    decide(&t.ledger, &asked, Decision::Deny).await;
+    let (seen, cursor) = t
+        .ledger
+        .approval_events(&tenant(), Some(0), 100)
+        .await
+        .expect("events");
+    assert_eq!(
+        seen.iter().map(|e| e.kind).collect::<Vec<_>>(),
+        ["requested", "denied"]
+    );
+    // The denial expires and is pruned with its history: the tenant's history is empty now.
+    t.clock.advance(Duration::from_secs(3 * 24 * 3600));
+    assert!(t.ledger.prune(100).await.expect("prune") >= 1);
+    // A new request's event comes after the cursor the watcher holds, never under it.
+    let again = claim(&t.ledger, gated(r#"{"order":"o-2","amount":900}"#)).await;
+    let (next, _) = t
+        .ledger
+        .approval_events(&tenant(), Some(cursor), 100)
+        .await
+        .expect("events");
+    assert_eq!(
+        next.iter().map(|e| e.kind).collect::<Vec<_>>(),
+        ["requested"],
+        "the new request's event is after the cursor (ids are never taken again)"
+    );
+    assert!(next[0].cursor > cursor);
+    assert_eq!(
+        next[0].entry.as_ref().map(|e| e.entry.key.clone()),
+        Some(again.entry.entry.key.clone())
     );
 }

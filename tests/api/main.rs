@@ -30,6 +30,7 @@ mod health;
 mod help;
 mod history;
 mod inspect;
+mod intent_window;
 mod logs;
 mod memory_budget;
 mod metrics;

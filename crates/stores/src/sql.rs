@@ -290,6 +290,23 @@ pub const MARK_WAITING: &str = "UPDATE ledger_entries SET has_waiters = TRUE \
     WHERE tenant = $1 AND key = $2 AND status IN ('ATTEMPTING', 'AWAITING_APPROVAL') \
     AND NOT has_waiters";
 
+/// Counts a call at `$3` in tenant `$1`'s intent window of the call `$2` (migration 0009) and
+/// returns its generation: the first call's is 1; a call less than `$4` after the last one (or
+/// any call when `$5`, a call of it being unresolved) keeps the generation, a later one takes
+/// the next. The primary key serializes concurrent calls, so they get one generation.
+pub const INTENT_GENERATION: &str = "INSERT INTO ledger_intent_windows \
+    (tenant, fingerprint, generation, last_seen) VALUES ($1, $2, 1, $3) \
+    ON CONFLICT (tenant, fingerprint) DO UPDATE SET \
+    generation = ledger_intent_windows.generation + CASE \
+        WHEN NOT $5 AND ledger_intent_windows.last_seen + $4 <= $3 THEN 1 ELSE 0 END, \
+    last_seen = CASE WHEN ledger_intent_windows.last_seen > $3 \
+        THEN ledger_intent_windows.last_seen ELSE $3 END \
+    RETURNING generation";
+
+/// The current generation of tenant `$1`'s intent window of the call `$2`, if any.
+pub const CURRENT_INTENT_GENERATION: &str = "SELECT generation FROM ledger_intent_windows \
+    WHERE tenant = $1 AND fingerprint = $2";
+
 /// Upserts the write probe's row (see migration 0005).
 pub const PROBE_WRITE: &str = "INSERT INTO ledger_write_probe (id, filler) VALUES (1, $1) \
     ON CONFLICT (id) DO UPDATE SET filler = excluded.filler";

@@ -235,9 +235,38 @@ pub struct Threshold {
 }
 
 impl Threshold {
+    /// A threshold as a policy line writes it: a JSON pointer, `>` or `>=`, and a finite
+    /// number (the approval policy's and the MCP gateway's `gate` alike).
+    ///
+    /// # Errors
+    /// What is wrong with which word, for the caller to put after its line number.
+    pub fn parse(pointer: &str, op: &str, bound: &str) -> Result<Threshold, String> {
+        let inclusive = match op {
+            ">" => false,
+            ">=" => true,
+            other => return Err(format!("`{other}` is not a comparison: use > or >=")),
+        };
+        if !pointer.starts_with('/') {
+            return Err(format!(
+                "`{pointer}` is not a JSON pointer (it starts with /, as /amount)"
+            ));
+        }
+        let bound: f64 = bound
+            .parse()
+            .ok()
+            .filter(|b: &f64| b.is_finite())
+            .ok_or_else(|| format!("`{bound}` is not a number"))?;
+        Ok(Threshold {
+            pointer: pointer.to_string(),
+            inclusive,
+            bound,
+        })
+    }
+
     /// Whether `arguments` pass it. An argument that is missing or not a number gates the
     /// call: the person decides what the rule cannot judge.
-    fn gates(&self, arguments: &serde_json::Value) -> bool {
+    #[must_use]
+    pub fn gates(&self, arguments: &serde_json::Value) -> bool {
         match arguments
             .pointer(&self.pointer)
             .and_then(serde_json::Value::as_f64)
@@ -286,37 +315,14 @@ impl Policy {
             let words: Vec<&str> = content.split_whitespace().collect();
             let (tenant, tool, threshold) = match words.as_slice() {
                 [tenant, tool] => (*tenant, *tool, None),
-                [tenant, tool, pointer, op, bound] => {
-                    let inclusive = match *op {
-                        ">" => false,
-                        ">=" => true,
-                        other => {
-                            return Err(format!(
-                                "line {line}: `{other}` is not a comparison: use > or >="
-                            ));
-                        }
-                    };
-                    if !pointer.starts_with('/') {
-                        return Err(format!(
-                            "line {line}: `{pointer}` is not a JSON pointer (it starts with /, \
-                             as /amount)"
-                        ));
-                    }
-                    let bound: f64 = bound
-                        .parse()
-                        .ok()
-                        .filter(|b: &f64| b.is_finite())
-                        .ok_or_else(|| format!("line {line}: `{bound}` is not a number"))?;
-                    (
-                        *tenant,
-                        *tool,
-                        Some(Threshold {
-                            pointer: (*pointer).to_string(),
-                            inclusive,
-                            bound,
-                        }),
-                    )
-                }
+                [tenant, tool, pointer, op, bound] => (
+                    *tenant,
+                    *tool,
+                    Some(
+                        Threshold::parse(pointer, op, bound)
+                            .map_err(|why| format!("line {line}: {why}"))?,
+                    ),
+                ),
                 _ => {
                     return Err(format!(
                         "line {line}: expected `<tenant|*> <tool>` or `<tenant|*> <tool> \

@@ -6,7 +6,8 @@
 //! ledger's settings (the arguments' JSON, durations, counts), lets the domain decide, applies
 //! the store's compare-and-set write, and starts over from a fresh read when a concurrent
 //! writer won the race. [`wait`] holds claims that wait for an attempt in flight; `notes` are
-//! the sentences for the model; `recent` is a hint cache for the claim path.
+//! the sentences for the model; `recent` is a hint cache for the claim path; `window` numbers
+//! the intents of a call that names no run (the MCP gateway's window of intent).
 //!
 //! Independent of gRPC, so the conformance suite runs the same calls against every backend.
 
@@ -24,6 +25,7 @@ mod renew;
 mod replay_memory;
 mod retention;
 pub mod wait;
+mod window;
 
 pub use approval::{
     ApprovalEvent, Approvals, DecideInput, Decided, MAX_REASON_BYTES, approval_cursor,

@@ -283,6 +283,34 @@ pub trait Store: Send + Sync + 'static {
     /// `Unavailable` or `Internal` as the database fails.
     async fn last_history_id(&self, tenant: &Tenant) -> StoreResult<i64>;
 
+    /// The generation of the tenant's intent window of the call `fingerprint` (the MCP
+    /// gateway's), counting the call at `now`: the current one if the last identical call came
+    /// less than `window` before `now` (or when `keep`: a call of it is still unresolved),
+    /// else the next; 1 for the first call. One atomic statement, so concurrent first calls
+    /// anywhere get one generation.
+    ///
+    /// # Errors
+    /// `Unavailable` or `Internal` as the database fails.
+    async fn intent_generation(
+        &self,
+        tenant: &Tenant,
+        fingerprint: &str,
+        now: Micros,
+        window: Micros,
+        keep: bool,
+    ) -> StoreResult<u64>;
+
+    /// The current generation of the tenant's intent window of the call `fingerprint`, if any
+    /// call of it came; no write.
+    ///
+    /// # Errors
+    /// `Unavailable` or `Internal` as the database fails.
+    async fn current_intent_generation(
+        &self,
+        tenant: &Tenant,
+        fingerprint: &str,
+    ) -> StoreResult<Option<u64>>;
+
     /// Up to `limit` of the tenant's entries marked as a possible double effect, oldest
     /// first, with their stored arguments.
     ///

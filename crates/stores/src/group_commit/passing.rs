@@ -164,6 +164,29 @@ impl Store for GroupCommit {
         self.inner.extend_run(tenant, run_id, until).await
     }
 
+    async fn intent_generation(
+        &self,
+        tenant: &Tenant,
+        fingerprint: &str,
+        now: Micros,
+        window: Micros,
+        keep: bool,
+    ) -> StoreResult<u64> {
+        self.inner
+            .intent_generation(tenant, fingerprint, now, window, keep)
+            .await
+    }
+
+    async fn current_intent_generation(
+        &self,
+        tenant: &Tenant,
+        fingerprint: &str,
+    ) -> StoreResult<Option<u64>> {
+        self.inner
+            .current_intent_generation(tenant, fingerprint)
+            .await
+    }
+
     async fn next_lapse(&self) -> StoreResult<Option<Micros>> {
         self.inner.next_lapse().await
     }

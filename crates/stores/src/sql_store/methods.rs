@@ -309,6 +309,42 @@ impl<D: Dialect> Store for SqlStore<D> {
         self.execute(sql::EXTEND_RUN_UNTIL, &params, On::Pool).await
     }
 
+    async fn intent_generation(
+        &self,
+        tenant: &Tenant,
+        fingerprint: &str,
+        now: Micros,
+        window: Micros,
+        keep: bool,
+    ) -> StoreResult<u64> {
+        let params = [
+            Param::Text(tenant.as_str()),
+            Param::Text(fingerprint),
+            Param::Int(now.0),
+            Param::Int(window.0),
+            Param::Flag(keep),
+        ];
+        let rows: Vec<(i64,)> = self
+            .fetch_all(sql::INTENT_GENERATION, &params, On::Pool)
+            .await?;
+        let (generation,) = at_most_one(rows, "INTENT_GENERATION")?
+            .ok_or_else(|| StoreError::Internal("INTENT_GENERATION returned no row".into()))?;
+        u64::try_from(generation)
+            .map_err(|_| StoreError::Internal(format!("a generation of {generation}")))
+    }
+
+    async fn current_intent_generation(
+        &self,
+        tenant: &Tenant,
+        fingerprint: &str,
+    ) -> StoreResult<Option<u64>> {
+        let params = [Param::Text(tenant.as_str()), Param::Text(fingerprint)];
+        let rows: Vec<(i64,)> = self
+            .fetch_all(sql::CURRENT_INTENT_GENERATION, &params, On::Pool)
+            .await?;
+        Ok(at_most_one(rows, "CURRENT_INTENT_GENERATION")?.and_then(|(g,)| u64::try_from(g).ok()))
+    }
+
     async fn next_lapse(&self) -> StoreResult<Option<Micros>> {
         let rows: Vec<(Option<i64>,)> = self.fetch_all(sql::NEXT_LAPSE, &[], On::Pool).await?;
         Ok(at_most_one(rows, "NEXT_LAPSE")?.and_then(|(at,)| at.map(Micros)))
