@@ -22,7 +22,7 @@
 //! - this crate, the server: its modules, each using only those to its left (the test
 //!   `tests/layout.rs` holds it):
 //!
-//! `proto, connections ← observe ← grpc ← console ← server ← cli`
+//! `proto, connections ← observe ← grpc ← console ← server ← mcp ← cli`
 //!
 //! - [`proto`]: the generated `idempotency.v1` types and descriptors.
 //! - [`connections`]: the client connections, bounded: the descriptor limit raised, a cap,
@@ -43,6 +43,10 @@
 //!   credentials of [`grpc`]'s authentication.
 //! - [`server`]: the settings, health and its store probe, reflection, graceful shutdown;
 //!   every task it starts ends with it. One public way to run it: [`server::run`].
+//! - [`mcp`]: the MCP gateway (`idempotency-ledger mcp`): the ledger between an MCP client and
+//!   an MCP server, so that each side-effecting tool call acts once per intent with neither
+//!   changed; it runs the ledger's use cases in process (its own store, or a database it
+//!   shares with servers).
 //! - [`cli`]: the command line: `serve`, `migrate`, and the operator's commands, gRPC clients
 //!   of a running server.
 //! - `main.rs` uses any of them (the benchmark's client and its gRPC floor are the `bench`
@@ -52,6 +56,7 @@ pub mod cli;
 pub mod connections;
 pub mod console;
 pub mod grpc;
+pub mod mcp;
 pub mod observe;
 pub mod proto;
 pub mod server;

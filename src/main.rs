@@ -87,6 +87,11 @@ async fn main() -> ExitCode {
         Command::Approvals(args) => return approve::approvals(args).await,
         Command::Approve(args) => return approve::decide(args, true).await,
         Command::Deny(args) => return approve::decide(args, false).await,
+        Command::Mcp(args) => {
+            idempotency_ledger::mcp::run(args, shutdown_signal(), reload_requests())
+                .await
+                .map_err(|e| server::ServeError::Config(e.to_string()))
+        }
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

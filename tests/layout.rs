@@ -36,6 +36,7 @@ const FLOORS: &[Floor] = &[
             &["grpc"],
             &["console"],
             &["server"],
+            &["mcp"],
             &["cli"],
         ],
     },

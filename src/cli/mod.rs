@@ -88,6 +88,11 @@ pub enum Command {
     /// Deny a call awaiting a decision (Decide), with a token of the approver role: every
     /// repeat is told the --reason. --fingerprint binds it to the arguments you saw.
     Deny(approve::DecideArgs),
+    /// Run the MCP gateway in front of an MCP server: `idempotency-ledger mcp [OPTIONS] --
+    /// COMMAND [ARGS…]` (stdio). Each side-effecting tools/call acts once per intent; a repeat
+    /// gets the stored result with the ledger's note; an outcome nobody knows is never sent
+    /// again.
+    Mcp(crate::mcp::McpArgs),
 }
 
 #[cfg(test)]

@@ -127,9 +127,10 @@ async fn explain(store: &dyn Store, error: &StoreError) -> String {
     error.to_string()
 }
 
-/// The clock's alignment to the database's, and what was logged of it.
+/// The clock's alignment to the database's, and what was logged of it (the health probe's,
+/// and the MCP gateway's, which shares a database with servers as one of them).
 #[derive(Debug, Default)]
-struct ClockAlignment {
+pub(crate) struct ClockAlignment {
     /// The offset last reported in the log, if any was far enough to say.
     reported: Option<Micros>,
 }
@@ -142,7 +143,7 @@ impl ClockAlignment {
     const WORTH_SAYING: Micros = Micros(1_000_000);
 
     /// Measures the database's clock against this machine's and has `clock` follow it.
-    async fn align(&mut self, store: &dyn Store, clock: &dyn Clock) -> StoreResult<()> {
+    pub(crate) async fn align(&mut self, store: &dyn Store, clock: &dyn Clock) -> StoreResult<()> {
         let sent = Micros::now();
         let started = std::time::Instant::now();
         let Some(database) = store.database_now().await? else {

@@ -34,6 +34,7 @@ use crate::grpc::{LedgerApi, LedgerServiceServer, pb};
 use crate::ledger::Ledger;
 use crate::observe::{self, GrpcMetricsLayer, Metrics};
 use crate::storage::{self, StoreError, redact_url};
+pub(crate) use health::ClockAlignment;
 use health::{Readiness, probe_loop, set_health};
 
 /// The fully qualified name of the ledger service, as health and reflection report it.

@@ -1,0 +1,531 @@
+//! One `tools/call` through the gateway: the tool's governance (the policy, else the upstream's
+//! hints), the call's run (its `_meta`, its trace, or its window), the Claim, and then either
+//! the upstream's answer recorded with a Complete, or the ledger's answer without forwarding.
+//! Whatever the transport, a call reaches the upstream only after the ledger said `CLAIMED`,
+//! and an answer that is lost (the upstream died, the call timed out, the client cancelled it
+//! after it was sent) is recorded as unknown, never sent again.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use arc_swap::ArcSwap;
+use async_trait::async_trait;
+use serde_json::Value;
+use tokio::sync::watch;
+
+use super::answers::{self, LOST_NOTE, RUN};
+use super::policy::{Governance, Hints, McpPolicy, Once};
+use super::rpc;
+use crate::domain::key::{ClaimKey, ClaimToken, Principal, RunId, ToolName};
+use crate::domain::{FinalStatus, Tenant};
+use crate::error::LedgerError;
+use crate::ledger::{ClaimInput, ClaimOutput, CompleteInput, Ledger, Outcome, RenewInput, WaitFor};
+
+/// How the gateway governs calls, from its command line.
+#[derive(Clone, Debug)]
+pub struct Rules {
+    /// The window of intent of a call that names no run (`--same-intent-within`).
+    pub same_intent_within: Duration,
+    /// A call's W3C trace id is its run when it names none (`--run-from-trace`).
+    pub run_from_trace: bool,
+    /// How long a repeat waits for an attempt in flight before it is told so.
+    pub wait: Duration,
+    /// The lease of an attempt, renewed while the upstream works on it.
+    pub lease: Duration,
+    /// How long the upstream may take to answer a governed call before its outcome is
+    /// recorded as unknown (`--call-timeout`).
+    pub call_timeout: Duration,
+    /// How long a finished entry is kept; `None` for the ledger's default.
+    pub retention: Option<Duration>,
+}
+
+/// What the upstream answered a message the gateway forwarded, or why no answer will come.
+#[derive(Debug)]
+pub enum Answer {
+    /// The response, whole (a result or a JSON-RPC error).
+    Response(Value),
+    /// No answer will come: the upstream exited, the connection broke, or the time ran out.
+    Lost(String),
+}
+
+/// The upstream as a governed call uses it: send one request, wait for its answer. A
+/// transport implements it; `cancelled` turns true when the client cancels the request.
+#[async_trait]
+pub trait Upstream: Send + Sync {
+    /// Sends `request` (with the id it carries) and waits for the upstream's answer.
+    async fn call(&self, request: Value, cancelled: watch::Receiver<bool>) -> Answer;
+}
+
+/// The gateway's ledger side: the ledger, the tenant it writes for, its rules and policy, and
+/// what it learned of the upstream (its name and its tools' hints). Shared by every call.
+pub struct Gateway {
+    /// The ledger the calls are claimed in.
+    ledger: Ledger,
+    /// The tenant the entries are written for.
+    tenant: Tenant,
+    /// How calls are governed.
+    rules: Rules,
+    /// The policy in force (swapped whole on SIGHUP).
+    policy: ArcSwap<McpPolicy>,
+    /// The upstream's name (`--name`, else its `serverInfo.name`), the prefix of every
+    /// entry's tool; empty until known.
+    upstream: ArcSwap<String>,
+    /// Each tool's hints, as the upstream's last `tools/list` gave them.
+    hints: Mutex<HashMap<String, Hints>>,
+    /// Who the entries are claimed by: the client, as it named itself.
+    principal: ArcSwap<Principal>,
+}
+
+impl Gateway {
+    /// A gateway over `ledger` for `tenant`, with `rules` and `policy`; `name` is the
+    /// upstream's name when the command line gives one.
+    #[must_use]
+    pub fn new(
+        ledger: Ledger,
+        tenant: Tenant,
+        rules: Rules,
+        policy: McpPolicy,
+        name: Option<String>,
+    ) -> Gateway {
+        Gateway {
+            ledger,
+            tenant,
+            rules,
+            policy: ArcSwap::from_pointee(policy),
+            upstream: ArcSwap::from_pointee(name.unwrap_or_default()),
+            hints: Mutex::default(),
+            principal: ArcSwap::from_pointee(Principal::none()),
+        }
+    }
+
+    /// The ledger (for the transports' upkeep).
+    #[must_use]
+    pub fn ledger(&self) -> &Ledger {
+        &self.ledger
+    }
+
+    /// Puts `policy` in force for the calls that start from now on.
+    pub fn set_policy(&self, policy: McpPolicy) {
+        self.policy.store(Arc::new(policy));
+    }
+
+    /// Whether the upstream's name is known.
+    #[must_use]
+    pub fn knows_upstream(&self) -> bool {
+        !self.upstream.load().is_empty()
+    }
+
+    /// Learns the upstream's name from what it said of itself, unless one is known (the
+    /// command line's, or an earlier one: a name never changes under running entries).
+    pub fn learn_upstream(&self, name: &str) {
+        if !self.knows_upstream() && !name.is_empty() {
+            tracing::info!(
+                upstream = name,
+                "the upstream's name: its tools are <name>/<tool>"
+            );
+            self.upstream.store(Arc::new(name.to_string()));
+        }
+    }
+
+    /// Learns who the client is, for the entries' principal.
+    pub fn learn_client(&self, name: &str) {
+        if let Ok(principal) = Principal::parse(&format!("mcp:{name}")) {
+            self.principal.store(Arc::new(principal));
+        }
+    }
+
+    /// Learns the tools' hints from a `tools/list` result.
+    pub fn learn_tools(&self, result: &Value) {
+        let Some(tools) = result.get("tools").and_then(Value::as_array) else {
+            return;
+        };
+        let mut hints = self
+            .hints
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        for tool in tools {
+            if let Some(name) = tool.get("name").and_then(Value::as_str) {
+                hints.insert(name.to_string(), Hints::of(tool));
+            }
+        }
+    }
+
+    /// What the gateway does with a call of `tool`.
+    fn governance(&self, tool: &str) -> Governance {
+        let hints = self
+            .hints
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .get(tool)
+            .copied();
+        self.policy.load().governance(tool, hints)
+    }
+
+    /// Answers the `tools/call` request `message` (with id `id`): passes it through, or
+    /// governs it. `None` when nothing is to be answered (the client cancelled the call).
+    pub async fn call_tool(
+        &self,
+        message: Value,
+        id: &Value,
+        upstream: &dyn Upstream,
+        cancelled: watch::Receiver<bool>,
+    ) -> Option<Value> {
+        let params = message.get("params").cloned().unwrap_or(Value::Null);
+        let Some(name) = params
+            .get("name")
+            .and_then(Value::as_str)
+            .map(str::to_owned)
+        else {
+            return Some(rpc::error(
+                Some(id),
+                rpc::INVALID_PARAMS,
+                "tools/call needs params.name, the tool's name",
+            ));
+        };
+        let arguments = match params.get("arguments") {
+            None | Some(Value::Null) => Value::Object(serde_json::Map::new()),
+            Some(Value::Object(o)) => Value::Object(o.clone()),
+            Some(_) => {
+                return Some(rpc::error(
+                    Some(id),
+                    rpc::INVALID_PARAMS,
+                    "tools/call's params.arguments must be a JSON object; the call was neither \
+                     recorded nor sent",
+                ));
+            }
+        };
+        let once = match self.governance(&name) {
+            Governance::Pass => {
+                return match upstream.call(message, cancelled).await {
+                    Answer::Response(response) => Some(response),
+                    Answer::Lost(why) => Some(rpc::error(Some(id), rpc::UNAVAILABLE, &why)),
+                };
+            }
+            Governance::Once(once) => once,
+        };
+        let call = Call {
+            message,
+            id,
+            name,
+            arguments,
+            meta: params.get("_meta").cloned().unwrap_or(Value::Null),
+            once,
+        };
+        match self.govern(&call, upstream, cancelled).await {
+            Ok(answer) => answer,
+            Err(refusal) => Some(refusal),
+        }
+    }
+
+    /// A governed call: claim, then act through the upstream or answer from the ledger.
+    async fn govern(
+        &self,
+        call: &Call<'_>,
+        upstream: &dyn Upstream,
+        cancelled: watch::Receiver<bool>,
+    ) -> Result<Option<Value>, Value> {
+        let tool = self.tool_name(call)?;
+        let run = self.run_of(call, &tool).await?;
+        let input = ClaimInput {
+            tool,
+            arguments_json: call.arguments.to_string(),
+            key: ClaimKey::Derived(run),
+            canonicalization: Default::default(),
+            lease: Some(self.rules.lease),
+            retention: self.rules.retention,
+            wait: Some(self.rules.wait),
+            wait_for: WaitFor::Attempt,
+            answer_by: None,
+            principal: (**self.principal.load()).clone(),
+            require_approval: call
+                .once
+                .gate
+                .as_ref()
+                .is_some_and(|g| g.applies(&call.arguments)),
+        };
+        let claimed = self
+            .ledger
+            .claim(&self.tenant, input)
+            .await
+            .map_err(|e| refusal(call.id, &e))?;
+        let key = claimed.entry.entry.key.as_str().to_owned();
+        let answer = match claimed.outcome {
+            Outcome::Claimed => return Ok(self.act(call, claimed, upstream, cancelled).await),
+            Outcome::Replayed => {
+                answers::replayed(&claimed.entry.entry.result, &claimed.note, &key)
+            }
+            Outcome::InProgress => {
+                answers::not_done(claimed.entry.status.as_str(), &claimed.note, &key)
+            }
+            Outcome::PreviouslyFailed => answers::not_done("FAILED", &claimed.note, &key),
+            Outcome::AwaitingApproval => {
+                answers::not_done("AWAITING_APPROVAL", &claimed.note, &key)
+            }
+            Outcome::Denied => answers::not_done("DENIED", &claimed.note, &key),
+        };
+        tracing::info!(
+            key = claimed.entry.entry.key.log_prefix(),
+            tool = claimed.entry.entry.tool.as_str(),
+            outcome = claimed.outcome.as_str(),
+            "a governed call was answered by the ledger; nothing was sent"
+        );
+        Ok(Some(rpc::result(call.id, answer)))
+    }
+
+    /// The claimed call goes to the upstream (its lease renewed meanwhile); its answer is
+    /// recorded, then given to the client as the upstream gave it.
+    async fn act(
+        &self,
+        call: &Call<'_>,
+        claimed: ClaimOutput,
+        upstream: &dyn Upstream,
+        mut cancelled: watch::Receiver<bool>,
+    ) -> Option<Value> {
+        let entry = &claimed.entry.entry;
+        let Some(token) = claimed.claim_token.clone() else {
+            return Some(rpc::error(
+                Some(call.id),
+                rpc::INTERNAL_ERROR,
+                "the ledger claimed the call without a claim token",
+            ));
+        };
+        let sent = upstream.call(call.message.clone(), cancelled.clone());
+        let answer = tokio::select! {
+            answer = tokio::time::timeout(self.rules.call_timeout, sent) => answer.unwrap_or_else(|_| {
+                Answer::Lost(format!(
+                    "the upstream did not answer within {:?} (--call-timeout)",
+                    self.rules.call_timeout
+                ))
+            }),
+            () = self.renew_while_waiting(entry.key.clone(), token.clone()) => {
+                Answer::Lost("the lease could not be renewed".to_string())
+            }
+        };
+        let was_cancelled = *cancelled.borrow_and_update();
+        let key = entry.key.as_str().to_owned();
+        let (status, result, error, retryable, reply) = match answer {
+            Answer::Response(response) => match (response.get("result"), response.get("error")) {
+                (Some(result), _) if answers::is_error(result) => (
+                    FinalStatus::Failed,
+                    Vec::new(),
+                    answers::error_text(result),
+                    !call.once.errors_final,
+                    Some(response.clone()),
+                ),
+                (Some(result), _) => (
+                    FinalStatus::Succeeded,
+                    serde_json::to_vec(result).unwrap_or_default(),
+                    String::new(),
+                    false,
+                    Some(response.clone()),
+                ),
+                // A JSON-RPC error: the tool never ran (an unknown tool, bad arguments).
+                (None, error) => (
+                    FinalStatus::Failed,
+                    Vec::new(),
+                    error
+                        .and_then(|e| e.get("message"))
+                        .and_then(Value::as_str)
+                        .unwrap_or("the upstream refused the call")
+                        .to_string(),
+                    true,
+                    Some(response.clone()),
+                ),
+            },
+            Answer::Lost(why) => (
+                FinalStatus::Unknown,
+                Vec::new(),
+                why,
+                false,
+                Some(rpc::result(
+                    call.id,
+                    answers::not_done("UNKNOWN", LOST_NOTE, &key),
+                )),
+            ),
+        };
+        self.record(entry.key.clone(), token, status, result, error, retryable)
+            .await;
+        // A cancelled request gets no answer (the protocol's rule); its outcome is recorded.
+        if was_cancelled { None } else { reply }
+    }
+
+    /// Records the attempt's outcome; a Complete that fails leaves the attempt to its lease's
+    /// end (then UNKNOWN, for reconciliation), which the log says.
+    async fn record(
+        &self,
+        key: crate::domain::Key,
+        token: ClaimToken,
+        status: FinalStatus,
+        result: Vec<u8>,
+        error: String,
+        retryable: bool,
+    ) {
+        let input = CompleteInput {
+            key: key.clone(),
+            claim_token: token,
+            status,
+            result,
+            error,
+            retryable,
+        };
+        match self.ledger.complete(&self.tenant, input).await {
+            Ok(done) => tracing::info!(
+                key = key.log_prefix(),
+                tool = done.entry.entry.tool.as_str(),
+                status = done.entry.status.as_str(),
+                "a governed call acted; its outcome is recorded"
+            ),
+            Err(e) => tracing::warn!(
+                key = key.log_prefix(),
+                error = %e,
+                "the outcome of a call that acted could not be recorded: it reads as unknown once \
+                 its lease ends, for reconciliation"
+            ),
+        }
+    }
+
+    /// Renews the attempt's lease every third of it while the upstream works; returns only
+    /// when a renewal is refused (the lease ended meanwhile), which ends the wait as unknown.
+    async fn renew_while_waiting(&self, key: crate::domain::Key, token: ClaimToken) {
+        let every = self.rules.lease / 3;
+        loop {
+            tokio::time::sleep(every).await;
+            let input = RenewInput {
+                key: key.clone(),
+                claim_token: token.clone(),
+                lease: Some(self.rules.lease),
+            };
+            match self.ledger.renew_lease(&self.tenant, input).await {
+                Ok(_) => {}
+                Err(LedgerError::LeaseEnded(_) | LedgerError::StaleClaimToken) => return,
+                // The store is away: the next renewal may pass; the lease may end meanwhile.
+                Err(e) => tracing::warn!(error = %e, "a lease renewal failed; trying again"),
+            }
+        }
+    }
+
+    /// The entry's tool: `<upstream>/<tool>`.
+    fn tool_name(&self, call: &Call<'_>) -> Result<ToolName, Value> {
+        let upstream = self.upstream.load();
+        let prefix = if upstream.is_empty() {
+            "upstream"
+        } else {
+            upstream.as_str()
+        };
+        ToolName::parse(&format!("{prefix}/{}", call.name)).map_err(|e| {
+            rpc::error(
+                Some(call.id),
+                rpc::INVALID_PARAMS,
+                &format!("the tool's name cannot be recorded: {}", e.message),
+            )
+        })
+    }
+
+    /// The call's run: the one its `_meta` names, else (when asked) its trace id, else its
+    /// window of intent. Never the request's id.
+    async fn run_of(&self, call: &Call<'_>, tool: &ToolName) -> Result<RunId, Value> {
+        if let Some(named) = call.meta.get(RUN) {
+            return named
+                .as_str()
+                .ok_or("is not a text")
+                .and_then(|s| {
+                    RunId::parse(s)
+                        .map_err(|_| "is not a run id (1 to 256 bytes, no control characters)")
+                })
+                .map_err(|why| {
+                    rpc::error(
+                        Some(call.id),
+                        rpc::INVALID_PARAMS,
+                        &format!("_meta[\"{RUN}\"] {why}; the call was neither recorded nor sent"),
+                    )
+                });
+        }
+        if self.rules.run_from_trace
+            && let Some(trace) = call
+                .meta
+                .get("traceparent")
+                .and_then(Value::as_str)
+                .and_then(trace_id)
+        {
+            return Ok(RunId::from_stored(format!("trace-{trace}")));
+        }
+        self.ledger
+            .window_run(
+                &self.tenant,
+                tool,
+                &call.arguments.to_string(),
+                self.rules.same_intent_within,
+            )
+            .await
+            .map_err(|e| refusal(call.id, &e))
+    }
+}
+
+/// A governed `tools/call`, read.
+struct Call<'a> {
+    /// The request as it came, forwarded unchanged when it acts.
+    message: Value,
+    /// Its id.
+    id: &'a Value,
+    /// The tool's name at the upstream.
+    name: String,
+    /// Its arguments (`{}` when it sent none).
+    arguments: Value,
+    /// Its `_meta`.
+    meta: Value,
+    /// How the policy governs it.
+    once: Once,
+}
+
+/// The trace id of a W3C `traceparent` (`00-<32 hex>-<16 hex>-<2 hex>`), unless it is all
+/// zeros (invalid, as the recommendation says).
+fn trace_id(traceparent: &str) -> Option<&str> {
+    let mut parts = traceparent.split('-');
+    let (_version, trace) = (parts.next()?, parts.next()?);
+    (trace.len() == 32
+        && trace
+            .bytes()
+            .all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'))
+        && trace.bytes().any(|b| b != b'0'))
+    .then_some(trace)
+}
+
+/// The JSON-RPC error for a call the ledger refused or could not record: its arguments are
+/// wrong (`INVALID_PARAMS`), or the ledger cannot be reached (then the call was not sent).
+fn refusal(id: &Value, e: &LedgerError) -> Value {
+    match e {
+        LedgerError::InvalidArgument { .. } | LedgerError::KeyReused => rpc::error(
+            Some(id),
+            rpc::INVALID_PARAMS,
+            &format!("the call was neither recorded nor sent: {e}"),
+        ),
+        _ => rpc::error(
+            Some(id),
+            rpc::UNAVAILABLE,
+            &format!(
+                "the idempotency ledger could not record the call, so it was not sent ({e}); \
+                 it is safe to try again"
+            ),
+        ),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_traceparent_gives_its_trace_id_unless_it_is_invalid() {
+        assert_eq!(
+            trace_id("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"),
+            Some("4bf92f3577b34da6a3ce929d0e0e4736")
+        );
+        assert_eq!(
+            trace_id("00-00000000000000000000000000000000-00f067aa0ba902b7-01"),
+            None
+        );
+        assert_eq!(trace_id("00-XYZ-00f067aa0ba902b7-01"), None);
+        assert_eq!(trace_id("garbage"), None);
+    }
+}

@@ -1,0 +1,273 @@
+//! The MCP gateway (`idempotency-ledger mcp`): the ledger between any MCP client and one MCP
+//! server (the *upstream*), neither of them changed. A `tools/call` of a governed tool is a
+//! Claim before it reaches the upstream and a Complete after; every other message passes
+//! through unchanged both ways. So a call the client re-issues (a new request id after a broken
+//! stream, a retry of the runtime, the model asking again) acts once, a repeat reads the stored
+//! result with the ledger's note, and an outcome nobody knows is never sent again.
+//!
+//! # Layout
+//!
+//! `policy, rpc, answers ← govern ← stdio`
+//!
+//! - [`policy`]: which tools are governed and how (the policy file, the tools' hints).
+//! - [`rpc`]: JSON-RPC messages as the gateway routes them, and the errors it answers itself.
+//! - [`answers`]: the `CallToolResult` the client receives for each outcome.
+//! - [`govern`]: one `tools/call`: its run, its Claim, the upstream's answer, its Complete.
+//! - [`stdio`]: the stdio transport: the upstream as a child process, restarted when it exits.
+//!
+//! rmcp (the official Rust SDK) gives the protocol's model: the gateway reads tool calls and
+//! writes its own results with it. Its transports serve a typed client or server, which would
+//! drop what they do not model; a gateway must pass on every member of every message, so the
+//! routing here keeps messages as the JSON values they arrived as.
+
+pub mod answers;
+pub mod govern;
+pub mod policy;
+pub mod rpc;
+pub mod stdio;
+
+use std::ffi::OsString;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use clap::Args;
+
+use crate::defaults::{self, parse_duration};
+use crate::domain::Tenant;
+use crate::domain::time::{AlignedClock, Clock};
+use crate::ledger::{Ledger, Limits};
+use crate::server::ClockAlignment;
+use crate::storage::{self, PoolOptions, redact_url};
+use govern::{Gateway, Rules};
+use policy::McpPolicy;
+
+/// Stand between an MCP client and an MCP server: every side-effecting `tools/call` acts once
+/// per intent, a repeat gets the stored result with an honest note, and an outcome nobody knows
+/// is never sent again. The line for a desktop client's server list:
+///
+///   idempotency-ledger mcp -- npx -y @modelcontextprotocol/server-memory
+#[derive(Args, Debug, Clone)]
+pub struct McpArgs {
+    /// The upstream MCP server's command and its arguments (stdio), after `--`. The gateway
+    /// starts it, passes every message on, restarts it when it exits, and stops it when the
+    /// client goes away.
+    #[arg(last = true, value_name = "COMMAND")]
+    pub command: Vec<OsString>,
+
+    /// The upstream's name: entries are recorded as `<name>/<tool>`. By default the name the
+    /// upstream gives itself (`serverInfo.name`). Keep it stable: it is part of every key.
+    #[arg(long, env = "LEDGER_MCP_NAME")]
+    pub name: Option<String>,
+
+    /// The ledger's store: `sqlite://FILE` or `postgres://…` (several gateways then share one
+    /// ledger). By default a SQLite file in the user's state directory
+    /// ($XDG_STATE_HOME/idempotency-ledger/mcp.db, else ~/.local/state/…).
+    #[arg(long, env = "LEDGER_MCP_DATABASE_URL")]
+    pub database_url: Option<String>,
+
+    /// The policy file: which tools pass, which act once, which a person must approve, and
+    /// their paired reads (one line a tool name or glob: see the guide). Re-read on SIGHUP; a
+    /// file that does not parse keeps the one in force and the log names its line. Without it
+    /// every tool acts once, but those the upstream marks read-only, which pass.
+    #[arg(long, env = "LEDGER_MCP_POLICY")]
+    pub mcp_policy: Option<PathBuf>,
+
+    /// A call that names no run (`_meta["idempotency-ledger/run"]`) is the same intent as an
+    /// identical call made less than this after the last one; later it is a new intent.
+    #[arg(long, env = "LEDGER_MCP_SAME_INTENT_WITHIN", default_value = "10m", value_parser = parse_duration)]
+    pub same_intent_within: Duration,
+
+    /// Take the call's W3C trace id (`_meta.traceparent`) as its run when it names none, before
+    /// the window.
+    #[arg(long, env = "LEDGER_MCP_RUN_FROM_TRACE")]
+    pub run_from_trace: bool,
+
+    /// The tenant the entries belong to.
+    #[arg(long, env = "LEDGER_MCP_TENANT", default_value = "default")]
+    pub tenant: String,
+
+    /// How long a repeat of a call in flight waits for its result before it is told the call
+    /// is in progress.
+    #[arg(long, env = "LEDGER_MCP_WAIT", default_value = "30s", value_parser = parse_duration)]
+    pub wait: Duration,
+
+    /// The lease of a call sent to the upstream, renewed every third of it while the upstream
+    /// works.
+    #[arg(long, env = "LEDGER_MCP_LEASE", default_value = "60s", value_parser = parse_duration)]
+    pub lease: Duration,
+
+    /// How long the upstream may take to answer a governed call; past it the outcome is
+    /// recorded as unknown (never sent again) and the client is told so.
+    #[arg(long, env = "LEDGER_MCP_CALL_TIMEOUT", default_value = "5m", value_parser = parse_duration)]
+    pub call_timeout: Duration,
+
+    /// How long a finished call is kept (and replayed); the ledger's default (24h) when unset.
+    #[arg(long, env = "LEDGER_MCP_RETENTION", value_parser = parse_duration)]
+    pub retention: Option<Duration>,
+}
+
+/// Why the gateway could not run.
+#[derive(Debug, thiserror::Error)]
+pub enum McpError {
+    /// A setting or file that cannot be used.
+    #[error("{0}")]
+    Config(String),
+    /// The store could not be opened or migrated.
+    #[error("the ledger's store: {0}")]
+    Store(#[from] storage::StoreError),
+}
+
+/// Runs the gateway over this process's stdin and stdout until the client goes away or
+/// `shutdown` resolves; `reloads` yields on each request to read the policy again (SIGHUP).
+///
+/// # Errors
+/// A setting or the policy file cannot be used, the store cannot be opened, or the upstream
+/// cannot be started.
+pub async fn run(
+    args: McpArgs,
+    shutdown: impl Future<Output = ()> + Send,
+    mut reloads: impl tokio_stream::Stream<Item = ()> + Unpin + Send + 'static,
+) -> Result<(), McpError> {
+    if args.command.is_empty() {
+        return Err(McpError::Config(
+            "no upstream command: idempotency-ledger mcp [OPTIONS] -- COMMAND [ARGS…]".into(),
+        ));
+    }
+    let tenant = Tenant::parse(&args.tenant).map_err(|e| McpError::Config(e.to_string()))?;
+    let policy = read_policy(args.mcp_policy.as_deref())?;
+    let url = match &args.database_url {
+        Some(url) => url.clone(),
+        None => default_store()?,
+    };
+    let store = storage::open(&url, &PoolOptions::default()).await?;
+    store.migrate().await?;
+    let clock = Arc::new(AlignedClock::default());
+    let mut alignment = ClockAlignment::default();
+    if let Err(e) = alignment.align(&*store, &*clock).await {
+        tracing::warn!(error = %e, "the database's clock could not be read; the local clock is used");
+    }
+    let ledger = Ledger::new(store, clock.clone() as Arc<dyn Clock>, limits());
+    tracing::info!(
+        store = %redact_url(&url),
+        tenant = tenant.as_str(),
+        upstream = %shown(&args.command),
+        policy_lines = policy.len(),
+        "idempotency-ledger mcp gateway starting (stdio)"
+    );
+    let rules = Rules {
+        same_intent_within: args.same_intent_within,
+        run_from_trace: args.run_from_trace,
+        wait: args.wait,
+        lease: args.lease,
+        call_timeout: args.call_timeout,
+        retention: args.retention,
+    };
+    let gateway = Arc::new(Gateway::new(
+        ledger,
+        tenant,
+        rules,
+        policy,
+        args.name.clone(),
+    ));
+    let upkeep = tokio::spawn(upkeep(gateway.clone(), clock, alignment));
+    let reloader = args.mcp_policy.clone().map(|file| {
+        let gateway = gateway.clone();
+        tokio::spawn(async move {
+            use tokio_stream::StreamExt as _;
+            while reloads.next().await.is_some() {
+                match read_policy(Some(&file)) {
+                    Ok(policy) => {
+                        tracing::info!(lines = policy.len(), "reload: the MCP policy is in force");
+                        gateway.set_policy(policy);
+                    }
+                    Err(e) => tracing::error!(error = %e, "reload: the MCP policy was not taken; the one in force is kept"),
+                }
+            }
+        })
+    });
+    let served = stdio::serve(
+        gateway,
+        args.command,
+        tokio::io::stdin(),
+        tokio::io::stdout(),
+        shutdown,
+    )
+    .await;
+    upkeep.abort();
+    if let Some(reloader) = reloader {
+        reloader.abort();
+    }
+    served.map_err(McpError::Config)
+}
+
+/// The ledger's limits for the gateway: the shipped defaults, without the replay memory (a
+/// gateway's repeats are few, and its counts are then written with each replay).
+fn limits() -> Limits {
+    Limits {
+        replay_memory_bytes: 0,
+        ..Limits::default()
+    }
+}
+
+/// The ledger's upkeep while the gateway runs: the clock kept on the database's (PostgreSQL),
+/// lapsed approvals recorded, expired entries pruned.
+async fn upkeep(gateway: Arc<Gateway>, clock: Arc<AlignedClock>, mut alignment: ClockAlignment) {
+    loop {
+        tokio::time::sleep(defaults::PRUNE_INTERVAL).await;
+        let ledger = gateway.ledger();
+        let _ = alignment.align(&**ledger.store(), &*clock).await;
+        if let Err(e) = ledger
+            .expire_lapsed_approvals(defaults::PRUNE_BATCH_SIZE)
+            .await
+        {
+            tracing::warn!(error = %e, "recording lapsed approvals failed; retrying later");
+        }
+        if let Err(e) = ledger.prune(defaults::PRUNE_BATCH_SIZE).await {
+            tracing::warn!(error = %e, "pruning failed; retrying later");
+        }
+    }
+}
+
+/// The policy of `file`, or none (every tool acts once but those marked read-only).
+fn read_policy(file: Option<&std::path::Path>) -> Result<McpPolicy, McpError> {
+    let Some(file) = file else {
+        return Ok(McpPolicy::default());
+    };
+    let text = std::fs::read_to_string(file).map_err(|e| {
+        McpError::Config(format!(
+            "cannot read the MCP policy {}: {e}",
+            file.display()
+        ))
+    })?;
+    McpPolicy::parse(&text)
+        .map_err(|e| McpError::Config(format!("the MCP policy {}: {e}", file.display())))
+}
+
+/// The default store: a SQLite file in the user's state directory, made if missing.
+fn default_store() -> Result<String, McpError> {
+    let base = std::env::var_os("XDG_STATE_HOME")
+        .filter(|d| !d.is_empty())
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".local/state")))
+        .ok_or_else(|| {
+            McpError::Config(
+                "no state directory (neither XDG_STATE_HOME nor HOME is set): pass \
+                 --database-url"
+                    .into(),
+            )
+        })?;
+    let dir = base.join("idempotency-ledger");
+    std::fs::create_dir_all(&dir)
+        .map_err(|e| McpError::Config(format!("cannot make {}: {e}", dir.display())))?;
+    Ok(format!("sqlite://{}", dir.join("mcp.db").display()))
+}
+
+/// The upstream command as the log shows it.
+fn shown(command: &[OsString]) -> String {
+    command
+        .iter()
+        .map(|a| a.to_string_lossy().into_owned())
+        .collect::<Vec<_>>()
+        .join(" ")
+}

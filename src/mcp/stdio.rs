@@ -1,0 +1,660 @@
+//! The stdio transport: the client starts the gateway (`idempotency-ledger mcp -- COMMAND …`,
+//! the line a desktop client's configuration holds), and the gateway starts COMMAND as the
+//! upstream, one JSON-RPC message a line both ways.
+//!
+//! Every message but a governed `tools/call` goes on unchanged, with its own id: requests,
+//! notifications (a cancellation too), the upstream's requests to the client and the client's
+//! answers. A governed call goes to the upstream only once the ledger claimed it ([`govern`]).
+//! The gateway restarts an upstream that exits (after a pause that grows while it keeps
+//! exiting), introducing the client again with the `initialize` it sent first (a session-based
+//! revision's), and answers what the dead upstream left unanswered: a governed call as unknown,
+//! never sent again, any other request with an error. When the client goes away (its end of
+//! stdin closes) or the gateway is told to stop, the upstream is stopped: its stdin closed, then
+//! SIGTERM, then SIGKILL.
+
+use std::collections::HashMap;
+use std::ffi::OsString;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use serde_json::Value;
+use tokio::io::{AsyncBufReadExt as _, AsyncRead, AsyncWrite, AsyncWriteExt as _, BufReader};
+use tokio::process::{Child, ChildStdin, Command};
+use tokio::sync::{mpsc, oneshot, watch};
+
+use super::govern::{Answer, Gateway, Upstream};
+use super::rpc::{self, Kind};
+
+/// How long a governed call the client cancelled still waits for the upstream's answer,
+/// which records its outcome if it comes (a cancellation does not prove nothing happened).
+const CANCEL_GRACE: Duration = Duration::from_secs(5);
+/// How long the gateway waits for its own requests (the re-introduction after a restart, the
+/// question of the upstream's name).
+const OWN_REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
+/// The first pause before a restart, doubled while the upstream keeps exiting, up to
+/// [`MAX_RESTART_PAUSE`].
+const FIRST_RESTART_PAUSE: Duration = Duration::from_millis(200);
+/// The longest pause before a restart.
+const MAX_RESTART_PAUSE: Duration = Duration::from_secs(30);
+/// An upstream that ran this long counts as healthy: its next restart starts the pauses over.
+const HEALTHY_AFTER: Duration = Duration::from_secs(60);
+/// How long a stopping upstream gets, after its stdin closed and again after SIGTERM.
+const STOP_GRACE: Duration = Duration::from_secs(2);
+
+/// What became of a request sent on to the upstream, while its answer is awaited.
+enum Pending {
+    /// The client's: its answer goes back to the client, and the gateway reads what it
+    /// teaches (the upstream's name, its tools' hints).
+    Client(Observe),
+    /// A governed call's, or the gateway's own: its answer goes to the one waiting for it.
+    Waiting(oneshot::Sender<Answer>),
+}
+
+/// What the gateway learns from the answer to a client's request.
+#[derive(Clone, Copy)]
+enum Observe {
+    Nothing,
+    Initialize,
+    Discover,
+    ToolsList,
+}
+
+/// The routing between the client and the upstream, shared by the tasks that read either side.
+struct Router {
+    gateway: Arc<Gateway>,
+    /// Lines to the client's stdout, in order.
+    to_client: mpsc::UnboundedSender<Value>,
+    /// Messages for the upstream, drained by its current incarnation.
+    to_upstream: mpsc::UnboundedSender<Value>,
+    /// The requests sent on whose answers are awaited, by id.
+    pending: Mutex<HashMap<String, Pending>>,
+    /// The governed calls in flight, by id: turned true when the client cancels one.
+    cancels: Mutex<HashMap<String, watch::Sender<bool>>>,
+    /// The client's `initialize` and `notifications/initialized` (a session-based revision's),
+    /// sent again to an upstream that restarted.
+    introduction: Mutex<Option<(Value, Option<Value>)>>,
+    /// The number of the gateway's next own request.
+    own: AtomicU64,
+    /// Set once the gateway stops: an upstream that exits is not restarted.
+    stopping: AtomicBool,
+    /// Set once the log said the upstream's name is unknown.
+    warned_unnamed: AtomicBool,
+}
+
+/// Runs the gateway over the client's `input` and `output` with the upstream `command`, until
+/// the client closes `input` or `shutdown` resolves; the upstream is stopped then.
+///
+/// # Errors
+/// The upstream cannot be started at all (its first start).
+pub async fn serve(
+    gateway: Arc<Gateway>,
+    command: Vec<OsString>,
+    input: impl AsyncRead + Unpin + Send + 'static,
+    output: impl AsyncWrite + Unpin + Send + 'static,
+    shutdown: impl Future<Output = ()> + Send,
+) -> Result<(), String> {
+    let (to_client, client_lines) = mpsc::unbounded_channel();
+    let (to_upstream, upstream_queue) = mpsc::unbounded_channel();
+    let router = Arc::new(Router {
+        gateway,
+        to_client,
+        to_upstream,
+        pending: Mutex::default(),
+        cancels: Mutex::default(),
+        introduction: Mutex::default(),
+        own: AtomicU64::new(1),
+        stopping: AtomicBool::new(false),
+        warned_unnamed: AtomicBool::new(false),
+    });
+    let writer = tokio::spawn(write_lines(output, client_lines));
+    let first = spawn_upstream(&command)?;
+    let (stop_upstream, stopped) = watch::channel(false);
+    let supervisor = tokio::spawn(supervise(
+        router.clone(),
+        command,
+        first,
+        upstream_queue,
+        stopped,
+    ));
+    tokio::select! {
+        () = read_client(router.clone(), input) => {
+            tracing::info!("the client closed its end: stopping the upstream");
+        }
+        () = shutdown => tracing::info!("told to stop: stopping the upstream"),
+    }
+    router.stopping.store(true, Ordering::SeqCst);
+    let _ = stop_upstream.send(true);
+    let _ = supervisor.await;
+    // What is still owed to the client is said before the output closes.
+    drop(router);
+    let _ = writer.await;
+    Ok(())
+}
+
+/// Writes each message as one line, flushed, until every sender is gone.
+async fn write_lines(
+    mut output: impl AsyncWrite + Unpin,
+    mut lines: mpsc::UnboundedReceiver<Value>,
+) {
+    while let Some(message) = lines.recv().await {
+        let mut line = message.to_string().into_bytes();
+        line.push(b'\n');
+        if output.write_all(&line).await.is_err() || output.flush().await.is_err() {
+            tracing::info!("the client's end closed: its answers are dropped");
+            return;
+        }
+    }
+}
+
+/// Reads the client's messages, one a line, until its end closes.
+async fn read_client(router: Arc<Router>, input: impl AsyncRead + Unpin) {
+    let mut lines = BufReader::new(input).lines();
+    while let Ok(Some(line)) = lines.next_line().await {
+        if line.trim().is_empty() {
+            continue;
+        }
+        match serde_json::from_str::<Value>(&line) {
+            Ok(message) => router.route_client(message),
+            Err(e) => router.answer_client(rpc::error(
+                None,
+                rpc::PARSE_ERROR,
+                &format!("not JSON: {e}; nothing was sent on"),
+            )),
+        }
+    }
+}
+
+impl Router {
+    /// Routes one message of the client's.
+    fn route_client(self: &Arc<Self>, message: Value) {
+        match rpc::kind(&message) {
+            Kind::Request { id, method } => {
+                self.learn_client(&message);
+                let id = id.clone();
+                if method == "tools/call" {
+                    self.call_tool(message, id);
+                    return;
+                }
+                let observe = match method {
+                    "initialize" => {
+                        self.remember_introduction(&message);
+                        Observe::Initialize
+                    }
+                    "server/discover" => Observe::Discover,
+                    "tools/list" => Observe::ToolsList,
+                    _ => Observe::Nothing,
+                };
+                self.await_answer(&id, Pending::Client(observe));
+                self.send_upstream(message);
+            }
+            Kind::Notification { method } => {
+                match method {
+                    "notifications/initialized" => self.remember_initialized(&message),
+                    "notifications/cancelled" => self.cancel(&message),
+                    _ => {}
+                }
+                self.send_upstream(message);
+            }
+            Kind::Response { .. } => self.send_upstream(message),
+            Kind::Batch => self.batch(message),
+            Kind::Invalid(why) => {
+                let id = message
+                    .get("id")
+                    .filter(|id| id.is_string() || id.is_number());
+                self.answer_client(rpc::error(
+                    id,
+                    rpc::INVALID_REQUEST,
+                    &format!("{why}; nothing was sent on"),
+                ));
+            }
+        }
+    }
+
+    /// A batch (JSON-RPC arrays, of the 2025-03-26 revision only) goes on as it is, unless it
+    /// holds a `tools/call`, which must go through the ledger: then it is refused whole.
+    fn batch(&self, message: Value) {
+        let calls_a_tool = message.as_array().is_some_and(|items| {
+            items
+                .iter()
+                .any(|m| m.get("method").and_then(Value::as_str) == Some("tools/call"))
+        });
+        if calls_a_tool {
+            self.answer_client(rpc::error(
+                None,
+                rpc::INVALID_REQUEST,
+                "a batch holding tools/call is refused by the idempotency gateway: send each call \
+                 on its own; nothing was sent on",
+            ));
+        } else {
+            self.send_upstream(message);
+        }
+    }
+
+    /// A `tools/call`: answered by the gateway in a task of its own (a governed call may wait
+    /// for the ledger, a person's decision or the upstream).
+    fn call_tool(self: &Arc<Self>, message: Value, id: Value) {
+        let (cancel, cancelled) = watch::channel(false);
+        self.lock_cancels().insert(rpc::id_key(&id), cancel);
+        let router = self.clone();
+        tokio::spawn(async move {
+            if !router.gateway.knows_upstream() {
+                router.ask_upstreams_name(&message).await;
+            }
+            let handle = UpstreamHandle(router.clone());
+            let answer = router
+                .gateway
+                .call_tool(message, &id, &handle, cancelled)
+                .await;
+            router.lock_cancels().remove(&rpc::id_key(&id));
+            if let Some(answer) = answer {
+                router.answer_client(answer);
+            }
+        });
+    }
+
+    /// Asks the upstream its name (`server/discover`, with the protocol version and
+    /// capabilities of the client's `call`), for an upstream whose client never did; a
+    /// session-based upstream does not know the method, and its name stays unknown (entries
+    /// are then `upstream/<tool>`: pass `--name`).
+    async fn ask_upstreams_name(self: &Arc<Self>, call: &Value) {
+        let n = self.own.fetch_add(1, Ordering::Relaxed);
+        let mut meta = serde_json::Map::new();
+        for key in [
+            "io.modelcontextprotocol/protocolVersion",
+            "io.modelcontextprotocol/clientCapabilities",
+            "io.modelcontextprotocol/clientInfo",
+        ] {
+            if let Some(value) = call.pointer("/params/_meta").and_then(|m| m.get(key)) {
+                meta.insert(key.to_string(), value.clone());
+            }
+        }
+        let request = rpc::own_request(n, "server/discover", serde_json::json!({"_meta": meta}));
+        let (_never, cancelled) = watch::channel(false);
+        let answer = tokio::time::timeout(
+            OWN_REQUEST_TIMEOUT,
+            UpstreamHandle(self.clone()).call(request, cancelled),
+        )
+        .await;
+        match answer {
+            Ok(Answer::Response(response)) => {
+                if let Some(result) = response.get("result") {
+                    self.observe(Observe::Discover, result);
+                }
+            }
+            Ok(Answer::Lost(_)) | Err(_) => {}
+        }
+        if !self.gateway.knows_upstream() && !self.warned_unnamed.swap(true, Ordering::Relaxed) {
+            tracing::warn!(
+                "the upstream did not say its name: its tools are recorded as upstream/<tool>; \
+                 pass --name to name it"
+            );
+        }
+    }
+
+    /// The client named itself (in its `initialize`, or a stateless request's `_meta`).
+    fn learn_client(&self, message: &Value) {
+        let name = message
+            .pointer("/params/clientInfo/name")
+            .or_else(|| message.pointer("/params/_meta/io.modelcontextprotocol~1clientInfo/name"))
+            .and_then(Value::as_str);
+        if let Some(name) = name {
+            self.gateway.learn_client(name);
+        }
+    }
+
+    fn remember_introduction(&self, message: &Value) {
+        *self.lock_introduction() = Some((message.clone(), None));
+    }
+
+    fn remember_initialized(&self, message: &Value) {
+        if let Some((_, initialized)) = self.lock_introduction().as_mut() {
+            *initialized = Some(message.clone());
+        }
+    }
+
+    /// The client cancelled a request: a governed call in flight learns it.
+    fn cancel(&self, message: &Value) {
+        if let Some(id) = message.pointer("/params/requestId")
+            && let Some(cancel) = self.lock_cancels().get(&rpc::id_key(id))
+        {
+            let _ = cancel.send(true);
+        }
+    }
+
+    /// Reads what an answer to the client's request teaches the gateway.
+    fn observe(&self, observe: Observe, result: &Value) {
+        match observe {
+            Observe::Nothing => {}
+            Observe::Initialize => {
+                if let Some(name) = result.pointer("/serverInfo/name").and_then(Value::as_str) {
+                    self.gateway.learn_upstream(name);
+                }
+            }
+            Observe::Discover => {
+                let name = result
+                    .pointer("/_meta/io.modelcontextprotocol~1serverInfo/name")
+                    .or_else(|| result.pointer("/serverInfo/name"))
+                    .and_then(Value::as_str);
+                if let Some(name) = name {
+                    self.gateway.learn_upstream(name);
+                }
+            }
+            Observe::ToolsList => self.gateway.learn_tools(result),
+        }
+    }
+
+    /// Routes one message of the upstream's.
+    fn route_upstream(&self, message: Value) {
+        let Kind::Response { id } = rpc::kind(&message) else {
+            // Its requests and notifications to the client, and anything else it says.
+            self.answer_client(message);
+            return;
+        };
+        // The stateless revision stamps the server's name on every result's _meta.
+        if let Some(name) = message
+            .pointer("/result/_meta/io.modelcontextprotocol~1serverInfo/name")
+            .and_then(Value::as_str)
+        {
+            self.gateway.learn_upstream(name);
+        }
+        let pending = self.lock_pending().remove(&rpc::id_key(id));
+        match pending {
+            Some(Pending::Client(observe)) => {
+                if let Some(result) = message.get("result") {
+                    self.observe(observe, result);
+                }
+                self.answer_client(message);
+            }
+            Some(Pending::Waiting(waiter)) => {
+                let _ = waiter.send(Answer::Response(message));
+            }
+            None => tracing::info!(
+                id = %id,
+                "the upstream answered a request nobody waits for any more: dropped"
+            ),
+        }
+    }
+
+    /// Everything the upstream that exited left unanswered: a governed call (or the gateway's
+    /// own request) learns its answer is lost; a client's request is answered with an error.
+    fn upstream_gone(&self, why: &str) {
+        let pending: Vec<(String, Pending)> = self.lock_pending().drain().collect();
+        for (id, pending) in pending {
+            match pending {
+                Pending::Waiting(waiter) => {
+                    let _ = waiter.send(Answer::Lost(why.to_string()));
+                }
+                Pending::Client(_) => {
+                    let id: Value = serde_json::from_str(&id).unwrap_or(Value::Null);
+                    self.answer_client(rpc::error(
+                        Some(&id),
+                        rpc::UNAVAILABLE,
+                        &format!("{why}; the request may or may not have been carried out"),
+                    ));
+                }
+            }
+        }
+    }
+
+    fn await_answer(&self, id: &Value, pending: Pending) {
+        self.lock_pending().insert(rpc::id_key(id), pending);
+    }
+
+    fn send_upstream(&self, message: Value) {
+        // The queue lives as long as the router; a send fails only while the gateway stops.
+        let _ = self.to_upstream.send(message);
+    }
+
+    fn answer_client(&self, message: Value) {
+        let _ = self.to_client.send(message);
+    }
+
+    fn lock_pending(&self) -> std::sync::MutexGuard<'_, HashMap<String, Pending>> {
+        self.pending
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    fn lock_cancels(&self) -> std::sync::MutexGuard<'_, HashMap<String, watch::Sender<bool>>> {
+        self.cancels
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    fn lock_introduction(&self) -> std::sync::MutexGuard<'_, Option<(Value, Option<Value>)>> {
+        self.introduction
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+}
+
+/// The upstream as a governed call sees it: a request in, its answer out.
+struct UpstreamHandle(Arc<Router>);
+
+#[async_trait]
+impl Upstream for UpstreamHandle {
+    async fn call(&self, request: Value, mut cancelled: watch::Receiver<bool>) -> Answer {
+        let Some(id) = request.get("id").cloned() else {
+            return Answer::Lost("a request without an id".to_string());
+        };
+        let (waiter, answer) = oneshot::channel();
+        self.0.await_answer(&id, Pending::Waiting(waiter));
+        self.0.send_upstream(request);
+        let mut answer = answer;
+        tokio::select! {
+            got = &mut answer => return got.unwrap_or_else(|_| Answer::Lost("the gateway stopped".to_string())),
+            _ = cancelled.wait_for(|c| *c) => {}
+        }
+        // Cancelled after it was sent: an answer that still comes records the outcome.
+        match tokio::time::timeout(CANCEL_GRACE, answer).await {
+            Ok(Ok(got)) => got,
+            _ => {
+                self.0.lock_pending().remove(&rpc::id_key(&id));
+                Answer::Lost("the client cancelled the call after it was sent".to_string())
+            }
+        }
+    }
+}
+
+/// Starts the upstream command, its stdin and stdout piped (its stderr is the gateway's).
+fn spawn_upstream(command: &[OsString]) -> Result<Child, String> {
+    let Some((program, args)) = command.split_first() else {
+        return Err("no upstream command: give it after --".to_string());
+    };
+    Command::new(program)
+        .args(args)
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::inherit())
+        .kill_on_drop(true)
+        .spawn()
+        .map_err(|e| {
+            format!(
+                "cannot start the upstream {}: {e}",
+                program.to_string_lossy()
+            )
+        })
+}
+
+/// Runs the upstream, one incarnation after another, until the gateway stops: each is
+/// introduced to the client's session again (when it had one), then fed the queue, and when
+/// it exits, what it left unanswered is answered and it is started again.
+async fn supervise(
+    router: Arc<Router>,
+    command: Vec<OsString>,
+    first: Child,
+    mut queue: mpsc::UnboundedReceiver<Value>,
+    mut stopped: watch::Receiver<bool>,
+) {
+    let mut child = Some(first);
+    let mut pause = FIRST_RESTART_PAUSE;
+    let mut restarted = false;
+    loop {
+        let Some(mut running) = child.take() else {
+            return;
+        };
+        let started = tokio::time::Instant::now();
+        let exit =
+            run_incarnation(&router, &mut running, restarted, &mut queue, &mut stopped).await;
+        restarted = true;
+        if router.stopping.load(Ordering::SeqCst) {
+            stop(running).await;
+            router.upstream_gone("the gateway stopped");
+            return;
+        }
+        let why = format!("the upstream exited ({exit}) before answering");
+        tracing::warn!(status = %exit, "the upstream exited; starting it again");
+        router.upstream_gone(&why);
+        if started.elapsed() > HEALTHY_AFTER {
+            pause = FIRST_RESTART_PAUSE;
+        }
+        tokio::select! {
+            () = tokio::time::sleep(pause) => {}
+            _ = stopped.wait_for(|s| *s) => return,
+        }
+        pause = (pause * 2).min(MAX_RESTART_PAUSE);
+        match spawn_upstream(&command) {
+            Ok(next) => child = Some(next),
+            Err(e) => {
+                tracing::error!(error = %e, "the upstream cannot be started again");
+                // Kept trying: the queue still holds the client's messages.
+                child = spawn_after_failures(&command, &mut stopped).await;
+            }
+        }
+    }
+}
+
+/// Keeps trying to start the upstream (at the longest pause) until it starts or the gateway
+/// stops.
+async fn spawn_after_failures(
+    command: &[OsString],
+    stopped: &mut watch::Receiver<bool>,
+) -> Option<Child> {
+    loop {
+        tokio::select! {
+            () = tokio::time::sleep(MAX_RESTART_PAUSE) => {}
+            _ = stopped.wait_for(|s| *s) => return None,
+        }
+        match spawn_upstream(command) {
+            Ok(child) => return Some(child),
+            Err(e) => tracing::error!(error = %e, "the upstream cannot be started again"),
+        }
+    }
+}
+
+/// One incarnation: reads its stdout, introduces it again, feeds it the queue; returns when it
+/// exits (its stdout closed) or the gateway stops, with how it ended.
+async fn run_incarnation(
+    router: &Arc<Router>,
+    child: &mut Child,
+    restarted: bool,
+    queue: &mut mpsc::UnboundedReceiver<Value>,
+    stopped: &mut watch::Receiver<bool>,
+) -> String {
+    let (Some(stdin), Some(stdout)) = (child.stdin.take(), child.stdout.take()) else {
+        return "no pipes".to_string();
+    };
+    let reader_router = router.clone();
+    let mut reader = tokio::spawn(async move {
+        let mut lines = BufReader::new(stdout).lines();
+        while let Ok(Some(line)) = lines.next_line().await {
+            if line.trim().is_empty() {
+                continue;
+            }
+            match serde_json::from_str::<Value>(&line) {
+                Ok(message) => reader_router.route_upstream(message),
+                Err(e) => tracing::warn!(error = %e, "the upstream wrote a line that is not JSON"),
+            }
+        }
+    });
+    let mut stdin = stdin;
+    // The first incarnation gets the client's own introduction from the queue.
+    let introduced = !restarted || introduce(router, &mut stdin).await;
+    let fed = async {
+        if !introduced {
+            return;
+        }
+        while let Some(message) = queue.recv().await {
+            if write_message(&mut stdin, &message).await.is_err() {
+                // Its stdin broke: it is exiting; the message's request is answered when its
+                // stdout closes.
+                return;
+            }
+        }
+    };
+    tokio::select! {
+        () = fed => {}
+        _ = &mut reader => {}
+        _ = stopped.wait_for(|s| *s) => {
+            drop(stdin);
+            return "stopped".to_string();
+        }
+    }
+    // The feeding ended (its stdin broke) or its stdout closed: wait for the exit itself.
+    drop(stdin);
+    let _ = tokio::time::timeout(STOP_GRACE, &mut reader).await;
+    match tokio::time::timeout(STOP_GRACE, child.wait()).await {
+        Ok(Ok(status)) => status.to_string(),
+        Ok(Err(e)) => e.to_string(),
+        Err(_) => "its output closed".to_string(),
+    }
+}
+
+/// Introduces a restarted upstream to the client's session: the client's `initialize` again
+/// (under the gateway's own id, its answer kept from the client) and its
+/// `notifications/initialized`. Nothing to do for a client of the stateless revision. `false`
+/// when the upstream did not take it.
+async fn introduce(router: &Arc<Router>, stdin: &mut ChildStdin) -> bool {
+    let introduction = router.lock_introduction().clone();
+    let Some((initialize, initialized)) = introduction else {
+        return true;
+    };
+    let n = router.own.fetch_add(1, Ordering::Relaxed);
+    let mut again = initialize;
+    if let Some(object) = again.as_object_mut() {
+        object.insert("id".to_string(), rpc::own_id(n));
+    }
+    let (waiter, answer) = oneshot::channel();
+    router.await_answer(&rpc::own_id(n), Pending::Waiting(waiter));
+    if write_message(stdin, &again).await.is_err() {
+        return false;
+    }
+    match tokio::time::timeout(OWN_REQUEST_TIMEOUT, answer).await {
+        Ok(Ok(Answer::Response(response))) if response.get("result").is_some() => {}
+        other => {
+            tracing::warn!(answer = ?other.ok(), "the restarted upstream did not take the client's initialize");
+            return false;
+        }
+    }
+    if let Some(initialized) = initialized {
+        return write_message(stdin, &initialized).await.is_ok();
+    }
+    true
+}
+
+async fn write_message(stdin: &mut ChildStdin, message: &Value) -> std::io::Result<()> {
+    let mut line = message.to_string().into_bytes();
+    line.push(b'\n');
+    stdin.write_all(&line).await?;
+    stdin.flush().await
+}
+
+/// Stops the upstream: its stdin is closed already; SIGTERM after a grace, SIGKILL after
+/// another.
+async fn stop(mut child: Child) {
+    if tokio::time::timeout(STOP_GRACE, child.wait()).await.is_ok() {
+        return;
+    }
+    if let Some(pid) = child.id().and_then(|p| i32::try_from(p).ok()) {
+        // SAFETY: kill(2) with a pid this process started and has not reaped yet.
+        unsafe {
+            libc::kill(pid, libc::SIGTERM);
+        }
+    }
+    if tokio::time::timeout(STOP_GRACE, child.wait()).await.is_ok() {
+        return;
+    }
+    let _ = child.kill().await;
+}
