@@ -42,6 +42,9 @@ const MAX_RESTART_PAUSE: Duration = Duration::from_secs(30);
 const HEALTHY_AFTER: Duration = Duration::from_secs(60);
 /// How long a stopping upstream gets, after its stdin closed and again after SIGTERM.
 const STOP_GRACE: Duration = Duration::from_secs(2);
+/// How long the tool calls in flight may take to finish once the client went away (or the
+/// gateway was told to stop), before the upstream is stopped under them.
+const DRAIN_GRACE: Duration = Duration::from_secs(10);
 
 /// What became of a request sent on to the upstream, while its answer is awaited.
 enum Pending {
@@ -123,6 +126,19 @@ pub async fn serve(
             tracing::info!("the client closed its end: stopping the upstream");
         }
         () = shutdown => tracing::info!("told to stop: stopping the upstream"),
+    }
+    // The calls in flight finish first, within a bound: an upstream stopped under a call that
+    // acted would leave its outcome unknown for no reason.
+    let drained = tokio::time::timeout(DRAIN_GRACE, async {
+        while !router.lock_cancels().is_empty() {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await;
+    if drained.is_err() {
+        tracing::warn!(
+            "calls were still in flight when the upstream was stopped: their outcomes are unknown"
+        );
     }
     router.stopping.store(true, Ordering::SeqCst);
     let _ = stop_upstream.send(true);
@@ -441,6 +457,12 @@ impl Upstream for UpstreamHandle {
         };
         let (waiter, answer) = oneshot::channel();
         self.0.await_answer(&id, Pending::Waiting(waiter));
+        // Checked after it waits: once the gateway stops, nothing drains the queue, and what
+        // waited before is answered by the stop itself.
+        if self.0.stopping.load(Ordering::SeqCst) {
+            self.0.lock_pending().remove(&rpc::id_key(&id));
+            return Answer::Lost("the gateway is stopping".to_string());
+        }
         self.0.send_upstream(request);
         let mut answer = answer;
         tokio::select! {
@@ -584,17 +606,20 @@ async fn run_incarnation(
             }
         }
     };
-    tokio::select! {
-        () = fed => {}
-        _ = &mut reader => {}
+    let output_closed = tokio::select! {
+        () = fed => false,
+        _ = &mut reader => true,
         _ = stopped.wait_for(|s| *s) => {
             drop(stdin);
             return "stopped".to_string();
         }
-    }
-    // The feeding ended (its stdin broke) or its stdout closed: wait for the exit itself.
+    };
+    // The feeding ended (its stdin broke) or its stdout closed: wait for the exit itself (a
+    // finished reader must not be awaited again).
     drop(stdin);
-    let _ = tokio::time::timeout(STOP_GRACE, &mut reader).await;
+    if !output_closed {
+        let _ = tokio::time::timeout(STOP_GRACE, &mut reader).await;
+    }
     match tokio::time::timeout(STOP_GRACE, child.wait()).await {
         Ok(Ok(status)) => status.to_string(),
         Ok(Err(e)) => e.to_string(),

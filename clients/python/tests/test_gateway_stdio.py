@@ -1,0 +1,218 @@
+"""The MCP gateway over stdio (``idempotency-ledger mcp -- COMMAND``), driven by the official
+Python SDK's client, on the current revision (2026-07-28) and a session-based one (2025-11-25
+by the initialize handshake), in front of a real upstream whose effects are counted
+(``gateway_upstream.py``). No line of ledger code in the client or the upstream."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+from gateway import Gateway, texts
+from mcp import Client
+
+REVISIONS = ["2026-07-28", "legacy"]
+EMAIL = {"to": "ops@example.com", "subject": "the weekly report"}
+
+
+def gateway(ledger_bin: Path, tmp_path: Path, *flags: str, policy: str | None = None) -> Gateway:
+    return Gateway(ledger_bin, tmp_path, list(flags), policy)
+
+
+async def call(gw: Gateway, mode: str, tool: str, arguments: dict[str, Any],
+               meta: dict[str, Any] | None = None) -> Any:
+    """One tool call through the gateway, in a session of its own (as a client restarted)."""
+    async with Client(gw.params(), mode=mode) as client:
+        return await client.call_tool(tool, arguments, meta=meta)
+
+
+@pytest.mark.parametrize("mode", REVISIONS)
+def test_a_call_repeated_with_new_ids_acts_once_and_the_repeat_reads_the_stored_result(
+        ledger_bin: Path, tmp_path: Path, mode: str) -> None:
+    gw = gateway(ledger_bin, tmp_path)
+
+    async def main() -> tuple[Any, Any, Any]:
+        async with Client(gw.params(), mode=mode) as client:
+            first = await client.call_tool("send_email", EMAIL)
+            # The same call again: a new request id, as after a broken stream or a retry.
+            second = await client.call_tool("send_email", EMAIL)
+        # And from a client started anew (a new session, new ids).
+        third = await call(gw, mode, "send_email", EMAIL)
+        return first, second, third
+
+    first, second, third = anyio.run(main)
+    assert len(gw.effects()) == 1, gw.effects()
+    assert texts(first) == ["sent #1 to ops@example.com: the weekly report"]
+    assert not first.is_error
+    for repeat in (second, third):
+        assert not repeat.is_error
+        assert texts(repeat)[0] == texts(first)[0], "the stored result, as the upstream gave it"
+        assert "already performed" in texts(repeat)[-1]
+        assert repeat.meta["idempotency-ledger/replayed"] is True
+    assert [(tool, status) for tool, status, _ in gw.entries()] == [
+        ("counted-upstream/send_email", "SUCCEEDED")]
+
+
+def test_a_run_named_in_meta_is_its_own_intent(ledger_bin: Path, tmp_path: Path) -> None:
+    gw = gateway(ledger_bin, tmp_path)
+
+    async def main() -> None:
+        async with Client(gw.params(), mode="2026-07-28") as client:
+            for run in ["run-1", "run-1", "run-2"]:
+                await client.call_tool("send_email", EMAIL, meta={"idempotency-ledger/run": run})
+
+    anyio.run(main)
+    assert len(gw.effects()) == 2, "run-1 once, run-2 once"
+    assert sorted(run for _, _, run in gw.entries()) == ["run-1", "run-2"]
+
+
+def test_an_identical_call_after_the_window_acts_again(ledger_bin: Path, tmp_path: Path) -> None:
+    gw = gateway(ledger_bin, tmp_path, "--same-intent-within", "1s")
+
+    async def main() -> None:
+        async with Client(gw.params(), mode="legacy") as client:
+            await client.call_tool("send_email", EMAIL)
+            await client.call_tool("send_email", EMAIL)  # within the window: a repeat
+            await anyio.sleep(1.5)
+            await client.call_tool("send_email", EMAIL)  # a quiet second later: a new intent
+
+    anyio.run(main)
+    assert len(gw.effects()) == 2
+    assert sorted(run for _, _, run in gw.entries()) == ["window-1", "window-2"]
+
+
+def test_a_read_tool_passes_through_live(ledger_bin: Path, tmp_path: Path) -> None:
+    # find_email says it only reads (readOnlyHint): it passes, every call reaching the upstream.
+    gw = gateway(ledger_bin, tmp_path)
+
+    async def main() -> list[Any]:
+        async with Client(gw.params(), mode="legacy") as client:
+            await client.list_tools()
+            before = await client.call_tool("find_email", {"subject": "x"})
+            await client.call_tool("send_email", {"to": "a@example.com", "subject": "x"})
+            after = await client.call_tool("find_email", {"subject": "x"})
+            return [before, after]
+
+    before, after = anyio.run(main)
+    assert before.structured_content == {"found": False}
+    assert after.structured_content == {"found": True}, "read live, never replayed"
+    assert len(gw.calls("find_email")) == 2
+    assert [tool for tool, _, _ in gw.entries()] == ["counted-upstream/send_email"]
+
+
+@pytest.mark.parametrize("mode", REVISIONS)
+def test_a_call_whose_upstream_died_is_unknown_and_never_sent_again(
+        ledger_bin: Path, tmp_path: Path, mode: str) -> None:
+    gw = gateway(ledger_bin, tmp_path)
+
+    async def main() -> tuple[Any, Any, Any]:
+        async with Client(gw.params(), mode=mode) as client:
+            lost = await client.call_tool("send_then_die", EMAIL)
+            # The client tries again (a new id); the gateway restarted the upstream meanwhile.
+            again = await client.call_tool("send_then_die", EMAIL)
+            other = await client.call_tool("send_email", {"to": "b@example.com", "subject": "y"})
+            return lost, again, other
+
+    lost, again, other = anyio.run(main)
+    assert len(gw.calls("send_then_die")) == 1, "the unknown outcome was never sent again"
+    assert len(gw.effects()) == 2, "the lost call's effect, and the other call's"
+    for unknown in (lost, again):
+        assert unknown.is_error
+        assert "unknown" in texts(unknown)[0]
+    assert lost.meta["idempotency-ledger/status"] == "UNKNOWN"
+    assert not other.is_error, "the restarted upstream serves the next call"
+    pids = {c["pid"] for c in gw.calls()}
+    assert len(pids) == 2, "the upstream was started again"
+
+
+def test_an_error_result_is_a_retryable_failure_unless_the_policy_says_final(
+        ledger_bin: Path, tmp_path: Path) -> None:
+    retried = gateway(ledger_bin, tmp_path / "retried")
+    final = gateway(ledger_bin, tmp_path / "final", policy="refuse once errors-final\n")
+    for gw in (retried, final):
+        gw.directory.mkdir()
+
+    async def twice(gw: Gateway) -> list[Any]:
+        async with Client(gw.params(), mode="legacy") as client:
+            return [await client.call_tool("refuse", {"reason": "no"}) for _ in range(2)]
+
+    first, second = anyio.run(twice, retried)
+    assert first.is_error and second.is_error
+    assert len(retried.calls("refuse")) == 2, "nothing happened: the repeat tries again"
+    first, second = anyio.run(twice, final)
+    assert len(final.calls("refuse")) == 1, "a final failure is not tried again"
+    assert second.meta["idempotency-ledger/status"] == "FAILED"
+    assert "failed permanently" in texts(second)[0]
+
+
+def test_concurrent_identical_calls_act_once(ledger_bin: Path, tmp_path: Path) -> None:
+    gw = gateway(ledger_bin, tmp_path)
+    slow = {"to": "ops@example.com", "subject": "slow", "seconds": 0.5}
+
+    async def main() -> list[Any]:
+        results: list[Any] = []
+        async with Client(gw.params(), mode="legacy") as client:
+            async def one() -> None:
+                results.append(await client.call_tool("slow_send", slow))
+            async with anyio.create_task_group() as tg:
+                for _ in range(8):
+                    tg.start_soon(one)
+        return results
+
+    results = anyio.run(main)
+    assert len(gw.effects()) == 1
+    assert len(gw.calls("slow_send")) == 1
+    assert all(not r.is_error for r in results)
+    assert sum(1 for r in results if r.meta and r.meta.get("idempotency-ledger/replayed")) == 7
+
+
+def test_a_gated_call_awaits_a_person_and_nothing_is_sent(ledger_bin: Path,
+                                                           tmp_path: Path) -> None:
+    gw = gateway(ledger_bin, tmp_path, policy="send_email gate\n")
+    result = anyio.run(call, gw, "legacy", "send_email", EMAIL)
+    assert result.is_error
+    assert result.meta["idempotency-ledger/status"] == "AWAITING_APPROVAL"
+    assert "approval" in texts(result)[0]
+    assert gw.calls() == []
+    assert [status for _, status, _ in gw.entries()] == ["AWAITING_APPROVAL"]
+
+
+def test_bad_input_is_refused_with_nothing_stored_or_forwarded(ledger_bin: Path,
+                                                                tmp_path: Path) -> None:
+    """Raw lines on the gateway's stdin, as a broken client would write them."""
+    gw = gateway(ledger_bin, tmp_path)
+    init = {"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": {
+        "protocolVersion": "2025-11-25", "capabilities": {},
+        "clientInfo": {"name": "raw", "version": "1"}}}
+    tool_call = {"jsonrpc": "2.0", "method": "tools/call"}
+    lines = [
+        json.dumps(init),
+        json.dumps({"jsonrpc": "2.0", "method": "notifications/initialized"}),
+        "this is not JSON",
+        json.dumps({**tool_call, "id": 1, "params": {"name": "send_email", "arguments": [1]}}),
+        json.dumps({**tool_call, "id": 2, "params": {"name": "send_email", "arguments": "{}"}}),
+        json.dumps({**tool_call, "id": 3, "params": {"arguments": EMAIL}}),
+        json.dumps([{**tool_call, "id": 4, "params": {"name": "send_email", "arguments": EMAIL}}]),
+        json.dumps({"jsonrpc": "1.0", "id": 5, "method": "tools/call"}),
+        json.dumps({**tool_call, "id": 6, "params": {"name": "send_email", "arguments": {
+            "to": "ops@example.com", "subject": "x", "n": 12345678901234567890}}}),
+        json.dumps({**tool_call, "id": 7, "params": {"name": "send_email", "arguments": EMAIL}}),
+    ]
+    process = subprocess.run([str(ledger_bin), *gw.argv()], input="\n".join(lines) + "\n",
+                             capture_output=True, text=True, env=gw.env(), timeout=60)
+    answers = [json.loads(line) for line in process.stdout.splitlines()]
+    by_id = {a.get("id"): a for a in answers}
+    errors = [a["error"]["code"] for a in answers if "error" in a]
+    assert -32700 in errors, "not JSON: a parse error"
+    for refused in (1, 2, 3, 6):
+        assert by_id[refused]["error"]["code"] == -32602, by_id[refused]
+    assert by_id[5]["error"]["code"] == -32600
+    assert any(a.get("id") is None and a["error"]["code"] == -32600 and "batch" in
+               a["error"]["message"] for a in answers if "error" in a)
+    assert by_id[7]["result"]["content"][0]["text"].startswith("sent #1"), "the gateway lives on"
+    assert len(gw.calls("send_email")) == 1, "nothing refused was forwarded"
+    assert len(gw.entries()) == 1, "nothing refused was stored"
