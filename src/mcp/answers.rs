@@ -50,6 +50,27 @@ pub fn replayed(stored: &[u8], note: &str, key: &str) -> Value {
     result
 }
 
+/// What stands for the result of a call that acted but whose answer was lost, once its paired
+/// read found the effect: the note and the read's text, as an error result with the status
+/// SUCCEEDED. An error result, because it is not the tool's own result: a client checks a
+/// normal result against the tool's output schema, which the read's answer does not follow.
+#[must_use]
+pub fn performed_without_result(read: &Value, note: &str, key: &str) -> Value {
+    let mut blocks = vec![ContentBlock::text(note)];
+    blocks.extend(
+        read.get("content")
+            .and_then(Value::as_array)
+            .into_iter()
+            .flatten()
+            .filter_map(|b| b.get("text").and_then(Value::as_str))
+            .map(|t| ContentBlock::text(t.to_string())),
+    );
+    let mut result = serde_json::to_value(CallToolResult::error(blocks))
+        .unwrap_or_else(|_| plain_text(note));
+    mark(&mut result, "SUCCEEDED", note, key);
+    result
+}
+
 /// An error result carrying `note` (nothing was done now): in flight, unknown, awaiting a
 /// person, denied, failed for good, or not sent because the ledger could not answer.
 #[must_use]

@@ -5,7 +5,10 @@
 //! and an answer that is lost (the upstream died, the call timed out, the client cancelled it
 //! after it was sent) is recorded as unknown, never sent again.
 
+mod confirm;
+
 use std::collections::HashMap;
+use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -15,10 +18,11 @@ use serde_json::Value;
 use tokio::sync::watch;
 
 use super::answers::{self, LOST_NOTE, RUN};
+use confirm::Settled;
 use super::policy::{Governance, Hints, McpPolicy, Once};
 use super::rpc;
 use crate::domain::key::{ClaimKey, ClaimToken, Principal, RunId, ToolName};
-use crate::domain::{FinalStatus, Tenant};
+use crate::domain::{FinalStatus, Status, Tenant};
 use crate::error::LedgerError;
 use crate::ledger::{ClaimInput, ClaimOutput, CompleteInput, Ledger, Outcome, RenewInput, WaitFor};
 
@@ -38,6 +42,9 @@ pub struct Rules {
     pub call_timeout: Duration,
     /// How long a finished entry is kept; `None` for the ledger's default.
     pub retention: Option<Duration>,
+    /// How long an outcome stays unknown before its paired read asks the upstream (an effect
+    /// may still be landing right after the answer was lost: `--confirm-after`).
+    pub confirm_after: Duration,
 }
 
 /// What the upstream answered a message the gateway forwarded, or why no answer will come.
@@ -75,6 +82,8 @@ pub struct Gateway {
     hints: Mutex<HashMap<String, Hints>>,
     /// Who the entries are claimed by: the client, as it named itself.
     principal: ArcSwap<Principal>,
+    /// The number of the gateway's next paired read (its request id).
+    reads: AtomicU64,
 }
 
 impl Gateway {
@@ -96,6 +105,7 @@ impl Gateway {
             upstream: ArcSwap::from_pointee(name.unwrap_or_default()),
             hints: Mutex::default(),
             principal: ArcSwap::from_pointee(Principal::none()),
+            reads: AtomicU64::new(1),
         }
     }
 
@@ -244,11 +254,27 @@ impl Gateway {
                 .as_ref()
                 .is_some_and(|g| g.applies(&call.arguments)),
         };
-        let claimed = self
+        let mut claimed = self
             .ledger
-            .claim(&self.tenant, input)
+            .claim(&self.tenant, input.clone())
             .await
             .map_err(|e| refusal(call.id, &e))?;
+        // A repeat that meets an outcome nobody knows asks the paired read, when there is one;
+        // what it settles decides this call (found: replayed; not found: this call acts).
+        if claimed.outcome == Outcome::InProgress
+            && claimed.entry.status == Status::Unknown
+            && let Some(confirm) = &call.once.confirm
+            && !matches!(
+                self.settle(call, &claimed.entry, confirm, upstream).await,
+                Settled::Unsettled
+            )
+        {
+            claimed = self
+                .ledger
+                .claim(&self.tenant, input)
+                .await
+                .map_err(|e| refusal(call.id, &e))?;
+        }
         let key = claimed.entry.entry.key.as_str().to_owned();
         let answer = match claimed.outcome {
             Outcome::Claimed => return Ok(self.act(call, claimed, upstream, cancelled).await),
@@ -344,14 +370,50 @@ impl Gateway {
                 )),
             ),
         };
-        self.record(entry.key.clone(), token, status, result, error, retryable)
+        let recorded = self
+            .record(entry.key.clone(), token, status, result, error, retryable)
             .await;
+        let reply = match (status, recorded, &call.once.confirm) {
+            (FinalStatus::Unknown, Some(unknown), Some(confirm)) => Some(rpc::result(
+                call.id,
+                self.settled_answer(call, &unknown, confirm, upstream).await,
+            )),
+            _ => reply,
+        };
         // A cancelled request gets no answer (the protocol's rule); its outcome is recorded.
         if was_cancelled { None } else { reply }
     }
 
-    /// Records the attempt's outcome; a Complete that fails leaves the attempt to its lease's
-    /// end (then UNKNOWN, for reconciliation), which the log says.
+    /// The answer to a call whose own answer was lost, once its paired read said what it
+    /// could: the effect found (the read's result, marked replayed), not found (safe to call
+    /// again), or still unknown.
+    async fn settled_answer(
+        &self,
+        call: &Call<'_>,
+        unknown: &crate::ledger::EntryView,
+        confirm: &super::policy::Confirm,
+        upstream: &dyn Upstream,
+    ) -> Value {
+        let key = unknown.entry.key.as_str();
+        match self.settle(call, unknown, confirm, upstream).await {
+            Settled::Found(stored) => serde_json::from_slice(&stored)
+                .unwrap_or_else(|_| answers::not_done("SUCCEEDED", LOST_NOTE, key)),
+            Settled::NotFound => answers::not_done(
+                "FAILED",
+                &format!(
+                    "This action was not performed: its answer was lost, and {} found no trace \
+                     of it. It is safe to call it again with the same arguments.",
+                    confirm.tool
+                ),
+                key,
+            ),
+            Settled::Unsettled => answers::not_done("UNKNOWN", LOST_NOTE, key),
+        }
+    }
+
+    /// Records the attempt's outcome, and returns the entry as recorded; a Complete that
+    /// fails leaves the attempt to its lease's end (then UNKNOWN, for reconciliation), which
+    /// the log says.
     async fn record(
         &self,
         key: crate::domain::Key,
@@ -360,7 +422,7 @@ impl Gateway {
         result: Vec<u8>,
         error: String,
         retryable: bool,
-    ) {
+    ) -> Option<crate::ledger::EntryView> {
         let input = CompleteInput {
             key: key.clone(),
             claim_token: token,
@@ -370,18 +432,24 @@ impl Gateway {
             retryable,
         };
         match self.ledger.complete(&self.tenant, input).await {
-            Ok(done) => tracing::info!(
-                key = key.log_prefix(),
-                tool = done.entry.entry.tool.as_str(),
-                status = done.entry.status.as_str(),
-                "a governed call acted; its outcome is recorded"
-            ),
-            Err(e) => tracing::warn!(
-                key = key.log_prefix(),
-                error = %e,
-                "the outcome of a call that acted could not be recorded: it reads as unknown once \
-                 its lease ends, for reconciliation"
-            ),
+            Ok(done) => {
+                tracing::info!(
+                    key = key.log_prefix(),
+                    tool = done.entry.entry.tool.as_str(),
+                    status = done.entry.status.as_str(),
+                    "a governed call acted; its outcome is recorded"
+                );
+                Some(done.entry)
+            }
+            Err(e) => {
+                tracing::warn!(
+                    key = key.log_prefix(),
+                    error = %e,
+                    "the outcome of a call that acted could not be recorded: it reads as unknown \
+                     once its lease ends, for reconciliation"
+                );
+                None
+            }
         }
     }
 

@@ -105,6 +105,12 @@ pub struct McpArgs {
     /// How long a finished call is kept (and replayed); the ledger's default (24h) when unset.
     #[arg(long, env = "LEDGER_MCP_RETENTION", value_parser = parse_duration)]
     pub retention: Option<Duration>,
+
+    /// How long an outcome stays unknown before its paired read (`confirm` in the policy) asks
+    /// the upstream whether the effect happened: an effect may still be landing right after
+    /// the answer was lost.
+    #[arg(long, env = "LEDGER_MCP_CONFIRM_AFTER", default_value = "2s", value_parser = parse_duration)]
+    pub confirm_after: Duration,
 }
 
 /// Why the gateway could not run.
@@ -147,7 +153,11 @@ pub async fn run(
     if let Err(e) = alignment.align(&*store, &*clock).await {
         tracing::warn!(error = %e, "the database's clock could not be read; the local clock is used");
     }
-    let ledger = Ledger::new(store, clock.clone() as Arc<dyn Clock>, limits());
+    let ledger = Ledger::new(
+        store,
+        clock.clone() as Arc<dyn Clock>,
+        limits(args.confirm_after),
+    );
     tracing::info!(
         store = %redact_url(&url),
         tenant = tenant.as_str(),
@@ -162,6 +172,7 @@ pub async fn run(
         lease: args.lease,
         call_timeout: args.call_timeout,
         retention: args.retention,
+        confirm_after: args.confirm_after,
     };
     let gateway = Arc::new(Gateway::new(
         ledger,
@@ -202,10 +213,12 @@ pub async fn run(
 }
 
 /// The ledger's limits for the gateway: the shipped defaults, without the replay memory (a
-/// gateway's repeats are few, and its counts are then written with each replay).
-fn limits() -> Limits {
+/// gateway's repeats are few, and its counts are then written with each replay), and the
+/// paired read's wait as the reconcile grace (the gateway's reads are its reconciliation).
+fn limits(confirm_after: Duration) -> Limits {
     Limits {
         replay_memory_bytes: 0,
+        reconcile_grace: confirm_after,
         ..Limits::default()
     }
 }

@@ -8,6 +8,8 @@ arguments) before the tool does anything else, so the tests count what reached t
 - ``send_email(to, subject)``: the effect; answers ``sent #n``.
 - ``send_then_die(to, subject)``: the effect, then the process exits before answering (the
   answer is lost: the gateway cannot know the effect happened).
+- ``die_once(to, subject)``: the first call exits before doing anything (the answer is lost,
+  and nothing happened); later calls send.
 - ``find_email(subject)``: read-only (its annotations say so): whether an effect with that
   subject exists (the paired read).
 - ``refuse(reason)``: an error result (``isError``), no effect.
@@ -57,6 +59,18 @@ def send_then_die(to: str, subject: str) -> str:
     _effect(to, subject)
     sys.stdout.flush()
     os._exit(3)
+
+
+@server.tool()
+def die_once(to: str, subject: str) -> str:
+    """The first call dies before acting; later ones send."""
+    _log("die_once", {"to": to, "subject": subject})
+    marker = Path(os.environ["UPSTREAM_EFFECTS"] + ".died")
+    if not marker.exists():
+        marker.write_text("died", encoding="utf-8")
+        sys.stdout.flush()
+        os._exit(4)
+    return f"sent #{_effect(to, subject)} to {to}: {subject}"
 
 
 @server.tool(annotations=ToolAnnotations(readOnlyHint=True))

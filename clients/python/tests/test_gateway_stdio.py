@@ -216,3 +216,45 @@ def test_bad_input_is_refused_with_nothing_stored_or_forwarded(ledger_bin: Path,
     assert by_id[7]["result"]["content"][0]["text"].startswith("sent #1"), "the gateway lives on"
     assert len(gw.calls("send_email")) == 1, "nothing refused was forwarded"
     assert len(gw.entries()) == 1, "nothing refused was stored"
+
+
+PAIRED_READ = ("send_then_die confirm find_email subject=/subject found=/found\n"
+               "die_once confirm find_email subject=/subject found=/found\n")
+
+
+def test_a_lost_answer_is_settled_by_the_paired_read_when_the_effect_happened(
+        ledger_bin: Path, tmp_path: Path) -> None:
+    gw = gateway(ledger_bin, tmp_path, "--confirm-after", "0s", policy=PAIRED_READ)
+
+    async def main() -> tuple[Any, Any]:
+        async with Client(gw.params(), mode="legacy") as client:
+            lost = await client.call_tool("send_then_die", EMAIL)
+            again = await client.call_tool("send_then_die", EMAIL)
+            return lost, again
+
+    lost, again = anyio.run(main)
+    # Not the tool's own result (that was lost): the note, as an error result that says the
+    # action was performed, so that no client checks it against the tool's output schema.
+    assert lost.is_error and lost.meta["idempotency-ledger/status"] == "SUCCEEDED"
+    assert "was performed" in texts(lost)[0] and "found its effect" in texts(lost)[0]
+    assert again.meta["idempotency-ledger/replayed"] is True
+    assert "was performed" in texts(again)[0]
+    assert len(gw.calls("send_then_die")) == 1 and len(gw.effects()) == 1
+    assert len(gw.calls("find_email")) == 1, "read once, settled for good"
+    assert [status for _, status, _ in gw.entries()] == ["SUCCEEDED"]
+
+
+def test_a_lost_answer_whose_effect_did_not_happen_may_act_again(
+        ledger_bin: Path, tmp_path: Path) -> None:
+    gw = gateway(ledger_bin, tmp_path, "--confirm-after", "0s", policy=PAIRED_READ)
+
+    async def main() -> tuple[Any, Any]:
+        async with Client(gw.params(), mode="legacy") as client:
+            lost = await client.call_tool("die_once", EMAIL)
+            again = await client.call_tool("die_once", EMAIL)
+            return lost, again
+
+    lost, again = anyio.run(main)
+    assert lost.is_error and "found no trace" in texts(lost)[0]
+    assert not again.is_error and texts(again)[0].startswith("sent #1")
+    assert len(gw.effects()) == 1, "not done, then done once"
