@@ -65,8 +65,8 @@ pub fn performed_without_result(read: &Value, note: &str, key: &str) -> Value {
             .filter_map(|b| b.get("text").and_then(Value::as_str))
             .map(|t| ContentBlock::text(t.to_string())),
     );
-    let mut result = serde_json::to_value(CallToolResult::error(blocks))
-        .unwrap_or_else(|_| plain_text(note));
+    let mut result =
+        serde_json::to_value(CallToolResult::error(blocks)).unwrap_or_else(|_| plain_text(note));
     mark(&mut result, "SUCCEEDED", note, key);
     result
 }

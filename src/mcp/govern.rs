@@ -18,13 +18,13 @@ use serde_json::Value;
 use tokio::sync::watch;
 
 use super::answers::{self, LOST_NOTE, RUN};
-use confirm::Settled;
 use super::policy::{Governance, Hints, McpPolicy, Once};
 use super::rpc;
 use crate::domain::key::{ClaimKey, ClaimToken, Principal, RunId, ToolName};
 use crate::domain::{FinalStatus, Status, Tenant};
 use crate::error::LedgerError;
 use crate::ledger::{ClaimInput, ClaimOutput, CompleteInput, Ledger, Outcome, RenewInput, WaitFor};
+use confirm::Settled;
 
 /// How the gateway governs calls, from its command line.
 #[derive(Clone, Debug)]
@@ -82,8 +82,10 @@ pub struct Gateway {
     hints: Mutex<HashMap<String, Hints>>,
     /// Who the entries are claimed by: the client, as it named itself.
     principal: ArcSwap<Principal>,
-    /// The number of the gateway's next paired read (its request id).
+    /// The number of the gateway's next own request (a paired read, a question of the name).
     reads: AtomicU64,
+    /// Set once the log said the upstream's name is unknown.
+    warned_unnamed: std::sync::atomic::AtomicBool,
 }
 
 impl Gateway {
@@ -106,6 +108,7 @@ impl Gateway {
             hints: Mutex::default(),
             principal: ArcSwap::from_pointee(Principal::none()),
             reads: AtomicU64::new(1),
+            warned_unnamed: std::sync::atomic::AtomicBool::new(false),
         }
     }
 
@@ -161,6 +164,69 @@ impl Gateway {
         }
     }
 
+    /// Asks the upstream its name (`server/discover`, carrying the protocol members of the
+    /// client's `call`'s `_meta`), for an upstream the client never asked; a session-based
+    /// upstream does not know the method, and its name stays unknown (entries are then
+    /// `upstream/<tool>`, which the log says once: pass `--name`).
+    pub async fn ask_name(&self, call: &Value, upstream: &dyn Upstream) {
+        let n = self
+            .reads
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let mut meta = serde_json::Map::new();
+        if let Some(object) = call.pointer("/params/_meta").and_then(Value::as_object) {
+            for (key, value) in object {
+                if key.starts_with("io.modelcontextprotocol/") {
+                    meta.insert(key.clone(), value.clone());
+                }
+            }
+        }
+        let request = serde_json::json!({
+            "jsonrpc": "2.0",
+            "id": format!("idempotency-ledger-gateway:discover:{n}"),
+            "method": "server/discover",
+            "params": {"_meta": meta},
+        });
+        let (_never, cancelled) = watch::channel(false);
+        let answer =
+            tokio::time::timeout(Duration::from_secs(10), upstream.call(request, cancelled)).await;
+        if let Ok(Answer::Response(response)) = answer
+            && let Some(result) = response.get("result")
+        {
+            self.learn_from_discover(result);
+        }
+        if !self.knows_upstream()
+            && !self
+                .warned_unnamed
+                .swap(true, std::sync::atomic::Ordering::Relaxed)
+        {
+            tracing::warn!(
+                "the upstream did not say its name: its tools are recorded as upstream/<tool>; \
+                 pass --name to name it"
+            );
+        }
+    }
+
+    /// Learns the upstream's name from a `server/discover` result (or an initialize one).
+    pub fn learn_from_discover(&self, result: &Value) {
+        let name = result
+            .pointer("/_meta/io.modelcontextprotocol~1serverInfo/name")
+            .or_else(|| result.pointer("/serverInfo/name"))
+            .and_then(Value::as_str);
+        if let Some(name) = name {
+            self.learn_upstream(name);
+        }
+    }
+
+    /// Whether the `tools/call` request `message` goes through the ledger (its cancellation
+    /// then stays with the gateway).
+    #[must_use]
+    pub fn governs(&self, message: &Value) -> bool {
+        message
+            .pointer("/params/name")
+            .and_then(Value::as_str)
+            .is_some_and(|name| matches!(self.governance(name), Governance::Once(_)))
+    }
+
     /// What the gateway does with a call of `tool`.
     fn governance(&self, tool: &str) -> Governance {
         let hints = self
@@ -172,10 +238,12 @@ impl Gateway {
         self.policy.load().governance(tool, hints)
     }
 
-    /// Answers the `tools/call` request `message` (with id `id`): passes it through, or
-    /// governs it. `None` when nothing is to be answered (the client cancelled the call).
+    /// Answers the `tools/call` request `message` (with id `id`) for `tenant` (the gateway's
+    /// own when `None`: stdio): passes it through, or governs it. `None` when nothing is to be
+    /// answered (the client cancelled the call).
     pub async fn call_tool(
         &self,
+        tenant: Option<&Tenant>,
         message: Value,
         id: &Value,
         upstream: &dyn Upstream,
@@ -215,6 +283,7 @@ impl Gateway {
             Governance::Once(once) => once,
         };
         let call = Call {
+            tenant: tenant.cloned().unwrap_or_else(|| self.tenant.clone()),
             message,
             id,
             name,
@@ -256,7 +325,7 @@ impl Gateway {
         };
         let mut claimed = self
             .ledger
-            .claim(&self.tenant, input.clone())
+            .claim(&call.tenant, input.clone())
             .await
             .map_err(|e| refusal(call.id, &e))?;
         // A repeat that meets an outcome nobody knows asks the paired read, when there is one;
@@ -271,7 +340,7 @@ impl Gateway {
         {
             claimed = self
                 .ledger
-                .claim(&self.tenant, input)
+                .claim(&call.tenant, input)
                 .await
                 .map_err(|e| refusal(call.id, &e))?;
         }
@@ -316,7 +385,11 @@ impl Gateway {
                 "the ledger claimed the call without a claim token",
             ));
         };
-        let sent = upstream.call(call.message.clone(), cancelled.clone());
+        // The client's cancellation is not the upstream's: a governed call, once sent, runs
+        // to its end so that its outcome is recorded (an upstream stopped mid-action would
+        // leave it unknown). The client, which cancelled, is not answered.
+        let (_kept, never) = watch::channel(false);
+        let sent = upstream.call(call.message.clone(), never);
         let answer = tokio::select! {
             answer = tokio::time::timeout(self.rules.call_timeout, sent) => answer.unwrap_or_else(|_| {
                 Answer::Lost(format!(
@@ -324,7 +397,7 @@ impl Gateway {
                     self.rules.call_timeout
                 ))
             }),
-            () = self.renew_while_waiting(entry.key.clone(), token.clone()) => {
+            () = self.renew_while_waiting(&call.tenant, entry.key.clone(), token.clone()) => {
                 Answer::Lost("the lease could not be renewed".to_string())
             }
         };
@@ -346,17 +419,34 @@ impl Gateway {
                     false,
                     Some(response.clone()),
                 ),
-                // A JSON-RPC error: the tool never ran (an unknown tool, bad arguments).
-                (None, error) => (
+                // A refusal of the request itself (malformed, no such method, bad params: an
+                // unknown tool, arguments its schema refuses): the tool never ran.
+                (None, Some(error)) if rpc::refused_before_acting(error) => (
                     FinalStatus::Failed,
                     Vec::new(),
                     error
-                        .and_then(|e| e.get("message"))
+                        .get("message")
                         .and_then(Value::as_str)
                         .unwrap_or("the upstream refused the call")
                         .to_string(),
                     true,
                     Some(response.clone()),
+                ),
+                // Any other error (an internal one, a cancellation, a timeout of its own) may
+                // come after the tool acted: its outcome is unknown.
+                (None, error) => (
+                    FinalStatus::Unknown,
+                    Vec::new(),
+                    format!(
+                        "the upstream answered with an error that does not say whether the tool \
+                         acted: {}",
+                        error.map_or_else(|| "no result".to_string(), Value::to_string)
+                    ),
+                    false,
+                    Some(rpc::result(
+                        call.id,
+                        answers::not_done("UNKNOWN", LOST_NOTE, &key),
+                    )),
                 ),
             },
             Answer::Lost(why) => (
@@ -371,7 +461,17 @@ impl Gateway {
             ),
         };
         let recorded = self
-            .record(entry.key.clone(), token, status, result, error, retryable)
+            .record(
+                &call.tenant,
+                CompleteInput {
+                    key: entry.key.clone(),
+                    claim_token: token,
+                    status,
+                    result,
+                    error,
+                    retryable,
+                },
+            )
             .await;
         let reply = match (status, recorded, &call.once.confirm) {
             (FinalStatus::Unknown, Some(unknown), Some(confirm)) => Some(rpc::result(
@@ -416,22 +516,11 @@ impl Gateway {
     /// the log says.
     async fn record(
         &self,
-        key: crate::domain::Key,
-        token: ClaimToken,
-        status: FinalStatus,
-        result: Vec<u8>,
-        error: String,
-        retryable: bool,
+        tenant: &Tenant,
+        input: CompleteInput,
     ) -> Option<crate::ledger::EntryView> {
-        let input = CompleteInput {
-            key: key.clone(),
-            claim_token: token,
-            status,
-            result,
-            error,
-            retryable,
-        };
-        match self.ledger.complete(&self.tenant, input).await {
+        let key = input.key.clone();
+        match self.ledger.complete(tenant, input).await {
             Ok(done) => {
                 tracing::info!(
                     key = key.log_prefix(),
@@ -455,7 +544,12 @@ impl Gateway {
 
     /// Renews the attempt's lease every third of it while the upstream works; returns only
     /// when a renewal is refused (the lease ended meanwhile), which ends the wait as unknown.
-    async fn renew_while_waiting(&self, key: crate::domain::Key, token: ClaimToken) {
+    async fn renew_while_waiting(
+        &self,
+        tenant: &Tenant,
+        key: crate::domain::Key,
+        token: ClaimToken,
+    ) {
         let every = self.rules.lease / 3;
         loop {
             tokio::time::sleep(every).await;
@@ -464,7 +558,7 @@ impl Gateway {
                 claim_token: token.clone(),
                 lease: Some(self.rules.lease),
             };
-            match self.ledger.renew_lease(&self.tenant, input).await {
+            match self.ledger.renew_lease(tenant, input).await {
                 Ok(_) => {}
                 Err(LedgerError::LeaseEnded(_) | LedgerError::StaleClaimToken) => return,
                 // The store is away: the next renewal may pass; the lease may end meanwhile.
@@ -520,7 +614,7 @@ impl Gateway {
         }
         self.ledger
             .window_run(
-                &self.tenant,
+                &call.tenant,
                 tool,
                 &call.arguments.to_string(),
                 self.rules.same_intent_within,
@@ -532,6 +626,8 @@ impl Gateway {
 
 /// A governed `tools/call`, read.
 struct Call<'a> {
+    /// The tenant it is recorded for.
+    tenant: Tenant,
     /// The request as it came, forwarded unchanged when it acts.
     message: Value,
     /// Its id.

@@ -7,13 +7,17 @@
 //!
 //! # Layout
 //!
-//! `policy, rpc, answers ← govern ← stdio`
+//! `policy, rpc, answers ← govern ← stdio, upstream_http ← http`
 //!
 //! - [`policy`]: which tools are governed and how (the policy file, the tools' hints).
 //! - [`rpc`]: JSON-RPC messages as the gateway routes them, and the errors it answers itself.
 //! - [`answers`]: the `CallToolResult` the client receives for each outcome.
 //! - [`govern`]: one `tools/call`: its run, its Claim, the upstream's answer, its Complete.
 //! - [`stdio`]: the stdio transport: the upstream as a child process, restarted when it exits.
+//! - [`upstream_http`]: an upstream over Streamable HTTP: a message a POST, its answer JSON or
+//!   an event stream.
+//! - [`http`]: the Streamable HTTP transport for clients: the edge's checks (origin, token,
+//!   size), governed calls answered by the gateway, everything else streamed through.
 //!
 //! rmcp (the official Rust SDK) gives the protocol's model: the gateway reads tool calls and
 //! writes its own results with it. Its transports serve a typed client or server, which would
@@ -22,9 +26,11 @@
 
 pub mod answers;
 pub mod govern;
+pub mod http;
 pub mod policy;
 pub mod rpc;
 pub mod stdio;
+pub mod upstream_http;
 
 use std::ffi::OsString;
 use std::path::PathBuf;
@@ -52,8 +58,48 @@ pub struct McpArgs {
     /// The upstream MCP server's command and its arguments (stdio), after `--`. The gateway
     /// starts it, passes every message on, restarts it when it exits, and stops it when the
     /// client goes away.
-    #[arg(last = true, value_name = "COMMAND")]
+    #[arg(last = true, value_name = "COMMAND", conflicts_with_all = ["listen", "upstream"])]
     pub command: Vec<OsString>,
+
+    /// Serve MCP clients over Streamable HTTP on this address (with --upstream), instead of
+    /// stdio.
+    #[arg(long, env = "LEDGER_MCP_LISTEN", requires = "upstream")]
+    pub listen: Option<std::net::SocketAddr>,
+
+    /// The upstream MCP server's Streamable HTTP endpoint (http://host:port/path), with
+    /// --listen. Its URL and credentials come from here only, never from a client.
+    #[arg(long, env = "LEDGER_MCP_UPSTREAM", requires = "listen")]
+    pub upstream: Option<String>,
+
+    /// A header sent with every message to the upstream, `Name: value` (its credentials);
+    /// repeat it for more. A client's own Authorization is never passed on.
+    #[arg(
+        long = "upstream-header",
+        env = "LEDGER_MCP_UPSTREAM_HEADERS",
+        value_delimiter = '\n'
+    )]
+    pub upstream_headers: Vec<String>,
+
+    /// HTTP: the tokens file, one credential a line `<tenant> <token>` (as the server's
+    /// --auth-tokens-file): a client sends `Authorization: Bearer <token>`, and its calls are
+    /// that tenant's. Without it, every client is tenant `default`.
+    #[arg(long, env = "LEDGER_MCP_AUTH_TOKENS_FILE")]
+    pub auth_tokens_file: Option<PathBuf>,
+
+    /// HTTP: a browser origin allowed to call the gateway (repeat for more). Requests without
+    /// an Origin header (not from a browser) pass; on a loopback address, this machine's
+    /// origins (http://localhost…, http://127.0.0.1…) pass too.
+    #[arg(
+        long = "allowed-origin",
+        env = "LEDGER_MCP_ALLOWED_ORIGINS",
+        value_delimiter = ','
+    )]
+    pub allowed_origins: Vec<String>,
+
+    /// HTTP: the largest request body taken; a larger one is refused (413) and nothing is sent
+    /// on.
+    #[arg(long, env = "LEDGER_MCP_MAX_BODY_BYTES", default_value_t = 1_048_576)]
+    pub max_body_bytes: usize,
 
     /// The upstream's name: entries are recorded as `<name>/<tool>`. By default the name the
     /// upstream gives itself (`serverInfo.name`). Keep it stable: it is part of every key.
@@ -135,9 +181,11 @@ pub async fn run(
     shutdown: impl Future<Output = ()> + Send,
     mut reloads: impl tokio_stream::Stream<Item = ()> + Unpin + Send + 'static,
 ) -> Result<(), McpError> {
-    if args.command.is_empty() {
+    if args.command.is_empty() && args.listen.is_none() {
         return Err(McpError::Config(
-            "no upstream command: idempotency-ledger mcp [OPTIONS] -- COMMAND [ARGS…]".into(),
+            "no upstream: idempotency-ledger mcp [OPTIONS] -- COMMAND [ARGS…] (stdio), or \
+             --listen ADDR --upstream URL (Streamable HTTP)"
+                .into(),
         ));
     }
     let tenant = Tenant::parse(&args.tenant).map_err(|e| McpError::Config(e.to_string()))?;
@@ -160,10 +208,10 @@ pub async fn run(
     );
     tracing::info!(
         store = %redact_url(&url),
-        tenant = tenant.as_str(),
-        upstream = %shown(&args.command),
+        upstream = %args.upstream.clone().unwrap_or_else(|| shown(&args.command)),
+        transport = if args.listen.is_some() { "http" } else { "stdio" },
         policy_lines = policy.len(),
-        "idempotency-ledger mcp gateway starting (stdio)"
+        "idempotency-ledger mcp gateway starting"
     );
     let rules = Rules {
         same_intent_within: args.same_intent_within,
@@ -197,19 +245,57 @@ pub async fn run(
             }
         })
     });
-    let served = stdio::serve(
-        gateway,
-        args.command,
-        tokio::io::stdin(),
-        tokio::io::stdout(),
-        shutdown,
-    )
-    .await;
+    let served = match (args.listen, &args.upstream) {
+        (Some(listen), Some(upstream)) => {
+            serve_http(gateway, &args, listen, upstream, shutdown).await
+        }
+        _ => {
+            stdio::serve(
+                gateway,
+                args.command,
+                tokio::io::stdin(),
+                tokio::io::stdout(),
+                shutdown,
+            )
+            .await
+        }
+    };
     upkeep.abort();
     if let Some(reloader) = reloader {
         reloader.abort();
     }
     served.map_err(McpError::Config)
+}
+
+/// Serves MCP clients over Streamable HTTP on `listen`, in front of `upstream`.
+async fn serve_http(
+    gateway: Arc<Gateway>,
+    args: &McpArgs,
+    listen: std::net::SocketAddr,
+    upstream: &str,
+    shutdown: impl Future<Output = ()> + Send,
+) -> Result<(), String> {
+    let credentials = crate::grpc::auth::Credentials::load(args.auth_tokens_file.as_deref())?;
+    let listener = tokio::net::TcpListener::bind(listen)
+        .await
+        .map_err(|e| format!("cannot listen on {listen}: {e}"))?;
+    let bound = listener.local_addr().map_err(|e| e.to_string())?;
+    tracing::info!(
+        listen = %bound,
+        tenancy = %credentials.current().describe(),
+        "the MCP gateway listens for clients (Streamable HTTP)"
+    );
+    let edge = Arc::new(http::Edge {
+        gateway,
+        upstream: upstream_http::HttpUpstream::new(upstream, &args.upstream_headers)?,
+        credentials,
+        origins: args.allowed_origins.clone(),
+        loopback: http::is_loopback(bound),
+        max_body: args.max_body_bytes,
+        in_flight: std::sync::Mutex::default(),
+    });
+    http::serve(listener, http::router(edge), shutdown).await;
+    Ok(())
 }
 
 /// The ledger's limits for the gateway: the shipped defaults, without the replay memory (a

@@ -12,6 +12,8 @@ use serde_json::{Value, json};
 pub const PARSE_ERROR: i64 = -32700;
 /// "Invalid Request".
 pub const INVALID_REQUEST: i64 = -32600;
+/// "Method not found".
+pub const METHOD_NOT_FOUND: i64 = -32601;
 /// "Invalid params".
 pub const INVALID_PARAMS: i64 = -32602;
 /// "Internal error": kept for the gateway's own faults (a bug), never for the ledger's or the
@@ -73,6 +75,17 @@ pub fn kind(message: &Value) -> Kind<'_> {
         }
         (None, _) => Kind::Invalid("a message is a request, a notification or a response"),
     }
+}
+
+/// Whether a JSON-RPC error says the request was refused before anything ran: it did not parse,
+/// was not a request, named no such method, or its params were refused (an unknown tool,
+/// arguments its schema refuses). Any other error may come after the tool acted.
+#[must_use]
+pub fn refused_before_acting(error: &Value) -> bool {
+    matches!(
+        error.get("code").and_then(Value::as_i64),
+        Some(PARSE_ERROR | INVALID_REQUEST | METHOD_NOT_FOUND | INVALID_PARAMS)
+    )
 }
 
 /// The key a request is known by while it waits for its answer: its id as JSON text, so that

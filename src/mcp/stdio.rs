@@ -73,8 +73,9 @@ struct Router {
     to_upstream: mpsc::UnboundedSender<Value>,
     /// The requests sent on whose answers are awaited, by id.
     pending: Mutex<HashMap<String, Pending>>,
-    /// The governed calls in flight, by id: turned true when the client cancels one.
-    cancels: Mutex<HashMap<String, watch::Sender<bool>>>,
+    /// The tool calls in flight, by id: turned true when the client cancels one; and whether
+    /// it is governed.
+    cancels: Mutex<HashMap<String, (watch::Sender<bool>, bool)>>,
     /// The client's `initialize` and `notifications/initialized` (a session-based revision's),
     /// sent again to an upstream that restarted.
     introduction: Mutex<Option<(Value, Option<Value>)>>,
@@ -82,8 +83,6 @@ struct Router {
     own: AtomicU64,
     /// Set once the gateway stops: an upstream that exits is not restarted.
     stopping: AtomicBool,
-    /// Set once the log said the upstream's name is unknown.
-    warned_unnamed: AtomicBool,
 }
 
 /// Runs the gateway over the client's `input` and `output` with the upstream `command`, until
@@ -109,7 +108,6 @@ pub async fn serve(
         introduction: Mutex::default(),
         own: AtomicU64::new(1),
         stopping: AtomicBool::new(false),
-        warned_unnamed: AtomicBool::new(false),
     });
     let writer = tokio::spawn(write_lines(output, client_lines));
     let first = spawn_upstream(&command)?;
@@ -208,7 +206,8 @@ impl Router {
             Kind::Notification { method } => {
                 match method {
                     "notifications/initialized" => self.remember_initialized(&message),
-                    "notifications/cancelled" => self.cancel(&message),
+                    // A governed call's cancellation stays here (see govern's act).
+                    "notifications/cancelled" if self.cancel(&message) => return,
                     _ => {}
                 }
                 self.send_upstream(message);
@@ -252,61 +251,24 @@ impl Router {
     /// for the ledger, a person's decision or the upstream).
     fn call_tool(self: &Arc<Self>, message: Value, id: Value) {
         let (cancel, cancelled) = watch::channel(false);
-        self.lock_cancels().insert(rpc::id_key(&id), cancel);
+        let governed = self.gateway.governs(&message);
+        self.lock_cancels()
+            .insert(rpc::id_key(&id), (cancel, governed));
         let router = self.clone();
         tokio::spawn(async move {
-            if !router.gateway.knows_upstream() {
-                router.ask_upstreams_name(&message).await;
-            }
             let handle = UpstreamHandle(router.clone());
+            if !router.gateway.knows_upstream() {
+                router.gateway.ask_name(&message, &handle).await;
+            }
             let answer = router
                 .gateway
-                .call_tool(message, &id, &handle, cancelled)
+                .call_tool(None, message, &id, &handle, cancelled)
                 .await;
             router.lock_cancels().remove(&rpc::id_key(&id));
             if let Some(answer) = answer {
                 router.answer_client(answer);
             }
         });
-    }
-
-    /// Asks the upstream its name (`server/discover`, with the protocol version and
-    /// capabilities of the client's `call`), for an upstream whose client never did; a
-    /// session-based upstream does not know the method, and its name stays unknown (entries
-    /// are then `upstream/<tool>`: pass `--name`).
-    async fn ask_upstreams_name(self: &Arc<Self>, call: &Value) {
-        let n = self.own.fetch_add(1, Ordering::Relaxed);
-        let mut meta = serde_json::Map::new();
-        for key in [
-            "io.modelcontextprotocol/protocolVersion",
-            "io.modelcontextprotocol/clientCapabilities",
-            "io.modelcontextprotocol/clientInfo",
-        ] {
-            if let Some(value) = call.pointer("/params/_meta").and_then(|m| m.get(key)) {
-                meta.insert(key.to_string(), value.clone());
-            }
-        }
-        let request = rpc::own_request(n, "server/discover", serde_json::json!({"_meta": meta}));
-        let (_never, cancelled) = watch::channel(false);
-        let answer = tokio::time::timeout(
-            OWN_REQUEST_TIMEOUT,
-            UpstreamHandle(self.clone()).call(request, cancelled),
-        )
-        .await;
-        match answer {
-            Ok(Answer::Response(response)) => {
-                if let Some(result) = response.get("result") {
-                    self.observe(Observe::Discover, result);
-                }
-            }
-            Ok(Answer::Lost(_)) | Err(_) => {}
-        }
-        if !self.gateway.knows_upstream() && !self.warned_unnamed.swap(true, Ordering::Relaxed) {
-            tracing::warn!(
-                "the upstream did not say its name: its tools are recorded as upstream/<tool>; \
-                 pass --name to name it"
-            );
-        }
     }
 
     /// The client named itself (in its `initialize`, or a stateless request's `_meta`).
@@ -330,12 +292,18 @@ impl Router {
         }
     }
 
-    /// The client cancelled a request: a governed call in flight learns it.
-    fn cancel(&self, message: &Value) {
-        if let Some(id) = message.pointer("/params/requestId")
-            && let Some(cancel) = self.lock_cancels().get(&rpc::id_key(id))
-        {
-            let _ = cancel.send(true);
+    /// The client cancelled a request: a tool call in flight learns it. `true` when the call
+    /// is governed: its cancellation is not passed on.
+    fn cancel(&self, message: &Value) -> bool {
+        let Some(id) = message.pointer("/params/requestId") else {
+            return false;
+        };
+        match self.lock_cancels().get(&rpc::id_key(id)) {
+            Some((cancel, governed)) => {
+                let _ = cancel.send(true);
+                *governed
+            }
+            None => false,
         }
     }
 
@@ -348,15 +316,7 @@ impl Router {
                     self.gateway.learn_upstream(name);
                 }
             }
-            Observe::Discover => {
-                let name = result
-                    .pointer("/_meta/io.modelcontextprotocol~1serverInfo/name")
-                    .or_else(|| result.pointer("/serverInfo/name"))
-                    .and_then(Value::as_str);
-                if let Some(name) = name {
-                    self.gateway.learn_upstream(name);
-                }
-            }
+            Observe::Discover => self.gateway.learn_from_discover(result),
             Observe::ToolsList => self.gateway.learn_tools(result),
         }
     }
@@ -433,7 +393,9 @@ impl Router {
             .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
-    fn lock_cancels(&self) -> std::sync::MutexGuard<'_, HashMap<String, watch::Sender<bool>>> {
+    fn lock_cancels(
+        &self,
+    ) -> std::sync::MutexGuard<'_, HashMap<String, (watch::Sender<bool>, bool)>> {
         self.cancels
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)

@@ -6,12 +6,18 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import sqlite3
+import subprocess
 import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import httpx
 from mcp import StdioServerParameters
 
 UPSTREAM = Path(__file__).resolve().parent / "gateway_upstream.py"
@@ -71,6 +77,87 @@ class Gateway:
         with sqlite3.connect(self.database) as db:
             return list(db.execute(
                 "SELECT tool, status, run_id FROM ledger_entries ORDER BY started_at"))
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def wait_for_port(port: int, process: subprocess.Popen[bytes], what: str) -> None:
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise RuntimeError(f"{what} exited with {process.returncode}")
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=0.2):
+                return
+        except OSError:
+            time.sleep(0.05)
+    raise RuntimeError(f"{what} did not listen on {port}")
+
+
+@contextmanager
+def http_upstream(gw: Gateway) -> Iterator[str]:
+    """The counted upstream over Streamable HTTP; its endpoint's URL."""
+    port = free_port()
+    process = subprocess.Popen([sys.executable, str(UPSTREAM), "--http", str(port)],
+                               env=gw.env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        wait_for_port(port, process, "the upstream")
+        yield f"http://127.0.0.1:{port}/mcp"
+    finally:
+        process.terminate()
+        process.wait(timeout=10)
+
+
+@contextmanager
+def http_gateway(gw: Gateway, upstream: str, *flags: str,
+                 database_url: str | None = None) -> Iterator[str]:
+    """One gateway replica over Streamable HTTP in front of `upstream`; its endpoint's URL."""
+    port = free_port()
+    args = ["mcp", "--database-url", database_url or f"sqlite://{gw.database}",
+            "--listen", f"127.0.0.1:{port}", "--upstream", upstream, *gw.flags, *flags]
+    if gw.policy is not None:
+        policy = gw.directory / "policy"
+        policy.write_text(gw.policy, encoding="utf-8")
+        args += ["--mcp-policy", str(policy)]
+    process = subprocess.Popen([str(gw.binary), *args], env=gw.env())
+    try:
+        wait_for_port(port, process, "the gateway")
+        yield f"http://127.0.0.1:{port}/mcp"
+    finally:
+        process.terminate()
+        process.wait(timeout=20)
+
+
+#: The stateless revision's `_meta` a raw request carries to be one (the upstream refuses it
+#: otherwise, asking for a session).
+STATELESS_META = {"io.modelcontextprotocol/protocolVersion": "2026-07-28",
+                  "io.modelcontextprotocol/clientCapabilities": {}}
+
+
+def tool_call(id: int, name: str | None, arguments: Any) -> dict[str, Any]:
+    """A raw `tools/call` of the stateless revision."""
+    params: dict[str, Any] = {"arguments": arguments, "_meta": STATELESS_META}
+    if name is not None:
+        params["name"] = name
+    return {"jsonrpc": "2.0", "id": id, "method": "tools/call", "params": params}
+
+
+def post(url: str, body: bytes | str, headers: dict[str, str] | None = None) -> httpx.Response:
+    """One raw POST, as a broken or hostile client would send it (the stateless revision's
+    headers; a tool call's name as Mcp-Name when the body has one)."""
+    name = ""
+    try:
+        name = json.loads(body)["params"]["name"]
+    except (ValueError, KeyError, TypeError):
+        pass
+    return httpx.post(url, content=body, timeout=20, headers={
+        "content-type": "application/json", "accept": "application/json, text/event-stream",
+        "mcp-protocol-version": "2026-07-28", "mcp-method": "tools/call", "mcp-name": name,
+        **(headers or {})})
 
 
 def texts(result: Any) -> list[str]:

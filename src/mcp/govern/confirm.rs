@@ -12,7 +12,7 @@ use serde_json::Value;
 use tokio::sync::watch;
 
 use super::{Answer, Call, Gateway, Upstream};
-use crate::domain::{FinalStatus, HoldToken, Key, Micros};
+use crate::domain::{FinalStatus, HoldToken, Key, Micros, Tenant};
 use crate::ledger::{EntryView, ReconcileInput, ResolutionInput, ResolutionOutcome};
 use crate::mcp::answers::performed_without_result;
 use crate::mcp::policy::Confirm;
@@ -47,11 +47,10 @@ impl Gateway {
         if ready > now {
             tokio::time::sleep(ready.minus(now).to_duration()).await;
         }
-        let Some((attempt, hold)) = self.take(key).await else {
+        let Some((attempt, hold)) = self.take(&call.tenant, key).await else {
             return Settled::Unsettled;
         };
-        let arguments =
-            confirm.read_arguments(&call.arguments, &entry.external_ref, key.as_str());
+        let arguments = confirm.read_arguments(&call.arguments, &entry.external_ref, key.as_str());
         let n = self.reads.fetch_add(1, Ordering::Relaxed);
         let read = serde_json::json!({
             "jsonrpc": "2.0",
@@ -60,7 +59,8 @@ impl Gateway {
             "params": {"name": confirm.tool, "arguments": arguments, "_meta": protocol_meta(call)},
         });
         let (_never, cancelled) = watch::channel(false);
-        let answered = tokio::time::timeout(self.rules.call_timeout, upstream.call(read, cancelled));
+        let answered =
+            tokio::time::timeout(self.rules.call_timeout, upstream.call(read, cancelled));
         let result = match answered.await {
             Ok(Answer::Response(response)) => response.get("result").cloned(),
             _ => None,
@@ -103,7 +103,7 @@ impl Gateway {
             attempt,
             hold_token: hold,
         };
-        if !self.send_finding(finding).await {
+        if !self.send_finding(&call.tenant, finding).await {
             return Settled::Unsettled;
         }
         if status == FinalStatus::Succeeded {
@@ -115,14 +115,14 @@ impl Gateway {
 
     /// Takes the entry for this gateway (Reconcile with its key): its attempt and the hold a
     /// finding must name; `None` when it is not handed out (resolved, or held by another).
-    async fn take(&self, key: &Key) -> Option<(u32, HoldToken)> {
+    async fn take(&self, tenant: &Tenant, key: &Key) -> Option<(u32, HoldToken)> {
         let input = ReconcileInput {
             keys: vec![key.clone()],
             limit: 1,
             principal: (**self.principal.load()).clone(),
             ..ReconcileInput::default()
         };
-        match self.ledger.reconcile(&self.tenant, input).await {
+        match self.ledger.reconcile(tenant, input).await {
             Ok(out) => out
                 .pending
                 .into_iter()
@@ -136,14 +136,14 @@ impl Gateway {
     }
 
     /// Sends one finding; whether it settled the entry.
-    async fn send_finding(&self, finding: ResolutionInput) -> bool {
+    async fn send_finding(&self, tenant: &Tenant, finding: ResolutionInput) -> bool {
         let input = ReconcileInput {
             resolutions: vec![finding],
             resolve_only: true,
             principal: (**self.principal.load()).clone(),
             ..ReconcileInput::default()
         };
-        match self.ledger.reconcile(&self.tenant, input).await {
+        match self.ledger.reconcile(tenant, input).await {
             Ok(out) => out
                 .results
                 .first()

@@ -1,0 +1,94 @@
+"""The MCP gateway over Streamable HTTP (``idempotency-ledger mcp --listen ADDR --upstream
+URL``), driven by the official Python SDK's client on 2026-07-28 and the initialize handshake,
+in front of the counted upstream served over HTTP: a call re-issued after its stream was cut
+acts once, tenants are kept apart by their tokens, and what the edge refuses is neither stored
+nor forwarded."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import anyio
+import httpx2
+import pytest
+from gateway import Gateway, http_gateway, http_upstream, post, texts, tool_call
+from mcp import Client
+from mcp.client.streamable_http import streamable_http_client
+
+EMAIL = {"to": "ops@example.com", "subject": "the weekly report"}
+
+
+@pytest.mark.parametrize("mode", ["2026-07-28", "legacy"])
+def test_a_call_reissued_after_its_stream_was_cut_acts_once(
+        ledger_bin: Path, tmp_path: Path, mode: str) -> None:
+    gw = Gateway(ledger_bin, tmp_path)
+    slow = {"to": "ops@example.com", "subject": "slow", "seconds": 1.5}
+    with http_upstream(gw) as upstream, http_gateway(gw, upstream) as url:
+
+        async def main() -> Any:
+            async with Client(url, mode=mode) as client:
+                # The client gives up on the first answer (its stream is cut) after the call
+                # went on; it re-issues the call, with a new request id.
+                with pytest.raises(Exception):
+                    await client.call_tool("slow_send", slow, read_timeout_seconds=0.3)
+                return await client.call_tool("slow_send", slow)
+
+        again = anyio.run(main)
+    assert len(gw.effects()) == 1, gw.effects()
+    assert len(gw.calls("slow_send")) == 1, "the re-issued call was not forwarded"
+    assert not again.is_error
+    assert texts(again)[0].startswith("sent #1"), "the first call's result"
+    assert again.meta["idempotency-ledger/replayed"] is True
+
+
+def test_each_tenant_has_its_own_intents(ledger_bin: Path, tmp_path: Path) -> None:
+    tokens = tmp_path / "tokens"
+    tokens.write_text("acme tok-acme\nglobex tok-globex\n", encoding="utf-8")
+    gw = Gateway(ledger_bin, tmp_path)
+    with http_upstream(gw) as upstream, \
+            http_gateway(gw, upstream, "--auth-tokens-file", str(tokens)) as url:
+
+        async def call_as(token: str) -> Any:
+            headers = {"authorization": f"Bearer {token}"}
+            async with httpx2.AsyncClient(headers=headers) as http:
+                transport = streamable_http_client(url, http_client=http)
+                async with Client(transport, mode="2026-07-28") as client:
+                    return await client.call_tool("send_email", EMAIL)
+
+        for token in ["tok-acme", "tok-acme", "tok-globex"]:
+            anyio.run(call_as, token)
+        refused = post(url, json.dumps(tool_call(1, "send_email", EMAIL)))
+    assert refused.status_code == 401, "no token, no call"
+    assert len(gw.effects()) == 2, "acme once, globex once"
+    with __import__("sqlite3").connect(gw.database) as db:
+        tenants = sorted(t for (t,) in db.execute("SELECT tenant FROM ledger_entries"))
+    assert tenants == ["acme", "globex"]
+
+
+def test_what_the_edge_refuses_is_neither_stored_nor_forwarded(ledger_bin: Path,
+                                                                tmp_path: Path) -> None:
+    gw = Gateway(ledger_bin, tmp_path)
+    call = tool_call(1, "send_email", EMAIL)
+    with http_upstream(gw) as upstream, \
+            http_gateway(gw, upstream, "--max-body-bytes", "2048") as url:
+        not_json = post(url, "this is not JSON")
+        not_an_object = post(url, json.dumps(tool_call(1, "send_email", [1, 2])))
+        no_name = post(url, json.dumps(tool_call(1, None, EMAIL)))
+        too_big = post(url, json.dumps(tool_call(1, "send_email", {**EMAIL, "body": "x" * 4096})))
+        evil = post(url, json.dumps(call), {"origin": "http://evil.example"})
+        batch = post(url, json.dumps([call]))
+        invalid = post(url, json.dumps({"jsonrpc": "1.0", "id": 2, "method": "tools/call"}))
+        alive = post(url, json.dumps(call), {"origin": "http://localhost:6274"})
+    assert (not_json.status_code, not_json.json()["error"]["code"]) == (400, -32700)
+    assert not_an_object.json()["error"]["code"] == -32602
+    assert no_name.json()["error"]["code"] == -32602
+    assert too_big.status_code == 413
+    assert evil.status_code == 403
+    assert batch.status_code == 400 and "batch" in batch.json()["error"]["message"]
+    assert invalid.json()["error"]["code"] == -32600
+    assert alive.status_code == 200, alive.text
+    assert alive.json()["result"]["content"][0]["text"].startswith("sent #1")
+    assert len(gw.calls("send_email")) == 1, "only the call that passed was forwarded"
+    assert len(gw.entries()) == 1, "only the call that passed was stored"
