@@ -253,9 +253,10 @@ fn the_settings_page_lists_every_flag_with_its_variable_and_default() {
     let page = read(&Path::new(REPO).join("docs/settings.md"));
     let sections = rows(&page);
     let connection_section = "The operator commands' connection flags";
+    let gateway_section = "The MCP gateway (`idempotency-ledger mcp`)";
     let server_rows: BTreeMap<String, Row> = sections
         .iter()
-        .filter(|(title, _)| title.as_str() != connection_section)
+        .filter(|(title, _)| title.as_str() != connection_section && title.as_str() != gateway_section)
         .flat_map(|(_, rows)| rows.iter())
         .map(|(flag, row)| {
             (
@@ -301,6 +302,12 @@ fn the_settings_page_lists_every_flag_with_its_variable_and_default() {
             wrong.push(format!("{name} lacks {flag}"));
         }
     }
+    // The gateway's flags, in their own section.
+    wrong.extend(compare(
+        "mcp",
+        sections.get(gateway_section).expect("the gateway's section"),
+        &expected(cli.find_subcommand("mcp").expect("mcp")),
+    ));
     assert!(server_rows.len() > 40, "{} server rows", server_rows.len());
     assert!(wrong.is_empty(), "docs/settings.md:\n{}", wrong.join("\n"));
 }
