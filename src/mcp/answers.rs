@@ -47,6 +47,14 @@ pub fn replayed(stored: &[u8], note: &str, key: &str) -> Value {
     if let Some(meta) = meta_of(&mut result) {
         meta.insert(REPLAYED.to_string(), Value::Bool(true));
     }
+    // A result stored from a session-based call lacks the stateless revision's `resultType`,
+    // which a client of that revision requires; a session-based client takes it as any other
+    // member (results are open to more).
+    if let Some(object) = result.as_object_mut() {
+        object
+            .entry("resultType")
+            .or_insert_with(|| Value::String("complete".to_string()));
+    }
     result
 }
 
@@ -161,6 +169,7 @@ mod tests {
             "the upstream's own _meta stays"
         );
         assert_eq!(out["_meta"][KEY], "k-1");
+        assert_eq!(out["resultType"], "complete", "what a stateless client requires");
         assert!(!is_error(&out));
         // Something else stored: carried as text.
         let odd = replayed(b"plain bytes", note, "k-2");

@@ -146,6 +146,42 @@ def tool_call(id: int, name: str | None, arguments: Any) -> dict[str, Any]:
     return {"jsonrpc": "2.0", "id": id, "method": "tools/call", "params": params}
 
 
+@contextmanager
+def postgres() -> Iterator[str]:
+    """A throwaway PostgreSQL cluster on a free port; its URL. As root (CI), it runs as the
+    `postgres` user, which PostgreSQL requires, in a directory of its own."""
+    import glob
+    import pwd
+    import shutil
+    import tempfile
+
+    bins = sorted(glob.glob("/usr/lib/postgresql/*/bin"))
+    path = os.pathsep.join([*bins, os.environ.get("PATH", "")])
+    initdb = shutil.which("initdb", path=path)
+    pg_ctl = shutil.which("pg_ctl", path=path)
+    if initdb is None or pg_ctl is None:
+        raise RuntimeError("PostgreSQL's initdb and pg_ctl are needed (Debian's postgresql-15)")
+    as_root = os.geteuid() == 0
+    prefix = ["runuser", "-u", "postgres", "--"] if as_root else []
+    home = Path(tempfile.mkdtemp(prefix="gateway-pg-"))
+    home.chmod(0o755)
+    if as_root:
+        user = pwd.getpwnam("postgres")
+        os.chown(home, user.pw_uid, user.pw_gid)
+    data, port = home / "data", free_port()
+    subprocess.run([*prefix, initdb, "-D", str(data), "-U", "postgres", "--auth=trust",
+                    "-E", "UTF8"], check=True, capture_output=True)
+    options = f"-p {port} -k {home} -c listen_addresses=127.0.0.1 -c fsync=off"
+    subprocess.run([*prefix, pg_ctl, "-D", str(data), "-o", options, "-l", str(home / "log"),
+                    "-w", "start"], check=True, capture_output=True)
+    try:
+        yield f"postgres://postgres@127.0.0.1:{port}/postgres"
+    finally:
+        subprocess.run([*prefix, pg_ctl, "-D", str(data), "-m", "immediate", "stop"],
+                       capture_output=True)
+        shutil.rmtree(home, ignore_errors=True)
+
+
 def post(url: str, body: bytes | str, headers: dict[str, str] | None = None) -> httpx.Response:
     """One raw POST, as a broken or hostile client would send it (the stateless revision's
     headers; a tool call's name as Mcp-Name when the body has one)."""

@@ -13,7 +13,7 @@ from typing import Any
 import anyio
 import httpx2
 import pytest
-from gateway import Gateway, http_gateway, http_upstream, post, texts, tool_call
+from gateway import Gateway, http_gateway, http_upstream, post, postgres, texts, tool_call
 from mcp import Client
 from mcp.client.streamable_http import streamable_http_client
 
@@ -92,3 +92,31 @@ def test_what_the_edge_refuses_is_neither_stored_nor_forwarded(ledger_bin: Path,
     assert alive.json()["result"]["content"][0]["text"].startswith("sent #1")
     assert len(gw.calls("send_email")) == 1, "only the call that passed was forwarded"
     assert len(gw.entries()) == 1, "only the call that passed was stored"
+
+
+def test_sixteen_identical_calls_over_two_replicas_on_one_postgres_act_once(
+        ledger_bin: Path, tmp_path: Path) -> None:
+    gw = Gateway(ledger_bin, tmp_path)
+    slow = {"to": "ops@example.com", "subject": "together", "seconds": 0.5}
+    with postgres() as database, http_upstream(gw) as upstream, \
+            http_gateway(gw, upstream, database_url=database) as first, \
+            http_gateway(gw, upstream, database_url=database) as second:
+
+        async def main() -> list[Any]:
+            results: list[Any] = []
+            async with Client(first, mode="2026-07-28") as one, \
+                    Client(second, mode="legacy") as two:
+                async def call(client: Client) -> None:
+                    results.append(await client.call_tool("slow_send", slow))
+                async with anyio.create_task_group() as tg:
+                    for n in range(16):
+                        tg.start_soon(call, one if n % 2 else two)
+            return results
+
+        results = anyio.run(main)
+    assert len(results) == 16
+    assert all(not r.is_error for r in results), [texts(r) for r in results if r.is_error]
+    assert len(gw.effects()) == 1, gw.effects()
+    assert len(gw.calls("slow_send")) == 1
+    replays = sum(1 for r in results if r.meta and r.meta.get("idempotency-ledger/replayed"))
+    assert replays == 15

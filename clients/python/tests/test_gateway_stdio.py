@@ -258,3 +258,40 @@ def test_a_lost_answer_whose_effect_did_not_happen_may_act_again(
     assert lost.is_error and "found no trace" in texts(lost)[0]
     assert not again.is_error and texts(again)[0].startswith("sent #1")
     assert len(gw.effects()) == 1, "not done, then done once"
+
+
+def test_a_pydantic_ai_agent_with_its_own_mcp_client_gets_one_effect_per_intent(
+        ledger_bin: Path, tmp_path: Path) -> None:
+    """pydantic-ai's MCPToolset (its FastMCP client) pointed at the gateway, no ledger code in
+    the agent: the model asks for the same email twice at once, then once more respelled."""
+    from fastmcp.client.transports import StdioTransport
+    from pydantic_ai import Agent
+    from pydantic_ai.mcp import MCPToolset
+    from pydantic_ai.messages import (ModelMessage, ModelResponse, TextPart, ToolCallPart,
+                                      ToolReturnPart)
+    from pydantic_ai.models.function import AgentInfo, FunctionModel
+
+    gw = gateway(ledger_bin, tmp_path)
+    respelled = {"subject": EMAIL["subject"], "to": EMAIL["to"]}
+
+    def respond(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
+        turn = sum(1 for m in messages if isinstance(m, ModelResponse))
+        if turn == 0:
+            return ModelResponse(parts=[ToolCallPart("send_email", EMAIL, tool_call_id="c1"),
+                                        ToolCallPart("send_email", EMAIL, tool_call_id="c2")])
+        if turn == 1:
+            return ModelResponse(parts=[ToolCallPart("send_email", respelled,
+                                                     tool_call_id="c3")])
+        return ModelResponse(parts=[TextPart("sent")])
+
+    toolset = MCPToolset(StdioTransport(str(ledger_bin), gw.argv(), env=gw.env()))
+    agent = Agent(FunctionModel(respond), toolsets=[toolset])
+    result = agent.run_sync("send the weekly report to ops")
+    outputs = [str(part.content) for m in result.all_messages() for part in m.parts
+               if isinstance(part, ToolReturnPart)]
+    assert len(outputs) == 3, outputs
+    assert len(gw.effects()) == 1, "three calls of one intent, one email"
+    # pydantic-ai gives the model the structured result (the same for the repeats, stored),
+    # not the text blocks where the note is: the repeats read as the first did.
+    assert outputs == [outputs[0]] * 3, outputs
+    assert len(gw.calls("send_email")) == 1
