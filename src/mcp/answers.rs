@@ -107,6 +107,13 @@ pub fn error_text(result: &Value) -> String {
     }
 }
 
+/// Whether a result asks the client for input before the tool goes on (`resultType`
+/// `input_required`, the stateless revision's multi-round trip).
+#[must_use]
+pub fn asks_for_input(result: &Value) -> bool {
+    result.get("resultType").and_then(Value::as_str) == Some("input_required")
+}
+
 /// Whether a `CallToolResult` says the tool failed.
 #[must_use]
 pub fn is_error(result: &Value) -> bool {
@@ -169,7 +176,10 @@ mod tests {
             "the upstream's own _meta stays"
         );
         assert_eq!(out["_meta"][KEY], "k-1");
-        assert_eq!(out["resultType"], "complete", "what a stateless client requires");
+        assert_eq!(
+            out["resultType"], "complete",
+            "what a stateless client requires"
+        );
         assert!(!is_error(&out));
         // Something else stored: carried as text.
         let odd = replayed(b"plain bytes", note, "k-2");

@@ -86,6 +86,8 @@ pub struct Gateway {
     reads: AtomicU64,
     /// Set once the log said the upstream's name is unknown.
     warned_unnamed: std::sync::atomic::AtomicBool,
+    /// Set once a `tools/list` result taught the tools' hints.
+    listed: std::sync::atomic::AtomicBool,
 }
 
 impl Gateway {
@@ -109,6 +111,7 @@ impl Gateway {
             principal: ArcSwap::from_pointee(Principal::none()),
             reads: AtomicU64::new(1),
             warned_unnamed: std::sync::atomic::AtomicBool::new(false),
+            listed: std::sync::atomic::AtomicBool::new(false),
         }
     }
 
@@ -153,6 +156,8 @@ impl Gateway {
         let Some(tools) = result.get("tools").and_then(Value::as_array) else {
             return;
         };
+        self.listed
+            .store(true, std::sync::atomic::Ordering::Relaxed);
         let mut hints = self
             .hints
             .lock()
@@ -164,11 +169,38 @@ impl Gateway {
         }
     }
 
-    /// Asks the upstream its name (`server/discover`, carrying the protocol members of the
-    /// client's `call`'s `_meta`), for an upstream the client never asked; a session-based
-    /// upstream does not know the method, and its name stays unknown (entries are then
+    /// What a call needs to know of the upstream and the gateway has not learned from the
+    /// client's own requests, asked of the upstream itself: its name (`server/discover`) and
+    /// its tools' hints (`tools/list`; a client of the stateless revision need not list them).
+    /// Each carries the protocol members of the client's `call`'s `_meta`. A session-based
+    /// upstream does not know `server/discover`: its name then stays unknown (entries are
     /// `upstream/<tool>`, which the log says once: pass `--name`).
-    pub async fn ask_name(&self, call: &Value, upstream: &dyn Upstream) {
+    async fn learn_what_is_missing(&self, call: &Value, upstream: &dyn Upstream) {
+        if !self.knows_upstream() {
+            if let Some(result) = self.ask(call, "server/discover", upstream).await {
+                self.learn_from_discover(&result);
+            }
+            if !self.knows_upstream()
+                && !self
+                    .warned_unnamed
+                    .swap(true, std::sync::atomic::Ordering::Relaxed)
+            {
+                tracing::warn!(
+                    "the upstream did not say its name: its tools are recorded as \
+                     upstream/<tool>; pass --name to name it"
+                );
+            }
+        }
+        // Asked once: an upstream that cannot list its tools governs them all.
+        if !self.listed.swap(true, std::sync::atomic::Ordering::Relaxed)
+            && let Some(result) = self.ask(call, "tools/list", upstream).await
+        {
+            self.learn_tools(&result);
+        }
+    }
+
+    /// The result of the gateway's own request `method` to the upstream, if it answered one.
+    async fn ask(&self, call: &Value, method: &str, upstream: &dyn Upstream) -> Option<Value> {
         let n = self
             .reads
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
@@ -182,27 +214,15 @@ impl Gateway {
         }
         let request = serde_json::json!({
             "jsonrpc": "2.0",
-            "id": format!("idempotency-ledger-gateway:discover:{n}"),
-            "method": "server/discover",
+            "id": format!("idempotency-ledger-gateway:{method}:{n}"),
+            "method": method,
             "params": {"_meta": meta},
         });
         let (_never, cancelled) = watch::channel(false);
-        let answer =
-            tokio::time::timeout(Duration::from_secs(10), upstream.call(request, cancelled)).await;
-        if let Ok(Answer::Response(response)) = answer
-            && let Some(result) = response.get("result")
+        match tokio::time::timeout(Duration::from_secs(10), upstream.call(request, cancelled)).await
         {
-            self.learn_from_discover(result);
-        }
-        if !self.knows_upstream()
-            && !self
-                .warned_unnamed
-                .swap(true, std::sync::atomic::Ordering::Relaxed)
-        {
-            tracing::warn!(
-                "the upstream did not say its name: its tools are recorded as upstream/<tool>; \
-                 pass --name to name it"
-            );
+            Ok(Answer::Response(response)) => response.get("result").cloned(),
+            _ => None,
         }
     }
 
@@ -249,6 +269,7 @@ impl Gateway {
         upstream: &dyn Upstream,
         cancelled: watch::Receiver<bool>,
     ) -> Option<Value> {
+        self.learn_what_is_missing(&message, upstream).await;
         let params = message.get("params").cloned().unwrap_or(Value::Null);
         let Some(name) = params
             .get("name")
@@ -405,6 +426,19 @@ impl Gateway {
         let key = entry.key.as_str().to_owned();
         let (status, result, error, retryable, reply) = match answer {
             Answer::Response(response) => match (response.get("result"), response.get("error")) {
+                // The tool asks for input before it acts (the stateless revision's multi-round
+                // trip): not an outcome. Nothing was done yet, so the attempt is a retryable
+                // failure, and the client's next round (the same call with its answers) claims
+                // the intent again and acts.
+                (Some(result), _) if answers::asks_for_input(result) => (
+                    FinalStatus::Failed,
+                    Vec::new(),
+                    "the tool asked for input before acting (input_required): nothing was done \
+                     yet"
+                    .to_string(),
+                    true,
+                    Some(response.clone()),
+                ),
                 (Some(result), _) if answers::is_error(result) => (
                     FinalStatus::Failed,
                     Vec::new(),

@@ -295,9 +295,6 @@ impl Edge {
                 upstream: &edge.upstream,
                 headers: headers.clone(),
             };
-            if !edge.gateway.knows_upstream() {
-                edge.gateway.ask_name(&message, &handle).await;
-            }
             let (_never, cancelled) = watch::channel(false);
             let answer = edge
                 .gateway

@@ -257,15 +257,19 @@ impl Router {
         let router = self.clone();
         tokio::spawn(async move {
             let handle = UpstreamHandle(router.clone());
-            if !router.gateway.knows_upstream() {
-                router.gateway.ask_name(&message, &handle).await;
-            }
             let answer = router
                 .gateway
                 .call_tool(None, message, &id, &handle, cancelled)
                 .await;
-            router.lock_cancels().remove(&rpc::id_key(&id));
-            if let Some(answer) = answer {
+            let cancelled = router
+                .lock_cancels()
+                .remove(&rpc::id_key(&id))
+                .is_some_and(|(cancel, _)| *cancel.borrow());
+            // A request the client cancelled is not answered (the protocol's rule), whoever
+            // answered it: the upstream, or the ledger (a replay, a call in progress).
+            if let Some(answer) = answer
+                && !cancelled
+            {
                 router.answer_client(answer);
             }
         });

@@ -256,7 +256,9 @@ fn the_settings_page_lists_every_flag_with_its_variable_and_default() {
     let gateway_section = "The MCP gateway (`idempotency-ledger mcp`)";
     let server_rows: BTreeMap<String, Row> = sections
         .iter()
-        .filter(|(title, _)| title.as_str() != connection_section && title.as_str() != gateway_section)
+        .filter(|(title, _)| {
+            title.as_str() != connection_section && title.as_str() != gateway_section
+        })
         .flat_map(|(_, rows)| rows.iter())
         .map(|(flag, row)| {
             (
@@ -305,7 +307,9 @@ fn the_settings_page_lists_every_flag_with_its_variable_and_default() {
     // The gateway's flags, in their own section.
     wrong.extend(compare(
         "mcp",
-        sections.get(gateway_section).expect("the gateway's section"),
+        sections
+            .get(gateway_section)
+            .expect("the gateway's section"),
         &expected(cli.find_subcommand("mcp").expect("mcp")),
     ));
     assert!(server_rows.len() > 40, "{} server rows", server_rows.len());

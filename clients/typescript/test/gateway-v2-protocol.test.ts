@@ -2,13 +2,11 @@
 // beyond a plain call, in front of the counted upstream (support/gateway-upstream.ts, v2 server).
 // It proves: a tool that asks the user to confirm, on the session-based revision (an
 // `elicitation/create` request inside the call, passed through both ways), acts once and its
-// repeat replays without asking again; a call the client cancels after it was sent is never sent
-// again. Two tests are marked todo: they show what the gateway does not handle yet, and fail
-// today without failing the suite — on 2026-07-28, a tool's `input_required` answer (the
-// multi-round-trip: the client answers by calling again with `inputResponses`) is recorded as the
-// call's final result, so the answered call is replayed that question and never acts; and a tool
-// annotated readOnlyHint is governed (and replayed stale) when the client did not list the tools
-// through this gateway process, as a v2 client need not.
+// repeat replays without asking again; on 2026-07-28, a tool's `input_required` answer (the
+// multi-round trip: the client answers by calling again with `inputResponses`) is not an outcome,
+// so the answered call acts once; a call the client cancels after it was sent is never sent
+// again; and a tool annotated readOnlyHint passes live even when the client never listed the
+// tools through this gateway (the gateway asks tools/list itself).
 
 import assert from "node:assert/strict";
 import { afterEach, describe, test } from "node:test";
@@ -48,7 +46,7 @@ describe("MCP gateway and the v2 client's protocol: elicitation, cancellation, h
 
   test(
     "v2 on 2026-07-28: a tool that asks the user to confirm (input_required) acts once the user answered",
-    { ...TIMEOUT, todo: "the gateway records the input_required answer as the call's result and replays it to the answered call" },
+    TIMEOUT,
     async () => {
       const gw = gateway();
       const client = await gw.connect("v2 on 2026-07-28", { answer: { confirm: true } });
@@ -88,7 +86,7 @@ describe("MCP gateway and the v2 client's protocol: elicitation, cancellation, h
 
   test(
     "v2 on 2026-07-28: a read-only tool passes through live even when the client never listed the tools",
-    { ...TIMEOUT, todo: "the gateway learns readOnlyHint only from a tools/list the client sent through it" },
+    TIMEOUT,
     async () => {
       const gw = gateway();
       const client = await gw.connect("v2 on 2026-07-28");
