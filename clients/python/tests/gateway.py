@@ -31,6 +31,8 @@ class Gateway:
     directory: Path
     flags: list[str] = field(default_factory=list)
     policy: str | None = None
+    #: The ledger's store; the directory's SQLite file by default.
+    database_url: str | None = None
 
     @property
     def database(self) -> Path:
@@ -38,7 +40,8 @@ class Gateway:
 
     def argv(self) -> list[str]:
         """The gateway's arguments: its store, its flags, then the upstream after ``--``."""
-        args = ["mcp", "--database-url", f"sqlite://{self.database}", *self.flags]
+        args = ["mcp", "--database-url", self.database_url or f"sqlite://{self.database}",
+                *self.flags]
         if self.policy is not None:
             policy = self.directory / "policy"
             policy.write_text(self.policy, encoding="utf-8")

@@ -295,3 +295,44 @@ def test_a_pydantic_ai_agent_with_its_own_mcp_client_gets_one_effect_per_intent(
     # not the text blocks where the note is: the repeats read as the first did.
     assert outputs == [outputs[0]] * 3, outputs
     assert len(gw.calls("send_email")) == 1
+
+
+def test_a_gated_call_a_person_decides_acts_once_on_the_repeat_and_a_denied_one_never(
+        ledger_bin: Path, tmp_path: Path) -> None:
+    """The gateway and a ledger server share PostgreSQL; the person decides with the CLI."""
+    from gateway import postgres
+    from idempotency_ledger import Ledger
+    from idempotency_ledger.testing import LedgerServer
+
+    refund = {"to": "billing@example.com", "subject": "refund 900"}
+    with postgres() as database:
+        server = LedgerServer(ledger_bin, directory=tmp_path / "server",
+                              database_url=database).start()
+        try:
+            gw = Gateway(ledger_bin, tmp_path, [], "send_email gate\n", database)
+
+            async def twice(arguments: dict[str, str]) -> list[Any]:
+                async with Client(gw.params(), mode="legacy") as client:
+                    return [await client.call_tool("send_email", arguments)]
+
+            asked = anyio.run(twice, EMAIL)[0]
+            other = anyio.run(twice, refund)[0]
+            assert asked.meta["idempotency-ledger/status"] == "AWAITING_APPROVAL"
+            assert gw.calls() == [], "nothing is sent before a decision"
+            with Ledger(server.address) as ledger:
+                for result, verdict in [(asked, "approve"), (other, "deny")]:
+                    key = result.meta["idempotency-ledger/key"]
+                    fingerprint = ledger.lookup(key=key).fingerprint
+                    subprocess.run([str(ledger_bin), verdict, key, "--fingerprint", fingerprint,
+                                    "--reason", "checked", "--server", server.address],
+                                   check=True, capture_output=True)
+            approved = anyio.run(twice, EMAIL)[0]
+            again = anyio.run(twice, EMAIL)[0]
+            denied = anyio.run(twice, refund)[0]
+        finally:
+            server.stop()
+    assert not approved.is_error and texts(approved)[0].startswith("sent #1")
+    assert again.meta["idempotency-ledger/replayed"] is True
+    assert denied.is_error and denied.meta["idempotency-ledger/status"] == "DENIED"
+    assert "checked" in texts(denied)[0], "the person's reason"
+    assert len(gw.effects()) == 1, "the approved call once, the denied never"
