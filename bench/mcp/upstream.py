@@ -19,6 +19,6 @@ def act(n: int) -> str:
 
 if __name__ == "__main__":
     if len(sys.argv) == 3 and sys.argv[1] == "--http":
-        server.run("streamable-http", port=int(sys.argv[2]), log_level="WARNING")  # type: ignore[call-overload]
+        server.run("streamable-http", port=int(sys.argv[2]))  # type: ignore[call-overload]
     else:
         server.run("stdio")
