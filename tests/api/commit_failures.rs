@@ -103,24 +103,7 @@ impl CommitFailure {
     }
 
     async fn run(&self, statement: &'static str) {
-        match self.backend {
-            Backend::Postgres | Backend::PgBouncer => {
-                let pool = sqlx::PgPool::connect(&self.url).await.expect("connect");
-                sqlx::raw_sql(statement)
-                    .execute(&pool)
-                    .await
-                    .expect(statement);
-                pool.close().await;
-            }
-            Backend::Sqlite => {
-                let pool = sqlx::SqlitePool::connect(&self.url).await.expect("connect");
-                sqlx::raw_sql(statement)
-                    .execute(&pool)
-                    .await
-                    .expect(statement);
-                pool.close().await;
-            }
-        }
+        crate::support::execute_on(self.backend, &self.url, statement).await;
     }
 
     async fn arm(&self) {

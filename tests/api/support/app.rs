@@ -45,6 +45,28 @@ pub struct TestDb {
     _dir: Option<tempfile::TempDir>,
 }
 
+/// Runs `statement` on the database of `backend` at `url`, on a connection of its own.
+pub async fn execute_on(backend: Backend, url: &str, statement: &'static str) {
+    match backend {
+        Backend::Postgres | Backend::PgBouncer => {
+            let pool = sqlx::PgPool::connect(url).await.expect("connect");
+            sqlx::raw_sql(statement)
+                .execute(&pool)
+                .await
+                .expect(statement);
+            pool.close().await;
+        }
+        Backend::Sqlite => {
+            let pool = sqlx::SqlitePool::connect(url).await.expect("connect");
+            sqlx::raw_sql(statement)
+                .execute(&pool)
+                .await
+                .expect(statement);
+            pool.close().await;
+        }
+    }
+}
+
 impl TestDb {
     pub fn new(backend: Backend) -> TestDb {
         match backend {
@@ -117,28 +139,7 @@ impl TestDb {
     /// Runs `statement` on the database itself, as an operator (or a race the test cannot
     /// time) would leave it.
     pub async fn execute(&self, statement: &'static str) {
-        match self.backend {
-            Backend::Postgres | Backend::PgBouncer => {
-                let pool = sqlx::PgPool::connect(&self.direct_url)
-                    .await
-                    .expect("connect");
-                sqlx::raw_sql(statement)
-                    .execute(&pool)
-                    .await
-                    .expect(statement);
-                pool.close().await;
-            }
-            Backend::Sqlite => {
-                let pool = sqlx::SqlitePool::connect(&self.direct_url)
-                    .await
-                    .expect("connect");
-                sqlx::raw_sql(statement)
-                    .execute(&pool)
-                    .await
-                    .expect(statement);
-                pool.close().await;
-            }
-        }
+        execute_on(self.backend, &self.direct_url, statement).await;
     }
 
     /// A new, migrated store over this database, with its own connection pool.
