@@ -6,6 +6,8 @@
 //! after it was sent) is recorded as unknown, never sent again.
 
 mod confirm;
+mod learn;
+mod outcome;
 
 use std::collections::HashMap;
 use std::sync::atomic::AtomicU64;
@@ -17,14 +19,15 @@ use async_trait::async_trait;
 use serde_json::Value;
 use tokio::sync::watch;
 
-use super::answers::{self, LOST_NOTE, RUN};
+use super::answers::{self, RUN};
 use super::policy::{Governance, Hints, McpPolicy, Once};
 use super::rpc;
-use crate::domain::key::{ClaimKey, ClaimToken, Principal, RunId, ToolName};
+use crate::domain::key::{ClaimKey, Principal, RunId, ToolName};
 use crate::domain::{FinalStatus, Status, Tenant};
 use crate::error::LedgerError;
-use crate::ledger::{ClaimInput, ClaimOutput, CompleteInput, Ledger, Outcome, RenewInput, WaitFor};
+use crate::ledger::{ClaimInput, ClaimOutput, CompleteInput, Ledger, Outcome, WaitFor};
 use confirm::Settled;
+use outcome::outcome_of;
 
 /// How the gateway governs calls, from its command line.
 #[derive(Clone, Debug)]
@@ -130,111 +133,6 @@ impl Gateway {
     #[must_use]
     pub fn knows_upstream(&self) -> bool {
         !self.upstream.load().is_empty()
-    }
-
-    /// Learns the upstream's name from what it said of itself, unless one is known (the
-    /// command line's, or an earlier one: a name never changes under running entries).
-    pub fn learn_upstream(&self, name: &str) {
-        if !self.knows_upstream() && !name.is_empty() {
-            tracing::info!(
-                upstream = name,
-                "the upstream's name: its tools are <name>/<tool>"
-            );
-            self.upstream.store(Arc::new(name.to_string()));
-        }
-    }
-
-    /// Learns who the client is, for the entries' principal.
-    pub fn learn_client(&self, name: &str) {
-        if let Ok(principal) = Principal::parse(&format!("mcp:{name}")) {
-            self.principal.store(Arc::new(principal));
-        }
-    }
-
-    /// Learns the tools' hints from a `tools/list` result.
-    pub fn learn_tools(&self, result: &Value) {
-        let Some(tools) = result.get("tools").and_then(Value::as_array) else {
-            return;
-        };
-        self.listed
-            .store(true, std::sync::atomic::Ordering::Relaxed);
-        let mut hints = self
-            .hints
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        for tool in tools {
-            if let Some(name) = tool.get("name").and_then(Value::as_str) {
-                hints.insert(name.to_string(), Hints::of(tool));
-            }
-        }
-    }
-
-    /// What a call needs to know of the upstream and the gateway has not learned from the
-    /// client's own requests, asked of the upstream itself: its name (`server/discover`) and
-    /// its tools' hints (`tools/list`; a client of the stateless revision need not list them).
-    /// Each carries the protocol members of the client's `call`'s `_meta`. A session-based
-    /// upstream does not know `server/discover`: its name then stays unknown (entries are
-    /// `upstream/<tool>`, which the log says once: pass `--name`).
-    async fn learn_what_is_missing(&self, call: &Value, upstream: &dyn Upstream) {
-        if !self.knows_upstream() {
-            if let Some(result) = self.ask(call, "server/discover", upstream).await {
-                self.learn_from_discover(&result);
-            }
-            if !self.knows_upstream()
-                && !self
-                    .warned_unnamed
-                    .swap(true, std::sync::atomic::Ordering::Relaxed)
-            {
-                tracing::warn!(
-                    "the upstream did not say its name: its tools are recorded as \
-                     upstream/<tool>; pass --name to name it"
-                );
-            }
-        }
-        // Asked once: an upstream that cannot list its tools governs them all.
-        if !self.listed.swap(true, std::sync::atomic::Ordering::Relaxed)
-            && let Some(result) = self.ask(call, "tools/list", upstream).await
-        {
-            self.learn_tools(&result);
-        }
-    }
-
-    /// The result of the gateway's own request `method` to the upstream, if it answered one.
-    async fn ask(&self, call: &Value, method: &str, upstream: &dyn Upstream) -> Option<Value> {
-        let n = self
-            .reads
-            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let mut meta = serde_json::Map::new();
-        if let Some(object) = call.pointer("/params/_meta").and_then(Value::as_object) {
-            for (key, value) in object {
-                if key.starts_with("io.modelcontextprotocol/") {
-                    meta.insert(key.clone(), value.clone());
-                }
-            }
-        }
-        let request = serde_json::json!({
-            "jsonrpc": "2.0",
-            "id": format!("idempotency-ledger-gateway:{method}:{n}"),
-            "method": method,
-            "params": {"_meta": meta},
-        });
-        let (_never, cancelled) = watch::channel(false);
-        match tokio::time::timeout(Duration::from_secs(10), upstream.call(request, cancelled)).await
-        {
-            Ok(Answer::Response(response)) => response.get("result").cloned(),
-            _ => None,
-        }
-    }
-
-    /// Learns the upstream's name from a `server/discover` result (or an initialize one).
-    pub fn learn_from_discover(&self, result: &Value) {
-        let name = result
-            .pointer("/_meta/io.modelcontextprotocol~1serverInfo/name")
-            .or_else(|| result.pointer("/serverInfo/name"))
-            .and_then(Value::as_str);
-        if let Some(name) = name {
-            self.learn_upstream(name);
-        }
     }
 
     /// Whether the `tools/call` request `message` goes through the ledger (its cancellation
@@ -424,76 +322,13 @@ impl Gateway {
         };
         let was_cancelled = *cancelled.borrow_and_update();
         let key = entry.key.as_str().to_owned();
-        let (status, result, error, retryable, reply) = match answer {
-            Answer::Response(response) => match (response.get("result"), response.get("error")) {
-                // The tool asks for input before it acts (the stateless revision's multi-round
-                // trip): not an outcome. Nothing was done yet, so the attempt is a retryable
-                // failure, and the client's next round (the same call with its answers) claims
-                // the intent again and acts.
-                (Some(result), _) if answers::asks_for_input(result) => (
-                    FinalStatus::Failed,
-                    Vec::new(),
-                    "the tool asked for input before acting (input_required): nothing was done \
-                     yet"
-                    .to_string(),
-                    true,
-                    Some(response.clone()),
-                ),
-                (Some(result), _) if answers::is_error(result) => (
-                    FinalStatus::Failed,
-                    Vec::new(),
-                    answers::error_text(result),
-                    !call.once.errors_final,
-                    Some(response.clone()),
-                ),
-                (Some(result), _) => (
-                    FinalStatus::Succeeded,
-                    serde_json::to_vec(result).unwrap_or_default(),
-                    String::new(),
-                    false,
-                    Some(response.clone()),
-                ),
-                // A refusal of the request itself (malformed, no such method, bad params: an
-                // unknown tool, arguments its schema refuses): the tool never ran.
-                (None, Some(error)) if rpc::refused_before_acting(error) => (
-                    FinalStatus::Failed,
-                    Vec::new(),
-                    error
-                        .get("message")
-                        .and_then(Value::as_str)
-                        .unwrap_or("the upstream refused the call")
-                        .to_string(),
-                    true,
-                    Some(response.clone()),
-                ),
-                // Any other error (an internal one, a cancellation, a timeout of its own) may
-                // come after the tool acted: its outcome is unknown.
-                (None, error) => (
-                    FinalStatus::Unknown,
-                    Vec::new(),
-                    format!(
-                        "the upstream answered with an error that does not say whether the tool \
-                         acted: {}",
-                        error.map_or_else(|| "no result".to_string(), Value::to_string)
-                    ),
-                    false,
-                    Some(rpc::result(
-                        call.id,
-                        answers::not_done("UNKNOWN", LOST_NOTE, &key),
-                    )),
-                ),
-            },
-            Answer::Lost(why) => (
-                FinalStatus::Unknown,
-                Vec::new(),
-                why,
-                false,
-                Some(rpc::result(
-                    call.id,
-                    answers::not_done("UNKNOWN", LOST_NOTE, &key),
-                )),
-            ),
-        };
+        let outcome::Outcome {
+            status,
+            result,
+            error,
+            retryable,
+            reply,
+        } = outcome_of(call, answer, &key);
         let recorded = self
             .record(
                 &call.tenant,
@@ -516,89 +351,6 @@ impl Gateway {
         };
         // A cancelled request gets no answer (the protocol's rule); its outcome is recorded.
         if was_cancelled { None } else { reply }
-    }
-
-    /// The answer to a call whose own answer was lost, once its paired read said what it
-    /// could: the effect found (the read's result, marked replayed), not found (safe to call
-    /// again), or still unknown.
-    async fn settled_answer(
-        &self,
-        call: &Call<'_>,
-        unknown: &crate::ledger::EntryView,
-        confirm: &super::policy::Confirm,
-        upstream: &dyn Upstream,
-    ) -> Value {
-        let key = unknown.entry.key.as_str();
-        match self.settle(call, unknown, confirm, upstream).await {
-            Settled::Found(stored) => serde_json::from_slice(&stored)
-                .unwrap_or_else(|_| answers::not_done("SUCCEEDED", LOST_NOTE, key)),
-            Settled::NotFound => answers::not_done(
-                "FAILED",
-                &format!(
-                    "This action was not performed: its answer was lost, and {} found no trace \
-                     of it. It is safe to call it again with the same arguments.",
-                    confirm.tool
-                ),
-                key,
-            ),
-            Settled::Unsettled => answers::not_done("UNKNOWN", LOST_NOTE, key),
-        }
-    }
-
-    /// Records the attempt's outcome, and returns the entry as recorded; a Complete that
-    /// fails leaves the attempt to its lease's end (then UNKNOWN, for reconciliation), which
-    /// the log says.
-    async fn record(
-        &self,
-        tenant: &Tenant,
-        input: CompleteInput,
-    ) -> Option<crate::ledger::EntryView> {
-        let key = input.key.clone();
-        match self.ledger.complete(tenant, input).await {
-            Ok(done) => {
-                tracing::info!(
-                    key = key.log_prefix(),
-                    tool = done.entry.entry.tool.as_str(),
-                    status = done.entry.status.as_str(),
-                    "a governed call acted; its outcome is recorded"
-                );
-                Some(done.entry)
-            }
-            Err(e) => {
-                tracing::warn!(
-                    key = key.log_prefix(),
-                    error = %e,
-                    "the outcome of a call that acted could not be recorded: it reads as unknown \
-                     once its lease ends, for reconciliation"
-                );
-                None
-            }
-        }
-    }
-
-    /// Renews the attempt's lease every third of it while the upstream works; returns only
-    /// when a renewal is refused (the lease ended meanwhile), which ends the wait as unknown.
-    async fn renew_while_waiting(
-        &self,
-        tenant: &Tenant,
-        key: crate::domain::Key,
-        token: ClaimToken,
-    ) {
-        let every = self.rules.lease / 3;
-        loop {
-            tokio::time::sleep(every).await;
-            let input = RenewInput {
-                key: key.clone(),
-                claim_token: token.clone(),
-                lease: Some(self.rules.lease),
-            };
-            match self.ledger.renew_lease(tenant, input).await {
-                Ok(_) => {}
-                Err(LedgerError::LeaseEnded(_) | LedgerError::StaleClaimToken) => return,
-                // The store is away: the next renewal may pass; the lease may end meanwhile.
-                Err(e) => tracing::warn!(error = %e, "a lease renewal failed; trying again"),
-            }
-        }
     }
 
     /// The entry's tool: `<upstream>/<tool>`.

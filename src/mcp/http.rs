@@ -142,6 +142,18 @@ async fn handle(
             );
         }
     };
+    route(edge, tenant, message, headers, bytes).await
+}
+
+/// Routes a message that passed the edge's checks: a `tools/call` to the gateway, what teaches
+/// it to the upstream and back through it, anything else straight through.
+async fn route(
+    edge: Arc<Edge>,
+    tenant: Tenant,
+    message: Value,
+    headers: HeaderMap,
+    bytes: Bytes,
+) -> Response {
     match rpc::kind(&message) {
         Kind::Request {
             id,
