@@ -77,14 +77,16 @@ impl Classify for StoreError {
     /// no PostgreSQL's (`Protocol`: a proxy that accepted the connection and closed it before
     /// answering the SSLRequest is read as the byte 0x00), or a certificate or key file that
     /// cannot be read (`Configuration`). sqlx's pool timing out while it had room to open a
-    /// connection is [`StoreError::Unreachable`].
+    /// connection, or while the connections it had were being checked (the ping sqlx sends
+    /// on a connection given back, or before it lends one idle a while), is
+    /// [`StoreError::Unreachable`]: the database did not answer in time.
     fn from_opening(
         err: sqlx::Error,
         classify: impl FnOnce(sqlx::Error) -> StoreError,
     ) -> StoreError {
         match err {
             sqlx::Error::PoolTimedOut => StoreError::Unreachable(
-                "no connection could be opened within --db-acquire-timeout".to_string(),
+                "no connection could be opened or checked within --db-acquire-timeout".to_string(),
             ),
             err @ sqlx::Error::Database(_) => match classify(err) {
                 StoreError::Internal(detail) => StoreError::Unavailable(detail),
