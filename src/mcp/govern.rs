@@ -5,6 +5,7 @@
 //! and an answer that is lost (the upstream died, the call timed out, the client cancelled it
 //! after it was sent) is recorded as unknown, never sent again.
 
+mod at_client;
 mod confirm;
 mod learn;
 mod outcome;
@@ -26,6 +27,8 @@ use crate::domain::key::{ClaimKey, Principal, RunId, ToolName};
 use crate::domain::{FinalStatus, Status, Tenant};
 use crate::error::LedgerError;
 use crate::ledger::{ClaimInput, ClaimOutput, CompleteInput, Ledger, Outcome, WaitFor};
+use at_client::PersonAnswer;
+pub use at_client::Seal;
 use confirm::Settled;
 use outcome::outcome_of;
 
@@ -48,6 +51,9 @@ pub struct Rules {
     /// How long an outcome stays unknown before its paired read asks the upstream (an effect
     /// may still be landing right after the answer was lost: `--confirm-after`).
     pub confirm_after: Duration,
+    /// A gated call asks the person at the client, where the client can show a form
+    /// (`--approvals-at-client`): the answer decides under the gateway's authority.
+    pub approvals_at_client: bool,
 }
 
 /// What the upstream answered a message the gateway forwarded, or why no answer will come.
@@ -65,6 +71,14 @@ pub enum Answer {
 pub trait Upstream: Send + Sync {
     /// Sends `request` (with the id it carries) and waits for the upstream's answer.
     async fn call(&self, request: Value, cancelled: watch::Receiver<bool>) -> Answer;
+
+    /// Asks the client's user (an `elicitation/create` request with `params`, on a
+    /// session-based revision, where the client declared it can be asked) and waits for the
+    /// result, until the call is cancelled. `None` when this transport cannot ask the client,
+    /// or no answer came.
+    async fn elicit(&self, _params: Value, _cancelled: watch::Receiver<bool>) -> Option<Value> {
+        None
+    }
 }
 
 /// The gateway's ledger side: the ledger, the tenant it writes for, its rules and policy, and
@@ -91,11 +105,14 @@ pub struct Gateway {
     warned_unnamed: std::sync::atomic::AtomicBool,
     /// Set once a `tools/list` result taught the tools' hints.
     listed: std::sync::atomic::AtomicBool,
+    /// Seals the questions a person at the client is asked (`--approvals-at-client`).
+    seal: Seal,
 }
 
 impl Gateway {
     /// A gateway over `ledger` for `tenant`, with `rules` and `policy`; `name` is the
-    /// upstream's name when the command line gives one.
+    /// upstream's name when the command line gives one; `seal` seals its questions to a person
+    /// at the client.
     #[must_use]
     pub fn new(
         ledger: Ledger,
@@ -103,6 +120,7 @@ impl Gateway {
         rules: Rules,
         policy: McpPolicy,
         name: Option<String>,
+        seal: Seal,
     ) -> Gateway {
         Gateway {
             ledger,
@@ -115,6 +133,7 @@ impl Gateway {
             reads: AtomicU64::new(1),
             warned_unnamed: std::sync::atomic::AtomicBool::new(false),
             listed: std::sync::atomic::AtomicBool::new(false),
+            seal,
         }
     }
 
@@ -168,6 +187,12 @@ impl Gateway {
         cancelled: watch::Receiver<bool>,
     ) -> Option<Value> {
         self.learn_what_is_missing(&message, upstream).await;
+        // A person's answer to the gateway's question is the gateway's, never the upstream's.
+        let mut message = message;
+        let answer = message
+            .get_mut("params")
+            .and_then(Value::as_object_mut)
+            .and_then(PersonAnswer::take_from);
         let params = message.get("params").cloned().unwrap_or(Value::Null);
         let Some(name) = params
             .get("name")
@@ -209,6 +234,7 @@ impl Gateway {
             arguments,
             meta: params.get("_meta").cloned().unwrap_or(Value::Null),
             once,
+            answer,
         };
         match self.govern(&call, upstream, cancelled).await {
             Ok(answer) => answer,
@@ -247,6 +273,11 @@ impl Gateway {
             .claim(&call.tenant, input.clone())
             .await
             .map_err(|e| refusal(call.id, &e))?;
+        if claimed.outcome == Outcome::AwaitingApproval && self.rules.approvals_at_client {
+            return self
+                .at_client(call, claimed, input, upstream, cancelled)
+                .await;
+        }
         // A repeat that meets an outcome nobody knows asks the paired read, when there is one;
         // what it settles decides this call (found: replayed; not found: this call acts).
         if claimed.outcome == Outcome::InProgress
@@ -269,14 +300,7 @@ impl Gateway {
             Outcome::Replayed => {
                 answers::replayed(&claimed.entry.entry.result, &claimed.note, &key)
             }
-            Outcome::InProgress => {
-                answers::not_done(claimed.entry.status.as_str(), &claimed.note, &key)
-            }
-            Outcome::PreviouslyFailed => answers::not_done("FAILED", &claimed.note, &key),
-            Outcome::AwaitingApproval => {
-                answers::not_done("AWAITING_APPROVAL", &claimed.note, &key)
-            }
-            Outcome::Denied => answers::not_done("DENIED", &claimed.note, &key),
+            outcome => answers::not_done(status_told(outcome, &claimed), &claimed.note, &key),
         };
         tracing::info!(
             key = claimed.entry.entry.key.log_prefix(),
@@ -426,6 +450,20 @@ struct Call<'a> {
     meta: Value,
     /// How the policy governs it.
     once: Once,
+    /// The person's answer to the gateway's question, when it carries one.
+    answer: Option<PersonAnswer>,
+}
+
+/// The status a call answered without acting is told: the entry's own while in flight or
+/// unknown, else the outcome's.
+fn status_told(outcome: Outcome, claimed: &ClaimOutput) -> &str {
+    match outcome {
+        Outcome::InProgress => claimed.entry.status.as_str(),
+        Outcome::PreviouslyFailed => "FAILED",
+        Outcome::AwaitingApproval => "AWAITING_APPROVAL",
+        Outcome::Denied => "DENIED",
+        Outcome::Claimed | Outcome::Replayed => "SUCCEEDED",
+    }
 }
 
 /// The trace id of a W3C `traceparent` (`00-<32 hex>-<16 hex>-<2 hex>`), unless it is all

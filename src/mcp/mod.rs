@@ -33,7 +33,7 @@ pub mod stdio;
 pub mod upstream_http;
 
 use std::ffi::OsString;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -45,7 +45,7 @@ use crate::domain::time::{AlignedClock, Clock};
 use crate::ledger::{Ledger, Limits};
 use crate::server::ClockAlignment;
 use crate::storage::{self, PoolOptions, redact_url};
-use govern::{Gateway, Rules};
+use govern::{Gateway, Rules, Seal};
 use policy::McpPolicy;
 
 /// Stand between an MCP client and an MCP server: every side-effecting `tools/call` acts once
@@ -157,6 +157,21 @@ pub struct McpArgs {
     /// the answer was lost.
     #[arg(long, env = "LEDGER_MCP_CONFIRM_AFTER", default_value = "2s", value_parser = parse_duration)]
     pub confirm_after: Duration,
+
+    /// A gated call asks the person at the client (a form, on the 2026-07-28 revision's
+    /// input-required round trip) where the client says it can show one; the person's answer
+    /// decides under the gateway's authority, bound to the arguments shown. Without it (or for
+    /// a client that cannot be asked) an approver decides in the console or the CLI.
+    #[arg(long, env = "LEDGER_MCP_APPROVALS_AT_CLIENT")]
+    pub approvals_at_client: bool,
+
+    /// A file of secret bytes (32 or more; `head -c 32 /dev/urandom`) the gateway seals the
+    /// questions it asks at the client with, so that an answer sealed by one replica is read by
+    /// another: give every replica behind one address the same file. Without it each process
+    /// seals with a random key of its own (one replica, or stdio), and an answer that reaches
+    /// another replica asks the person again.
+    #[arg(long, env = "LEDGER_MCP_APPROVALS_SEAL_FILE")]
+    pub approvals_seal_file: Option<PathBuf>,
 }
 
 /// Why the gateway could not run.
@@ -221,6 +236,7 @@ pub async fn run(
         call_timeout: args.call_timeout,
         retention: args.retention,
         confirm_after: args.confirm_after,
+        approvals_at_client: args.approvals_at_client,
     };
     let gateway = Arc::new(Gateway::new(
         ledger,
@@ -228,6 +244,7 @@ pub async fn run(
         rules,
         policy,
         args.name.clone(),
+        seal(args.approvals_seal_file.as_deref())?,
     ));
     let upkeep = tokio::spawn(upkeep(gateway.clone(), clock, alignment));
     let reloader = args.mcp_policy.clone().map(|file| {
@@ -341,6 +358,29 @@ fn read_policy(file: Option<&std::path::Path>) -> Result<McpPolicy, McpError> {
     })?;
     McpPolicy::parse(&text)
         .map_err(|e| McpError::Config(format!("the MCP policy {}: {e}", file.display())))
+}
+
+/// The seal of the questions asked at the client: from `file` (shared by replicas), else
+/// random.
+fn seal(file: Option<&Path>) -> Result<Seal, McpError> {
+    let Some(file) = file else {
+        return Seal::random()
+            .map_err(|e| McpError::Config(format!("no randomness for the seal: {e}")));
+    };
+    let secret = std::fs::read(file).map_err(|e| {
+        McpError::Config(format!(
+            "--approvals-seal-file {}: cannot read it: {e}",
+            file.display()
+        ))
+    })?;
+    Seal::from_secret(&secret).ok_or_else(|| {
+        McpError::Config(format!(
+            "--approvals-seal-file {}: holds {} bytes; it needs 32 or more secret bytes \
+             (head -c 32 /dev/urandom > FILE)",
+            file.display(),
+            secret.len()
+        ))
+    })
 }
 
 /// The default store: a SQLite file in the user's state directory, made if missing.

@@ -35,6 +35,9 @@ const CANCEL_GRACE: Duration = Duration::from_secs(5);
 /// How long the gateway waits for its own requests (the re-introduction after a restart, the
 /// question of the upstream's name).
 const OWN_REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long a person at the client is waited for (the call waits meanwhile); past it the
+/// call reads that a person has been asked, and an approver may decide elsewhere.
+const ASK_AT_MOST: Duration = Duration::from_secs(600);
 /// How long the tool calls in flight may take to finish once the client went away (or the
 /// gateway was told to stop), before the upstream is stopped under them.
 const DRAIN_GRACE: Duration = Duration::from_secs(10);
@@ -74,6 +77,11 @@ struct Router {
     introduction: Mutex<Option<(Value, Option<Value>)>>,
     /// The number of the gateway's next own request.
     own: AtomicU64,
+    /// The gateway's own requests to the client (a person asked about a gated call), by id:
+    /// the client's response goes to the one waiting, never to the upstream.
+    asking: Mutex<HashMap<String, oneshot::Sender<Value>>>,
+    /// Set when the client's `initialize` said it can be asked (`capabilities.elicitation`).
+    client_can_be_asked: AtomicBool,
     /// Set once the gateway stops: an upstream that exits is not restarted.
     stopping: AtomicBool,
 }
@@ -100,6 +108,8 @@ pub async fn serve(
         cancels: Mutex::default(),
         introduction: Mutex::default(),
         own: AtomicU64::new(1),
+        asking: Mutex::default(),
+        client_can_be_asked: AtomicBool::new(false),
         stopping: AtomicBool::new(false),
     });
     let writer = tokio::spawn(write_lines(output, client_lines));
@@ -205,7 +215,15 @@ impl Router {
                 }
                 self.send_upstream(message);
             }
-            Kind::Response { .. } => self.send_upstream(message),
+            Kind::Response { id } => {
+                let asked = self.lock_asking().remove(&rpc::id_key(id));
+                match asked {
+                    Some(waiter) => {
+                        let _ = waiter.send(message);
+                    }
+                    None => self.send_upstream(message),
+                }
+            }
             Kind::Batch => self.batch(message),
             Kind::Invalid(why) => {
                 let id = message
@@ -280,6 +298,11 @@ impl Router {
     }
 
     fn remember_introduction(&self, message: &Value) {
+        let can_be_asked = message
+            .pointer("/params/capabilities/elicitation")
+            .is_some_and(Value::is_object);
+        self.client_can_be_asked
+            .store(can_be_asked, Ordering::SeqCst);
         *self.lock_introduction() = Some((message.clone(), None));
     }
 
@@ -398,6 +421,12 @@ impl Router {
             .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
+    fn lock_asking(&self) -> std::sync::MutexGuard<'_, HashMap<String, oneshot::Sender<Value>>> {
+        self.asking
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
     fn lock_introduction(&self) -> std::sync::MutexGuard<'_, Option<(Value, Option<Value>)>> {
         self.introduction
             .lock()
@@ -436,5 +465,28 @@ impl Upstream for UpstreamHandle {
                 Answer::Lost("the client cancelled the call after it was sent".to_string())
             }
         }
+    }
+
+    async fn elicit(&self, params: Value, mut cancelled: watch::Receiver<bool>) -> Option<Value> {
+        if !self.0.client_can_be_asked.load(Ordering::SeqCst) {
+            return None;
+        }
+        let n = self.0.own.fetch_add(1, Ordering::Relaxed);
+        let id = Value::String(format!("idempotency-ledger-gateway:elicit:{n}"));
+        let (waiter, response) = oneshot::channel();
+        self.0.lock_asking().insert(rpc::id_key(&id), waiter);
+        self.0.answer_client(serde_json::json!({
+            "jsonrpc": "2.0",
+            "id": id,
+            "method": "elicitation/create",
+            "params": params,
+        }));
+        let answered = tokio::select! {
+            got = response => got.ok(),
+            _ = cancelled.wait_for(|c| *c) => None,
+            () = tokio::time::sleep(ASK_AT_MOST) => None,
+        };
+        self.0.lock_asking().remove(&rpc::id_key(&id));
+        answered.and_then(|response| response.get("result").cloned())
     }
 }

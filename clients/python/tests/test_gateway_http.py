@@ -13,7 +13,8 @@ from typing import Any
 import anyio
 import httpx2
 import pytest
-from gateway import Gateway, http_gateway, http_upstream, post, postgres, texts, tool_call
+from gateway import (STATELESS_META, Gateway, http_gateway, http_upstream, post, postgres, texts,
+                     tool_call)
 from mcp import Client
 from mcp.client.streamable_http import streamable_http_client
 
@@ -120,3 +121,42 @@ def test_sixteen_identical_calls_over_two_replicas_on_one_postgres_act_once(
     assert len(gw.calls("slow_send")) == 1
     replays = sum(1 for r in results if r.meta and r.meta.get("idempotency-ledger/replayed"))
     assert replays == 15
+
+
+def test_a_question_asked_by_one_replica_is_answered_at_another_that_shares_its_seal(
+        ledger_bin: Path, tmp_path: Path) -> None:
+    """``--approvals-at-client`` over HTTP on one PostgreSQL: the person's answer to the
+    question one replica asked acts once at the replica that shares its seal file; at a replica
+    with a key of its own it decides nothing (the person is asked again)."""
+    gw = Gateway(ledger_bin, tmp_path, ["--approvals-at-client"], "send_email gate\n")
+    seal = tmp_path / "seal"
+    seal.write_bytes(bytes(range(32)))
+    shared = ("--approvals-seal-file", str(seal))
+    can_be_asked = {**STATELESS_META,
+                    "io.modelcontextprotocol/clientCapabilities": {"elicitation": {"form": {}}}}
+
+    def call(url: str, id: int, answer: dict[str, Any] | None = None) -> dict[str, Any]:
+        message = tool_call(id, "send_email", EMAIL)
+        message["params"]["_meta"] = can_be_asked
+        if answer is not None:
+            message["params"].update(answer)
+        response = post(url, json.dumps(message))
+        assert response.status_code == 200, response.text
+        return response.json()["result"]
+
+    with postgres() as database, http_upstream(gw) as upstream, \
+            http_gateway(gw, upstream, *shared, database_url=database) as first, \
+            http_gateway(gw, upstream, *shared, database_url=database) as second, \
+            http_gateway(gw, upstream, database_url=database) as own_key:
+        asked = call(first, 1)
+        assert asked["resultType"] == "input_required", asked
+        answer = {"requestState": asked["requestState"],
+                  "inputResponses": {"idempotency-ledger/approval": {
+                      "action": "accept", "content": {"approve": True}}}}
+        elsewhere = call(own_key, 2, answer)
+        sent_before = len(gw.calls("send_email"))
+        acted = call(second, 3, answer)
+    assert elsewhere["resultType"] == "input_required", "another key: asked again"
+    assert sent_before == 0, "nothing was sent on an answer the replica could not open"
+    assert acted["content"][0]["text"].startswith("sent #1"), acted
+    assert len(gw.effects()) == 1

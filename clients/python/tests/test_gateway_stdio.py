@@ -337,3 +337,69 @@ def test_a_gated_call_a_person_decides_acts_once_on_the_repeat_and_a_denied_one_
     assert denied.is_error and denied.meta["idempotency-ledger/status"] == "DENIED"
     assert "checked" in texts(denied)[0], "the person's reason"
     assert len(gw.effects()) == 1, "the approved call once, the denied never"
+
+
+def asking_person(answer: dict[str, Any] | None, shown: list[str]) -> Any:
+    """The person at the client: shown the gateway's form, answers it (``None``: declines)."""
+    from mcp import types
+
+    async def person(context: Any, params: Any) -> Any:
+        shown.append(params.message)
+        if answer is None:
+            return types.ElicitResult(action="decline")
+        return types.ElicitResult(action="accept", content=answer)
+    return person
+
+
+@pytest.mark.parametrize("mode", REVISIONS)
+def test_a_gated_call_asked_at_the_client_acts_once_approved_and_never_denied(
+        ledger_bin: Path, tmp_path: Path, mode: str) -> None:
+    """``--approvals-at-client``: on 2026-07-28 the gateway's input-required round trip, on the
+    session-based revision its own elicitation/create request inside the call."""
+    gw = gateway(ledger_bin, tmp_path, "--approvals-at-client", policy="send_email gate\n")
+    refund = {"to": "billing@example.com", "subject": "refund 900"}
+    shown: list[str] = []
+
+    async def ask(arguments: dict[str, str], answer: dict[str, Any] | None) -> Any:
+        async with Client(gw.params(), mode=mode,
+                          elicitation_callback=asking_person(answer, shown)) as client:
+            return await client.call_tool("send_email", arguments)
+
+    approved = anyio.run(ask, EMAIL, {"approve": True, "reason": "checked"})
+    again = anyio.run(ask, EMAIL, {"approve": False})
+    denied = anyio.run(ask, refund, {"approve": False, "reason": "wrong customer"})
+    declined = anyio.run(ask, {**refund, "subject": "refund 901"}, None)
+    assert not approved.is_error and texts(approved)[0].startswith("sent #1"), texts(approved)
+    assert again.meta["idempotency-ledger/replayed"] is True, "the repeat replays, not asked"
+    assert denied.is_error and denied.meta["idempotency-ledger/status"] == "DENIED"
+    assert "wrong customer" in texts(denied)[0], "the person's reason"
+    assert declined.meta["idempotency-ledger/status"] == "DENIED"
+    assert len(shown) == 3, shown
+    assert "ops@example.com" in shown[0] and "send_email" in shown[0], "shown the arguments"
+    assert [e["subject"] for e in gw.effects()] == ["the weekly report"], "approved once only"
+
+
+def test_without_approvals_at_client_the_person_is_not_asked_there(ledger_bin: Path,
+                                                                    tmp_path: Path) -> None:
+    gw = gateway(ledger_bin, tmp_path, policy="send_email gate\n")
+    shown: list[str] = []
+
+    async def ask() -> Any:
+        async with Client(gw.params(), mode="legacy",
+                          elicitation_callback=asking_person({"approve": True}, shown)) as client:
+            return await client.call_tool("send_email", EMAIL)
+
+    awaiting = anyio.run(ask)
+    assert awaiting.meta["idempotency-ledger/status"] == "AWAITING_APPROVAL"
+    assert shown == [] and gw.calls() == [], "nobody at the client decides; nothing was sent"
+
+
+def test_a_seal_file_too_short_to_be_secret_stops_the_gateway(ledger_bin: Path,
+                                                               tmp_path: Path) -> None:
+    seal = tmp_path / "seal"
+    seal.write_text("secret\n")
+    gw = gateway(ledger_bin, tmp_path, "--approvals-at-client", "--approvals-seal-file", str(seal))
+    started = subprocess.run([str(ledger_bin), *gw.argv()], env=gw.env(), input=b"",
+                             capture_output=True, timeout=30)
+    assert started.returncode != 0
+    assert "needs 32 or more secret bytes" in started.stderr.decode(), started.stderr

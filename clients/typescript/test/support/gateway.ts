@@ -42,6 +42,11 @@ export interface Session {
   /** Calls a tool (with `_meta`); `signal` cancels the request (`notifications/cancelled`). */
   call(name: string, args: Record<string, unknown>, meta?: Record<string, unknown>, signal?: AbortSignal): Promise<ToolResult>;
   listTools(): Promise<string[]>;
+  /**
+   * Sends `tools/call` with these params as they are (v2 only), an `input_required` answer
+   * handed back rather than fulfilled: what a client that writes its own messages sends.
+   */
+  raw(params: Record<string, unknown>): Promise<Record<string, unknown>>;
   /** How many times the server asked the user (elicitation), when the client answers them. */
   asked: number;
   close(): Promise<void>;
@@ -165,6 +170,7 @@ export async function connect(
       call: async (name, args, meta, signal) =>
         (await client.callTool({ name, arguments: args, _meta: meta }, undefined, { signal })) as ToolResult,
       listTools: async () => (await client.listTools()).tools.map((t) => t.name),
+      raw: () => Promise.reject(new Error("the harness sends raw calls with the v2 client only")),
       asked: 0,
       close: () => client.close(),
     };
@@ -181,6 +187,10 @@ export async function connect(
     call: async (name, args, meta, signal) =>
       (await client.callTool({ name, arguments: args, _meta: meta }, { signal })) as ToolResult,
     listTools: async () => (await client.listTools()).tools.map((t) => t.name),
+    raw: async (params) =>
+      (await client.callTool(params as Parameters<typeof client.callTool>[0], {
+        allowInputRequired: true,
+      } as Parameters<typeof client.callTool>[1])) as Record<string, unknown>,
     asked: 0,
     close: () => client.close(),
   };
