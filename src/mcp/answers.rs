@@ -152,11 +152,104 @@ fn meta_of(result: &mut Value) -> Option<&mut Map<String, Value>> {
     meta.as_object_mut()
 }
 
+/// What kind of answer a `tools/call` got, for the metrics: `passed` (a tool that passes
+/// live), `refused` (a JSON-RPC error), `asked` (a person at the client), `replayed`, `acted`
+/// (the upstream's own result), `input_required` (the tool asks for input first), the status
+/// the ledger told in lower case (or `failed` for the tool's own error result) (`attempting`,
+/// `unknown`, `awaiting_approval`, `denied`, `failed`, `succeeded` for a paired read's find),
+/// or `cancelled` (no answer).
+#[must_use]
+pub fn kind(answer: Option<&Value>, passes: bool) -> &'static str {
+    let Some(answer) = answer else {
+        return "cancelled";
+    };
+    let Some(result) = answer.get("result") else {
+        return "refused";
+    };
+    if passes {
+        return "passed";
+    }
+    if result.get("resultType").and_then(Value::as_str) == Some("input_required")
+        && result
+            .pointer("/inputRequests/idempotency-ledger~1approval")
+            .is_some()
+    {
+        return "asked";
+    }
+    let meta = result.get("_meta");
+    if meta.and_then(|m| m.get(REPLAYED)) == Some(&Value::Bool(true)) {
+        return "replayed";
+    }
+    match meta.and_then(|m| m.get(STATUS)).and_then(Value::as_str) {
+        Some("ATTEMPTING") => "attempting",
+        Some("UNKNOWN") => "unknown",
+        Some("AWAITING_APPROVAL") => "awaiting_approval",
+        Some("DENIED") => "denied",
+        Some("FAILED") => "failed",
+        Some("SUCCEEDED") => "succeeded",
+        _ if asks_for_input(result) => "input_required",
+        _ if is_error(result) => "failed",
+        _ => "acted",
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use serde_json::json;
 
     use super::*;
+
+    #[test]
+    fn each_answer_is_counted_as_its_kind() {
+        let result = |r: Value| Some(json!({"jsonrpc": "2.0", "id": 1, "result": r}));
+        let told = |status: &str| result(not_done(status, "note", "k"));
+        let own = result(json!({"content": []}));
+        assert_eq!(kind(None, false), "cancelled");
+        assert_eq!(
+            kind(Some(&json!({"error": {"code": -32602}})), false),
+            "refused"
+        );
+        assert_eq!(kind(own.as_ref(), true), "passed");
+        assert_eq!(kind(own.as_ref(), false), "acted");
+        assert_eq!(
+            kind(result(replayed(b"{}", "note", "k")).as_ref(), false),
+            "replayed"
+        );
+        assert_eq!(
+            kind(
+                result(json!({"resultType": "input_required",
+                              "inputRequests": {"idempotency-ledger/approval": {}}}))
+                .as_ref(),
+                false
+            ),
+            "asked"
+        );
+        assert_eq!(
+            kind(
+                result(json!({"resultType": "input_required", "inputRequests": {"x": {}}}))
+                    .as_ref(),
+                false
+            ),
+            "input_required"
+        );
+        assert_eq!(
+            kind(
+                result(json!({"isError": true, "content": []})).as_ref(),
+                false
+            ),
+            "failed"
+        );
+        for (status, counted) in [
+            ("ATTEMPTING", "attempting"),
+            ("UNKNOWN", "unknown"),
+            ("AWAITING_APPROVAL", "awaiting_approval"),
+            ("DENIED", "denied"),
+            ("FAILED", "failed"),
+            ("SUCCEEDED", "succeeded"),
+        ] {
+            assert_eq!(kind(told(status).as_ref(), false), counted);
+        }
+    }
 
     #[test]
     fn a_replay_is_the_stored_result_marked_with_the_note_last() {

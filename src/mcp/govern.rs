@@ -27,6 +27,7 @@ use crate::domain::key::{ClaimKey, Principal, RunId, ToolName};
 use crate::domain::{FinalStatus, Status, Tenant};
 use crate::error::LedgerError;
 use crate::ledger::{ClaimInput, ClaimOutput, CompleteInput, Ledger, Outcome, WaitFor};
+use crate::observe::metrics::Metrics;
 use at_client::PersonAnswer;
 pub use at_client::Seal;
 use confirm::Settled;
@@ -107,12 +108,14 @@ pub struct Gateway {
     listed: std::sync::atomic::AtomicBool,
     /// Seals the questions a person at the client is asked (`--approvals-at-client`).
     seal: Seal,
+    /// The ledger's metrics, and the gateway's answers per tool.
+    metrics: Arc<Metrics>,
 }
 
 impl Gateway {
     /// A gateway over `ledger` for `tenant`, with `rules` and `policy`; `name` is the
     /// upstream's name when the command line gives one; `seal` seals its questions to a person
-    /// at the client.
+    /// at the client; what it does is counted in `metrics`.
     #[must_use]
     pub fn new(
         ledger: Ledger,
@@ -121,6 +124,7 @@ impl Gateway {
         policy: McpPolicy,
         name: Option<String>,
         seal: Seal,
+        metrics: Arc<Metrics>,
     ) -> Gateway {
         Gateway {
             ledger,
@@ -134,6 +138,7 @@ impl Gateway {
             warned_unnamed: std::sync::atomic::AtomicBool::new(false),
             listed: std::sync::atomic::AtomicBool::new(false),
             seal,
+            metrics,
         }
     }
 
@@ -177,8 +182,33 @@ impl Gateway {
 
     /// Answers the `tools/call` request `message` (with id `id`) for `tenant` (the gateway's
     /// own when `None`: stdio): passes it through, or governs it. `None` when nothing is to be
-    /// answered (the client cancelled the call).
+    /// answered (the client cancelled the call). Each answer is counted, with a log line.
     pub async fn call_tool(
+        &self,
+        tenant: Option<&Tenant>,
+        message: Value,
+        id: &Value,
+        upstream: &dyn Upstream,
+        cancelled: watch::Receiver<bool>,
+    ) -> Option<Value> {
+        let name = message
+            .pointer("/params/name")
+            .and_then(Value::as_str)
+            .unwrap_or("(no name)")
+            .to_owned();
+        let passes = matches!(self.governance(&name), Governance::Pass);
+        let answer = self
+            .answer_call(tenant, message, id, upstream, cancelled)
+            .await;
+        let kind = answers::kind(answer.as_ref(), passes);
+        let tool = format!("{}/{name}", self.upstream_prefix());
+        self.metrics.mcp_call(&tool, kind);
+        tracing::debug!(tool, answer = kind, "a tools/call answered");
+        answer
+    }
+
+    /// [`Gateway::call_tool`]'s answer.
+    async fn answer_call(
         &self,
         tenant: Option<&Tenant>,
         message: Value,
@@ -268,11 +298,7 @@ impl Gateway {
                 .as_ref()
                 .is_some_and(|g| g.applies(&call.arguments)),
         };
-        let mut claimed = self
-            .ledger
-            .claim(&call.tenant, input.clone())
-            .await
-            .map_err(|e| refusal(call.id, &e))?;
+        let mut claimed = self.claim(call, input.clone()).await?;
         if claimed.outcome == Outcome::AwaitingApproval && self.rules.approvals_at_client {
             return self
                 .at_client(call, claimed, input, upstream, cancelled)
@@ -288,11 +314,7 @@ impl Gateway {
                 Settled::Unsettled
             )
         {
-            claimed = self
-                .ledger
-                .claim(&call.tenant, input)
-                .await
-                .map_err(|e| refusal(call.id, &e))?;
+            claimed = self.claim(call, input).await?;
         }
         let key = claimed.entry.entry.key.as_str().to_owned();
         let answer = match claimed.outcome {
@@ -377,15 +399,28 @@ impl Gateway {
         if was_cancelled { None } else { reply }
     }
 
+    /// Claims `call`'s intent (counted as any claim); the refusal to answer when the ledger
+    /// refuses or cannot be reached.
+    async fn claim(&self, call: &Call<'_>, input: ClaimInput) -> Result<ClaimOutput, Value> {
+        let tool = input.tool.clone();
+        let result = self.ledger.claim(&call.tenant, input).await;
+        self.metrics.claim(&call.tenant, tool.as_str(), &result);
+        result.map_err(|e| refusal(call.id, &e))
+    }
+
+    /// What the entries' tools start with: the upstream's name, `upstream` while unknown.
+    fn upstream_prefix(&self) -> String {
+        let upstream = self.upstream.load();
+        if upstream.is_empty() {
+            "upstream".to_string()
+        } else {
+            upstream.as_str().to_string()
+        }
+    }
+
     /// The entry's tool: `<upstream>/<tool>`.
     fn tool_name(&self, call: &Call<'_>) -> Result<ToolName, Value> {
-        let upstream = self.upstream.load();
-        let prefix = if upstream.is_empty() {
-            "upstream"
-        } else {
-            upstream.as_str()
-        };
-        ToolName::parse(&format!("{prefix}/{}", call.name)).map_err(|e| {
+        ToolName::parse(&format!("{}/{}", self.upstream_prefix(), call.name)).map_err(|e| {
             rpc::error(
                 Some(call.id),
                 rpc::INVALID_PARAMS,

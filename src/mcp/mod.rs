@@ -43,6 +43,7 @@ use crate::defaults::{self, parse_duration};
 use crate::domain::Tenant;
 use crate::domain::time::{AlignedClock, Clock};
 use crate::ledger::{Ledger, Limits};
+use crate::observe::metrics::{Metrics, MetricsOptions};
 use crate::server::ClockAlignment;
 use crate::storage::{self, PoolOptions, redact_url};
 use govern::{Gateway, Rules, Seal};
@@ -172,6 +173,12 @@ pub struct McpArgs {
     /// another replica asks the person again.
     #[arg(long, env = "LEDGER_MCP_APPROVALS_SEAL_FILE")]
     pub approvals_seal_file: Option<PathBuf>,
+
+    /// Where the gateway serves its Prometheus metrics (`GET /metrics`): the ledger's own
+    /// (claims, completions, decisions by `<upstream>/<tool>`, the store's counts) and
+    /// `ledger_mcp_calls_total` (each answer to a tools/call, by answer and tool).
+    #[arg(long, env = "LEDGER_MCP_METRICS_LISTEN")]
+    pub metrics_listen: Option<std::net::SocketAddr>,
 }
 
 /// Why the gateway could not run.
@@ -212,12 +219,17 @@ pub async fn run(
     let store = storage::open(&url, &PoolOptions::default()).await?;
     store.migrate().await?;
     let clock = Arc::new(AlignedClock::default());
+    let metrics = Metrics::new(clock.clone() as Arc<dyn Clock>, &MetricsOptions::default());
+    let scraped = match args.metrics_listen {
+        Some(addr) => serve_metrics(addr, &metrics, &store).await?,
+        None => Vec::new(),
+    };
     let mut alignment = ClockAlignment::default();
     if let Err(e) = alignment.align(&*store, &*clock).await {
         tracing::warn!(error = %e, "the database's clock could not be read; the local clock is used");
     }
     let ledger = Ledger::new(
-        store,
+        store.clone(),
         clock.clone() as Arc<dyn Clock>,
         limits(args.confirm_after),
     );
@@ -245,6 +257,7 @@ pub async fn run(
         policy,
         args.name.clone(),
         seal(args.approvals_seal_file.as_deref())?,
+        metrics,
     ));
     let upkeep = tokio::spawn(upkeep(gateway.clone(), clock, alignment));
     let reloader = args.mcp_policy.clone().map(|file| {
@@ -278,10 +291,37 @@ pub async fn run(
         }
     };
     upkeep.abort();
+    for task in scraped {
+        task.abort();
+    }
     if let Some(reloader) = reloader {
         reloader.abort();
     }
     served.map_err(McpError::Config)
+}
+
+/// Serves the metrics on `addr`, with the loop that refreshes the store's counts.
+async fn serve_metrics(
+    addr: std::net::SocketAddr,
+    metrics: &Arc<Metrics>,
+    store: &Arc<dyn storage::Store>,
+) -> Result<Vec<tokio::task::JoinHandle<()>>, McpError> {
+    let listener = crate::observe::http::bind(addr)
+        .await
+        .map_err(|e| McpError::Config(format!("cannot listen on {addr} for metrics: {e}")))?;
+    let bound = listener
+        .local_addr()
+        .map_err(|e| McpError::Config(e.to_string()))?;
+    tracing::info!(metrics = %bound, "metrics endpoint listening");
+    Ok(vec![
+        tokio::spawn(crate::observe::http::serve(listener, metrics.clone())),
+        tokio::spawn(crate::observe::refresh_loop(
+            metrics.clone(),
+            store.clone(),
+            || true,
+            defaults::METRICS_REFRESH_INTERVAL,
+        )),
+    ])
 }
 
 /// Serves MCP clients over Streamable HTTP on `listen`, in front of `upstream`.

@@ -240,6 +240,11 @@ impl Metrics {
         }
     }
 
+    /// Counts one answer of the MCP gateway to a `tools/call` of `tool` (`<upstream>/<tool>`).
+    pub fn mcp_call(&self, tool: &str, answer: &'static str) {
+        self.tools.gateway_call(tool, answer);
+    }
+
     /// `tenant`'s replay rate on this server over the last hour: its total and each tool's
     /// (only `tool`'s when given).
     pub fn replay_figures(&self, tenant: &Tenant, tool: Option<&str>) -> ReplayFigures {

@@ -403,3 +403,35 @@ def test_a_seal_file_too_short_to_be_secret_stops_the_gateway(ledger_bin: Path,
                              capture_output=True, timeout=30)
     assert started.returncode != 0
     assert "needs 32 or more secret bytes" in started.stderr.decode(), started.stderr
+
+
+def test_the_gateway_counts_each_answer_by_tool_on_its_metrics_endpoint(ledger_bin: Path,
+                                                                         tmp_path: Path) -> None:
+    import httpx
+    from gateway import free_port
+
+    port = free_port()
+    gw = gateway(ledger_bin, tmp_path, "--metrics-listen", f"127.0.0.1:{port}",
+                 policy="send_email once\nrefuse once errors-final\n")
+
+    async def main() -> str:
+        async with Client(gw.params(), mode="legacy") as client:
+            await client.list_tools()
+            for _ in range(2):
+                await client.call_tool("send_email", EMAIL)
+            await client.call_tool("find_email", {"subject": "x"})
+            await client.call_tool("refuse", {"reason": "no"})
+            return httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=10).text
+
+    scraped = anyio.run(main)
+    series = {line.rsplit(" ", 1)[0]: float(line.rsplit(" ", 1)[1])
+              for line in scraped.splitlines() if line.startswith("ledger_")}
+    tool = "counted-upstream/{}"
+    for answer, name, count in [("acted", "send_email", 1), ("replayed", "send_email", 1),
+                                ("passed", "find_email", 1), ("failed", "refuse", 1)]:
+        labels = f'ledger_mcp_calls_total{{answer="{answer}",tool="{tool.format(name)}"}}'
+        assert series.get(labels) == count, (labels, scraped)
+    # The ledger's own families count the gateway's entries like any other.
+    claims = 'ledger_claims_total{outcome="replayed",tool="counted-upstream/send_email"}'
+    assert series.get(claims) == 1, scraped
+    assert series.get('ledger_completions_total{status="succeeded"}') == 1, scraped

@@ -26,7 +26,7 @@ use hmac::{Hmac, Mac as _};
 use serde_json::{Value, json};
 use sha2::Sha256;
 
-use super::{Call, Gateway, Upstream, refusal};
+use super::{Call, Gateway, Upstream};
 use crate::domain::Tenant;
 use crate::domain::approval::Decision;
 use crate::domain::key::Principal;
@@ -298,16 +298,15 @@ impl Gateway {
                 &self.person_at_client(),
             )
             .await;
-        if let Err(e) = decided {
+        match decided {
+            Ok(done) => self.metrics.decided(decision, done.changed, done.took),
             // Lapsed meanwhile, decided by someone else, or the ledger is unreachable: what
             // stands is said by the next claim (or the refusal).
-            tracing::info!(error = %e, "the person's answer at the client was not recorded");
+            Err(e) => {
+                tracing::info!(error = %e, "the person's answer at the client was not recorded");
+            }
         }
-        let claimed = self
-            .ledger
-            .claim(&call.tenant, input)
-            .await
-            .map_err(|e| refusal(call.id, &e))?;
+        let claimed = self.claim(call, input).await?;
         let key = claimed.entry.entry.key.as_str().to_owned();
         Ok(match claimed.outcome {
             Outcome::Claimed => self.act(call, claimed, upstream, cancelled).await,

@@ -141,7 +141,10 @@ impl Gateway {
         input: CompleteInput,
     ) -> Option<crate::ledger::EntryView> {
         let key = input.key.clone();
-        match self.ledger.complete(tenant, input).await {
+        let status = input.status;
+        let result = self.ledger.complete(tenant, input).await;
+        self.metrics.complete(status, &result);
+        match result {
             Ok(done) => {
                 tracing::info!(
                     key = key.log_prefix(),

@@ -59,6 +59,9 @@ impl ToolFamilies {
 pub(super) struct Tools {
     max: usize,
     families: ToolFamilies,
+    /// `ledger_mcp_calls_total`: the MCP gateway's answers, by answer and tool (made as they
+    /// come: a server that is no gateway shows none).
+    gateway_calls: Family<ToolLabels<2>, Counter>,
     named: RwLock<HashMap<String, Arc<ToolSeries>>>,
     /// Always shown, so that a rate over it exists before any name folds.
     other: Arc<ToolSeries>,
@@ -81,6 +84,13 @@ impl Tools {
             tools.families.replays.clone(),
         );
         registry.register(
+            "ledger_mcp_calls",
+            "The MCP gateway's answers to tools/call, by answer (acted, replayed, passed, \
+             asked, refused, cancelled, or the status the ledger told) and tool \
+             (<upstream>/<tool>)",
+            tools.gateway_calls.clone(),
+        );
+        registry.register(
             "ledger_key_reuse_refusals",
             "Claims refused because an explicit key came with another tool or other arguments \
              (KEY_REUSED_WITH_DIFFERENT_REQUEST), by tool",
@@ -95,8 +105,22 @@ impl Tools {
             max,
             other: Arc::new(families.series(OTHER_TOOL)),
             families,
+            gateway_calls: Family::default(),
             named: RwLock::default(),
         }
+    }
+
+    /// Counts one answer of the MCP gateway to a call of `tool` (folded into `other` as the
+    /// claims' names are).
+    pub(super) fn gateway_call(&self, tool: &str, answer: &'static str) {
+        let label = if Arc::ptr_eq(&self.get(tool), &self.other) {
+            Cow::Borrowed(OTHER_TOOL)
+        } else {
+            Cow::Owned(tool.to_string())
+        };
+        self.gateway_calls
+            .get_or_create(&[("answer", Cow::Borrowed(answer)), ("tool", label)])
+            .inc();
     }
 
     /// The series `tool` counts into.
