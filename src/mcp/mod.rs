@@ -179,6 +179,13 @@ pub struct McpArgs {
     /// `ledger_mcp_calls_total` (each answer to a tools/call, by answer and tool).
     #[arg(long, env = "LEDGER_MCP_METRICS_LISTEN")]
     pub metrics_listen: Option<std::net::SocketAddr>,
+
+    /// Where the gateway serves the operator's console (the ledger's: approvals to decide,
+    /// unknown outcomes to settle, the entries): for a desktop user on the embedded store, say
+    /// `127.0.0.1:7700`. Signed in with a token of `--auth-tokens-file` when it is given, else
+    /// open to whoever reaches the address, as tenant `default` with the approver role.
+    #[arg(long, env = "LEDGER_MCP_CONSOLE_LISTEN")]
+    pub console_listen: Option<std::net::SocketAddr>,
 }
 
 /// Why the gateway could not run.
@@ -257,8 +264,12 @@ pub async fn run(
         policy,
         args.name.clone(),
         seal(args.approvals_seal_file.as_deref())?,
-        metrics,
+        metrics.clone(),
     ));
+    let console = match args.console_listen {
+        Some(addr) => Some(serve_console(addr, &gateway, &metrics, &clock, &args).await?),
+        None => None,
+    };
     let upkeep = tokio::spawn(upkeep(gateway.clone(), clock, alignment));
     let reloader = args.mcp_policy.clone().map(|file| {
         let gateway = gateway.clone();
@@ -291,7 +302,7 @@ pub async fn run(
         }
     };
     upkeep.abort();
-    for task in scraped {
+    for task in scraped.into_iter().chain(console) {
         task.abort();
     }
     if let Some(reloader) = reloader {
@@ -322,6 +333,40 @@ async fn serve_metrics(
             defaults::METRICS_REFRESH_INTERVAL,
         )),
     ])
+}
+
+/// Serves the ledger's console on `addr`, on the gateway's ledger.
+async fn serve_console(
+    addr: std::net::SocketAddr,
+    gateway: &Gateway,
+    metrics: &Arc<Metrics>,
+    clock: &Arc<AlignedClock>,
+    args: &McpArgs,
+) -> Result<tokio::task::JoinHandle<()>, McpError> {
+    let credentials = crate::grpc::auth::Credentials::load(args.auth_tokens_file.as_deref())
+        .map_err(McpError::Config)?;
+    let listener = crate::console::bind(addr)
+        .await
+        .map_err(|e| McpError::Config(format!("cannot listen on {addr} for the console: {e}")))?;
+    let bound = listener
+        .local_addr()
+        .map_err(|e| McpError::Config(e.to_string()))?;
+    let console = crate::console::Console::new(
+        gateway.ledger().clone(),
+        metrics.clone(),
+        credentials,
+        clock.clone() as Arc<dyn Clock>,
+        || true,
+        bound.port(),
+        &crate::console::Options {
+            hosts: Vec::new(),
+            session_idle: defaults::CONSOLE_SESSION_IDLE,
+            max_result_bytes: defaults::MAX_RESULT_BYTES,
+        },
+    );
+    let url = crate::console::url(bound);
+    tracing::info!(url = %url, "operator console: open {url} in a browser");
+    Ok(tokio::spawn(crate::console::serve(listener, console)))
 }
 
 /// Serves MCP clients over Streamable HTTP on `listen`, in front of `upstream`.

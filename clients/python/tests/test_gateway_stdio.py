@@ -435,3 +435,43 @@ def test_the_gateway_counts_each_answer_by_tool_on_its_metrics_endpoint(ledger_b
     claims = 'ledger_claims_total{outcome="replayed",tool="counted-upstream/send_email"}'
     assert series.get(claims) == 1, scraped
     assert series.get('ledger_completions_total{status="succeeded"}') == 1, scraped
+
+
+def test_a_gated_call_decided_in_the_gateways_own_console_acts_once_on_the_repeat(
+        ledger_bin: Path, tmp_path: Path) -> None:
+    """A desktop user on the embedded store: the gateway serves the ledger's console
+    (``--console-listen``); the person approves there; the model's repeat acts once."""
+    import re
+
+    import httpx
+    from gateway import free_port
+
+    port = free_port()
+    gw = gateway(ledger_bin, tmp_path, "--console-listen", f"127.0.0.1:{port}",
+                 policy="send_email gate\n")
+    console = f"http://127.0.0.1:{port}"
+
+    def field(page: str, name: str) -> str:
+        found = re.search(rf'name="{name}" value="([^"]*)"', page)
+        assert found, (name, page)
+        return found.group(1)
+
+    async def main() -> list[Any]:
+        async with Client(gw.params(), mode="legacy") as client:
+            asked = await client.call_tool("send_email", EMAIL)
+            with httpx.Client(base_url=console, timeout=10) as person:
+                page = person.get("/approvals").text
+                assert "send_email" in page and "ops@example.com" in page, page
+                decided = person.post("/decide", data={
+                    "csrf": field(page, "csrf"), "key": field(page, "key"),
+                    "fingerprint": field(page, "fingerprint"), "reason": "looks right",
+                    "decision": "approve"})
+                assert decided.status_code == 303, decided.text
+            return [asked, await client.call_tool("send_email", EMAIL),
+                    await client.call_tool("send_email", EMAIL)]
+
+    asked, acted, again = anyio.run(main)
+    assert asked.meta["idempotency-ledger/status"] == "AWAITING_APPROVAL"
+    assert not acted.is_error and texts(acted)[0].startswith("sent #1"), texts(acted)
+    assert again.meta["idempotency-ledger/replayed"] is True
+    assert len(gw.effects()) == 1
