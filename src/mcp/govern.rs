@@ -197,13 +197,26 @@ impl Gateway {
             .unwrap_or("(no name)")
             .to_owned();
         let passes = matches!(self.governance(&name), Governance::Pass);
+        let began = std::time::Instant::now();
         let answer = self
             .answer_call(tenant, message, id, upstream, cancelled)
             .await;
         let kind = answers::kind(answer.as_ref(), passes);
         let tool = format!("{}/{name}", self.upstream_prefix());
         self.metrics.mcp_call(&tool, kind);
-        tracing::debug!(tool, answer = kind, "a tools/call answered");
+        let key = answer
+            .as_ref()
+            .and_then(|a| a.pointer("/result/_meta"))
+            .and_then(|m| m.get(answers::KEY))
+            .and_then(Value::as_str)
+            .map(|k| k.get(..12).unwrap_or(k).to_owned());
+        tracing::info!(
+            tool,
+            answer = kind,
+            key,
+            latency_ms = began.elapsed().as_secs_f64() * 1000.0,
+            "a tools/call answered"
+        );
         answer
     }
 
@@ -324,7 +337,7 @@ impl Gateway {
             }
             outcome => answers::not_done(status_told(outcome, &claimed), &claimed.note, &key),
         };
-        tracing::info!(
+        tracing::debug!(
             key = claimed.entry.entry.key.log_prefix(),
             tool = claimed.entry.entry.tool.as_str(),
             outcome = claimed.outcome.as_str(),

@@ -44,6 +44,10 @@ describe("MCP gateway: a gated call decided by the person at the client", () => 
     assert.equal(client.asked, 1, "the repeat did not ask again");
     assert.equal(gw.effects().length, 1, "one email");
     assert.equal(gw.calls("send_email").length, 1);
+    // A log line per call, with its answer.
+    for (const answer of ["acted", "replayed"]) {
+      assert.match(gw.stderr, new RegExp(`a tools/call answered tool="counted-upstream/send_email" answer="${answer}"`));
+    }
   });
 
   test("denied at the client: the call never acts, and its repeat is told so without asking", TIMEOUT, async () => {

@@ -146,7 +146,7 @@ impl Gateway {
         self.metrics.complete(status, &result);
         match result {
             Ok(done) => {
-                tracing::info!(
+                tracing::debug!(
                     key = key.log_prefix(),
                     tool = done.entry.entry.tool.as_str(),
                     status = done.entry.status.as_str(),
