@@ -64,6 +64,9 @@ pub enum Answer {
     Response(Value),
     /// No answer will come: the upstream exited, the connection broke, or the time ran out.
     Lost(String),
+    /// The request surely never reached the upstream (no connection could be opened to it, or
+    /// the gateway is stopping): nothing was done.
+    NotSent(String),
 }
 
 /// The upstream as a governed call uses it: send one request, wait for its answer. A
@@ -264,7 +267,9 @@ impl Gateway {
             Governance::Pass => {
                 return match upstream.call(message, cancelled).await {
                     Answer::Response(response) => Some(response),
-                    Answer::Lost(why) => Some(rpc::error(Some(id), rpc::UNAVAILABLE, &why)),
+                    Answer::Lost(why) | Answer::NotSent(why) => {
+                        Some(rpc::error(Some(id), rpc::UNAVAILABLE, &why))
+                    }
                 };
             }
             Governance::Once(once) => once,

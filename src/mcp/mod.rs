@@ -67,10 +67,15 @@ pub struct McpArgs {
     #[arg(long, env = "LEDGER_MCP_LISTEN", requires = "upstream")]
     pub listen: Option<std::net::SocketAddr>,
 
-    /// The upstream MCP server's Streamable HTTP endpoint (http://host:port/path), with
-    /// --listen. Its URL and credentials come from here only, never from a client.
+    /// The upstream MCP server's Streamable HTTP endpoint (http:// or https://host:port/path),
+    /// with --listen. Its URL and credentials come from here only, never from a client.
     #[arg(long, env = "LEDGER_MCP_UPSTREAM", requires = "listen")]
     pub upstream: Option<String>,
+
+    /// A PEM file of CA certificates an https:// upstream's certificate may chain to, besides
+    /// the Mozilla roots (a private CA).
+    #[arg(long, env = "LEDGER_MCP_UPSTREAM_CA", requires = "upstream")]
+    pub upstream_ca: Option<PathBuf>,
 
     /// A header sent with every message to the upstream, `Name: value` (its credentials);
     /// repeat it for more. A client's own Authorization is never passed on.
@@ -389,7 +394,11 @@ async fn serve_http(
     );
     let edge = Arc::new(http::Edge {
         gateway,
-        upstream: upstream_http::HttpUpstream::new(upstream, &args.upstream_headers)?,
+        upstream: upstream_http::HttpUpstream::new(
+            upstream,
+            &args.upstream_headers,
+            args.upstream_ca.as_deref(),
+        )?,
         credentials,
         origins: args.allowed_origins.clone(),
         loopback: http::is_loopback(bound),

@@ -441,7 +441,7 @@ struct UpstreamHandle(Arc<Router>);
 impl Upstream for UpstreamHandle {
     async fn call(&self, request: Value, mut cancelled: watch::Receiver<bool>) -> Answer {
         let Some(id) = request.get("id").cloned() else {
-            return Answer::Lost("a request without an id".to_string());
+            return Answer::NotSent("a request without an id".to_string());
         };
         let (waiter, answer) = oneshot::channel();
         self.0.await_answer(&id, Pending::Waiting(waiter));
@@ -449,7 +449,7 @@ impl Upstream for UpstreamHandle {
         // waited before is answered by the stop itself.
         if self.0.stopping.load(Ordering::SeqCst) {
             self.0.lock_pending().remove(&rpc::id_key(&id));
-            return Answer::Lost("the gateway is stopping".to_string());
+            return Answer::NotSent("the gateway is stopping".to_string());
         }
         self.0.send_upstream(request);
         let mut answer = answer;

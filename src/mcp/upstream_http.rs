@@ -13,13 +13,62 @@ use bytes::Bytes;
 use http::{HeaderMap, HeaderName, HeaderValue, Method, Request, Uri, header};
 use http_body_util::{BodyExt as _, Full};
 use hyper::body::Incoming;
+use hyper_rustls::HttpsConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
 use serde_json::Value;
 use tokio::sync::watch;
+use tokio_rustls::rustls;
+use tokio_rustls::rustls::pki_types::CertificateDer;
+use tokio_rustls::rustls::pki_types::pem::PemObject as _;
 
 use super::govern::{Answer, Upstream};
+
+/// An error and its sources, in words: `client error (Connect): invalid peer certificate: …`.
+fn chain(error: &dyn std::error::Error) -> String {
+    let mut words = error.to_string();
+    let mut source = error.source();
+    while let Some(cause) = source {
+        words.push_str(": ");
+        words.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    words
+}
+
+/// Why a request did not reach the upstream, and whether it surely never left.
+struct Unreached {
+    why: String,
+    before_sending: bool,
+}
+
+/// The TLS client's configuration: the Mozilla roots, and the certificates of `ca`.
+fn tls_config(ca: Option<&std::path::Path>) -> Result<rustls::ClientConfig, String> {
+    let mut roots = rustls::RootCertStore::empty();
+    roots.extend(webpki_roots::TLS_SERVER_ROOTS.iter().cloned());
+    if let Some(ca) = ca {
+        let shown = || format!("--upstream-ca {}", ca.display());
+        let text = std::fs::read(ca).map_err(|e| format!("{}: {e}", shown()))?;
+        let certificates = CertificateDer::pem_slice_iter(&text)
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|e| format!("{}: not PEM certificates ({e})", shown()))?;
+        if certificates.is_empty() {
+            return Err(format!("{}: no PEM certificate in the file", shown()));
+        }
+        for certificate in certificates {
+            roots
+                .add(certificate)
+                .map_err(|e| format!("{}: {e}", shown()))?;
+        }
+    }
+    let provider = std::sync::Arc::new(rustls::crypto::ring::default_provider());
+    Ok(rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .map_err(|e| format!("TLS: {e}"))?
+        .with_root_certificates(roots)
+        .with_no_client_auth())
+}
 
 /// The client headers a message to the upstream carries on, as they came.
 pub const PASSED_ON: [&str; 8] = [
@@ -36,7 +85,7 @@ pub const PASSED_ON: [&str; 8] = [
 /// The upstream's endpoint and how the gateway reaches it.
 #[derive(Clone, Debug)]
 pub struct HttpUpstream {
-    client: Client<HttpConnector, Full<Bytes>>,
+    client: Client<HttpsConnector<HttpConnector>, Full<Bytes>>,
     url: Uri,
     /// Headers of the gateway's configuration sent with every message (the upstream's own
     /// credentials), never one a client sent.
@@ -44,18 +93,24 @@ pub struct HttpUpstream {
 }
 
 impl HttpUpstream {
-    /// The upstream at `url` (http://), with `configured` headers (`Name: value`).
+    /// The upstream at `url` (http:// or https://), with `configured` headers (`Name: value`);
+    /// over https://, its certificate is checked against the Mozilla roots and the
+    /// certificates of `ca` (a PEM file, for a private CA).
     ///
     /// # Errors
-    /// A URL that is not http://…, or a header that does not parse.
-    pub fn new(url: &str, configured: &[String]) -> Result<HttpUpstream, String> {
+    /// A URL that is neither, a header that does not parse, or a CA file that cannot be read.
+    pub fn new(
+        url: &str,
+        configured: &[String],
+        ca: Option<&std::path::Path>,
+    ) -> Result<HttpUpstream, String> {
         let url: Uri = url
             .parse()
             .map_err(|e| format!("--upstream {url}: not a URL ({e})"))?;
-        if url.scheme_str() != Some("http") {
+        if !matches!(url.scheme_str(), Some("http" | "https")) {
             return Err(format!(
-                "--upstream {url}: only http:// is spoken to the upstream yet (put a TLS proxy \
-                 on the same host, or keep the gateway beside the upstream)"
+                "--upstream {url}: write http://… or https://… (the upstream's Streamable HTTP \
+                 endpoint)"
             ));
         }
         let mut headers = HeaderMap::new();
@@ -71,6 +126,13 @@ impl HttpUpstream {
         }
         let mut connector = HttpConnector::new();
         connector.set_connect_timeout(Some(Duration::from_secs(5)));
+        // Plain http:// needs the TCP connector to take any scheme.
+        connector.enforce_http(false);
+        let connector = hyper_rustls::HttpsConnectorBuilder::new()
+            .with_tls_config(tls_config(ca)?)
+            .https_or_http()
+            .enable_http1()
+            .wrap_connector(connector);
         Ok(HttpUpstream {
             client: Client::builder(TokioExecutor::new()).build(connector),
             url,
@@ -89,6 +151,16 @@ impl HttpUpstream {
         headers: &HeaderMap,
         body: Bytes,
     ) -> Result<http::Response<Incoming>, String> {
+        self.request(method, headers, body).await.map_err(|e| e.why)
+    }
+
+    /// [`HttpUpstream::send`], saying whether the request was never sent.
+    async fn request(
+        &self,
+        method: Method,
+        headers: &HeaderMap,
+        body: Bytes,
+    ) -> Result<http::Response<Incoming>, Unreached> {
         let mut request = Request::builder().method(method).uri(self.url.clone());
         if let Some(out) = request.headers_mut() {
             for name in PASSED_ON {
@@ -112,22 +184,29 @@ impl HttpUpstream {
                 out.insert(name, value.clone());
             }
         }
-        let request = request
-            .body(Full::new(body))
-            .map_err(|e| format!("the request to the upstream could not be built: {e}"))?;
-        self.client
-            .request(request)
-            .await
-            .map_err(|e| format!("the upstream {} cannot be reached: {e}", self.url))
+        let request = request.body(Full::new(body)).map_err(|e| Unreached {
+            why: format!("the request to the upstream could not be built: {e}"),
+            before_sending: true,
+        })?;
+        self.client.request(request).await.map_err(|e| Unreached {
+            why: format!("the upstream {} cannot be reached: {}", self.url, chain(&e)),
+            // A connection that could not be opened (refused, no route, a TLS handshake that
+            // failed): the request never left.
+            before_sending: e.is_connect(),
+        })
     }
 
     /// Posts `message` and reads the upstream's answer to it (its id): one JSON message, or
     /// the one in its event stream.
     pub async fn exchange(&self, headers: &HeaderMap, message: &Value) -> Answer {
         let body = Bytes::from(message.to_string());
-        let response = match self.send(Method::POST, headers, body).await {
+        let response = match self.request(Method::POST, headers, body).await {
             Ok(response) => response,
-            Err(why) => return Answer::Lost(why),
+            Err(Unreached {
+                why,
+                before_sending: true,
+            }) => return Answer::NotSent(why),
+            Err(Unreached { why, .. }) => return Answer::Lost(why),
         };
         let id = message.get("id").cloned().unwrap_or(Value::Null);
         read_answer(response, &id).await
@@ -258,11 +337,16 @@ mod tests {
     }
 
     #[test]
-    fn only_plain_http_and_well_formed_headers_are_taken() {
-        assert!(HttpUpstream::new("http://127.0.0.1:9/mcp", &[]).is_ok());
-        assert!(HttpUpstream::new("https://example.com/mcp", &[]).is_err());
-        assert!(HttpUpstream::new("not a url", &[]).is_err());
-        assert!(HttpUpstream::new("http://h/mcp", &["Authorization: Bearer x".into()]).is_ok());
-        assert!(HttpUpstream::new("http://h/mcp", &["no colon".into()]).is_err());
+    fn http_and_https_and_well_formed_headers_are_taken() {
+        assert!(HttpUpstream::new("http://127.0.0.1:9/mcp", &[], None).is_ok());
+        assert!(HttpUpstream::new("https://example.com/mcp", &[], None).is_ok());
+        assert!(HttpUpstream::new("ftp://example.com/mcp", &[], None).is_err());
+        assert!(HttpUpstream::new("not a url", &[], None).is_err());
+        let bearer = ["Authorization: Bearer x".to_string()];
+        assert!(HttpUpstream::new("http://h/mcp", &bearer, None).is_ok());
+        assert!(HttpUpstream::new("http://h/mcp", &["no colon".into()], None).is_err());
+        let missing = std::path::Path::new("/nonexistent/ca.pem");
+        let refused = HttpUpstream::new("https://h/mcp", &[], Some(missing)).expect_err("no file");
+        assert!(refused.contains("/nonexistent/ca.pem"), "{refused}");
     }
 }

@@ -102,14 +102,16 @@ def wait_for_port(port: int, process: subprocess.Popen[bytes], what: str) -> Non
 
 
 @contextmanager
-def http_upstream(gw: Gateway) -> Iterator[str]:
-    """The counted upstream over Streamable HTTP; its endpoint's URL."""
+def http_upstream(gw: Gateway, tls: tuple[Path, Path] | None = None) -> Iterator[str]:
+    """The counted upstream over Streamable HTTP (over TLS with ``tls``, its certificate and
+    key files); its endpoint's URL."""
     port = free_port()
-    process = subprocess.Popen([sys.executable, str(UPSTREAM), "--http", str(port)],
+    mode = ["--https", str(port), str(tls[0]), str(tls[1])] if tls else ["--http", str(port)]
+    process = subprocess.Popen([sys.executable, str(UPSTREAM), *mode],
                                env=gw.env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         wait_for_port(port, process, "the upstream")
-        yield f"http://127.0.0.1:{port}/mcp"
+        yield f"{'https' if tls else 'http'}://127.0.0.1:{port}/mcp"
     finally:
         process.terminate()
         process.wait(timeout=10)
@@ -202,3 +204,47 @@ def post(url: str, body: bytes | str, headers: dict[str, str] | None = None) -> 
 def texts(result: Any) -> list[str]:
     """The text blocks of a CallToolResult."""
     return [block.text for block in result.content if getattr(block, "text", None) is not None]
+
+
+def certificates(directory: Path) -> tuple[Path, Path, Path]:
+    """A private CA and a certificate it signed for 127.0.0.1: the CA's PEM file, the
+    certificate's and its key's."""
+    import datetime
+    import ipaddress
+
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    now = datetime.datetime.now(datetime.timezone.utc)
+    week = datetime.timedelta(days=7)
+
+    def name(common: str) -> x509.Name:
+        return x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common)])
+
+    ca_key = ec.generate_private_key(ec.SECP256R1())
+    ca = (x509.CertificateBuilder().subject_name(name("test CA")).issuer_name(name("test CA"))
+          .public_key(ca_key.public_key()).serial_number(x509.random_serial_number())
+          .not_valid_before(now - week).not_valid_after(now + week)
+          .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+          .add_extension(x509.KeyUsage(digital_signature=True, key_cert_sign=True, crl_sign=True,
+                                       content_commitment=False, key_encipherment=False,
+                                       data_encipherment=False, key_agreement=False,
+                                       encipher_only=False, decipher_only=False), critical=True)
+          .sign(ca_key, hashes.SHA256()))
+    key = ec.generate_private_key(ec.SECP256R1())
+    leaf = (x509.CertificateBuilder().subject_name(name("127.0.0.1")).issuer_name(ca.subject)
+            .public_key(key.public_key()).serial_number(x509.random_serial_number())
+            .not_valid_before(now - week).not_valid_after(now + week)
+            .add_extension(x509.SubjectAlternativeName(
+                [x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]), critical=False)
+            .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+            .sign(ca_key, hashes.SHA256()))
+    files = directory / "ca.pem", directory / "cert.pem", directory / "key.pem"
+    files[0].write_bytes(ca.public_bytes(serialization.Encoding.PEM))
+    files[1].write_bytes(leaf.public_bytes(serialization.Encoding.PEM))
+    files[2].write_bytes(key.private_bytes(serialization.Encoding.PEM,
+                                           serialization.PrivateFormat.PKCS8,
+                                           serialization.NoEncryption()))
+    return files

@@ -15,7 +15,8 @@ arguments) before the tool does anything else, so the tests count what reached t
 - ``refuse(reason)``: an error result (``isError``), no effect.
 - ``slow_send(to, subject, seconds)``: waits, then the effect.
 
-Run with ``python gateway_upstream.py`` (stdio) or ``python gateway_upstream.py --http PORT``.
+Run with ``python gateway_upstream.py`` (stdio), ``python gateway_upstream.py --http PORT``, or
+``--https PORT CERT KEY``.
 """
 
 from __future__ import annotations
@@ -101,5 +102,10 @@ def slow_send(to: str, subject: str, seconds: float) -> str:
 if __name__ == "__main__":
     if len(sys.argv) == 3 and sys.argv[1] == "--http":
         server.run("streamable-http", port=int(sys.argv[2]))  # type: ignore[call-overload]
+    elif len(sys.argv) == 5 and sys.argv[1] == "--https":
+        import uvicorn
+
+        uvicorn.run(server.streamable_http_app(), host="127.0.0.1", port=int(sys.argv[2]),
+                    ssl_certfile=sys.argv[3], ssl_keyfile=sys.argv[4], log_level="warning")
     else:
         server.run("stdio")

@@ -160,3 +160,29 @@ def test_a_question_asked_by_one_replica_is_answered_at_another_that_shares_its_
     assert sent_before == 0, "nothing was sent on an answer the replica could not open"
     assert acted["content"][0]["text"].startswith("sent #1"), acted
     assert len(gw.effects()) == 1
+
+
+def test_an_https_upstream_is_reached_when_its_certificate_chains_to_a_trusted_ca(
+        ledger_bin: Path, tmp_path: Path) -> None:
+    """``--upstream https://…``: with ``--upstream-ca`` naming the private CA the call acts;
+    without it the certificate is refused, and the call, never sent, is a retryable failure
+    (the client may simply try again) rather than an unknown outcome."""
+    from gateway import certificates
+
+    gw = Gateway(ledger_bin, tmp_path, ["--name", "counted-upstream"])
+    ca, cert, key = certificates(tmp_path)
+    other = tmp_path / "other"
+    other.mkdir()
+    other_ca, _, _ = certificates(other)
+    with http_upstream(gw, tls=(cert, key)) as upstream, \
+            http_gateway(gw, upstream, "--upstream-ca", str(other_ca)) as untrusting:
+        refused = post(untrusting, json.dumps(tool_call(1, "send_email", EMAIL)))
+        with http_gateway(gw, upstream, "--upstream-ca", str(ca)) as trusting:
+            acted = post(trusting, json.dumps(tool_call(2, "send_email", EMAIL)))
+    message = refused.json()["error"]["message"]
+    assert "was not sent" in message and "certificate" in message, message
+    assert acted.status_code == 200, acted.text
+    assert acted.json()["result"]["content"][0]["text"].startswith("sent #1"), acted.text
+    assert len(gw.effects()) == 1
+    statuses = [status for _, status, _ in gw.entries()]
+    assert statuses == ["SUCCEEDED"], "the refused attempt was retried by the next call"

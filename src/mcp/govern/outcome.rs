@@ -84,6 +84,18 @@ pub(super) fn outcome_of(call: &Call<'_>, answer: Answer, key: &str) -> Outcome 
                 )),
             ),
         },
+        // Never sent: nothing was done, and the call may be made again.
+        Answer::NotSent(why) => (
+            FinalStatus::Failed,
+            Vec::new(),
+            why.clone(),
+            true,
+            Some(rpc::error(
+                Some(call.id),
+                rpc::UNAVAILABLE,
+                &format!("the call was not sent: {why}. Nothing was done; it is safe to try again"),
+            )),
+        ),
         Answer::Lost(why) => (
             FinalStatus::Unknown,
             Vec::new(),
