@@ -213,7 +213,7 @@ pub enum McpError {
 pub async fn run(
     args: McpArgs,
     shutdown: impl Future<Output = ()> + Send,
-    mut reloads: impl tokio_stream::Stream<Item = ()> + Unpin + Send + 'static,
+    reloads: impl tokio_stream::Stream<Item = ()> + Unpin + Send + 'static,
 ) -> Result<(), McpError> {
     if args.command.is_empty() && args.listen.is_none() {
         return Err(McpError::Config(
@@ -252,20 +252,10 @@ pub async fn run(
         policy_lines = policy.len(),
         "idempotency-ledger mcp gateway starting"
     );
-    let rules = Rules {
-        same_intent_within: args.same_intent_within,
-        run_from_trace: args.run_from_trace,
-        wait: args.wait,
-        lease: args.lease,
-        call_timeout: args.call_timeout,
-        retention: args.retention,
-        confirm_after: args.confirm_after,
-        approvals_at_client: args.approvals_at_client,
-    };
     let gateway = Arc::new(Gateway::new(
         ledger,
         tenant,
-        rules,
+        rules(&args),
         policy,
         args.name.clone(),
         seal(args.approvals_seal_file.as_deref())?,
@@ -276,21 +266,10 @@ pub async fn run(
         None => None,
     };
     let upkeep = tokio::spawn(upkeep(gateway.clone(), clock, alignment));
-    let reloader = args.mcp_policy.clone().map(|file| {
-        let gateway = gateway.clone();
-        tokio::spawn(async move {
-            use tokio_stream::StreamExt as _;
-            while reloads.next().await.is_some() {
-                match read_policy(Some(&file)) {
-                    Ok(policy) => {
-                        tracing::info!(lines = policy.len(), "reload: the MCP policy is in force");
-                        gateway.set_policy(policy);
-                    }
-                    Err(e) => tracing::error!(error = %e, "reload: the MCP policy was not taken; the one in force is kept"),
-                }
-            }
-        })
-    });
+    let reloader = args
+        .mcp_policy
+        .clone()
+        .map(|file| tokio::spawn(reload_policy(gateway.clone(), file, reloads)));
     let served = match (args.listen, &args.upstream) {
         (Some(listen), Some(upstream)) => {
             serve_http(gateway, &args, listen, upstream, shutdown).await
@@ -314,6 +293,42 @@ pub async fn run(
         reloader.abort();
     }
     served.map_err(McpError::Config)
+}
+
+/// How calls are governed, from the command line.
+fn rules(args: &McpArgs) -> Rules {
+    Rules {
+        same_intent_within: args.same_intent_within,
+        run_from_trace: args.run_from_trace,
+        wait: args.wait,
+        lease: args.lease,
+        call_timeout: args.call_timeout,
+        retention: args.retention,
+        confirm_after: args.confirm_after,
+        approvals_at_client: args.approvals_at_client,
+    }
+}
+
+/// Reads the policy `file` again on each of `reloads` (SIGHUP): a file that does not parse
+/// keeps the policy in force.
+async fn reload_policy(
+    gateway: Arc<Gateway>,
+    file: PathBuf,
+    mut reloads: impl tokio_stream::Stream<Item = ()> + Unpin,
+) {
+    use tokio_stream::StreamExt as _;
+    while reloads.next().await.is_some() {
+        match read_policy(Some(&file)) {
+            Ok(policy) => {
+                tracing::info!(lines = policy.len(), "reload: the MCP policy is in force");
+                gateway.set_policy(policy);
+            }
+            Err(e) => tracing::error!(
+                error = %e,
+                "reload: the MCP policy was not taken; the one in force is kept"
+            ),
+        }
+    }
 }
 
 /// Serves the metrics on `addr`, with the loop that refreshes the store's counts.
