@@ -4,7 +4,7 @@
 //!
 //! Every message but a governed `tools/call` goes on unchanged, with its own id: requests,
 //! notifications (a cancellation too), the upstream's requests to the client and the client's
-//! answers. A governed call goes to the upstream only once the ledger claimed it ([`govern`]).
+//! answers. A governed call goes to the upstream only once the ledger claimed it ([`super::govern`]).
 //! The gateway restarts an upstream that exits (after a pause that grows while it keeps
 //! exiting), introducing the client again with the `initialize` it sent first (a session-based
 //! revision's), and answers what the dead upstream left unanswered: a governed call as unknown,
