@@ -129,6 +129,19 @@ impl Tenancy {
         Ok(Tenancy::Tokens(Arc::new(tokens)))
     }
 
+    /// How many tenants the credentials name (one without credentials: `default`).
+    #[must_use]
+    pub fn tenant_count(&self) -> usize {
+        match self {
+            Tenancy::Single => 1,
+            Tenancy::Tokens(map) => map
+                .values()
+                .map(|i| i.tenant.as_str())
+                .collect::<std::collections::HashSet<_>>()
+                .len(),
+        }
+    }
+
     /// For the start-up log.
     pub fn describe(&self) -> String {
         match self {

@@ -38,7 +38,13 @@ fn parsed<T>(result: Result<T, InvalidField>) -> Result<T, Status> {
 /// [`ClaimKey::parse`]: without a key the run id is required; with one it is optional) and
 /// `principal`; the use case then checks `arguments_json`, so a request wrong in a field and in
 /// its arguments is refused for the field.
-pub(super) fn claim_input(r: pb::ClaimRequest, deadline: Instant) -> Result<ClaimInput, Status> {
+///
+/// With `same_intent_within` the run is the window's ([`ClaimRequestInput::window`]), so
+/// neither `run_id` nor `key` may be sent.
+pub(super) fn claim_input(
+    r: pb::ClaimRequest,
+    deadline: Instant,
+) -> Result<ClaimRequestInput, Status> {
     // Checked, then not needed: a Claim's basic view is its full one (its entry never carries
     // arguments_json, and its stored result is what a replay needs).
     view(r.view)?;
@@ -47,9 +53,21 @@ pub(super) fn claim_input(r: pb::ClaimRequest, deadline: Instant) -> Result<Clai
     let retention = duration("retention", r.retention)?;
     let wait = duration("wait", r.wait)?;
     let wait_for = wait_for(r.wait_for)?;
-    Ok(ClaimInput {
+    let window = duration("same_intent_within", r.same_intent_within)?;
+    let key = match window {
+        None => parsed(ClaimKey::parse(&r.key, &r.run_id))?,
+        Some(_) if !r.run_id.is_empty() || !r.key.is_empty() => {
+            return Err(status(LedgerError::invalid(
+                "same_intent_within",
+                "takes the place of run_id and key: send it with neither",
+            )));
+        }
+        // Replaced by the window's run once the ledger counted it (`Ledger::claim_within`).
+        Some(_) => ClaimKey::Derived(RunId::from_stored(String::new())),
+    };
+    let input = ClaimInput {
         tool: parsed(ToolName::parse(&r.tool))?,
-        key: parsed(ClaimKey::parse(&r.key, &r.run_id))?,
+        key,
         principal: parsed(Principal::parse(&r.principal))?,
         arguments_json: r.arguments_json,
         canonicalization,
@@ -59,7 +77,17 @@ pub(super) fn claim_input(r: pb::ClaimRequest, deadline: Instant) -> Result<Clai
         wait_for,
         answer_by: Some(deadline),
         require_approval: r.require_approval,
-    })
+    };
+    Ok(ClaimRequestInput { input, window })
+}
+
+/// A Claim's input, and its window of intent when the run is the window's.
+#[derive(Debug)]
+pub(super) struct ClaimRequestInput {
+    /// The claim (its key replaced by the window's run when there is a window).
+    pub input: ClaimInput,
+    /// `same_intent_within`.
+    pub window: Option<Duration>,
 }
 
 /// A Lookup's input: by `key`, or by `run_id`, `tool` and `arguments_json` (the run id, then
@@ -248,6 +276,31 @@ mod tests {
 
     fn refusal(s: &Status) -> (tonic::Code, String) {
         (s.code(), s.message().to_string())
+    }
+
+    #[test]
+    fn a_window_of_intent_takes_the_place_of_run_and_key_never_beside_them() {
+        let window = |run_id: &str, key: &str| pb::ClaimRequest {
+            tool: "t".into(),
+            arguments_json: "{}".into(),
+            run_id: run_id.into(),
+            key: key.into(),
+            same_intent_within: Some(prost_types::Duration {
+                seconds: 600,
+                nanos: 0,
+            }),
+            ..pb::ClaimRequest::default()
+        };
+        let alone = claim_input(window("", ""), Instant::now()).expect("a window alone");
+        assert_eq!(alone.window, Some(Duration::from_secs(600)));
+        for (run_id, key) in [("run-1", ""), ("", "k-1"), ("run-1", "k-1")] {
+            let refused = claim_input(window(run_id, key), Instant::now()).expect_err("both");
+            let expected = status(LedgerError::invalid(
+                "same_intent_within",
+                "takes the place of run_id and key: send it with neither",
+            ));
+            assert_eq!(refusal(&refused), refusal(&expected), "{run_id:?} {key:?}");
+        }
     }
 
     #[test]

@@ -18,8 +18,8 @@ use super::convert::{
 use super::deadline::{parse_grpc_timeout, run};
 use super::error::{CallError, status};
 use super::inputs::{
-    acknowledge_input, claim_input, complete_input, decide_input, extend_input, list_input,
-    lookup_input, reconcile_input, renew_input,
+    ClaimRequestInput, acknowledge_input, claim_input, complete_input, decide_input, extend_input,
+    list_input, lookup_input, reconcile_input, renew_input,
 };
 use super::pb;
 use super::pb::ledger_service_server::LedgerService;
@@ -27,8 +27,8 @@ use crate::domain::key::ToolName;
 use crate::domain::{FinalStatus, Principal, RunId, Tenant};
 use crate::error::LedgerError;
 use crate::ledger::{
-    AcknowledgeInput, ClaimInput, CompleteInput, DecideInput, Ledger, ListInput, LookupInput,
-    ReconcileInput, RenewInput, approval_cursor,
+    AcknowledgeInput, CompleteInput, DecideInput, Ledger, ListInput, LookupInput, ReconcileInput,
+    RenewInput, approval_cursor,
 };
 use crate::observe::{Metrics, telemetry};
 
@@ -280,9 +280,12 @@ impl LedgerService for LedgerApi {
         self.unary(
             request,
             claim_input,
-            |ledger, tenant, input| async move {
+            |ledger, tenant, ClaimRequestInput { input, window }| async move {
                 let tool = input.tool.clone();
-                let out = ledger.claim(&tenant, input).await;
+                let out = match window {
+                    Some(within) => ledger.claim_within(&tenant, input, within).await,
+                    None => ledger.claim(&tenant, input).await,
+                };
                 metrics.claim(&tenant, tool.as_str(), &out);
                 out
             },
@@ -473,10 +476,10 @@ impl Labels for (DecideInput, Principal) {
     }
 }
 
-impl Labels for ClaimInput {
+impl Labels for ClaimRequestInput {
     fn labels(&self) -> (&str, &str) {
-        let key = self.key.explicit().map_or("", |k| k.as_str());
-        (self.tool.as_str(), key)
+        let key = self.input.key.explicit().map_or("", |k| k.as_str());
+        (self.input.tool.as_str(), key)
     }
 }
 

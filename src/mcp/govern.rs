@@ -21,6 +21,7 @@ use serde_json::Value;
 use tokio::sync::watch;
 
 use super::answers::{self, RUN};
+use super::backend::Backend;
 use super::policy::{Governance, Hints, McpPolicy, Once};
 use super::rpc;
 use crate::domain::key::{ClaimKey, Principal, RunId, ToolName};
@@ -89,7 +90,7 @@ pub trait Upstream: Send + Sync {
 /// what it learned of the upstream (its name and its tools' hints). Shared by every call.
 pub struct Gateway {
     /// The ledger the calls are claimed in.
-    ledger: Ledger,
+    backend: Backend,
     /// The tenant the entries are written for.
     tenant: Tenant,
     /// How calls are governed.
@@ -121,7 +122,7 @@ impl Gateway {
     /// at the client; what it does is counted in `metrics`.
     #[must_use]
     pub fn new(
-        ledger: Ledger,
+        backend: Backend,
         tenant: Tenant,
         rules: Rules,
         policy: McpPolicy,
@@ -130,7 +131,7 @@ impl Gateway {
         metrics: Arc<Metrics>,
     ) -> Gateway {
         Gateway {
-            ledger,
+            backend,
             tenant,
             rules,
             policy: ArcSwap::from_pointee(policy),
@@ -145,10 +146,10 @@ impl Gateway {
         }
     }
 
-    /// The ledger (for the transports' upkeep).
+    /// The ledger in this process, when the gateway has one (for its upkeep and console).
     #[must_use]
-    pub fn ledger(&self) -> &Ledger {
-        &self.ledger
+    pub fn ledger(&self) -> Option<&Ledger> {
+        self.backend.local()
     }
 
     /// Puts `policy` in force for the calls that start from now on.
@@ -298,11 +299,14 @@ impl Gateway {
         cancelled: watch::Receiver<bool>,
     ) -> Result<Option<Value>, Value> {
         let tool = self.tool_name(call)?;
-        let run = self.run_of(call, &tool).await?;
-        let input = ClaimInput {
+        // A call that names no run is claimed in its window's run, which the ledger counts
+        // (the key is then replaced by it).
+        let run = self.run_of(call)?;
+        let window = run.is_none().then_some(self.rules.same_intent_within);
+        let mut input = ClaimInput {
             tool,
             arguments_json: call.arguments.to_string(),
-            key: ClaimKey::Derived(run),
+            key: ClaimKey::Derived(run.unwrap_or_else(|| RunId::from_stored(String::new()))),
             canonicalization: Default::default(),
             lease: Some(self.rules.lease),
             retention: self.rules.retention,
@@ -316,7 +320,12 @@ impl Gateway {
                 .as_ref()
                 .is_some_and(|g| g.applies(&call.arguments)),
         };
-        let mut claimed = self.claim(call, input.clone()).await?;
+        let mut claimed = self.claim(call, input.clone(), window).await?;
+        // Claimed again (after a decision, after a paired read), the call names the run it
+        // was claimed in.
+        if let Some(run) = &claimed.entry.entry.run_id {
+            input.key = ClaimKey::Derived(run.clone());
+        }
         if claimed.outcome == Outcome::AwaitingApproval && self.rules.approvals_at_client {
             return self
                 .at_client(call, claimed, input, upstream, cancelled)
@@ -332,7 +341,7 @@ impl Gateway {
                 Settled::Unsettled
             )
         {
-            claimed = self.claim(call, input).await?;
+            claimed = self.claim(call, input, None).await?;
         }
         let key = claimed.entry.entry.key.as_str().to_owned();
         let answer = match claimed.outcome {
@@ -419,9 +428,14 @@ impl Gateway {
 
     /// Claims `call`'s intent (counted as any claim); the refusal to answer when the ledger
     /// refuses or cannot be reached.
-    async fn claim(&self, call: &Call<'_>, input: ClaimInput) -> Result<ClaimOutput, Value> {
+    async fn claim(
+        &self,
+        call: &Call<'_>,
+        input: ClaimInput,
+        window: Option<Duration>,
+    ) -> Result<ClaimOutput, Value> {
         let tool = input.tool.clone();
-        let result = self.ledger.claim(&call.tenant, input).await;
+        let result = self.backend.claim(&call.tenant, input, window).await;
         self.metrics.claim(&call.tenant, tool.as_str(), &result);
         result.map_err(|e| refusal(call.id, &e))
     }
@@ -447,9 +461,9 @@ impl Gateway {
         })
     }
 
-    /// The call's run: the one its `_meta` names, else (when asked) its trace id, else its
-    /// window of intent. Never the request's id.
-    async fn run_of(&self, call: &Call<'_>, tool: &ToolName) -> Result<RunId, Value> {
+    /// The call's run: the one its `_meta` names, else (when asked) its trace id, else
+    /// `None`: its window of intent's. Never the request's id.
+    fn run_of(&self, call: &Call<'_>) -> Result<Option<RunId>, Value> {
         if let Some(named) = call.meta.get(RUN) {
             return named
                 .as_str()
@@ -458,6 +472,7 @@ impl Gateway {
                     RunId::parse(s)
                         .map_err(|_| "is not a run id (1 to 256 bytes, no control characters)")
                 })
+                .map(Some)
                 .map_err(|why| {
                     rpc::error(
                         Some(call.id),
@@ -473,17 +488,9 @@ impl Gateway {
                 .and_then(Value::as_str)
                 .and_then(trace_id)
         {
-            return Ok(RunId::from_stored(format!("trace-{trace}")));
+            return Ok(Some(RunId::from_stored(format!("trace-{trace}"))));
         }
-        self.ledger
-            .window_run(
-                &call.tenant,
-                tool,
-                &call.arguments.to_string(),
-                self.rules.same_intent_within,
-            )
-            .await
-            .map_err(|e| refusal(call.id, &e))
+        Ok(None)
     }
 }
 

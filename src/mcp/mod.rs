@@ -25,6 +25,7 @@
 //! routing here keeps messages as the JSON values they arrived as.
 
 pub mod answers;
+pub mod backend;
 pub mod govern;
 pub mod http;
 pub mod policy;
@@ -46,6 +47,7 @@ use crate::ledger::{Ledger, Limits};
 use crate::observe::metrics::{Metrics, MetricsOptions};
 use crate::server::ClockAlignment;
 use crate::storage::{self, PoolOptions, redact_url};
+use backend::{Backend, Remote};
 use govern::{Gateway, Rules, Seal};
 use policy::McpPolicy;
 
@@ -115,8 +117,30 @@ pub struct McpArgs {
     /// The ledger's store: `sqlite://FILE` or `postgres://…` (several gateways then share one
     /// ledger). By default a SQLite file in the user's state directory
     /// ($XDG_STATE_HOME/idempotency-ledger/mcp.db, else ~/.local/state/…).
-    #[arg(long, env = "LEDGER_MCP_DATABASE_URL")]
+    #[arg(long, env = "LEDGER_MCP_DATABASE_URL", conflicts_with = "ledger")]
     pub database_url: Option<String>,
+
+    /// A running ledger server to claim the calls in, over gRPC (`http://HOST:PORT`, or
+    /// `https://` with --ledger-ca), instead of a store of the gateway's own: its tenants,
+    /// approvals, console, metrics and reconcilers then see the gateway's calls. The tenant is
+    /// --ledger-token's (so a tokens file may name one tenant only); with
+    /// --approvals-at-client the token needs the approver role.
+    #[arg(long, env = "LEDGER_MCP_LEDGER")]
+    pub ledger: Option<String>,
+
+    /// The bearer token the gateway calls the ledger server with (prefer the environment
+    /// variable: a flag is visible in the process list).
+    #[arg(
+        long,
+        env = "LEDGER_MCP_LEDGER_TOKEN",
+        hide_env_values = true,
+        requires = "ledger"
+    )]
+    pub ledger_token: Option<String>,
+
+    /// PEM CA certificate that signed an https:// ledger server's certificate.
+    #[arg(long, env = "LEDGER_MCP_LEDGER_CA", requires = "ledger")]
+    pub ledger_ca: Option<PathBuf>,
 
     /// The policy file: which tools pass, which act once, which a person must approve, and
     /// their paired reads (one line a tool name or glob: see the guide). Re-read on SIGHUP; a
@@ -189,7 +213,7 @@ pub struct McpArgs {
     /// unknown outcomes to settle, the entries): for a desktop user on the embedded store, say
     /// `127.0.0.1:7700`. Signed in with a token of `--auth-tokens-file` when it is given, else
     /// open to whoever reaches the address, as tenant `default` with the approver role.
-    #[arg(long, env = "LEDGER_MCP_CONSOLE_LISTEN")]
+    #[arg(long, env = "LEDGER_MCP_CONSOLE_LISTEN", conflicts_with = "ledger")]
     pub console_listen: Option<std::net::SocketAddr>,
 }
 
@@ -224,36 +248,15 @@ pub async fn run(
     }
     let tenant = Tenant::parse(&args.tenant).map_err(|e| McpError::Config(e.to_string()))?;
     let policy = read_policy(args.mcp_policy.as_deref())?;
-    let url = match &args.database_url {
-        Some(url) => url.clone(),
-        None => default_store()?,
-    };
-    let store = storage::open(&url, &PoolOptions::default()).await?;
-    store.migrate().await?;
     let clock = Arc::new(AlignedClock::default());
     let metrics = Metrics::new(clock.clone() as Arc<dyn Clock>, &MetricsOptions::default());
+    let (backend, local) = open_backend(&args, &clock, policy.len()).await?;
     let scraped = match args.metrics_listen {
-        Some(addr) => serve_metrics(addr, &metrics, &store).await?,
+        Some(addr) => serve_metrics(addr, &metrics, local.as_ref().map(|l| &l.0)).await?,
         None => Vec::new(),
     };
-    let mut alignment = ClockAlignment::default();
-    if let Err(e) = alignment.align(&*store, &*clock).await {
-        tracing::warn!(error = %e, "the database's clock could not be read; the local clock is used");
-    }
-    let ledger = Ledger::new(
-        store.clone(),
-        clock.clone() as Arc<dyn Clock>,
-        limits(args.confirm_after),
-    );
-    tracing::info!(
-        store = %redact_url(&url),
-        upstream = %args.upstream.clone().unwrap_or_else(|| shown(&args.command)),
-        transport = if args.listen.is_some() { "http" } else { "stdio" },
-        policy_lines = policy.len(),
-        "idempotency-ledger mcp gateway starting"
-    );
     let gateway = Arc::new(Gateway::new(
-        ledger,
+        backend,
         tenant,
         rules(&args),
         policy,
@@ -265,7 +268,9 @@ pub async fn run(
         Some(addr) => Some(serve_console(addr, &gateway, &metrics, &clock, &args).await?),
         None => None,
     };
-    let upkeep = tokio::spawn(upkeep(gateway.clone(), clock, alignment));
+    let upkeep = local.map(|(store, alignment)| {
+        tokio::spawn(upkeep(gateway.clone(), store, clock.clone(), alignment))
+    });
     let reloader = args
         .mcp_policy
         .clone()
@@ -285,14 +290,76 @@ pub async fn run(
             .await
         }
     };
-    upkeep.abort();
-    for task in scraped.into_iter().chain(console) {
+    for task in scraped.into_iter().chain(console).chain(upkeep) {
         task.abort();
     }
     if let Some(reloader) = reloader {
         reloader.abort();
     }
     served.map_err(McpError::Config)
+}
+
+/// The gateway's ledger as the command line names it: a ledger server (`--ledger`), else a
+/// store of its own (`--database-url`, else the embedded one), opened and migrated, with the
+/// alignment of the clock to its database.
+async fn open_backend(
+    args: &McpArgs,
+    clock: &Arc<AlignedClock>,
+    policy_lines: usize,
+) -> Result<(Backend, Option<(Arc<dyn storage::Store>, ClockAlignment)>), McpError> {
+    if let Some(url) = &args.ledger {
+        one_tenant_for_the_ledger(args)?;
+        let remote = Remote::new(url, args.ledger_token.as_deref(), args.ledger_ca.as_deref())
+            .map_err(|e| McpError::Config(e.to_string()))?;
+        log_start(args, url, policy_lines);
+        return Ok((Backend::Remote(remote), None));
+    }
+    let url = match &args.database_url {
+        Some(url) => url.clone(),
+        None => default_store()?,
+    };
+    let store = storage::open(&url, &PoolOptions::default()).await?;
+    store.migrate().await?;
+    let mut alignment = ClockAlignment::default();
+    if let Err(e) = alignment.align(&*store, &**clock).await {
+        tracing::warn!(error = %e, "the database's clock could not be read; the local clock is used");
+    }
+    let ledger = Ledger::new(
+        store.clone(),
+        clock.clone() as Arc<dyn Clock>,
+        limits(args.confirm_after),
+    );
+    log_start(args, &redact_url(&url), policy_lines);
+    Ok((Backend::Local(ledger), Some((store, alignment))))
+}
+
+/// With `--ledger` every call is the `--ledger-token`'s tenant: a tokens file naming several
+/// tenants would put their calls in one, so it is refused.
+fn one_tenant_for_the_ledger(args: &McpArgs) -> Result<(), McpError> {
+    let Some(file) = &args.auth_tokens_file else {
+        return Ok(());
+    };
+    let tenancy = crate::grpc::auth::Tenancy::from_file(file).map_err(McpError::Config)?;
+    if tenancy.tenant_count() > 1 {
+        return Err(McpError::Config(format!(
+            "{} names {} tenants, but with --ledger every call is recorded for the tenant of \
+             --ledger-token: run one gateway per tenant, each with its tenant's tokens",
+            file.display(),
+            tenancy.tenant_count()
+        )));
+    }
+    Ok(())
+}
+
+/// The start-up line: where the calls are claimed, the upstream, the transport, the policy.
+fn log_start(args: &McpArgs, ledger: &str, policy_lines: usize) {
+    tracing::info!(
+        ledger = %ledger,
+        upstream = %args.upstream.clone().unwrap_or_else(|| shown(&args.command)),
+        transport = if args.listen.is_some() { "http" } else { "stdio" },
+        policy_lines,
+        "idempotency-ledger mcp gateway starting"
+    );
 }
 
 /// How calls are governed, from the command line.
@@ -335,7 +402,7 @@ async fn reload_policy(
 async fn serve_metrics(
     addr: std::net::SocketAddr,
     metrics: &Arc<Metrics>,
-    store: &Arc<dyn storage::Store>,
+    store: Option<&Arc<dyn storage::Store>>,
 ) -> Result<Vec<tokio::task::JoinHandle<()>>, McpError> {
     let listener = crate::observe::http::bind(addr)
         .await
@@ -344,15 +411,17 @@ async fn serve_metrics(
         .local_addr()
         .map_err(|e| McpError::Config(e.to_string()))?;
     tracing::info!(metrics = %bound, "metrics endpoint listening");
-    Ok(vec![
-        tokio::spawn(crate::observe::http::serve(listener, metrics.clone())),
+    let served = tokio::spawn(crate::observe::http::serve(listener, metrics.clone()));
+    // The store's counts are a ledger server's own to serve when it has the store.
+    let refreshed = store.map(|store| {
         tokio::spawn(crate::observe::refresh_loop(
             metrics.clone(),
             store.clone(),
             || true,
             defaults::METRICS_REFRESH_INTERVAL,
-        )),
-    ])
+        ))
+    });
+    Ok(std::iter::once(served).chain(refreshed).collect())
 }
 
 /// Serves the ledger's console on `addr`, on the gateway's ledger.
@@ -371,8 +440,11 @@ async fn serve_console(
     let bound = listener
         .local_addr()
         .map_err(|e| McpError::Config(e.to_string()))?;
+    let ledger = gateway.ledger().ok_or_else(|| {
+        McpError::Config("--console-listen needs the gateway's own store, not --ledger".into())
+    })?;
     let console = crate::console::Console::new(
-        gateway.ledger().clone(),
+        ledger.clone(),
         metrics.clone(),
         credentials,
         clock.clone() as Arc<dyn Clock>,
@@ -437,11 +509,18 @@ fn limits(confirm_after: Duration) -> Limits {
 
 /// The ledger's upkeep while the gateway runs: the clock kept on the database's (PostgreSQL),
 /// lapsed approvals recorded, expired entries pruned.
-async fn upkeep(gateway: Arc<Gateway>, clock: Arc<AlignedClock>, mut alignment: ClockAlignment) {
+async fn upkeep(
+    gateway: Arc<Gateway>,
+    store: Arc<dyn storage::Store>,
+    clock: Arc<AlignedClock>,
+    mut alignment: ClockAlignment,
+) {
     loop {
         tokio::time::sleep(defaults::PRUNE_INTERVAL).await;
-        let ledger = gateway.ledger();
-        let _ = alignment.align(&**ledger.store(), &*clock).await;
+        let Some(ledger) = gateway.ledger() else {
+            return;
+        };
+        let _ = alignment.align(&*store, &*clock).await;
         if let Err(e) = ledger
             .expire_lapsed_approvals(defaults::PRUNE_BATCH_SIZE)
             .await

@@ -381,11 +381,16 @@ fn claim() -> impl Strategy<Value = pb::ClaimRequest> {
         spoiled(0..3, odd_enum()),
         // What a wait waits for, or an odd value.
         spoiled(0..3, odd_enum()),
+        // Now and then a window of intent in place of the run (beside one, it is refused).
+        spoiled(
+            prop_oneof![15 => Just(None), 1 => sane_duration(600)],
+            odd_duration(),
+        ),
     );
     (names, times).prop_map(
         |(
             (run_id, tool, arguments_json, key, canonicalization, principal),
-            (lease, retention, wait, require_approval, runless, view, wait_for),
+            (lease, retention, wait, require_approval, runless, view, wait_for, window),
         )| pb::ClaimRequest {
             run_id: if runless && !key.is_empty() {
                 String::new()
@@ -403,6 +408,7 @@ fn claim() -> impl Strategy<Value = pb::ClaimRequest> {
             require_approval,
             view,
             wait_for,
+            same_intent_within: window,
         },
     )
 }

@@ -33,6 +33,8 @@ class Gateway:
     policy: str | None = None
     #: The ledger's store; the directory's SQLite file by default.
     database_url: str | None = None
+    #: A ledger server instead of a store: its URL and the token the gateway calls it with.
+    ledger: tuple[str, str] | None = None
 
     @property
     def database(self) -> Path:
@@ -40,13 +42,18 @@ class Gateway:
 
     def argv(self) -> list[str]:
         """The gateway's arguments: its store, its flags, then the upstream after ``--``."""
-        args = ["mcp", "--database-url", self.database_url or f"sqlite://{self.database}",
-                *self.flags]
+        args = ["mcp", *self.store(), *self.flags]
         if self.policy is not None:
             policy = self.directory / "policy"
             policy.write_text(self.policy, encoding="utf-8")
             args += ["--mcp-policy", str(policy)]
         return [*args, "--", sys.executable, str(UPSTREAM)]
+
+    def store(self, database_url: str | None = None) -> list[str]:
+        """Where the gateway claims its calls: the ledger server, else its own store."""
+        if self.ledger is not None:
+            return ["--ledger", self.ledger[0], "--ledger-token", self.ledger[1]]
+        return ["--database-url", database_url or self.database_url or f"sqlite://{self.database}"]
 
     def env(self) -> dict[str, str]:
         return {
@@ -122,7 +129,7 @@ def http_gateway(gw: Gateway, upstream: str, *flags: str,
                  database_url: str | None = None) -> Iterator[str]:
     """One gateway replica over Streamable HTTP in front of `upstream`; its endpoint's URL."""
     port = free_port()
-    args = ["mcp", "--database-url", database_url or f"sqlite://{gw.database}",
+    args = ["mcp", *gw.store(database_url),
             "--listen", f"127.0.0.1:{port}", "--upstream", upstream, *gw.flags, *flags]
     if gw.policy is not None:
         policy = gw.directory / "policy"

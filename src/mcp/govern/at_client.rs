@@ -286,7 +286,7 @@ impl Gateway {
             return awaiting();
         };
         let decided = self
-            .ledger
+            .backend
             .decide(
                 &call.tenant,
                 DecideInput {
@@ -306,7 +306,7 @@ impl Gateway {
                 tracing::info!(error = %e, "the person's answer at the client was not recorded");
             }
         }
-        let claimed = self.claim(call, input).await?;
+        let claimed = self.claim(call, input, None).await?;
         let key = claimed.entry.entry.key.as_str().to_owned();
         Ok(match claimed.outcome {
             Outcome::Claimed => self.act(call, claimed, upstream, cancelled).await,

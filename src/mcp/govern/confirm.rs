@@ -13,7 +13,7 @@ use tokio::sync::watch;
 
 use super::{Answer, Call, Gateway, Upstream};
 use crate::domain::{FinalStatus, HoldToken, Key, Micros, Tenant};
-use crate::ledger::{EntryView, ReconcileInput, ResolutionInput, ResolutionOutcome};
+use crate::ledger::{EntryView, ResolutionInput};
 use crate::mcp::answers::performed_without_result;
 use crate::mcp::policy::Confirm;
 
@@ -116,43 +116,26 @@ impl Gateway {
     /// Takes the entry for this gateway (Reconcile with its key): its attempt and the hold a
     /// finding must name; `None` when it is not handed out (resolved, or held by another).
     async fn take(&self, tenant: &Tenant, key: &Key) -> Option<(u32, HoldToken)> {
-        let input = ReconcileInput {
-            keys: vec![key.clone()],
-            limit: 1,
-            principal: (**self.principal.load()).clone(),
-            ..ReconcileInput::default()
-        };
-        match self.ledger.reconcile(tenant, input).await {
-            Ok(out) => out
-                .pending
-                .into_iter()
-                .find(|e| e.entry.key == *key)
-                .map(|e| (e.entry.attempt, e.entry.hold_token)),
-            Err(e) => {
+        let principal = (**self.principal.load()).clone();
+        self.backend
+            .take(tenant, key, principal)
+            .await
+            .unwrap_or_else(|e| {
                 tracing::warn!(error = %e, "the unknown outcome could not be taken for its paired read");
                 None
-            }
-        }
+            })
     }
 
     /// Sends one finding; whether it settled the entry.
     async fn send_finding(&self, tenant: &Tenant, finding: ResolutionInput) -> bool {
-        let input = ReconcileInput {
-            resolutions: vec![finding],
-            resolve_only: true,
-            principal: (**self.principal.load()).clone(),
-            ..ReconcileInput::default()
-        };
-        match self.ledger.reconcile(tenant, input).await {
-            Ok(out) => out
-                .results
-                .first()
-                .is_some_and(|r| r.outcome == ResolutionOutcome::Applied),
-            Err(e) => {
+        let principal = (**self.principal.load()).clone();
+        self.backend
+            .send_finding(tenant, finding, principal)
+            .await
+            .unwrap_or_else(|e| {
                 tracing::warn!(error = %e, "the paired read's finding could not be recorded");
                 false
-            }
-        }
+            })
     }
 }
 

@@ -154,7 +154,7 @@ impl Gateway {
     ) -> Option<crate::ledger::EntryView> {
         let key = input.key.clone();
         let status = input.status;
-        let result = self.ledger.complete(tenant, input).await;
+        let result = self.backend.complete(tenant, input).await;
         self.metrics.complete(status, &result);
         match result {
             Ok(done) => {
@@ -194,7 +194,7 @@ impl Gateway {
                 claim_token: token.clone(),
                 lease: Some(self.rules.lease),
             };
-            match self.ledger.renew_lease(tenant, input).await {
+            match self.backend.renew_lease(tenant, input).await {
                 Ok(_) => {}
                 Err(LedgerError::LeaseEnded(_) | LedgerError::StaleClaimToken) => return,
                 // The store is away: the next renewal may pass; the lease may end meanwhile.

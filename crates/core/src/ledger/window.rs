@@ -62,6 +62,37 @@ impl Ledger {
     }
 }
 
+impl Ledger {
+    /// Claims a call that names no run (`input.key` is replaced) in the run of its window of
+    /// intent ([`Ledger::window_run`] with `within`): one request of a client that cannot keep
+    /// the window itself (the gateway in front of a ledger server).
+    ///
+    /// # Errors
+    /// `InvalidArgument` (field `same_intent_within`) for a window of zero or longer than the
+    /// longest retention, and what [`Ledger::window_run`] and [`Ledger::claim`] refuse.
+    pub async fn claim_within(
+        &self,
+        tenant: &Tenant,
+        mut input: super::ClaimInput,
+        within: Duration,
+    ) -> Result<super::ClaimOutput, LedgerError> {
+        if within.is_zero() || within > self.limits.max_retention {
+            return Err(LedgerError::invalid(
+                "same_intent_within",
+                format!(
+                    "must be more than 0 and at most the longest retention ({})",
+                    crate::defaults::shown(self.limits.max_retention)
+                ),
+            ));
+        }
+        let run = self
+            .window_run(tenant, &input.tool, &input.arguments_json, within)
+            .await?;
+        input.key = crate::domain::ClaimKey::Derived(run);
+        self.claim(tenant, input).await
+    }
+}
+
 /// The run of a call's `generation`th intent window.
 fn window_run_id(generation: u64) -> RunId {
     RunId::from_stored(format!("window-{generation}"))
