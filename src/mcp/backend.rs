@@ -4,16 +4,21 @@
 
 mod remote;
 
+use std::sync::Arc;
 use std::time::Duration;
 
 pub use remote::{Remote, RemoteError};
 
+use super::{McpArgs, McpError};
+use crate::domain::time::{AlignedClock, Clock};
 use crate::domain::{HoldToken, Key, Principal, Tenant};
 use crate::error::LedgerError;
 use crate::ledger::{
     ClaimInput, ClaimOutput, CompleteInput, CompleteOutput, DecideInput, Decided, Ledger,
     ReconcileInput, RenewInput, ResolutionInput, ResolutionOutcome,
 };
+use crate::server::ClockAlignment;
+use crate::storage::{self, PoolOptions, redact_url};
 
 /// The ledger the gateway claims its calls in.
 pub enum Backend {
@@ -152,4 +157,67 @@ impl Backend {
         };
         Ok(first.unwrap_or(false))
     }
+}
+
+/// The gateway's ledger as the command line names it: a ledger server (`--ledger`), else a
+/// store of its own (`--database-url`, else the embedded one), opened and migrated, with the
+/// alignment of the clock to its database.
+pub(super) async fn open(
+    args: &McpArgs,
+    clock: &Arc<AlignedClock>,
+    policy_lines: usize,
+) -> Result<(Backend, Option<(Arc<dyn storage::Store>, ClockAlignment)>), McpError> {
+    if let Some(url) = &args.ledger {
+        one_tenant_for_the_ledger(args)?;
+        let remote = Remote::new(url, args.ledger_token.as_deref(), args.ledger_ca.as_deref())
+            .map_err(|e| McpError::Config(e.to_string()))?;
+        log_start(args, url, policy_lines);
+        return Ok((Backend::Remote(remote), None));
+    }
+    let url = match &args.database_url {
+        Some(url) => url.clone(),
+        None => super::default_store()?,
+    };
+    let store = storage::open(&url, &PoolOptions::default()).await?;
+    store.migrate().await?;
+    let mut alignment = ClockAlignment::default();
+    if let Err(e) = alignment.align(&*store, &**clock).await {
+        tracing::warn!(error = %e, "the database's clock could not be read; the local clock is used");
+    }
+    let ledger = Ledger::new(
+        store.clone(),
+        clock.clone() as Arc<dyn Clock>,
+        super::limits(args.confirm_after),
+    );
+    log_start(args, &redact_url(&url), policy_lines);
+    Ok((Backend::Local(ledger), Some((store, alignment))))
+}
+
+/// With `--ledger` every call is the `--ledger-token`'s tenant: a tokens file naming several
+/// tenants would put their calls in one, so it is refused.
+fn one_tenant_for_the_ledger(args: &McpArgs) -> Result<(), McpError> {
+    let Some(file) = &args.auth_tokens_file else {
+        return Ok(());
+    };
+    let tenancy = crate::grpc::auth::Tenancy::from_file(file).map_err(McpError::Config)?;
+    if tenancy.tenant_count() > 1 {
+        return Err(McpError::Config(format!(
+            "{} names {} tenants, but with --ledger every call is recorded for the tenant of \
+             --ledger-token: run one gateway per tenant, each with its tenant's tokens",
+            file.display(),
+            tenancy.tenant_count()
+        )));
+    }
+    Ok(())
+}
+
+/// The start-up line: where the calls are claimed, the upstream, the transport, the policy.
+fn log_start(args: &McpArgs, ledger: &str, policy_lines: usize) {
+    tracing::info!(
+        ledger = %ledger,
+        upstream = %args.upstream.clone().unwrap_or_else(|| super::shown(&args.command)),
+        transport = if args.listen.is_some() { "http" } else { "stdio" },
+        policy_lines,
+        "idempotency-ledger mcp gateway starting"
+    );
 }

@@ -25,6 +25,8 @@ use serde_json::Value;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 
+pub mod ask;
+
 use super::govern::Gateway;
 use super::rpc::{self, Kind};
 use super::upstream_http::{EventReader, HttpCall, HttpUpstream};
@@ -57,6 +59,8 @@ pub struct Edge {
     /// The governed calls in flight, by tenant, session and id (their cancellations stay
     /// here).
     pub in_flight: std::sync::Mutex<std::collections::HashSet<String>>,
+    /// The sessions whose clients can be asked, and the questions asked of them.
+    pub asking: Arc<ask::Asking>,
 }
 
 /// The edge's routes: every path and method, checked, then routed by the message.
@@ -115,6 +119,11 @@ async fn handle(
     };
     if method != Method::POST {
         // The session-based revisions' GET stream and DELETE of a session: the upstream's.
+        if method == Method::DELETE
+            && let Some(session) = session_of(&headers)
+        {
+            edge.asking.forget_session(session);
+        }
         return edge.pass(method, &headers, Bytes::new()).await;
     }
     let bytes = match axum::body::to_bytes(body, edge.max_body).await {
@@ -182,6 +191,10 @@ async fn route(
             } else {
                 edge.pass(Method::POST, &headers, bytes).await
             }
+        }
+        // The client's answer to the gateway's own question stays here.
+        Kind::Response { .. } if edge.asking.answered(&message) => {
+            StatusCode::ACCEPTED.into_response()
         }
         Kind::Request { .. } | Kind::Notification { .. } | Kind::Response { .. } => {
             edge.pass(Method::POST, &headers, bytes).await
@@ -272,10 +285,7 @@ impl Edge {
         id: &Value,
         set: Option<bool>,
     ) -> bool {
-        let session = headers
-            .get("mcp-session-id")
-            .and_then(|v| v.to_str().ok())
-            .unwrap_or("");
+        let session = session_of(headers).unwrap_or("");
         let key = format!("{}\u{0}{session}\u{0}{}", tenant.as_str(), rpc::id_key(id));
         let mut calls = self
             .in_flight
@@ -289,7 +299,8 @@ impl Edge {
     }
 
     /// A `tools/call`, answered by the gateway in a task of its own (see the module's note),
-    /// which notes a governed call as in flight while it runs.
+    /// which notes a governed call as in flight while it runs. Its answer is JSON, unless the
+    /// call asks its client's user first ([`ask`]): then an event stream, the question first.
     async fn call_tool(
         self: Arc<Self>,
         tenant: Tenant,
@@ -298,6 +309,13 @@ impl Edge {
         headers: HeaderMap,
     ) -> Response {
         let edge = self.clone();
+        let (events, mut outs) = tokio::sync::mpsc::unbounded_channel();
+        let asker = session_of(&headers)
+            .filter(|session| edge.asking.can_ask(session))
+            .map(|_| ask::Asker {
+                asking: edge.asking.clone(),
+                events: events.clone(),
+            });
         let task = tokio::spawn(async move {
             let governed = edge.gateway.governs(&message);
             if governed {
@@ -306,6 +324,7 @@ impl Edge {
             let handle = HttpCall {
                 upstream: &edge.upstream,
                 headers: headers.clone(),
+                asker,
             };
             let (_never, cancelled) = watch::channel(false);
             let answer = edge
@@ -315,12 +334,14 @@ impl Edge {
             if governed {
                 edge.in_flight(&tenant, &headers, &id, Some(false));
             }
-            answer
+            let _ = events.send(ask::Out::Final(answer));
         });
-        match task.await {
-            Ok(Some(answer)) => json_response(StatusCode::OK, &answer),
-            Ok(None) => StatusCode::ACCEPTED.into_response(),
-            Err(e) => {
+        match outs.recv().await {
+            Some(ask::Out::Final(Some(answer))) => json_response(StatusCode::OK, &answer),
+            Some(ask::Out::Final(None)) => StatusCode::ACCEPTED.into_response(),
+            Some(ask::Out::Ask(question)) => ask::event_stream(question, outs),
+            None => {
+                let e = task.await.err().map(|e| e.to_string()).unwrap_or_default();
                 tracing::error!(error = %e, "a tool call's task failed");
                 refusal(
                     StatusCode::INTERNAL_SERVER_ERROR,
@@ -381,6 +402,17 @@ impl Edge {
                 _ => self.gateway.learn_from_discover(answer),
             }
         }
+        if method == "initialize"
+            && message
+                .pointer("/params/capabilities/elicitation")
+                .is_some()
+            && let Some(session) = parts
+                .headers
+                .get("mcp-session-id")
+                .and_then(|v| v.to_str().ok())
+        {
+            self.asking.note_session(session);
+        }
         if let Some(name) = message
             .pointer("/params/clientInfo/name")
             .or_else(|| message.pointer("/params/_meta/io.modelcontextprotocol~1clientInfo/name"))
@@ -393,6 +425,14 @@ impl Edge {
         copy_back(&parts.headers, out.headers_mut());
         out
     }
+}
+
+/// The session a request belongs to (`Mcp-Session-Id`, session-based revisions).
+fn session_of(headers: &HeaderMap) -> Option<&str> {
+    headers
+        .get("mcp-session-id")
+        .and_then(|v| v.to_str().ok())
+        .filter(|s| !s.is_empty())
 }
 
 /// Whether a browser origin is this machine's (`http://localhost:…`, `http://127.0.0.1:…`).

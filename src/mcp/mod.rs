@@ -43,11 +43,10 @@ use clap::Args;
 use crate::defaults::{self, parse_duration};
 use crate::domain::Tenant;
 use crate::domain::time::{AlignedClock, Clock};
-use crate::ledger::{Ledger, Limits};
+use crate::ledger::Limits;
 use crate::observe::metrics::{Metrics, MetricsOptions};
 use crate::server::ClockAlignment;
-use crate::storage::{self, PoolOptions, redact_url};
-use backend::{Backend, Remote};
+use crate::storage;
 use govern::{Gateway, Rules, Seal};
 use policy::McpPolicy;
 
@@ -250,7 +249,7 @@ pub async fn run(
     let policy = read_policy(args.mcp_policy.as_deref())?;
     let clock = Arc::new(AlignedClock::default());
     let metrics = Metrics::new(clock.clone() as Arc<dyn Clock>, &MetricsOptions::default());
-    let (backend, local) = open_backend(&args, &clock, policy.len()).await?;
+    let (backend, local) = backend::open(&args, &clock, policy.len()).await?;
     let scraped = match args.metrics_listen {
         Some(addr) => serve_metrics(addr, &metrics, local.as_ref().map(|l| &l.0)).await?,
         None => Vec::new(),
@@ -297,69 +296,6 @@ pub async fn run(
         reloader.abort();
     }
     served.map_err(McpError::Config)
-}
-
-/// The gateway's ledger as the command line names it: a ledger server (`--ledger`), else a
-/// store of its own (`--database-url`, else the embedded one), opened and migrated, with the
-/// alignment of the clock to its database.
-async fn open_backend(
-    args: &McpArgs,
-    clock: &Arc<AlignedClock>,
-    policy_lines: usize,
-) -> Result<(Backend, Option<(Arc<dyn storage::Store>, ClockAlignment)>), McpError> {
-    if let Some(url) = &args.ledger {
-        one_tenant_for_the_ledger(args)?;
-        let remote = Remote::new(url, args.ledger_token.as_deref(), args.ledger_ca.as_deref())
-            .map_err(|e| McpError::Config(e.to_string()))?;
-        log_start(args, url, policy_lines);
-        return Ok((Backend::Remote(remote), None));
-    }
-    let url = match &args.database_url {
-        Some(url) => url.clone(),
-        None => default_store()?,
-    };
-    let store = storage::open(&url, &PoolOptions::default()).await?;
-    store.migrate().await?;
-    let mut alignment = ClockAlignment::default();
-    if let Err(e) = alignment.align(&*store, &**clock).await {
-        tracing::warn!(error = %e, "the database's clock could not be read; the local clock is used");
-    }
-    let ledger = Ledger::new(
-        store.clone(),
-        clock.clone() as Arc<dyn Clock>,
-        limits(args.confirm_after),
-    );
-    log_start(args, &redact_url(&url), policy_lines);
-    Ok((Backend::Local(ledger), Some((store, alignment))))
-}
-
-/// With `--ledger` every call is the `--ledger-token`'s tenant: a tokens file naming several
-/// tenants would put their calls in one, so it is refused.
-fn one_tenant_for_the_ledger(args: &McpArgs) -> Result<(), McpError> {
-    let Some(file) = &args.auth_tokens_file else {
-        return Ok(());
-    };
-    let tenancy = crate::grpc::auth::Tenancy::from_file(file).map_err(McpError::Config)?;
-    if tenancy.tenant_count() > 1 {
-        return Err(McpError::Config(format!(
-            "{} names {} tenants, but with --ledger every call is recorded for the tenant of \
-             --ledger-token: run one gateway per tenant, each with its tenant's tokens",
-            file.display(),
-            tenancy.tenant_count()
-        )));
-    }
-    Ok(())
-}
-
-/// The start-up line: where the calls are claimed, the upstream, the transport, the policy.
-fn log_start(args: &McpArgs, ledger: &str, policy_lines: usize) {
-    tracing::info!(
-        ledger = %ledger,
-        upstream = %args.upstream.clone().unwrap_or_else(|| shown(&args.command)),
-        transport = if args.listen.is_some() { "http" } else { "stdio" },
-        policy_lines,
-        "idempotency-ledger mcp gateway starting"
-    );
 }
 
 /// How calls are governed, from the command line.
@@ -491,6 +427,7 @@ async fn serve_http(
         loopback: http::is_loopback(bound),
         max_body: args.max_body_bytes,
         in_flight: std::sync::Mutex::default(),
+        asking: Arc::default(),
     });
     http::serve(listener, http::router(edge), shutdown).await;
     Ok(())

@@ -37,7 +37,7 @@ const CANCEL_GRACE: Duration = Duration::from_secs(5);
 const OWN_REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
 /// How long a person at the client is waited for (the call waits meanwhile); past it the
 /// call reads that a person has been asked, and an approver may decide elsewhere.
-const ASK_AT_MOST: Duration = Duration::from_secs(600);
+pub(crate) const ASK_AT_MOST: Duration = Duration::from_secs(600);
 /// How long the tool calls in flight may take to finish once the client went away (or the
 /// gateway was told to stop), before the upstream is stopped under them.
 const DRAIN_GRACE: Duration = Duration::from_secs(10);

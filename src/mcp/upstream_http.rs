@@ -298,6 +298,8 @@ pub struct HttpCall<'a> {
     pub upstream: &'a HttpUpstream,
     /// The client's headers of the call, passed on.
     pub headers: HeaderMap,
+    /// How to ask the client's user, when its session can be asked.
+    pub asker: Option<super::http::ask::Asker>,
 }
 
 #[async_trait]
@@ -316,6 +318,10 @@ impl Upstream for HttpCall<'_> {
             headers.insert("mcp-name", value);
         }
         self.upstream.exchange(&headers, &request).await
+    }
+
+    async fn elicit(&self, params: Value, cancelled: watch::Receiver<bool>) -> Option<Value> {
+        self.asker.as_ref()?.elicit(params, cancelled).await
     }
 }
 

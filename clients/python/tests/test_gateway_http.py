@@ -162,6 +162,46 @@ def test_a_question_asked_by_one_replica_is_answered_at_another_that_shares_its_
     assert len(gw.effects()) == 1
 
 
+def test_a_session_based_client_over_http_is_asked_on_its_calls_stream_and_acts_once_approved(
+        ledger_bin: Path, tmp_path: Path) -> None:
+    """``--approvals-at-client`` for a session-based client over HTTP (2025-11-25): the call's
+    response turns into an event stream carrying the gateway's ``elicitation/create``, the
+    client POSTs its answer back, and the call goes on: approved acts once, denied never; a
+    client that did not declare it can be asked is not."""
+    from mcp import types
+
+    gw = Gateway(ledger_bin, tmp_path, ["--approvals-at-client"], "send_email gate\n")
+    shown: list[str] = []
+
+    def person(answer: dict[str, Any]) -> Any:
+        async def answering(context: Any, params: Any) -> Any:
+            shown.append(params.message)
+            return types.ElicitResult(action="accept", content=answer)
+        return answering
+
+    with http_upstream(gw) as upstream, http_gateway(gw, upstream) as url:
+
+        async def ask(arguments: dict[str, str], answer: dict[str, Any] | None) -> Any:
+            callback = person(answer) if answer is not None else None
+            async with Client(url, mode="legacy", elicitation_callback=callback) as client:
+                return await client.call_tool("send_email", arguments)
+
+        refund = {"to": "billing@example.com", "subject": "refund 900"}
+        approved = anyio.run(ask, EMAIL, {"approve": True, "reason": "checked"})
+        again = anyio.run(ask, EMAIL, {"approve": False})
+        denied = anyio.run(ask, refund, {"approve": False, "reason": "wrong customer"})
+        unasked = anyio.run(ask, {**refund, "subject": "refund 901"}, None)
+    assert not approved.is_error and texts(approved)[0].startswith("sent #1"), texts(approved)
+    assert again.meta["idempotency-ledger/replayed"] is True, "the repeat replays, not asked"
+    assert denied.meta["idempotency-ledger/status"] == "DENIED"
+    assert "wrong customer" in texts(denied)[0]
+    assert unasked.meta["idempotency-ledger/status"] == "AWAITING_APPROVAL", \
+        "a client that cannot be asked reads the awaiting note"
+    assert len(shown) == 2 and "ops@example.com" in shown[0], shown
+    assert [e["subject"] for e in gw.effects()] == ["the weekly report"], "approved once only"
+    assert len(gw.calls("send_email")) == 1
+
+
 def test_an_https_upstream_is_reached_when_its_certificate_chains_to_a_trusted_ca(
         ledger_bin: Path, tmp_path: Path) -> None:
     """``--upstream https://…``: with ``--upstream-ca`` naming the private CA the call acts;
