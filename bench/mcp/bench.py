@@ -1,6 +1,6 @@
 """The MCP gateway's benchmark: the same upstream called directly and through
-``idempotency-ledger mcp``, in one run, over stdio and Streamable HTTP, at 1 and 32 clients
-in flight, with the official Python SDK's client on both sides (so its own cost is in both
+``idempotency-ledger mcp``, in one run, over stdio and Streamable HTTP, at 1 and 32 calls
+in flight in one client, and over HTTP at 32 clients each in a session of its own, with the official Python SDK's client on both sides (so its own cost is in both
 figures and cancels out of the difference). Every call is a new intent (it acts), but the replay
 row, which repeats one call. Prints a table and writes ``bench/results/mcp.json``.
 
@@ -122,6 +122,40 @@ async def measure(target: Any, calls: int, inflight: int, replay: bool = False,
         return row
 
 
+async def measure_sessions(target: Any, calls: int, sessions: int,
+                           watch: bool = False) -> dict[str, float]:
+    """`sessions` clients of the session-based revision (each its own session, one call in
+    flight), `calls` calls in all."""
+    clients = [Client(target, mode="legacy") for _ in range(sessions)]
+    for client in clients:
+        await client.__aenter__()
+    try:
+        for i, client in enumerate(clients):  # warm up
+            await run_calls(client, 2, 1, 20_000_000 + i * 10, False)
+        pid = gateway_pid() if watch else None
+        cpu0, rss0 = (cpu_seconds(pid), rss_mib(pid)) if pid else (0.0, 0.0)
+        latencies: list[float] = []
+        share = calls // sessions
+
+        async def one(i: int, client: Client) -> None:
+            latencies.extend(await run_calls(client, share, 1, 30_000_000 + i * 10**5, False))
+
+        start = time.perf_counter()
+        async with anyio.create_task_group() as tg:
+            for i, client in enumerate(clients):
+                tg.start_soon(one, i, client)
+        seconds = time.perf_counter() - start
+        row = summary(latencies, seconds)
+        if pid:
+            row["gateway_cpu_ms_per_call"] = (cpu_seconds(pid) - cpu0) / len(latencies) * 1000
+            row["gateway_rss_mib_before"] = rss0
+            row["gateway_rss_mib_after"] = rss_mib(pid)
+        return row
+    finally:
+        for client in reversed(clients):
+            await client.__aexit__(None, None, None)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--calls", type=int, default=1000)
@@ -155,6 +189,10 @@ def main() -> None:
                         measure, through, args.calls, inflight, False, True)
                 rows[f"{transport} gateway replay, 1 in flight"] = anyio.run(
                     measure, through, args.calls, 1, True, True)
+            http = (f"http://127.0.0.1:{port}/mcp", f"http://127.0.0.1:{gport}/mcp")
+            rows["http direct, 32 sessions"] = anyio.run(measure_sessions, http[0], args.calls, 32)
+            rows["http gateway, 32 sessions"] = anyio.run(
+                measure_sessions, http[1], args.calls, 32, True)
         finally:
             gateway.terminate()
             upstream.terminate()
@@ -167,13 +205,14 @@ def main() -> None:
                      f"{row['gateway_rss_mib_before']:6.1f} -> {row['gateway_rss_mib_after']:6.1f}")
         print(f"{name:{width}}  {row['calls_per_second']:7.1f}  {row['p50_ms']:7.2f}  "
               f"{row['p99_ms']:7.2f}{extra}")
-    for transport in ("stdio", "http"):
-        for inflight in (1, 32):
-            d = rows[f"{transport} direct, {inflight} in flight"]
-            g = rows[f"{transport} gateway, {inflight} in flight"]
-            print(f"{transport}, {inflight} in flight: the gateway adds "
-                  f"{g['p50_ms'] - d['p50_ms']:.2f} ms at the p50, "
-                  f"{g['p99_ms'] - d['p99_ms']:.2f} ms at the p99")
+    pairs = [(f"{t}, {n} in flight", f"{t} direct, {n} in flight", f"{t} gateway, {n} in flight")
+             for t in ("stdio", "http") for n in (1, 32)]
+    pairs.append(("http, 32 sessions", "http direct, 32 sessions", "http gateway, 32 sessions"))
+    for label, direct_row, gateway_row in pairs:
+        d, g = rows[direct_row], rows[gateway_row]
+        print(f"{label}: the gateway adds "
+              f"{g['p50_ms'] - d['p50_ms']:.2f} ms at the p50, "
+              f"{g['p99_ms'] - d['p99_ms']:.2f} ms at the p99")
     out = REPO / "bench" / "results" / "mcp.json"
     out.write_text(json.dumps({"calls": args.calls, "rows": rows}, indent=2) + "\n")
     print(f"written: {out}")

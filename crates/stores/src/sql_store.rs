@@ -29,8 +29,7 @@ impl<D> std::ops::Deref for SqlStore<D> {
 pub(crate) enum On {
     /// The pool every statement uses.
     Pool,
-    /// Where replays are counted and windows of intent slide (SQLite: a connection that does
-    /// not sync its commits; the next claim's or completion's sync makes them durable).
+    /// Where replays are counted (SQLite: a connection that does not sync its commits).
     Replays,
 }
 

@@ -324,11 +324,8 @@ impl<D: Dialect> Store for SqlStore<D> {
             Param::Int(window.0),
             Param::Flag(keep),
         ];
-        // On the connection replays are counted on, for the same reason (`SqliteStore::open`):
-        // a window's slide that a crash of the machine loses was followed by no claim (whose
-        // commit syncs it), so nothing was sent in it; the next call counts it again.
         let rows: Vec<(i64,)> = self
-            .fetch_all(sql::INTENT_GENERATION, &params, On::Replays)
+            .fetch_all(sql::INTENT_GENERATION, &params, On::Pool)
             .await?;
         let (generation,) = at_most_one(rows, "INTENT_GENERATION")?
             .ok_or_else(|| StoreError::Internal("INTENT_GENERATION returned no row".into()))?;
