@@ -13,6 +13,8 @@
 //! - [`rpc`]: JSON-RPC messages as the gateway routes them, and the errors it answers itself.
 //! - [`answers`]: the `CallToolResult` the client receives for each outcome.
 //! - [`govern`]: one `tools/call`: its run, its Claim, the upstream's answer, its Complete.
+//! - [`backend`]: where the calls are claimed: a ledger in this process, or a ledger server
+//!   over gRPC (`--ledger`).
 //! - [`stdio`]: the stdio transport: the upstream as a child process, restarted when it exits.
 //! - [`upstream_http`]: an upstream over Streamable HTTP: a message a POST, its answer JSON or
 //!   an event stream.
