@@ -398,8 +398,8 @@ pub struct Settings {
     #[arg(
         long,
         env = "LEDGER_POSTGRES_POOLER",
-        value_enum,
-        default_value_t = Pooler::None,
+        value_parser = pooler_parser(),
+        default_value = "none",
     )]
     pub postgres_pooler: Pooler,
 
@@ -464,6 +464,26 @@ impl Settings {
         // Every flag has a default, so this parses whenever the defaults do (a test holds it).
         Settings::from_arg_matches(&matches).expect("the built-in defaults parse")
     }
+}
+
+/// `--postgres-pooler`'s values, described as `--help` lists them (the stores crate's
+/// [`Pooler`] knows no command line).
+fn pooler_parser() -> impl clap::builder::TypedValueParser<Value = Pooler> {
+    use clap::builder::{PossibleValue, PossibleValuesParser, TypedValueParser as _};
+    PossibleValuesParser::new([
+        PossibleValue::new("none").help(
+            "Directly, or through a pooler in session mode, which gives each of the server's \
+             connections a server connection of its own",
+        ),
+        PossibleValue::new("transaction").help(
+            "Through a pooler in transaction mode (PgBouncer's `pool_mode = transaction`), \
+             where a server connection is the server's for one transaction only",
+        ),
+    ])
+    .map(|value| match value.as_str() {
+        "transaction" => Pooler::Transaction,
+        _ => Pooler::None,
+    })
 }
 
 #[cfg(test)]

@@ -71,8 +71,8 @@ fn is_postgres(url: &str) -> bool {
     url.starts_with("postgres://") || url.starts_with("postgresql://")
 }
 
-/// How the server reaches PostgreSQL (`--postgres-pooler`).
-#[derive(clap::ValueEnum, Debug, Clone, Copy, PartialEq, Eq, Default)]
+/// How the server reaches PostgreSQL (`--postgres-pooler`, whose parser is the server's).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum Pooler {
     /// Directly, or through a pooler in session mode, which gives each of the server's
     /// connections a server connection of its own.
