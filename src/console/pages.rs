@@ -431,7 +431,7 @@ mod tests {
     async fn every_reason_is_answered_with_the_tables_status() {
         let mut answered = 0;
         for reason in crate::reason::Reason::all() {
-            let Some(error) = crate::error::sample(reason) else {
+            let Some(error) = crate::grpc::error::samples::sample(reason) else {
                 continue;
             };
             answered += 1;

@@ -94,6 +94,65 @@ pub fn status(err: LedgerError) -> Status {
     Status::from(CallError::Ledger(err))
 }
 
+/// The errors the tests of both faces (gRPC and the console) send: not part of the API.
+#[cfg(test)]
+pub(crate) mod samples {
+    use crate::error::LedgerError;
+    use crate::reason::Reason;
+    use crate::storage::StoreError;
+
+    /// An error of each reason the ledger's use cases can refuse with, carrying words of the
+    /// database's where a store error would (for the tests of both faces); `None` for the
+    /// reasons only the transport sends (a credential, a role, a limit, a deadline, the codec).
+    pub(crate) fn sample(reason: Reason) -> Option<LedgerError> {
+        use Reason as R;
+        let words =
+            || "relation ledger_entries: could not write block 7 of /var/lib/pg".to_string();
+        Some(match reason {
+            R::InvalidField
+            | R::InvalidJson
+            | R::DuplicateMember
+            | R::LoneSurrogate
+            | R::UnsafeInteger
+            | R::JsonTooDeep
+            | R::ArgumentsTooLarge
+            | R::ArgumentsNotObject
+            | R::ResultTooLarge
+            | R::InvalidPageToken
+            | R::UnfencedResolution => LedgerError::InvalidArgument {
+                field: "field",
+                reason,
+                message: "is wrong".into(),
+            },
+            R::KeyReusedWithDifferentRequest => LedgerError::KeyReused,
+            R::StaleClaimToken => LedgerError::StaleClaimToken,
+            R::AlreadyResolved => LedgerError::AlreadyResolved("SUCCEEDED"),
+            R::LeaseEnded => LedgerError::LeaseEnded("UNKNOWN"),
+            R::NotMarked => LedgerError::NotMarked,
+            R::ApprovalMismatch => LedgerError::ApprovalMismatch,
+            R::AlreadyDecided => LedgerError::AlreadyDecided("APPROVED"),
+            R::NotAwaitingApproval => LedgerError::NotAwaitingApproval("it was never gated".into()),
+            R::EntryNotFound => LedgerError::NotFound,
+            R::StoreUnavailable => LedgerError::Store(StoreError::Unreachable(words())),
+            R::StoreBusy => LedgerError::Store(StoreError::Busy(words())),
+            R::StoreIoError => LedgerError::Store(StoreError::Io(words())),
+            R::StoreFull => LedgerError::Store(StoreError::Full(words())),
+            R::StoreContention => LedgerError::Store(StoreError::Contention(words())),
+            R::StoreReadOnly => LedgerError::Store(StoreError::ReadOnly(words())),
+            R::StoreCorrupt => LedgerError::Store(StoreError::Corrupt(words())),
+            R::StoreMisconfigured => LedgerError::Store(StoreError::Misconfigured(words())),
+            R::Internal => LedgerError::Internal(words()),
+            R::MalformedMessage
+            | R::MessageTooLarge
+            | R::ApproverRoleRequired
+            | R::Unauthenticated
+            | R::Overloaded
+            | R::RateLimited
+            | R::DeadlineExceeded => return None,
+        })
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -104,7 +163,7 @@ mod tests {
     fn every_error() -> Vec<(Reason, Status)> {
         Reason::all()
             .filter_map(|reason| {
-                let error = match crate::error::sample(reason) {
+                let error = match samples::sample(reason) {
                     Some(e) => CallError::Ledger(e),
                     None => match reason {
                         Reason::Unauthenticated => CallError::Unauthenticated("no credential"),
