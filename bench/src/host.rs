@@ -51,23 +51,12 @@ pub fn unix_now() -> u64 {
 /// The UTC date and time of `secs` since the epoch: `2026-12-01T20:02Z`, or with
 /// `seconds`, `2026-12-01T20:02:33Z`.
 pub fn utc(secs: u64, seconds: bool) -> String {
-    let days = (secs / 86_400) as i64;
-    let rest = secs % 86_400;
-    // Howard Hinnant's days-to-civil.
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z.rem_euclid(146_097);
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let d = doy - (153 * mp + 2) / 5 + 1;
-    let m = if mp < 10 { mp + 3 } else { mp - 9 };
-    let y = yoe + era * 400 + i64::from(m <= 2);
-    let (h, min, s) = (rest / 3600, rest % 3600 / 60, rest % 60);
+    let full = humantime::format_rfc3339_seconds(UNIX_EPOCH + std::time::Duration::from_secs(secs))
+        .to_string();
     if seconds {
-        format!("{y:04}-{m:02}-{d:02}T{h:02}:{min:02}:{s:02}Z")
+        full
     } else {
-        format!("{y:04}-{m:02}-{d:02}T{h:02}:{min:02}Z")
+        format!("{}Z", &full[..16])
     }
 }
 

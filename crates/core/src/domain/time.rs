@@ -39,27 +39,16 @@ impl Micros {
 }
 
 /// `at` as RFC 3339 in UTC, to the second (`2026-12-03T15:30:00Z`): for the sentences written
-/// for the model and for people, where a fraction would only be noise.
+/// for the model and for people, where a fraction would only be noise. An instant outside the
+/// years 1970 to 9999 (never a real one here) reads as the nearer end.
 #[must_use]
 pub fn rfc3339(at: Micros) -> String {
-    let secs = at.0.div_euclid(1_000_000);
-    let (days, rem) = (secs.div_euclid(86_400), secs.rem_euclid(86_400));
-    // Howard Hinnant's civil_from_days.
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z.rem_euclid(146_097);
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let day = doy - (153 * mp + 2) / 5 + 1;
-    let month = if mp < 10 { mp + 3 } else { mp - 9 };
-    let year = yoe + era * 400 + i64::from(month <= 2);
-    format!(
-        "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}Z",
-        rem / 3600,
-        rem % 3600 / 60,
-        rem % 60
-    )
+    /// 9999-12-31T23:59:59Z, the last second RFC 3339's four-digit years can write.
+    const LAST: u64 = 253_402_300_799;
+    let secs = u64::try_from(at.0.div_euclid(1_000_000))
+        .unwrap_or(0)
+        .min(LAST);
+    humantime::format_rfc3339_seconds(UNIX_EPOCH + Duration::from_secs(secs)).to_string()
 }
 
 /// Where the ledger reads the time. Production uses the wall clock, aligned to the database's
@@ -121,7 +110,16 @@ mod rfc3339_tests {
             "2026-12-03T15:30:00Z"
         );
         assert_eq!(rfc3339(Micros(951_782_400_000_000)), "2000-02-29T00:00:00Z");
-        assert_eq!(rfc3339(Micros(-1)), "1969-12-31T23:59:59Z");
+        assert_eq!(
+            rfc3339(Micros(-1)),
+            "1970-01-01T00:00:00Z",
+            "before 1970: its start"
+        );
+        assert_eq!(
+            rfc3339(Micros(i64::MAX)),
+            "9999-12-31T23:59:59Z",
+            "after 9999: its end"
+        );
     }
 }
 
