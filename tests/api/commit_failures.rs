@@ -398,15 +398,22 @@ async fn every_write_reports_a_commit_that_fails_and_leaves_nothing_behind(b: Ba
     // The health check's write probe.
     fails_cleanly(&store, &inject, "PROBE_WRITE", &[], store.probe_write()).await;
 
-    // Disarmed, the same writes go through: the failures above were the injection's.
-    assert!(
-        store
+    // Disarmed, the same writes go through: the failures above were the injection's. One
+    // pass once pruned nothing on PostgreSQL on a loaded CI machine (not reproduced since, 12
+    // runs beside two CPU hogs); the one way we know for that is a row another transaction
+    // holds, which the prune skips (SKIP LOCKED) for its next pass. So up to 20 passes.
+    let mut pruned = 0;
+    for _ in 0..20 {
+        pruned += store
             .prune(now.plus(hour).plus(hour), 100)
             .await
-            .expect("prune")
-            >= 1,
-        "k-1 is pruned once commits succeed"
-    );
+            .expect("prune");
+        if pruned >= 1 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(pruned >= 1, "k-1 is pruned once commits succeed");
     store.probe_write().await.expect("probe");
 
     // Approvals, on run-1 with one finished entry (k-5): a request (which keeps its run's
