@@ -193,9 +193,10 @@ impl<DB: sqlx::Database> Connections<DB> {
     /// proven; else an idle one of the pool's, taken at once while proven; else through the
     /// pool's `acquire`, which runs its checks and waits for one.
     ///
-    /// sqlx's acquire future holds its whole connect path (TLS included), about 14 KB in a
-    /// release build: inline, it made every store call's future as large, and each call copied
-    /// that into `async_trait`'s box. It is boxed here, when used.
+    /// sqlx's acquire future holds its whole connect path (TLS included), which is large:
+    /// inline, it made every store call's future as large, and each call copied that into
+    /// `async_trait`'s box. It is boxed here, when used (its size and the gain: bench/HISTORY.md, "Figures once
+    /// written in code comments").
     ///
     /// # Errors
     /// [`AcquireError::Busy`] when the pool timed out while every connection was in use by
