@@ -32,6 +32,7 @@ mod approvals;
 mod attention;
 mod entries;
 mod entry;
+mod forms;
 mod rate;
 
 /// A page, or the page of what went wrong (`Err` only shortens the code; both are answers).

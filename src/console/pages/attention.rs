@@ -2,6 +2,7 @@
 //! acknowledges each, then the unknown outcomes, oldest first, each with the form that
 //! resolves it as a reconciler would.
 
+use super::forms::{double_effect_card, resolve_form};
 use super::*;
 
 pub(super) async fn attention(who: Who, Query(query): Query<Params>) -> PageResult {
@@ -70,48 +71,6 @@ fn unknown_row(who: &Who, view: &EntryView) -> Markup {
             td class="mono" { (entry_link(e.key.as_str())) }
             td { (why) }
             td { details { summary { "Resolve…" } (resolve_form(who, e, "/")) } }
-        }
-    }
-}
-
-/// The form that resolves the entry `e`, as a reconciler's resolution would, fenced by what
-/// the page showed: its attempt and its newest hold, sent back so that a person's finding
-/// settles that attempt only, and only if no reconciler was handed the entry since; `back` is
-/// where to go after it.
-pub(super) fn resolve_form(who: &Who, e: &Entry, back: &str) -> Markup {
-    html! {
-        form class="resolve" method="post" action="/resolve" {
-            (csrf_field(&who.csrf))
-            (hidden_field("key", e.key.as_str()))
-            (hidden_field("attempt", e.attempt))
-            (hidden_field("hold", e.hold_token.as_str()))
-            (hidden_field("back", back))
-            fieldset {
-                legend { "What does the outside world say?" }
-                label {
-                    input type="radio" name="outcome" value="found" required;
-                    " Found: it happened (its result below is replayed to every repeat)"
-                }
-                label {
-                    input type="radio" name="outcome" value="not_found";
-                    " Not found: it did not happen; a repeat may try again"
-                }
-                label {
-                    input type="radio" name="outcome" value="failed";
-                    " Failed for good: it did not happen and must not be tried again"
-                }
-            }
-            label { "Result, with Found (stored as typed)" textarea name="result" rows="3" {} }
-            label {
-                "Note, with Not found or Failed (stored as the entry's error)"
-                input type="text" name="error";
-            }
-            label {
-                "Your name (recorded: resolved_by = console:NAME)"
-                input type="text" name="operator" maxlength=(MAX_OPERATOR_CHARS)
-                    value=(who.operator);
-            }
-            button type="submit" { "Resolve" }
         }
     }
 }
@@ -307,7 +266,7 @@ pub(super) async fn double_effects(who: &Who) -> Result<Markup, Answer> {
                 (entry_link(view.entry.key.as_str())) " · " (view.entry.tool.as_str())
                 " · attempt " (view.entry.attempt) " · " (view.status.as_str())
             }
-            (super::entry::double_effect_card(who, view, history, "/"))
+            (double_effect_card(who, view, history, "/"))
         }
     })
 }

@@ -1,5 +1,6 @@
 //! One entry's page: every field, its arguments and result as stored, its timeline.
 
+use super::forms::{double_effect_card, resolve_form, who_of};
 use super::*;
 use crate::domain::{EventKind, HistoryEvent};
 
@@ -47,7 +48,7 @@ pub(super) async fn entry(who: Who, Query(Params { key, .. }): Query<Params>) ->
                 b class="warn" { "Nobody knows whether this happened." }
                 " Ask the outside world about " code { (view.external_ref) }
                 ", then say what it found. "
-                details open { summary { "Resolve" } (super::attention::resolve_form(&who, e, &here)) }
+                details open { summary { "Resolve" } (resolve_form(&who, e, &here)) }
             }
         }
         h2 { "Fields" }
@@ -276,15 +277,6 @@ pub(super) fn history_table(history: &[HistoryEvent]) -> Markup {
     }
 }
 
-/// Who an event is by, or `-`.
-fn who_of(event: &HistoryEvent) -> &str {
-    if event.principal.is_empty() {
-        "-"
-    } else {
-        event.principal.as_str()
-    }
-}
-
 /// A history event's kind as a person reads it.
 fn event_in_words(kind: &EventKind) -> &str {
     match kind {
@@ -299,56 +291,5 @@ fn event_in_words(kind: &EventKind) -> &str {
         EventKind::ApprovalExpired => "approval lapsed",
         EventKind::ApprovalUsed => "approval used",
         EventKind::Other(name) => name,
-    }
-}
-
-/// The warning on an entry marked as a possible double effect: the evidence, and the form
-/// that acknowledges it once a person has dealt with it; `back` is where to go after it.
-pub(super) fn double_effect_card(
-    who: &Who,
-    view: &EntryView,
-    history: &[HistoryEvent],
-    back: &str,
-) -> Markup {
-    let evidence = history.iter().filter(|ev| {
-        matches!(
-            ev.kind,
-            EventKind::PossibleDoubleEffect | EventKind::FindingStale
-        )
-    });
-    html! {
-        div class="card double-effect" {
-            b class="bad" { "Possible double effect." }
-            " A finding says that an earlier attempt's effect exists while a later attempt was \
-             started (or after the attempt had been recorded as not done): this intent may have \
-             acted twice. Check the outside world for " code { (view.external_ref) }
-            " and undo what must be undone, then acknowledge it here."
-            ul class="evidence" {
-                @for event in evidence {
-                    li {
-                        (precise_time(event.at)) " · attempt " (event.attempt) " · "
-                        (who_of(event)) " · " (event.detail)
-                    }
-                }
-            }
-            details {
-                summary { "Acknowledge…" }
-                form class="resolve" method="post" action="/acknowledge" {
-                    (csrf_field(&who.csrf))
-                    (hidden_field("key", view.entry.key.as_str()))
-                    (hidden_field("back", back))
-                    label {
-                        "What you found or did (kept in the history)"
-                        textarea name="note" rows="2" maxlength="1024" required {}
-                    }
-                    label {
-                        "Your name (recorded with it)"
-                        input type="text" name="operator" maxlength=(MAX_OPERATOR_CHARS)
-                            value=(who.operator);
-                    }
-                    button type="submit" { "Acknowledge" }
-                }
-            }
-        }
     }
 }
