@@ -574,7 +574,7 @@ mod tests {
     fn ok_is_shown_from_the_start_and_other_codes_once_seen() {
         let m = metrics(50);
         let text = render(&m);
-        for rpc in Rpc::ALL {
+        for rpc in Rpc::all() {
             let ok = format!("grpc_method=\"{}\",grpc_code=\"OK\"}} 0\n", rpc.name());
             assert!(text.contains(&ok), "no {ok:?} in:\n{text}");
         }

@@ -57,7 +57,19 @@ pub use metrics::{Metrics, MetricsOptions, refresh_loop};
 pub const SERVICE: &str = crate::proto::ledger_service_server::SERVICE_NAME;
 
 /// One of the ledger service's RPCs: a `grpc_method` label value, and the access log's `rpc`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+/// The one list of them: their names, the metric families' arrays and the spans' names all come
+/// from it (a test holds it to the methods the proto declares, in their order).
+#[derive(
+    Clone,
+    Copy,
+    Debug,
+    PartialEq,
+    Eq,
+    strum::EnumIter,
+    strum::EnumCount,
+    strum::IntoStaticStr,
+    strum::EnumString,
+)]
 pub enum Rpc {
     /// `Claim`.
     Claim,
@@ -85,38 +97,25 @@ pub enum Rpc {
 
 impl Rpc {
     /// How many RPCs there are.
-    pub const COUNT: usize = 11;
+    pub const COUNT: usize = <Rpc as strum::EnumCount>::COUNT;
 
-    /// Every RPC, in the order the families list them.
-    pub const ALL: [Rpc; Rpc::COUNT] = [
-        Rpc::Claim,
-        Rpc::Complete,
-        Rpc::Lookup,
-        Rpc::Reconcile,
-        Rpc::ListEntries,
-        Rpc::RenewLease,
-        Rpc::ReplayRate,
-        Rpc::AcknowledgeDoubleEffect,
-        Rpc::Decide,
-        Rpc::ExtendRun,
-        Rpc::WatchApprovals,
-    ];
+    /// Every RPC, in the order the families list them (the order declared above).
+    #[must_use]
+    pub fn all() -> [Rpc; Rpc::COUNT] {
+        let mut every = <Rpc as strum::IntoEnumIterator>::iter();
+        std::array::from_fn(|_| every.next().unwrap_or(Rpc::Claim))
+    }
 
     /// The method's name, as the proto spells it.
+    #[must_use]
     pub fn name(self) -> &'static str {
-        match self {
-            Rpc::Claim => "Claim",
-            Rpc::Complete => "Complete",
-            Rpc::Lookup => "Lookup",
-            Rpc::Reconcile => "Reconcile",
-            Rpc::ListEntries => "ListEntries",
-            Rpc::RenewLease => "RenewLease",
-            Rpc::ReplayRate => "ReplayRate",
-            Rpc::AcknowledgeDoubleEffect => "AcknowledgeDoubleEffect",
-            Rpc::Decide => "Decide",
-            Rpc::ExtendRun => "ExtendRun",
-            Rpc::WatchApprovals => "WatchApprovals",
-        }
+        self.into()
+    }
+
+    /// The RPC a method's name (`Claim`) names, if any.
+    #[must_use]
+    pub fn named(method: &str) -> Option<Rpc> {
+        method.parse().ok()
     }
 
     /// The RPC a request path (`/idempotency.v1.LedgerService/Claim`) names, if any.
@@ -125,10 +124,10 @@ impl Rpc {
             .strip_prefix('/')?
             .strip_prefix(SERVICE)?
             .strip_prefix('/')?;
-        Rpc::ALL.into_iter().find(|rpc| rpc.name() == method)
+        Rpc::named(method)
     }
 
-    /// Its place in [`Rpc::ALL`], for per-method arrays.
+    /// Its place in [`Rpc::all`], for per-method arrays.
     fn index(self) -> usize {
         self as usize
     }
@@ -166,13 +165,13 @@ mod tests {
             .find(|s| format!("idempotency.v1.{}", s.name()) == SERVICE)
             .expect("the ledger service is described");
         let declared: Vec<&str> = service.method.iter().map(|m| m.name()).collect();
-        let listed: Vec<&str> = Rpc::ALL.iter().map(|r| r.name()).collect();
+        let listed: Vec<&str> = Rpc::all().iter().map(|r| r.name()).collect();
         assert_eq!(listed, declared);
     }
 
     #[test]
     fn every_rpc_sits_at_its_own_index() {
-        for (i, rpc) in Rpc::ALL.into_iter().enumerate() {
+        for (i, rpc) in Rpc::all().into_iter().enumerate() {
             assert_eq!(rpc.index(), i, "{rpc:?}");
         }
     }

@@ -472,19 +472,18 @@ impl<E: SpanExporter + 'static> SpanExporter for OnRuntime<E> {
 /// The name of a ledger RPC's span, as the RPC conventions write it: `<service>/<method>`;
 /// a method the service does not have is `_OTHER`.
 pub(super) fn span_name(method: &str) -> &'static str {
-    match method {
-        "Claim" => "idempotency.v1.LedgerService/Claim",
-        "Complete" => "idempotency.v1.LedgerService/Complete",
-        "Lookup" => "idempotency.v1.LedgerService/Lookup",
-        "Reconcile" => "idempotency.v1.LedgerService/Reconcile",
-        "ListEntries" => "idempotency.v1.LedgerService/ListEntries",
-        "RenewLease" => "idempotency.v1.LedgerService/RenewLease",
-        "ReplayRate" => "idempotency.v1.LedgerService/ReplayRate",
-        "AcknowledgeDoubleEffect" => "idempotency.v1.LedgerService/AcknowledgeDoubleEffect",
-        "Decide" => "idempotency.v1.LedgerService/Decide",
-        "ExtendRun" => "idempotency.v1.LedgerService/ExtendRun",
-        "WatchApprovals" => "idempotency.v1.LedgerService/WatchApprovals",
-        _ => "idempotency.v1.LedgerService/_OTHER",
+    /// Each RPC's span name, made once from the one list of RPCs.
+    static NAMES: std::sync::LazyLock<[&'static str; super::Rpc::COUNT]> =
+        std::sync::LazyLock::new(|| {
+            super::Rpc::all().map(|rpc| {
+                &*Box::leak(format!("{}/{}", super::SERVICE, rpc.name()).into_boxed_str())
+            })
+        });
+    match super::Rpc::named(method) {
+        Some(rpc) => NAMES[rpc as usize],
+        None => {
+            const_format::concatcp!(crate::proto::ledger_service_server::SERVICE_NAME, "/_OTHER")
+        }
     }
 }
 
@@ -651,7 +650,7 @@ mod tests {
 
     #[test]
     fn span_names_are_the_service_and_the_method() {
-        for rpc in Rpc::ALL {
+        for rpc in Rpc::all() {
             assert_eq!(
                 span_name(rpc.name()),
                 format!("{}/{}", crate::observe::SERVICE, rpc.name())

@@ -35,7 +35,7 @@ fn handling_histogram() -> Histogram {
 fn per_method<M: Clone, C: prometheus_client::metrics::family::MetricConstructor<M>>(
     family: &Family<Labels<3>, M, C>,
 ) -> [M; Rpc::COUNT] {
-    Rpc::ALL.map(|rpc| family.get_or_create_owned(&method_labels(rpc)))
+    Rpc::all().map(|rpc| family.get_or_create_owned(&method_labels(rpc)))
 }
 
 /// The gRPC families.
@@ -78,7 +78,7 @@ impl GrpcSeries {
         );
         GrpcSeries {
             started: per_method(&started),
-            handled_ok: Rpc::ALL
+            handled_ok: Rpc::all()
                 .map(|rpc| handled.get_or_create_owned(&handled_labels(rpc, tonic::Code::Ok))),
             handled,
             seconds: per_method(&seconds),
