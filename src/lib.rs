@@ -22,7 +22,7 @@
 //! - this crate, the server: its modules, each using only those to its left (the test
 //!   `tests/layout.rs` holds it):
 //!
-//! `proto, connections ← observe ← grpc ← console ← server ← mcp ← cli`
+//! `proto, connections ← observe, credentials ← grpc ← console ← server ← mcp ← cli`
 //!
 //! - [`proto`]: the generated `idempotency.v1` types and descriptors.
 //! - [`connections`]: the client connections, bounded: the descriptor limit raised, a cap,
@@ -32,6 +32,8 @@
 //!   logs (one span and one access line per RPC, W3C trace context), and the traces exported
 //!   over OTLP when `OTEL_EXPORTER_OTLP_ENDPOINT` is set. Below [`grpc`], which records into
 //!   it; it knows the ledger's answers (to count them), not the service.
+//! - [`credentials`]: the tokens file, its tenants and roles, and the check of a bearer
+//!   token, which the gRPC face, the console's sign-in and the gateway's edge all use.
 //! - [`grpc`]: the service, the proto ↔ domain conversions, deadlines, the one rewrite of
 //!   tonic's own refusals, authentication and admission (load shedding, tenant rate limits),
 //!   and the mapping of the core's error table to gRPC codes, reasons and details.
@@ -40,7 +42,7 @@
 //!   would), calls awaiting approval, the entries by filter or search, one entry whole, and
 //!   the replay rate drawn per tool; sessions signed in with a tenant's token, CSRF tokens,
 //!   escaping. It uses the ledger's use cases and the observe figures directly, and the
-//!   credentials of [`grpc`]'s authentication.
+//!   [`credentials`] the gRPC face checks too.
 //! - [`server`]: the settings, health and its store probe, reflection, graceful shutdown;
 //!   every task it starts ends with it. One public way to run it: [`server::run`].
 //! - [`mcp`]: the MCP gateway (`idempotency-ledger mcp`): the ledger between an MCP client and
@@ -55,6 +57,7 @@
 pub mod cli;
 pub mod connections;
 pub mod console;
+pub mod credentials;
 pub mod grpc;
 pub mod mcp;
 pub mod observe;

@@ -32,7 +32,7 @@ const FLOORS: &[Floor] = &[
         src: "src",
         layers: &[
             &["proto", "connections"],
-            &["observe"],
+            &["observe", "credentials"],
             &["grpc"],
             &["console"],
             &["server"],

@@ -56,9 +56,9 @@ use http::{HeaderMap, HeaderValue, Method, StatusCode, header};
 use sha2::{Digest, Sha256};
 use tokio::net::TcpListener;
 
+use crate::credentials::{Credentials, Tenancy};
 use crate::domain::Micros;
 use crate::domain::time::Clock;
-use crate::grpc::auth::{Credentials, Tenancy};
 use crate::ledger::Ledger;
 use crate::observe::Metrics;
 use crate::observe::http::Limits;

@@ -19,10 +19,10 @@ use super::html::{
 use super::respond::{self, bad, good};
 use super::session::SignedIn;
 use super::{Answer, Console, Visit};
+use crate::credentials::{Credential, Identity};
 use crate::domain::key::{HoldToken, Key, Principal};
 use crate::domain::{Completion, Entry, FinalStatus, Micros, StaleReason, Status, Tenant};
 use crate::error::LedgerError;
-use crate::grpc::auth::{Credential, Identity};
 use crate::ledger::find::{KeyQuery, SEARCH_LIMIT, Verdict, missing_message};
 use crate::ledger::{
     AcknowledgeInput, EntryView, Finding, ListInput, ListOutput, LookupInput, ResolutionOutcome,

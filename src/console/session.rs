@@ -14,9 +14,9 @@ use std::sync::{Mutex, MutexGuard, PoisonError};
 use sha2::{Digest, Sha256};
 
 use super::html::Flash;
+use crate::credentials::Credential;
 use crate::domain::{Micros, Tenant};
 use crate::error::LedgerError;
-use crate::grpc::auth::Credential;
 
 /// Most sessions kept at once; the oldest goes first beyond it.
 pub const MAX_SESSIONS: usize = 10_000;

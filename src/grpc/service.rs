@@ -10,7 +10,6 @@ use tokio::time::Instant;
 use tonic::{Request, Response, Status};
 
 use super::admission::{Admission, Admitted, HeldBytes};
-use super::auth::Approver;
 use super::convert::{
     View, audited_entry, claim_response, completed_entry, entry, history_event, pending_entry,
     replay_rate_response, resolution_result, timestamp,
@@ -23,6 +22,7 @@ use super::inputs::{
 };
 use super::pb;
 use super::pb::ledger_service_server::LedgerService;
+use crate::credentials::Approver;
 use crate::domain::key::ToolName;
 use crate::domain::{FinalStatus, Principal, RunId, Tenant};
 use crate::error::LedgerError;

@@ -199,7 +199,7 @@ fn one_tenant_for_the_ledger(args: &McpArgs) -> Result<(), McpError> {
     let Some(file) = &args.auth_tokens_file else {
         return Ok(());
     };
-    let tenancy = crate::grpc::auth::Tenancy::from_file(file).map_err(McpError::Config)?;
+    let tenancy = crate::credentials::Tenancy::from_file(file).map_err(McpError::Config)?;
     if tenancy.tenant_count() > 1 {
         return Err(McpError::Config(format!(
             "{} names {} tenants, but with --ledger every call is recorded for the tenant of \

@@ -30,8 +30,8 @@ pub mod ask;
 use super::govern::Gateway;
 use super::rpc::{self, Kind};
 use super::upstream_http::{EventReader, HttpCall, HttpUpstream};
+use crate::credentials::Credentials;
 use crate::domain::Tenant;
-use crate::grpc::auth::Credentials;
 
 /// The response headers of the upstream a client receives.
 const HANDED_BACK: [&str; 4] = [

@@ -370,7 +370,7 @@ async fn serve_console(
     clock: &Arc<AlignedClock>,
     args: &McpArgs,
 ) -> Result<tokio::task::JoinHandle<()>, McpError> {
-    let credentials = crate::grpc::auth::Credentials::load(args.auth_tokens_file.as_deref())
+    let credentials = crate::credentials::Credentials::load(args.auth_tokens_file.as_deref())
         .map_err(McpError::Config)?;
     let listener = crate::console::bind(addr)
         .await
@@ -407,7 +407,7 @@ async fn serve_http(
     upstream: &str,
     shutdown: impl Future<Output = ()> + Send,
 ) -> Result<(), String> {
-    let credentials = crate::grpc::auth::Credentials::load(args.auth_tokens_file.as_deref())?;
+    let credentials = crate::credentials::Credentials::load(args.auth_tokens_file.as_deref())?;
     let listener = tokio::net::TcpListener::bind(listen)
         .await
         .map_err(|e| format!("cannot listen on {listen}: {e}"))?;

@@ -473,14 +473,12 @@ impl<E: SpanExporter + 'static> SpanExporter for OnRuntime<E> {
 /// a method the service does not have is `_OTHER`.
 pub(super) fn span_name(method: &str) -> &'static str {
     /// Each RPC's span name, made once from the one list of RPCs.
-    static NAMES: std::sync::LazyLock<[&'static str; super::Rpc::COUNT]> =
+    static NAMES: std::sync::LazyLock<[String; super::Rpc::COUNT]> =
         std::sync::LazyLock::new(|| {
-            super::Rpc::all().map(|rpc| {
-                &*Box::leak(format!("{}/{}", super::SERVICE, rpc.name()).into_boxed_str())
-            })
+            super::Rpc::all().map(|rpc| format!("{}/{}", super::SERVICE, rpc.name()))
         });
     match super::Rpc::named(method) {
-        Some(rpc) => NAMES[rpc as usize],
+        Some(rpc) => NAMES[rpc as usize].as_str(),
         None => {
             const_format::concatcp!(crate::proto::ledger_service_server::SERVICE_NAME, "/_OTHER")
         }

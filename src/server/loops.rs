@@ -11,7 +11,7 @@ use super::health::Readiness;
 use tokio::task::JoinHandle;
 
 use super::{ServerTls, Settings, approval_policy};
-use crate::grpc::auth::{Credentials, Reload};
+use crate::credentials::{Credentials, Reload};
 use crate::ledger::Ledger;
 use crate::observe::Metrics;
 

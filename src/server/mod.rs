@@ -25,11 +25,11 @@ pub use settings::{Settings, StoreArguments, Wakeup};
 pub use tls::{ServerTls, TlsFiles};
 
 use crate::connections::Listener;
+use crate::credentials::Credentials;
 use crate::domain::Policy;
 use crate::domain::time::Clock;
 use crate::error::LedgerError;
 use crate::grpc::admission::{Admission, AdmitBytes, BytesInFlight};
-use crate::grpc::auth::Credentials;
 use crate::grpc::{LedgerApi, LedgerServiceServer, pb};
 use crate::ledger::Ledger;
 use crate::observe::{self, GrpcMetricsLayer, Metrics};
@@ -346,7 +346,7 @@ fn ledger_service(
 + 'static {
     let interceptor = {
         let state = state.clone();
-        let mut authenticate = credentials.interceptor();
+        let mut authenticate = crate::grpc::auth::interceptor(credentials);
         // Authentication comes first, so an unauthenticated caller learns nothing, not even
         // whether the server is ready.
         move |request| {

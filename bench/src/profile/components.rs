@@ -59,6 +59,7 @@ pub const COMPONENTS: &[(&str, &[&str])] = &[
             "idempotency_ledger::grpc::admission",
             "idempotency_ledger::grpc::deadline",
             "idempotency_ledger::grpc::auth",
+            "idempotency_ledger::credentials",
             "idempotency_ledger::grpc::error",
             "idempotency_ledger::grpc::transport_refusals",
         ],
