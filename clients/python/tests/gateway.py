@@ -144,6 +144,27 @@ def http_gateway(gw: Gateway, upstream: str, *flags: str,
         process.wait(timeout=20)
 
 
+def identical_calls_over_two(first: str, second: str, calls: int,
+                             arguments: dict[str, Any]) -> list[Any]:
+    """`calls` identical `slow_send` calls at once, alternating between two gateway replicas,
+    one client on 2026-07-28 and one on the session-based handshake; their results."""
+    import anyio
+    from mcp import Client
+
+    async def main() -> list[Any]:
+        results: list[Any] = []
+        async with Client(first, mode="2026-07-28") as one, \
+                Client(second, mode="legacy") as two:
+            async def call(client: Client) -> None:
+                results.append(await client.call_tool("slow_send", arguments))
+            async with anyio.create_task_group() as tg:
+                for n in range(calls):
+                    tg.start_soon(call, one if n % 2 else two)
+        return results
+
+    return anyio.run(main)
+
+
 #: The stateless revision's `_meta` a raw request carries to be one (the upstream refuses it
 #: otherwise, asking for a session).
 STATELESS_META = {"io.modelcontextprotocol/protocolVersion": "2026-07-28",

@@ -13,8 +13,8 @@ from typing import Any
 import anyio
 import httpx2
 import pytest
-from gateway import (STATELESS_META, Gateway, http_gateway, http_upstream, post, postgres, texts,
-                     tool_call)
+from gateway import (STATELESS_META, Gateway, http_gateway, http_upstream,
+                     identical_calls_over_two, post, postgres, texts, tool_call)
 from mcp import Client
 from mcp.client.streamable_http import streamable_http_client
 
@@ -102,19 +102,7 @@ def test_sixteen_identical_calls_over_two_replicas_on_one_postgres_act_once(
     with postgres() as database, http_upstream(gw) as upstream, \
             http_gateway(gw, upstream, database_url=database) as first, \
             http_gateway(gw, upstream, database_url=database) as second:
-
-        async def main() -> list[Any]:
-            results: list[Any] = []
-            async with Client(first, mode="2026-07-28") as one, \
-                    Client(second, mode="legacy") as two:
-                async def call(client: Client) -> None:
-                    results.append(await client.call_tool("slow_send", slow))
-                async with anyio.create_task_group() as tg:
-                    for n in range(16):
-                        tg.start_soon(call, one if n % 2 else two)
-            return results
-
-        results = anyio.run(main)
+        results = identical_calls_over_two(first, second, 16, slow)
     assert len(results) == 16
     assert all(not r.is_error for r in results), [texts(r) for r in results if r.is_error]
     assert len(gw.effects()) == 1, gw.effects()

@@ -14,7 +14,7 @@ from typing import Any
 
 import anyio
 import pytest
-from gateway import Gateway, http_gateway, http_upstream, texts
+from gateway import Gateway, http_gateway, http_upstream, identical_calls_over_two, texts
 from mcp import Client
 from mcp.shared.exceptions import MCPError
 
@@ -86,19 +86,7 @@ def test_identical_calls_over_two_gateways_on_one_ledger_server_act_once(
     slow = {"to": "ops@example.com", "subject": "together", "seconds": 0.5}
     with http_upstream(gw) as upstream, http_gateway(gw, upstream) as first, \
             http_gateway(gw, upstream) as second:
-
-        async def main() -> list[Any]:
-            results: list[Any] = []
-            async with Client(first, mode="2026-07-28") as one, \
-                    Client(second, mode="legacy") as two:
-                async def call(client: Client) -> None:
-                    results.append(await client.call_tool("slow_send", slow))
-                async with anyio.create_task_group() as tg:
-                    for n in range(8):
-                        tg.start_soon(call, one if n % 2 else two)
-            return results
-
-        results = anyio.run(main)
+        results = identical_calls_over_two(first, second, 8, slow)
     assert all(not r.is_error for r in results), [texts(r) for r in results if r.is_error]
     assert len(gw.effects()) == 1, gw.effects()
     assert sum(1 for r in results if (r.meta or {}).get("idempotency-ledger/replayed")) == 7

@@ -162,12 +162,7 @@ impl Remote {
         let request = pb::CompleteRequest {
             key: input.key.as_str().to_owned(),
             claim_token: input.claim_token.as_str().to_owned(),
-            status: match input.status {
-                FinalStatus::Succeeded => pb::Status::Succeeded,
-                FinalStatus::Failed => pb::Status::Failed,
-                FinalStatus::Unknown => pb::Status::Unknown,
-            }
-            .into(),
+            status: reported(input.status).into(),
             result: input.result.into(),
             error: input.error,
             retryable: input.retryable,
@@ -258,12 +253,7 @@ impl Remote {
                 .into_iter()
                 .map(|r| pb::Resolution {
                     key: r.key.into(),
-                    status: match r.status {
-                        FinalStatus::Succeeded => pb::Status::Succeeded,
-                        FinalStatus::Failed => pb::Status::Failed,
-                        FinalStatus::Unknown => pb::Status::Unknown,
-                    }
-                    .into(),
+                    status: reported(r.status).into(),
                     result: r.result.into(),
                     error: r.error,
                     retryable: r.retryable,
@@ -293,6 +283,15 @@ impl Remote {
             .map(|r| r.result == i32::from(pb::ResolutionOutcome::ResolutionApplied))
             .collect();
         Ok((pending, applied))
+    }
+}
+
+/// A reported outcome as the proto's status.
+fn reported(status: FinalStatus) -> pb::Status {
+    match status {
+        FinalStatus::Succeeded => pb::Status::Succeeded,
+        FinalStatus::Failed => pb::Status::Failed,
+        FinalStatus::Unknown => pb::Status::Unknown,
     }
 }
 
