@@ -3,7 +3,7 @@
 //!
 //! [`GroupCommit`] is a [`Store`] around another: its `insert` and `finish` are batched (written
 //! with the inner store's `insert_many` and `finish_many`, or, alone, its `insert` and
-//! `finish`), and every other call passes straight to the inner store (`passing`). Each kind
+//! `finish`), and every other call passes straight to the inner store (`unbatched`). Each kind
 //! of write has a
 //! queue and a dispatcher that runs at most `writers` batches at once. When a writer is free, a
 //! request is written at once, alone: no timer ever delays it. While every writer is busy,
@@ -26,7 +26,7 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use tokio::sync::{Semaphore, mpsc, oneshot};
 use tracing::Instrument as _;
 
-mod passing;
+mod unbatched;
 
 use super::{Finish, Finished, Store, StoreError, StoreResult};
 use crate::domain::{Entry, Tenant};

@@ -25,9 +25,9 @@
 mod error;
 pub mod group_commit;
 pub(crate) mod kept_connections;
+mod migrations;
 mod opening;
 pub mod postgres;
-mod released;
 mod rows;
 #[doc(hidden)]
 pub mod sql;

@@ -71,7 +71,7 @@ pub const SESSION_SETTINGS: &str = "SELECT set_config('enable_seqscan', 'off', f
 static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("../../migrations/postgres");
 
 /// Brings a database that applied a migration as first released to its current form
-/// ([`super::released`]), before the migrator compares checksums; in one transaction, so that
+/// ([`super::migrations`]), before the migrator compares checksums; in one transaction, so that
 /// of two servers starting together the second finds nothing to do.
 async fn upgrade_edited_migrations(conn: &mut sqlx::PgConnection) -> Result<(), sqlx::Error> {
     let mut tx = sqlx::Connection::begin(&mut *conn).await?;
@@ -81,7 +81,7 @@ async fn upgrade_edited_migrations(conn: &mut sqlx::PgConnection) -> Result<(), 
     if !migrated {
         return Ok(());
     }
-    super::released::upgrade::<sqlx::Postgres>(
+    super::migrations::upgrade::<sqlx::Postgres>(
         &mut tx,
         &MIGRATOR,
         sqlx::postgres::PgQueryResult::rows_affected,

@@ -346,7 +346,7 @@ static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("../../migrations/sqli
 
 impl SqliteStore {
     /// Brings a database that applied a migration as first released to its current form
-    /// ([`super::released`]), before the migrator compares checksums.
+    /// ([`super::migrations`]), before the migrator compares checksums.
     async fn upgrade_edited_migrations(&self) -> Result<(), sqlx::Error> {
         let mut tx = self.pool.pool().begin().await?;
         let (migrated,): (i64,) = sqlx::query_as(
@@ -357,7 +357,7 @@ impl SqliteStore {
         if migrated == 0 {
             return Ok(());
         }
-        super::released::upgrade::<sqlx::Sqlite>(
+        super::migrations::upgrade::<sqlx::Sqlite>(
             &mut tx,
             &MIGRATOR,
             sqlx::sqlite::SqliteQueryResult::rows_affected,
