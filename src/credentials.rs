@@ -248,6 +248,18 @@ impl Credentials {
         })
     }
 
+    /// The identity `metadata`'s credential authenticates under the table in force now (read
+    /// without a lock or a reference count: every call of the ledger service comes through here).
+    ///
+    /// # Errors
+    /// As [`Tenancy::authenticate`].
+    pub fn authenticate(
+        &self,
+        metadata: &tonic::metadata::MetadataMap,
+    ) -> Result<Identity, Unauthenticated> {
+        self.current.load().authenticate(metadata)
+    }
+
     /// The table in force now.
     pub fn current(&self) -> Arc<Tenancy> {
         self.current.load_full()

@@ -23,7 +23,6 @@ pub fn interceptor(
     let credentials = credentials.clone();
     move |mut request: Request<()>| {
         let identity = credentials
-            .current()
             .authenticate(request.metadata())
             .map_err(|refused| Status::from(CallError::from(refused)))?;
         request.extensions_mut().insert(identity.tenant);

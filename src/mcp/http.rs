@@ -259,7 +259,7 @@ impl Edge {
     /// The tenant of the request's bearer token.
     fn authenticate(&self, headers: &HeaderMap) -> Result<Tenant, Box<Response>> {
         let metadata = tonic::metadata::MetadataMap::from_headers(headers.clone());
-        match self.credentials.current().authenticate(&metadata) {
+        match self.credentials.authenticate(&metadata) {
             Ok(identity) => Ok(identity.tenant),
             Err(e) => {
                 let mut response = refusal(
