@@ -26,6 +26,16 @@ fn tenant() -> Tenant {
     Tenant::default_tenant()
 }
 
+/// The intent a window's run counts (`window-<call>-<n>`: its `n`).
+fn generation(run: &RunId) -> &str {
+    let (call, n) = run.as_str().rsplit_once('-').expect("window-<call>-<n>");
+    assert!(
+        call.starts_with("window-") && call.len() == "window-".len() + 16,
+        "{run:?}"
+    );
+    n
+}
+
 async fn window(t: &TestLedger, args: &str) -> RunId {
     t.ledger
         .window_run(&tenant(), &tool(TOOL), args, WINDOW)
@@ -36,7 +46,7 @@ async fn window(t: &TestLedger, args: &str) -> RunId {
 async fn identical_calls_within_the_window_are_one_intent_and_a_later_one_is_new(b: Backend) {
     let t = TestLedger::new(b).await;
     let first = window(&t, ARGS).await;
-    assert_eq!(first.as_str(), "window-1");
+    assert_eq!(generation(&first), "1");
     // Key order and spelling do not matter: the canonical arguments do.
     t.clock.advance(Duration::from_secs(500));
     assert_eq!(
@@ -53,9 +63,14 @@ async fn identical_calls_within_the_window_are_one_intent_and_a_later_one_is_new
     t.clock.advance(WINDOW);
     let later = window(&t, ARGS).await;
     assert_eq!(
-        later.as_str(),
-        "window-2",
+        generation(&later),
+        "2",
         "a call after a quiet window is new"
+    );
+    assert_eq!(
+        later.as_str().rsplit_once('-').map(|(call, _)| call),
+        first.as_str().rsplit_once('-').map(|(call, _)| call),
+        "the same call's intents are counted in one window"
     );
 }
 
@@ -72,9 +87,12 @@ async fn concurrent_first_calls_are_one_intent(b: Backend) {
             })
         })
         .collect();
+    let mut runs = Vec::new();
     for call in calls {
-        assert_eq!(call.await.expect("join").as_str(), "window-1");
+        runs.push(call.await.expect("join"));
     }
+    assert_eq!(generation(&runs[0]), "1");
+    assert!(runs.iter().all(|run| *run == runs[0]), "{runs:?}");
 }
 
 async fn an_unresolved_intent_keeps_its_window_whatever_the_time(b: Backend) {
@@ -103,20 +121,19 @@ async fn an_unresolved_intent_keeps_its_window_whatever_the_time(b: Backend) {
 
 async fn other_arguments_and_other_tenants_have_windows_of_their_own(b: Backend) {
     let t = TestLedger::new(b).await;
-    assert_eq!(window(&t, ARGS).await.as_str(), "window-1");
+    let first = window(&t, ARGS).await;
+    assert_eq!(generation(&first), "1");
     t.clock.advance(WINDOW * 2);
-    assert_eq!(window(&t, ARGS).await.as_str(), "window-2");
-    assert_eq!(
-        window(&t, r#"{"to":"b@example.com","subject":"hi"}"#)
-            .await
-            .as_str(),
-        "window-1"
-    );
+    assert_eq!(generation(&window(&t, ARGS).await), "2");
+    let other = window(&t, r#"{"to":"b@example.com","subject":"hi"}"#).await;
+    assert_eq!(generation(&other), "1");
+    // Each call's intents are runs of their own: a pause of one keeps none of the other's.
+    assert_ne!(other, first);
     let acme = Tenant::parse("acme").expect("tenant");
     let theirs = t
         .ledger
         .window_run(&acme, &tool(TOOL), ARGS, WINDOW)
         .await
         .expect("window");
-    assert_eq!(theirs.as_str(), "window-1");
+    assert_eq!(generation(&theirs), "1");
 }

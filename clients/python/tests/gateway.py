@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import socket
 import sqlite3
 import subprocess
@@ -81,12 +82,13 @@ class Gateway:
         return [json.loads(line) for line in lines]
 
     def entries(self) -> list[tuple[str, str, str]]:
-        """The ledger's entries: (tool, status, run_id), oldest first."""
+        """The ledger's entries: (tool, status, run_id), oldest first; a window's run as
+        `intent_of` shows it."""
         if not self.database.exists():
             return []
         with sqlite3.connect(self.database) as db:
-            return list(db.execute(
-                "SELECT tool, status, run_id FROM ledger_entries ORDER BY started_at"))
+            return [(tool, status, intent_of(run)) for tool, status, run in db.execute(
+                "SELECT tool, status, run_id FROM ledger_entries ORDER BY started_at")]
 
 
 def free_port() -> int:
@@ -276,3 +278,13 @@ def certificates(directory: Path) -> tuple[Path, Path, Path]:
                                            serialization.PrivateFormat.PKCS8,
                                            serialization.NoEncryption()))
     return files
+
+
+def intent_of(run: str) -> str:
+    """A window's run `window-<call>-<n>` as `window-<n>`, after checking its form: each call's
+    intents are runs of their own (`<call>` is 16 hex digits of its fingerprint); any other
+    run as it is."""
+    match = re.fullmatch(r"window-([0-9a-f]{16})-([0-9]+)", run)
+    if run.startswith("window-"):
+        assert match, f"a window's run is window-<call>-<n>: {run}"
+    return f"window-{match.group(2)}" if match else run

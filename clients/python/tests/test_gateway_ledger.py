@@ -14,7 +14,8 @@ from typing import Any
 
 import anyio
 import pytest
-from gateway import Gateway, http_gateway, http_upstream, identical_calls_over_two, texts
+from gateway import (Gateway, http_gateway, http_upstream, identical_calls_over_two, intent_of,
+                     texts)
 from mcp import Client
 from mcp.shared.exceptions import MCPError
 
@@ -50,7 +51,7 @@ def remote(ledger_bin: Path, tmp_path: Path, server: LedgerServer, *flags: str,
 def entries(server: LedgerServer, token: str = GATEWAY_TOKEN) -> list[tuple[str, str, str]]:
     """The server's entries of the token's tenant: (tool, status, run_id), oldest first."""
     with Ledger(server.address, token=token, timeout=10) as ledger:
-        return [(e.tool, e.status.name, e.run_id) for e in ledger.list_entries()]
+        return [(e.tool, e.status.name, intent_of(e.run_id)) for e in ledger.list_entries()]
 
 
 def test_calls_through_a_ledger_server_act_once_per_window_and_are_the_servers_entries(

@@ -368,6 +368,9 @@ impl SqliteStore {
 }
 
 #[cfg(test)]
+mod plans;
+
+#[cfg(test)]
 mod tests {
     use super::SqliteStore;
     use crate::storage::PoolOptions;

@@ -12,8 +12,8 @@ use crate::domain::{Key, Micros, RunId, Status, Tenant, ToolName};
 use crate::error::LedgerError;
 
 impl Ledger {
-    /// The run of a call of `tool` with `arguments_json` that names none: `window-<n>`, the
-    /// `n`th intent of that call, counted as the module says with `within` as the window.
+    /// The run of a call of `tool` with `arguments_json` that names none: `window-<call>-<n>`,
+    /// the `n`th intent of that call, counted as the module says with `within` as the window.
     ///
     /// # Errors
     /// `InvalidArgument` for arguments that are not a JSON object (as Claim refuses them);
@@ -34,7 +34,12 @@ impl Ledger {
             .await?
         {
             Some(generation) => {
-                let key = Key::derive(&window_run_id(generation), tool, &canonical, mode);
+                let key = Key::derive(
+                    &window_run_id(&fingerprint, generation),
+                    tool,
+                    &canonical,
+                    mode,
+                );
                 self.store
                     .get(tenant, &key)
                     .await?
@@ -58,7 +63,7 @@ impl Ledger {
                 unresolved,
             )
             .await?;
-        Ok(window_run_id(generation))
+        Ok(window_run_id(&fingerprint, generation))
     }
 }
 
@@ -93,7 +98,11 @@ impl Ledger {
     }
 }
 
-/// The run of a call's `generation`th intent window.
-fn window_run_id(generation: u64) -> RunId {
-    RunId::from_stored(format!("window-{generation}"))
+/// The run of the `generation`th intent of the call whose fingerprint is `fingerprint`:
+/// `window-<the fingerprint's first 16 hex digits>-<generation>`. Each intent is a run of its
+/// own, as a run of an agent is one task: a call awaiting a decision keeps its own run's
+/// entries, not every call through the gateway, and a run reads the calls it made.
+fn window_run_id(fingerprint: &str, generation: u64) -> RunId {
+    let short = fingerprint.get(..16).unwrap_or(fingerprint);
+    RunId::from_stored(format!("window-{short}-{generation}"))
 }

@@ -11,9 +11,9 @@ use super::{
 
 /// The latest deadline among the other calls of the run of the entry aliased `e` that await a
 /// person's decision (a request's `decide_by`, an approval's `execute_by`), plus `e`'s own
-/// retention: until when a paused run keeps `e`. The partial index of awaiting entries
-/// (migration 0008) finds them, so a write outside any pause pays one probe of a near-empty
-/// index. Followed by `> (expiry))`; see `kept!`.
+/// retention: until when a paused run keeps `e`. The partial index of awaiting entries by run
+/// (migration 0010) finds them, so a write outside any pause pays one probe of a near-empty
+/// index, however many calls the run made. Followed by `> (expiry))`; see `kept!`.
 pub(crate) const PAUSE_END_PLUS_RETENTION: &str = "(SELECT MAX(COALESCE(p.approval_execute_by, \
     p.approval_decide_by)) + e.retention_us FROM ledger_entries AS p \
     WHERE p.tenant = e.tenant AND p.run_id = e.run_id AND e.run_id <> '' AND p.key <> e.key \
