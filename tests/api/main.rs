@@ -11,6 +11,7 @@ mod approval_time;
 mod approvals;
 mod approvals_grpc;
 mod audit;
+mod claim_within;
 mod clocks;
 mod commit_failures;
 mod concurrency;

@@ -120,6 +120,14 @@ async fn check_plans(conn: &mut sqlx::PgConnection) {
             !plan.contains("Seq Scan on ledger_entries"),
             "{name} scans the table:\n{plan}"
         );
+        // A write that finishes an entry asks whether its run is paused: by the index of the
+        // calls awaiting a decision, never by reading the run (migration 0010).
+        if statement.contains("p.status = 'AWAITING_APPROVAL'") {
+            assert!(
+                plan.contains("ledger_entries_awaiting_by_run"),
+                "{name} reads its run to find a pause:\n{plan}"
+            );
+        }
     }
     let run_page = generic_plan(
         conn,

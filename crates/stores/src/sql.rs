@@ -307,6 +307,11 @@ pub const INTENT_GENERATION: &str = "INSERT INTO ledger_intent_windows \
 pub const CURRENT_INTENT_GENERATION: &str = "SELECT generation FROM ledger_intent_windows \
     WHERE tenant = $1 AND fingerprint = $2";
 
+/// The current generation of tenant `$1`'s intent window of the call `$2` and when the last
+/// identical call came, if any did.
+pub const CURRENT_INTENT: &str = "SELECT generation, last_seen FROM ledger_intent_windows \
+    WHERE tenant = $1 AND fingerprint = $2";
+
 /// Upserts the write probe's row (see migration 0005).
 pub const PROBE_WRITE: &str = "INSERT INTO ledger_write_probe (id, filler) VALUES (1, $1) \
     ON CONFLICT (id) DO UPDATE SET filler = excluded.filler";

@@ -4,12 +4,16 @@
 //! transaction of either backend runs. The store's methods over it are in [`methods`].
 
 mod methods;
+pub(crate) mod window;
 
 use crate::Classify as _;
 use sqlx::pool::PoolConnection;
 
 use super::sql::{Also, Param};
-use super::{Finish, Finished, ReplayCount, StoreError, StoreMarks, StoreResult, kept_connections};
+use super::{
+    Finish, Finished, IntentWindow, ReplayCount, StoreError, StoreMarks, StoreResult,
+    kept_connections,
+};
 use crate::domain::{Entry, Key, Micros, Tenant};
 
 /// A SQL backend as a [`Store`](super::Store): the store's methods, written once over its
@@ -142,6 +146,20 @@ pub(crate) trait Dialect: Send + Sync + 'static {
         &self,
         batch: &[(Tenant, Finish)],
     ) -> impl Future<Output = StoreResult<Vec<Option<Finished>>>> + Send;
+
+    /// [`Store::insert_in_window`](super::Store::insert_in_window): by default a statement at
+    /// a time ([`window::in_steps`]).
+    fn insert_in_window(
+        &self,
+        tenant: &Tenant,
+        window: &IntentWindow<'_>,
+        entry_for: &(dyn Fn(u64) -> Entry + Send + Sync),
+    ) -> impl Future<Output = StoreResult<(u64, bool)>> + Send
+    where
+        Self: Sized,
+    {
+        window::in_steps(self, tenant, window, entry_for)
+    }
 
     /// [`Store::shared`](super::Store::shared).
     fn shared(&self) -> bool;

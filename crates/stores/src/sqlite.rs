@@ -17,10 +17,11 @@ use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, S
 use const_format::concatcp;
 
 use super::sql::{self, Also, Param};
+use super::sql_store::window as sql_window;
 use super::sql_store::{Dialect, On, Row, at_most_one, run_on};
 use super::{
-    Finish, Finished, FinishedRow, PoolOptions, ReplayCount, StoreError, StoreMarks, StoreResult,
-    kept_connections,
+    EntryRow, Finish, Finished, FinishedRow, IntentWindow, PoolOptions, ReplayCount, StoreError,
+    StoreMarks, StoreResult, kept_connections,
 };
 use crate::domain::{Entry, Key, Micros, Tenant};
 
@@ -185,6 +186,68 @@ impl Dialect for SqliteStore {
                 }
                 tx.commit().await?;
                 Ok(rows)
+            }
+            .await;
+            (conn, result)
+        })
+        .await
+    }
+
+    /// [`Store::insert_in_window`](crate::storage::Store::insert_in_window) in one transaction
+    /// (`IMMEDIATE`: the write lock up front, so nothing changes the window between its read
+    /// and its count): a new intent's window and its entry commit together, in one sync.
+    async fn insert_in_window(
+        &self,
+        tenant: &Tenant,
+        window: &IntentWindow<'_>,
+        entry_for: &(dyn Fn(u64) -> Entry + Send + Sync),
+    ) -> StoreResult<(u64, bool)> {
+        run_on(self, &self.pool, move |mut conn| async move {
+            let result: Result<_, sqlx::Error> = async {
+                let mut tx = conn.begin_with("BEGIN IMMEDIATE").await?;
+                let call = [
+                    Param::Text(tenant.as_str()),
+                    Param::Text(window.fingerprint),
+                ];
+                let current: Vec<(i64, i64)> =
+                    sqlx::query_as_with(sql::CURRENT_INTENT, sql::arguments::<sqlx::Sqlite>(call)?)
+                        .fetch_all(&mut *tx)
+                        .await?;
+                let keep = match current.first() {
+                    Some(&(stored, last_seen)) if window.ended(Micros(last_seen)) => {
+                        let key = entry_for(sql_window::generation(stored).map_err(bug)?).key;
+                        let at = [Param::Text(tenant.as_str()), Param::Text(key.as_str())];
+                        let rows: Vec<EntryRow> =
+                            sqlx::query_as_with(sql::GET, sql::arguments::<sqlx::Sqlite>(at)?)
+                                .fetch_all(&mut *tx)
+                                .await?;
+                        let entry = rows.into_iter().next().map(Entry::try_from);
+                        window.held_open_by(entry.transpose().map_err(bug)?)
+                    }
+                    _ => false,
+                };
+                let count = sql_window::counting(
+                    tenant,
+                    window.fingerprint,
+                    window.now,
+                    window.within,
+                    keep,
+                );
+                let counted: Vec<(i64,)> = sqlx::query_as_with(
+                    sql::INTENT_GENERATION,
+                    sql::arguments::<sqlx::Sqlite>(count)?,
+                )
+                .fetch_all(&mut *tx)
+                .await?;
+                let stored = counted.first().map_or(0, |(g,)| *g);
+                let generation = sql_window::generation(stored).map_err(bug)?;
+                let entry = entry_for(generation);
+                let args = sql::arguments::<sqlx::Sqlite>(sql::entry_params(tenant, &entry))?;
+                let done = sqlx::query_with(sql::INSERT, args)
+                    .execute(&mut *tx)
+                    .await?;
+                tx.commit().await?;
+                Ok((generation, done.rows_affected() == 1))
             }
             .await;
             (conn, result)
@@ -365,6 +428,11 @@ impl SqliteStore {
         .await?;
         tx.commit().await
     }
+}
+
+/// A store error met inside a transaction, as the transaction's error (it rolls back).
+fn bug(e: StoreError) -> sqlx::Error {
+    sqlx::Error::Decode(Box::new(e))
 }
 
 #[cfg(test)]

@@ -189,7 +189,7 @@ impl Ledger {
     /// Canonicalizes a claim's arguments, derives its key and fingerprint, checks its
     /// durations, and says whether a new entry of it needs a person's decision; nothing is
     /// written on error.
-    fn prepare_claim(
+    pub(super) fn prepare_claim(
         &self,
         tenant: &Tenant,
         input: ClaimInput,
@@ -463,7 +463,7 @@ impl Ledger {
         self.answer(Outcome::InProgress, existing, now, note, Some(retry_after))
     }
 
-    fn claimed(&self, entry: Entry, now: Micros) -> ClaimOutput {
+    pub(super) fn claimed(&self, entry: Entry, now: Micros) -> ClaimOutput {
         let token = entry.claim_token.clone();
         ClaimOutput {
             outcome: Outcome::Claimed,
@@ -525,7 +525,7 @@ fn in_flight(output: &ClaimOutput, wait_for: WaitFor) -> bool {
 
 /// A validated claim with its derived key.
 #[derive(Clone, Debug)]
-struct PreparedClaim {
+pub(super) struct PreparedClaim {
     key: Key,
     run_id: Option<RunId>,
     tool: ToolName,
@@ -538,11 +538,22 @@ struct PreparedClaim {
     /// What is stored of the arguments (see [`ArgumentsPolicy`]).
     arguments: Option<String>,
     /// Why a new entry of this call needs a person's decision; `None` when it does not.
-    gate: Option<String>,
+    pub(super) gate: Option<String>,
 }
 
 impl PreparedClaim {
-    fn new_entry(&self, now: Micros, attempt: u32, claim_token: ClaimToken) -> Entry {
+    /// The same call claimed in `run`: its key derived from the run and the call's `canonical`
+    /// arguments (canonicalized as `mode`).
+    pub(super) fn in_run(&self, run: RunId, canonical: &str, mode: Canonicalization) -> Self {
+        let key = Key::derive(&run, &self.tool, canonical, mode);
+        PreparedClaim {
+            key,
+            run_id: Some(run),
+            ..self.clone()
+        }
+    }
+
+    pub(super) fn new_entry(&self, now: Micros, attempt: u32, claim_token: ClaimToken) -> Entry {
         Entry {
             key: self.key.clone(),
             run_id: self.run_id.clone(),

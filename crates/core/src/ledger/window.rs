@@ -6,10 +6,11 @@
 
 use std::time::Duration;
 
-use super::Ledger;
+use super::{Ledger, new_claim_token};
 use crate::domain::canonical::Canonicalization;
-use crate::domain::{Key, Micros, RunId, Status, Tenant, ToolName};
+use crate::domain::{ClaimKey, Key, Micros, RunId, Tenant, ToolName};
 use crate::error::LedgerError;
+use crate::storage::IntentWindow;
 
 impl Ledger {
     /// The run of a call of `tool` with `arguments_json` that names none: `window-<call>-<n>`,
@@ -27,8 +28,12 @@ impl Ledger {
     ) -> Result<RunId, LedgerError> {
         let mode = Canonicalization::Jcs;
         let (fingerprint, canonical, _) = self.canonical_request(tool, arguments_json, mode)?;
-        let now = self.clock.now();
-        let unresolved = match self
+        let window = IntentWindow {
+            fingerprint: &fingerprint,
+            now: self.clock.now(),
+            within: Micros::from_duration(within),
+        };
+        let current = match self
             .store
             .current_intent_generation(tenant, &fingerprint)
             .await?
@@ -40,28 +45,14 @@ impl Ledger {
                     &canonical,
                     mode,
                 );
-                self.store
-                    .get(tenant, &key)
-                    .await?
-                    .map(|e| e.as_of(now))
-                    .is_some_and(|e| {
-                        matches!(
-                            e.status,
-                            Status::Attempting | Status::Unknown | Status::AwaitingApproval
-                        )
-                    })
+                self.store.get(tenant, &key).await?
             }
-            None => false,
+            None => None,
         };
+        let unresolved = window.held_open_by(current);
         let generation = self
             .store
-            .intent_generation(
-                tenant,
-                &fingerprint,
-                now,
-                Micros::from_duration(within),
-                unresolved,
-            )
+            .intent_generation(tenant, &fingerprint, window.now, window.within, unresolved)
             .await?;
         Ok(window_run_id(&fingerprint, generation))
     }
@@ -70,7 +61,9 @@ impl Ledger {
 impl Ledger {
     /// Claims a call that names no run (`input.key` is replaced) in the run of its window of
     /// intent ([`Ledger::window_run`] with `within`): one request of a client that cannot keep
-    /// the window itself (the gateway in front of a ledger server).
+    /// the window itself (the gateway). An ungated call's window is counted and its entry
+    /// inserted in one store call ([`Store::insert_in_window`]); any other case (the entry
+    /// exists, a person must decide) is then a claim in the window's run like any other.
     ///
     /// # Errors
     /// `InvalidArgument` (field `same_intent_within`) for a window of zero or longer than the
@@ -90,10 +83,46 @@ impl Ledger {
                 ),
             ));
         }
-        let run = self
-            .window_run(tenant, &input.tool, &input.arguments_json, within)
+        let (fingerprint, window_canonical, _) =
+            self.canonical_request(&input.tool, &input.arguments_json, Canonicalization::Jcs)?;
+        // Everything but the run is checked once, before anything is written.
+        input.key = ClaimKey::Derived(window_run_id(&fingerprint, 1));
+        let request = self.prepare_claim(tenant, input.clone())?;
+        if request.gate.is_some() {
+            let run = self
+                .window_run(tenant, &input.tool, &input.arguments_json, within)
+                .await?;
+            input.key = ClaimKey::Derived(run);
+            return self.claim(tenant, input).await;
+        }
+        let mode = input.canonicalization;
+        let canonical = match mode {
+            Canonicalization::Jcs => window_canonical,
+            _ => {
+                self.canonical_request(&input.tool, &input.arguments_json, mode)?
+                    .1
+            }
+        };
+        let now = self.clock.now();
+        let token = new_claim_token()?;
+        let entry_for = |generation: u64| {
+            request
+                .in_run(window_run_id(&fingerprint, generation), &canonical, mode)
+                .new_entry(now, 1, token.clone())
+        };
+        let window = IntentWindow {
+            fingerprint: &fingerprint,
+            now,
+            within: Micros::from_duration(within),
+        };
+        let (generation, inserted) = self
+            .store
+            .insert_in_window(tenant, &window, &entry_for)
             .await?;
-        input.key = crate::domain::ClaimKey::Derived(run);
+        if inserted {
+            return Ok(self.claimed(entry_for(generation), now));
+        }
+        input.key = ClaimKey::Derived(window_run_id(&fingerprint, generation));
         self.claim(tenant, input).await
     }
 }

@@ -11,7 +11,8 @@ use crate::domain::{Approval, ClaimToken, Entry, HistoryEvent, Key, Micros, RunI
 
 pub use error::{StoreError, StoreResult};
 pub use values::{
-    Finish, Finished, ListQuery, PoolStats, ReplayCount, UnresolvedCount, UnresolvedQuery,
+    Finish, Finished, IntentWindow, ListQuery, PoolStats, ReplayCount, UnresolvedCount,
+    UnresolvedQuery,
 };
 
 /// The store: everything the ledger, the server and its tasks hold one for, one trait over
@@ -299,6 +300,21 @@ pub trait Store: Send + Sync + 'static {
         window: Micros,
         keep: bool,
     ) -> StoreResult<u64>;
+
+    /// Counts a call of the tenant's intent `window` as [`Store::intent_generation`] does
+    /// (`keep` when the current intent's entry [holds the window open](IntentWindow::held_open_by))
+    /// and inserts `entry_for(generation)`, the call's entry in that generation's run, unless
+    /// its key exists: the generation, and whether this call inserted the entry. The embedded
+    /// store does it in one transaction, so a new intent's window and claim commit together.
+    ///
+    /// # Errors
+    /// `Unavailable` or `Internal` as the database fails.
+    async fn insert_in_window(
+        &self,
+        tenant: &Tenant,
+        window: &IntentWindow<'_>,
+        entry_for: &(dyn Fn(u64) -> Entry + Send + Sync),
+    ) -> StoreResult<(u64, bool)>;
 
     /// The current generation of the tenant's intent window of the call `fingerprint`, if any
     /// call of it came; no write.

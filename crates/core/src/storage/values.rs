@@ -114,3 +114,37 @@ pub struct UnresolvedQuery {
     /// findings must name.
     pub hold_token: HoldToken,
 }
+
+/// A call's window of intent as [`Store::insert_in_window`](super::Store::insert_in_window)
+/// counts it: the call (its fingerprint, in a tenant), when it came, and the window.
+#[derive(Clone, Copy, Debug)]
+pub struct IntentWindow<'a> {
+    /// The call: its tool and canonical arguments' fingerprint.
+    pub fingerprint: &'a str,
+    /// When the call came.
+    pub now: Micros,
+    /// How long after the last identical call a call is still the same intent.
+    pub within: Micros,
+}
+
+impl IntentWindow<'_> {
+    /// Whether the window ended before this call: the last identical call came at
+    /// `last_seen`, `within` or more before it.
+    pub fn ended(&self, last_seen: Micros) -> bool {
+        last_seen.0.saturating_add(self.within.0) <= self.now.0
+    }
+
+    /// Whether `entry`, the current intent's, holds its window open whatever the time: an
+    /// outcome nobody knows yet (in flight, unknown, awaiting a decision) is never acted on
+    /// again as a new intent.
+    pub fn held_open_by(&self, entry: Option<Entry>) -> bool {
+        entry.is_some_and(|e| {
+            matches!(
+                e.as_of(self.now).status,
+                crate::domain::Status::Attempting
+                    | crate::domain::Status::Unknown
+                    | crate::domain::Status::AwaitingApproval
+            )
+        })
+    }
+}

@@ -5,8 +5,8 @@ use async_trait::async_trait;
 use super::GroupCommit;
 use crate::domain::{Approval, ClaimToken, Entry, HistoryEvent, Key, Micros, RunId, Tenant};
 use crate::storage::{
-    Finish, Finished, ListQuery, PoolStats, ReplayCount, Store, StoreResult, UnresolvedCount,
-    UnresolvedQuery,
+    Finish, Finished, IntentWindow, ListQuery, PoolStats, ReplayCount, Store, StoreResult,
+    UnresolvedCount, UnresolvedQuery,
 };
 
 /// `insert` and `finish` batched; the rest as the inner store answers.
@@ -185,6 +185,16 @@ impl Store for GroupCommit {
         self.inner
             .current_intent_generation(tenant, fingerprint)
             .await
+    }
+
+    /// Not batched: its transaction holds the window's count and the entry together.
+    async fn insert_in_window(
+        &self,
+        tenant: &Tenant,
+        window: &IntentWindow<'_>,
+        entry_for: &(dyn Fn(u64) -> Entry + Send + Sync),
+    ) -> StoreResult<(u64, bool)> {
+        self.inner.insert_in_window(tenant, window, entry_for).await
     }
 
     async fn next_lapse(&self) -> StoreResult<Option<Micros>> {

@@ -6,10 +6,11 @@ use async_trait::async_trait;
 
 use super::super::sql::{self, Also, Param};
 use super::super::{
-    EntryRow, Finish, Finished, FinishedRow, HistoryRow, ListQuery, PoolStats, ReplayCount, Store,
-    StoreError, StoreResult, UnresolvedCount, UnresolvedCountRow, UnresolvedQuery,
+    EntryRow, Finish, Finished, FinishedRow, HistoryRow, IntentWindow, ListQuery, PoolStats,
+    ReplayCount, Store, StoreError, StoreResult, UnresolvedCount, UnresolvedCountRow,
+    UnresolvedQuery,
 };
-use super::{Dialect, On, SqlStore, at_most_one};
+use super::{Dialect, On, SqlStore, at_most_one, window};
 use crate::domain::{
     Approval, ApprovalState, ClaimToken, Entry, HistoryEvent, Key, Micros, RunId, Tenant,
 };
@@ -317,20 +318,7 @@ impl<D: Dialect> Store for SqlStore<D> {
         window: Micros,
         keep: bool,
     ) -> StoreResult<u64> {
-        let params = [
-            Param::Text(tenant.as_str()),
-            Param::Text(fingerprint),
-            Param::Int(now.0),
-            Param::Int(window.0),
-            Param::Flag(keep),
-        ];
-        let rows: Vec<(i64,)> = self
-            .fetch_all(sql::INTENT_GENERATION, &params, On::Pool)
-            .await?;
-        let (generation,) = at_most_one(rows, "INTENT_GENERATION")?
-            .ok_or_else(|| StoreError::Internal("INTENT_GENERATION returned no row".into()))?;
-        u64::try_from(generation)
-            .map_err(|_| StoreError::Internal(format!("a generation of {generation}")))
+        window::intent_generation(&self.0, tenant, fingerprint, now, window, keep).await
     }
 
     async fn current_intent_generation(
@@ -338,11 +326,16 @@ impl<D: Dialect> Store for SqlStore<D> {
         tenant: &Tenant,
         fingerprint: &str,
     ) -> StoreResult<Option<u64>> {
-        let params = [Param::Text(tenant.as_str()), Param::Text(fingerprint)];
-        let rows: Vec<(i64,)> = self
-            .fetch_all(sql::CURRENT_INTENT_GENERATION, &params, On::Pool)
-            .await?;
-        Ok(at_most_one(rows, "CURRENT_INTENT_GENERATION")?.and_then(|(g,)| u64::try_from(g).ok()))
+        window::current_generation(&self.0, tenant, fingerprint).await
+    }
+
+    async fn insert_in_window(
+        &self,
+        tenant: &Tenant,
+        window: &IntentWindow<'_>,
+        entry_for: &(dyn Fn(u64) -> Entry + Send + Sync),
+    ) -> StoreResult<(u64, bool)> {
+        Dialect::insert_in_window(&self.0, tenant, window, entry_for).await
     }
 
     async fn next_lapse(&self) -> StoreResult<Option<Micros>> {
