@@ -62,7 +62,7 @@ impl Ledger {
     /// Claims a call that names no run (`input.key` is replaced) in the run of its window of
     /// intent ([`Ledger::window_run`] with `within`): one request of a client that cannot keep
     /// the window itself (the gateway). An ungated call's window is counted and its entry
-    /// inserted in one store call ([`Store::insert_in_window`]); any other case (the entry
+    /// inserted in one store call ([`Store::insert_in_window`](crate::storage::Store::insert_in_window)); any other case (the entry
     /// exists, a person must decide) is then a claim in the window's run like any other.
     ///
     /// # Errors
