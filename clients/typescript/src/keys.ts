@@ -1,6 +1,8 @@
 // Local key derivation: the same canonicalization (RFC 8785, JCS), key and fingerprint as the
-// server, ported from testdata/generate_key_vectors.py (the reference implementation) and checked
-// against every case of testdata/key-vectors.json.
+// server, written from RFC 8259, RFC 8785 and the ledger's rules in JavaScript's own terms (a
+// parser of its own; numbers and strings as ECMAScript writes them, which RFC 8785 adopts), not
+// from the project's reference generator (testdata/generate_key_vectors.py), so that the shared
+// vectors stay evidence; checked against every case of testdata/key-vectors.json.
 //
 //   canonical   = JCS(arguments)
 //   key         = hex(sha256("idem.v1" 0x00 run_id 0x00 tool 0x00 canonical))

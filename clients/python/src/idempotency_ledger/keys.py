@@ -7,9 +7,10 @@
 ``JCS_LENIENT`` first trims Unicode White_Space around string values and drops null-valued
 members, and hashes under ``idem.v1.lenient`` / ``idem.v1.lenient.fp``.
 
-The parsing and serialization are those of the project's independent reference implementation
-(``testdata/generate_key_vectors.py``), standard library only, and the tests check them against
-every case of ``testdata/key-vectors.json`` and against the server. A refused input raises
+The reading and writing (``_jcs``) are written from RFC 8259, RFC 8785 and the ledger's rules,
+standard library only, independently of the project's reference generator
+(``testdata/generate_key_vectors.py``); the tests check them against every case of
+``testdata/key-vectors.json`` and against the server. A refused input raises
 :class:`ArgumentsRefused` (an :class:`~idempotency_ledger.InvalidArgument`) whose ``reason`` is the
 server's (``INVALID_JSON``, ``DUPLICATE_MEMBER``, ``LONE_SURROGATE``, ``UNSAFE_INTEGER``,
 ``JSON_TOO_DEEP``, ``ARGUMENTS_TOO_LARGE``, ``ARGUMENTS_NOT_OBJECT``).
@@ -36,12 +37,13 @@ spelling and ordering never matter for the key.
 from __future__ import annotations
 
 import hashlib
-import json
 import math
 import unicodedata
 from collections.abc import Mapping
 from typing import Any
 
+from . import _jcs
+from ._jcs import ArgumentsRefused
 from .errors import InvalidArgument
 
 JCS = "JCS"
@@ -72,210 +74,16 @@ __all__ = [
 ]
 
 
-class ArgumentsRefused(InvalidArgument):
-    """Arguments the ledger refuses, found locally; ``reason`` is the server's reason string and
-    ``field`` is ``arguments_json``, as in the server's error."""
-
-    def __init__(self, reason: str, message: str) -> None:
-        super().__init__(f"arguments_json: {message}", reason=reason, field="arguments_json")
-
-
-class _JsonObject:
-    """A parsed object: members in input order, names unique."""
-
-    __slots__ = ("members",)
-
-    def __init__(self, members: list[tuple[str, object]]) -> None:
-        self.members = members
-
-
-# --- parsing (as the reference implementation) ------------------------------------------------
-
-
-def _check_depth(text: str, max_depth: int) -> None:
-    # Python's json module recurses once per level, so refuse deep text before handing it over.
-    depth = 0
-    in_string = escaped = False
-    for ch in text:
-        if in_string:
-            if escaped:
-                escaped = False
-            elif ch == "\\":
-                escaped = True
-            elif ch == '"':
-                in_string = False
-        elif ch == '"':
-            in_string = True
-        elif ch in "[{":
-            depth += 1
-            if depth > max_depth:
-                raise ArgumentsRefused("JSON_TOO_DEEP", f"nesting deeper than {max_depth}")
-        elif ch in "]}":
-            depth -= 1
-
-
-def _object(pairs: list[tuple[str, object]]) -> _JsonObject:
-    seen: set[str] = set()
-    for name, _ in pairs:
-        if name in seen:
-            raise ArgumentsRefused("DUPLICATE_MEMBER", f"duplicate member name {name!r}")
-        seen.add(name)
-    return _JsonObject(pairs)
-
-
-def _number(literal: str) -> float:
-    """Reads a JSON number literal as JavaScript would. Only an integer literal (no fraction, no
-    exponent) whose value a double cannot hold exactly is refused: two account numbers must never
-    collapse into one key. A literal with a fraction or an exponent is a double and rounds like
-    one (``1e23``, ``9007199254740993.0``); a value beyond the double range is refused."""
-    value = float(literal)  # correctly rounded; underflow gives (signed) zero
-    if math.isinf(value):
-        raise ArgumentsRefused("UNSAFE_INTEGER", f"{literal[:64]} is beyond the double range")
-    if any(c in literal for c in ".eE"):
-        return value
-    # A finite double has at most 309 integer digits, so int() never meets its digit limit here.
-    if value != int(literal):  # Python compares int and float exactly
-        raise ArgumentsRefused(
-            "UNSAFE_INTEGER",
-            f"{literal[:64]} is an integer a double cannot hold exactly (send it as a string)",
-        )
-    return value
-
-
-def _refuse_constant(name: str) -> object:
-    raise ArgumentsRefused("INVALID_JSON", f"{name} is not JSON")
-
-
-def _check_surrogates(value: object) -> None:
-    # json.loads joins valid \uXXXX pairs into one character and leaves lone halves as they are.
-    def check(s: str) -> None:
-        for ch in s:
-            if 0xD800 <= ord(ch) <= 0xDFFF:
-                raise ArgumentsRefused("LONE_SURROGATE", f"lone surrogate U+{ord(ch):04X}")
-
-    if isinstance(value, str):
-        check(value)
-    elif isinstance(value, list):
-        for item in value:
-            _check_surrogates(item)
-    elif isinstance(value, _JsonObject):
-        for name, item in value.members:
-            check(name)
-            _check_surrogates(item)
-
-
-def _parse(text: str, max_bytes: int, max_depth: int) -> object:
-    """Parses strict RFC 8259 JSON into None/bool/float/str/list/_JsonObject."""
-    size = len(text.encode("utf-8", "surrogatepass"))
-    if size > max_bytes:
-        raise ArgumentsRefused("ARGUMENTS_TOO_LARGE", f"{size} bytes, limit {max_bytes}")
-    _check_depth(text, max_depth)
-    try:
-        value = json.loads(
-            text,
-            object_pairs_hook=_object,
-            parse_float=_number,
-            parse_int=_number,
-            parse_constant=_refuse_constant,
-        )
-    except json.JSONDecodeError as e:  # also refuses a BOM, control characters, trailing data
-        raise ArgumentsRefused("INVALID_JSON", str(e)) from None
-    _check_surrogates(value)
-    return value
-
-
-# --- serialization (as the reference implementation) ------------------------------------------
-
-
-def _format_number(value: float) -> str:
-    """ECMAScript Number::toString(value), which RFC 8785 adopts for numbers."""
-    if value == 0:
-        return "0"  # also -0
-    if value < 0:
-        return "-" + _format_number(-value)
-    # repr gives the shortest digits that read back as the same double; only the layout differs.
-    mantissa, _, exp = repr(value).partition("e")
-    int_part, _, frac_part = mantissa.partition(".")
-    digits = int_part + frac_part
-    point = len(int_part) + int(exp or "0")  # value = 0.<digits> * 10**point, before trimming
-    stripped = digits.lstrip("0")
-    point -= len(digits) - len(stripped)
-    s = stripped.rstrip("0")
-    k, n = len(s), point  # ECMAScript's k and n: value = s * 10**(n - k)
-    if k <= n <= 21:
-        return s + "0" * (n - k)
-    if 0 < n <= 21:
-        return s[:n] + "." + s[n:]
-    if -6 < n <= 0:
-        return "0." + "0" * -n + s
-    e = n - 1
-    exponent = ("+" if e > 0 else "-") + str(abs(e))
-    return (s if k == 1 else s[0] + "." + s[1:]) + "e" + exponent
-
-
-_SHORT_ESCAPES = {'"': '\\"', "\\": "\\\\", "\b": "\\b", "\f": "\\f", "\n": "\\n",
-                  "\r": "\\r", "\t": "\\t"}
-
-
-def _format_string(s: str) -> str:
-    """A JCS string: only '"', '\\' and U+0000..U+001F are escaped (and, for Python strings
-    only, lone surrogates, which UTF-8 cannot carry: the ledger then refuses them by name)."""
-    out = ['"']
-    for ch in s:
-        if ch in _SHORT_ESCAPES:
-            out.append(_SHORT_ESCAPES[ch])
-        elif ch < " " or "\ud800" <= ch <= "\udfff":
-            out.append(f"\\u{ord(ch):04x}")
-        else:
-            out.append(ch)
-    out.append('"')
-    return "".join(out)
-
-
-def _utf16_order(name: str) -> bytes:
-    # Big-endian UTF-16 bytes compare exactly as UTF-16 code units do.
-    return name.encode("utf-16-be", "surrogatepass")
-
-
-def _serialize(value: object) -> str:
-    """RFC 8785 (JCS) text for a parsed value."""
-    if value is None:
-        return "null"
-    if value is True:
-        return "true"
-    if value is False:
-        return "false"
-    if isinstance(value, float):
-        return _format_number(value)
-    if isinstance(value, str):
-        return _format_string(value)
-    if isinstance(value, list):
-        return "[" + ",".join(_serialize(item) for item in value) + "]"
-    if isinstance(value, _JsonObject):
-        members = sorted(value.members, key=lambda m: _utf16_order(m[0]))
-        return "{" + ",".join(_format_string(n) + ":" + _serialize(v) for n, v in members) + "}"
-    raise TypeError(f"not a parsed JSON value: {value!r}")
-
-
-def _lenient(value: object) -> object:
-    """Trims White_Space around string values and drops null-valued members, at every depth."""
-    if isinstance(value, str):
-        return value.strip(WHITE_SPACE)
-    if isinstance(value, list):
-        return [_lenient(item) for item in value]
-    if isinstance(value, _JsonObject):
-        return _JsonObject([(n, _lenient(v)) for n, v in value.members if v is not None])
-    return value
-
-
 # --- Python objects ---------------------------------------------------------------------------
 
 
 def _dump(value: Any, depth: int = 0) -> str:
     if depth > 10_000:  # a cycle, or absurd nesting (the ledger allows 64 levels by default)
         raise ValueError("arguments nest too deeply (a reference cycle?)")
-    if value is None or value is True or value is False or isinstance(value, str):
-        return _serialize(value)
+    if value is None or value is True or value is False:
+        return {None: "null", True: "true", False: "false"}[value]
+    if isinstance(value, str):
+        return _jcs.string(value)
     if isinstance(value, int):
         return str(int(value))  # all digits: the ledger decides whether a double holds it
     if isinstance(value, float):
@@ -283,15 +91,13 @@ def _dump(value: Any, depth: int = 0) -> str:
             raise ArgumentsRefused("INVALID_JSON", f"{value!r} is not JSON")
         if value.is_integer():
             return str(int(value))  # the double's exact value; 1e23 as 1e+23 would be refused
-        return _format_number(value)
+        return _jcs.number(value)
     if isinstance(value, Mapping):
         for name in value:
             if not isinstance(name, str):
                 raise TypeError(f"object member names must be str, not {type(name).__name__}")
-        members = sorted(value.items(), key=lambda m: _utf16_order(m[0]))
-        return "{" + ",".join(
-            _format_string(n) + ":" + _dump(v, depth + 1) for n, v in members
-        ) + "}"
+        members = sorted(value.items(), key=_jcs.by_name)
+        return "{" + ",".join(_jcs.string(n) + ":" + _dump(v, depth + 1) for n, v in members) + "}"
     if isinstance(value, (list, tuple)):
         return "[" + ",".join(_dump(item, depth + 1) for item in value) + "]"
     raise TypeError(
@@ -330,12 +136,12 @@ def canonicalize(
     `max_bytes` and `max_depth` are the server's limits (its defaults unless configured).
     """
     mode = _mode(canonicalization)
-    value = _parse(arguments_json(arguments), max_bytes, max_depth)
-    if not isinstance(value, _JsonObject):
+    value = _jcs.read(arguments_json(arguments), max_bytes, max_depth)
+    if not isinstance(value, _jcs.Obj):
         raise ArgumentsRefused("ARGUMENTS_NOT_OBJECT", "arguments must be a JSON object")
     if mode == JCS_LENIENT:
-        value = _lenient(value)
-    return _serialize(value)
+        value = _jcs.lenient(value, WHITE_SPACE)
+    return _jcs.write(value)
 
 
 def _check_name(field: str, s: str) -> str:
