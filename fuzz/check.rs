@@ -31,9 +31,8 @@
 use idempotency_ledger::domain::canonical::{
     CanonicalError, Canonicalization, JsonLimits, canonicalize, parse,
 };
-use idempotency_ledger::domain::key::{
-    ExplicitKey, Principal, RunId, ToolName, derive_key, fingerprint,
-};
+use idempotency_ledger::domain::fields::{ExplicitKey, Principal, RunId, ToolName};
+use idempotency_ledger::domain::key::{derive_key, fingerprint};
 use sha2::{Digest, Sha256};
 
 /// Tight limits, so that the fuzzer reaches the size and depth refusals with small inputs.

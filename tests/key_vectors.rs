@@ -5,7 +5,8 @@
 use std::collections::{HashMap, HashSet};
 
 use idempotency_ledger::domain::canonical::{Canonicalization, JsonLimits, canonicalize};
-use idempotency_ledger::domain::key::{RunId, ToolName, derive_key, fingerprint};
+use idempotency_ledger::domain::fields::{RunId, ToolName};
+use idempotency_ledger::domain::key::{derive_key, fingerprint};
 use serde::Deserialize;
 
 #[derive(Deserialize)]

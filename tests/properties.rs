@@ -19,7 +19,8 @@ use check::model::{self, M};
 use idempotency_ledger::domain::canonical::{
     CanonicalError, Canonicalization, JsonLimits, canonicalize,
 };
-use idempotency_ledger::domain::key::{RunId, ToolName, derive_key, fingerprint};
+use idempotency_ledger::domain::fields::{RunId, ToolName};
+use idempotency_ledger::domain::key::{derive_key, fingerprint};
 use proptest::prelude::*;
 
 const RUN: &str = "run-1";

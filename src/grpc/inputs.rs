@@ -20,7 +20,8 @@ use super::convert::{
 };
 use super::error::status;
 use super::pb;
-use crate::domain::key::{ClaimKey, InvalidField, optional};
+use crate::domain::fields::{InvalidField, optional};
+use crate::domain::key::ClaimKey;
 use crate::domain::{ClaimToken, FinalStatus, HoldToken, Key, Principal, RunId, ToolName};
 use crate::error::LedgerError;
 use crate::ledger::{

@@ -23,7 +23,7 @@ use super::inputs::{
 use super::pb;
 use super::pb::ledger_service_server::LedgerService;
 use crate::credentials::Approver;
-use crate::domain::key::ToolName;
+use crate::domain::fields::ToolName;
 use crate::domain::{FinalStatus, Principal, RunId, Tenant};
 use crate::error::LedgerError;
 use crate::ledger::{

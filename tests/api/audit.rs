@@ -7,7 +7,8 @@ use std::collections::HashSet;
 use std::time::Duration;
 
 use idempotency_ledger::domain::canonical::{self, Canonicalization, JsonLimits};
-use idempotency_ledger::domain::key::{self, RunId, ToolName};
+use idempotency_ledger::domain::fields::{RunId, ToolName};
+use idempotency_ledger::domain::key;
 use idempotency_ledger::domain::time::Clock;
 use idempotency_ledger::grpc::pb;
 use idempotency_ledger::server::StoreArguments;

@@ -7,7 +7,7 @@
 use std::time::Duration;
 
 use crate::domain::canonical::CanonicalError;
-use crate::domain::key::InvalidField;
+use crate::domain::fields::InvalidField;
 use crate::reason::Reason;
 use crate::storage::StoreError;
 

@@ -2,7 +2,7 @@
 //! or `external_ref`.
 
 use super::*;
-use crate::domain::key::{InvalidField, RunId, ToolName, optional};
+use crate::domain::fields::{InvalidField, RunId, ToolName, optional};
 
 /// A time bound of a filter: RFC 3339, or a duration before now (`15m`, `24h`, `7d`).
 fn time_bound(field: &'static str, text: &str, now: Micros) -> Result<Option<Micros>, String> {

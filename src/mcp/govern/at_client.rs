@@ -29,7 +29,7 @@ use sha2::Sha256;
 use super::{Call, Gateway, Upstream};
 use crate::domain::Tenant;
 use crate::domain::approval::Decision;
-use crate::domain::key::Principal;
+use crate::domain::fields::Principal;
 use crate::ledger::{ClaimInput, ClaimOutput, DecideInput, Outcome};
 use crate::mcp::answers;
 use crate::mcp::rpc;

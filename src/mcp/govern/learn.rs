@@ -10,7 +10,7 @@ use serde_json::Value;
 use tokio::sync::watch;
 
 use super::{Answer, Gateway, Upstream};
-use crate::domain::key::Principal;
+use crate::domain::fields::Principal;
 use crate::mcp::policy::Hints;
 
 impl Gateway {

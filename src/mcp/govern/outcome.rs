@@ -7,7 +7,7 @@ use serde_json::Value;
 
 use super::confirm::Settled;
 use super::{Answer, Call, Gateway, Upstream};
-use crate::domain::key::ClaimToken;
+use crate::domain::fields::ClaimToken;
 use crate::domain::{FinalStatus, Tenant};
 use crate::error::LedgerError;
 use crate::ledger::{CompleteInput, RenewInput};

@@ -6,7 +6,7 @@
 
 use std::collections::HashMap;
 
-use super::key::Principal;
+use super::fields::Principal;
 use super::time::Micros;
 
 /// Where an entry's approval stands.

@@ -5,7 +5,8 @@
 //! a database.
 
 use super::approval::{Approval, ApprovalState};
-use super::key::{ClaimToken, HoldToken, Key, Principal, RunId, ToolName};
+use super::fields::{ClaimToken, HoldToken, Principal, RunId, ToolName};
+use super::key::Key;
 use super::time::Micros;
 
 /// An entry's status as stored. `Attempting` past its lease is *reported* as `Unknown`
@@ -219,7 +220,7 @@ impl Completion {
     /// The outcome a request's fields describe.
     ///
     /// # Errors
-    /// [`InvalidField`](super::key::InvalidField) for field `result` when a result comes with
+    /// [`InvalidField`](super::fields::InvalidField) for field `result` when a result comes with
     /// another status than success, and for field `retryable` when it is set with another
     /// status than failure.
     pub fn new(
@@ -227,8 +228,8 @@ impl Completion {
         result: Vec<u8>,
         error: String,
         retryable: bool,
-    ) -> Result<Completion, super::key::InvalidField> {
-        use super::key::InvalidField;
+    ) -> Result<Completion, super::fields::InvalidField> {
+        use super::fields::InvalidField;
         if !result.is_empty() && status != FinalStatus::Succeeded {
             return Err(InvalidField {
                 field: "result",

@@ -3,7 +3,7 @@
 //! sent it), a person's dealings with a possible double effect, and every transition of an
 //! approval (the events WatchApprovals streams).
 
-use super::key::Principal;
+use super::fields::Principal;
 use super::time::Micros;
 
 /// What happened.

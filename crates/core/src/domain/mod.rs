@@ -1,11 +1,12 @@
-//! The ledger's rules, free of transport and storage: canonical JSON and key derivation
-//! ([`canonical`], [`key`]), what of the arguments is kept for audit ([`redact`]), and the
+//! The ledger's rules, free of transport and storage: the request fields ([`fields`]),
+//! canonical JSON and key derivation ([`canonical`], [`key`]), what of the arguments is kept for audit ([`redact`]), and the
 //! entry state machine ([`entry`]). Nothing here imports tonic
 //! or sqlx, so every rule is unit-tested without a server or a database.
 
 pub mod approval;
 pub mod canonical;
 pub mod entry;
+pub mod fields;
 pub mod history;
 pub mod key;
 pub mod redact;
@@ -18,7 +19,8 @@ pub use entry::{
     RenewDecision, StaleReason, Status, decide_claim, decide_complete, decide_finding,
     decide_renew, marks_double_effect,
 };
+pub use fields::{ClaimToken, ExplicitKey, HoldToken, InvalidField, Principal, RunId, ToolName};
 pub use history::{EventKind, HistoryEvent};
-pub use key::{ClaimKey, ClaimToken, HoldToken, Key, Principal, RunId, ToolName};
+pub use key::{ClaimKey, Key};
 pub use tenant::Tenant;
 pub use time::Micros;

@@ -1,6 +1,6 @@
 //! The tenant a call acts for: taken from the caller's credential, never from the request body.
 
-use super::key::InvalidField;
+use super::fields::InvalidField;
 
 /// The tenant a call acts for. Every entry belongs to one; a tenant never reads, completes or
 /// detects another's keys.
@@ -22,7 +22,7 @@ impl Tenant {
     /// [`InvalidField`] for field `tenant` if `name` is empty, longer than 256 bytes, or holds
     /// a control character or a blank (the tokens file separates its columns with blanks).
     pub fn parse(name: &str) -> Result<Tenant, InvalidField> {
-        super::key::check_text("tenant", name, 1, 256)?;
+        super::fields::check_text("tenant", name, 1, 256)?;
         if name.contains(char::is_whitespace) {
             return Err(InvalidField {
                 field: "tenant",

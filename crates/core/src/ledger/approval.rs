@@ -14,7 +14,8 @@ use tracing::Instrument as _;
 use super::claim::lapsed_note;
 use super::{EntryView, Ledger, bounded};
 use crate::domain::approval::{DecideOutcome, decide_decision};
-use crate::domain::key::{Key, Principal, RunId};
+use crate::domain::fields::{Principal, RunId};
+use crate::domain::key::Key;
 use crate::domain::{
     Approval, ApprovalState, Decision, EventKind, HistoryEvent, Micros, Policy, Tenant,
 };

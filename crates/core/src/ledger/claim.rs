@@ -13,7 +13,8 @@ use super::replay_memory::Recalled;
 use super::{EntryView, Ledger, MAX_RACES, UNKNOWN_RETRY_AFTER, bounded, new_claim_token};
 use crate::domain::Tenant;
 use crate::domain::canonical::{self, Canonicalization};
-use crate::domain::key::{self, ClaimKey, ClaimToken, HoldToken, Key, Principal, RunId, ToolName};
+use crate::domain::fields::{ClaimToken, HoldToken, Principal, RunId, ToolName};
+use crate::domain::key::{self, ClaimKey, Key};
 use crate::domain::{Approval, ClaimDecision, Entry, Micros, Status, decide_claim};
 use crate::error::LedgerError;
 

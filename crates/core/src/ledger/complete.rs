@@ -3,7 +3,8 @@
 
 use super::{EntryView, Ledger, MAX_RACES};
 use crate::domain::Tenant;
-use crate::domain::key::{ClaimToken, Key};
+use crate::domain::fields::ClaimToken;
+use crate::domain::key::Key;
 use crate::domain::{CompleteDecision, Completion, FinalStatus, Micros, Status, decide_complete};
 use crate::error::LedgerError;
 use crate::reason::Reason;

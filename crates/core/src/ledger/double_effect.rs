@@ -3,7 +3,8 @@
 
 use super::{EntryView, Ledger};
 use crate::domain::Tenant;
-use crate::domain::key::{Key, Principal};
+use crate::domain::fields::Principal;
+use crate::domain::key::Key;
 use crate::domain::{EventKind, HistoryEvent};
 use crate::error::LedgerError;
 

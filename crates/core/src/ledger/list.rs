@@ -3,7 +3,8 @@
 
 use super::{EntryView, Ledger};
 use crate::domain::Tenant;
-use crate::domain::key::{ExplicitKey, Key, RunId, ToolName};
+use crate::domain::fields::{ExplicitKey, RunId, ToolName};
+use crate::domain::key::Key;
 use crate::domain::{Micros, Status};
 use crate::error::LedgerError;
 use crate::reason::Reason;

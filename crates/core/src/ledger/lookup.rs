@@ -3,7 +3,8 @@
 use super::{EntryView, Ledger};
 use crate::domain::Tenant;
 use crate::domain::canonical::Canonicalization;
-use crate::domain::key::{Key, RunId, ToolName};
+use crate::domain::fields::{RunId, ToolName};
+use crate::domain::key::Key;
 use crate::error::LedgerError;
 
 /// A Lookup, its fields parsed where it arrived: by key, or by the fields Claim derives a key

@@ -6,7 +6,8 @@ use std::time::Duration;
 
 use super::{EntryView, Ledger, MAX_RACES};
 use crate::domain::Tenant;
-use crate::domain::key::{HoldToken, Key, Principal, ToolName};
+use crate::domain::fields::{HoldToken, Principal, ToolName};
+use crate::domain::key::Key;
 use crate::domain::{
     Completion, Entry, EventKind, FinalStatus, FindingDecision, HistoryEvent, Micros, StaleReason,
     decide_finding, marks_double_effect,

@@ -4,7 +4,8 @@ use std::time::Duration;
 
 use super::{EntryView, Ledger, bounded};
 use crate::domain::Tenant;
-use crate::domain::key::{ClaimToken, Key};
+use crate::domain::fields::ClaimToken;
+use crate::domain::key::Key;
 use crate::domain::{Micros, RenewDecision, decide_renew};
 use crate::error::LedgerError;
 

@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use super::{ClaimOutput, Outcome, PreparedClaim};
 use crate::domain::Tenant;
-use crate::domain::key::Principal;
+use crate::domain::fields::Principal;
 use crate::domain::{Approval, Entry, EventKind, HistoryEvent, Micros, Status};
 use crate::error::LedgerError;
 use crate::ledger::Ledger;
