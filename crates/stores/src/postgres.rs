@@ -11,7 +11,7 @@ use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
 use const_format::concatcp;
 
 use super::sql::{self, Also, Param};
-use super::sql_store::{Dialect, On, Row, at_most_one, run_on};
+use super::sql_store::{Dialect, On, Row, at_most_one, execute, fetch_all, run_on};
 use super::{
     Finish, Finished, PoolOptions, ReplayCount, StoreError, StoreMarks, StoreResult,
     kept_connections,
@@ -277,18 +277,7 @@ impl Dialect for PgStore {
         params: &[Param<'_>],
         _on: On,
     ) -> StoreResult<u64> {
-        let done = run_on(self, &self.pool, move |mut conn| async move {
-            let result: Result<_, sqlx::Error> = async {
-                let args = sql::arguments::<sqlx::Postgres>(params.iter().copied())?;
-                sqlx::query_with(statement, args)
-                    .persistent(self.persistent())
-                    .execute(&mut *conn)
-                    .await
-            }
-            .await;
-            (conn, result)
-        })
-        .await?;
+        let done = execute(self, &self.pool, self.persistent(), statement, params).await?;
         Ok(done.rows_affected())
     }
 
@@ -298,18 +287,7 @@ impl Dialect for PgStore {
         params: &[Param<'_>],
         _on: On,
     ) -> StoreResult<Vec<R>> {
-        run_on(self, &self.pool, move |mut conn| async move {
-            let result: Result<_, sqlx::Error> = async {
-                let args = sql::arguments::<sqlx::Postgres>(params.iter().copied())?;
-                sqlx::query_as_with(statement, args)
-                    .persistent(self.persistent())
-                    .fetch_all(&mut *conn)
-                    .await
-            }
-            .await;
-            (conn, result)
-        })
-        .await
+        fetch_all(self, &self.pool, self.persistent(), statement, params).await
     }
 
     /// The statement and the history row in one transaction: the call's own behind a

@@ -18,7 +18,7 @@ use const_format::concatcp;
 
 use super::sql::{self, Also, Param};
 use super::sql_store::window as sql_window;
-use super::sql_store::{Dialect, On, Row, at_most_one, run_on};
+use super::sql_store::{Dialect, On, Row, at_most_one, execute, fetch_all, run_on};
 use super::{
     EntryRow, Finish, Finished, FinishedRow, IntentWindow, PoolOptions, ReplayCount, StoreError,
     StoreMarks, StoreResult, kept_connections,
@@ -122,15 +122,7 @@ impl Dialect for SqliteStore {
         params: &[Param<'_>],
         on: On,
     ) -> StoreResult<u64> {
-        let done = run_on(self, self.connections(on), move |mut conn| async move {
-            let result: Result<_, sqlx::Error> = async {
-                let args = sql::arguments::<sqlx::Sqlite>(params.iter().copied())?;
-                sqlx::query_with(statement, args).execute(&mut *conn).await
-            }
-            .await;
-            (conn, result)
-        })
-        .await?;
+        let done = execute(self, self.connections(on), true, statement, params).await?;
         Ok(done.rows_affected())
     }
 
@@ -140,17 +132,7 @@ impl Dialect for SqliteStore {
         params: &[Param<'_>],
         on: On,
     ) -> StoreResult<Vec<R>> {
-        run_on(self, self.connections(on), move |mut conn| async move {
-            let result: Result<_, sqlx::Error> = async {
-                let args = sql::arguments::<sqlx::Sqlite>(params.iter().copied())?;
-                sqlx::query_as_with(statement, args)
-                    .fetch_all(&mut *conn)
-                    .await
-            }
-            .await;
-            (conn, result)
-        })
-        .await
+        fetch_all(self, self.connections(on), true, statement, params).await
     }
 
     /// The statement, what goes with it and the history rows in one transaction, which takes
