@@ -11,7 +11,7 @@ use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
 use const_format::concatcp;
 
 use super::sql::{self, Also, Param};
-use super::sql_store::{Dialect, On, Row, at_most_one, execute, fetch_all, run_on};
+use super::sql_store::{self, Dialect, On, Read, Row, at_most_one, run_on};
 use super::{
     Finish, Finished, PoolOptions, ReplayCount, StoreError, StoreMarks, StoreResult,
     kept_connections,
@@ -277,7 +277,10 @@ impl Dialect for PgStore {
         params: &[Param<'_>],
         _on: On,
     ) -> StoreResult<u64> {
-        let done = execute(self, &self.pool, self.persistent(), statement, params).await?;
+        let read: Read<_, _> = |bound, conn| Box::pin(bound.execute(conn));
+        let done =
+            sql_store::statement(self, &self.pool, self.persistent(), statement, params, read)
+                .await?;
         Ok(done.rows_affected())
     }
 
@@ -287,7 +290,9 @@ impl Dialect for PgStore {
         params: &[Param<'_>],
         _on: On,
     ) -> StoreResult<Vec<R>> {
-        fetch_all(self, &self.pool, self.persistent(), statement, params).await
+        let read: Read<_, Vec<R>> =
+            |bound, conn| Box::pin(bound.try_map(|row| R::from_row(&row)).fetch_all(conn));
+        sql_store::statement(self, &self.pool, self.persistent(), statement, params, read).await
     }
 
     /// The statement and the history row in one transaction: the call's own behind a

@@ -186,70 +186,46 @@ pub(crate) trait Dialect: Send + Sync + 'static {
     fn location(&self) -> String;
 }
 
-/// Runs `statement` with `params` through [`run_on`] on a connection of `connections`, read to
-/// the end: what it did (the backend reads the rows it affected). `persistent`: whether the
-/// statement stays prepared on the connection (not behind a transaction pooler). Written once
-/// for both backends, which give only what differs: the connections and `persistent`.
-///
-/// # Errors
-/// What [`run_on`] answers.
-pub(crate) async fn execute<S>(
-    store: &S,
-    connections: &kept_connections::Connections<S::DB>,
-    persistent: bool,
-    statement: &'static str,
-    params: &[Param<'_>],
-) -> StoreResult<<S::DB as sqlx::Database>::QueryResult>
-where
-    S: Dialect,
-    S::DB: sqlx::database::HasStatementCache,
-    for<'a> S::DB: super::sql::Columns<'a>,
-    for<'c> &'c mut <S::DB as sqlx::Database>::Connection: sqlx::Executor<'c, Database = S::DB>,
-    <S::DB as sqlx::Database>::Arguments: sqlx::IntoArguments<S::DB>,
-{
-    run_on(store, connections, move |mut conn| async move {
-        let result = async {
-            let args = super::sql::arguments::<S::DB>(params.iter().copied())?;
-            sqlx::query_with(statement, args)
-                .persistent(persistent)
-                .execute(&mut *conn)
-                .await
-        }
-        .await;
-        (conn, result)
-    })
-    .await
-}
+/// A statement as [`statement`] runs it, with its arguments bound.
+type Bound<'q, DB> = sqlx::query::Query<'q, DB, <DB as sqlx::Database>::Arguments>;
 
-/// Runs `statement` with `params` as [`execute`] does: every row it returned (never only the
-/// first: see [`run_on`]).
+/// How [`statement`] reads a statement to its end on a connection: what it did, or its rows.
+pub(crate) type Read<DB, T> =
+    for<'c> fn(
+        Bound<'c, DB>,
+        &'c mut <DB as sqlx::Database>::Connection,
+    ) -> std::pin::Pin<Box<dyn Future<Output = Result<T, sqlx::Error>> + Send + 'c>>;
+
+/// Runs `statement` with `params` through [`run_on`] on a connection of `connections`, read to
+/// the end by `read`. `persistent`: whether the statement stays prepared on the connection
+/// (not behind a transaction pooler). Written once for both backends, which give only what
+/// differs: the connections and `persistent` (see [`Dialect::execute`], [`Dialect::fetch_all`]).
 ///
 /// # Errors
 /// What [`run_on`] answers.
-pub(crate) async fn fetch_all<S, R>(
+pub(crate) async fn statement<S, T>(
     store: &S,
     connections: &kept_connections::Connections<S::DB>,
     persistent: bool,
     statement: &'static str,
     params: &[Param<'_>],
-) -> StoreResult<Vec<R>>
+    read: Read<S::DB, T>,
+) -> StoreResult<T>
 where
     S: Dialect,
     S::DB: sqlx::database::HasStatementCache,
-    R: for<'r> sqlx::FromRow<'r, <S::DB as sqlx::Database>::Row> + Send + Unpin,
     for<'a> S::DB: super::sql::Columns<'a>,
-    for<'c> &'c mut <S::DB as sqlx::Database>::Connection: sqlx::Executor<'c, Database = S::DB>,
     <S::DB as sqlx::Database>::Arguments: sqlx::IntoArguments<S::DB>,
+    T: Send,
 {
     run_on(store, connections, move |mut conn| async move {
-        let result = async {
-            let args = super::sql::arguments::<S::DB>(params.iter().copied())?;
-            sqlx::query_as_with(statement, args)
-                .persistent(persistent)
-                .fetch_all(&mut *conn)
-                .await
-        }
-        .await;
+        let result = match super::sql::arguments::<S::DB>(params.iter().copied()) {
+            Ok(args) => {
+                let bound = sqlx::query_with(statement, args).persistent(persistent);
+                read(bound, &mut *conn).await
+            }
+            Err(e) => Err(e),
+        };
         (conn, result)
     })
     .await

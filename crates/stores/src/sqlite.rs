@@ -18,7 +18,7 @@ use const_format::concatcp;
 
 use super::sql::{self, Also, Param};
 use super::sql_store::window as sql_window;
-use super::sql_store::{Dialect, On, Row, at_most_one, execute, fetch_all, run_on};
+use super::sql_store::{self, Dialect, On, Read, Row, at_most_one, run_on};
 use super::{
     EntryRow, Finish, Finished, FinishedRow, IntentWindow, PoolOptions, ReplayCount, StoreError,
     StoreMarks, StoreResult, kept_connections,
@@ -122,7 +122,9 @@ impl Dialect for SqliteStore {
         params: &[Param<'_>],
         on: On,
     ) -> StoreResult<u64> {
-        let done = execute(self, self.connections(on), true, statement, params).await?;
+        let read: Read<_, _> = |bound, conn| Box::pin(bound.execute(conn));
+        let done =
+            sql_store::statement(self, self.connections(on), true, statement, params, read).await?;
         Ok(done.rows_affected())
     }
 
@@ -132,7 +134,9 @@ impl Dialect for SqliteStore {
         params: &[Param<'_>],
         on: On,
     ) -> StoreResult<Vec<R>> {
-        fetch_all(self, self.connections(on), true, statement, params).await
+        let read: Read<_, Vec<R>> =
+            |bound, conn| Box::pin(bound.try_map(|row| R::from_row(&row)).fetch_all(conn));
+        sql_store::statement(self, self.connections(on), true, statement, params, read).await
     }
 
     /// The statement, what goes with it and the history rows in one transaction, which takes
