@@ -8,7 +8,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 use tracing::Instrument as _;
 
-use super::notes::{IN_FLIGHT_NOTE, UNKNOWN_NOTE, denied_note, failed_note, replay_note};
+use super::model_notes::{IN_FLIGHT_NOTE, UNKNOWN_NOTE, denied_note, failed_note, replay_note};
 use super::replay_memory::Recalled;
 use super::{EntryView, Ledger, MAX_RACES, UNKNOWN_RETRY_AFTER, bounded, new_claim_token};
 use crate::domain::Tenant;

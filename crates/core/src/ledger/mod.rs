@@ -18,7 +18,7 @@ mod double_effect;
 pub mod find;
 mod list;
 mod lookup;
-mod notes;
+mod model_notes;
 mod recent_keys;
 mod reconcile;
 mod renew;

@@ -9,7 +9,7 @@ use crate::domain::fields::Principal;
 use crate::domain::{Approval, Entry, EventKind, HistoryEvent, Micros, Status};
 use crate::error::LedgerError;
 use crate::ledger::Ledger;
-use crate::ledger::notes::awaiting_note;
+use crate::ledger::model_notes::awaiting_note;
 
 /// The target of this module's events: the claim module's, where they were logged before
 /// they moved here (log filters and pipelines name it).
