@@ -19,7 +19,7 @@ NAME = "idempotency_ledger"
 #: The layers, bottom first: a module may import from its own layer and the ones below.
 LAYERS: list[tuple[str, set[str]]] = [
     ("model and errors", {"model", "errors"}),
-    ("codec and keys", {"codec", "keys"}),
+    ("codec and keys", {"codec", "keys", "_jcs"}),
     ("the ledger", {"_proto", "_proto.ledger_pb2", "_proto.ledger_pb2_grpc", "_wire", "_trace",
                     "_confirm", "_failures", "_core", "_run_once", "_calls", "_blocking", "_aio",
                     "client"}),

@@ -204,13 +204,17 @@ class _Reader:
         if found.group(1) or found.group(2):
             value = float(literal)
             if math.isinf(value):
-                raise ArgumentsRefused("UNSAFE_INTEGER", f"{literal[:64]} is beyond a double")
+                raise ArgumentsRefused(
+                    "UNSAFE_INTEGER", f"{literal[:64]} is beyond the double range"
+                )
             return value
         try:
             whole = int(literal)
             value = float(whole)
         except (OverflowError, ValueError):  # beyond a double, or past int's digit limit
-            raise ArgumentsRefused("UNSAFE_INTEGER", f"{literal[:64]} is beyond a double") from None
+            raise ArgumentsRefused(
+                "UNSAFE_INTEGER", f"{literal[:64]} is beyond the double range"
+            ) from None
         if value != whole:
             raise ArgumentsRefused(
                 "UNSAFE_INTEGER",
