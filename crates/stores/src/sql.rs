@@ -303,10 +303,6 @@ pub const INTENT_GENERATION: &str = "INSERT INTO ledger_intent_windows \
         THEN ledger_intent_windows.last_seen ELSE $3 END \
     RETURNING generation";
 
-/// The current generation of tenant `$1`'s intent window of the call `$2`, if any.
-pub const CURRENT_INTENT_GENERATION: &str = "SELECT generation FROM ledger_intent_windows \
-    WHERE tenant = $1 AND fingerprint = $2";
-
 /// The current generation of tenant `$1`'s intent window of the call `$2` and when the last
 /// identical call came, if any did.
 pub const CURRENT_INTENT: &str = "SELECT generation, last_seen FROM ledger_intent_windows \

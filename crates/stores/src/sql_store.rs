@@ -147,18 +147,19 @@ pub(crate) trait Dialect: Send + Sync + 'static {
         batch: &[(Tenant, Finish)],
     ) -> impl Future<Output = StoreResult<Vec<Option<Finished>>>> + Send;
 
-    /// [`Store::insert_in_window`](super::Store::insert_in_window): by default a statement at
-    /// a time ([`window::in_steps`]).
-    fn insert_in_window(
+    /// [`Store::count_window`](super::Store::count_window): by default a statement at a time
+    /// ([`window::in_steps`]).
+    fn count_window(
         &self,
         tenant: &Tenant,
         window: &IntentWindow<'_>,
-        entry_for: &(dyn Fn(u64) -> Entry + Send + Sync),
+        key_for: &(dyn Fn(u64) -> Key + Send + Sync),
+        entry_for: Option<&(dyn Fn(u64) -> Entry + Send + Sync)>,
     ) -> impl Future<Output = StoreResult<(u64, bool)>> + Send
     where
         Self: Sized,
     {
-        window::in_steps(self, tenant, window, entry_for)
+        window::in_steps(self, tenant, window, key_for, entry_for)
     }
 
     /// [`Store::shared`](super::Store::shared).

@@ -179,14 +179,15 @@ impl Dialect for SqliteStore {
         .await
     }
 
-    /// [`Store::insert_in_window`](crate::storage::Store::insert_in_window) in one transaction
+    /// [`Store::count_window`](crate::storage::Store::count_window) in one transaction
     /// (`IMMEDIATE`: the write lock up front, so nothing changes the window between its read
     /// and its count): a new intent's window and its entry commit together, in one sync.
-    async fn insert_in_window(
+    async fn count_window(
         &self,
         tenant: &Tenant,
         window: &IntentWindow<'_>,
-        entry_for: &(dyn Fn(u64) -> Entry + Send + Sync),
+        key_for: &(dyn Fn(u64) -> Key + Send + Sync),
+        entry_for: Option<&(dyn Fn(u64) -> Entry + Send + Sync)>,
     ) -> StoreResult<(u64, bool)> {
         run_on(self, &self.pool, move |mut conn| async move {
             let result: Result<_, sqlx::Error> = async {
@@ -201,7 +202,7 @@ impl Dialect for SqliteStore {
                         .await?;
                 let keep = match current.first() {
                     Some(&(stored, last_seen)) if window.ended(Micros(last_seen)) => {
-                        let key = entry_for(sql_window::generation(stored).map_err(bug)?).key;
+                        let key = key_for(sql_window::generation(stored).map_err(bug)?);
                         let at = [Param::Text(tenant.as_str()), Param::Text(key.as_str())];
                         let rows: Vec<EntryRow> =
                             sqlx::query_as_with(sql::GET, sql::arguments::<sqlx::Sqlite>(at)?)
@@ -227,13 +228,17 @@ impl Dialect for SqliteStore {
                 .await?;
                 let stored = counted.first().map_or(0, |(g,)| *g);
                 let generation = sql_window::generation(stored).map_err(bug)?;
-                let entry = entry_for(generation);
-                let args = sql::arguments::<sqlx::Sqlite>(sql::entry_params(tenant, &entry))?;
-                let done = sqlx::query_with(sql::INSERT, args)
-                    .execute(&mut *tx)
-                    .await?;
+                let mut inserted = false;
+                if let Some(entry_for) = entry_for {
+                    let entry = entry_for(generation);
+                    let args = sql::arguments::<sqlx::Sqlite>(sql::entry_params(tenant, &entry))?;
+                    let done = sqlx::query_with(sql::INSERT, args)
+                        .execute(&mut *tx)
+                        .await?;
+                    inserted = done.rows_affected() == 1;
+                }
                 tx.commit().await?;
-                Ok((generation, done.rows_affected() == 1))
+                Ok((generation, inserted))
             }
             .await;
             (conn, result)

@@ -33,26 +33,17 @@ impl Ledger {
             now: self.clock.now(),
             within: Micros::from_duration(within),
         };
-        let current = match self
-            .store
-            .current_intent_generation(tenant, &fingerprint)
-            .await?
-        {
-            Some(generation) => {
-                let key = Key::derive(
-                    &window_run_id(&fingerprint, generation),
-                    tool,
-                    &canonical,
-                    mode,
-                );
-                self.store.get(tenant, &key).await?
-            }
-            None => None,
+        let key_for = |generation| {
+            Key::derive(
+                &window_run_id(&fingerprint, generation),
+                tool,
+                &canonical,
+                mode,
+            )
         };
-        let unresolved = window.held_open_by(current);
-        let generation = self
+        let (generation, _) = self
             .store
-            .intent_generation(tenant, &fingerprint, window.now, window.within, unresolved)
+            .count_window(tenant, &window, &key_for, None)
             .await?;
         Ok(window_run_id(&fingerprint, generation))
     }
@@ -62,7 +53,7 @@ impl Ledger {
     /// Claims a call that names no run (`input.key` is replaced) in the run of its window of
     /// intent ([`Ledger::window_run`] with `within`): one request of a client that cannot keep
     /// the window itself (the gateway). An ungated call's window is counted and its entry
-    /// inserted in one store call ([`Store::insert_in_window`](crate::storage::Store::insert_in_window)); any other case (the entry
+    /// inserted in one store call ([`Store::count_window`](crate::storage::Store::count_window)); any other case (the entry
     /// exists, a person must decide) is then a claim in the window's run like any other.
     ///
     /// # Errors
@@ -105,9 +96,11 @@ impl Ledger {
         };
         let now = self.clock.now();
         let token = new_claim_token()?;
+        let run = |generation| window_run_id(&fingerprint, generation);
+        let key_for = |generation| Key::derive(&run(generation), &input.tool, &canonical, mode);
         let entry_for = |generation: u64| {
             request
-                .in_run(window_run_id(&fingerprint, generation), &canonical, mode)
+                .in_run(run(generation), &canonical, mode)
                 .new_entry(now, 1, token.clone())
         };
         let window = IntentWindow {
@@ -117,7 +110,7 @@ impl Ledger {
         };
         let (generation, inserted) = self
             .store
-            .insert_in_window(tenant, &window, &entry_for)
+            .count_window(tenant, &window, &key_for, Some(&entry_for))
             .await?;
         if inserted {
             return Ok(self.claimed(entry_for(generation), now));

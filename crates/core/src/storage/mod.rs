@@ -284,48 +284,24 @@ pub trait Store: Send + Sync + 'static {
     /// `Unavailable` or `Internal` as the database fails.
     async fn last_history_id(&self, tenant: &Tenant) -> StoreResult<i64>;
 
-    /// The generation of the tenant's intent window of the call `fingerprint` (the MCP
-    /// gateway's), counting the call at `now`: the current one if the last identical call came
-    /// less than `window` before `now` (or when `keep`: a call of it is still unresolved),
-    /// else the next; 1 for the first call. One atomic statement, so concurrent first calls
-    /// anywhere get one generation.
+    /// Counts a call of the tenant's intent `window` (the MCP gateway's call that names no run)
+    /// and answers its generation: the current one if the last identical call came less than
+    /// the window before, or if the current intent's entry (`key_for(generation)`) [holds the
+    /// window open](IntentWindow::held_open_by); else the next; 1 for the first call.
+    /// Concurrent first calls anywhere get one generation. Given `entry_for`, it also inserts
+    /// `entry_for(generation)`, the call's entry in that generation's run, unless its key
+    /// exists, and says whether it did. The embedded store does it all in one transaction, so
+    /// a new intent's window and claim commit together.
     ///
     /// # Errors
     /// `Unavailable` or `Internal` as the database fails.
-    async fn intent_generation(
-        &self,
-        tenant: &Tenant,
-        fingerprint: &str,
-        now: Micros,
-        window: Micros,
-        keep: bool,
-    ) -> StoreResult<u64>;
-
-    /// Counts a call of the tenant's intent `window` as [`Store::intent_generation`] does
-    /// (`keep` when the current intent's entry [holds the window open](IntentWindow::held_open_by))
-    /// and inserts `entry_for(generation)`, the call's entry in that generation's run, unless
-    /// its key exists: the generation, and whether this call inserted the entry. The embedded
-    /// store does it in one transaction, so a new intent's window and claim commit together.
-    ///
-    /// # Errors
-    /// `Unavailable` or `Internal` as the database fails.
-    async fn insert_in_window(
+    async fn count_window(
         &self,
         tenant: &Tenant,
         window: &IntentWindow<'_>,
-        entry_for: &(dyn Fn(u64) -> Entry + Send + Sync),
+        key_for: &(dyn Fn(u64) -> Key + Send + Sync),
+        entry_for: Option<&(dyn Fn(u64) -> Entry + Send + Sync)>,
     ) -> StoreResult<(u64, bool)>;
-
-    /// The current generation of the tenant's intent window of the call `fingerprint`, if any
-    /// call of it came; no write.
-    ///
-    /// # Errors
-    /// `Unavailable` or `Internal` as the database fails.
-    async fn current_intent_generation(
-        &self,
-        tenant: &Tenant,
-        fingerprint: &str,
-    ) -> StoreResult<Option<u64>>;
 
     /// Up to `limit` of the tenant's entries marked as a possible double effect, oldest
     /// first, with their stored arguments.

@@ -115,7 +115,7 @@ pub struct UnresolvedQuery {
     pub hold_token: HoldToken,
 }
 
-/// A call's window of intent as [`Store::insert_in_window`](super::Store::insert_in_window)
+/// A call's window of intent as [`Store::count_window`](super::Store::count_window)
 /// counts it: the call (its fingerprint, in a tenant), when it came, and the window.
 #[derive(Clone, Copy, Debug)]
 pub struct IntentWindow<'a> {

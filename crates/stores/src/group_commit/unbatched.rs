@@ -164,37 +164,17 @@ impl Store for GroupCommit {
         self.inner.extend_run(tenant, run_id, until).await
     }
 
-    async fn intent_generation(
-        &self,
-        tenant: &Tenant,
-        fingerprint: &str,
-        now: Micros,
-        window: Micros,
-        keep: bool,
-    ) -> StoreResult<u64> {
-        self.inner
-            .intent_generation(tenant, fingerprint, now, window, keep)
-            .await
-    }
-
-    async fn current_intent_generation(
-        &self,
-        tenant: &Tenant,
-        fingerprint: &str,
-    ) -> StoreResult<Option<u64>> {
-        self.inner
-            .current_intent_generation(tenant, fingerprint)
-            .await
-    }
-
     /// Not batched: its transaction holds the window's count and the entry together.
-    async fn insert_in_window(
+    async fn count_window(
         &self,
         tenant: &Tenant,
         window: &IntentWindow<'_>,
-        entry_for: &(dyn Fn(u64) -> Entry + Send + Sync),
+        key_for: &(dyn Fn(u64) -> Key + Send + Sync),
+        entry_for: Option<&(dyn Fn(u64) -> Entry + Send + Sync)>,
     ) -> StoreResult<(u64, bool)> {
-        self.inner.insert_in_window(tenant, window, entry_for).await
+        self.inner
+            .count_window(tenant, window, key_for, entry_for)
+            .await
     }
 
     async fn next_lapse(&self) -> StoreResult<Option<Micros>> {

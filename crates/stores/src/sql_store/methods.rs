@@ -10,7 +10,7 @@ use super::super::{
     ReplayCount, Store, StoreError, StoreResult, UnresolvedCount, UnresolvedCountRow,
     UnresolvedQuery,
 };
-use super::{Dialect, On, SqlStore, at_most_one, window};
+use super::{Dialect, On, SqlStore, at_most_one};
 use crate::domain::{
     Approval, ApprovalState, ClaimToken, Entry, HistoryEvent, Key, Micros, RunId, Tenant,
 };
@@ -310,32 +310,14 @@ impl<D: Dialect> Store for SqlStore<D> {
         self.execute(sql::EXTEND_RUN_UNTIL, &params, On::Pool).await
     }
 
-    async fn intent_generation(
-        &self,
-        tenant: &Tenant,
-        fingerprint: &str,
-        now: Micros,
-        window: Micros,
-        keep: bool,
-    ) -> StoreResult<u64> {
-        window::intent_generation(&self.0, tenant, fingerprint, now, window, keep).await
-    }
-
-    async fn current_intent_generation(
-        &self,
-        tenant: &Tenant,
-        fingerprint: &str,
-    ) -> StoreResult<Option<u64>> {
-        window::current_generation(&self.0, tenant, fingerprint).await
-    }
-
-    async fn insert_in_window(
+    async fn count_window(
         &self,
         tenant: &Tenant,
         window: &IntentWindow<'_>,
-        entry_for: &(dyn Fn(u64) -> Entry + Send + Sync),
+        key_for: &(dyn Fn(u64) -> Key + Send + Sync),
+        entry_for: Option<&(dyn Fn(u64) -> Entry + Send + Sync)>,
     ) -> StoreResult<(u64, bool)> {
-        Dialect::insert_in_window(&self.0, tenant, window, entry_for).await
+        Dialect::count_window(&self.0, tenant, window, key_for, entry_for).await
     }
 
     async fn next_lapse(&self) -> StoreResult<Option<Micros>> {

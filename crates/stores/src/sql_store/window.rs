@@ -1,8 +1,7 @@
-//! The windows of intent of calls that name no run (the MCP gateway's): the generation of a
-//! call's window counted, read, and counted with the call's entry inserted a statement at a
-//! time, as a backend without a transaction of its own for it does (PostgreSQL: the window's
-//! upsert serializes concurrent first calls, and the entry's primary key concurrent claimants,
-//! as for any claim).
+//! The windows of intent of calls that name no run (the MCP gateway's): a call's window
+//! counted, and its entry inserted, a statement at a time, as a backend without a transaction
+//! of its own for it does (PostgreSQL: the window's upsert serializes concurrent first calls,
+//! and the entry's primary key concurrent claimants, as for any claim).
 
 use super::super::sql::{self, Param};
 use super::super::{EntryRow, IntentWindow, StoreError, StoreResult};
@@ -37,16 +36,14 @@ pub(crate) fn counting<'a>(
     ]
 }
 
-/// [`Store::intent_generation`](super::super::Store::intent_generation).
-pub(super) async fn intent_generation<D: Dialect>(
+/// Counts the window with [`sql::INTENT_GENERATION`]: its generation.
+async fn count<D: Dialect>(
     store: &D,
     tenant: &Tenant,
-    fingerprint: &str,
-    now: Micros,
-    window: Micros,
+    window: &IntentWindow<'_>,
     keep: bool,
 ) -> StoreResult<u64> {
-    let params = counting(tenant, fingerprint, now, window, keep);
+    let params = counting(tenant, window.fingerprint, window.now, window.within, keep);
     let rows: Vec<(i64,)> = store
         .fetch_all(sql::INTENT_GENERATION, &params, On::Pool)
         .await?;
@@ -55,29 +52,15 @@ pub(super) async fn intent_generation<D: Dialect>(
     generation(stored)
 }
 
-/// [`Store::current_intent_generation`](super::super::Store::current_intent_generation).
-pub(super) async fn current_generation<D: Dialect>(
-    store: &D,
-    tenant: &Tenant,
-    fingerprint: &str,
-) -> StoreResult<Option<u64>> {
-    let params = [Param::Text(tenant.as_str()), Param::Text(fingerprint)];
-    let rows: Vec<(i64,)> = store
-        .fetch_all(sql::CURRENT_INTENT_GENERATION, &params, On::Pool)
-        .await?;
-    at_most_one(rows, "CURRENT_INTENT_GENERATION")?
-        .map(|(stored,)| generation(stored))
-        .transpose()
-}
-
-/// [`Store::insert_in_window`](super::super::Store::insert_in_window) a statement at a time:
-/// the window read, the current intent's entry read where the window ended (only an
-/// unresolved one keeps it), the window counted, the entry inserted.
+/// [`Store::count_window`](super::super::Store::count_window) a statement at a time: the
+/// window read, the current intent's entry read where the window ended (only an unresolved
+/// one keeps it), the window counted, the entry inserted when one is given.
 pub(super) async fn in_steps<D: Dialect>(
     store: &D,
     tenant: &Tenant,
     window: &IntentWindow<'_>,
-    entry_for: &(dyn Fn(u64) -> Entry + Send + Sync),
+    key_for: &(dyn Fn(u64) -> Key + Send + Sync),
+    entry_for: Option<&(dyn Fn(u64) -> Entry + Send + Sync)>,
 ) -> StoreResult<(u64, bool)> {
     let params = [
         Param::Text(tenant.as_str()),
@@ -88,20 +71,14 @@ pub(super) async fn in_steps<D: Dialect>(
         .await?;
     let keep = match at_most_one(current, "CURRENT_INTENT")? {
         Some((stored, last_seen)) if window.ended(Micros(last_seen)) => {
-            let key = entry_for(generation(stored)?).key;
-            window.held_open_by(get(store, tenant, &key).await?)
+            window.held_open_by(get(store, tenant, &key_for(generation(stored)?)).await?)
         }
         _ => false,
     };
-    let generation = intent_generation(
-        store,
-        tenant,
-        window.fingerprint,
-        window.now,
-        window.within,
-        keep,
-    )
-    .await?;
+    let generation = count(store, tenant, window, keep).await?;
+    let Some(entry_for) = entry_for else {
+        return Ok((generation, false));
+    };
     let entry = entry_for(generation);
     let params = sql::entry_params(tenant, &entry);
     let inserted = store.execute(sql::INSERT, &params, On::Pool).await? == 1;
